@@ -1,0 +1,18 @@
+"""shardviz: see what PyTorch FSDP2's ``fully_shard`` does to a model before training it."""
+
+from .analysis import Analysis, analyze
+from .cost import Training
+from .finding import Finding, PlanError
+from .fsdp import Mesh
+from .plan import Plan, Unit
+from .tree import ModelTree
+
+__all__ = ["Analysis", "Finding", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "verify"]
+__version__ = "0.1.0"
+
+
+def verify(model, plan, mesh=None, ranks=None):
+    """Apply ``plan`` with torch's real ``fully_shard`` to a meta copy and list disagreements with ``analyze``."""
+    from .oracle import verify as _verify
+
+    return _verify(model, plan, mesh=mesh, ranks=ranks)

@@ -1,0 +1,127 @@
+"""``sv.analyze``: tree + plan + mesh (+ training) -> tables. Computed lazily, never touching the model."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import pandas as pd
+
+from .finding import Finding
+from .fsdp import Layout, Mesh
+from .plan import Plan, as_plan
+from .tree import ModelTree, as_tree
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+class Analysis:
+    """What a plan does on a mesh. Tables are pandas DataFrames built on first access."""
+
+    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None):
+        from .cost import Training
+
+        self.tree, self.plan, self.mesh = tree, plan, mesh
+        self.training = training if training is not None else Training()
+        self.layout = Layout(tree, plan, mesh)
+
+    # -- the engine's answers ----------------------------------------------------
+    def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
+        return self.layout.local_shape(fqn, rank)
+
+    def unit_label(self, unit_index: int) -> str | None:
+        return None if unit_index < 0 else self.plan.units[unit_index].name
+
+    @cached_property
+    def params(self) -> pd.DataFrame:
+        lay, rows = self.layout, []
+        for p in self.tree.params:
+            status = lay.param_status[p.index]
+            shard_shape = lay.shard_shape(p.index) if status == "sharded" else p.shape
+            rows.append({
+                "fqn": p.fqn,
+                "aliases": p.fqns[1:],
+                "shape": p.shape,
+                "dtype": _dtype_name(p.dtype),
+                "numel": p.numel,
+                "bytes": p.nbytes,
+                "requires_grad": p.requires_grad,
+                "role": p.role,
+                "status": status,
+                "unit": self.unit_label(lay.param_unit[p.index]),
+                "shard_shape": shard_shape,
+                "shard_bytes": (lay.padded_shard_numel(p.index) if status == "sharded" else p.numel) * p.itemsize,
+                "padding_numel": (
+                    lay.padded_shard_numel(p.index) * self.mesh.shard - p.numel if status == "sharded" else 0
+                ),
+            })
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def units(self) -> pd.DataFrame:
+        lay, rows = self.layout, []
+        for ul, numbers in zip(lay.units, lay.unit_numbers):
+            rows.append({
+                "unit": ul.unit.name,
+                "modules": list(ul.unit.modules),
+                "order": ul.order,
+                "is_root": ul.is_root,
+                "reshard_after_forward": ul.reshard_after_forward,
+                **numbers,
+            })
+        columns = ["unit", "modules", "order", "is_root", "reshard_after_forward", "n_params", "numel",
+                   "trainable_numel", "unsharded_bytes", "padded_unsharded_bytes", "padded_shard_bytes"]
+        return pd.DataFrame(rows, columns=columns).sort_values("order", ignore_index=True)
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        from .cost import memory_table
+
+        return memory_table(self)
+
+    @cached_property
+    def comm(self) -> pd.DataFrame:
+        from .cost import comm_table
+
+        return comm_table(self)
+
+    @cached_property
+    def findings(self) -> list[Finding]:
+        try:
+            from .checks import run_checks
+        except ImportError:  # checks arrive with the findings issue
+            return list(self.layout.errors)
+        return run_checks(self)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return list(self.layout.errors)
+
+    def summary(self) -> str:
+        counts = self.params["status"].value_counts().to_dict()
+        return (
+            f"{self.tree.root_type} on {self.mesh}: {len(self.plan.units)} fully_shard calls, "
+            f"{len(self.tree.params)} parameters "
+            + ", ".join(f"{counts.get(s, 0)} {s}" for s in Layout.STATUS)
+        )
+
+    def __repr__(self) -> str:
+        return f"<shardviz.Analysis {self.summary()}>"
+
+
+def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict: bool = True) -> Analysis:
+    """Apply the FSDP2 rules of ``plan`` to ``model`` (an nn.Module or a ModelTree) on ``mesh``.
+
+    ``strict``: raise ``PlanError`` (a ValueError) when torch itself would refuse the plan;
+    with ``strict=False`` those reasons are in ``findings`` instead (the widget uses this).
+    """
+    tree = as_tree(model)
+    plan = as_plan(plan) if plan is not None else Plan.auto(tree)
+    mesh = mesh if mesh is not None else Mesh(shard=8)
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
+    result = Analysis(tree, plan, mesh, training)
+    if strict:
+        result.layout.raise_for_errors()
+    return result

@@ -1,0 +1,34 @@
+"""The one shape every diagnosis takes, whether an FSDP2 rule or a cost check produced it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # stable, e.g. "SV101"; tests and users grep for it
+    severity: str  # "error" | "warning" | "info"
+    message: str
+    fqns: tuple[str, ...] = field(default=())
+    fix: str = ""
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"Finding {self.code}: severity must be one of {SEVERITIES}, got {self.severity!r}")
+        object.__setattr__(self, "fqns", tuple(self.fqns))
+
+    def __str__(self) -> str:
+        where = f" [{', '.join(self.fqns[:3])}{', ...' if len(self.fqns) > 3 else ''}]" if self.fqns else ""
+        fix = f" Fix: {self.fix}" if self.fix else ""
+        return f"{self.severity.upper()} {self.code}: {self.message}{where}{fix}"
+
+
+class PlanError(ValueError):
+    """torch would refuse this plan; ``findings`` holds every reason."""
+
+    def __init__(self, findings: list[Finding]):
+        self.findings = list(findings)
+        super().__init__("\n".join(str(f) for f in self.findings))

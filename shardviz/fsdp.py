@@ -1,0 +1,342 @@
+"""The FSDP2 rules, in one place: what each ``fully_shard`` call owns and what each rank holds.
+
+Every rule names the torch source it mirrors (torch 2.13, ``torch/distributed/fsdp/_fully_shard``):
+
+- ownership (``_fsdp_init._get_managed_modules``): a call's DFS stops at modules that
+  already carry FSDP state, so with calls applied bottom-up a module belongs to the
+  call of its nearest enclosing unit module, and the parent call takes every leftover;
+- ``ignored_params`` (``_get_managed_states``): never sharded, never reduced;
+- sharding (``_fsdp_param.FSDPParam._init_sharded_param``): ``torch.chunk(param, S, dim=0)``
+  padded to ``ceil(dim0 / S)`` rows on every rank; on HSDP the shard coordinate is the
+  rank's index along the last mesh dim;
+- refusals: 0-dim parameters (``_verify_managed_param``), a parameter managed by two
+  groups (``FSDPState._lazy_init``, torch >= 2.13), trainable parameters of mixed dtype in
+  one group (``FSDPParamGroup``: "FSDP expects uniform original parameter dtype"), a
+  grouped call that ends up as a root (``_lazy_init``: "requires a single root module").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from .finding import Finding, PlanError
+from .plan import Plan, Unit
+from .tree import ModelTree
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def parse_bytes(value) -> int | None:
+    """80e9, "80GB" or "80GiB" -> bytes."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"device_memory={value!r}: expected bytes or a size such as '80GiB' or '80GB'")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The data-parallel mesh: ``shard`` ranks per FSDP group, ``replicate`` copies (HSDP when > 1).
+
+    Global rank r sits at (r // shard, r % shard), as ``init_device_mesh(..., (replicate, shard))`` lays it out.
+    Bandwidths (GB/s per rank, one direction) are optional and only feed the time estimate.
+    """
+
+    shard: int
+    replicate: int = 1
+    device_memory: int | str | None = None
+    ranks_per_node: int = 8
+    intra_node_gbps: float | None = None
+    inter_node_gbps: float | None = None
+
+    def __post_init__(self):
+        for key in ("shard", "replicate", "ranks_per_node"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
+        object.__setattr__(self, "device_memory", parse_bytes(self.device_memory))
+
+    @property
+    def world(self) -> int:
+        return self.shard * self.replicate
+
+    @property
+    def is_hsdp(self) -> bool:
+        return self.replicate > 1
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.replicate, self.shard) if self.is_hsdp else (self.shard,)
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(replicate index, shard index) of a global rank."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} is outside the mesh of {self.world} ranks")
+        return divmod(rank, self.shard)
+
+    def __str__(self) -> str:
+        return f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {self.shard} ranks"
+
+
+# ---------------------------------------------------------------------------
+# Release-by-release API facts (see docs in fsdp2-facts; checked against torch sources)
+# ---------------------------------------------------------------------------
+def parse_version(version: str) -> tuple[int, int]:
+    match = re.match(r"^\s*(\d+)\.(\d+)", str(version))
+    if not match:
+        raise ValueError(f"torch version {version!r}: expected something like '2.6' or '2.13.0'")
+    return int(match.group(1)), int(match.group(2))
+
+
+def fully_shard_module_path(version) -> str:
+    """Where ``fully_shard`` lives: the public path arrived in 2.6 (PR 141868)."""
+    return "torch.distributed.fsdp" if parse_version(version) >= (2, 6) else "torch.distributed._composable.fsdp"
+
+
+def supports_ignored_params(version) -> bool:
+    """``ignored_params`` arrived in 2.7 (PR 146631); earlier releases raise TypeError."""
+    return parse_version(version) >= (2, 7)
+
+
+def supports_grouped_call(version) -> bool:
+    """``fully_shard([a, b])`` as one group arrived in 2.5 (PR 130949)."""
+    return parse_version(version) >= (2, 5)
+
+
+MIN_TORCH = (2, 4)
+
+
+def effective_reshard_after_forward(unit: Unit, is_root: bool):
+    """None means True for non-roots and False for the root (torch >= 2.8, ``_lazy_init``)."""
+    if unit.reshard_after_forward is None:
+        return not is_root
+    return unit.reshard_after_forward
+
+
+# ---------------------------------------------------------------------------
+# Sharding arithmetic (``FSDPParam._init_sharded_param``)
+# ---------------------------------------------------------------------------
+def shard_rows(dim0: int, shard: int) -> int:
+    """Rows of the padded shard every rank allocates: ceil(dim0 / shard)."""
+    return -(-dim0 // shard)
+
+
+def local_rows(dim0: int, shard: int, coord: int) -> int:
+    """Rows ``torch.chunk(param, shard, dim=0)`` gives shard coordinate ``coord`` (0 past the last chunk)."""
+    rows = shard_rows(dim0, shard)
+    return max(0, min(rows, dim0 - coord * rows))
+
+
+# ---------------------------------------------------------------------------
+# The layout of one plan on one model
+# ---------------------------------------------------------------------------
+@dataclass
+class UnitLayout:
+    index: int  # position in plan.units
+    unit: Unit
+    modules: tuple[int, ...]  # tree module indices
+    params: list[int] = field(default_factory=list)  # sharded parameters this call manages
+    order: int = 0  # position in bottom-up application order
+    is_root: bool = False  # no enclosing unit: lazy init makes it a root
+    reshard_after_forward: bool | int = True
+
+
+class Layout:
+    """Which call owns each parameter and what each rank holds, for one (tree, plan, mesh)."""
+
+    STATUS = ("sharded", "ignored", "unmanaged")
+
+    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh):
+        self.tree, self.plan, self.mesh = tree, plan, mesh
+        plan.validate(tree)
+        self.errors: list[Finding] = []
+        n_mod = tree.n_modules
+
+        # 1. Which unit each module opens, then the nearest enclosing unit (preorder sweep).
+        self.units = [
+            UnitLayout(i, u, tuple(tree.module_index[m] for m in u.modules)) for i, u in enumerate(plan.units)
+        ]
+        own = [-1] * n_mod
+        for ul in self.units:
+            for m in ul.modules:
+                own[m] = ul.index
+        owner = [-1] * n_mod
+        for info in tree.modules:
+            owner[info.index] = own[info.index] if own[info.index] >= 0 else (owner[info.parent] if info.parent >= 0 else -1)
+        self.module_unit = owner
+        self._order_units(own, owner)
+
+        # 2. Parameters: ignored, owned by one call, or under none.
+        ignored = {tree.param_index[f] for f in plan.ignored}
+        self.param_unit = [-1] * len(tree.params)
+        self.param_status = ["unmanaged"] * len(tree.params)
+        self.would_be_unit = [-1] * len(tree.params)  # the call an ignored parameter sits in
+        for p in tree.params:
+            calls = sorted({owner[o] for o in p.owners if owner[o] >= 0}, key=lambda u: self.units[u].order)
+            if calls:
+                self.would_be_unit[p.index] = calls[0]
+            if p.index in ignored:
+                self.param_status[p.index] = "ignored"
+                continue
+            if not calls:
+                continue
+            self.param_unit[p.index] = calls[0]  # the first call to reach it manages it
+            self.param_status[p.index] = "sharded"
+            self.units[calls[0]].params.append(p.index)
+            if len(calls) > 1:
+                names = [self.units[u].unit.name for u in calls]
+                self.errors.append(Finding(
+                    "SV001", "error",
+                    f"parameter {p.fqn!r} (also {', '.join(p.fqns[1:]) or 'reached through a shared module'}) "
+                    f"is managed by {len(calls)} fully_shard calls: {', '.join(names)}; each call makes its own "
+                    "sharded copy, so the tie is broken; torch >= 2.13 raises ValueError at the first forward",
+                    p.fqns,
+                    f"put the modules that share it in one grouped unit, e.g. {[self.units[u].unit.modules[0] for u in calls]}",
+                ))
+            if len(p.shape) == 0:
+                self.errors.append(Finding(
+                    "SV002", "error",
+                    f"parameter {p.fqn!r} is a scalar (0-dim); fully_shard raises ValueError: it cannot be sharded on dim 0",
+                    p.fqns, "reshape it to a 1-D tensor of one element, or list it in the plan's ignored parameters",
+                ))
+            if len(p.fqns) > 1:
+                loose = [f for f in p.fqns if self.alias_unit(f) < 0]
+                if loose:
+                    self.errors.append(Finding(
+                        "SV006", "error",
+                        f"tied parameter {p.fqn!r} is sharded by {self.units[calls[0]].unit.name} but its alias "
+                        f"{', '.join(repr(f) for f in loose)} is under no fully_shard call: that module keeps the "
+                        "original unsharded tensor and the tie is broken",
+                        p.fqns, "add the root module \"\" as a unit, or group the modules that share it",
+                    ))
+        for ul in self.units:
+            dtypes = {tree.params[p].dtype for p in ul.params if tree.params[p].requires_grad}
+            if len(dtypes) > 1:
+                self.errors.append(Finding(
+                    "SV003", "error",
+                    f"call {ul.unit.name} manages trainable parameters of dtypes "
+                    f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
+                    "per group (AssertionError at the first forward)",
+                    [tree.params[p].fqn for p in ul.params if tree.params[p].requires_grad][:20],
+                    "cast them to one dtype before fully_shard, or give each dtype its own unit",
+                ))
+            if ul.is_root and ul.unit.is_grouped:
+                self.errors.append(Finding(
+                    "SV004", "error",
+                    f"grouped call {ul.unit.name} has no enclosing unit, so lazy init makes it a root; "
+                    "torch raises 'requires a single root module' at the first forward",
+                    ul.unit.modules, "add the root module \"\" as a unit (the usual last call)",
+                ))
+        for ul in self.units:
+            ul.reshard_after_forward = effective_reshard_after_forward(ul.unit, ul.is_root)
+            rar = ul.reshard_after_forward
+            if not isinstance(rar, bool) and (mesh.shard % rar or rar >= mesh.shard):
+                self.errors.append(Finding(
+                    "SV005", "error",
+                    f"call {ul.unit.name}: reshard_after_forward={rar} must be a divisor of the shard size "
+                    f"{mesh.shard} other than 1 and itself",
+                    ul.unit.modules, "use True, False or a divisor such as the ranks per node",
+                ))
+
+    def _order_units(self, own: list[int], owner: list[int]) -> None:
+        """Bottom-up order: a call runs after every call nested inside it (torch requires it)."""
+        after: dict[int, set[int]] = {ul.index: set() for ul in self.units}  # unit -> units it must follow
+        for ul in self.units:
+            for m in ul.modules:
+                parent = self.tree.modules[m].parent
+                outer = owner[parent] if parent >= 0 else -1
+                if outer >= 0 and outer != ul.index:
+                    after[outer].add(ul.index)
+            ul.is_root = all(
+                self.tree.modules[m].parent < 0 or owner[self.tree.modules[m].parent] < 0 for m in ul.modules
+            )
+        depth = {ul.index: max(self.tree.modules[m].depth for m in ul.modules) for ul in self.units}
+        ready = sorted((u for u, deps in after.items() if not deps), key=lambda u: (-depth[u], u))
+        waiting = {u: set(deps) for u, deps in after.items() if deps}
+        dependents: dict[int, list[int]] = {}
+        for u, deps in waiting.items():
+            for d in deps:
+                dependents.setdefault(d, []).append(u)
+        order: list[int] = []
+        while ready:
+            u = ready.pop(0)
+            order.append(u)
+            for v in dependents.get(u, ()):
+                waiting[v].discard(u)
+                if not waiting[v]:
+                    del waiting[v]
+                    ready.append(v)
+            ready.sort(key=lambda x: (-depth[x], x))
+        if waiting:
+            names = [self.units[u].unit.name for u in waiting]
+            raise ValueError(
+                f"units {names} cannot be applied bottom-up: a grouped unit has modules both inside and "
+                "outside another unit; split the group or move the other unit"
+            )
+        for position, u in enumerate(order):
+            self.units[u].order = position
+        self.order = order
+
+    # -- per parameter ------------------------------------------------------------
+    def shard_shape(self, p: int) -> tuple[int, ...]:
+        """The padded shard every rank allocates for a sharded parameter."""
+        shape = self.tree.params[p].shape
+        return (shard_rows(shape[0], self.mesh.shard),) + shape[1:]
+
+    def padded_shard_numel(self, p: int) -> int:
+        return math.prod(self.shard_shape(p))
+
+    def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
+        """``p.to_local().shape`` on global ``rank`` (the full shape when FSDP does not shard it)."""
+        if fqn not in self.tree.param_index:
+            from .plan import _closest
+
+            raise ValueError(f"no parameter named {fqn!r}.{_closest(fqn, self.tree.param_index)}")
+        p = self.tree.param_index[fqn]
+        _, coord = self.mesh.coords(rank)
+        shape = self.tree.params[p].shape
+        if self.param_status[p] != "sharded":
+            return shape
+        return (local_rows(shape[0], self.mesh.shard, coord),) + shape[1:]
+
+    def alias_unit(self, fqn: str) -> int:
+        """The call that reaches parameter name ``fqn`` through its own module (-1: none).
+
+        For a tied parameter the aliases can differ: torch swaps in the sharded DTensor only on
+        the modules of the call that manages it; another call makes a second DTensor (SV001) and
+        a module under no call keeps the original, unsharded parameter (SV006).
+        """
+        module = fqn.rpartition(".")[0]
+        p = self.tree.param_index[fqn]
+        if self.param_status[p] != "sharded":
+            return -1
+        return self.module_unit[self.tree.module_index[module]]
+
+    def raise_for_errors(self) -> None:
+        if self.errors:
+            raise PlanError(self.errors)
+
+    @cached_property
+    def unit_numbers(self) -> list[dict]:
+        """Per call: parameter count, unsharded and padded-shard bytes (what one all-gather moves)."""
+        out = []
+        for ul in self.units:
+            params = [self.tree.params[p] for p in ul.params]
+            out.append({
+                "n_params": len(params),
+                "numel": sum(p.numel for p in params),
+                "trainable_numel": sum(p.numel for p in params if p.requires_grad),
+                "unsharded_bytes": sum(p.nbytes for p in params),
+                "padded_unsharded_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params) * self.mesh.shard,
+                "padded_shard_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params),
+            })
+        return out

@@ -1,0 +1,265 @@
+"""What the user asks for: which modules get a ``fully_shard`` call, which parameters stay out.
+
+A ``Plan`` is an immutable value: every edit returns a new plan, so an error
+can never leave a half-changed plan behind, and the widget's undo is a list.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence, Union
+
+from .tree import ModelTree, as_tree
+
+SCHEMA = "shardviz.plan"
+SCHEMA_VERSION = 1
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+LORA_LAYOUTS = ("sharded", "ignored", "separate")
+
+
+def _closest(name: str, candidates: Iterable[str], n: int = 3) -> str:
+    matches = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.5)
+    return f" Closest existing names: {', '.join(repr(m) for m in matches)}." if matches else ""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One ``fully_shard`` call: one module, or several grouped into one call."""
+
+    modules: tuple[str, ...]
+    reshard_after_forward: Union[bool, int, None] = None
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    offload: bool = False
+
+    def __init__(self, modules, reshard_after_forward=None, param_dtype=None, reduce_dtype=None, offload=False):
+        if isinstance(modules, str):
+            modules = (modules,)
+        modules = tuple(modules)
+        if not modules:
+            raise ValueError("Unit needs at least one module FQN")
+        for m in modules:
+            if not isinstance(m, str):
+                raise ValueError(f"Unit module names must be strings, got {m!r}")
+        if len(set(modules)) != len(modules):
+            raise ValueError(f"Unit {list(modules)} lists a module twice")
+        rar = reshard_after_forward
+        if rar is not None and not isinstance(rar, (bool, int)):
+            raise ValueError(f"reshard_after_forward of unit {list(modules)} must be None, a bool or an int, got {rar!r}")
+        if not isinstance(rar, bool) and isinstance(rar, int) and rar < 2:
+            raise ValueError(f"reshard_after_forward={rar} of unit {list(modules)}: an int must be a divisor >= 2 of the shard size")
+        for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if value is not None and value not in DTYPE_NAMES:
+                raise ValueError(f"{key}={value!r} of unit {list(modules)}: expected one of {DTYPE_NAMES}")
+        object.__setattr__(self, "modules", modules)
+        object.__setattr__(self, "reshard_after_forward", rar)
+        object.__setattr__(self, "param_dtype", param_dtype)
+        object.__setattr__(self, "reduce_dtype", reduce_dtype)
+        object.__setattr__(self, "offload", bool(offload))
+
+    @property
+    def name(self) -> str:
+        """A label for tables: the FQN, '<root>' for "", or '[a, b]' for a group."""
+        labels = [m if m else "<root>" for m in self.modules]
+        return labels[0] if len(labels) == 1 else "[" + ", ".join(labels) + "]"
+
+    @property
+    def is_grouped(self) -> bool:
+        return len(self.modules) > 1
+
+    def options(self) -> dict:
+        out = {}
+        for key in ("reshard_after_forward", "param_dtype", "reduce_dtype"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.offload:
+            out["offload"] = True
+        return out
+
+    def to_obj(self):
+        if not self.options():
+            return self.modules[0] if len(self.modules) == 1 else list(self.modules)
+        return {"modules": list(self.modules), **self.options()}
+
+    @classmethod
+    def from_obj(cls, obj, where: str = "unit") -> "Unit":
+        if isinstance(obj, Unit):
+            return obj
+        if isinstance(obj, str):
+            return cls(obj)
+        if isinstance(obj, (list, tuple)):
+            return cls(tuple(obj))
+        if isinstance(obj, dict):
+            unknown = set(obj) - {"modules", "reshard_after_forward", "param_dtype", "reduce_dtype", "offload"}
+            if unknown:
+                raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
+            if "modules" not in obj:
+                raise ValueError(f"{where}: missing field 'modules'")
+            return cls(**obj)
+        raise ValueError(f"{where}: expected a module FQN, a list of FQNs or a Unit, got {obj!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``units``: one entry per ``fully_shard`` call; ``ignored``: parameter FQNs kept out of FSDP."""
+
+    units: tuple[Unit, ...] = ()
+    ignored: tuple[str, ...] = ()
+    name: str = field(default="", compare=False)
+
+    def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = ""):
+        if isinstance(units, (str, Unit)):
+            units = [units]
+        parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
+        if isinstance(ignored, str):
+            ignored = [ignored]
+        ignored = tuple(dict.fromkeys(ignored))  # keep order, drop repeats
+        for name_ in ignored:
+            if not isinstance(name_, str):
+                raise ValueError(f"ignored entries must be parameter FQNs (str), got {name_!r}")
+        seen: dict[str, int] = {}
+        for i, unit in enumerate(parsed):
+            for m in unit.modules:
+                if m in seen:
+                    raise ValueError(
+                        f"module {m!r} is in two units (units[{seen[m]}] and units[{i}]); "
+                        "a module can be passed to fully_shard once"
+                    )
+                seen[m] = i
+        object.__setattr__(self, "units", parsed)
+        object.__setattr__(self, "ignored", ignored)
+        object.__setattr__(self, "name", name)
+
+    # -- edits (each returns a new plan) ------------------------------------
+    def unit_of(self, fqn: str) -> Unit | None:
+        for unit in self.units:
+            if fqn in unit.modules:
+                return unit
+        return None
+
+    def with_unit(self, unit) -> "Plan":
+        unit = Unit.from_obj(unit)
+        return Plan(self.units + (unit,), self.ignored, self.name)
+
+    def without_unit(self, fqn: str) -> "Plan":
+        """Drop the call that contains module ``fqn`` (the whole group, if grouped)."""
+        if self.unit_of(fqn) is None:
+            raise ValueError(f"module {fqn!r} is not in any unit of this plan")
+        return Plan([u for u in self.units if fqn not in u.modules], self.ignored, self.name)
+
+    def with_unit_options(self, fqn: str, **options) -> "Plan":
+        unit = self.unit_of(fqn)
+        if unit is None:
+            raise ValueError(f"module {fqn!r} is not in any unit of this plan")
+        new = replace(unit, **options) if options else unit
+        new = Unit(new.modules, new.reshard_after_forward, new.param_dtype, new.reduce_dtype, new.offload)
+        return Plan([new if u is unit else u for u in self.units], self.ignored, self.name)
+
+    def with_ignored(self, fqns: Iterable[str]) -> "Plan":
+        return Plan(self.units, self.ignored + tuple(fqns), self.name)
+
+    def without_ignored(self, fqns: Iterable[str]) -> "Plan":
+        drop = set(fqns)
+        return Plan(self.units, [f for f in self.ignored if f not in drop], self.name)
+
+    # -- validation against a model ------------------------------------------
+    def validate(self, model_or_tree) -> ModelTree:
+        """Check every name against the model; raise ValueError naming the first bad entry."""
+        tree = as_tree(model_or_tree)
+        owner: dict[int, str] = {}
+        for i, unit in enumerate(self.units):
+            for m in unit.modules:
+                if m not in tree.module_index:
+                    hint = _closest(m, tree.module_index) if m not in tree.param_index else (
+                        f" {m!r} is a parameter; units name modules (did you mean {m.rsplit('.', 1)[0]!r}?)"
+                    )
+                    raise ValueError(f"units[{i}]: no module named {m!r} in {tree.root_type}.{hint}")
+                index = tree.module_index[m]
+                if index in owner:
+                    raise ValueError(
+                        f"units[{i}]: module {m!r} is the same module as {owner[index]!r}, already in a unit; "
+                        "a module can be passed to fully_shard once"
+                    )
+                owner[index] = m
+        for name in self.ignored:
+            if name not in tree.param_index:
+                hint = (
+                    f" {name!r} is a module; list its parameters (e.g. {name + '.weight'!r})"
+                    if name in tree.module_index
+                    else _closest(name, tree.param_index)
+                )
+                raise ValueError(f"ignored: no parameter named {name!r} in {tree.root_type}.{hint}")
+        return tree
+
+    # -- JSON -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "name": self.name,
+            "units": [u.to_obj() for u in self.units],
+            "ignored": list(self.ignored),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            obj = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"plan JSON is not valid JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("plan JSON must be an object with 'schema', 'version', 'units' and 'ignored'")
+        if obj.get("schema") != SCHEMA:
+            raise ValueError(f"plan JSON: field 'schema' must be {SCHEMA!r}, got {obj.get('schema')!r}")
+        version = obj.get("version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION}"
+            )
+        unknown = set(obj) - {"schema", "version", "name", "units", "ignored"}
+        if unknown:
+            raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
+        units, ignored = obj.get("units", []), obj.get("ignored", [])
+        if not isinstance(units, list):
+            raise ValueError("plan JSON: field 'units' must be a list")
+        if not isinstance(ignored, list) or not all(isinstance(x, str) for x in ignored):
+            raise ValueError("plan JSON: field 'ignored' must be a list of parameter FQNs")
+        name = obj.get("name", "")
+        if not isinstance(name, str):
+            raise ValueError("plan JSON: field 'name' must be a string")
+        return cls(units, ignored, name)
+
+    # -- presets -------------------------------------------------------------
+    @classmethod
+    def auto(cls, model, lora: str = "sharded") -> "Plan":
+        """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.
+
+        ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
+        parameter in ``ignored``; "separate" gives each LoRA adapter module its own call.
+        """
+        from .presets import auto_plan
+
+        if lora not in LORA_LAYOUTS:
+            raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
+        return auto_plan(as_tree(model), lora)
+
+    def __repr__(self) -> str:
+        label = f"{self.name!r}, " if self.name else ""
+        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored)"
+
+
+def as_plan(plan) -> Plan:
+    if plan is None:
+        return Plan()
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, str):
+        return Plan.from_json(plan)
+    if isinstance(plan, dict):
+        return Plan.from_json(json.dumps(plan))
+    raise ValueError(f"expected a shardviz Plan, got {type(plan).__name__}")
