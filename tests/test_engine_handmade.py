@@ -1,0 +1,131 @@
+"""The engine agrees with torch's own fully_shard on hand-built models, parameter by parameter."""
+
+import pytest
+import torch
+
+import shardviz as sv
+from handmade import MixedFrozen, Odd, Tied, WeirdKeys, handmade_cases
+
+MESHES = [sv.Mesh(1), sv.Mesh(2), sv.Mesh(3), sv.Mesh(8), sv.Mesh(64), sv.Mesh(4, replicate=2)]
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=str)
+@pytest.mark.parametrize("name,factory,units", handmade_cases(), ids=[c[0] for c in handmade_cases()])
+def test_verify_handmade(name, factory, units, mesh):
+    model = factory()
+    plan = sv.Plan(units)
+    diff = sv.verify(model, plan, mesh=mesh)
+    assert diff.empty, diff.to_string()
+
+
+@pytest.mark.parametrize("mesh", [sv.Mesh(4), sv.Mesh(8, replicate=2)], ids=str)
+def test_verify_every_rank_on_uneven_shapes(mesh):
+    """Every rank, not just first/middle/last: later ranks hold fewer or zero rows."""
+    plan = sv.Plan(["a", "b", "c", ""])
+    diff = sv.verify(Odd(), plan, mesh=mesh, ranks=range(mesh.world))
+    assert diff.empty, diff.to_string()
+
+
+def test_ignored_and_unmanaged_agree_with_torch():
+    model = Odd()
+    plan = sv.Plan(["a", "b"], ignored=["b.bias", "scale"])
+    a = sv.analyze(model, plan, sv.Mesh(4))
+    status = dict(zip(a.params.fqn, a.params.status))
+    assert status["b.bias"] == "ignored" and status["scale"] == "ignored"
+    assert status["c.weight"] == "unmanaged" and status["a.weight"] == "sharded"
+    assert sv.verify(model, plan, mesh=sv.Mesh(4)).empty
+
+
+def test_tied_parameter_is_one_row_with_every_name():
+    a = sv.analyze(Tied(), sv.Plan(["body", ["embed", "norm", "head"], ""]), sv.Mesh(4))
+    row = a.params[a.params.fqn == "embed.weight"].iloc[0]
+    assert row.aliases == ("head.weight",)
+    assert a.local_shape("head.weight", 3) == a.local_shape("embed.weight", 3)
+    assert len(a.params) == len({id(p) for p in Tied().parameters()})
+
+
+def test_grouped_unit_table():
+    a = sv.analyze(Tied(), sv.Plan(["body", ["embed", "norm", "head"], ""]), sv.Mesh(4))
+    units = a.units.set_index("unit")
+    group = units.loc["[embed, norm, head]"]
+    assert group.n_params == 3  # tied weight once, norm weight and bias
+    assert list(a.units.unit) == ["body", "[embed, norm, head]", "<root>"]  # bottom-up
+
+
+def test_split_tie_is_an_error_that_torch_confirms():
+    """A tied weight split across two calls: torch makes two DTensors; we report SV001."""
+    model, plan = Tied(), sv.Plan(["embed", "head", ""])
+    with pytest.raises(sv.PlanError, match="SV001"):
+        sv.analyze(model, plan, sv.Mesh(4))
+    a = sv.analyze(model, plan, sv.Mesh(4), strict=False)
+    assert [f.code for f in a.findings if f.severity == "error"] == ["SV001"]
+    assert sv.verify(model, plan, mesh=sv.Mesh(4)).empty  # per-name prediction still matches torch
+
+
+def test_tie_left_outside_every_call_is_reported():
+    model, plan = Tied(), sv.Plan(["embed"])
+    a = sv.analyze(model, plan, sv.Mesh(4), strict=False)
+    assert "SV006" in [f.code for f in a.findings]
+    assert sv.verify(model, plan, mesh=sv.Mesh(4)).empty
+
+
+def test_scalar_parameter_refused_like_torch():
+    model = Odd()
+    model.temp = torch.nn.Parameter(torch.tensor(1.0))
+    with pytest.raises(sv.PlanError, match="temp"):
+        sv.analyze(model, sv.Plan([""]), sv.Mesh(2))
+    from shardviz.oracle import fake_process_group, device_mesh, apply_plan, meta_copy
+
+    with fake_process_group(0, 2), pytest.raises(ValueError, match="scalar"):
+        apply_plan(meta_copy(model), sv.Plan([""]), device_mesh(sv.Mesh(2)))
+    # Ignoring it is the way out, and torch agrees.
+    assert sv.verify(model, sv.Plan([""], ignored=["temp"]), mesh=sv.Mesh(2)).empty
+
+
+def test_mixed_trainable_dtypes_in_one_call_is_an_error():
+    model = MixedFrozen()
+    model.frozen16.requires_grad_(True)
+    with pytest.raises(sv.PlanError, match="SV003"):
+        sv.analyze(model, sv.Plan([""]), sv.Mesh(2))
+    # Frozen parameters of several dtypes in one call are fine.
+    assert not sv.analyze(MixedFrozen(), sv.Plan([""]), sv.Mesh(2)).errors
+
+
+def test_grouped_root_is_an_error():
+    with pytest.raises(sv.PlanError, match="SV004"):
+        sv.analyze(Odd(), sv.Plan([["a", "b"]]), sv.Mesh(2))
+
+
+def test_bad_int_reshard_after_forward():
+    plan = sv.Plan([sv.Unit("a", reshard_after_forward=3), ""])
+    with pytest.raises(sv.PlanError, match="SV005"):
+        sv.analyze(Odd(), plan, sv.Mesh(8))
+    assert not sv.analyze(Odd(), sv.Plan([sv.Unit("a", reshard_after_forward=4), ""]), sv.Mesh(8)).errors
+
+
+def test_local_shape_matches_torch_chunk():
+    """The arithmetic itself, checked against torch.chunk on every rank for many shapes."""
+    from shardviz.fsdp import local_rows
+
+    for dim0 in range(0, 20):
+        for world in (1, 2, 3, 4, 5, 8, 16):
+            chunks = torch.chunk(torch.empty(dim0, 1), world, dim=0) if dim0 else ()
+            for rank in range(world):
+                want = chunks[rank].shape[0] if rank < len(chunks) else 0
+                assert local_rows(dim0, world, rank) == want, (dim0, world, rank)
+
+
+def test_unknown_parameter_in_local_shape():
+    a = sv.analyze(Odd(), sv.Plan([""]), sv.Mesh(2))
+    with pytest.raises(ValueError, match="a.wieght.*a.weight"):
+        a.local_shape("a.wieght", 0)
+    with pytest.raises(ValueError, match="rank 2"):
+        a.local_shape("a.weight", 2)
+
+
+def test_weird_keys_are_addressed_exactly():
+    model = WeirdKeys()
+    a = sv.analyze(model, sv.Plan(["blocks.quote'\"", "blocks.back\\slash"]), sv.Mesh(2))
+    status = dict(zip(a.params.fqn, a.params.unit))
+    assert status["blocks.quote'\".weight"] == "blocks.quote'\""
+    assert status["blocks.ünï.weight"] is None

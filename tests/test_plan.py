@@ -1,0 +1,127 @@
+"""Plan validation, JSON round trips, presets: bad input is named, nothing is changed."""
+
+import copy
+
+import pytest
+
+import shardviz as sv
+from handmade import Nested, Odd, Tied
+
+
+def snapshot(model):
+    return {n: (id(p), tuple(p.shape), p.requires_grad, p.device.type) for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    "plan,pattern",
+    [
+        (lambda: sv.Plan(["a", "bb"]), r"units\[1\]: no module named 'bb'.*Closest existing names: 'b'"),
+        (lambda: sv.Plan(["a.weight"]), r"'a.weight' is a parameter; units name modules \(did you mean 'a'"),
+        (lambda: sv.Plan([""], ignored=["a.wieght"]), r"ignored: no parameter named 'a.wieght'.*'a.weight'"),
+        (lambda: sv.Plan([""], ignored=["a"]), r"'a' is a module; list its parameters \(e.g. 'a.weight'\)"),
+    ],
+    ids=["unknown-module", "param-as-unit", "unknown-ignored", "module-as-ignored"],
+)
+def test_bad_names_are_named_and_nothing_changes(plan, pattern):
+    model = Odd()
+    before = snapshot(model)
+    p = plan()
+    frozen = copy.deepcopy(p)
+    with pytest.raises(ValueError, match=pattern):
+        sv.analyze(model, p, sv.Mesh(2))
+    assert p == frozen and snapshot(model) == before
+
+
+def test_module_in_two_units():
+    with pytest.raises(ValueError, match=r"module 'a' is in two units \(units\[0\] and units\[1\]\)"):
+        sv.Plan(["a", ["b", "a"]])
+
+
+def test_same_module_under_two_names_in_two_units():
+    model = Odd()
+    model.alias = model.a  # one module reachable as "a" and "alias"
+    with pytest.raises(ValueError, match=r"'alias' is the same module as 'a'"):
+        sv.analyze(model, sv.Plan(["a", "alias"]), sv.Mesh(2))
+
+
+def test_edits_return_new_plans():
+    plan = sv.Plan(["a", ""])
+    plan2 = plan.with_unit("b").with_ignored(["c.weight"])
+    assert plan.units == (sv.Unit("a"), sv.Unit(""))
+    assert [u.modules for u in plan2.units] == [("a",), ("",), ("b",)] and plan2.ignored == ("c.weight",)
+    assert plan2.without_unit("b").without_ignored(["c.weight"]) == plan
+    plan3 = plan.with_unit_options("a", reshard_after_forward=False)
+    assert plan3.unit_of("a").reshard_after_forward is False and plan.unit_of("a").reshard_after_forward is None
+    with pytest.raises(ValueError, match="'zz' is not in any unit"):
+        plan.without_unit("zz")
+
+
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        ({"reshard_after_forward": "yes"}, "reshard_after_forward of unit"),
+        ({"reshard_after_forward": 1}, "divisor >= 2"),
+        ({"param_dtype": "fp8"}, r"param_dtype='fp8'"),
+    ],
+)
+def test_bad_unit_options(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sv.Unit("a", **kwargs)
+
+
+def test_json_round_trip():
+    plan = sv.Plan(
+        ["a", ["b", "c"], sv.Unit("", reshard_after_forward=False, param_dtype="bfloat16", reduce_dtype="float32")],
+        ignored=["scale"],
+        name="mine",
+    )
+    text = plan.to_json()
+    assert '"version": 1' in text and '"schema": "shardviz.plan"' in text
+    again = sv.Plan.from_json(text)
+    assert again == plan and again.name == "mine"
+
+
+@pytest.mark.parametrize(
+    "text,pattern",
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "must be an object"),
+        ('{"schema": "other", "version": 1}', "field 'schema' must be 'shardviz.plan'"),
+        ('{"schema": "shardviz.plan", "version": 99, "units": []}', "field 'version' is 99; this shardviz reads version 1"),
+        ('{"schema": "shardviz.plan", "version": 1, "units": {}}', "field 'units' must be a list"),
+        ('{"schema": "shardviz.plan", "version": 1, "units": [3]}', r"units\[0\]: expected a module FQN"),
+        ('{"schema": "shardviz.plan", "version": 1, "units": [{"modules": ["a"], "colour": 1}]}', r"unknown field\(s\) \['colour'\]"),
+        ('{"schema": "shardviz.plan", "version": 1, "ignored": [1]}', "field 'ignored' must be a list"),
+        ('{"schema": "shardviz.plan", "version": 1, "extra": 1}', r"unknown field\(s\) \['extra'\]"),
+    ],
+)
+def test_json_rejects_what_it_cannot_read(text, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sv.Plan.from_json(text)
+
+
+def test_application_order_is_bottom_up_whatever_the_plan_order():
+    a = sv.analyze(Nested(), sv.Plan(["", "outer", "outer.1", "outer.1.0", "last"]), sv.Mesh(2))
+    order = list(a.units.unit)
+    assert order.index("outer.1.0") < order.index("outer.1") < order.index("outer") < order.index("<root>")
+
+
+def test_tied_embedding_joins_head_group_in_preset():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import torch
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                             tie_word_embeddings=True))
+    plan = sv.Plan.auto(model)
+    names = [u.modules for u in plan.units]
+    assert ("model.embed_tokens", "model.norm", "lm_head") in names
+    assert names[-1] == ("",) and names[0] == ("model.layers.0",)
+    assert sv.verify(model, plan, mesh=sv.Mesh(4)).empty
+
+
+def test_auto_rejects_unknown_layout():
+    with pytest.raises(ValueError, match="lora='whole'"):
+        sv.Plan.auto(Tied(), lora="whole")
