@@ -56,7 +56,10 @@ class Analysis:
                     lay.padded_shard_numel(p.index) * self.mesh.shard - p.numel if status == "sharded" else 0
                 ),
             })
-        return pd.DataFrame(rows)
+        table = pd.DataFrame(rows)
+        # Keep None (not NaN) for "no owning call", as the API promises.
+        table["unit"] = pd.Series([r["unit"] for r in rows], dtype=object)
+        return table
 
     @cached_property
     def units(self) -> pd.DataFrame:
