@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the project's virtual environment at <repo>/.venv.
+#
+#   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab] + kernelspec
+#   ./scripts/setup.sh --browser   ... and Debian's chromium + chromium-driver (browser tests)
+#
+# Quiet when all is well; on failure it prints the failing step's full log and exits non-zero.
+# A re-run is cheap: pip is skipped while pyproject.toml and this script are unchanged and
+# the editable install still points at this checkout.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+WANT_BROWSER=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) WANT_BROWSER=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+VPY="$VENV/bin/python"
+TORCH_VERSION="2.13.0"   # a CPU wheel of this release lies on this machine's disk
+STAMP="$VENV/.shardviz-setup.sha256"
+LOG="$(mktemp -t shardviz-setup.XXXXXX.log)"
+trap 'rm -f "$LOG"' EXIT
+
+# step "description" cmd...: run quietly, dump the log and fail loudly on error.
+step() {
+  local what="$1"; shift
+  if ! "$@" >"$LOG" 2>&1; then
+    echo "setup.sh: FAILED: $what" >&2
+    echo "setup.sh: command: $*" >&2
+    cat "$LOG" >&2
+    exit 1
+  fi
+}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# 1. the virtual environment
+if [ ! -x "$VPY" ]; then
+  echo "setup.sh: creating $VENV"
+  step "create venv" "$PYTHON" -m venv "$VENV"
+  step "upgrade pip" "$VPY" -m pip install -q --upgrade pip
+fi
+
+# 2. torch FIRST and pinned: an unpinned torch would pull a multi-GB CUDA build.
+torch_ok() {
+  "$VPY" -c "import sys; from importlib.metadata import version as v; sys.exit(v('torch').split('+')[0] != '$TORCH_VERSION')" >/dev/null 2>&1
+}
+if ! torch_ok; then
+  echo "setup.sh: installing torch==$TORCH_VERSION"
+  step "install torch" "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+fi
+
+# 3. the project, editable, with its test and lab extras
+want_stamp="$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
+editable_ok() {
+  # shardviz is installed editable from *this* checkout (a venv copied from elsewhere is not).
+  (cd / && "$VPY" - "$ROOT" <<'PY'
+import json, pathlib, sys
+from importlib import metadata
+try:
+    dist = metadata.distribution("shardviz")
+except metadata.PackageNotFoundError:
+    sys.exit(1)
+info = json.loads(dist.read_text("direct_url.json") or "{}")
+url = info.get("url", "")
+root = pathlib.Path(sys.argv[1]).resolve().as_uri()
+ok = info.get("dir_info", {}).get("editable") and url.rstrip("/") == root.rstrip("/")
+from importlib.util import find_spec
+mods = ["jupyterlab", "playwright", "xdist", "ipykernel", "anywidget", "ipywidgets", "nbformat"]
+sys.exit(0 if ok and all(find_spec(m) for m in mods) else 1)
+PY
+  ) >/dev/null 2>&1
+}
+if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want_stamp" ] || ! editable_ok; then
+  echo "setup.sh: installing shardviz[test,lab] (editable)"
+  step "install shardviz[test,lab]" "$VPY" -m pip install -q -e ".[test,lab]" "torch==$TORCH_VERSION"
+  echo "$want_stamp" >"$STAMP"
+fi
+
+# 4. a kernelspec inside the venv's own prefix whose argv is this venv's python,
+#    so JupyterLab (run from the venv) starts kernels with the project's environment.
+KERNEL_JSON="$VENV/share/jupyter/kernels/python3/kernel.json"
+if ! grep -qF "\"$VPY\"" "$KERNEL_JSON" 2>/dev/null; then
+  step "register ipykernel" "$VPY" -m ipykernel install --sys-prefix --name python3 \
+    --display-name "Python 3 (ipykernel)"
+fi
+
+# 5. Debian's Chromium for the browser tests (Playwright's own browser download cannot work here).
+if [ "$WANT_BROWSER" -eq 1 ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+  echo "setup.sh: installing chromium + chromium-driver (apt)"
+  step "apt-get update" as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  step "apt-get install chromium" as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends chromium chromium-driver fonts-liberation
+  [ -x /usr/bin/chromium ] || { echo "setup.sh: /usr/bin/chromium still missing" >&2; exit 1; }
+fi
+
+exit 0

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run the test suite: ./scripts/test.sh [pytest args...]
+#
+# Sets up .venv first (./scripts/setup.sh --browser: a no-op when nothing changed), then runs
+# pytest on 2 workers. Browser tests share one worker (--dist loadgroup, group "jupyterlab"),
+# so one JupyterLab server and one Chromium serve them all.
+# Artifacts: artifacts/pytest.log, artifacts/junit.xml, artifacts/screenshots/*.png,
+# artifacts/jupyter-server-*.log, artifacts/browser-console/*.log.
+#   ./scripts/test.sh -m 'not slow'        quick local run
+#   ./scripts/test.sh tests/browser        browser tests only
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+./scripts/setup.sh --browser
+
+mkdir -p artifacts
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # Debian's /usr/bin/chromium is used, never a download
+
+set +e
+.venv/bin/python -m pytest -n 2 --dist loadgroup -q \
+  --junitxml=artifacts/junit.xml "$@" 2>&1 | tee artifacts/pytest.log
+rc=${PIPESTATUS[0]}
+set -e
+exit "$rc"
