@@ -17,6 +17,7 @@ Every rule names the torch source it mirrors (torch 2.13, ``torch/distributed/fs
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from dataclasses import dataclass, field
@@ -169,9 +170,10 @@ class Layout:
         for ul in self.units:
             for m in ul.modules:
                 own[m] = ul.index
-        owner = [-1] * n_mod
-        for info in tree.modules:
-            owner[info.index] = own[info.index] if own[info.index] >= 0 else (owner[info.parent] if info.parent >= 0 else -1)
+        owner = own[:]
+        for i, parent in enumerate(tree.parents):  # preorder: a parent is settled before its children
+            if owner[i] < 0 and parent >= 0:
+                owner[i] = owner[parent]
         self.module_unit = owner
         self._order_units(own, owner)
 
@@ -181,7 +183,10 @@ class Layout:
         self.param_status = ["unmanaged"] * len(tree.params)
         self.would_be_unit = [-1] * len(tree.params)  # the call an ignored parameter sits in
         for p in tree.params:
-            calls = sorted({owner[o] for o in p.owners if owner[o] >= 0}, key=lambda u: self.units[u].order)
+            if len(p.owners) == 1:  # the common case, kept cheap: a toggle re-runs this loop
+                calls = [owner[p.owners[0]]] if owner[p.owners[0]] >= 0 else []
+            else:
+                calls = sorted({owner[o] for o in p.owners if owner[o] >= 0}, key=lambda u: self.units[u].order)
             if calls:
                 self.would_be_unit[p.index] = calls[0]
             if p.index in ignored:
@@ -259,8 +264,10 @@ class Layout:
             ul.is_root = all(
                 self.tree.modules[m].parent < 0 or owner[self.tree.modules[m].parent] < 0 for m in ul.modules
             )
+        # Kahn's algorithm; among ready calls the deepest goes first, then plan order.
         depth = {ul.index: max(self.tree.modules[m].depth for m in ul.modules) for ul in self.units}
-        ready = sorted((u for u, deps in after.items() if not deps), key=lambda u: (-depth[u], u))
+        ready = [(-depth[u], u) for u, deps in after.items() if not deps]
+        heapq.heapify(ready)
         waiting = {u: set(deps) for u, deps in after.items() if deps}
         dependents: dict[int, list[int]] = {}
         for u, deps in waiting.items():
@@ -268,14 +275,13 @@ class Layout:
                 dependents.setdefault(d, []).append(u)
         order: list[int] = []
         while ready:
-            u = ready.pop(0)
+            _, u = heapq.heappop(ready)
             order.append(u)
             for v in dependents.get(u, ()):
                 waiting[v].discard(u)
                 if not waiting[v]:
                     del waiting[v]
-                    ready.append(v)
-            ready.sort(key=lambda x: (-depth[x], x))
+                    heapq.heappush(ready, (-depth[v], v))
         if waiting:
             names = [self.units[u].unit.name for u in waiting]
             raise ValueError(

@@ -150,6 +150,7 @@ class ModelTree:
             for child, cname in reversed(kids):
                 stack.append((child, cname, index, depth + 1))
 
+        self.parents = [info.parent for info in self.modules]
         # Subtree extents: with preorder numbering a subtree is a contiguous range.
         for info in reversed(self.modules):
             info.subtree_end = max([info.index + 1] + [self.modules[c].subtree_end for c in info.children])

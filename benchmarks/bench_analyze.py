@@ -1,0 +1,88 @@
+"""How fast the engine is, against torch's own fully_shard on the same plan.
+
+For each model: the tree walk, a full `analyze` (tables included), torch's `fully_shard`
+for the same plan under the fake process group (on a meta copy, the copy not timed), their
+ratio, and re-analysing after one unit is added or removed on the cached tree (what a widget
+toggle costs). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import shardviz as sv  # noqa: E402
+from shardviz import zoo  # noqa: E402
+from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
+
+
+def best_of(fn, repeat=5):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def bench(name: str, world: int, layout: str) -> dict:
+    model = zoo.build(name, lora=True)
+    mesh = sv.Mesh(world)
+    walk, _ = best_of(lambda: sv.ModelTree(model), repeat=3)
+    tree = sv.ModelTree(model)
+    plan = sv.Plan.auto(tree, lora=layout)
+
+    def full():
+        a = sv.analyze(tree, plan, mesh)
+        a.params, a.units  # noqa: B018 - build the tables too
+
+    analyze_s, _ = best_of(full, repeat=3)
+    engine_s, _ = best_of(lambda: sv.analyze(tree, plan, mesh), repeat=5)
+
+    torch_times = []
+    for _ in range(2):
+        copy_ = meta_copy(model)
+        with fake_process_group(0, world):
+            dmesh = device_mesh(mesh)
+            t0 = time.perf_counter()
+            apply_plan(copy_, plan, dmesh)
+            torch_times.append(time.perf_counter() - t0)
+    torch_s = min(torch_times)
+
+    # One toggle: remove a block's unit, add it back (each re-analysed on the cached tree).
+    block = plan.units[len(plan.units) // 2].modules[0]
+    smaller = plan.without_unit(block)
+    toggle_remove, med_remove = best_of(lambda: sv.analyze(tree, smaller, mesh), repeat=10)
+    toggle_add, med_add = best_of(lambda: sv.analyze(tree, smaller.with_unit(block), mesh), repeat=10)
+    return {
+        "model": f"{name} + LoRA ({layout})", "world": world, "modules": tree.n_modules,
+        "params": len(tree.params), "units": len(plan.units),
+        "walk_ms": walk * 1e3, "analyze_ms": analyze_s * 1e3, "engine_ms": engine_s * 1e3,
+        "torch_ms": torch_s * 1e3, "ratio": analyze_s / torch_s,
+        "toggle_ms": max(toggle_remove, toggle_add) * 1e3, "toggle_median_ms": max(med_remove, med_add) * 1e3,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=["llama3_70b", "largest_moe"])
+    parser.add_argument("--world", type=int, default=64)
+    parser.add_argument("--layout", default="sharded", choices=["sharded", "ignored", "separate"])
+    args = parser.parse_args()
+    names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
+    rows = [bench(n, args.world, args.layout) for n in names]
+    header = ("model", "world", "modules", "params", "units", "walk_ms", "analyze_ms", "engine_ms", "torch_ms",
+              "ratio", "toggle_ms", "toggle_median_ms")
+    print(" | ".join(header))
+    for r in rows:
+        print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in header))
+    print("\nanalyze_ms: analyze + params/units tables; engine_ms: the layout alone; ratio = analyze/torch "
+          "(target <= 0.1); toggle_ms: best re-analysis after one unit is removed or added (target <= 20 ms on 70B)")
+
+
+if __name__ == "__main__":
+    main()
