@@ -1,0 +1,395 @@
+"""Ground truth from torch itself: run a real training step and measure what FSDP2 holds and sends.
+
+- Memory: ``FSDPMemTracker`` (torch/distributed/_tools/fsdp2_mem_tracker.py). It instruments
+  what FSDP manages (sharded/unsharded parameters and gradients, all-gather and reduce-scatter
+  buffers, optimizer states). It does not see parameters FSDP leaves alone (ignored or
+  unmanaged), so we hand those to it with its own ``_update_and_maybe_create_winfos``,
+  categorised as what they are: unsharded parameters, and (by a post-accumulate-grad hook)
+  unsharded gradients. The *state peak* is the tracker's highest total after any op with
+  activations, temporaries and inputs taken out, taken at every op rather than at the moment
+  activations peak. The same goes for the post-forward shards of an int
+  ``reshard_after_forward``, which the tracker files under Activation.
+- Collectives: a ``TorchDispatchMode`` sees every c10d op (``_allgather_base_``,
+  ``_reduce_scatter_base_``, ``allreduce_``; the same ops ``CommDebugMode`` counts) and records
+  kind, tensor bytes (all-gather output, reduce-scatter input, all-reduce tensor), dtype and the
+  process group's size. The FSDP call that issued it is read from the ``FSDPParamGroup`` whose
+  ``unshard``/``post_backward`` is running.
+
+Works under torch's fake process group (any world size, one process) and under gloo with real
+processes (``gloo_run``, forked, so the children skip the imports).
+
+Note: ``FSDPMemTracker`` re-registers forward hooks per module, which breaks grouped calls
+(``fully_shard([a, b])`` is then all-gathered once per module). It also fails to remove its
+hook from all but one module of a group, so the tracked step must be the last one: one step runs
+under the collective recorder, untouched, and the step after it under the tracker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import shardviz as sv
+from shardviz.oracle import apply_plan, fake_process_group
+
+SEQ = 16
+BATCH = 2
+
+
+# ---------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------
+def tiny_llama(vocab: int = 128, hidden: int = 64, layers: int = 2, dtype=torch.float32, seed: int = 0) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).to(dtype)
+
+
+def tiny_lora(r: int = 8, vocab: int = 128, seed: int = 0) -> nn.Module:
+    """A real tiny Llama with peft LoRA on every linear layer (the zoo's when it exists)."""
+    if (r, vocab, seed) == (8, 128, 0):
+        try:
+            from shardviz.zoo import tiny_llama_lora
+
+            return tiny_llama_lora()
+        except ImportError:
+            pass
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_llama(vocab=vocab, seed=seed)
+    torch.manual_seed(seed + 1)
+    return get_peft_model(model, LoraConfig(r=r, target_modules="all-linear"))
+
+
+def vocab_of(model: nn.Module) -> int:
+    for m in model.modules():
+        if isinstance(m, nn.Embedding):
+            return m.num_embeddings
+    raise ValueError("no embedding in the model")
+
+
+# ---------------------------------------------------------------------------
+# Optimizer as sv.Training describes it
+# ---------------------------------------------------------------------------
+def make_optimizer(training: sv.Training, model: nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    foreach = True if training.foreach is None else training.foreach  # predictions assume device tensors
+    if training.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+    if training.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+    if training.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=foreach)
+    if training.optimizer == "sgd_momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
+    raise ValueError(f"no torch optimizer for {training.optimizer!r}")
+
+
+# ---------------------------------------------------------------------------
+# Recording collectives
+# ---------------------------------------------------------------------------
+_CURRENT: list = [None]  # label of the FSDP call whose unshard/post_backward is running
+_PHASE: list = ["forward"]
+
+
+@contextlib.contextmanager
+def _label_fsdp_calls(labels: dict):
+    """Wrap FSDPParamGroup.unshard/post_backward so collectives know which call issued them."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    orig_unshard, orig_post = FSDPParamGroup.unshard, FSDPParamGroup.post_backward
+
+    def wrap(fn):
+        def inner(self, *args, **kwargs):
+            old = _CURRENT[0]
+            _CURRENT[0] = labels.get(id(self), "?")
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                _CURRENT[0] = old
+
+        return inner
+
+    FSDPParamGroup.unshard = wrap(orig_unshard)
+    FSDPParamGroup.post_backward = wrap(orig_post)
+    try:
+        yield
+    finally:
+        FSDPParamGroup.unshard, FSDPParamGroup.post_backward = orig_unshard, orig_post
+
+
+def _collective_recorder():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    c10d = torch.ops.c10d
+    kinds = {
+        c10d._allgather_base_.default: ("all_gather", 0, 2),  # (output, input, pg, ...)
+        c10d._reduce_scatter_base_.default: ("reduce_scatter", 1, 2),  # (output, input, pg, op, ...)
+        c10d.allreduce_.default: ("all_reduce", 0, 1),  # ([tensors], pg, op, ...)
+    }
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.log: list[dict] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kind = kinds.get(func)
+            if kind is not None:
+                name, t_arg, pg_arg = kind
+                t = args[t_arg]
+                if isinstance(t, (list, tuple)):
+                    t = t[0]
+                pg = dist.ProcessGroup.unbox(args[pg_arg])
+                self.log.append({"unit": _CURRENT[0], "collective": name, "phase": _PHASE[0],
+                                 "group_size": pg.size(), "dtype": str(t.dtype).replace("torch.", ""),
+                                 "bytes": t.numel() * t.element_size()})
+            return func(*args, **(kwargs or {}))
+
+    return Recorder()
+
+
+# ---------------------------------------------------------------------------
+# Memory tracker that also reports the peak of state (non-activation) memory
+# ---------------------------------------------------------------------------
+def _state_tracker(model, optimizer):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType as R
+
+    state_kinds = (R.SHARDED_PARAM, R.UNSHARDED_PARAM, R.BUFFER, R.SHARDED_GRAD, R.UNSHARDED_GRAD,
+                   R.ALL_GATHER, R.REDUCE_SCATTER, R.OPT)
+
+    class StateTracker(FSDPMemTracker):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.state_peak: dict = {}
+            self.state_peak_snap: dict = {}
+
+        def _update_peak_stats(self, peak_state):
+            super()._update_peak_stats(peak_state)
+            for dev, snap in self._curr_mem_snap.items():
+                x = sum(snap.get(k, 0) for k in state_kinds)
+                if x > self.state_peak.get(dev, 0):
+                    self.state_peak[dev] = x
+                    self.state_peak_snap[dev] = {str(k.value) if hasattr(k, "value") else k: v for k, v in snap.items()}
+
+    return StateTracker(model, optimizer), R
+
+
+@contextlib.contextmanager
+def _see_post_forward_shards(tracker, R):
+    """An int ``reshard_after_forward`` keeps a clone of the all-gather output's slice after
+    forward (``FSDPParam.to_sharded_post_forward``); the tracker leaves that clone under
+    Activation. Categorise it as the (smaller-world) sharded parameter it is."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    orig = FSDPParam.to_sharded_post_forward
+
+    def inner(self):
+        orig(self)
+        tracker._update_and_maybe_create_winfos(self._sharded_post_forward_param_data, R.SHARDED_PARAM)
+
+    FSDPParam.to_sharded_post_forward = inner
+    try:
+        yield
+    finally:
+        FSDPParam.to_sharded_post_forward = orig
+
+
+# ---------------------------------------------------------------------------
+# One measured run
+# ---------------------------------------------------------------------------
+@dataclass
+class StepTruth:
+    rank: int
+    sharded_params: int = 0  # tracker: Sharded Param
+    whole_params: int = 0  # torch: storage bytes of parameters that are not DTensors
+    buffers: int = 0  # tracker: Buffer
+    sharded_grads: int = 0  # tracker: Sharded Grad after the step
+    whole_grads: int = 0  # torch: storage bytes of their gradients
+    optimizer: int = 0  # tracker: OptState after the step
+    state_peak: int = 0  # tracker: max over ops of everything but activations, temporaries, inputs
+    state_peak_snap: dict = field(default_factory=dict)
+    peak_snap: dict = field(default_factory=dict)  # tracker's own peak snapshot
+    collectives: list = field(default_factory=list)
+    loss: float = 0.0
+
+
+def _unit_labels(model: nn.Module, plan: sv.Plan) -> tuple[dict, dict]:
+    """FSDPParamGroup id -> plan unit name, and state id -> name (read from torch's FSDP states)."""
+    from torch.distributed.fsdp import fully_shard
+
+    groups, states = {}, {}
+    for unit in plan.units:
+        state = fully_shard.state(model.get_submodule(unit.modules[0]))
+        states[id(state)] = unit.name
+        for group in state._fsdp_param_groups:
+            groups[id(group)] = unit.name
+    return groups, states
+
+
+def _outside_params(model: nn.Module, state_names: dict) -> list[tuple[str, nn.Parameter, str | None]]:
+    """Trainable-or-not parameters torch left as plain tensors, with the FSDP call around them."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+    from torch.distributed.tensor import DTensor
+
+    out, seen = [], set()
+    for fqn, p in model.named_parameters():
+        if isinstance(p, DTensor) or id(p) in seen:
+            continue
+        seen.add(id(p))
+        label, prefix = None, fqn.rpartition(".")[0]
+        while True:
+            state = _get_module_fsdp_state(model.get_submodule(prefix))
+            if state is not None:
+                label = state_names.get(id(state))
+                break
+            if not prefix:
+                break
+            prefix = prefix.rpartition(".")[0]
+        out.append((fqn, p, label))
+    return out
+
+
+def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int) -> StepTruth:
+    """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
+    then one under the memory tracker (last: it leaves grouped calls' hooks broken).
+
+    Needs an initialised process group of ``mesh.world`` ranks (fake or gloo).
+    """
+    from shardviz.oracle import device_mesh
+
+    dmesh = device_mesh(mesh)
+    apply_plan(model, plan, dmesh, training=training)
+    optimizer = make_optimizer(training, model)
+    group_labels, state_labels = _unit_labels(model, plan)
+    outside = _outside_params(model, state_labels)
+    world = mesh.world
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab_of(model), (BATCH, SEQ), generator=g)
+    truth = StepTruth(rank)
+
+    def step():
+        _PHASE[0] = "forward"
+        loss = model(input_ids=ids, labels=ids).loss
+        _PHASE[0] = "backward"
+        loss.backward()
+        _PHASE[0] = "optimizer"
+        if training.sync_outside_fsdp and world > 1:  # what the exported code does for them
+            for _, p, label in outside:
+                if p.grad is not None:
+                    _CURRENT[0] = label
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad.div_(world)
+            _CURRENT[0] = None
+        optimizer.step()
+        return float(loss.detach())
+
+    with _label_fsdp_calls(group_labels):
+        step()  # lazy init, optimizer states
+        optimizer.zero_grad()
+
+        recorder = _collective_recorder()
+        with recorder:
+            truth.loss = step()
+        truth.collectives = recorder.log
+        optimizer.zero_grad()
+
+        tracker, R = _state_tracker(model, optimizer)
+        with tracker, _see_post_forward_shards(tracker, R):
+            for _, p, _ in outside:  # what FSDPMemTracker does not instrument
+                tracker._update_and_maybe_create_winfos(p, R.UNSHARDED_PARAM)
+
+            def grad_hook(q):
+                tracker._update_and_maybe_create_winfos(q.grad, R.UNSHARDED_GRAD)
+
+            hooks = [p.register_post_accumulate_grad_hook(grad_hook) for _, p, _ in outside if p.requires_grad]
+            start = tracker.get_tracker_snapshot("current")
+            step()
+            end = tracker.get_tracker_snapshot("current")
+        for h in hooks:
+            h.remove()
+        (dev, s0), = start.items()
+        e0 = end[dev]
+        truth.sharded_params = s0[R.SHARDED_PARAM]
+        truth.buffers = s0[R.BUFFER]
+        truth.sharded_grads = e0[R.SHARDED_GRAD]
+        truth.optimizer = e0[R.OPT]
+        truth.state_peak = tracker.state_peak[dev]
+        truth.state_peak_snap = tracker.state_peak_snap[dev]
+        truth.peak_snap = {str(k.value) if hasattr(k, "value") else k: v
+                           for k, v in tracker.get_tracker_snapshot("peak")[dev].items()}
+        truth.whole_params = sum(p.untyped_storage().nbytes() for _, p, _ in outside)
+        truth.whole_grads = sum(p.grad.untyped_storage().nbytes() for _, p, _ in outside if p.grad is not None)
+
+    return truth
+
+
+def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int) -> StepTruth:
+    """``run_step`` on one rank of torch's fake process group (collectives are no-ops)."""
+    model = build()
+    with fake_process_group(rank, mesh.world):
+        return run_step(model, plan, mesh, training, rank)
+
+
+# ---------------------------------------------------------------------------
+# Real processes, gloo
+# ---------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_worker(rank, world, port, build, plan, mesh, training, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        try:
+            truth = run_step(build(), plan, mesh, training, rank)
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, truth, None))
+    except BaseException:  # report, do not hang the parent
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def gloo_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, timeout: float = 300) -> list[StepTruth]:
+    """``run_step`` on ``mesh.world`` real processes (forked) talking over gloo; one truth per rank."""
+    import multiprocessing as mp
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in the parent")
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gloo_worker, args=(r, mesh.world, port, build, plan, mesh, training, queue))
+             for r in range(mesh.world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    try:
+        for _ in procs:
+            rank, truth, err = queue.get(timeout=timeout)
+            if err:
+                errors.append(f"rank {rank}:\n{err}")
+            else:
+                results[rank] = truth
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("gloo run failed\n" + "\n".join(errors))
+    return [results[r] for r in range(mesh.world)]
