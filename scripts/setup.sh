@@ -48,7 +48,6 @@ as_root() {
 if [ ! -x "$VPY" ]; then
   echo "setup.sh: creating $VENV"
   step "create venv" "$PYTHON" -m venv "$VENV"
-  step "upgrade pip" "$VPY" -m pip install -q --upgrade pip
 fi
 
 # 2. torch FIRST and pinned: an unpinned torch would pull a multi-GB CUDA build.
