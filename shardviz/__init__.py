@@ -1,13 +1,14 @@
 """shardviz: see what PyTorch FSDP2's ``fully_shard`` does to a model before training it."""
 
 from .analysis import Analysis, analyze
+from .codegen import export_code
 from .cost import Training
 from .finding import Finding, PlanError
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
 
-__all__ = ["Analysis", "Finding", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "verify"]
+__all__ = ["Analysis", "Finding", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
 __version__ = "0.1.0"
 
 

@@ -1,0 +1,287 @@
+"""Findings: what is wrong with a plan, or costly, and how to fix it.
+
+``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV006), the
+checks below (SV1xx) and the cost model's findings (``cost.memory_findings``) when it has them,
+errors first. Every code is stable: tests, users and the widget grep for them.
+
+| code  | severity | what |
+|-------|----------|------|
+| SV101 | warning  | ignored parameters, target release has no ``ignored_params`` (< 2.7) |
+| SV102 | warning  | trainable parameters ignored: gradients never reduced by FSDP |
+| SV103 | warning  | trainable parameters under no ``fully_shard`` call: no gradient sync |
+| SV104 | info     | frozen parameters under no call: held whole on every rank |
+| SV105 | warning  | the root is the only call: the whole model is all-gathered at once |
+| SV106 | warning  | one call's unsharded size dominates the parameter peak |
+| SV107 | warning  | padding waste above ``PADDING_WASTE`` of the per-rank shard bytes |
+| SV108 | info     | parameters with rows for fewer ranks than the mesh: empty shards |
+| SV109 | warning  | a call on modules all of whose parameters are ignored: it shards nothing |
+| SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
+| SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
+"""
+
+from __future__ import annotations
+
+from .finding import Finding
+from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
+
+#: SV107 fires when padding is more than this fraction of the bytes each rank allocates for shards.
+PADDING_WASTE = 0.05
+#: SV106 fires when one call's unsharded bytes are more than this fraction of the estimated peak of
+#: parameter bytes on a rank (every shard plus the largest unsharded call).
+DOMINANT_UNIT = 0.5
+#: How many parameter names a finding lists at most.
+MAX_FQNS = 50
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def _gb(n: float) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _installed_torch() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+# ---------------------------------------------------------------------------
+# Release checks (also used by codegen to refuse what the target cannot run)
+# ---------------------------------------------------------------------------
+def release_findings(layout: Layout, torch_version=None) -> list[Finding]:
+    """What the target release (default: the installed torch) cannot do with this plan."""
+    version = torch_version if torch_version is not None else _installed_torch()
+    release = parse_version(version)
+    label = f"{release[0]}.{release[1]}"
+    out: list[Finding] = []
+    if release < MIN_TORCH:
+        out.append(Finding(
+            "SV111", "error",
+            f"torch {label} has no fully_shard: FSDP2 arrived in torch {MIN_TORCH[0]}.{MIN_TORCH[1]}",
+            (), "upgrade to torch >= 2.4 (2.7+ for ignored_params)",
+        ))
+        return out
+    plan = layout.plan
+    if plan.ignored and not supports_ignored_params(label):
+        out.append(Finding(
+            "SV101", "warning",
+            f"torch {label} has no `ignored_params` (added in 2.7): passing it raises "
+            "\"TypeError: fully_shard() got an unexpected keyword argument 'ignored_params'\". "
+            f"sv.export_code for torch {label} keeps the {_plural(len(plan.ignored), 'ignored parameter')} out "
+            "without it: it hides them from fully_shard during the calls (their module slots set to None, "
+            "then the same parameters put back), and averages their gradients itself",
+            plan.ignored[:MAX_FQNS],
+            f"use the code from sv.export_code(model, plan, torch_version={label!r}) "
+            f"(CLI: shardviz export ... --torch {label}), or torch_version=None to detect the release at run time; "
+            "do not pass ignored_params yourself before torch 2.7",
+        ))
+    if not supports_grouped_call(label):
+        grouped = [u for u in plan.units if u.is_grouped]
+        if grouped:
+            out.append(Finding(
+                "SV110", "error",
+                f"torch {label} cannot group modules in one call (fully_shard([a, b]) arrived in 2.5); "
+                f"this plan has {_plural(len(grouped), 'grouped call')}: {', '.join(u.name for u in grouped)}",
+                tuple(m for u in grouped for m in u.modules),
+                "target torch >= 2.5, or give each module its own unit (a tied parameter then needs the "
+                "enclosing module as the unit)",
+            ))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Plan checks
+# ---------------------------------------------------------------------------
+def check_unsynchronised(analysis) -> list[Finding]:
+    lay, tree = analysis.layout, analysis.tree
+    out = []
+    world = analysis.mesh.world
+    ignored = [p for p in tree.params if lay.param_status[p.index] == "ignored" and p.requires_grad]
+    loose = [p for p in tree.params if lay.param_status[p.index] == "unmanaged" and p.requires_grad]
+    frozen = [p for p in tree.params if lay.param_status[p.index] == "unmanaged" and not p.requires_grad]
+    tail = (
+        f"so each of the {world} ranks would train its own copy unless their gradients are averaged"
+        if world > 1 else "(harmless on one rank, but each rank would train its own copy on more)"
+    )
+    if ignored:
+        out.append(Finding(
+            "SV102", "warning",
+            f"{_plural(len(ignored), 'trainable parameter')} ({sum(p.numel for p in ignored):,} elements) "
+            f"are ignored: FSDP never reduces their gradients, {tail}",
+            [p.fqn for p in ignored][:MAX_FQNS],
+            "use the code from sv.export_code, which broadcasts them once and averages their gradients in one "
+            "all-reduce per step; or all-reduce them yourself (torch's own test pairs ignored_params with DDP); "
+            "or let FSDP shard them (drop them from ignored)",
+        ))
+    if loose:
+        out.append(Finding(
+            "SV103", "warning",
+            f"{_plural(len(loose), 'trainable parameter')} ({sum(p.numel for p in loose):,} elements) are under "
+            f"no fully_shard call: nothing synchronises their gradients, {tail}",
+            [p.fqn for p in loose][:MAX_FQNS],
+            "add the root module \"\" as the last unit (it takes every leftover parameter), or use the code "
+            "from sv.export_code, which averages their gradients in one all-reduce per step",
+        ))
+    if frozen:
+        out.append(Finding(
+            "SV104", "info",
+            f"{_plural(len(frozen), 'frozen parameter')} ({_gb(sum(p.nbytes for p in frozen))}) are under no "
+            "fully_shard call: every rank holds them whole, and fully_shard does not move them to the device",
+            [p.fqn for p in frozen][:MAX_FQNS],
+            "add the root module \"\" as the last unit so FSDP shards them",
+        ))
+    return out
+
+
+def check_root_only(analysis) -> list[Finding]:
+    plan, lay = analysis.plan, analysis.layout
+    if len(plan.units) != 1 or plan.units[0].modules != ("",):
+        return []
+    size = lay.unit_numbers[0]["unsharded_bytes"]
+    return [Finding(
+        "SV105", "warning",
+        f"the root is the only fully_shard call: the whole model ({_gb(size)} of parameters) is all-gathered at "
+        "once in forward and backward, so each rank's peak holds every parameter unsharded and nothing overlaps "
+        "communication with compute",
+        ("",),
+        "add a unit per repeated block (sv.Plan.auto(model) does), keeping the root as the last call",
+    )]
+
+
+def check_dominant_unit(analysis) -> list[Finding]:
+    """One call's unsharded parameters dominate a rank's parameter peak (shards + the call being gathered)."""
+    lay = analysis.layout
+    numbers = lay.unit_numbers
+    if len(numbers) < 2:
+        return []  # a single call is SV105's business (or has no alternative)
+    shards = sum(n["padded_shard_bytes"] for n in numbers)
+    biggest = max(n["padded_unsharded_bytes"] for n in numbers)
+    peak = shards + biggest
+    if peak == 0:
+        return []
+    sizes = sorted(n["padded_unsharded_bytes"] for n in numbers)
+    second = sizes[-2]
+    out = []
+    for ul, n in zip(lay.units, numbers):
+        size = n["padded_unsharded_bytes"]
+        # dominant: most of the peak, and clearly bigger than every other call
+        if size == biggest and size > DOMINANT_UNIT * peak and size > 2 * second:
+            out.append(Finding(
+                "SV106", "warning",
+                f"call {ul.unit.name} gathers {_gb(size)} unsharded, {size / peak:.0%} of the estimated parameter "
+                f"peak per rank ({_gb(peak)}: every shard plus this call); the other calls gather at most "
+                f"{_gb(second)}",
+                ul.unit.modules,
+                "split it: give its largest submodules (embeddings, [norm, lm_head], blocks) their own units",
+            ))
+    return out
+
+
+def check_padding(analysis) -> list[Finding]:
+    lay, tree, shard = analysis.layout, analysis.tree, analysis.mesh.shard
+    if shard == 1:
+        return []
+    allocated = waste = 0
+    worst = []
+    for p in tree.params:
+        if lay.param_status[p.index] != "sharded":
+            continue
+        padded = lay.padded_shard_numel(p.index) * shard
+        allocated += padded * p.itemsize
+        extra = (padded - p.numel) * p.itemsize
+        waste += extra
+        if extra:
+            worst.append((extra, p.fqn))
+    if allocated == 0 or waste <= PADDING_WASTE * allocated:
+        return []
+    worst.sort(key=lambda x: (-x[0], x[1]))
+    return [Finding(
+        "SV107", "warning",
+        f"padding is {waste / allocated:.1%} of what the ranks allocate for shards ({_gb(waste / shard)} per rank): "
+        f"fully_shard pads dim 0 of each parameter to a multiple of {shard} ranks",
+        [f for _, f in worst][:MAX_FQNS],
+        f"use a shard size that divides the first dimension of the largest padded parameters, or keep tiny "
+        f"parameters (LoRA, norms) out of the sharded groups (ignored, or a mesh with fewer ranks)",
+    )]
+
+
+def check_empty_shards(analysis) -> list[Finding]:
+    lay, tree, shard = analysis.layout, analysis.tree, analysis.mesh.shard
+    hit = []
+    for p in tree.params:
+        if lay.param_status[p.index] != "sharded" or not p.shape:
+            continue
+        if local_rows(p.shape[0], shard, shard - 1) == 0:
+            hit.append(p)
+    if not hit:
+        return []
+    fewer = sum(1 for p in hit if p.shape[0] < shard)
+    example = hit[0]
+    empty = sum(1 for c in range(shard) if local_rows(example.shape[0], shard, c) == 0)
+    return [Finding(
+        "SV108", "info",
+        f"{_plural(len(hit), 'sharded parameter')} leave some of the {shard} ranks an empty shard "
+        f"({fewer} have fewer rows than ranks); e.g. {example.fqn!r} {example.shape}: {empty} ranks hold 0 rows "
+        f"yet allocate {lay.shard_shape(example.index)[0]} padded rows",
+        [p.fqn for p in hit][:MAX_FQNS],
+        "keep such small parameters (LoRA A/B, biases) out of FSDP as ignored parameters, or group them with "
+        "larger ones; each rank's padded shard costs memory either way",
+    )]
+
+
+def check_all_ignored_units(analysis) -> list[Finding]:
+    lay, tree = analysis.layout, analysis.tree
+    ignored = {tree.param_index[f] for f in analysis.plan.ignored}
+    out = []
+    for ul in lay.units:
+        params = {p for m in ul.modules for p in tree.subtree_params(m)}
+        if params and params <= ignored:
+            out.append(Finding(
+                "SV109", "warning",
+                f"every parameter under call {ul.unit.name} is ignored ({_plural(len(params), 'parameter')}): "
+                "the call shards nothing and only adds FSDP hooks",
+                ul.unit.modules,
+                "drop the unit, or drop its parameters from ignored to shard them",
+            ))
+    return out
+
+
+CHECKS = (
+    check_unsynchronised,
+    check_root_only,
+    check_dominant_unit,
+    check_padding,
+    check_empty_shards,
+    check_all_ignored_units,
+)
+
+
+def run_checks(analysis, torch_version=None) -> list[Finding]:
+    """Every finding for ``analysis``, errors first.
+
+    ``torch_version``: the release the plan will run on (default: the analysis's ``torch_version``
+    attribute if it has one, else the installed torch).
+    """
+    version = torch_version if torch_version is not None else getattr(analysis, "torch_version", None)
+    findings = list(analysis.layout.errors)
+    findings += release_findings(analysis.layout, version)
+    for check in CHECKS:
+        findings += check(analysis)
+    try:
+        from .cost import memory_findings
+    except ImportError:
+        memory_findings = None
+    if memory_findings is not None:
+        try:
+            findings += list(memory_findings(analysis))
+        except NotImplementedError:
+            pass
+    order = {id(f): i for i, f in enumerate(findings)}
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))
