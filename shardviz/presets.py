@@ -18,17 +18,23 @@ def subtree_numel(tree: ModelTree) -> list[int]:
     return total
 
 
-def find_blocks(tree: ModelTree) -> list[int]:
-    """The children of the heaviest ModuleList whose children all share one class (the layers)."""
+def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
+    """The repeated blocks: children of every outermost ModuleList whose children share one class
+    and that holds at least ``min_share`` of the parameters (Llama's layers; an encoder's and a
+    decoder's layers; not the experts inside a block)."""
     numel = subtree_numel(tree)
-    best, best_numel = [], 0
-    for info in tree.modules:
+    blocks: list[int] = []
+    lists: list[int] = []
+    for info in tree.modules:  # preorder: an outer list is seen before the lists inside it
         if info.type_name != "ModuleList" or len(info.children) < 2:
             continue
+        if any(tree.is_inside(info.index, outer) for outer in lists):
+            continue
         kinds = {tree.modules[c].type_name for c in info.children}
-        if len(kinds) == 1 and numel[info.index] > best_numel:
-            best, best_numel = list(info.children), numel[info.index]
-    return best
+        if len(kinds) == 1 and numel[info.index] >= min_share * max(numel[0], 1):
+            lists.append(info.index)
+            blocks.extend(info.children)
+    return blocks
 
 
 def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:

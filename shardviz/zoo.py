@@ -40,6 +40,9 @@ NAMES = (
     "nllb_moe_54b",
 )
 
+# The zoo's largest model by module count (one module per expert): benchmarks and scale tests use it.
+LARGEST_MOE = "nllb_moe_54b"
+
 # Decoder-only models are causal LMs; NLLB is an encoder-decoder translator.
 _TASKS = {
     "llama3_8b": "CAUSAL_LM",
