@@ -1,0 +1,930 @@
+// shardviz Inspector front end (anywidget ESM; no build step, no imports, nothing fetched).
+//
+// Python (shardviz/widget/inspector.py) is the single source of every number: this file only
+// draws what it is sent and sends back what the user clicked.
+//   traits:   summary, memory, traffic, findings, code, verify_result, messages, tab, torch_version
+//   messages: {type:"rows", order?, rows, reset}  visible rows that changed (virtualised list)
+//             {type:"reveal", id}                  scroll to a row and flash it
+//             {type:"ack", req, ok, error}          answer to each request
+//   we send:  {type:"hello"} on render, {type:"action", action, args, req} on every click
+
+const ROW_H = 26;
+const OVERSCAN = 12;
+const GIB = 1024 ** 3;
+const CAT_CLASS = {
+  params_sharded: "sv-c0",
+  params_whole: "sv-c1",
+  buffers: "sv-c2",
+  optimizer: "sv-c3",
+  grads_at_peak: "sv-c4",
+  peak_transient: "sv-c5",
+};
+const COLL_CLASS = { all_gather: "sv-c0", reduce_scatter: "sv-c3", all_reduce: "sv-c4" };
+
+// ---------------------------------------------------------------------------------------------
+// small helpers
+// ---------------------------------------------------------------------------------------------
+function h(tag, attrs = {}, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k === "title") el.title = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+
+const SVGNS = "http://www.w3.org/2000/svg";
+function s(tag, attrs = {}, ...kids) {
+  const el = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") el.setAttribute("class", v);
+    else if (k === "text") el.textContent = v;
+    else el.setAttribute(k, String(v));
+  }
+  for (const kid of kids.flat()) if (kid) el.append(kid);
+  return el;
+}
+
+export function fmtBytes(n) {
+  if (n === null || n === undefined || Number.isNaN(n)) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n);
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
+}
+
+export function fmtCount(n) {
+  if (n === null || n === undefined) return "–";
+  const v = Number(n);
+  if (v >= 1e12) return `${(v / 1e12).toFixed(2)}T`;
+  if (v >= 1e9) return `${(v / 1e9).toFixed(2)}B`;
+  if (v >= 1e6) return `${(v / 1e6).toFixed(2)}M`;
+  if (v >= 1e3) return `${(v / 1e3).toFixed(1)}K`;
+  return String(v);
+}
+
+function fmtShape(shape) {
+  return `(${shape.join(", ")}${shape.length === 1 ? "," : ""})`;
+}
+
+function niceStep(max, ticks = 5) {
+  if (!(max > 0)) return 1;
+  const raw = max / ticks;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python syntax highlighting (enough for the exported module), themed by JupyterLab's CSS vars
+// ---------------------------------------------------------------------------------------------
+const PY_KEYWORDS = new Set(
+  ("False None True and as assert async await break class continue def del elif else except " +
+    "finally for from global if import in is lambda nonlocal not or pass raise return try while with yield")
+    .split(" "),
+);
+const PY_BUILTINS = new Set(
+  "print len range isinstance dict list set tuple int float str bool getattr setattr hasattr super sorted enumerate zip id type object any all min max sum".split(" "),
+);
+const TOKEN_RE =
+  /("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')|(#[^\n]*)|(\b\d[\d_]*(?:\.\d+)?(?:e[+-]?\d+)?\b)|(@[A-Za-z_][\w.]*)|([A-Za-z_]\w*)/g;
+
+function escapeHtml(t) {
+  return t.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+export function highlightPython(src) {
+  let out = "";
+  let last = 0;
+  let prevWord = "";
+  TOKEN_RE.lastIndex = 0;
+  let m;
+  while ((m = TOKEN_RE.exec(src)) !== null) {
+    out += escapeHtml(src.slice(last, m.index));
+    const [tok, str, com, num, deco, word] = m;
+    let cls = null;
+    if (str) cls = "sv-tok-str";
+    else if (com) cls = "sv-tok-com";
+    else if (num) cls = "sv-tok-num";
+    else if (deco) cls = "sv-tok-deco";
+    else if (word) {
+      if (PY_KEYWORDS.has(word)) cls = "sv-tok-kw";
+      else if (prevWord === "def" || prevWord === "class") cls = "sv-tok-def";
+      else if (PY_BUILTINS.has(word)) cls = "sv-tok-builtin";
+      prevWord = word;
+    }
+    out += cls ? `<span class="${cls}">${escapeHtml(tok)}</span>` : escapeHtml(tok);
+    last = m.index + tok.length;
+  }
+  return out + escapeHtml(src.slice(last));
+}
+
+// ---------------------------------------------------------------------------------------------
+// render
+// ---------------------------------------------------------------------------------------------
+function render({ model, el }) {
+  const rowsById = new Map();
+  let order = [];
+  let reqSeq = 0;
+  const pending = new Map(); // req -> callback(ack)
+  let flashId = null;
+  let disposed = false;
+
+  const send = (action, args = {}, onAck = null) => {
+    reqSeq += 1;
+    const req = reqSeq;
+    if (onAck) pending.set(req, onAck);
+    root.classList.add("sv-busy");
+    root.dataset.pending = String(Number(root.dataset.pending || 0) + 1);
+    model.send({ type: "action", action, args, req });
+    return req;
+  };
+
+  // -- skeleton -------------------------------------------------------------------------------
+  const summaryEl = h("div", { class: "sv-summary" });
+  const messagesEl = h("div", { class: "sv-messages" });
+  const filterText = h("input", {
+    class: "sv-filter-text",
+    type: "search",
+    placeholder: "filter by name…",
+    "aria-label": "filter by name",
+  });
+  const filterStatus = h(
+    "select",
+    { class: "sv-filter-status", "aria-label": "filter by status" },
+    ...[
+      ["", "any status"],
+      ["unit", "own unit"],
+      ["sharded", "sharded params"],
+      ["ignored", "ignored params"],
+      ["unmanaged", "unmanaged params"],
+      ["mixed", "mixed modules"],
+    ].map(([v, t]) => h("option", { value: v, text: t })),
+  );
+  const filterRole = h(
+    "select",
+    { class: "sv-filter-role", "aria-label": "filter by role" },
+    ...[
+      ["", "any role"],
+      ["base", "base params"],
+      ["lora", "LoRA params"],
+    ].map(([v, t]) => h("option", { value: v, text: t })),
+  );
+  const collapseBtn = h("button", {
+    class: "sv-btn sv-collapse-all",
+    text: "collapse all",
+    onclick: () => send("collapse_all"),
+  });
+  const filterNote = h("span", { class: "sv-filter-note" });
+  const treeToolbar = h("div", { class: "sv-tree-toolbar" }, filterText, filterStatus, filterRole, collapseBtn, filterNote);
+  const treeHeader = h(
+    "div",
+    { class: "sv-row sv-header" },
+    h("span", { class: "sv-col-name", text: "module / parameter" }),
+    h("span", { class: "sv-col-type", text: "type / dtype" }),
+    h("span", { class: "sv-col-size", text: "params / shape" }),
+    h("span", { class: "sv-col-status", text: "status" }),
+    h("span", { class: "sv-col-bytes", text: "bytes/rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
+    h("span", { class: "sv-col-local", text: "local shard" }),
+    h("span", { class: "sv-col-actions", text: "actions" }),
+  );
+  const sizer = h("div", { class: "sv-sizer" });
+  const rowsLayer = h("div", { class: "sv-rows" });
+  const scroller = h("div", { class: "sv-scroller", tabindex: "0" }, sizer, rowsLayer);
+  const tree = h("div", { class: "sv-tree" }, treeToolbar, treeHeader, scroller);
+
+  const tabs = [
+    ["charts", "Memory & traffic"],
+    ["findings", "Findings"],
+    ["export", "Export"],
+  ];
+  const tabButtons = tabs.map(([key, label]) =>
+    h("button", {
+      class: "sv-tab",
+      "data-tab": key,
+      text: label,
+      onclick: () => {
+        model.set("tab", key);
+        model.save_changes();
+        showTab(key);
+      },
+    }),
+  );
+  const memoryEl = h("div", { class: "sv-memory" });
+  const trafficEl = h("div", { class: "sv-traffic" });
+  const chartsPanel = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl);
+  const findingsPanel = h("div", { class: "sv-panel sv-panel-findings", "data-panel": "findings" });
+  const exportPanel = h("div", { class: "sv-panel sv-panel-export", "data-panel": "export" });
+  const viewsEl = h(
+    "div",
+    { class: "sv-views" },
+    h("div", { class: "sv-tabs", role: "tablist" }, tabButtons),
+    chartsPanel,
+    findingsPanel,
+    exportPanel,
+  );
+  const root = h("div", { class: "sv-inspector" }, summaryEl, messagesEl, tree, viewsEl);
+  el.append(root);
+
+  // -- summary and messages --------------------------------------------------------------------
+  function renderSummary() {
+    const sm = model.get("summary") || {};
+    summaryEl.replaceChildren();
+    if (!sm.model) return;
+    const over = sm.limit && sm.peak > sm.limit;
+    const f = sm.findings;
+    summaryEl.append(
+      h("span", { class: "sv-sum-model", text: `${sm.model}` }),
+      h("span", { class: "sv-sum-item", text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} params` }),
+      h("span", { class: "sv-sum-item", text: sm.mesh }),
+      h("span", {
+        class: "sv-sum-item sv-sum-plan",
+        text: `${sm.n_units} calls · ${sm.n_ignored} ignored${sm.plan_name ? ` · ${sm.plan_name}` : ""}`,
+      }),
+      h(
+        "span",
+        {
+          class: `sv-sum-item sv-sum-peak ${over ? "sv-over" : ""}`,
+          "data-bytes": sm.peak,
+          title: `highest predicted peak of any rank (rank ${sm.worst_rank})`,
+        },
+        `peak ${fmtBytes(sm.peak)}`,
+        sm.limit ? ` / ${fmtBytes(sm.limit)}` : "",
+      ),
+      f
+        ? h(
+            "span",
+            { class: "sv-sum-item sv-sum-findings" },
+            h("span", { class: "sv-sev sv-sev-error", text: `${f.error} errors` }),
+            " ",
+            h("span", { class: "sv-sev sv-sev-warning", text: `${f.warning} warnings` }),
+          )
+        : h("span", { class: "sv-sum-item sv-muted", text: "checking…" }),
+    );
+    if (sm.plan_file) {
+      const pf = sm.plan_file;
+      summaryEl.append(
+        h("span", {
+          class: `sv-sum-item sv-planfile ${pf.autosave ? "" : "sv-over"}`,
+          title: pf.path,
+          text: pf.autosave ? `autosave → ${pf.path.split("/").pop()}` : "autosave OFF",
+        }),
+      );
+    }
+    root.dataset.revision = String(sm.revision);
+    const fl = sm.filter || {};
+    if (document.activeElement !== filterText) filterText.value = fl.text || "";
+    filterStatus.value = fl.status || "";
+    filterRole.value = fl.role || "";
+  }
+
+  function renderMessages() {
+    const msgs = model.get("messages") || [];
+    const sm = model.get("summary") || {};
+    messagesEl.replaceChildren();
+    const pf = sm.plan_file;
+    if (pf && !pf.autosave && pf.problem) {
+      messagesEl.append(
+        h(
+          "div",
+          { class: "sv-msg sv-msg-error sv-planfile-problem" },
+          h("span", { text: pf.problem }),
+          h("button", {
+            class: "sv-btn sv-overwrite-planfile",
+            text: "overwrite the plan file with the current plan",
+            onclick: () => send("overwrite_plan_file"),
+          }),
+        ),
+      );
+    }
+    const recent = msgs.filter((m) => !(pf && pf.problem && m.text === pf.problem)).slice(-2);
+    for (const m of recent) {
+      const box = h(
+        "div",
+        { class: `sv-msg sv-msg-${m.level}` },
+        h("span", { text: m.text }),
+        h("button", { class: "sv-msg-close", text: "×", title: "dismiss", onclick: () => box.remove() }),
+      );
+      messagesEl.append(box);
+    }
+  }
+
+  // -- tree --------------------------------------------------------------------------------------
+  function badge(b) {
+    return h("span", { class: `sv-badge sv-badge-${b.kind}`, title: b.title || "", text: b.label });
+  }
+
+  function actionBtn(label, cls, title, onclick) {
+    return h("button", { class: `sv-btn sv-act ${cls}`, text: label, title, onclick });
+  }
+
+  function rarSelect(value, onchange, mixed = false) {
+    const sel = h(
+      "select",
+      { class: "sv-rar", title: "reshard_after_forward of this call" },
+      ...(mixed ? [h("option", { value: "", text: "RAF: mixed" })] : []),
+      h("option", { value: "default", text: "RAF: default" }),
+      h("option", { value: "true", text: "RAF: True" }),
+      h("option", { value: "false", text: "RAF: False" }),
+    );
+    const sm = model.get("summary") || {};
+    const shard = sm.shard || 1;
+    for (const d of [2, 4, 8, 16]) {
+      if (d < shard && shard % d === 0) sel.append(h("option", { value: String(d), text: `RAF: ${d}` }));
+    }
+    sel.value = mixed ? "" : value === "default" ? "default" : String(value).toLowerCase();
+    sel.addEventListener("change", () => {
+      if (sel.value) onchange(sel.value);
+    });
+    sel.addEventListener("click", (e) => e.stopPropagation());
+    return sel;
+  }
+
+  function buildRow(id, r) {
+    const indent = r.depth * 14;
+    const caret = r.expandable
+      ? h("button", {
+          class: "sv-caret",
+          text: r.open ? "▾" : "▸",
+          "aria-label": r.open ? "collapse" : "expand",
+          onclick: (e) => {
+            e.stopPropagation();
+            send("expand", { target: id, open: !r.open });
+          },
+        })
+      : h("span", { class: "sv-caret sv-caret-none" });
+    const row = h("div", {
+      class: `sv-row sv-kind-${r.kind}${id === flashId ? " sv-flash" : ""}`,
+      "data-id": id,
+      "data-fqn": r.fqn,
+      role: "row",
+    });
+    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: r.fqn || "(root)" }, caret);
+    const actions = h("span", { class: "sv-col-actions" });
+    if (r.kind === "module") {
+      name.append(h("span", { class: "sv-name", text: r.name }));
+      row.append(
+        name,
+        h("span", { class: "sv-col-type", text: r.type, title: r.type }),
+        h("span", { class: "sv-col-size", text: fmtCount(r.numel), title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters` }),
+        h("span", { class: "sv-col-status" }, badge(r.badge)),
+        h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
+        h("span", { class: "sv-col-local" }),
+        actions,
+      );
+      actions.append(
+        r.is_unit
+          ? actionBtn("− unit", "sv-act-unit sv-act-remove", r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call", () =>
+              send("toggle_unit", { fqn: r.fqn }),
+            )
+          : actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn: r.fqn })),
+      );
+      if (r.is_unit) actions.append(rarSelect(r.rar, (v) => send("set_reshard_after_forward", { fqn: r.fqn, value: v })));
+      if (r.n_lora > 0) {
+        const ignored = r.lora === "ignored";
+        actions.append(
+          ignored
+            ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", "give the LoRA parameters under this module back to FSDP", () =>
+                send("unignore_lora", { module_fqn: r.fqn }),
+              )
+            : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the ${r.n_lora} LoRA parameters under this module`, () =>
+                send("ignore_lora", { module_fqn: r.fqn }),
+              ),
+        );
+      }
+    } else if (r.kind === "group") {
+      name.append(h("span", { class: "sv-name sv-group-label", text: r.label }));
+      row.append(
+        name,
+        h("span", { class: "sv-col-type", text: `${r.count} × ${r.type}`, title: r.type }),
+        h("span", { class: "sv-col-size", text: fmtCount(r.numel) }),
+        h("span", { class: "sv-col-status" }, badge(r.badge)),
+        h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
+        h("span", { class: "sv-col-local" }),
+        actions,
+      );
+      const all = r.n_units === r.count;
+      actions.append(
+        all
+          ? actionBtn(`− ${r.count} units`, "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, () =>
+              send("apply_to_many", { targets: id, action: "remove_unit" }),
+            )
+          : actionBtn(`+ ${r.count} units`, "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, () =>
+              send("apply_to_many", { targets: id, action: "make_unit" }),
+            ),
+      );
+      if (r.n_units > 0)
+        actions.append(
+          rarSelect(r.rar ?? "default", (v) => send("apply_to_many", { targets: id, action: "set_reshard_after_forward", value: v }), r.rar === null || r.rar === undefined),
+        );
+      if (r.n_lora > 0) {
+        actions.append(
+          r.lora === "ignored"
+            ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", `give the LoRA parameters of all ${r.count} blocks back to FSDP`, () =>
+                send("apply_to_many", { targets: id, action: "unignore_lora" }),
+              )
+            : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the LoRA parameters of all ${r.count} blocks`, () =>
+                send("apply_to_many", { targets: id, action: "ignore_lora" }),
+              ),
+        );
+      }
+    } else {
+      name.append(
+        h("span", { class: "sv-name sv-param-name", text: r.name }),
+        r.role === "lora" ? h("span", { class: "sv-tag sv-tag-lora", text: "LoRA" }) : null,
+        h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
+        r.tied ? h("span", { class: "sv-tag", text: "tied", title: `also ${r.canonical}` }) : null,
+      );
+      const local = fmtShape(r.local_shape);
+      row.append(
+        name,
+        h("span", { class: "sv-col-type", text: r.dtype }),
+        h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${r.numel.toLocaleString()} elements` }),
+        h("span", { class: "sv-col-status" }, badge(r.badge)),
+        h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
+        h(
+          "span",
+          {
+            class: "sv-col-local",
+            title: r.status === "sharded" ? `p.to_local().shape on rank ${r.rank}; every rank allocates ${fmtShape(r.shard_shape)}` : "not sharded: the full tensor",
+          },
+          h("span", { class: "sv-local-shape", text: local }),
+          r.padding > 0 ? h("span", { class: "sv-pad", text: ` +${fmtCount(r.padding)} pad` }) : null,
+        ),
+        actions,
+      );
+      actions.append(
+        r.status === "ignored"
+          ? actionBtn("un-ignore", "sv-act-ignore sv-act-unignore", "give this parameter back to FSDP", () => send("toggle_ignored", { fqn: r.fqn }))
+          : actionBtn("ignore", "sv-act-ignore", "keep this parameter out of FSDP (ignored_params)", () => send("toggle_ignored", { fqn: r.fqn })),
+      );
+    }
+    return row;
+  }
+
+  let renderQueued = false;
+  function queueTree() {
+    if (renderQueued) return;
+    renderQueued = true;
+    requestAnimationFrame(() => {
+      renderQueued = false;
+      renderTree();
+    });
+  }
+
+  function renderTree() {
+    if (disposed) return;
+    sizer.style.height = `${order.length * ROW_H}px`;
+    const top = scroller.scrollTop;
+    const height = scroller.clientHeight || 420;
+    const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
+    const last = Math.min(order.length, Math.ceil((top + height) / ROW_H) + OVERSCAN);
+    const frag = document.createDocumentFragment();
+    for (let i = first; i < last; i++) {
+      const id = order[i];
+      const r = rowsById.get(id);
+      if (!r) continue;
+      const row = buildRow(id, r);
+      row.style.top = `${i * ROW_H}px`;
+      frag.append(row);
+    }
+    rowsLayer.replaceChildren(frag);
+    tree.dataset.rows = String(order.length);
+  }
+
+  scroller.addEventListener("scroll", queueTree, { passive: true });
+
+  function onRows(msg) {
+    if (msg.reset) rowsById.clear();
+    for (const [id, r] of Object.entries(msg.rows || {})) rowsById.set(id, r);
+    if (msg.order) {
+      order = msg.order;
+      const keep = new Set(order);
+      for (const id of rowsById.keys()) if (!keep.has(id)) rowsById.delete(id);
+    }
+    filterNote.textContent = msg.truncated ? `${msg.truncated} more matches not shown: refine the filter` : "";
+    renderTree();
+    tree.dataset.revision = String(msg.revision);
+  }
+
+  function onReveal(id) {
+    const i = order.indexOf(id);
+    if (i < 0) return;
+    flashId = id;
+    const height = scroller.clientHeight || 420;
+    scroller.scrollTop = Math.max(0, i * ROW_H - height / 2 + ROW_H);
+    renderTree();
+    setTimeout(() => {
+      if (flashId === id) {
+        flashId = null;
+        queueTree();
+      }
+    }, 2500);
+  }
+
+  let filterTimer = null;
+  const sendFilter = () => send("set_filter", { text: filterText.value, status: filterStatus.value, role: filterRole.value });
+  filterText.addEventListener("input", () => {
+    clearTimeout(filterTimer);
+    filterTimer = setTimeout(sendFilter, 250);
+  });
+  filterText.addEventListener("keydown", (e) => {
+    e.stopPropagation(); // keep JupyterLab's notebook shortcuts out of the text box
+    if (e.key === "Enter") {
+      clearTimeout(filterTimer);
+      sendFilter();
+    }
+  });
+  filterStatus.addEventListener("change", sendFilter);
+  filterRole.addEventListener("change", sendFilter);
+
+  // -- memory chart (SVG) ------------------------------------------------------------------------
+  function renderMemory() {
+    const mem = model.get("memory") || {};
+    memoryEl.replaceChildren();
+    memoryEl.append(h("div", { class: "sv-chart-title", text: "Memory per rank at the peak" }));
+    if (!mem.available) {
+      memoryEl.append(h("div", { class: "sv-muted", text: mem.reason || "no memory estimate" }));
+      return;
+    }
+    const bars = mem.bars || [];
+    const cats = mem.categories || [];
+    const W = 520;
+    const H = 250;
+    const padL = 56;
+    const padR = 12;
+    const padT = 22;
+    const padB = 34;
+    const limit = mem.limit || 0;
+    const top = Math.max(mem.max_peak || 0, limit) * 1.08 || 1;
+    const stepG = niceStep(top / GIB);
+    const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
+    const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
+    for (let g = 0; g * GIB <= top; g += stepG) {
+      const y = yOf(g * GIB);
+      svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
+      svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} GiB` }));
+    }
+    const n = Math.max(bars.length, 1);
+    const slot = (W - padL - padR) / n;
+    const bw = Math.min(90, slot * 0.7);
+    bars.forEach((b, i) => {
+      const x = padL + slot * i + (slot - bw) / 2;
+      const g = s("g", {
+        class: `sv-mem-bar${limit && b.peak > limit ? " sv-over" : ""}`,
+        "data-first": b.first,
+        "data-last": b.last,
+        "data-peak": b.peak,
+      });
+      let acc = 0;
+      for (const c of cats) {
+        const v = b.parts[c.key] || 0;
+        if (v <= 0) continue;
+        const y1 = yOf(acc + v);
+        const y0 = yOf(acc);
+        const rect = s("rect", {
+          class: `sv-seg ${CAT_CLASS[c.key] || ""}`,
+          x,
+          y: y1,
+          width: bw,
+          height: Math.max(0.5, y0 - y1),
+          "data-cat": c.key,
+          "data-bytes": v,
+        });
+        rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${v.toLocaleString()} B)` }));
+        g.append(rect);
+        acc += v;
+      }
+      g.append(s("text", { class: "sv-bar-label sv-peak-label", x: x + bw / 2, y: yOf(b.peak) - 5, "text-anchor": "middle", "data-bytes": b.peak, text: fmtBytes(b.peak) }));
+      const lab = b.label.length > 14 && n > 4 ? `${b.first}${b.first === b.last ? "" : "–" + b.last}` : b.label;
+      g.append(s("text", { class: "sv-axis", x: x + bw / 2, y: H - padB + 14, "text-anchor": "middle", text: lab }));
+      svg.append(g);
+    });
+    if (limit) {
+      const y = yOf(limit);
+      svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
+      svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+    }
+    svg.append(s("text", { class: "sv-axis", x: padL, y: H - 4, text: `phase of the peak: ${bars.map((b) => b.phase).filter((v, i, a) => v && a.indexOf(v) === i).join(", ") || "–"}` }));
+    memoryEl.dataset.revision = String(mem.revision);
+    memoryEl.dataset.peak = String(mem.max_peak);
+    memoryEl.append(svg);
+    // legend = breakdown of the worst bar
+    const worst = bars.reduce((a, b) => (a && a.peak >= b.peak ? a : b), null);
+    if (worst) {
+      const legend = h("div", { class: "sv-legend" });
+      for (const c of cats) {
+        legend.append(
+          h(
+            "span",
+            { class: "sv-legend-item", "data-cat": c.key, title: c.label },
+            h("span", { class: `sv-swatch ${CAT_CLASS[c.key] || ""}` }),
+            `${c.label.split(" (")[0]} `,
+            h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
+          ),
+        );
+      }
+      memoryEl.append(
+        legend,
+        h("div", {
+          class: "sv-chart-note",
+          text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` at ${worst.unit}` : ""} · state after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
+        }),
+      );
+    }
+  }
+
+  // -- traffic chart (SVG) -----------------------------------------------------------------------
+  function renderTraffic() {
+    const tr = model.get("traffic") || {};
+    trafficEl.replaceChildren();
+    trafficEl.append(h("div", { class: "sv-chart-title", text: "Traffic per step (bytes each rank sends)" }));
+    if (!tr.available) {
+      trafficEl.append(h("div", { class: "sv-muted", text: tr.reason || "no traffic estimate" }));
+      return;
+    }
+    const colls = tr.collectives || [];
+    const byC = tr.by_collective || [];
+    const maxC = Math.max(1, ...byC.map((c) => c.sent));
+    const W = 520;
+    const rowH = 20;
+    const labelW = 170;
+    const valueW = 120;
+    const barW = W - labelW - valueW;
+    const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, role: "img", "aria-label": "traffic by collective" });
+    byC.forEach((c, i) => {
+      const y = 3 + i * rowH;
+      const w = Math.max(1, (barW * c.sent) / maxC);
+      const g = s("g", { class: "sv-coll-bar", "data-coll": c.collective, "data-bytes": c.sent });
+      g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: `${c.collective} ×${c.count}` }));
+      const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c.collective] || "sv-c5"}`, x: labelW, y: y + 2, width: w, height: rowH - 6 });
+      rect.append(s("title", { text: `${c.collective}: ${c.count} calls, buffers ${fmtBytes(c.bytes)}, sent per rank ${fmtBytes(c.sent)}` }));
+      g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: y + 13, text: fmtBytes(c.sent) }));
+      svg1.append(g);
+    });
+    const total = h("div", {
+      class: "sv-chart-note",
+      text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (collective buffers ${fmtBytes(tr.total_bytes)})${tr.time_s ? ` · ≈ ${(tr.time_s * 1000).toFixed(1)} ms at the given bandwidths` : ""}`,
+    });
+    trafficEl.append(svg1, total);
+    const units = tr.by_unit || [];
+    if (units.length) {
+      const maxU = Math.max(1, ...units.map((u) => u.total));
+      const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, role: "img", "aria-label": "traffic by call" });
+      units.forEach((u, i) => {
+        const y = 3 + i * rowH;
+        const g = s("g", { class: "sv-unit-bar", "data-unit": u.unit, "data-bytes": u.total });
+        const short = u.unit.length > 28 ? "…" + u.unit.slice(-27) : u.unit;
+        const label = s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: short });
+        label.append(s("title", { text: u.unit }));
+        g.append(label);
+        let x = labelW;
+        for (const c of colls) {
+          const v = u.values[c] || 0;
+          if (!v) continue;
+          const w = Math.max(0.5, (barW * v) / maxU);
+          const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c] || "sv-c5"}`, x, y: y + 2, width: w, height: rowH - 6 });
+          rect.append(s("title", { text: `${u.unit} · ${c}: ${fmtBytes(v)}` }));
+          g.append(rect);
+          x += w;
+        }
+        g.append(s("text", { class: "sv-bar-label", x: x + 4, y: y + 13, text: fmtBytes(u.total) }));
+        svg2.append(g);
+      });
+      trafficEl.append(
+        h("div", { class: "sv-chart-subtitle", text: `by fully_shard call (${tr.n_units} with traffic)` }),
+        h("div", { class: "sv-units-scroll" }, svg2),
+        h(
+          "div",
+          { class: "sv-legend" },
+          colls.map((c) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${COLL_CLASS[c] || "sv-c5"}` }), c)),
+        ),
+      );
+    }
+    trafficEl.dataset.revision = String(tr.revision);
+  }
+
+  // -- findings -------------------------------------------------------------------------------------
+  function renderFindings() {
+    const list = model.get("findings") || [];
+    findingsPanel.replaceChildren();
+    const countBtn = tabButtons[1];
+    const errors = list.filter((f) => f.severity === "error").length;
+    countBtn.textContent = `Findings (${list.length})`;
+    countBtn.classList.toggle("sv-has-errors", errors > 0);
+    if (!list.length) {
+      findingsPanel.append(h("div", { class: "sv-muted sv-no-findings", text: "No findings: torch accepts this plan and nothing looks costly." }));
+      return;
+    }
+    for (const f of list) {
+      const item = h(
+        "div",
+        {
+          class: `sv-finding sv-finding-${f.severity}`,
+          "data-code": f.code,
+          title: f.fqns.length ? "click to reveal in the tree" : "",
+          onclick: () => {
+            if (f.fqns.length) send("reveal", { fqn: f.fqns[0] });
+          },
+        },
+        h("div", { class: "sv-finding-head" }, h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }), h("b", { text: f.code }), h("span", { text: f.message })),
+        f.fix ? h("div", { class: "sv-finding-fix", text: `fix: ${f.fix}` }) : null,
+      );
+      if (f.fqns.length) {
+        const where = h("div", { class: "sv-finding-fqns" });
+        for (const q of f.fqns.slice(0, 4)) {
+          where.append(
+            h("a", {
+              class: "sv-reveal",
+              href: "#",
+              text: q || "<root>",
+              onclick: (e) => {
+                e.preventDefault();
+                e.stopPropagation();
+                send("reveal", { fqn: q });
+              },
+            }),
+          );
+        }
+        if (f.n_fqns > 4) where.append(h("span", { class: "sv-muted", text: ` and ${f.n_fqns - 4} more` }));
+        item.append(where);
+      }
+      findingsPanel.append(item);
+    }
+  }
+
+  // -- export -----------------------------------------------------------------------------------------
+  const versionSel = h(
+    "select",
+    { class: "sv-torch-version", "aria-label": "target torch release" },
+    ...(model.get("torch_releases") || [""]).map((v) => h("option", { value: v, text: v ? `torch ${v}` : "torch: detect at run time" })),
+  );
+  versionSel.value = model.get("torch_version") || "";
+  versionSel.addEventListener("change", () => {
+    model.set("torch_version", versionSel.value);
+    model.save_changes();
+  });
+  const copyBtn = h("button", { class: "sv-btn sv-copy", text: "copy" });
+  const pathInput = h("input", { class: "sv-save-path", type: "text", value: "fsdp_plan.py", "aria-label": "file to save the code to" });
+  pathInput.addEventListener("keydown", (e) => e.stopPropagation());
+  const saveBtn = h("button", { class: "sv-btn sv-save", text: "save" });
+  const verifyBtn = h("button", { class: "sv-btn sv-verify", text: "verify with torch" });
+  const exportStatus = h("div", { class: "sv-export-status" });
+  const verifyEl = h("div", { class: "sv-verify-result" });
+  const codeEl = h("pre", { class: "sv-code" }, h("code", {}));
+  exportPanel.append(h("div", { class: "sv-export-toolbar" }, versionSel, copyBtn, pathInput, saveBtn, verifyBtn), exportStatus, verifyEl, codeEl);
+
+  function setStatus(text, level = "info", extra = []) {
+    exportStatus.replaceChildren(h("span", { class: `sv-status-${level}`, text }), ...extra);
+  }
+
+  copyBtn.addEventListener("click", async () => {
+    const text = (model.get("code") || {}).text || "";
+    if (!text) return;
+    let ok = false;
+    try {
+      if (navigator.clipboard && window.isSecureContext) {
+        await navigator.clipboard.writeText(text);
+        ok = true;
+      }
+    } catch (_e) {
+      ok = false;
+    }
+    if (!ok) {
+      const ta = h("textarea", { class: "sv-offscreen" });
+      ta.value = text;
+      document.body.append(ta);
+      ta.select();
+      try {
+        ok = document.execCommand("copy");
+      } catch (_e) {
+        ok = false;
+      }
+      ta.remove();
+    }
+    setStatus(ok ? `copied ${text.split("\n").length} lines to the clipboard` : "could not copy: select the code and copy it by hand", ok ? "ok" : "error");
+  });
+
+  function save(overwrite) {
+    const path = pathInput.value.trim();
+    if (!path) return;
+    send("save_code", { path, overwrite }, (ack) => {
+      if (ack.ok) setStatus(`saved to ${ack.path}`, "ok");
+      else if (ack.exists)
+        setStatus(`${path} exists.`, "warn", [
+          h("button", { class: "sv-btn sv-confirm-overwrite", text: "overwrite", onclick: () => save(true) }),
+          h("button", { class: "sv-btn sv-cancel-overwrite", text: "cancel", onclick: () => setStatus("not saved", "info") }),
+        ]);
+      else setStatus(ack.error, "error");
+    });
+  }
+  saveBtn.addEventListener("click", () => save(false));
+  verifyBtn.addEventListener("click", () => {
+    verifyEl.replaceChildren(h("span", { class: "sv-muted sv-verifying", text: "running torch's fully_shard on a meta copy under a fake process group…" }));
+    send("verify");
+  });
+
+  function renderCode() {
+    const c = model.get("code") || {};
+    const codeTag = codeEl.firstChild;
+    exportPanel.dataset.revision = String(c.revision ?? "");
+    if (c.stale) {
+      codeTag.textContent = "";
+      return;
+    }
+    if (c.error) {
+      codeTag.textContent = "";
+      setStatus(`cannot export: torch would refuse this plan.\n${c.error}`, "error");
+      return;
+    }
+    codeTag.innerHTML = highlightPython(c.text || "");
+    codeEl.dataset.chars = String((c.text || "").length);
+    if (exportStatus.querySelector(".sv-status-error")) exportStatus.replaceChildren();
+  }
+
+  function renderVerify() {
+    const v = model.get("verify_result") || {};
+    if (v.ok === undefined) {
+      if (!verifyEl.querySelector(".sv-verifying")) verifyEl.replaceChildren();
+      return;
+    }
+    const cls = v.ok ? "sv-status-ok" : "sv-status-error";
+    const text = v.error
+      ? `torch raised ${v.error}`
+      : v.ok
+        ? `torch agrees: every parameter's status, call, local shape and placement match the prediction (${v.seconds}s)`
+        : `${v.n} disagreement(s) with torch`;
+    verifyEl.replaceChildren(h("div", { class: `sv-verify-line ${cls}`, "data-ok": String(v.ok), text }));
+    if (v.rows && v.rows.length) {
+      const table = h("table", { class: "sv-verify-table" }, h("tr", {}, ["rank", "fqn", "field", "predicted", "torch"].map((k) => h("th", { text: k }))));
+      for (const r of v.rows) table.append(h("tr", {}, ["rank", "fqn", "field", "predicted", "torch"].map((k) => h("td", { text: r[k] }))));
+      verifyEl.append(table);
+    }
+  }
+
+  // -- tabs --------------------------------------------------------------------------------------------
+  function showTab(key) {
+    for (const b of tabButtons) b.classList.toggle("sv-active", b.dataset.tab === key);
+    for (const p of [chartsPanel, findingsPanel, exportPanel]) p.hidden = p.dataset.panel !== key;
+    root.dataset.tab = key;
+  }
+
+  // -- wiring -------------------------------------------------------------------------------------------
+  const onCustom = (msg) => {
+    if (!msg || typeof msg !== "object") return;
+    if (msg.type === "rows") onRows(msg);
+    else if (msg.type === "reveal") onReveal(msg.id);
+    else if (msg.type === "ack") {
+      const cb = pending.get(msg.req);
+      pending.delete(msg.req);
+      const left = Math.max(0, Number(root.dataset.pending || 1) - 1);
+      root.dataset.pending = String(left);
+      if (!left) root.classList.remove("sv-busy");
+      root.dataset.lastAck = String(msg.req);
+      if (cb) cb(msg);
+    }
+  };
+  const handlers = [
+    ["msg:custom", onCustom],
+    ["change:summary", () => (renderSummary(), renderMessages())],
+    ["change:messages", renderMessages],
+    ["change:memory", renderMemory],
+    ["change:traffic", renderTraffic],
+    ["change:findings", renderFindings],
+    ["change:code", renderCode],
+    ["change:verify_result", renderVerify],
+    ["change:tab", () => showTab(model.get("tab"))],
+    ["change:torch_version", () => (versionSel.value = model.get("torch_version") || "")],
+  ];
+  for (const [ev, fn] of handlers) model.on(ev, fn);
+
+  renderSummary();
+  renderMessages();
+  renderMemory();
+  renderTraffic();
+  renderFindings();
+  renderCode();
+  renderVerify();
+  showTab(model.get("tab") || "charts");
+  model.send({ type: "hello", req: 0 });
+
+  return () => {
+    disposed = true;
+    for (const [ev, fn] of handlers) model.off(ev, fn);
+  };
+}
+
+export default { render };
