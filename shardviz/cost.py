@@ -17,7 +17,7 @@ Vocabulary used in the tables:
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -123,11 +123,11 @@ def _dtype_code(dtype) -> int:
     return _DTYPE_CODES[name]
 
 
-def _code_name(code: int) -> str:
+def _code_names() -> list[str]:
+    names = [""] * len(_DTYPE_CODES)
     for name, c in _DTYPE_CODES.items():
-        if c == code:
-            return name
-    raise KeyError(code)
+        names[c] = name
+    return names
 
 
 @dataclass
@@ -196,37 +196,18 @@ def _per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.nd
 # ---------------------------------------------------------------------------
 # The cost model of one analysis
 # ---------------------------------------------------------------------------
-@dataclass
-class _Group:
-    """One fully_shard call with parameters: its FSDPParamGroup's buffers, in bytes."""
-
-    unit: int
-    name: str
-    rar: bool | int
-    offload: bool
-    is_root: bool
-    shard_bytes: int  # padded shards, original dtype (sharded params resident per rank)
-    gather_bytes: int  # all-gather output = unsharded parameters (padded), param dtype
-    gather_dtype: str
-    copy_in_bytes: int  # all-gather input staged in param dtype (mixed precision) or copied to device (offload)
-    trainable: bool
-    reduce_dtype: str
-    rs_bytes: int  # reduce-scatter input (padded, reduce dtype)
-    ro_bytes: int  # reduce-scatter output (one padded shard, reduce dtype)
-    grad_bytes: int  # sharded gradients (padded shard, original dtype)
-    grad_cast: bool  # the reduce output is cast to the original dtype (a second buffer)
-    ug_bytes: int  # unsharded gradients autograd computes (unpadded, param dtype)
-    whole_grad_bytes: int = 0  # gradients of trainable ignored parameters inside this call
-    whole_sync: list = field(default_factory=list)  # (count, bytes, dtype) of their all-reduces
-    pre: tuple = ()
-    post: tuple = ()
-    first_module: int = 0
-    out_grad: bool = True
-    in_grad: bool = True
+_PART_NAMES = ("unsharded params", "all-gather buffers", "reduce-scatter buffers", "unsharded grads", "gradients")
 
 
 class CostModel:
-    """Everything ``memory_table`` and ``comm_table`` need, computed once per analysis."""
+    """Everything ``memory_table`` and ``comm_table`` need, computed once per analysis.
+
+    Per ``fully_shard`` call with parameters (one ``FSDPParamGroup``), in bytes per rank:
+    ``shard``: padded shards (original dtype); ``gather``: the all-gather output, which is also the
+    size of the unsharded parameters (padded, param dtype); ``rs``/``ro``: reduce-scatter input and
+    output (trainable parameters only, padded, reduce dtype); ``grad``: sharded gradients (padded,
+    original dtype); ``ug``: the unsharded gradients autograd computes (unpadded, param dtype).
+    """
 
     def __init__(self, analysis):
         self.analysis = analysis
@@ -237,377 +218,396 @@ class CostModel:
         arr = _tree_arrays(tree)
         n_units = len(lay.units)
         policies = [training.unit_defaults(ul.unit) for ul in lay.units]
+        labels = [ul.unit.name for ul in lay.units]
+        self.labels = labels
 
-        status_sharded = np.fromiter((s == "sharded" for s in lay.param_status), dtype=bool, count=arr.numel.size)
         punit = np.asarray(lay.param_unit, dtype=np.int64)
-        sharded = status_sharded & (punit >= 0)
-        whole = ~sharded
+        sharded = (punit >= 0) & np.fromiter((s == "sharded" for s in lay.param_status), dtype=bool, count=punit.size)
 
-        # -- per-unit policy arrays ------------------------------------------------
+        # -- per-unit policies -------------------------------------------------------------
         pd_code = np.array([_dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
         pd_size = np.array([_ITEMSIZE[p.param_dtype] if p.param_dtype else 0 for p in policies] + [0], dtype=np.int64)
         offload_u = np.array([p.offload for p in policies] + [False], dtype=bool)
 
-        # -- sharded parameters: padded shard (FSDPParam._init_sharded_param) -------
+        # -- sharded parameters: the padded shard (FSDPParam._init_sharded_param) -------------
         idx = np.nonzero(sharded)[0]
         u = punit[idx]
-        numel, dim0, isz = arr.numel[idx], arr.dim0[idx], arr.itemsize[idx]
+        numel, dim0, isz, dcode = arr.numel[idx], arr.dim0[idx], arr.itemsize[idx], arr.dtype[idx]
         rowsize = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
         padded = -(-dim0 // S) * rowsize
-        # param dtype: MixedPrecisionPolicy.param_dtype unless it equals the original dtype or the
-        # parameter is not floating point (FSDPParam.init_dtype_attrs)
-        cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != arr.dtype[idx])
+        # param dtype: the policy's, unless it equals the original or the parameter is not
+        # floating point (FSDPParam.init_dtype_attrs)
+        cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != dcode)
         pd_isz = np.where(cast, pd_size[u], isz)
-        pd_dtype = np.where(cast, pd_code[u], arr.dtype[idx])
+        pd_dt = np.where(cast, pd_code[u], dcode)
         train = arr.trainable[idx]
-        mp_copy = (pd_code[u] >= 0) & ~offload_u[u]  # _get_param_all_gather_inputs: foreach copy when param_dtype is set
+        off = offload_u[u]
 
-        def per_unit(weights, mask=None):
-            w = weights if mask is None else np.where(mask, weights, 0)
-            return np.bincount(u, weights=w, minlength=n_units)
+        def per_unit(weights):
+            return np.rint(np.bincount(u, weights=weights, minlength=n_units)).astype(np.int64)
 
-        shard_bytes = per_unit(padded * isz)
-        gather_bytes = per_unit(padded * pd_isz) * S
-        copy_in = per_unit(padded * pd_isz, mp_copy) + per_unit(padded * (isz + np.where(cast, pd_isz, 0)), offload_u[u])
-        trainable_count = per_unit(train.astype(np.float64))
-        pad_train = per_unit(padded, train)
-        ug = per_unit(numel * pd_isz, train)
         n_params = np.bincount(u, minlength=n_units)
-        # dtypes of the all-gather inputs in each call: one dtype, or uint8 bytes (foreach_all_gather)
-        ag_dtypes: dict[int, set] = {}
-        # dtype of the trainable parameters (original) and their param dtype
-        train_dtype: dict[int, tuple[int, int]] = {}
-        if idx.size:
-            pairs = np.unique(np.stack([u, pd_dtype], axis=1), axis=0)
-            for uu, code in pairs:
-                ag_dtypes.setdefault(int(uu), set()).add(int(code))
-            tpairs = np.unique(np.stack([u[train], arr.dtype[idx][train], pd_dtype[train]], axis=1), axis=0) if train.any() else []
-            for uu, orig, pdc in tpairs:
-                train_dtype.setdefault(int(uu), (int(orig), int(pdc)))
+        shard_b = per_unit(padded * isz)
+        gather_b = per_unit(padded * pd_isz) * S
+        # all-gather inputs staged before the collective: the foreach copy into param dtype
+        # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
+        staged = np.where(off, padded * isz + np.where(cast, padded * pd_isz, 0), np.where(pd_code[u] >= 0, padded * pd_isz, 0))
+        copy_b = per_unit(staged)
+        tr = train.astype(np.float64)
+        pad_train = per_unit(padded * tr)
+        ug_b = per_unit(numel * pd_isz * tr)
+        has_train = per_unit(tr) > 0
+        n_codes = max(len(_DTYPE_CODES), 1)
+        # one all-gather dtype, or uint8 bytes when the inputs differ (foreach_all_gather)
+        ag_codes = np.bincount(u * n_codes + pd_dt, minlength=n_units * n_codes).reshape(n_units, n_codes) > 0
+        ag_kinds = ag_codes.sum(axis=1)
+        ag_first = ag_codes.argmax(axis=1)
+        t_orig = np.bincount(u[train] * n_codes + dcode[train], minlength=n_units * n_codes).reshape(n_units, n_codes).argmax(axis=1)
+        t_pd = np.bincount(u[train] * n_codes + pd_dt[train], minlength=n_units * n_codes).reshape(n_units, n_codes).argmax(axis=1)
 
-        # -- whole parameters (ignored / unmanaged): every rank holds them -----------
-        widx = np.nonzero(whole)[0]
+        # -- whole parameters (ignored / unmanaged): every rank holds them ------------------------
+        widx = np.nonzero(~sharded)[0]
         would = np.asarray(lay.would_be_unit, dtype=np.int64)[widx]
         w_bytes = arr.numel[widx] * arr.itemsize[widx]
         w_train = arr.trainable[widx]
         self.params_whole = int(w_bytes.sum())
         self.grads_whole = int(w_bytes[w_train].sum())
         self.buffers = arr.buffer_bytes
+        wg = np.rint(np.bincount(np.where(would >= 0, would, n_units)[w_train], weights=w_bytes[w_train],
+                                 minlength=n_units + 1)).astype(np.int64)
+        self.unmanaged_grads = int(wg[n_units])
 
-        # -- groups, in forward order --------------------------------------------------
+        # -- one entry per group, in plan order ------------------------------------------------------
+        names = _code_names()
         modules = tree.modules
-        groups: list[_Group] = []
-        whole_by_unit_bytes = np.bincount(np.where(would >= 0, would, n_units)[w_train], weights=w_bytes[w_train],
-                                          minlength=n_units + 1) if widx.size else np.zeros(n_units + 1)
+        G = self.G = {k: [] for k in ("unit", "name", "rar", "offload", "gather", "copy", "gdtype", "trainable", "rd",
+                                      "rs", "ro", "grad", "cast", "ug", "wgrad", "pre", "post", "first", "out_grad",
+                                      "in_grad")}
+        first_trainable = arr.first_trainable
         for ul in lay.units:
             i = ul.index
-            if n_params[i] == 0:
+            if not n_params[i]:
                 continue
             pol = policies[i]
-            codes = ag_dtypes.get(i, set())
-            gdtype = _code_name(next(iter(codes))) if len(codes) == 1 else "uint8"
-            has_train = trainable_count[i] > 0
-            if has_train:
-                orig_c, pd_c = train_dtype[i]
-                # FSDPParam.init_dtype_attrs: reduce_dtype is dropped when it equals param_dtype;
-                # foreach_reduce: reduce in reduce_dtype, else in the gradient's dtype (param dtype)
-                rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else _code_name(pd_c)
-                rd_size = _ITEMSIZE.get(rd, 4)
-                orig_name = _code_name(orig_c)
-                orig_size = _ITEMSIZE.get(orig_name, 4)
+            t = bool(has_train[i])
+            if t:
+                orig_name = names[t_orig[i]]
+                # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce
+                # then reduces in the gradient's dtype, the param dtype
+                rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else names[t_pd[i]]
+                ro = int(pad_train[i]) * _ITEMSIZE.get(rd, 4)
+                grad = int(pad_train[i]) * _ITEMSIZE.get(orig_name, 4)
             else:
-                rd, rd_size, orig_name, orig_size = "", 0, "", 0
-            ro = int(round(pad_train[i])) * rd_size
-            mods = [modules[m] for m in ul.modules]
-            first = min(mods, key=lambda m: m.index)
-            last = max(mods, key=lambda m: (m.subtree_end, -m.depth))
-            groups.append(_Group(
-                unit=i, name=ul.unit.name, rar=ul.reshard_after_forward, offload=pol.offload, is_root=ul.is_root,
-                shard_bytes=int(round(shard_bytes[i])), gather_bytes=int(round(gather_bytes[i])), gather_dtype=gdtype,
-                copy_in_bytes=int(round(copy_in[i])), trainable=bool(has_train), reduce_dtype=rd,
-                rs_bytes=ro * S, ro_bytes=ro, grad_bytes=int(round(pad_train[i])) * orig_size,
-                grad_cast=bool(has_train and rd != orig_name), ug_bytes=int(round(ug[i])),
-                whole_grad_bytes=int(round(whole_by_unit_bytes[i])),
-                pre=(first.index, 1, 0), post=(last.subtree_end, 0, -last.depth), first_module=first.index,
-                # autograd: a call's output needs a gradient when a trainable parameter ran before it ends;
-                # its input when one ran before it starts (FSDPState._register_pre_backward_hook,
-                # FSDPParamGroup._register_post_backward_hook)
-                out_grad=arr.first_trainable < last.subtree_end,
-                in_grad=arr.first_trainable < first.index,
-            ))
-        self.groups = groups
-        self.whole_unmanaged_grad_bytes = int(round(whole_by_unit_bytes[n_units])) if widx.size else 0
+                orig_name = rd = ""
+                ro = grad = 0
+            mods = ul.modules
+            if len(mods) == 1:
+                first = last = modules[mods[0]]
+            else:
+                ms = [modules[m] for m in mods]
+                first = min(ms, key=lambda m: m.index)
+                last = max(ms, key=lambda m: (m.subtree_end, -m.depth))
+            G["unit"].append(i)
+            G["name"].append(labels[i])
+            G["rar"].append(ul.reshard_after_forward)
+            G["offload"].append(pol.offload)
+            G["gather"].append(int(gather_b[i]))
+            G["copy"].append(int(copy_b[i]))
+            G["gdtype"].append(names[ag_first[i]] if ag_kinds[i] == 1 else "uint8")
+            G["trainable"].append(t)
+            G["rd"].append(rd)
+            G["rs"].append(ro * S)
+            G["ro"].append(ro)
+            G["grad"].append(grad)
+            G["cast"].append(t and rd != orig_name)
+            G["ug"].append(int(ug_b[i]))
+            G["wgrad"].append(int(wg[i]))
+            G["pre"].append((first.index, 1, 0))
+            G["post"].append((last.subtree_end, 0, -last.depth))
+            G["first"].append(first.index)
+            # autograd: a call's output needs a gradient when a trainable parameter ran before it
+            # ends (FSDPState._register_pre_backward_hook), its input when one ran before it starts
+            # (FSDPParamGroup._register_post_backward_hook); module order stands in for data flow
+            G["out_grad"].append(first_trainable < last.subtree_end)
+            G["in_grad"].append(first_trainable < first.index)
 
-        # -- resident state per shard coordinate -----------------------------------------
-        off = offload_u[u]
+        # -- resident state per shard coordinate ---------------------------------------------------
         dev = ~off
         self.params_sharded = int((padded * isz)[dev].sum())
         self.cpu_params = int((padded * isz)[off].sum())
-        self.grads_sharded = int(sum(g.grad_bytes for g in groups if not g.offload))
+        self.grads_sharded = int(sum(g for g, o in zip(G["grad"], G["offload"]) if not o))
         n_states, opt_dtype = training.n_states, training.optimizer_dtype
-        s_isz = (np.full(idx.size, _ITEMSIZE[opt_dtype]) if opt_dtype else isz)
-        row_state = rowsize * s_isz  # bytes of one state row
-        t_dev = train & dev
-        t_off = train & off
-        # optimizer states: zeros_like(DTensor) -> the local (unpadded) rows of this coordinate
-        self.opt_dev = n_states * _per_coord_sum(dim0[t_dev], row_state[t_dev], S)
-        self.opt_cpu = n_states * _per_coord_sum(dim0[t_off], row_state[t_off], S)
-        w_state = arr.numel[widx] * (_ITEMSIZE[opt_dtype] if opt_dtype else arr.itemsize[widx])
-        self.opt_whole = n_states * int(w_state[w_train].sum())
-        n_trainable = int(train.sum() + w_train.sum())
-        self.step_bytes = 4 * n_trainable if training.step_scalars else 0
+        row_state = rowsize * (_ITEMSIZE[opt_dtype] if opt_dtype else isz)  # one state row
+        t_dev, t_off = train & dev, train & off
+        # optimizer states: zeros_like(DTensor) allocates the local (unpadded) rows of this coordinate
+        dev_state = _per_coord_sum(dim0[t_dev], row_state[t_dev], S)
+        off_state = _per_coord_sum(dim0[t_off], row_state[t_off], S)
+        self.opt_dev = n_states * dev_state
+        self.opt_cpu = n_states * off_state
+        w_state = arr.numel[widx][w_train] * (_ITEMSIZE[opt_dtype] if opt_dtype else arr.itemsize[widx][w_train])
+        self.opt_whole = n_states * int(w_state.sum())
+        self.step_bytes = 4 * int(train.sum() + w_train.sum()) if training.step_scalars else 0
         # offloaded gradients are copied to the CPU without padding (foreach_reduce: .to("cpu"))
-        g_off = t_off
-        self.cpu_grads = _per_coord_sum(dim0[g_off], (rowsize * isz)[g_off], S)
-        # optimizer.step() temporaries: Adam's sqrt(exp_avg_sq), all at once with foreach
+        self.cpu_grads = _per_coord_sum(dim0[t_off], (rowsize * isz)[t_off], S)
+        # optimizer.step() temporaries: Adam's sqrt(exp_avg_sq), for all parameters at once (foreach)
+        zeros = np.zeros(S, dtype=np.int64)
         if training.step_scalars:
             fe_dev = True if training.foreach is None else training.foreach
             fe_cpu = False if training.foreach is None else training.foreach
-            tmp_w = w_state[w_train]
             if fe_dev:
-                self.opt_tmp_dev = _per_coord_sum(dim0[t_dev], row_state[t_dev], S) + int(tmp_w.sum())
+                self.opt_tmp_dev = dev_state + int(w_state.sum())
             else:
-                self.opt_tmp_dev = np.maximum(_per_coord_max(dim0[t_dev], row_state[t_dev], S), int(tmp_w.max(initial=0)))
-            self.opt_tmp_cpu = (_per_coord_sum if fe_cpu else _per_coord_max)(dim0[t_off], row_state[t_off], S)
+                self.opt_tmp_dev = np.maximum(_per_coord_max(dim0[t_dev], row_state[t_dev], S), int(w_state.max(initial=0)))
+            self.opt_tmp_cpu = off_state if fe_cpu else _per_coord_max(dim0[t_off], row_state[t_off], S)
         else:
-            self.opt_tmp_dev = np.zeros(S, dtype=np.int64)
-            self.opt_tmp_cpu = np.zeros(S, dtype=np.int64)
-        self.whole_counts = (would, w_train, arr.numel[widx] * arr.itemsize[widx], arr.dtype[widx])
+            self.opt_tmp_dev = self.opt_tmp_cpu = zeros
+        self.whole = (would, w_train, w_bytes, arr.dtype[widx])
         self._simulate()
 
-    # -- one training step, event by event (the order torch runs hooks in) ---------------
+    # -- one training step, event by event, in the order torch runs its hooks --------------------
     def _simulate(self) -> None:
-        S = self.S
-        groups = self.groups
-        base = self.params_sharded + self.params_whole + self.buffers  # + optimizer states, added per rank
+        S, G = self.S, self.G
+        n = len(G["name"])
+        gather, copy, rar_l, post_l = G["gather"], G["copy"], G["rar"], G["post"]
+        base = self.params_sharded + self.params_whole + self.buffers  # + optimizer states (per rank)
+        best = -1
+        best_info = None
         comm: list[tuple] = []
-        best = {"x": -1}
-
-        def record(x, phase, g, parts):
-            if x > best["x"]:
-                best.update(x=x, phase=phase, unit=g.name if g is not None else None, parts=dict(parts))
-
-        def ag_row(g, phase, size, group_name):
-            comm.append((g.name, "all_gather", phase, group_name, size, 1, g.gather_dtype, g.gather_bytes))
-
-        # ---------------- forward: FSDPParamGroup.pre_forward / post_forward --------------
-        events = sorted([(g.pre, 1, k) for k, g in enumerate(groups)] + [(g.post, 0, k) for k, g in enumerate(groups)])
-        held = 0  # unsharded parameters (and post-forward shards) alive
-        ag_state = 0  # the previous all-gather output, freed after the next copy-out (implicit prefetch)
-        state = ["sharded"] * len(groups)
         gathered = S > 1
+
+        # ---------------- forward: FSDPParamGroup.pre_forward / post_forward ----------------------
+        events = sorted([(G["pre"][k], 1, k) for k in range(n)] + [(post_l[k], 0, k) for k in range(n)])
+        held = 0  # unsharded parameters (and post-forward shards) alive
+        ag_state = 0  # previous all-gather output, freed after the next copy-out (implicit prefetch)
+        state = [0] * n  # 0 sharded, 1 unsharded, 2 post-forward shard
         for _, kind, k in events:
-            g = groups[k]
-            if kind == 1:  # pre-forward: unshard + wait_for_unshard
-                ag = g.gather_bytes if gathered else 0
-                parts = {"all-gather buffers": ag_state + ag + g.copy_in_bytes, "unsharded params": held}
-                record(base + held + ag_state + ag + g.copy_in_bytes, "forward", g, parts)
-                record(base + held + ag + g.gather_bytes, "forward", g,
-                       {"all-gather buffers": ag, "unsharded params": held + g.gather_bytes})
+            if kind:  # pre-forward: unshard() then wait_for_unshard()
+                ag = gather[k] if gathered else 0
+                x = base + held + ag_state + ag + copy[k]
+                if x > best:
+                    best, best_info = x, ("forward", k, (held, ag_state + ag + copy[k], 0, 0, 0))
+                x = base + held + ag + gather[k]
+                if x > best:
+                    best, best_info = x, ("forward", k, (held + gather[k], ag, 0, 0, 0))
                 if gathered:
-                    ag_row(g, "forward", S, "shard")
-                held += g.gather_bytes
+                    comm.append((k, "all_gather", "forward", "shard", S, 1))
+                held += gather[k]
                 ag_state = ag
-                state[k] = "unsharded"
-            else:  # post-forward: reshard (to the post-forward mesh for an int)
-                rar = g.rar
+                state[k] = 1
+            else:  # post-forward: reshard() (to the smaller post-forward mesh for an int)
+                rar = rar_l[k]
                 if rar is True:
-                    held -= g.gather_bytes
-                    state[k] = "sharded"
+                    held -= gather[k]
+                    state[k] = 0
                 elif rar is not False:
-                    pf = g.gather_bytes // rar
-                    record(base + held + ag_state + pf, "forward", g,
-                           {"all-gather buffers": ag_state, "unsharded params": held + pf})
-                    held += pf - g.gather_bytes
-                    state[k] = "post_forward"
-        ag_state = 0  # the root's post-forward frees the last all-gather output
-        self.forward_held = held
+                    pf = gather[k] // rar
+                    x = base + held + ag_state + pf
+                    if x > best:
+                        best, best_info = x, ("forward", k, (held + pf, ag_state, 0, 0, 0))
+                    held += pf - gather[k]
+                    state[k] = 2
+        # the root's post-forward frees the last all-gather output
 
-        # ---------------- backward: pre_backward (+ prefetch), post_backward ---------------
-        order = sorted(range(len(groups)), key=lambda k: groups[k].post)  # comm_ctx.post_forward_order
-        pos = {k: i for i, k in enumerate(order)}
-        pending: dict[int, int] = {}  # prefetched all-gathers not yet copied out
+        # ---------------- backward: pre_backward (+ prefetch), post_backward ------------------------
+        order = sorted(range(n), key=post_l.__getitem__)  # comm_ctx.post_forward_order
+        pos = [0] * n
+        for i, k in enumerate(order):
+            pos[k] = i
+        pending = [0] * n  # prefetched all-gather outputs not yet copied out
+        is_pending = [False] * n
+        pend = 0
         rs_hold = 0  # reduce_scatter_states keeps one reduce-scatter input (max_input_buffers=1)
-        grads = 0  # sharded gradients on the device so far
+        grads = 0  # gradients resident on the device so far
         ug_held = 0  # unsharded gradients waiting for a deferred post_backward
-        deferred: list[int] = []
-        back = []
+        trainable, rs_l, ro_l, grad_l, cast_l = G["trainable"], G["rs"], G["ro"], G["grad"], G["cast"]
+        offload_l, ug_l, wgrad_l = G["offload"], G["ug"], G["wgrad"]
+        R = self.R
 
-        def cur(extra=0):
-            return base + held + grads + rs_hold + sum(pending.values()) + ug_held + extra
-
-        def parts(**kw):
-            out = {"unsharded params": held, "gradients": grads, "reduce-scatter buffers": rs_hold,
-                   "all-gather buffers": sum(pending.values()), "unsharded grads": ug_held}
-            for key, v in kw.items():
-                out[key.replace("_", " ")] = out.get(key.replace("_", " "), 0) + v
-            return out
-
-        def unshard(k, g):
-            nonlocal held
-            if state[k] == "unsharded" or k in pending:
+        def post_backward(k, ug):
+            nonlocal held, rs_hold, grads, best, best_info
+            if state[k] == 1:
+                held -= gather[k]
+            elif state[k] == 2:
+                held -= gather[k] // rar_l[k]
+            state[k] = 0
+            rs_hold = 0  # the previous reduce-scatter input is waited on and dropped first
+            if not trainable[k]:
                 return
-            size = S if state[k] == "sharded" else g.rar
-            if size > 1:
-                pending[k] = g.gather_bytes
-                record(cur(g.copy_in_bytes), "backward", g, parts(all_gather_buffers=g.copy_in_bytes))
-                ag_row(g, "backward", size, "shard" if state[k] == "sharded" else "post_forward")
-            else:
-                pending[k] = 0
-
-        def wait(k, g):
-            nonlocal held
-            if k not in pending:
-                return
-            pf = g.gather_bytes // g.rar if state[k] == "post_forward" else 0
-            record(cur(g.gather_bytes), "backward", g, parts(unsharded_params=g.gather_bytes))
-            del pending[k]
-            held += g.gather_bytes - pf
-            state[k] = "unsharded"
-
-        def post_backward(k, g, ug):
-            nonlocal held, rs_hold, grads
-            if state[k] == "unsharded":
-                held -= g.gather_bytes
-            elif state[k] == "post_forward":
-                held -= g.gather_bytes // g.rar
-            state[k] = "sharded"
-            rs_hold = 0
-            if not g.trainable:
-                return
-            record(cur(ug + g.rs_bytes), "backward", g, parts(unsharded_grads=ug, reduce_scatter_buffers=g.rs_bytes))
-            dev_grad = 0 if g.offload else g.grad_bytes
-            cast = g.grad_bytes if (g.grad_cast and not g.offload) else 0
-            record(cur(g.rs_bytes + g.ro_bytes + cast), "backward", g,
-                   parts(reduce_scatter_buffers=g.rs_bytes + g.ro_bytes, gradients=cast))
+            now = base + held + grads + pend + ug_held
+            x = now + ug + rs_l[k]
+            if x > best:
+                best, best_info = x, ("backward", k, (held, pend, rs_l[k], ug_held + ug, grads))
+            dev_grad = 0 if offload_l[k] else grad_l[k]
+            extra = dev_grad if cast_l[k] else 0
+            x = now + rs_l[k] + ro_l[k] + extra
+            if x > best:
+                best, best_info = x, ("backward", k, (held, pend, rs_l[k] + ro_l[k], ug_held, grads + extra))
             if S > 1:
-                back.append((g.name, "reduce_scatter", "backward", "shard", S, 1, g.reduce_dtype, g.rs_bytes))
-            if self.R > 1:
-                back.append((g.name, "all_reduce", "backward", "replicate", self.R, 1, g.reduce_dtype, g.ro_bytes))
+                comm.append((k, "reduce_scatter", "backward", "shard", S, 1))
+            if R > 1:
+                comm.append((k, "all_reduce", "backward", "replicate", R, 1))
             grads += dev_grad
-            rs_hold = g.rs_bytes
+            rs_hold = rs_l[k]
 
+        def unshard(k):
+            nonlocal pend, best, best_info
+            if state[k] == 1 or is_pending[k]:
+                return
+            size = S if state[k] == 0 else rar_l[k]
+            is_pending[k] = True
+            if size > 1:
+                pending[k] = gather[k]
+                pend += gather[k]
+                x = base + held + grads + rs_hold + pend + ug_held + copy[k]
+                if x > best:
+                    best, best_info = x, ("backward", k, (held, pend + copy[k], rs_hold, ug_held, grads))
+                comm.append((k, "all_gather", "backward", "shard" if state[k] == 0 else "post_forward", size, 1))
+
+        deferred = []
         for k in reversed(order):
-            g = groups[k]
-            if not g.out_grad:
-                continue  # no pre-backward hook: its output needs no gradient
-            unshard(k, g)
-            wait(k, g)
+            if not G["out_grad"][k]:
+                continue  # no pre-backward hook: nothing after it needed a gradient
+            # pre_backward: unshard (no-op if prefetched) and wait_for_unshard (copy-out)
+            unshard(k)
+            if is_pending[k]:
+                x = base + held + grads + rs_hold + pend + ug_held + gather[k]
+                if x > best:
+                    best, best_info = x, ("backward", k, (held + gather[k], pend, rs_hold, ug_held, grads))
+                pf = gather[k] // rar_l[k] if state[k] == 2 else 0
+                pend -= pending[k]
+                pending[k] = 0
+                is_pending[k] = False
+                held += gather[k] - pf
+                state[k] = 1
             i = pos[k]
             if i > 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
-                t = order[i - 1]
-                unshard(t, groups[t])
-            comm.extend(back)
-            back.clear()
+                unshard(order[i - 1])
             # autograd computes this call's gradients
-            record(cur(g.ug_bytes + g.whole_grad_bytes), "backward", g,
-                   parts(unsharded_grads=g.ug_bytes, gradients=g.whole_grad_bytes))
-            grads += g.whole_grad_bytes
-            if g.in_grad:
-                post_backward(k, g, g.ug_bytes)
-                comm.extend(back)
-                back.clear()
+            x = base + held + grads + rs_hold + pend + ug_held + ug_l[k] + wgrad_l[k]
+            if x > best:
+                best, best_info = x, ("backward", k, (held, pend, rs_hold, ug_held + ug_l[k], grads + wgrad_l[k]))
+            grads += wgrad_l[k]
+            if G["in_grad"][k]:
+                post_backward(k, ug_l[k])
             else:
-                ug_held += g.ug_bytes
+                ug_held += ug_l[k]
                 deferred.append(k)
-        grads += self.whole_unmanaged_grad_bytes
-        # FSDPState._root_post_backward_final_callback: post_backward for every state not yet
-        # done, in the root's named_modules order
-        done = {k for k in range(len(groups)) if groups[k].out_grad and groups[k].in_grad}
-        for k in sorted(set(range(len(groups))) - done, key=lambda k: groups[k].first_module):
-            g = groups[k]
-            ug = g.ug_bytes if k in deferred else 0
+        grads += self.unmanaged_grads
+        # FSDPState._root_post_backward_final_callback: post_backward for every group not done yet,
+        # in the root's named_modules order
+        deferred_set = set(deferred)
+        rest = [k for k in range(n) if not (G["out_grad"][k] and G["in_grad"][k])]
+        for k in sorted(rest, key=G["first"].__getitem__):
+            ug = ug_l[k] if k in deferred_set else 0
             ug_held -= ug
-            post_backward(k, g, ug)
-            comm.extend(back)
-            back.clear()
-        pending.clear()
-        rs_hold = 0
-        self.backward_grads = grads
-        self.fb_peak = best["x"]
-        self.fb_best = dict(best)
-
-        # ---------------- gradients of whole parameters: all-reduce over all ranks ----------
-        world = self.S * self.R
-        if self.training.sync_outside_fsdp and world > 1:
-            would, w_train, w_bytes, w_dtype = self.whole_counts
-            labels = {ul.index: ul.unit.name for ul in self.analysis.layout.units}
-            rows: dict = {}
-            for wu, tr, b, dt in zip(would.tolist(), w_train.tolist(), w_bytes.tolist(), w_dtype.tolist()):
-                if not tr:
-                    continue
-                key = (labels.get(wu) if wu >= 0 else None, _code_name(dt))
-                c, total = rows.get(key, (0, 0))
-                rows[key] = (c + 1, total + b)
-            for (label, dt), (c, total) in rows.items():
-                comm.append((label, "all_reduce", "optimizer", "world", world, c, dt, total))
-        self.comm_rows = comm
-        # grads on the device after backward (the optimizer step sees them all)
+            post_backward(k, ug)
+        self.fb_peak = best
+        self.fb_info = best_info
         self.grads_dev = self.grads_sharded + self.grads_whole
 
-    # -- per-rank tables ----------------------------------------------------------------
+        # ---------------- gradients of whole parameters: all-reduce over all ranks -------------------
+        world = self.S * self.R
+        self.sync_rows = []
+        if self.training.sync_outside_fsdp and world > 1:
+            would, w_train, w_bytes, w_dtype = self.whole
+            if w_train.any():
+                wu, wb, wd = would[w_train], w_bytes[w_train], w_dtype[w_train]
+                keys, inverse = np.unique(np.stack([wu, wd], axis=1), axis=0, return_inverse=True)
+                inverse = inverse.reshape(-1)
+                counts = np.bincount(inverse)
+                totals = np.rint(np.bincount(inverse, weights=wb)).astype(np.int64)
+                names = _code_names()
+                for (unit, code), c, b in zip(keys.tolist(), counts.tolist(), totals.tolist()):
+                    self.sync_rows.append((self.labels[unit] if unit >= 0 else None, names[code], c, b, world))
+        self.comm_events = comm
+
+    # -- tables ----------------------------------------------------------------------------------
     def memory(self) -> pd.DataFrame:
         S, R = self.S, self.R
-        coords = np.arange(S)
         opt_dev = self.opt_dev + self.opt_whole
+        resident = self.params_sharded + self.params_whole + self.buffers
         fb = self.fb_peak + opt_dev
-        state = self.params_sharded + self.params_whole + self.buffers + self.grads_dev
-        step = state + opt_dev + self.opt_tmp_dev
-        peak = np.maximum(fb, step)
+        step = resident + self.grads_dev + opt_dev + self.opt_tmp_dev
         in_step = step > fb
-        fb_part = self.fb_best["x"] - (self.params_sharded + self.params_whole + self.buffers)
-        transient = np.where(in_step, self.opt_tmp_dev, fb_part - self.fb_best["parts"].get("gradients", 0))
+        phase, k, parts = self.fb_info if self.fb_info else ("forward", None, (0, 0, 0, 0, 0))
+        transient = self.fb_peak - resident - parts[4]
         cpu_opt = self.opt_cpu + self.step_bytes
-        data = {
-            "rank": np.arange(S * R),
+        W = S * R
+
+        def tile(a):
+            return np.tile(a, R) if R > 1 else a
+
+        return pd.DataFrame({
+            "rank": np.arange(W),
             "replica": np.repeat(np.arange(R), S),
-            "shard": np.tile(coords, R),
-            "params": np.full(S * R, self.params_sharded + self.params_whole),
-            "params_sharded": np.full(S * R, self.params_sharded),
-            "params_whole": np.full(S * R, self.params_whole),
-            "buffers": np.full(S * R, self.buffers),
-            "grads": np.full(S * R, self.grads_dev),
-            "grads_sharded": np.full(S * R, self.grads_sharded),
-            "grads_whole": np.full(S * R, self.grads_whole),
-            "optimizer": np.tile(opt_dev, R),
-            "state": np.tile(state + opt_dev, R),
-            "peak": np.tile(peak, R),
-            "peak_phase": np.tile(np.where(in_step, "optimizer", self.fb_best.get("phase", "forward")), R),
-            "peak_unit": np.tile(np.where(in_step, None, self.fb_best.get("unit")), R),
-            "peak_transient": np.tile(transient, R),
-            "cpu_params": np.full(S * R, self.cpu_params),
-            "cpu_grads": np.tile(self.cpu_grads, R),
-            "cpu_optimizer": np.tile(cpu_opt, R),
-            "cpu_peak": np.tile(self.cpu_params + self.cpu_grads + cpu_opt + self.opt_tmp_cpu, R),
-        }
-        return pd.DataFrame(data)
+            "shard": np.tile(np.arange(S), R),
+            "params": np.full(W, self.params_sharded + self.params_whole),
+            "params_sharded": np.full(W, self.params_sharded),
+            "params_whole": np.full(W, self.params_whole),
+            "buffers": np.full(W, self.buffers),
+            "grads": np.full(W, self.grads_dev),
+            "grads_sharded": np.full(W, self.grads_sharded),
+            "grads_whole": np.full(W, self.grads_whole),
+            "optimizer": tile(opt_dev),
+            "state": tile(resident + self.grads_dev + opt_dev),
+            "peak": tile(np.maximum(fb, step)),
+            "peak_phase": tile(np.where(in_step, "optimizer", phase)),
+            "peak_unit": tile(np.where(in_step, None, self.G["name"][k] if k is not None else None)),
+            "peak_transient": tile(np.where(in_step, self.opt_tmp_dev, transient)),
+            "cpu_params": np.full(W, self.cpu_params),
+            "cpu_grads": tile(self.cpu_grads),
+            "cpu_optimizer": tile(cpu_opt),
+            "cpu_peak": tile(self.cpu_params + self.cpu_grads + cpu_opt + self.opt_tmp_cpu),
+        })
 
     def peak_breakdown(self, rank: int = 0) -> dict[str, int]:
-        """What is alive at ``rank``'s peak, by kind (bytes)."""
+        """What is alive at ``rank``'s peak, by kind (bytes), largest first."""
         _, coord = self.analysis.mesh.coords(rank)
         opt = int(self.opt_dev[coord] + self.opt_whole)
-        base = {"sharded params": self.params_sharded, "ignored/unmanaged params": self.params_whole,
-                "buffers": self.buffers, "optimizer states": opt}
-        fb = self.fb_peak + opt
-        step = self.params_sharded + self.params_whole + self.buffers + self.grads_dev + opt + int(self.opt_tmp_dev[coord])
-        if step > fb:
-            out = {**base, "gradients": self.grads_dev, "optimizer step temporaries": int(self.opt_tmp_dev[coord])}
+        out = {"sharded params": self.params_sharded, "ignored/unmanaged params": self.params_whole,
+               "buffers": self.buffers, "optimizer states": opt}
+        tmp = int(self.opt_tmp_dev[coord])
+        if self.fb_info is None or self.params_sharded + self.params_whole + self.buffers + self.grads_dev + tmp > self.fb_peak:
+            out.update({"gradients": self.grads_dev, "optimizer step temporaries": tmp})
         else:
-            out = {**base, **{k: int(v) for k, v in self.fb_best["parts"].items()}}
-        return {k: v for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v}
+            out.update(zip(_PART_NAMES, self.fb_info[2]))
+        return {k: int(v) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v}
 
     def comm(self) -> pd.DataFrame:
-        mesh = self.analysis.mesh
-        cols = ["unit", "collective", "phase", "group", "group_size", "count", "dtype", "bytes"]
-        df = pd.DataFrame(self.comm_rows, columns=cols)
-        n = df["group_size"].to_numpy(dtype=np.int64)
-        b = df["bytes"].to_numpy(dtype=np.int64)
-        factor = np.where(df["collective"].to_numpy() == "all_reduce", 2.0, 1.0)
-        sent = np.rint(factor * b * (n - 1) / np.maximum(n, 1)).astype(np.int64)
-        df["sent_bytes"] = sent
-        bw = np.array([_group_bandwidth(mesh, grp, size) for grp, size in zip(df["group"], n)], dtype=float)
-        df["time_s"] = sent / (bw * 1e9)
-        df.attrs["time_per_step_s"] = float(df["time_s"].sum()) if len(df) else 0.0
+        G, mesh = self.G, self.analysis.mesh
+        ev = self.comm_events
+        ks = [e[0] for e in ev]
+        kinds = [e[1] for e in ev]
+        unit = [G["name"][k] for k in ks]
+        dtype = [G["gdtype"][k] if c == "all_gather" else G["rd"][k] for k, c in zip(ks, kinds)]
+        size = [G["gather"][k] if c == "all_gather" else G["rs"][k] if c == "reduce_scatter" else G["ro"][k]
+                for k, c in zip(ks, kinds)]
+        phase = [e[2] for e in ev]
+        group = [e[3] for e in ev]
+        gsize = [e[4] for e in ev]
+        count = [1] * len(ev)
+        for label, dt, c, b, world in self.sync_rows:
+            unit.append(label)
+            kinds.append("all_reduce")
+            phase.append("optimizer")
+            group.append("world")
+            gsize.append(world)
+            count.append(c)
+            dtype.append(dt)
+            size.append(b)
+        n = np.asarray(gsize, dtype=np.int64)
+        b = np.asarray(size, dtype=np.int64)
+        is_ar = np.asarray([c == "all_reduce" for c in kinds], dtype=bool)
+        # ring algorithm: all-gather / reduce-scatter send (n-1)/n of the full buffer per rank,
+        # all-reduce (reduce-scatter + all-gather) twice that
+        sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
+        bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
+        time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
+        df = pd.DataFrame({"unit": unit, "collective": kinds, "phase": phase, "group": group, "group_size": n,
+                           "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
+                           "sent_bytes": sent, "time_s": time_s})
+        df.attrs["time_per_step_s"] = float(np.nansum(time_s)) if np.isfinite(time_s).all() and len(df) else (
+            0.0 if not len(df) else float("nan"))
         return df
 
 
