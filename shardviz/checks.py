@@ -26,8 +26,8 @@ from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped
 
 #: SV107 fires when padding is more than this fraction of the bytes each rank allocates for shards.
 PADDING_WASTE = 0.05
-#: SV106 fires when one call's unsharded bytes are more than this fraction of the estimated peak of
-#: parameter bytes on a rank (every shard plus the largest unsharded call).
+#: SV106 fires when the largest call is more than twice as large as any other and, gathered (all-gather
+#: buffer + unsharded copies: twice its unsharded bytes), is more than this fraction of a rank's peak.
 DOMINANT_UNIT = 0.5
 #: How many parameter names a finding lists at most.
 MAX_FQNS = 50
@@ -155,29 +155,42 @@ def check_root_only(analysis) -> list[Finding]:
     )]
 
 
+def _peak_estimate(analysis) -> int:
+    """Peak bytes of the worst rank from the cost model; without one, parameters only: every
+    shard plus the largest call gathered (all-gather buffer and unsharded copies)."""
+    try:
+        return int(analysis.memory["peak"].max())
+    except (NotImplementedError, ImportError, KeyError):
+        numbers = analysis.layout.unit_numbers
+        shards = sum(n["padded_shard_bytes"] for n in numbers)
+        return shards + 2 * max((n["padded_unsharded_bytes"] for n in numbers), default=0)
+
+
 def check_dominant_unit(analysis) -> list[Finding]:
-    """One call's unsharded parameters dominate a rank's parameter peak (shards + the call being gathered)."""
+    """One call's unsharded parameters dominate a rank's peak: most of it, and far above every other call."""
     lay = analysis.layout
     numbers = lay.unit_numbers
     if len(numbers) < 2:
         return []  # a single call is SV105's business (or has no alternative)
-    shards = sum(n["padded_shard_bytes"] for n in numbers)
-    biggest = max(n["padded_unsharded_bytes"] for n in numbers)
-    peak = shards + biggest
-    if peak == 0:
-        return []
     sizes = sorted(n["padded_unsharded_bytes"] for n in numbers)
-    second = sizes[-2]
+    biggest, second = sizes[-1], sizes[-2]
+    if biggest == 0 or biggest <= 2 * second:
+        return []
+    peak = _peak_estimate(analysis)
     out = []
     for ul, n in zip(lay.units, numbers):
         size = n["padded_unsharded_bytes"]
-        # dominant: most of the peak, and clearly bigger than every other call
-        if size == biggest and size > DOMINANT_UNIT * peak and size > 2 * second:
+        if size != biggest:
+            continue
+        # While a call is gathered a rank holds its all-gather output and the unsharded parameters
+        # copied out of it: twice its unsharded size (fsdp2-facts: one group = one all-gather).
+        share = min(1.0, 2 * size / peak) if peak else 1.0
+        if share > DOMINANT_UNIT:
             out.append(Finding(
                 "SV106", "warning",
-                f"call {ul.unit.name} gathers {_gb(size)} unsharded, {size / peak:.0%} of the estimated parameter "
-                f"peak per rank ({_gb(peak)}: every shard plus this call); the other calls gather at most "
-                f"{_gb(second)}",
+                f"call {ul.unit.name} is {_gb(size)} unsharded; while it is gathered (all-gather buffer plus "
+                f"unsharded copies) it makes up {share:.0%} of the peak per rank ({_gb(peak)}); the next largest "
+                f"call is {_gb(second)}",
                 ul.unit.modules,
                 "split it: give its largest submodules (embeddings, [norm, lm_head], blocks) their own units",
             ))

@@ -122,6 +122,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
         need = max(
             [MIN_TORCH]
             + ([(2, 5)] if grouped else [])
+            + ([_PUBLIC_DTENSOR] if release >= _PUBLIC_DTENSOR else [])
             + ([(2, 6)] if fully_shard_module_path(_fmt(release)) == "torch.distributed.fsdp" else [])
             + ([(2, 7)] if ignored and supports_ignored_params(_fmt(release)) else [])
         )
