@@ -2,13 +2,14 @@
 
 from .analysis import Analysis, analyze
 from .codegen import export_code
+from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
 from .finding import Finding, PlanError
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
 
-__all__ = ["Analysis", "Finding", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
+__all__ = ["Analysis", "Comparison", "Finding", "Sweep", "compare", "sweep", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
 __version__ = "0.1.0"
 
 
