@@ -8,6 +8,7 @@ from .finding import Finding, PlanError
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
+from .widget import Inspector
 
 __all__ = ["Analysis", "Comparison", "Finding", "Sweep", "compare", "sweep", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
 __version__ = "0.1.0"

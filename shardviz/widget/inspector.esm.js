@@ -10,6 +10,7 @@
 
 const ROW_H = 26;
 const OVERSCAN = 12;
+const MAX_TREE_H = 390;
 const GIB = 1024 ** 3;
 const CAT_CLASS = {
   params_sharded: "sv-c0",
@@ -195,7 +196,7 @@ function render({ model, el }) {
     { class: "sv-row sv-header" },
     h("span", { class: "sv-col-name", text: "module / parameter" }),
     h("span", { class: "sv-col-type", text: "type / dtype" }),
-    h("span", { class: "sv-col-size", text: "params / shape" }),
+    h("span", { class: "sv-col-size", text: "size", title: "elements (modules) or shape (parameters)" }),
     h("span", { class: "sv-col-status", text: "status" }),
     h("span", { class: "sv-col-bytes", text: "bytes/rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
     h("span", { class: "sv-col-local", text: "local shard" }),
@@ -335,15 +336,15 @@ function render({ model, el }) {
     const sel = h(
       "select",
       { class: "sv-rar", title: "reshard_after_forward of this call" },
-      ...(mixed ? [h("option", { value: "", text: "RAF: mixed" })] : []),
-      h("option", { value: "default", text: "RAF: default" }),
-      h("option", { value: "true", text: "RAF: True" }),
-      h("option", { value: "false", text: "RAF: False" }),
+      ...(mixed ? [h("option", { value: "", text: "RAF mixed" })] : []),
+      h("option", { value: "default", text: "RAF default" }),
+      h("option", { value: "true", text: "RAF True" }),
+      h("option", { value: "false", text: "RAF False" }),
     );
     const sm = model.get("summary") || {};
     const shard = sm.shard || 1;
     for (const d of [2, 4, 8, 16]) {
-      if (d < shard && shard % d === 0) sel.append(h("option", { value: String(d), text: `RAF: ${d}` }));
+      if (d < shard && shard % d === 0) sel.append(h("option", { value: String(d), text: `RAF ${d}` }));
     }
     sel.value = mixed ? "" : value === "default" ? "default" : String(value).toLowerCase();
     sel.addEventListener("change", () => {
@@ -443,10 +444,12 @@ function render({ model, el }) {
       }
     } else {
       name.append(
-        h("span", { class: "sv-name sv-param-name", text: r.name }),
-        r.role === "lora" ? h("span", { class: "sv-tag sv-tag-lora", text: "LoRA" }) : null,
-        h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
-        r.tied ? h("span", { class: "sv-tag", text: "tied", title: `also ${r.canonical}` }) : null,
+        ...[
+          h("span", { class: "sv-name sv-param-name", text: r.name }),
+          r.role === "lora" ? h("span", { class: "sv-tag sv-tag-lora", text: "LoRA" }) : null,
+          h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
+          r.tied ? h("span", { class: "sv-tag", text: "tied", title: `also ${r.canonical}` }) : null,
+        ].filter(Boolean),
       );
       const local = fmtShape(r.local_shape);
       row.append(
@@ -488,6 +491,7 @@ function render({ model, el }) {
   function renderTree() {
     if (disposed) return;
     sizer.style.height = `${order.length * ROW_H}px`;
+    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 4) * ROW_H + 2)}px`;
     const top = scroller.scrollTop;
     const height = scroller.clientHeight || 420;
     const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
@@ -569,14 +573,18 @@ function render({ model, el }) {
     const padT = 22;
     const padB = 34;
     const limit = mem.limit || 0;
-    const top = Math.max(mem.max_peak || 0, limit) * 1.08 || 1;
-    const stepG = niceStep(top / GIB);
+    // a limit far above every bar would squash them flat: then it is named, not drawn
+    const limitOnScale = limit && limit <= 4 * (mem.max_peak || 0);
+    const top = Math.max(mem.max_peak || 0, limitOnScale ? limit : 0) * 1.08 || 1;
+    // axis unit: GiB, or MiB/KiB for small models
+    const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
+    const stepG = niceStep(top / unit[0]);
     const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
     const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
-    for (let g = 0; g * GIB <= top; g += stepG) {
-      const y = yOf(g * GIB);
+    for (let g = 0; g * unit[0] <= top; g += stepG) {
+      const y = yOf(g * unit[0]);
       svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
-      svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} GiB` }));
+      svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} ${unit[1]}` }));
     }
     const n = Math.max(bars.length, 1);
     const slot = (W - padL - padR) / n;
@@ -613,7 +621,10 @@ function render({ model, el }) {
       g.append(s("text", { class: "sv-axis", x: x + bw / 2, y: H - padB + 14, "text-anchor": "middle", text: lab }));
       svg.append(g);
     });
-    if (limit) {
+    if (limit && !limitOnScale) {
+      svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: padT - 8, "text-anchor": "end", text: `device ${fmtBytes(limit)}: peak uses ${((100 * (mem.max_peak || 0)) / limit).toFixed(1)}%` }));
+    }
+    if (limitOnScale) {
       const y = yOf(limit);
       svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
       svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
