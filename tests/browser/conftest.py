@@ -43,12 +43,49 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 expect.set_options(timeout=30_000)
 
 
+GROUP = "jupyterlab"
+
+
+def _is_browser_item(item) -> bool:
+    return HERE in Path(str(item.fspath)).resolve().parents
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # tryfirst: before `-m` deselection and before xdist reads xdist_group.
     for item in items:
-        if HERE in Path(str(item.fspath)).resolve().parents:
+        if _is_browser_item(item):
             item.add_marker(pytest.mark.browser)
-            item.add_marker(pytest.mark.xdist_group("jupyterlab"))
+            item.add_marker(pytest.mark.xdist_group(GROUP))
+
+
+class _LoadGroupShim:
+    """pytest-xdist 3.8 groups ``--dist loadgroup`` tests by appending ``@group`` to the worker's
+    ``item._nodeid``; pytest >= 9.2 keeps the node id in ``item._id`` (a NodeId), so that
+    assignment is lost and the group is ignored (browser tests then land on both workers, each
+    starting its own JupyterLab). Add the suffix the way the installed pytest stores it, after
+    xdist's own hook, only where it is missing."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if not getattr(config.option, "loadgroup", False):
+            return
+        for item in items:
+            if not _is_browser_item(item) or item.nodeid.endswith(f"@{GROUP}"):
+                continue
+            new_id = f"{item.nodeid}@{GROUP}"
+            try:
+                if hasattr(item, "_id"):
+                    item._id = type(item._id).parse(new_id)
+                else:
+                    item._nodeid = new_id
+            except Exception:  # noqa: BLE001 - grouping is an optimisation only
+                return
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.has_plugin("shardviz-browser-loadgroup"):
+        config.pluginmanager.register(_LoadGroupShim(), "shardviz-browser-loadgroup")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
