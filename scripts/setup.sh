@@ -10,13 +10,14 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SELF="$ROOT/scripts/$(basename "${BASH_SOURCE[0]}")"
 cd "$ROOT"
 
 WANT_BROWSER=0
 for arg in "$@"; do
   case "$arg" in
     --browser) WANT_BROWSER=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$SELF"; exit 0 ;;
     *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -60,7 +61,7 @@ if ! torch_ok; then
 fi
 
 # 3. the project, editable, with its test and lab extras
-want_stamp="$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
+want_stamp="$(cat pyproject.toml "$SELF" | sha256sum | cut -d' ' -f1)"
 editable_ok() {
   # shardviz is installed editable from *this* checkout (a venv copied from elsewhere is not).
   (cd / && "$VPY" - "$ROOT" <<'PY'
@@ -70,10 +71,11 @@ try:
     dist = metadata.distribution("shardviz")
 except metadata.PackageNotFoundError:
     sys.exit(1)
+from urllib.parse import unquote, urlparse
 info = json.loads(dist.read_text("direct_url.json") or "{}")
-url = info.get("url", "")
-root = pathlib.Path(sys.argv[1]).resolve().as_uri()
-ok = info.get("dir_info", {}).get("editable") and url.rstrip("/") == root.rstrip("/")
+url = urlparse(info.get("url", ""))
+here = pathlib.Path(unquote(url.path)).resolve() if url.scheme == "file" else None
+ok = info.get("dir_info", {}).get("editable") and here == pathlib.Path(sys.argv[1]).resolve()
 from importlib.util import find_spec
 mods = ["jupyterlab", "playwright", "xdist", "ipykernel", "anywidget", "ipywidgets", "nbformat"]
 sys.exit(0 if ok and all(find_spec(m) for m in mods) else 1)
