@@ -169,6 +169,16 @@ def _tree_arrays(tree) -> _TreeArrays:
     return arrays
 
 
+def _promote(names: list[str]) -> str:
+    """torch.promote_types over dtype names (the exported averager's common dtype)."""
+    import torch
+
+    out = getattr(torch, names[0])
+    for name in names[1:]:
+        out = torch.promote_types(out, getattr(torch, name))
+    return str(out).replace("torch.", "")
+
+
 def _local_rows(dim0: np.ndarray, shard: int) -> np.ndarray:
     """rows[i, c]: rows of parameter i that ``torch.chunk`` gives shard coordinate c."""
     rows = -(-dim0 // shard)
@@ -196,7 +206,8 @@ def _per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.nd
 # ---------------------------------------------------------------------------
 # The cost model of one analysis
 # ---------------------------------------------------------------------------
-_PART_NAMES = ("unsharded params", "all-gather buffers", "reduce-scatter buffers", "unsharded grads", "gradients")
+_PART_NAMES = ("unsharded params", "all-gather buffers", "reduce-scatter buffers", "unsharded grads", "gradients",
+               "all-reduce buffers")
 
 
 class CostModel:
@@ -361,7 +372,23 @@ class CostModel:
             self.opt_tmp_cpu = off_state if fe_cpu else _per_coord_max(dim0[t_off], row_state[t_off], S)
         else:
             self.opt_tmp_dev = self.opt_tmp_cpu = zeros
-        self.whole = (would, w_train, w_bytes, arr.dtype[widx])
+        # the exported code averages their gradients in ONE flattened all-reduce at the end of
+        # backward (codegen._GradAverager): every gradient in the promoted dtype, then one "has a
+        # gradient" flag per parameter
+        self.sync = None
+        if training.sync_outside_fsdp and S * R > 1 and w_train.any():
+            names_ = _code_names()
+            dts = sorted({names_[c] for c in arr.dtype[widx][w_train].tolist()})
+            common = _promote(dts)
+            c_size = _ITEMSIZE.get(common, 4)
+            w_numel = arr.numel[widx][w_train]
+            converted = int((w_numel * c_size)[np.array([names_[c] != common for c in arr.dtype[widx][w_train].tolist()])].sum())
+            n_sync = int(w_train.sum())
+            self.sync = {
+                "dtype": common,
+                "bytes": (int(w_numel.sum()) + n_sync) * c_size,
+                "temporaries": converted + int((w_numel * c_size).max()),  # converted copies + one averaged slice
+            }
         self._simulate()
 
     # -- one training step, event by event, in the order torch runs its hooks --------------------
@@ -501,24 +528,19 @@ class CostModel:
             ug = ug_l[k] if k in deferred_set else 0
             ug_held -= ug
             post_backward(k, ug)
+        if self.sync is not None:  # the averager's callback runs after FSDP's final callback
+            x = base + held + grads + self.sync["bytes"] + self.sync["temporaries"]
+            if x > best:
+                best, best_info = x, ("backward", None, (held, 0, 0, 0, grads, self.sync["bytes"] + self.sync["temporaries"]))
         self.fb_peak = best
         self.fb_info = best_info
         self.grads_dev = self.grads_sharded + self.grads_whole
 
-        # ---------------- gradients of whole parameters: all-reduce over all ranks -------------------
-        world = self.S * self.R
+        # ---------------- gradients of whole parameters: one all-reduce over all ranks ------------
         self.sync_rows = []
-        if self.training.sync_outside_fsdp and world > 1:
-            would, w_train, w_bytes, w_dtype = self.whole
-            if w_train.any():
-                wu, wb, wd = would[w_train], w_bytes[w_train], w_dtype[w_train]
-                keys, inverse = np.unique(np.stack([wu, wd], axis=1), axis=0, return_inverse=True)
-                inverse = inverse.reshape(-1)
-                counts = np.bincount(inverse)
-                totals = np.rint(np.bincount(inverse, weights=wb)).astype(np.int64)
-                names = _code_names()
-                for (unit, code), c, b in zip(keys.tolist(), counts.tolist(), totals.tolist()):
-                    self.sync_rows.append((self.labels[unit] if unit >= 0 else None, names[code], c, b, world))
+        if self.sync is not None:
+            world = self.S * self.R
+            self.sync_rows.append((None, self.sync["dtype"], 1, self.sync["bytes"], world))
         self.comm_events = comm
 
     # -- tables ----------------------------------------------------------------------------------
@@ -552,7 +574,7 @@ class CostModel:
             "state": tile(resident + self.grads_dev + opt_dev),
             "peak": tile(np.maximum(fb, step)),
             "peak_phase": tile(np.where(in_step, "optimizer", phase)),
-            "peak_unit": tile(np.where(in_step, None, self.G["name"][k] if k is not None else None)),
+            "peak_unit": pd.Series(tile(np.where(in_step, None, self.G["name"][k] if k is not None else None)), dtype=object),
             "peak_transient": tile(np.where(in_step, self.opt_tmp_dev, transient)),
             "cpu_params": np.full(W, self.cpu_params),
             "cpu_grads": tile(self.cpu_grads),
@@ -589,7 +611,7 @@ class CostModel:
         for label, dt, c, b, world in self.sync_rows:
             unit.append(label)
             kinds.append("all_reduce")
-            phase.append("optimizer")
+            phase.append("backward")
             group.append("world")
             gsize.append(world)
             count.append(c)
@@ -603,7 +625,7 @@ class CostModel:
         sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
         bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
         time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
-        df = pd.DataFrame({"unit": unit, "collective": kinds, "phase": phase, "group": group, "group_size": n,
+        df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group, "group_size": n,
                            "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
                            "sent_bytes": sent, "time_s": time_s})
         df.attrs["time_per_step_s"] = float(np.nansum(time_s)) if np.isfinite(time_s).all() and len(df) else (

@@ -260,20 +260,33 @@ def _outside_params(model: nn.Module, state_names: dict) -> list[tuple[str, nn.P
     return out
 
 
+def exported_apply(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training):
+    """``apply_fsdp`` of the code ``sv.export_code`` writes for this plan: the same fully_shard calls,
+    plus what the export does for parameters FSDP leaves whole (broadcast once, then one
+    all-reduce of their gradients per backward)."""
+    namespace: dict = {"__name__": "shardviz_exported"}
+    exec(compile(sv.export_code(model, plan, mesh=mesh, training=training), "<exported>", "exec"), namespace)
+    return namespace["apply_fsdp"]
+
+
 def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int) -> StepTruth:
     """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
     then one under the memory tracker (last: it leaves grouped calls' hooks broken).
 
-    Needs an initialised process group of ``mesh.world`` ranks (fake or gloo).
+    Needs an initialised process group of ``mesh.world`` ranks (fake or gloo). With
+    ``training.sync_outside_fsdp`` the plan is applied by the exported code (``exported_apply``),
+    otherwise by the oracle's ``apply_plan``.
     """
     from shardviz.oracle import device_mesh
 
     dmesh = device_mesh(mesh)
-    apply_plan(model, plan, dmesh, training=training)
+    if training.sync_outside_fsdp:
+        exported_apply(model, plan, mesh, training)(model, dmesh)
+    else:
+        apply_plan(model, plan, dmesh, training=training)
     optimizer = make_optimizer(training, model)
     group_labels, state_labels = _unit_labels(model, plan)
     outside = _outside_params(model, state_labels)
-    world = mesh.world
     g = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, vocab_of(model), (BATCH, SEQ), generator=g)
     truth = StepTruth(rank)
@@ -284,13 +297,6 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
         _PHASE[0] = "backward"
         loss.backward()
         _PHASE[0] = "optimizer"
-        if training.sync_outside_fsdp and world > 1:  # what the exported code does for them
-            for _, p, label in outside:
-                if p.grad is not None:
-                    _CURRENT[0] = label
-                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                    p.grad.div_(world)
-            _CURRENT[0] = None
         optimizer.step()
         return float(loss.detach())
 
@@ -393,3 +399,62 @@ def gloo_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, timeout
     if errors:
         raise RuntimeError("gloo run failed\n" + "\n".join(errors))
     return [results[r] for r in range(mesh.world)]
+
+
+# ---------------------------------------------------------------------------
+# Comparing a prediction with a truth
+# ---------------------------------------------------------------------------
+PEAK_TOLERANCE = 0.10
+
+
+def memory_mismatches(analysis, truth: StepTruth) -> list[str]:
+    """Every byte-exact column that differs from torch, and the peak when off by more than 10 %.
+
+    On a CPU-only run every tensor lives on the CPU, so the tracker's optimizer states include
+    Adam's ``step`` scalars that the prediction files under ``cpu_optimizer``.
+    """
+    row = analysis.memory.iloc[truth.rank]
+    pairs = {
+        "params_sharded": (row.params_sharded + row.cpu_params, truth.sharded_params),
+        "params_whole": (row.params_whole, truth.whole_params),
+        "buffers": (row.buffers, truth.buffers),
+        "grads_sharded": (row.grads_sharded, truth.sharded_grads),
+        "grads_whole": (row.grads_whole, truth.whole_grads),
+        "optimizer": (row.optimizer + row.cpu_optimizer, truth.optimizer),
+    }
+    out = [f"rank {truth.rank} {k}: predicted {p}, torch {t}" for k, (p, t) in pairs.items() if int(p) != int(t)]
+    peak = int(row.peak + row.cpu_optimizer)
+    if abs(peak / truth.state_peak - 1) > PEAK_TOLERANCE:
+        out.append(f"rank {truth.rank} peak: predicted {peak}, torch {truth.state_peak} "
+                   f"({peak / truth.state_peak - 1:+.1%}); torch at its peak: {truth.state_peak_snap}")
+    return out
+
+
+def _call_key(unit, collective, phase, group_size, dtype, size):
+    unit = None if unit is None or unit != unit else unit  # NaN -> None
+    return (unit, collective, phase, int(group_size), str(dtype), int(size))
+
+
+def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
+    """Collectives torch issued and ``a.comm`` did not predict, and the reverse (per call: kind,
+    phase, process group size, dtype and bytes). Rows with ``count`` > 1 are compared in total."""
+    from collections import Counter
+
+    predicted, predicted_total = Counter(), Counter()
+    for r in analysis.comm.itertuples(index=False):
+        if r.count == 1:
+            predicted[_call_key(r.unit, r.collective, r.phase, r.group_size, r.dtype, r.bytes)] += 1
+        else:
+            predicted_total[(r.unit, r.collective, r.phase, int(r.group_size), str(r.dtype))] += r.bytes
+    seen, seen_total = Counter(), Counter()
+    for c in truth.collectives:
+        key = _call_key(c["unit"], c["collective"], c["phase"], c["group_size"], c["dtype"], c["bytes"])
+        if predicted[key] > seen[key]:
+            seen[key] += 1
+        else:
+            seen_total[key[:5]] += key[5]
+    out = [f"predicted but not issued: {k} x{n - seen[k]}" for k, n in predicted.items() if n > seen[k]]
+    for k in set(seen_total) | set(predicted_total):
+        if seen_total[k] != predicted_total[k]:
+            out.append(f"torch issued {k} totalling {seen_total[k]} bytes, predicted {predicted_total[k]}")
+    return out

@@ -1,0 +1,123 @@
+"""``a.memory`` and ``a.comm`` against torch: a real training step under the fake process group.
+
+Each case builds a real tiny Llama (+ peft LoRA), applies the plan with torch's ``fully_shard`` on
+one rank of an 8-rank fake world (FSDP 8, or HSDP 2x4), and trains: forward, backward, optimizer
+step. ``FSDPMemTracker`` gives the sharded parameter, sharded gradient and optimizer-state bytes
+(which must equal the prediction to the byte) and the state peak (within 10 %); a dispatch mode
+records every collective, which must equal ``a.comm`` call by call. See ``torch_truth.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import shardviz as sv
+from torch_truth import comm_mismatches, fake_run, memory_mismatches, tiny_llama, tiny_lora
+
+FSDP8 = sv.Mesh(shard=8)
+HSDP = sv.Mesh(shard=4, replicate=2)
+BF16 = sv.Training(param_dtype="bfloat16", reduce_dtype="float32")
+
+
+def auto(lora):
+    return lambda model: sv.Plan.auto(model, lora=lora)
+
+
+def blocks_with(lora, **options):
+    """The auto plan with ``options`` on every decoder block's call."""
+
+    def make(model):
+        plan = sv.Plan.auto(model, lora=lora)
+        for unit in plan.units:
+            name = unit.modules[0]
+            if name.split(".")[-2:-1] == ["layers"]:
+                plan = plan.with_unit_options(name, **options)
+        return plan
+
+    return make
+
+
+def head_with(lora, **options):
+    """The auto plan with ``options`` on the [norm, lm_head] call only."""
+
+    def make(model):
+        plan = sv.Plan.auto(model, lora=lora)
+        head = next(u for u in plan.units if u.is_grouped)
+        return plan.with_unit_options(head.modules[0], **options)
+
+    return make
+
+
+def blocks_and_root(model):
+    """Each block, then the root (embeddings, final norm and lm_head stay in the root's call)."""
+    layers = [m for m, _ in model.named_modules() if m.rsplit(".", 1)[0].endswith("layers") and m[-1].isdigit()]
+    return sv.Plan(layers + [""])
+
+
+UNEVEN = functools.partial(tiny_lora, r=6, vocab=100)  # 100 rows and r=6 do not divide by 8
+FULL = functools.partial(tiny_llama, vocab=100)  # full fine-tuning, uneven embeddings
+
+# name: (model builder, plan maker, mesh, training, ranks, slow)
+CASES = {
+    "lora-sharded": (tiny_lora, auto("sharded"), FSDP8, sv.Training(), (0, 7), False),
+    "lora-ignored": (tiny_lora, auto("ignored"), FSDP8, sv.Training(), (0,), False),
+    "lora-separate": (tiny_lora, auto("separate"), FSDP8, sv.Training(), (0,), True),
+    "hsdp-lora-sharded": (tiny_lora, auto("sharded"), HSDP, sv.Training(), (7,), False),
+    "hsdp-lora-ignored": (tiny_lora, auto("ignored"), HSDP, sv.Training(), (5,), False),
+    "reshard-false": (tiny_lora, blocks_with("sharded", reshard_after_forward=False), FSDP8, sv.Training(), (0,), False),
+    "reshard-int": (tiny_lora, blocks_with("sharded", reshard_after_forward=4), FSDP8, sv.Training(), (7,), False),
+    "hsdp-reshard-int": (tiny_lora, blocks_with("ignored", reshard_after_forward=2), HSDP, sv.Training(), (0,), False),
+    "bf16-lora-sharded": (tiny_lora, auto("sharded"), FSDP8, BF16, (0,), False),
+    "bf16-lora-ignored-hsdp": (tiny_lora, auto("ignored"), HSDP, sv.Training(param_dtype="bfloat16"), (3,), False),
+    "bf16-unit-override": (tiny_lora, head_with("sharded", param_dtype="float32"), FSDP8, BF16, (0,), True),
+    "uneven-lora": (UNEVEN, auto("sharded"), FSDP8, sv.Training(), (7,), False),
+    "uneven-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, sv.Training(), (0, 7), True),
+    "blocks-and-root": (tiny_lora, blocks_and_root, FSDP8, sv.Training(), (0,), True),
+    "no-gradient-sync": (tiny_lora, auto("ignored"), FSDP8, sv.Training(sync_outside_fsdp=False), (0,), True),
+    "sgd-momentum": (tiny_lora, auto("sharded"), FSDP8, sv.Training(optimizer="sgd_momentum"), (0,), True),
+    "sgd": (tiny_lora, auto("ignored"), FSDP8, sv.Training(optimizer="sgd"), (0,), True),
+    "adam-uneven": (UNEVEN, auto("sharded"), FSDP8, sv.Training(optimizer="adam"), (0, 7), True),
+}
+
+
+def _params():
+    for name, (build, make_plan, mesh, training, ranks, slow) in CASES.items():
+        for rank in ranks:
+            marks = [pytest.mark.slow] if slow else []
+            yield pytest.param(name, rank, id=f"{name}-rank{rank}", marks=marks)
+
+
+@functools.lru_cache(maxsize=None)
+def _case(name):
+    build, make_plan, mesh, training, _, _ = CASES[name]
+    model = build()
+    plan = make_plan(model)
+    return build, plan, mesh, training, sv.analyze(model, plan, mesh, training)
+
+
+@pytest.mark.parametrize("name, rank", list(_params()))
+def test_step_matches_torch(name, rank):
+    build, plan, mesh, training, analysis = _case(name)
+    truth = fake_run(build, plan, mesh, training, rank)
+    problems = memory_mismatches(analysis, truth) + comm_mismatches(analysis, truth)
+    assert not problems, "\n".join(problems)
+
+
+def test_int_reshard_gathers_over_the_smaller_group_in_backward():
+    _, plan, mesh, training, analysis = _case("reshard-int")
+    comm = analysis.comm
+    blocks = comm[comm["unit"].str.contains("layers")]
+    backward = blocks[(blocks.collective == "all_gather") & (blocks.phase == "backward")]
+    assert set(backward.group) == {"post_forward"} and set(backward.group_size) == {4}
+    forward = blocks[(blocks.collective == "all_gather") & (blocks.phase == "forward")]
+    assert set(forward.group_size) == {8}
+
+
+def test_no_gradient_sync_means_no_all_reduce():
+    *_, analysis = _case("no-gradient-sync")
+    assert not (analysis.comm.collective == "all_reduce").any()
+    *_, synced = _case("lora-ignored")
+    row = synced.comm[synced.comm.collective == "all_reduce"]
+    assert len(row) == 1 and row.iloc[0].unit is None and row.iloc[0].group_size == 8
