@@ -1,0 +1,207 @@
+"""``sv.Training``, the shape of ``a.memory`` / ``a.comm``, link times, SV201, offload, and speed.
+
+The numbers themselves are checked against torch in ``test_cost_truth.py`` and
+``test_cost_gloo.py``; here: the API, internal consistency, per-rank differences (against the
+local shapes torch's own ``fully_shard`` gives), and that the tables are fast enough for a widget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+import shardviz as sv
+from shardviz.cost import Training, memory_findings, peak_breakdown
+from torch_truth import tiny_lora
+
+MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
+                  "grads_sharded", "grads_whole", "state", "peak_phase", "peak_unit", "peak_transient",
+                  "cpu_params", "cpu_grads", "cpu_optimizer", "cpu_peak"}
+COMM_COLUMNS = ["unit", "collective", "phase", "group", "group_size", "count", "dtype", "bytes", "sent_bytes", "time_s"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_lora()
+
+
+@pytest.fixture(scope="module")
+def uneven():
+    return tiny_lora(r=6, vocab=100)
+
+
+# -- Training -----------------------------------------------------------------------------------
+def test_training_defaults_and_names():
+    t = sv.Training()
+    assert t.optimizer == "adamw" and t.n_states == 2 and t.step_scalars
+    assert Training(optimizer="AdamW").optimizer == "adamw"
+    assert Training(optimizer="sgd").n_states == 0
+    assert Training(optimizer="sgd-momentum").n_states == 1
+    assert Training(optimizer=3, optimizer_dtype="float32").n_states == 3
+    assert not Training(optimizer=2).step_scalars
+    assert Training(param_dtype="torch.bfloat16").param_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("kwargs", [{"optimizer": "lion"}, {"optimizer": -1}, {"optimizer": True},
+                                    {"param_dtype": "int8"}, {"reduce_dtype": "fp8"}, {"optimizer_dtype": "x"}])
+def test_training_rejects(kwargs):
+    with pytest.raises(ValueError):
+        Training(**kwargs)
+
+
+def test_unit_defaults_fill_only_what_the_unit_leaves_open():
+    t = Training(param_dtype="bfloat16", reduce_dtype="float32", offload=True)
+    u = t.unit_defaults(sv.Unit("a"))
+    assert (u.param_dtype, u.reduce_dtype, u.offload) == ("bfloat16", "float32", True)
+    own = t.unit_defaults(sv.Unit("a", param_dtype="float32", reshard_after_forward=2))
+    assert (own.param_dtype, own.reduce_dtype, own.reshard_after_forward) == ("float32", "float32", 2)
+    assert Training().unit_defaults(sv.Unit("a")) == sv.Unit("a")
+
+
+# -- memory table ---------------------------------------------------------------------------------
+def test_memory_one_row_per_rank_and_consistent(model):
+    a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), sv.Mesh(shard=4, replicate=2))
+    mem = a.memory
+    assert MEMORY_COLUMNS <= set(mem.columns)
+    assert list(mem["rank"]) == list(range(8))
+    assert (mem.params == mem.params_sharded + mem.params_whole).all()
+    assert (mem.grads == mem.grads_sharded + mem.grads_whole).all()
+    assert (mem.state == mem.params + mem.buffers + mem.grads + mem.optimizer).all()
+    assert (mem.peak >= mem.state).all()
+    numeric = mem.drop(columns=["rank", "replica", "peak_phase", "peak_unit"])
+    assert (numeric.iloc[:4].to_numpy() == numeric.iloc[4:].to_numpy()).all()  # replicas hold the same
+    assert (mem.params_whole > 0).all()  # LoRA ignored: whole adapters on every rank
+
+
+def test_optimizer_per_rank_follows_torchs_local_shapes(uneven):
+    """Later ranks hold fewer rows (or none) of an unevenly sharded parameter: optimizer states shrink,
+    padded buffers do not. Expected values come from torch's own fully_shard (local shapes)."""
+    from shardviz.oracle import torch_layout
+
+    plan, mesh = sv.Plan.auto(uneven, lora="sharded"), sv.Mesh(8)
+    a = sv.analyze(uneven, plan, mesh)
+    trainable = {n: p for n, p in uneven.named_parameters() if p.requires_grad}
+    for rank in (0, 6, 7):
+        torch_rows = torch_layout(uneven, plan, mesh, rank)
+        local = sum(math.prod(r.local_shape) * trainable[r.fqn].element_size()
+                    for r in torch_rows.itertuples() if r.fqn in trainable)
+        assert a.memory.at[rank, "optimizer"] == 2 * local
+    assert a.memory.at[7, "optimizer"] < a.memory.at[0, "optimizer"]
+    assert a.memory.params.nunique() == 1 and a.memory.grads.nunique() == 1
+
+
+def test_optimizer_options_scale_states(model):
+    plan, mesh = sv.Plan.auto(model, lora="ignored"), sv.Mesh(8)
+    adamw = sv.analyze(model, plan, mesh, Training()).memory.iloc[0]
+    two = sv.analyze(model, plan, mesh, Training(optimizer=2)).memory.iloc[0]
+    bf16 = sv.analyze(model, plan, mesh, Training(optimizer=2, optimizer_dtype="bfloat16")).memory.iloc[0]
+    sgd = sv.analyze(model, plan, mesh, Training(optimizer="sgd")).memory.iloc[0]
+    assert two.optimizer == adamw.optimizer and two.cpu_optimizer == 0 < adamw.cpu_optimizer
+    assert bf16.optimizer * 2 == two.optimizer  # fp32 LoRA weights, bf16 states
+    assert sgd.optimizer == 0 and sgd.peak < adamw.peak
+
+
+def test_mixed_precision_shrinks_gathers_not_shards(model):
+    plan, mesh = sv.Plan.auto(model, lora="sharded"), sv.Mesh(8)
+    fp32 = sv.analyze(model, plan, mesh)
+    bf16 = sv.analyze(model, plan, mesh, Training(param_dtype="bfloat16"))
+    assert (bf16.memory.params == fp32.memory.params).all()  # shards keep the original dtype
+    f, b = fp32.comm, bf16.comm
+    gathers = lambda c: c[c.collective == "all_gather"].bytes.sum()  # noqa: E731
+    assert gathers(b) * 2 == gathers(f)
+    assert set(b[b.collective == "all_gather"].dtype) == {"bfloat16"}
+    assert bf16.memory.peak.max() < fp32.memory.peak.max()
+
+
+def test_offload_moves_state_to_the_cpu(model):
+    plan, mesh = sv.Plan.auto(model, lora="sharded"), sv.Mesh(8)
+    on = sv.analyze(model, plan, mesh, Training(offload=True)).memory.iloc[0]
+    off = sv.analyze(model, plan, mesh).memory.iloc[0]
+    assert on.params_sharded == 0 and on.cpu_params == off.params_sharded
+    assert on.grads_sharded == 0 and 0 < on.cpu_grads <= off.grads_sharded  # copied to the CPU unpadded
+    assert on.optimizer == 0 and on.cpu_optimizer == off.optimizer + off.cpu_optimizer
+    assert on.peak < off.peak
+    # a unit's own offload moves only that call's shards
+    head = next(u for u in plan.units if u.is_grouped)
+    one = sv.analyze(model, plan.with_unit_options(head.modules[0], offload=True), mesh).memory.iloc[0]
+    assert 0 < one.cpu_params < off.params_sharded
+
+
+# -- comm table -----------------------------------------------------------------------------------
+def test_comm_rows_and_ring_bytes(model):
+    a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), sv.Mesh(shard=4, replicate=2))
+    comm = a.comm
+    assert list(comm.columns) == COMM_COLUMNS
+    assert set(comm.collective) == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert set(comm.phase) <= {"forward", "backward", "optimizer"}
+    n = comm.group_size
+    factor = np.where(comm.collective == "all_reduce", 2, 1)
+    assert (comm.sent_bytes == factor * comm.bytes * (n - 1) // n).all()
+    # one forward all-gather per call with parameters, its full output: world x padded shards
+    forward = comm[(comm.collective == "all_gather") & (comm.phase == "forward")]
+    units = a.units[a.units.n_params > 0]
+    assert sorted(forward.unit) == sorted(units.unit)
+    assert dict(zip(forward.unit, forward.bytes)) == dict(zip(units.unit, units.padded_unsharded_bytes))
+    # HSDP: every reduce-scatter is followed by an all-reduce of its output over the replicas
+    rs, ar = comm[comm.collective == "reduce_scatter"], comm[comm.collective == "all_reduce"]
+    assert list(rs.unit) == list(ar.unit) and (ar.bytes * 4 == rs.bytes.to_numpy()).all()
+    assert set(ar.group) == {"replicate"} and set(ar.group_size) == {2}
+
+
+def test_time_per_step_from_link_bandwidths(model):
+    plan = sv.Plan.auto(model, lora="sharded")
+    no_bw = sv.analyze(model, plan, sv.Mesh(shard=4, replicate=2)).comm
+    assert no_bw.time_s.isna().all() and math.isnan(no_bw.attrs["time_per_step_s"])
+    mesh = sv.Mesh(shard=4, replicate=2, ranks_per_node=4, intra_node_gbps=100, inter_node_gbps=10)
+    comm = sv.analyze(model, plan, mesh).comm
+    bw = np.where(comm.group == "shard", 100e9, 10e9)  # shard groups inside a node, replicas across
+    assert np.allclose(comm.time_s, comm.sent_bytes / bw)
+    assert comm.attrs["time_per_step_s"] == pytest.approx(comm.time_s.sum())
+
+
+# -- SV201 --------------------------------------------------------------------------------------------
+def test_device_memory_finding(model):
+    plan = sv.Plan.auto(model, lora="sharded")
+    fits = sv.analyze(model, plan, sv.Mesh(8, device_memory="80GiB"))
+    assert memory_findings(fits) == [] and not [f for f in fits.findings if f.code == "SV201"]
+    tight = sv.analyze(model, plan, sv.Mesh(8, device_memory="100KiB"))
+    found = memory_findings(tight)
+    assert [f.code for f in found] == ["SV201"] and found[0].severity == "error"
+    message = found[0].message
+    top = next(iter(peak_breakdown(tight, 0)))
+    assert "exceeds device_memory" in message and top in message and "layers" in message
+    assert any(f.code == "SV201" for f in tight.findings)
+    assert found[0].fix
+
+
+# -- speed --------------------------------------------------------------------------------------------
+def _best_ms(tree, plan, mesh, repeat=5):
+    times = []
+    for _ in range(repeat):
+        a = sv.analyze(tree, plan, mesh)
+        start = time.process_time()  # CPU time: other processes on the machine do not count
+        a.memory, a.comm
+        times.append(time.process_time() - start)
+    return 1000 * min(times)
+
+
+@pytest.mark.parametrize("lora", ["sharded", "ignored"])
+def test_tables_are_fast_on_llama_8b(lora):
+    from shardviz import zoo
+
+    tree = sv.ModelTree(zoo.llama3_8b(lora=True))
+    ms = _best_ms(tree, sv.Plan.auto(tree, lora=lora), sv.Mesh(64))
+    assert ms < 20, f"memory + comm took {ms:.1f} ms"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", ["sharded", "ignored", "separate"])
+def test_tables_are_fast_on_llama_70b_64_ranks(lora):
+    from shardviz import zoo
+
+    tree = sv.ModelTree(zoo.llama3_70b(lora=True))
+    ms = _best_ms(tree, sv.Plan.auto(tree, lora=lora), sv.Mesh(64))
+    assert ms < (20 if lora != "separate" else 60), f"memory + comm took {ms:.1f} ms"
