@@ -1,0 +1,323 @@
+"""The ``shardviz`` command line.
+
+    shardviz export MODEL (--layout sharded|ignored|separate | --plan PLAN.json)
+                    --world-size N [--replicate R] [--torch X.Y] [-o apply_fsdp.py] [--force]
+    shardviz plan write MODEL --layout L -o plan.json [--force]
+    shardviz plan read PLAN.json [--model MODEL --world-size N [--replicate R] [--torch X.Y]]
+    shardviz report ...            (reserved)
+
+MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``) or ``package.module:factory`` (a callable that
+takes no argument and returns an ``nn.Module``; the current directory is importable).
+
+Files are written atomically (a temporary file in the same folder, then renamed) and never
+overwritten without ``--force``. Bad input exits 2 with one line on stderr, ``shardviz: error: ...``;
+a plan torch would refuse exits 1, its findings one per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise CliError(f"{self.prog}: {message} (see --help)")
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+def load_model(spec: str, lora: bool = True):
+    """``zoo:NAME`` or ``package.module:factory`` -> an nn.Module."""
+    from torch import nn
+
+    if spec.startswith("zoo:"):
+        from . import zoo
+
+        try:
+            return zoo.build(spec, lora=lora)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"model {spec!r}: expected zoo:NAME or package.module:factory")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
+        raise CliError(f"model {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CliError(f"model {spec!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return obj
+    if not callable(obj):
+        raise CliError(f"model {spec!r}: {attr!r} is neither an nn.Module nor a callable")
+    try:
+        model = obj()
+    except Exception as exc:  # noqa: BLE001
+        raise CliError(f"model {spec!r}: {attr}() raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise CliError(f"model {spec!r}: {attr}() returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def make_mesh(world: int | None, replicate: int):
+    from .fsdp import Mesh
+
+    if world is None:
+        raise CliError("--world-size is required")
+    if world < 1 or replicate < 1:
+        raise CliError(f"--world-size {world} and --replicate {replicate} must be positive")
+    if world % replicate:
+        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate}")
+    return Mesh(shard=world // replicate, replicate=replicate)
+
+
+def check_version(version: str | None) -> str | None:
+    if version is None:
+        return None
+    from .fsdp import MIN_TORCH, parse_version
+
+    try:
+        release = parse_version(version)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if release < MIN_TORCH:
+        raise CliError(f"--torch {version}: fully_shard (FSDP2) needs torch >= 2.4")
+    return version
+
+
+def read_plan(path: str):
+    from .plan import Plan
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read plan {path!r}: {exc.strerror or exc}") from None
+    try:
+        return Plan.from_json(text)
+    except ValueError as exc:
+        raise CliError(f"plan {path!r}: {exc}") from None
+
+
+def build_plan(model, args):
+    from .plan import Plan
+
+    if args.plan and args.layout:
+        raise CliError("give either --layout or --plan, not both")
+    if args.plan:
+        plan = read_plan(args.plan)
+    else:
+        plan = Plan.auto(model, lora=args.layout or "sharded")
+    try:
+        plan.validate(model)
+    except ValueError as exc:
+        raise CliError(f"plan does not fit the model: {exc}") from None
+    return plan
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+def write_atomic(path: str, text: str, force: bool) -> None:
+    """Write ``text`` to ``path`` all at once: readers see the old file or the new one, never half.
+
+    Without ``force`` an existing file is left alone (also one created meanwhile: the final step
+    is a hard link, which fails if the name exists).
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise CliError(f"{path!r} is a directory")
+    if target.exists() and not force:
+        raise CliError(f"{path!r} exists; pass --force to overwrite it")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise CliError(f"folder {str(folder)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        if force:
+            os.replace(tmp, target)
+        else:
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                raise CliError(f"{path!r} exists; pass --force to overwrite it") from None
+            except OSError:  # a filesystem without hard links
+                if target.exists():
+                    raise CliError(f"{path!r} exists; pass --force to overwrite it") from None
+                os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def emit(text: str, output: str | None, force: bool) -> None:
+    if output is None or output == "-":
+        sys.stdout.write(text)
+    else:
+        write_atomic(output, text, force)
+
+
+def _print_findings(findings, stream, severities=("error", "warning")) -> None:
+    for f in findings:
+        if f.severity in severities:
+            print(f"shardviz: {f.severity} {f.code}: {f.message}", file=stream)
+
+
+# ---------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------
+def cmd_export(args) -> int:
+    from .analysis import analyze
+    from .checks import run_checks
+    from .codegen import export_code
+    from .finding import PlanError
+
+    version = check_version(args.torch)
+    mesh = make_mesh(args.world_size, args.replicate)
+    model = load_model(args.model, lora=not args.no_lora)
+    plan = build_plan(model, args)
+    try:
+        code = export_code(model, plan, mesh=mesh, torch_version=version)
+    except PlanError as exc:
+        print(f"shardviz: error: torch would refuse this plan ({len(exc.findings)} finding(s)); nothing written",
+              file=sys.stderr)
+        _print_findings(exc.findings, sys.stderr, ("error",))
+        return EXIT_REFUSED
+    emit(code, args.output, args.force)
+    if not args.quiet:
+        analysis = analyze(model, plan, mesh, strict=False)
+        _print_findings(run_checks(analysis, torch_version=version), sys.stderr)
+        if args.output not in (None, "-"):
+            print(f"shardviz: wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
+                  f"parameters, mesh {mesh}, torch {version or '>= 2.4 (detected at run time)'}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_plan_write(args) -> int:
+    args.plan = None
+    model = load_model(args.model, lora=not args.no_lora)
+    plan = build_plan(model, args)
+    emit(plan.to_json() + "\n", args.output, args.force)
+    if args.output not in (None, "-"):
+        print(f"shardviz: wrote {args.output}: {len(plan.units)} units, {len(plan.ignored)} ignored parameters",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_plan_read(args) -> int:
+    plan = read_plan(args.file)
+    out = sys.stdout
+    print(f"plan {plan.name or '(unnamed)'}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored parameters",
+          file=out)
+    for unit in plan.units:
+        options = unit.options()
+        print(f"  fully_shard {unit.name}" + (f"  {options}" if options else ""), file=out)
+    if args.model is None:
+        return EXIT_OK
+    from .analysis import analyze
+    from .checks import run_checks
+
+    version = check_version(args.torch)
+    mesh = make_mesh(args.world_size, args.replicate)
+    model = load_model(args.model, lora=not args.no_lora)
+    try:
+        plan.validate(model)
+    except ValueError as exc:
+        raise CliError(f"plan does not fit the model: {exc}") from None
+    analysis = analyze(model, plan, mesh, strict=False)
+    print(analysis.summary(), file=out)
+    findings = run_checks(analysis, torch_version=version)
+    for f in findings:
+        print(f"  {f}", file=out)
+    return EXIT_REFUSED if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+def cmd_report(args) -> int:
+    raise CliError("report: not available yet in this shardviz")
+
+
+def _add_model_args(p, model_required=True) -> None:
+    if model_required:
+        p.add_argument("model", help="zoo:NAME or package.module:factory")
+    p.add_argument("--no-lora", action="store_true", help="zoo models: build without LoRA adapters")
+
+
+def _add_mesh_args(p, required=True) -> None:
+    p.add_argument("--world-size", type=int, required=required, help="total ranks (replicate x shard)")
+    p.add_argument("--replicate", type=int, default=1, help="HSDP replicas (default 1: plain FSDP)")
+    p.add_argument("--torch", metavar="X.Y", help="target torch release (default: detected when the code runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .plan import LORA_LAYOUTS
+
+    parser = _Parser(prog="shardviz", description="Plan, check and export PyTorch FSDP2 fully_shard layouts.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("export", help="write the fully_shard code for a plan")
+    _add_model_args(p)
+    p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
+    p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_mesh_args(p)
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no findings or summary on stderr")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("plan", help="write or read plan JSON files")
+    plan_sub = p.add_subparsers(dest="plan_command", required=True, parser_class=_Parser)
+    w = plan_sub.add_parser("write", help="write the per-block preset for a model as JSON")
+    _add_model_args(w)
+    w.add_argument("--layout", choices=LORA_LAYOUTS, default="sharded")
+    w.add_argument("-o", "--output", help="output file (default: stdout)")
+    w.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    w.set_defaults(func=cmd_plan_write)
+    r = plan_sub.add_parser("read", help="validate a plan JSON file; with --model, analyse it")
+    r.add_argument("file")
+    r.add_argument("--model", help="zoo:NAME or package.module:factory")
+    r.add_argument("--no-lora", action="store_true")
+    _add_mesh_args(r, required=False)
+    r.set_defaults(func=cmd_plan_read)
+
+    p = sub.add_parser("report", help="(reserved for a later release)")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is cmd_plan_read and args.model is not None and args.world_size is None:
+            raise CliError("plan read --model needs --world-size")
+        return args.func(args)
+    except CliError as exc:
+        print(f"shardviz: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
