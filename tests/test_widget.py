@@ -598,6 +598,9 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
 def test_widget_ignore_lora_under_block_changes_badges(model, ins):
     wire = Wire(ins)
     ins.handle_action("reveal", {"fqn": Q0_A})
+    reveal = wire.msgs("reveal")[-1]
+    assert reveal["id"] in wire.msgs("rows")[-1]["order"]
+    assert wire.msgs("rows")[-1]["rows"][reveal["id"]]["fqn"] == Q0_A
     wire.clear()
     ins.handle_action("ignore_lora", {"module_fqn": L0})
     rows = wire.msgs("rows")[-1]["rows"]
@@ -797,7 +800,8 @@ def test_largest_moe_opens():
     order, _ = st.rows()
     assert 0 < len(order) and st.view.truncated >= 0
     st.set_filter(text="")
-    row = st.reveal(st.tree.modules[-1].fqn)
+    expert = next(f for f in st.tree.module_index if f.endswith("experts.expert_5"))
+    row = st.reveal(expert)
     assert row in st.rows()[0]
     labels = [r.get("label", "") for r in st.rows()[1].values()]
     assert any("x NllbMoe" in label for label in labels)

@@ -355,7 +355,7 @@ function render({ model, el }) {
   }
 
   function buildRow(id, r) {
-    const indent = r.depth * 14;
+    const indent = r.depth * 12;
     const caret = r.expandable
       ? h("button", {
           class: "sv-caret",
@@ -370,10 +370,12 @@ function render({ model, el }) {
     const row = h("div", {
       class: `sv-row sv-kind-${r.kind}${id === flashId ? " sv-flash" : ""}`,
       "data-id": id,
-      "data-fqn": r.fqn,
+      "data-fqn": r.kind === "group" ? null : r.fqn,
+      "data-group": r.kind === "group" ? r.name : null,
+      "data-badge": r.badge.kind,
       role: "row",
     });
-    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: r.fqn || "(root)" }, caret);
+    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: r.kind === "group" ? r.label : r.fqn || "(root)" }, caret);
     const actions = h("span", { class: "sv-col-actions" });
     if (r.kind === "module") {
       name.append(h("span", { class: "sv-name", text: r.name }));
@@ -447,14 +449,18 @@ function render({ model, el }) {
         ...[
           h("span", { class: "sv-name sv-param-name", text: r.name }),
           r.role === "lora" ? h("span", { class: "sv-tag sv-tag-lora", text: "LoRA" }) : null,
-          h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
           r.tied ? h("span", { class: "sv-tag", text: "tied", title: `also ${r.canonical}` }) : null,
         ].filter(Boolean),
       );
       const local = fmtShape(r.local_shape);
       row.append(
         name,
-        h("span", { class: "sv-col-type", text: r.dtype }),
+        h(
+          "span",
+          { class: "sv-col-type" },
+          `${r.dtype} `,
+          h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
+        ),
         h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${r.numel.toLocaleString()} elements` }),
         h("span", { class: "sv-col-status" }, badge(r.badge)),
         h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),

@@ -376,7 +376,7 @@ class Inspector(widgets.VBox):
             with self.view.hold_sync():
                 self.view.summary = self._summary()
         if "reveal" in changed:
-            self._send_msg({"type": "reveal", "id": getattr(self.controller, "last_reveal", None)})
+            self._send_msg({"type": "reveal", "id": self.controller.last_reveal})
         if "messages" in changed:
             self._push_messages()
             self.view.summary = self._summary()
@@ -430,9 +430,7 @@ class Inspector(widgets.VBox):
                         del kwargs["value"]
                     result = getattr(self.controller, action)(**kwargs)
                     if action == "save_code":
-                        ack["path"] = str(result)
-                        self.controller._message("info", f"saved the exported code to {result}")
-                        self._push_messages()
+                        ack["path"] = str(result)  # the export panel shows it
                 except FileExistsError as exc:
                     ack.update(ok=False, error=str(exc), exists=True, path=str(args.get("path")))
                 except (ValueError, OSError, KeyError) as exc:

@@ -66,6 +66,7 @@ class InspectorState:
         self.timings: dict[str, float] = {}
         self._code_cache: dict = {}
         self.verify_result: dict | None = None
+        self.last_reveal: str | None = None
 
         explicit = as_plan(plan) if plan is not None else None
         self.plan_file = PlanFile(plan_path) if plan_path is not None else None
@@ -485,8 +486,8 @@ class InspectorState:
         if self.view.filtering:
             self.view.set_filter("", "", "")
         row = self.view.expand_to(fqn)
-        self._notify({"rows", "reveal"})
         self.last_reveal = row
+        self._notify({"rows", "reveal"})
         return row
 
     def rows(self) -> tuple[list[str], dict[str, dict]]:

@@ -264,20 +264,17 @@ class ModuleStats:
         n, sh, ig = static.n_params[m], self.n_sharded[m], self.n_ignored[m]
         parts = [f"{n} parameters: {sh} sharded", f"{ig} ignored", f"{n - sh - ig} unmanaged"]
         if self.sig[m] == MIXED_SIG and sh:
-            units = sorted({c - SHARDED for c in self._codes_under(m) if c >= SHARDED})
+            # calls that shard something here: those opened inside this subtree, and the enclosing one
+            end = self.tree.modules[m].subtree_end
+            units = [ul.index for ul in self.layout.units if ul.params and any(m <= x < end for x in ul.modules)]
+            enclosing = self.layout.module_unit[m]
+            if enclosing >= 0 and enclosing not in units and sh > sum(len(self.layout.units[u].params) for u in units):
+                units.insert(0, enclosing)
             if len(units) > 1:
                 names = [self.layout.units[u].unit.name for u in units[:4]]
                 more = f" and {len(units) - 4} more" if len(units) > 4 else ""
                 parts.append(f"sharded by {len(units)} calls ({', '.join(names)}{more})")
         return ", ".join(parts)
-
-    def _codes_under(self, m: int):
-        seen = set()
-        for i in range(m, self.tree.modules[m].subtree_end):
-            for p in self.tree.modules[i].params:
-                if p not in seen:
-                    seen.add(p)
-                    yield self.codes[p]
 
     def lora_state(self, m: int, static: StaticStats | None = None) -> str | None:
         static = static or self.static

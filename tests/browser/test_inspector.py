@@ -1,0 +1,284 @@
+"""The Inspector in a real JupyterLab and headless Chromium.
+
+Each test opens a notebook that shows ``sv.Inspector`` on the tiny Llama+LoRA, clicks like a user,
+and checks what the page shows against ``sv.analyze`` / ``sv.export_code`` computed here, in the
+test process, from the plan the widget saved (its ``plan_path``): the browser's numbers are never
+checked against the widget's own arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from helpers import make_notebook, open_and_run_notebook, save_screenshot, shutdown_all_kernels
+from playwright.sync_api import expect
+
+import shardviz as sv
+from shardviz import zoo
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+MESH = sv.Mesh(shard=4, device_memory=1024**2)
+L0 = "base_model.model.model.layers.0"
+L1 = "base_model.model.model.layers.1"
+Q0 = L0 + ".self_attn.q_proj"
+
+
+def setup_cell(plan_file: str) -> str:
+    return (
+        "import shardviz as sv\n"
+        "from shardviz import zoo\n"
+        "model = zoo.tiny_llama_lora()\n"
+        f"inspector = sv.Inspector(model, mesh=sv.Mesh(shard=4, device_memory=1024**2), plan_path={plan_file!r})\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+def fmt_bytes(n: float) -> str:
+    """The front end's fmtBytes, to compare the text it shows."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    v, i = float(n), 0
+    while abs(v) >= 1024 and i < len(units) - 1:
+        v /= 1024
+        i += 1
+    return f"{v:.0f} B" if i == 0 else f"{v:.2f} {units[i]}"
+
+
+def open_inspector(page, server, plan_file: str, name: str):
+    nb = make_notebook(setup_cell(plan_file), "inspector")
+    panel = open_and_run_notebook(page, server, nb, name=name, timeout=240_000)
+    widget = panel.locator(".sv-inspector")
+    expect(widget.locator(".sv-row[data-id='m0']")).to_be_visible(timeout=60_000)
+    expect(widget.locator(".sv-memory .sv-mem-bar").first).to_be_attached()
+    return widget
+
+
+def row(widget, fqn: str):
+    return widget.locator(f'.sv-row[data-fqn="{fqn}"]')
+
+
+def expand(widget, fqn: str) -> None:
+    r = row(widget, fqn)
+    expect(r).to_be_visible()
+    caret = r.locator(".sv-caret")
+    if caret.get_attribute("aria-label") == "expand":
+        caret.click()
+    expect(r.locator(".sv-caret")).to_have_attribute("aria-label", "collapse")
+
+
+def expand_group(widget, label: str) -> None:
+    g = widget.locator(f'.sv-row[data-group="{label}"]')
+    expect(g).to_be_visible()
+    if g.locator(".sv-caret").get_attribute("aria-label") == "expand":
+        g.locator(".sv-caret").click()
+    expect(g.locator(".sv-caret")).to_have_attribute("aria-label", "collapse")
+
+
+def open_block(widget, block: str) -> None:
+    for fqn in ("base_model", "base_model.model", "base_model.model.model", "base_model.model.model.layers"):
+        expand(widget, fqn)
+    expand_group(widget, "layers.0-1")
+    expand(widget, block)
+
+
+def revision(widget) -> int:
+    return int(widget.locator(".sv-memory").get_attribute("data-revision"))
+
+
+def wait_revision_above(widget, old: int) -> int:
+    expect(widget.locator(".sv-memory")).not_to_have_attribute("data-revision", str(old), timeout=30_000)
+    # the rows of the same change follow the chart
+    expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
+    return revision(widget)
+
+
+def saved_plan(server, plan_file: str, want=None, timeout: float = 20) -> sv.Plan:
+    """The plan the widget saved (its plan_path), once it equals ``want`` (or settles)."""
+    path = server.root_dir / plan_file
+    deadline = time.monotonic() + timeout
+    plan = None
+    while time.monotonic() < deadline:
+        if path.exists():
+            plan = sv.Plan.from_json(path.read_text())
+            if want is None or plan == want:
+                return plan
+        time.sleep(0.1)
+    return plan
+
+
+def test_make_unit_updates_memory_to_analyze(lab_server, lab_page, model):
+    widget = open_inspector(lab_page, lab_server, "plan-unit.json", "inspector_unit.ipynb")
+    start = sv.Plan.auto(model)
+    assert saved_plan(lab_server, "plan-unit.json", start) == start
+    a0 = sv.analyze(model, start, MESH)
+    bar = widget.locator(".sv-memory .sv-mem-bar").first
+    assert int(bar.get_attribute("data-peak")) == int(a0.memory["peak"].max())
+
+    open_block(widget, L0)
+    expand(widget, L0 + ".self_attn")
+    q = row(widget, Q0)
+    expect(q).to_have_attribute("data-badge", "in")
+    before = revision(widget)
+    q.locator(".sv-act-unit").click()
+    wait_revision_above(widget, before)
+    expect(q).to_have_attribute("data-badge", "unit")
+
+    want = start.with_unit(Q0)
+    assert saved_plan(lab_server, "plan-unit.json", want) == want
+    a = sv.analyze(model, want, MESH)
+    peaks = a.memory["peak"]
+    bars = widget.locator(".sv-memory .sv-mem-bar")
+    shown = []
+    for i in range(bars.count()):
+        b = bars.nth(i)
+        first, last = int(b.get_attribute("data-first")), int(b.get_attribute("data-last"))
+        peak = int(b.get_attribute("data-peak"))
+        shown.append((first, last))
+        for rank in range(first, last + 1):
+            assert peak == int(peaks[rank]), (rank, peak, int(peaks[rank]))
+        label = b.locator(".sv-peak-label")
+        expect(label).to_have_text(fmt_bytes(peak))
+        # the stacked segments add up to the peak
+        segs = b.locator(".sv-seg")
+        assert sum(int(segs.nth(j).get_attribute("data-bytes")) for j in range(segs.count())) == peak
+    assert shown[0][0] == 0 and shown[-1][1] == MESH.world - 1
+    expect(widget.locator(".sv-sum-peak")).to_have_attribute("data-bytes", str(int(peaks.max())))
+    # the params segment equals the table's params for rank 0
+    seg = bars.first.locator('.sv-seg[data-cat="params_sharded"]')
+    assert int(seg.get_attribute("data-bytes")) == int(a.memory.loc[0, "params_sharded"])
+    save_screenshot(widget, "inspector_make_unit")
+    save_screenshot(lab_page, "inspector_make_unit_page")
+
+
+def test_ignore_lora_under_a_block_changes_badges(lab_server, lab_page, model):
+    widget = open_inspector(lab_page, lab_server, "plan-lora.json", "inspector_lora.ipynb")
+    open_block(widget, L0)
+    expand(widget, L0 + ".self_attn")
+    expand(widget, Q0)
+    expand(widget, Q0 + ".lora_A")
+    expand(widget, Q0 + ".lora_A.default")
+    lora_a = row(widget, Q0 + ".lora_A")
+    expect(lora_a).to_have_attribute("data-badge", "in")
+    expect(row(widget, Q0)).to_have_attribute("data-badge", "in")
+    block = row(widget, L0)
+    before = revision(widget)
+    block.locator(".sv-act-ignore-lora").click()
+    wait_revision_above(widget, before)
+
+    expect(lora_a).to_have_attribute("data-badge", "ignored")
+    expect(lora_a.locator(".sv-badge")).to_have_text("ignored")
+    weight = row(widget, Q0 + ".lora_A.default.weight")
+    expect(weight).to_have_attribute("data-badge", "ignored")
+    expect(weight.locator(".sv-act-ignore")).to_have_text("un-ignore")
+    expect(row(widget, Q0)).to_have_attribute("data-badge", "mixed")  # base sharded, LoRA ignored
+    expect(row(widget, Q0 + ".base_layer")).to_have_attribute("data-badge", "in")
+    expect(block.locator(".sv-act-lora")).to_have_text("keep LoRA")
+    expect(block).to_have_attribute("data-badge", "unit")
+
+    want = sv.Plan.auto(model)
+    lora = [p.fqn for p in sv.ModelTree(model).params if p.role == "lora" and p.fqn.startswith(L0 + ".")]
+    plan = saved_plan(lab_server, "plan-lora.json")
+    deadline = time.monotonic() + 10
+    while set(plan.ignored) != set(lora) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        plan = saved_plan(lab_server, "plan-lora.json")
+    assert plan.units == want.units and set(plan.ignored) == set(lora)
+    a = sv.analyze(model, plan, MESH)
+    status = a.params.set_index("fqn")["status"]
+    assert all(status[f] == "ignored" for f in lora)
+    assert int(widget.locator(".sv-memory .sv-mem-bar").first.get_attribute("data-peak")) == int(a.memory.loc[0, "peak"])
+    save_screenshot(widget, "inspector_ignore_lora")
+
+    # the findings tab lists what changed, and a click reveals the module in the tree
+    widget.locator('.sv-tab[data-tab="findings"]').click()
+    findings = widget.locator(".sv-finding")
+    expect(findings.first).to_be_visible()
+    codes = [f.code for f in a.findings]
+    assert findings.count() == len(codes)
+    assert [findings.nth(i).get_attribute("data-code") for i in range(findings.count())] == codes
+    link = widget.locator(".sv-finding .sv-reveal").first
+    target = link.inner_text()
+    link.click()
+    expect(widget.locator(".sv-row.sv-flash")).to_have_attribute("data-fqn", target)
+    save_screenshot(widget, "inspector_findings")
+
+    # undo (an ipywidgets button) restores the LoRA
+    lab_page.locator(".sv-undo").first.click()
+    expect(lora_a).to_have_attribute("data-badge", "in", timeout=30_000)
+
+
+def test_export_copy_save_and_verify(lab_server, lab_page, model):
+    widget = open_inspector(lab_page, lab_server, "plan-export.json", "inspector_export.ipynb")
+    lab_page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    plan = sv.Plan.auto(model)
+    widget.locator('.sv-tab[data-tab="export"]').click()
+    code = widget.locator(".sv-code code")
+    expected = sv.export_code(model, plan, mesh=MESH)
+    expect(code).to_contain_text("fully_shard", timeout=60_000)
+    shown = code.evaluate("el => el.textContent")
+    assert shown == expected
+    assert widget.locator(".sv-code .sv-tok-kw").count() > 10  # highlighted
+
+    widget.locator(".sv-copy").click()
+    expect(widget.locator(".sv-export-status")).to_contain_text("copied")
+    assert lab_page.evaluate("navigator.clipboard.readText()") == expected
+
+    path = widget.locator(".sv-save-path")
+    path.fill("exported_plan.py")
+    widget.locator(".sv-save").click()
+    expect(widget.locator(".sv-export-status")).to_contain_text("saved to")
+    out = lab_server.root_dir / "exported_plan.py"
+    assert out.read_text() == expected
+
+    # the target release changes the code; saving again asks before overwriting
+    widget.locator(".sv-torch-version").select_option("2.6")
+    expected26 = sv.export_code(model, plan, mesh=MESH, torch_version="2.6")
+    expect(code).to_contain_text("torch.distributed.fsdp", timeout=30_000)
+    expect(code).to_have_text(expected26, timeout=30_000)
+    widget.locator(".sv-save").click()
+    expect(widget.locator(".sv-export-status")).to_contain_text("exists")
+    assert out.read_text() == expected  # not yet
+    widget.locator(".sv-confirm-overwrite").click()
+    expect(widget.locator(".sv-export-status")).to_contain_text("saved to")
+    assert out.read_text() == expected26
+
+    widget.locator(".sv-verify").click()
+    line = widget.locator(".sv-verify-line")
+    expect(line).to_have_attribute("data-ok", "true", timeout=120_000)
+    expect(line).to_contain_text("torch agrees")
+    save_screenshot(widget, "inspector_export")
+
+    # dark theme: the widget follows JupyterLab's theme variables
+    lab_page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    lab_page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+    widget.locator('.sv-tab[data-tab="charts"]').click()
+    lab_page.wait_for_timeout(500)
+    bg = widget.evaluate("el => getComputedStyle(el).backgroundColor")
+    rgb = [int(x) for x in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3]]
+    assert sum(rgb) < 3 * 100, bg  # a dark background
+    save_screenshot(widget, "inspector_dark")
+    lab_page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+
+
+def test_plan_file_survives_a_kernel_restart(lab_server, lab_page, model):
+    """Toggle, restart the kernel (a crash loses the Python state), run again: the toggle is back."""
+    widget = open_inspector(lab_page, lab_server, "plan-restart.json", "inspector_restart.ipynb")
+    open_block(widget, L0)
+    before = revision(widget)
+    row(widget, L0).locator(".sv-act-unit").click()
+    wait_revision_above(widget, before)
+    want = sv.Plan.auto(model).without_unit(L0)
+    assert saved_plan(lab_server, "plan-restart.json", want) == want
+    # a fresh kernel and the same notebook: the widget starts from the saved plan
+    shutdown_all_kernels(lab_server)
+    widget2 = open_inspector(lab_page, lab_server, "plan-restart.json", "inspector_restart.ipynb")
+    expect(widget2.locator(".sv-sum-plan")).to_contain_text(f"{len(want.units)} calls")
+    open_block(widget2, L0)
+    expect(row(widget2, L0)).not_to_have_attribute("data-badge", "unit")
+    assert json.loads((lab_server.root_dir / "plan-restart.json").read_text())["units"] == want.to_dict()["units"]
