@@ -32,6 +32,14 @@ OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
+def _itemsize(name: str) -> int:
+    if name not in _ITEMSIZE:
+        import torch
+
+        _ITEMSIZE[name] = getattr(torch, name).itemsize
+    return _ITEMSIZE[name]
+
+
 @dataclass(frozen=True)
 class Training:
     """How the model is trained; feeds the cost model and the policies passed to ``fully_shard``.
@@ -46,11 +54,12 @@ class Training:
     param_dtype, reduce_dtype: ``MixedPrecisionPolicy`` defaults for every call (a ``sv.Unit``
         option overrides them per call).
     offload: ``CPUOffloadPolicy`` for every call (a ``sv.Unit(offload=True)`` turns it on per call).
-    sync_outside_fsdp: after backward, average the gradients of trainable parameters that FSDP
-        leaves alone (ignored or unmanaged) over all ranks, one all-reduce per parameter. FSDP
-        does not; without it every rank trains its own copy. The exported code does it.
-    foreach: the optimizer's multi-tensor path (one temporary the size of all its states at
-        once in ``step()``); None means torch's default: foreach for device tensors, the
+    sync_outside_fsdp: at the end of backward, average the gradients of trainable parameters
+        that FSDP leaves alone (ignored or unmanaged) over all ranks, in one flattened all-reduce,
+        as the code ``sv.export_code`` writes does. FSDP does not; without it every rank trains
+        its own copy.
+    foreach: the optimizer's multi-tensor path (one temporary the size of a param group's states
+        in ``step()``); None means torch's default: foreach for device tensors, the
         per-parameter loop for CPU tensors (offload).
     """
 
@@ -105,9 +114,9 @@ class Training:
         if not changes:
             return unit
         return Unit(unit.modules, unit.reshard_after_forward,
-                      changes.get("param_dtype", unit.param_dtype),
-                      changes.get("reduce_dtype", unit.reduce_dtype),
-                      changes.get("offload", unit.offload))
+                    changes.get("param_dtype", unit.param_dtype),
+                    changes.get("reduce_dtype", unit.reduce_dtype),
+                    changes.get("offload", unit.offload))
 
 
 # ---------------------------------------------------------------------------
@@ -158,11 +167,7 @@ def _tree_arrays(tree) -> _TreeArrays:
     is_float = np.array([p.dtype.is_floating_point for p in params], dtype=bool)
     trainable = np.array([p.requires_grad for p in params], dtype=bool)
     owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
-    seen, buffers = set(), 0
-    for m in tree.modules:
-        if m.index not in seen:
-            seen.add(m.index)
-            buffers += m.buffer_bytes
+    buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
     first = int(owner[trainable].min()) if trainable.any() else tree.n_modules
     arrays = _TreeArrays(numel, dim0, itemsize, dtype, is_float, trainable, owner, buffers, first)
     _TREE_CACHE[tree] = arrays
@@ -293,8 +298,11 @@ class CostModel:
         modules = tree.modules
         G = self.G = {k: [] for k in ("unit", "name", "rar", "offload", "gather", "copy", "gdtype", "trainable", "rd",
                                       "rs", "ro", "grad", "cast", "ug", "wgrad", "pre", "post", "first", "out_grad",
-                                      "in_grad")}
+                                      "in_grad", "ctx")}
         first_trainable = arr.first_trainable
+        # Each FSDP root has its own communication context (FSDPState._lazy_init shares one
+        # FSDPCommContext with the states below the root): a plan without a root call has several
+        root_of = self._roots(lay, modules)
         for ul in lay.units:
             i = ul.index
             if not n_params[i]:
@@ -306,8 +314,8 @@ class CostModel:
                 # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce
                 # then reduces in the gradient's dtype, the param dtype
                 rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else names[t_pd[i]]
-                ro = int(pad_train[i]) * _ITEMSIZE.get(rd, 4)
-                grad = int(pad_train[i]) * _ITEMSIZE.get(orig_name, 4)
+                ro = int(pad_train[i]) * _itemsize(rd)
+                grad = int(pad_train[i]) * _itemsize(orig_name)
             else:
                 orig_name = rd = ""
                 ro = grad = 0
@@ -341,6 +349,7 @@ class CostModel:
             # (FSDPParamGroup._register_post_backward_hook); module order stands in for data flow
             G["out_grad"].append(first_trainable < last.subtree_end)
             G["in_grad"].append(first_trainable < first.index)
+            G["ctx"].append(root_of[i])
 
         # -- resident state per shard coordinate ---------------------------------------------------
         dev = ~off
@@ -365,8 +374,8 @@ class CostModel:
         if training.step_scalars:
             fe_dev = True if training.foreach is None else training.foreach
             fe_cpu = False if training.foreach is None else training.foreach
-            if fe_dev:
-                self.opt_tmp_dev = dev_state + int(w_state.sum())
+            if fe_dev:  # per param group; sharded and whole parameters cannot share one (foreach refuses the mix)
+                self.opt_tmp_dev = np.maximum(dev_state, int(w_state.sum()))
             else:
                 self.opt_tmp_dev = np.maximum(_per_coord_max(dim0[t_dev], row_state[t_dev], S), int(w_state.max(initial=0)))
             self.opt_tmp_cpu = off_state if fe_cpu else _per_coord_max(dim0[t_off], row_state[t_off], S)
@@ -380,7 +389,7 @@ class CostModel:
             names_ = _code_names()
             dts = sorted({names_[c] for c in arr.dtype[widx][w_train].tolist()})
             common = _promote(dts)
-            c_size = _ITEMSIZE.get(common, 4)
+            c_size = _itemsize(common)
             w_numel = arr.numel[widx][w_train]
             converted = int((w_numel * c_size)[np.array([names_[c] != common for c in arr.dtype[widx][w_train].tolist()])].sum())
             n_sync = int(w_train.sum())
@@ -390,6 +399,28 @@ class CostModel:
                 "temporaries": converted + int((w_numel * c_size).max()),  # converted copies + one averaged slice
             }
         self._simulate()
+
+    def _roots(self, lay, modules) -> list[int]:
+        """The root call above each call (itself for a root), and the root calls' post-forward keys."""
+        owner = lay.module_unit
+        root_of = [-1] * len(lay.units)
+        self.root_posts = []
+        for ul in lay.units:
+            chain, u = [], ul.index
+            while root_of[u] < 0:
+                chain.append(u)
+                parent = modules[min(lay.units[u].modules)].parent
+                up = owner[parent] if parent >= 0 else -1
+                if up < 0 or up == u:
+                    root_of[u] = u
+                    break
+                u = up
+            for c in chain:
+                root_of[c] = root_of[u]
+            if ul.is_root:
+                last = max((modules[m] for m in ul.modules), key=lambda m: (m.subtree_end, -m.depth))
+                self.root_posts.append(((last.subtree_end, 0, -last.depth), ul.index))
+        return root_of
 
     # -- one training step, event by event, in the order torch runs its hooks --------------------
     def _simulate(self) -> None:
@@ -403,23 +434,33 @@ class CostModel:
         gathered = S > 1
 
         # ---------------- forward: FSDPParamGroup.pre_forward / post_forward ----------------------
-        events = sorted([(G["pre"][k], 1, k) for k in range(n)] + [(post_l[k], 0, k) for k in range(n)])
+        ctx = G["ctx"]
+        events = sorted([(G["pre"][k], 1, k) for k in range(n)] + [(post_l[k], 0, k) for k in range(n)]
+                        + [(key, 0, n + r) for key, r in self.root_posts])
         held = 0  # unsharded parameters (and post-forward shards) alive
-        ag_state = 0  # previous all-gather output, freed after the next copy-out (implicit prefetch)
+        # previous all-gather output of each root's context, freed after the next copy-out
+        # (implicit prefetch) or by the root's post-forward
+        ag_states: dict[int, int] = {}
+        ag_state = 0  # their sum
         state = [0] * n  # 0 sharded, 1 unsharded, 2 post-forward shard
         for _, kind, k in events:
+            if k >= n:  # a root's post-forward: FSDPState._post_forward frees its context's last all-gather output
+                ag_state -= ag_states.pop(k - n, 0)
+                continue
             if kind:  # pre-forward: unshard() then wait_for_unshard()
                 ag = gather[k] if gathered else 0
                 x = base + held + ag_state + ag + copy[k]
                 if x > best:
                     best, best_info = x, ("forward", k, (held, ag_state + ag + copy[k], 0, 0, 0))
-                x = base + held + ag + gather[k]
+                ag_state -= ag_states.get(ctx[k], 0)
+                x = base + held + ag_state + ag + gather[k]
                 if x > best:
-                    best, best_info = x, ("forward", k, (held + gather[k], ag, 0, 0, 0))
+                    best, best_info = x, ("forward", k, (held + gather[k], ag_state + ag, 0, 0, 0))
                 if gathered:
                     comm.append((k, "all_gather", "forward", "shard", S, 1))
                 held += gather[k]
-                ag_state = ag
+                ag_states[ctx[k]] = ag
+                ag_state += ag
                 state[k] = 1
             else:  # post-forward: reshard() (to the smaller post-forward mesh for an int)
                 rar = rar_l[k]
@@ -433,13 +474,14 @@ class CostModel:
                         best, best_info = x, ("forward", k, (held + pf, ag_state, 0, 0, 0))
                     held += pf - gather[k]
                     state[k] = 2
-        # the root's post-forward frees the last all-gather output
 
         # ---------------- backward: pre_backward (+ prefetch), post_backward ------------------------
         order = sorted(range(n), key=post_l.__getitem__)  # comm_ctx.post_forward_order
-        pos = [0] * n
-        for i, k in enumerate(order):
-            pos[k] = i
+        prev = [-1] * n  # the call before each in its context's post-forward order
+        last_in_ctx: dict[int, int] = {}
+        for k in order:
+            prev[k] = last_in_ctx.get(ctx[k], -1)
+            last_in_ctx[ctx[k]] = k
         pending = [0] * n  # prefetched all-gather outputs not yet copied out
         is_pending = [False] * n
         pend = 0
@@ -506,9 +548,8 @@ class CostModel:
                 is_pending[k] = False
                 held += gather[k] - pf
                 state[k] = 1
-            i = pos[k]
-            if i > 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
-                unshard(order[i - 1])
+            if prev[k] >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
+                unshard(prev[k])
             # autograd computes this call's gradients
             x = base + held + grads + rs_hold + pend + ug_held + ug_l[k] + wgrad_l[k]
             if x > best:

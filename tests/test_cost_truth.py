@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 import shardviz as sv
 from torch_truth import comm_mismatches, fake_run, memory_mismatches, tiny_llama, tiny_lora
@@ -56,7 +57,14 @@ def blocks_and_root(model):
     return sv.Plan(layers + [""])
 
 
+def no_root(model):
+    """Blocks only: every block is its own FSDP root (own communication context, kept unsharded
+    after forward), embeddings, norm and lm_head stay unmanaged."""
+    return sv.Plan(blocks_and_root(model).units[:-1])
+
+
 UNEVEN = functools.partial(tiny_lora, r=6, vocab=100)  # 100 rows and r=6 do not divide by 8
+BF16_BASE = functools.partial(tiny_lora, dtype=torch.bfloat16)  # bf16 base + fp32 LoRA: uint8 all-gathers
 FULL = functools.partial(tiny_llama, vocab=100)  # full fine-tuning, uneven embeddings
 
 # name: (model builder, plan maker, mesh, training, ranks, slow)
@@ -76,6 +84,9 @@ CASES = {
     "uneven-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, sv.Training(), (0, 7), True),
     "blocks-and-root": (tiny_lora, blocks_and_root, FSDP8, sv.Training(), (0,), True),
     "no-gradient-sync": (tiny_lora, auto("ignored"), FSDP8, sv.Training(sync_outside_fsdp=False), (0,), True),
+    "no-root-call": (tiny_lora, no_root, FSDP8, sv.Training(), (0,), False),
+    "mixed-dtypes-uint8": (BF16_BASE, auto("sharded"), FSDP8, sv.Training(), (0,), False),
+    "hsdp-shard-1": (tiny_lora, auto("sharded"), sv.Mesh(shard=1, replicate=4), sv.Training(), (0,), True),
     "sgd-momentum": (tiny_lora, auto("sharded"), FSDP8, sv.Training(optimizer="sgd_momentum"), (0,), True),
     "sgd": (tiny_lora, auto("ignored"), FSDP8, sv.Training(optimizer="sgd"), (0,), True),
     "adam-uneven": (UNEVEN, auto("sharded"), FSDP8, sv.Training(optimizer="adam"), (0, 7), True),
@@ -121,3 +132,11 @@ def test_no_gradient_sync_means_no_all_reduce():
     *_, synced = _case("lora-ignored")
     row = synced.comm[synced.comm.collective == "all_reduce"]
     assert len(row) == 1 and row.iloc[0].unit is None and row.iloc[0].group_size == 8
+
+
+def test_mixed_dtypes_gather_as_bytes():
+    *_, analysis = _case("mixed-dtypes-uint8")
+    gathers = analysis.comm[analysis.comm.collective == "all_gather"]
+    blocks = gathers[gathers.unit.str.contains("layers")]
+    assert set(blocks.dtype) == {"uint8"}  # bf16 base + fp32 LoRA in one call
+    assert set(gathers[~gathers.unit.str.contains("layers")].dtype) == {"bfloat16"}

@@ -55,9 +55,12 @@ def tiny_llama(vocab: int = 128, hidden: int = 64, layers: int = 2, dtype=torch.
     return LlamaForCausalLM(cfg).to(dtype)
 
 
-def tiny_lora(r: int = 8, vocab: int = 128, seed: int = 0) -> nn.Module:
-    """A real tiny Llama with peft LoRA on every linear layer (the zoo's when it exists)."""
-    if (r, vocab, seed) == (8, 128, 0):
+def tiny_lora(r: int = 8, vocab: int = 128, seed: int = 0, dtype=torch.float32) -> nn.Module:
+    """A real tiny Llama with peft LoRA on every linear layer (the zoo's when it exists).
+
+    ``dtype``: of the base model; peft keeps the adapters in float32 either way.
+    """
+    if (r, vocab, seed, dtype) == (8, 128, 0, torch.float32):
         try:
             from shardviz.zoo import tiny_llama_lora
 
@@ -66,7 +69,7 @@ def tiny_lora(r: int = 8, vocab: int = 128, seed: int = 0) -> nn.Module:
             pass
     from peft import LoraConfig, get_peft_model
 
-    model = tiny_llama(vocab=vocab, seed=seed)
+    model = tiny_llama(vocab=vocab, seed=seed, dtype=dtype)
     torch.manual_seed(seed + 1)
     return get_peft_model(model, LoraConfig(r=r, target_modules="all-linear"))
 
@@ -82,7 +85,18 @@ def vocab_of(model: nn.Module) -> int:
 # Optimizer as sv.Training describes it
 # ---------------------------------------------------------------------------
 def make_optimizer(training: sv.Training, model: nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The optimizer ``training`` names, over every trainable parameter.
+
+    Sharded (DTensor) and whole (plain tensor) parameters go in separate param groups: torch's
+    foreach kernels refuse a list mixing both ("got mixed torch.Tensor and DTensor"), and foreach
+    is torch's default on an accelerator.
+    """
+    from torch.distributed.tensor import DTensor
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    sharded = [p for p in trainable if isinstance(p, DTensor)]
+    whole = [p for p in trainable if not isinstance(p, DTensor)]
+    params = [{"params": group} for group in (sharded, whole) if group]
     foreach = True if training.foreach is None else training.foreach  # predictions assume device tensors
     if training.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
@@ -163,14 +177,23 @@ def _collective_recorder():
 # Memory tracker that also reports the peak of state (non-activation) memory
 # ---------------------------------------------------------------------------
 def _state_tracker(model, optimizer):
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType as R
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType as R, _FSDPState
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.weak import WeakIdKeyDictionary
 
     state_kinds = (R.SHARDED_PARAM, R.UNSHARDED_PARAM, R.BUFFER, R.SHARDED_GRAD, R.UNSHARDED_GRAD,
                    R.ALL_GATHER, R.REDUCE_SCATTER, R.OPT)
 
     class StateTracker(FSDPMemTracker):
-        def __init__(self, *a):
-            super().__init__(*a)
+        def __init__(self, mod, optm):
+            # FSDPMemTracker.__init__ minus its assertion that ``mod`` is an FSDP module: the
+            # instrumentation walks ``mod.modules()``, so a plan with several FSDP roots (no call
+            # on the model itself) is tracked the same way
+            MemTracker.__init__(self)
+            self._root_mod, self._optm = mod, optm
+            self._fsdp_mod_to_saved_methods = WeakIdKeyDictionary()
+            self._fsdp_state = _FSDPState.PRE_FW
+            self._ref_class = R
             self.state_peak: dict = {}
             self.state_peak_snap: dict = {}
 
