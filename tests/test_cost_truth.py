@@ -76,6 +76,8 @@ CASES = {
     "hsdp-lora-ignored": (tiny_lora, auto("ignored"), HSDP, sv.Training(), (5,), False),
     "reshard-false": (tiny_lora, blocks_with("sharded", reshard_after_forward=False), FSDP8, sv.Training(), (0,), False),
     "reshard-int": (tiny_lora, blocks_with("sharded", reshard_after_forward=4), FSDP8, sv.Training(), (7,), False),
+    "hsdp-reshard-false": (tiny_lora, blocks_with("ignored", reshard_after_forward=False), HSDP, sv.Training(), (6,), True),
+    "hsdp-bf16-lora-sharded": (tiny_lora, auto("sharded"), HSDP, BF16, (2,), True),
     "hsdp-reshard-int": (tiny_lora, blocks_with("ignored", reshard_after_forward=2), HSDP, sv.Training(), (0,), False),
     "bf16-lora-sharded": (tiny_lora, auto("sharded"), FSDP8, BF16, (0,), False),
     "bf16-lora-ignored-hsdp": (tiny_lora, auto("ignored"), HSDP, sv.Training(param_dtype="bfloat16"), (3,), False),
