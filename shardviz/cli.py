@@ -4,7 +4,7 @@
                     --world-size N [--replicate R] [--torch X.Y] [-o apply_fsdp.py] [--force]
     shardviz plan write MODEL --layout L -o plan.json [--force]
     shardviz plan read PLAN.json [--model MODEL --world-size N [--replicate R] [--torch X.Y]]
-    shardviz report ...            (reserved)
+    shardviz report MODEL --layout L --world-size N [--replicate R] [--device-memory 80GiB] -o report.html
 
 MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``) or ``package.module:factory`` (a callable that
 takes no argument and returns an ``nn.Module``; the current directory is importable).
@@ -21,6 +21,7 @@ import importlib
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -253,7 +254,26 @@ def cmd_plan_read(args) -> int:
 
 
 def cmd_report(args) -> int:
-    raise CliError("report: not available yet in this shardviz")
+    from .plan import LORA_LAYOUTS, Plan
+    from .report import render_report
+
+    version = check_version(args.torch)
+    mesh = make_mesh(args.world_size, args.replicate)
+    if args.device_memory:
+        try:
+            mesh = replace(mesh, device_memory=args.device_memory)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    model = load_model(args.model, lora=not args.no_lora)
+    plan = build_plan(model, args)
+    layouts = None
+    if not args.no_compare and not args.no_lora:
+        layouts = {f"LoRA {x}": Plan.auto(model, lora=x) for x in LORA_LAYOUTS}
+    text = render_report(model, plan, mesh, torch_version=version, compare_with=layouts)
+    emit(text, args.output, args.force)
+    if args.output not in (None, "-"):
+        print(f"shardviz: wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline)", file=sys.stderr)
+    return EXIT_OK
 
 
 def _add_model_args(p, model_required=True) -> None:
@@ -299,8 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mesh_args(r, required=False)
     r.set_defaults(func=cmd_plan_read)
 
-    p = sub.add_parser("report", help="(reserved for a later release)")
-    p.add_argument("args", nargs="*")
+    p = sub.add_parser("report", help="write a standalone HTML report (tables, charts, findings, code)")
+    _add_model_args(p)
+    p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
+    p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_mesh_args(p)
+    p.add_argument("--device-memory", help="e.g. 80GiB: draw the limit and flag a peak that does not fit")
+    p.add_argument("--no-compare", action="store_true", help="leave out the LoRA layouts compared side by side")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.set_defaults(func=cmd_report)
     return parser
 
