@@ -13,7 +13,7 @@ For each model (built in a first cell, not timed, as a user has it before callin
 Targets on the 2-core machine for Llama-3-70B + LoRA (~6,600 modules): first render within 2 s,
 round trip within 300 ms.
 
-Run: .venv/bin/python benchmarks/bench_widget.py [--models tiny_llama_lora llama3_70b] [--toggles 20]
+Run: .venv/bin/python benchmarks/bench_widget.py [--models tiny_llama_lora llama3_70b nllb_moe_54b] [--toggles 20]
 Writes artifacts/bench_widget.json and prints a table. Needs /usr/bin/chromium
 (./scripts/setup.sh --browser).
 """
@@ -36,6 +36,12 @@ import helpers  # noqa: E402
 TARGETS = {"llama3_70b": {"first_render_s": 2.0, "round_trip_ms": 300.0}}
 WORLD = {"tiny_llama_lora": 4}
 DEFAULT_WORLD = 64
+# Where the repeated blocks are: the rows opened before the toggles, and the block toggled.
+_LLAMA = ("base_model.model.model.layers", "base_model.model.model.layers.1")
+BLOCKS = {
+    "nllb_moe_54b": ("base_model.model.model.encoder.layers", "base_model.model.model.encoder.layers.1"),
+    "qwen3_moe_30b_a3b": _LLAMA,
+}
 
 # Put `src` into the notebook's second cell, run it, resolve when a *new* Inspector shows its
 # first tree row and its memory chart; returns milliseconds since the run command.
@@ -129,11 +135,13 @@ def bench_model(page, server, name: str, renders: int, toggles: int) -> dict:
     page.wait_for_timeout(300)
 
     # open the tree down to the repeated blocks, then one block row
+    blocks, block = BLOCKS.get(name, _LLAMA)
+    parts = blocks.split(".")
     expand_ms = []
-    for fqn in ("base_model", "base_model.model", "base_model.model.model", "base_model.model.model.layers"):
+    for i in range(1, len(parts) + 1):
+        fqn = ".".join(parts[:i])
         expand_ms.append(page.evaluate(_JS_EXPAND, [f'.sv-row[data-fqn="{fqn}"]', 30_000]))
     expand_ms.append(page.evaluate(_JS_EXPAND, [".sv-row.sv-kind-group", 30_000]))
-    block = "base_model.model.model.layers.1"
     chart, rows = [], []
     for _ in range(toggles):
         c, r = page.evaluate(_JS_TOGGLE, [block, 30_000])
@@ -162,7 +170,8 @@ def bench_model(page, server, name: str, renders: int, toggles: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["tiny_llama_lora", "llama3_70b"])
+    parser.add_argument("--models", nargs="+", default=["tiny_llama_lora", "llama3_70b", "nllb_moe_54b"],
+                        help="zoo names (nllb_moe_54b is the zoo's largest MoE)")
     parser.add_argument("--renders", type=int, default=4, help="first-render runs per model (the first is cold)")
     parser.add_argument("--toggles", type=int, default=20)
     parser.add_argument("--out", default=str(helpers.ARTIFACTS_DIR / "bench_widget.json"))

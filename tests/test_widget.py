@@ -311,10 +311,14 @@ def test_undo_redo_covers_plan_mesh_and_training(model, st):
 
 
 def test_failed_action_changes_nothing(model, st):
+    st.apply_preset("none")
+    st.make_group_unit([Q0, L1])
     before = (st.plan, st.mesh, st.revision, len(st._history))
-    # a grouped unit with one module inside a block and one outside cannot be ordered bottom-up
-    with pytest.raises(ValueError):
-        st.make_group_unit([Q0, EMBED + "x"])
+    with pytest.raises(ValueError, match="no module named"):
+        st.make_group_unit([Q0 + "x"])
+    # two grouped calls that each sit inside the other cannot be applied bottom-up
+    with pytest.raises(ValueError, match="cannot be applied bottom-up"):
+        st.make_group_unit([L0, L1 + ".self_attn.q_proj"])
     assert (st.plan, st.mesh, st.revision, len(st._history)) == before
 
 
@@ -521,6 +525,18 @@ def test_corrupt_or_mismatched_plan_file_is_never_overwritten(model, tmp_path, c
     assert saved(path) == st.plan
 
 
+def test_plan_file_that_cannot_be_applied_is_refused(model, tmp_path):
+    # real names, but two grouped calls that each sit inside the other: no bottom-up order
+    path = tmp_path / "plan.json"
+    content = sv.Plan([[Q0, L1], [L0, L1 + ".self_attn.q_proj"], ""]).to_json()
+    path.write_text(content)
+    st = InspectorState(model, mesh=MESH, plan_path=path)
+    assert st.plan == sv.Plan.auto(model)
+    assert "cannot be applied" in st.messages[-1]["text"] and not st.plan_file_status()["autosave"]
+    st.remove_unit(L0)
+    assert path.read_text() == content
+
+
 def test_plan_file_changed_by_someone_else_is_not_overwritten(model, tmp_path):
     path = tmp_path / "plan.json"
     st = InspectorState(model, mesh=MESH, plan_path=path)
@@ -632,7 +648,34 @@ def test_widget_actions(model, ins, action, args, check):
     assert check(ins.plan)
     assert wire.msgs("ack")[-1]["req"] == 1
     assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
+    assert ins.view.memory == {**ins.controller.memory, "revision": ins.controller.revision}
+    assert ins.view.traffic == {**ins.controller.traffic, "revision": ins.controller.revision}
+    assert ins.view.findings == ins.controller.findings
     assert ins.view.summary["revision"] == ins.controller.revision
+    assert_numbers_match(model, ins.controller)
+
+
+def test_widget_view_actions_send_rows(ins):
+    wire = Wire(ins)
+    ins.handle_action("set_filter", {"text": "lora_B", "status": "", "role": ""})
+    msg = wire.msgs("rows")[-1]
+    params = [r for r in msg["rows"].values() if r["kind"] == "param"]
+    assert params and all("lora_B" in r["fqn"] for r in params) and msg["filtering"]
+    assert ins.view.summary["filter"]["text"] == "lora_B"
+    ins.handle_action("set_filter", {"text": ""})
+    assert wire.msgs("rows")[-1]["order"] == ["m0", "m1"]
+    ins.handle_action("reveal", {"fqn": EMBED + ".weight"})
+    row_id = wire.msgs("reveal")[-1]["id"]
+    assert wire.msgs("rows")[-1]["rows"][row_id]["local_shape"] == [32, 64]
+    ins.handle_action("set_rank", {"rank": 3})
+    assert wire.msgs("rows")[-1]["rows"][row_id]["rank"] == 3  # the param row changed, nothing else
+    assert set(wire.msgs("rows")[-1]["rows"]) == {row_id}
+    assert not ins.handle_action("set_rank", {"rank": 4})["ok"]
+    ins.handle_action("collapse_all", {})
+    assert wire.msgs("rows")[-1]["order"] == ["m0", "m1"]
+    n = len(wire.msgs("rows"))
+    ins.handle_action("expand", {"target": "m1", "open": True})
+    assert len(wire.msgs("rows")) == n + 1 and "m2" in wire.msgs("rows")[-1]["order"]
 
 
 def test_widget_undo_redo_buttons_and_controls(model, ins):

@@ -198,7 +198,7 @@ function render({ model, el }) {
     h("span", { class: "sv-col-type", text: "type / dtype" }),
     h("span", { class: "sv-col-size", text: "size", title: "elements (modules) or shape (parameters)" }),
     h("span", { class: "sv-col-status", text: "status" }),
-    h("span", { class: "sv-col-bytes", text: "bytes/rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
+    h("span", { class: "sv-col-bytes", text: "per rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
     h("span", { class: "sv-col-local", text: "local shard" }),
     h("span", { class: "sv-col-actions", text: "actions" }),
   );
@@ -355,7 +355,7 @@ function render({ model, el }) {
   }
 
   function buildRow(id, r) {
-    const indent = r.depth * 12;
+    const indent = r.depth * 10;
     const caret = r.expandable
       ? h("button", {
           class: "sv-caret",

@@ -74,7 +74,14 @@ class InspectorState:
         if self.plan_file is not None:
             result = self.plan_file.load(self.tree)
             restored = result.plan
-            if result.plan is not None or result.level == "error":
+            if restored is not None:
+                try:  # names that exist can still form a plan torch cannot apply (no bottom-up order)
+                    self._analyze(Snapshot(restored, mesh, training))
+                except ValueError as exc:
+                    restored = None
+                    result = self.plan_file._refuse(
+                        f"plan file {self.plan_file.path} holds a plan that cannot be applied to this model ({exc})")
+            if restored is not None or result.level == "error":
                 self._message(result.level, result.message)
         start = restored or explicit or Plan.auto(self.tree)
         self._history = [Snapshot(start, mesh, training)]
