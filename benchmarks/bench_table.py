@@ -61,10 +61,9 @@ def rows():
                     "peak": int(mem.at[worst, "peak"]),
                     "peak_where": f"{mem.at[worst, 'peak_phase']}",
                     "collectives": int(comm["count"].sum()),
-                    "bytes": int(comm["bytes"].sum()),
-                    "sent": int(comm["sent_bytes"].sum()),
+                    "bytes": int((comm["bytes"] * comm["count"]).sum()),
+                    "sent": int((comm["sent_bytes"] * comm["count"]).sum()),
                     "time": float(comm.attrs["time_per_step_s"]),
-                    "all_reduce": int(comm.loc[comm.collective == "all_reduce", "bytes"].sum()),
                 }
 
 

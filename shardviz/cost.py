@@ -669,8 +669,9 @@ class CostModel:
         df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group, "group_size": n,
                            "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
                            "sent_bytes": sent, "time_s": time_s})
-        df.attrs["time_per_step_s"] = float(np.nansum(time_s)) if np.isfinite(time_s).all() and len(df) else (
-            0.0 if not len(df) else float("nan"))
+        # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
+        total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
+        df.attrs["time_per_step_s"] = total  # NaN when a bandwidth it needs is unknown
         return df
 
 

@@ -460,7 +460,8 @@ def _call_key(unit, collective, phase, group_size, dtype, size):
 
 def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
     """Collectives torch issued and ``a.comm`` did not predict, and the reverse (per call: kind,
-    phase, process group size, dtype and bytes). Rows with ``count`` > 1 are compared in total."""
+    phase, process group size, dtype and bytes). ``bytes`` is one call's buffer; rows with
+    ``count`` > 1 are compared in total (``bytes * count``)."""
     from collections import Counter
 
     predicted, predicted_total = Counter(), Counter()
@@ -468,7 +469,7 @@ def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
         if r.count == 1:
             predicted[_call_key(r.unit, r.collective, r.phase, r.group_size, r.dtype, r.bytes)] += 1
         else:
-            predicted_total[(r.unit, r.collective, r.phase, int(r.group_size), str(r.dtype))] += r.bytes
+            predicted_total[(r.unit, r.collective, r.phase, int(r.group_size), str(r.dtype))] += r.bytes * r.count
     seen, seen_total = Counter(), Counter()
     for c in truth.collectives:
         key = _call_key(c["unit"], c["collective"], c["phase"], c["group_size"], c["dtype"], c["bytes"])
