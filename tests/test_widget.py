@@ -848,3 +848,18 @@ def test_largest_moe_opens():
     assert row in st.rows()[0]
     labels = [r.get("label", "") for r in st.rows()[1].values()]
     assert any("x NllbMoe" in label for label in labels)
+
+
+def test_a_failing_cost_model_is_shown_not_raised(model, ins, monkeypatch):
+    import shardviz.cost
+
+    def broken(analysis):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(shardviz.cost, "memory_table", broken)
+    ack = ins.handle_action("toggle_unit", {"fqn": Q0}, req=5)
+    assert ack["ok"] and ins.plan.unit_of(Q0) is not None
+    assert ins.view.memory["available"] is False and "boom" in ins.view.memory["reason"]
+    monkeypatch.undo()
+    ins.handle_action("undo", {})
+    assert ins.view.memory["available"] is True

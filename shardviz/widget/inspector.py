@@ -149,9 +149,6 @@ class Inspector(widgets.VBox):
     def __dir__(self):
         return sorted(set(super().__dir__()) | _DELEGATED)
 
-    def _ipython_display_hint(self) -> str:  # pragma: no cover - for humans
-        return repr(self.controller.plan)
-
     # ------------------------------------------------------------------------------------
     # ipywidgets controls
     # ------------------------------------------------------------------------------------
@@ -335,7 +332,7 @@ class Inspector(widgets.VBox):
 
     def _send_msg(self, msg: dict) -> None:
         self._outbox.append(msg)
-        del self._outbox[:-50]
+        del self._outbox[:-20]
         self.view.send(msg)
 
     def _push_rows(self, reset: bool = False) -> None:
@@ -433,8 +430,10 @@ class Inspector(widgets.VBox):
                         ack["path"] = str(result)  # the export panel shows it
                 except FileExistsError as exc:
                     ack.update(ok=False, error=str(exc), exists=True, path=str(args.get("path")))
-                except (ValueError, OSError, KeyError) as exc:
+                except (ValueError, OSError, KeyError, TypeError) as exc:
                     ack.update(ok=False, error=str(exc).strip("'\""))
+                except Exception as exc:  # noqa: BLE001 - a bug must not leave the page waiting
+                    ack.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         if not ack["ok"] and not ack.get("exists"):
             self.controller._message("error", ack["error"])
             self._push_messages()

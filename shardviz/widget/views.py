@@ -48,8 +48,9 @@ def memory_payload(analysis) -> dict:
     mesh = analysis.mesh
     try:
         table = analysis.memory
-    except NotImplementedError as exc:  # the cost model is not there
-        return {"available": False, "reason": str(exc), "bars": [], "categories": [], "limit": mesh.device_memory}
+    except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
+        return {"available": False, "reason": f"no memory estimate: {type(exc).__name__}: {exc}", "bars": [],
+                "categories": [], "limit": mesh.device_memory, "max_peak": None, "worst_rank": None}
     ranks = [int(r) for r in _column(table, "rank")]
     peak = [int(x) for x in _column(table, "peak")]
     if "params_sharded" in table.columns:
@@ -103,8 +104,9 @@ def traffic_payload(analysis) -> dict:
     """
     try:
         df = analysis.comm
-    except NotImplementedError as exc:
-        return {"available": False, "reason": str(exc), "by_collective": [], "by_unit": []}
+    except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
+        return {"available": False, "reason": f"no traffic estimate: {type(exc).__name__}: {exc}",
+                "by_collective": [], "by_unit": [], "collectives": []}
     col = "sent_bytes" if "sent_bytes" in df.columns else "bytes"
     by_coll: dict[str, dict] = {}
     by_unit: dict[str, dict] = {}
@@ -156,8 +158,13 @@ def traffic_payload(analysis) -> dict:
 
 
 def findings_payload(analysis) -> list[dict]:
+    try:
+        findings = analysis.findings
+    except Exception as exc:  # noqa: BLE001 - say so in the list rather than break the widget
+        return [{"code": "SV000", "severity": "error", "message": f"the checks failed: {type(exc).__name__}: {exc}",
+                 "fqns": [], "n_fqns": 0, "fix": ""}]
     out = []
-    for f in analysis.findings:
+    for f in findings:
         out.append({
             "code": f.code,
             "severity": f.severity,
