@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build the torch 2.6 virtual environment used by the `compat` tests (tests/compat/).
 #
-#   ./scripts/compat_env.sh [DIR]      default DIR: <repo>/.venv-compat (git-ignored)
+#   ./scripts/compat_env.sh [DIR]      default DIR: ${XDG_CACHE_HOME:-~/.cache}/shardviz/compat-venv-2.6
+#
+# The environment lives outside the repository (5+ GB). tests/compat finds it there, or through
+# SHARDVIZ_COMPAT_PYTHON=<DIR>/bin/python.
 #
 # PyPI's torch 2.6.0 wheel for Linux x86_64 is a CUDA 12.4 build (~0.8 GB, plus ~2.5 GB of
 # nvidia-* wheels); it imports and runs on a machine with no GPU, and FSDP2 runs on the CPU
@@ -11,7 +14,8 @@
 # stays pinned).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="${1:-$ROOT/.venv-compat}"
+DIR="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/shardviz/compat-venv-2.6}"
+mkdir -p "$(dirname "$DIR")"
 TORCH="${COMPAT_TORCH:-2.6.0}"
 PYTHON="${PYTHON:-python3}"
 if [ ! -x "$DIR/bin/python" ]; then

@@ -166,7 +166,9 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])")
     add("    loss = model(**batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()")
     add("")
-    add("Generated code: self-contained, needs only torch.")
+    add("The gradients of trainable parameters FSDP leaves whole are averaged at the end of every")
+    add("backward (like FSDP's own reduce-scatter); the average is linear, so gradient accumulation")
+    add("over several backward passes stays correct. Generated code: self-contained, needs only torch.")
     add('"""')
     hides = bool(ignored) and (release is None or not supports_ignored_params(_fmt(release)))
     if hides:
@@ -180,7 +182,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add('_RELEASE = tuple(int(x) for x in re.match(r"(\\d+)\\.(\\d+)", torch.__version__).groups())')
     add(f"if _RELEASE < {need!r}:")
     add(f"    raise ImportError(")
-    add(f"        {('this fully_shard code was exported for ' + target + ' and needs torch >= ' + _fmt(need) + '; installed: torch ')!r}")
+    add(f"        {('this fully_shard code (exported for ' + target + ') needs torch >= ' + _fmt(need) + '; installed: torch ')!r}")
     add(f"        + torch.__version__")
     add(f"        + {'; export it again for this release (shardviz export --torch X.Y, or torch_version=None)'!r}")
     add(f"    )")
@@ -238,9 +240,6 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("    if mesh is None:")
     add('        device_type = "cuda" if torch.cuda.is_available() else "cpu"')
     add("        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)")
-    if grouped and release is None:
-        add("    if _RELEASE < (2, 5):")
-        add('        raise RuntimeError("this plan groups modules in one fully_shard call, which needs torch >= 2.5")')
     if ignored:
         add("    ignored = {model.get_parameter(name) for name in IGNORED}")
     call_kw = "mesh=mesh"
@@ -411,14 +410,11 @@ def _replicate_unsharded(model, mesh):
     """Parameters FSDP left whole: move them to the mesh's device (FSDP does not move ignored ones),
     make the trainable ones equal on every rank and average their gradients every backward."""
     device = _mesh_device(mesh)
-    whole = []
-    for p in dict.fromkeys(model.parameters()):
-        if isinstance(p, DTensor) or p.device.type == "meta":
-            continue
-        if p.device != device:
+    whole = [p for p in model.parameters() if not isinstance(p, DTensor)]
+    for p in whole:
+        if p.device != device and p.device.type != "meta":
             with torch.no_grad():
                 p.data = p.data.to(device)
-        whole.append(p)
     for module in model.modules():
         for name, buf in module._buffers.items():
             if buf is not None and buf.device != device and buf.device.type != "meta":
@@ -427,7 +423,11 @@ def _replicate_unsharded(model, mesh):
     if not trainable:
         return
     groups = _dp_groups(mesh)
-    _broadcast(trainable, mesh, groups)
+    # Parameters still on the meta device (deferred init) cannot be broadcast: initialise them
+    # identically on every rank (same seed) after to_empty(); their gradients are averaged anyway.
+    materialised = [p for p in trainable if p.device.type != "meta"]
+    if materialised:
+        _broadcast(materialised, mesh, groups)
     averager = _GradAverager(trainable, groups, mesh.size())
     for p in trainable:
         p.register_post_accumulate_grad_hook(averager.queue)

@@ -46,7 +46,13 @@ RTOL = 1e-5
 # ---------------------------------------------------------------------------
 # Test side (the project's venv): export, launch, read the verdicts
 # ---------------------------------------------------------------------------
-def make_jobs(tmp_path: Path, world: int, torch_version, hsdp: bool, sabotage: bool = False) -> list[dict]:
+def make_jobs(tmp_path: Path, world: int, torch_version, hsdp: bool, sabotage: bool = False,
+              reshard_after_forward=None, fsdp_grad_scale: float = 1.0) -> list[dict]:
+    """Export each layout to a file; ``reshard_after_forward`` (if not None) is set on every call.
+
+    ``fsdp_grad_scale``: what FSDP's own reduce-scatter multiplies the mean gradient by (1 when it
+    averages; the world size where it sums, as torch 2.6's gloo does for ReduceOp.AVG); applied to
+    the reference of layouts whose trainable parameters FSDP shards."""
     import shardviz as sv
     from shardviz import zoo
 
@@ -57,13 +63,17 @@ def make_jobs(tmp_path: Path, world: int, torch_version, hsdp: bool, sabotage: b
         layouts.append(("ignored", sv.Mesh(shard=world // 2, replicate=2)))
     for lora, mesh in layouts:
         plan = sv.Plan.auto(model, lora=lora)
+        if reshard_after_forward is not None:
+            plan = sv.Plan([sv.Unit(u.modules, reshard_after_forward=reshard_after_forward) for u in plan.units],
+                           plan.ignored, name=f"{plan.name}, reshard_after_forward={reshard_after_forward}")
         name = f"{lora}-{mesh.replicate}x{mesh.shard}"
         code = tmp_path / f"apply_{name.replace('-', '_')}.py"
         code.write_text(sv.export_code(model, plan, mesh=mesh, torch_version=torch_version))
         plan_file = tmp_path / f"plan_{name}.json"
         plan_file.write_text(plan.to_json())
         jobs.append({"name": name, "code": str(code), "plan": str(plan_file),
-                     "shard": mesh.shard, "replicate": mesh.replicate})
+                     "shard": mesh.shard, "replicate": mesh.replicate,
+                     "reference_grad_scale": fsdp_grad_scale if lora == "sharded" else 1.0})
     if sabotage:
         # The control: the same code with its gradient averaging switched off must fail the checks.
         jobs.append(dict(jobs[0], name="sabotaged-" + jobs[0]["name"], sabotage=True))
@@ -219,7 +229,7 @@ def run_job(job: dict, rank: int, world: int) -> dict:
         opt.step()
         opt.zero_grad()
         combined = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
-        ref_loss = reference(**combined).loss
+        ref_loss = reference(**combined).loss * job.get("reference_grad_scale", 1.0)
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
@@ -246,10 +256,26 @@ def run_job(job: dict, rank: int, world: int) -> dict:
     }
 
 
+def _backport_cpu_stream_noops() -> bool:
+    """torch < 2.7 cannot run FSDP2 on the CPU: its all-gather calls ``Stream.record_event()``, which
+    the CPU stream stub lacks ("'Stream' object has no attribute 'record_event'"). torch 2.7 added
+    both methods as no-ops (PR 145935, "Now I can use FSDPv2 on CPU"); add the same no-ops here.
+    This touches torch's CPU stub only, never FSDP or the exported code; GPU runs do not need it."""
+    import torch
+
+    stream = torch.cpu.Stream
+    if hasattr(stream, "record_event") and hasattr(stream, "wait_event"):
+        return False
+    stream.record_event = lambda self, event=None: None
+    stream.wait_event = lambda self, event: None
+    return True
+
+
 def worker(argv=None) -> None:
     import torch
     import torch.distributed as dist
 
+    backported = _backport_cpu_stream_noops()
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", required=True)
     parser.add_argument("--out", required=True)
@@ -258,7 +284,7 @@ def worker(argv=None) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     jobs = json.loads(Path(args.jobs).read_text())
-    out = {"rank": rank, "world": world, "torch": torch.__version__, "jobs": {}}
+    out = {"rank": rank, "world": world, "torch": torch.__version__, "cpu_stream_backport": backported, "jobs": {}}
     for job in jobs:
         out["jobs"][job["name"]] = run_job(job, rank, world)
         dist.barrier()
