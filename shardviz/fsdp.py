@@ -242,15 +242,21 @@ class Layout:
                     ul.unit.modules, "add the root module \"\" as a unit (the usual last call)",
                 ))
         for ul in self.units:
-            ul.reshard_after_forward = effective_reshard_after_forward(ul.unit, ul.is_root)
-            rar = ul.reshard_after_forward
-            if not isinstance(rar, bool) and (mesh.shard % rar or rar >= mesh.shard):
-                self.errors.append(Finding(
-                    "SV005", "error",
-                    f"call {ul.unit.name}: reshard_after_forward={rar} must be a divisor of the shard size "
-                    f"{mesh.shard} other than 1 and itself",
-                    ul.unit.modules, "use True, False or a divisor such as the ranks per node",
-                ))
+            rar = effective_reshard_after_forward(ul.unit, ul.is_root)
+            # An int is a group size to reshard to (``_get_post_forward_mesh_info``): a divisor of
+            # the shard size; 1 means False and the shard size itself means True.
+            if not isinstance(rar, bool):
+                if rar > mesh.shard or mesh.shard % rar:
+                    self.errors.append(Finding(
+                        "SV005", "error",
+                        f"call {ul.unit.name}: reshard_after_forward={rar} is not a divisor of the shard size "
+                        f"{mesh.shard}; fully_shard raises ValueError",
+                        ul.unit.modules, "use True, False or a divisor of the shard size such as the ranks per node",
+                    ))
+                    rar = True
+                elif rar in (1, mesh.shard):
+                    rar = rar == mesh.shard
+            ul.reshard_after_forward = rar
 
     def _order_units(self, own: list[int], owner: list[int]) -> None:
         """Bottom-up order: a call runs after every call nested inside it (torch requires it)."""

@@ -48,8 +48,8 @@ class Unit:
         rar = reshard_after_forward
         if rar is not None and not isinstance(rar, (bool, int)):
             raise ValueError(f"reshard_after_forward of unit {list(modules)} must be None, a bool or an int, got {rar!r}")
-        if not isinstance(rar, bool) and isinstance(rar, int) and rar < 2:
-            raise ValueError(f"reshard_after_forward={rar} of unit {list(modules)}: an int must be a divisor >= 2 of the shard size")
+        if not isinstance(rar, bool) and isinstance(rar, int) and rar < 1:
+            raise ValueError(f"reshard_after_forward={rar} of unit {list(modules)}: an int is a group size, a divisor of the shard size")
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if value is not None and value not in DTYPE_NAMES:
                 raise ValueError(f"{key}={value!r} of unit {list(modules)}: expected one of {DTYPE_NAMES}")

@@ -96,11 +96,20 @@ def test_grouped_root_is_an_error():
         sv.analyze(Odd(), sv.Plan([["a", "b"]]), sv.Mesh(2))
 
 
-def test_bad_int_reshard_after_forward():
-    plan = sv.Plan([sv.Unit("a", reshard_after_forward=3), ""])
+def test_int_reshard_after_forward_like_torch():
+    """torch takes a divisor of the shard size (1 means False, the shard size True) and refuses the rest."""
+    from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+
+    mesh = sv.Mesh(8)
     with pytest.raises(sv.PlanError, match="SV005"):
-        sv.analyze(Odd(), plan, sv.Mesh(8))
-    assert not sv.analyze(Odd(), sv.Plan([sv.Unit("a", reshard_after_forward=4), ""]), sv.Mesh(8)).errors
+        sv.analyze(Odd(), sv.Plan([sv.Unit("a", reshard_after_forward=3), ""]), mesh)
+    with fake_process_group(0, 8), pytest.raises(ValueError, match="factor of 8"):
+        apply_plan(meta_copy(Odd()), sv.Plan([sv.Unit("a", reshard_after_forward=3), ""]), device_mesh(mesh))
+    for value, effective in ((4, 4), (8, True), (1, False)):
+        plan = sv.Plan([sv.Unit("a", reshard_after_forward=value), ""])
+        a = sv.analyze(Odd(), plan, mesh)
+        assert a.units.set_index("unit").at["a", "reshard_after_forward"] == effective
+        assert sv.verify(Odd(), plan, mesh=mesh, ranks=[0]).empty  # torch accepts it
 
 
 def test_local_shape_matches_torch_chunk():

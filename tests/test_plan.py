@@ -60,7 +60,7 @@ def test_edits_return_new_plans():
     "kwargs,pattern",
     [
         ({"reshard_after_forward": "yes"}, "reshard_after_forward of unit"),
-        ({"reshard_after_forward": 1}, "divisor >= 2"),
+        ({"reshard_after_forward": 0}, "a divisor of the shard size"),
         ({"param_dtype": "fp8"}, r"param_dtype='fp8'"),
     ],
 )
