@@ -23,7 +23,8 @@ import shardviz as sv
 from shardviz import zoo
 from shardviz.cost import format_bytes
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "comparison.md"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "comparison.md"
 MODELS = (("Llama-3.1-8B + LoRA", zoo.llama3_8b), ("Llama-3.1-70B + LoRA", zoo.llama3_70b))
 RANKS = (8, 64)
 LAYOUTS = ("ignored", "sharded", "separate")
@@ -124,7 +125,22 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
+        readme = ROOT / "README.md"
+        readme.write_text(splice_readme(readme.read_text(), text))
+        print(f"updated the table in {readme}", file=sys.stderr)
     return 0
+
+
+START, END = "<!-- comparison:start -->", "<!-- comparison:end -->"
+
+
+def splice_readme(readme: str, table: str) -> str:
+    """The README with the generated table between its markers (the markers stay)."""
+    if START not in readme or END not in readme:
+        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table.strip()}\n{END}{tail}"
 
 
 if __name__ == "__main__":

@@ -24,3 +24,7 @@ def test_comparison_table_is_up_to_date():
     assert (ROOT / "docs" / "comparison.md").read_text() == fresh, (
         "docs/comparison.md is stale: run .venv/bin/python benchmarks/bench_table.py"
     )
+    readme = (ROOT / "README.md").read_text()
+    assert bench.splice_readme(readme, fresh) == readme, (
+        "the README's comparison table is stale: run .venv/bin/python benchmarks/bench_table.py"
+    )
