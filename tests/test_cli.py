@@ -162,7 +162,6 @@ def test_write_is_atomic_and_never_clobbers(tmp_path):
     (["export", "mymodels:make", "--world-size", "2", "-o", "nodir/out.py"], "does not exist"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
-    (["report", "x"], "not available yet"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, factory, capsys, argv, reason):
     (tmp_path / "bad.json").write_text("{not json")
