@@ -131,19 +131,13 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     )
 
     if release is None:
-        technique = (
-            "ignored_params on torch >= 2.7, hidden from fully_shard during the calls before"
-            if ignored
-            else "no ignored parameters"
-        )
+        technique = "with ignored_params on torch >= 2.7, by hiding them from fully_shard during the calls before"
         target = f"torch >= {_fmt(need)}, release detected when it runs"
     else:
-        if not ignored:
-            technique = "no ignored parameters"
-        elif supports_ignored_params(_fmt(release)):
-            technique = "ignored_params"
+        if supports_ignored_params(_fmt(release)):
+            technique = "with ignored_params"
         else:
-            technique = f"hidden from fully_shard during the calls (torch {_fmt(release)} has no ignored_params)"
+            technique = f"by hiding them from fully_shard during the calls (torch {_fmt(release)} has no ignored_params)"
         target = f"torch {_fmt(release)}"
 
     L: list[str] = []
@@ -152,8 +146,9 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     header = (
         f"shardviz export: plan {plan_label!r} on {tree.root_type}; mesh {mesh} "
         f"(init_device_mesh shape {mesh.shape}); target {target}. "
-        f"{len(units)} fully_shard calls, bottom-up; {len(ignored)} ignored parameters ({technique}). "
-        "Parameters FSDP does not shard are moved to the mesh's device, broadcast from the first rank, "
+        f"{len(units)} fully_shard calls, bottom-up; "
+        + (f"{len(ignored)} ignored parameters, kept out {technique}. " if ignored else "no ignored parameters. ")
+        + "Parameters FSDP does not shard are moved to the mesh's device, broadcast from the first rank, "
         f"and have their gradients averaged over all {mesh.world} data-parallel ranks in one all-reduce "
         "per backward."
     )
