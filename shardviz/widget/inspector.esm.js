@@ -268,7 +268,7 @@ function render({ model, el }) {
       f
         ? h(
             "span",
-            { class: "sv-sum-item sv-sum-findings" },
+            { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
             h("span", { class: "sv-sev sv-sev-error", text: `${f.error} errors` }),
             " ",
             h("span", { class: "sv-sev sv-sev-warning", text: `${f.warning} warnings` }),

@@ -101,6 +101,7 @@ class Inspector(widgets.VBox):
         self._sent_rows: dict[str, dict] = {}
         self._syncing = False
         self._outbox: list[dict] = []  # custom messages, for tests (the last few)
+        self._last_severities: dict | None = None
         self._controls = self._build_controls()
         super().__init__([self._controls, self.view])
         self.add_class("sv-inspector-box")
@@ -279,6 +280,8 @@ class Inspector(widgets.VBox):
         if findings is not None:
             for f in findings:
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
+            self._last_severities = sev
+        stale = findings is None  # the checks of this change run after the charts and rows are sent
         mem = st.memory
         return {
             "revision": st.revision,
@@ -294,7 +297,8 @@ class Inspector(widgets.VBox):
             "n_units": len(st.plan.units),
             "n_ignored": len(st.plan.ignored),
             "plan_name": st.plan.name,
-            "findings": sev if findings is not None else None,
+            "findings": sev if not stale else self._last_severities,
+            "findings_stale": stale,
             "peak": mem.get("max_peak"),
             "worst_rank": mem.get("worst_rank"),
             "limit": mesh.device_memory,
