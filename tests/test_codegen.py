@@ -359,3 +359,29 @@ def test_a_training_step_runs_after_apply(tiny):
         opt.zero_grad()
 
     apply_under_fake_pg(sv.export_code(model, plan, mesh=sv.Mesh(2), torch_version=None), model, sv.Mesh(2), 0, step)
+
+
+def test_grad_average_on_a_mesh_smaller_than_the_world():
+    """A 2-D data-parallel mesh inside a larger world (e.g. beside tensor parallelism): the sum runs
+    over each mesh dimension in turn, then divides by the mesh size."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    model = TwoBranch()
+    mesh = sv.Mesh(shard=2, replicate=2)
+    module = load_exported(sv.export_code(model, sv.Plan([]), mesh=mesh))
+    counter = CountingDist(module.dist)
+    module.dist = counter
+    with fake_process_group(0, 8):
+        dmesh = DeviceMesh("cpu", torch.arange(4).view(2, 2), mesh_dim_names=("replicate", "shard"))
+        module.apply_fsdp(model, dmesh)
+        assert counter.broadcasts == 2  # one per mesh dimension
+        raw = model.a.weight.detach().clone()
+        model(torch.randn(3, 4))["out"].sum().backward()
+        assert counter.all_reduces == 2
+        x = torch.randn(3, 4)
+        model.zero_grad()
+        out = model(x)["out"].sum()
+        (expected,) = torch.autograd.grad(model(x)["out"].sum(), model.b.weight)
+        out.backward()
+        torch.testing.assert_close(model.b.weight.grad, expected / 4)
+        assert torch.equal(model.a.weight.detach(), raw)
