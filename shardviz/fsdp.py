@@ -305,7 +305,8 @@ class Layout:
         return (shard_rows(shape[0], self.mesh.shard),) + shape[1:]
 
     def padded_shard_numel(self, p: int) -> int:
-        return math.prod(self.shard_shape(p))
+        info = self.tree.params[p]
+        return shard_rows(info.shape[0], self.mesh.shard) * info.row_numel if info.shape else 1
 
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
         """``p.to_local().shape`` on global ``rank`` (the full shape when FSDP does not shard it)."""

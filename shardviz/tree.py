@@ -28,22 +28,22 @@ class ParamInfo:
     requires_grad: bool
     role: str  # "base" or "lora"
     owners: tuple[int, ...]  # modules that register it directly (recurse=False)
+    # Derived once here: analyses read them for every parameter on every toggle.
+    numel: int = field(init=False)
+    itemsize: int = field(init=False)
+    nbytes: int = field(init=False)
+    row_numel: int = field(init=False)  # elements per dim-0 row
+
+    def __post_init__(self):
+        numel = math.prod(self.shape)
+        object.__setattr__(self, "numel", numel)
+        object.__setattr__(self, "itemsize", self.dtype.itemsize)
+        object.__setattr__(self, "nbytes", numel * self.dtype.itemsize)
+        object.__setattr__(self, "row_numel", math.prod(self.shape[1:]))
 
     @property
     def fqn(self) -> str:
         return self.fqns[0]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
 
 
 @dataclass
