@@ -17,6 +17,7 @@ errors first. Every code is stable: tests, users and the widget grep for them.
 | SV109 | warning  | a call on modules all of whose parameters are ignored: it shards nothing |
 | SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
+| SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
 """
 
 from __future__ import annotations
@@ -266,8 +267,30 @@ def check_all_ignored_units(analysis) -> list[Finding]:
     return out
 
 
+def check_mixed_optimizer_groups(analysis) -> list[Finding]:
+    """Sharded parameters are DTensors, whole ones plain tensors; torch's foreach optimizer kernels
+    (the default for accelerator tensors) raise "got mixed torch.Tensor and DTensor" on one group
+    holding both (checked against torch in tests/test_mixed_optimizer.py)."""
+    lay, tree = analysis.layout, analysis.tree
+    trainable = [p for p in tree.params if p.requires_grad]
+    sharded = [p for p in trainable if lay.param_status[p.index] == "sharded"]
+    whole = [p for p in trainable if lay.param_status[p.index] != "sharded"]
+    if not sharded or not whole:
+        return []
+    return [Finding(
+        "SV112", "warning",
+        f"trainable parameters of both kinds: {_plural(len(sharded), 'sharded parameter')} (DTensor) and "
+        f"{_plural(len(whole), 'whole parameter')} (plain Tensor); an optimizer with one group over all of them "
+        "raises 'got mixed torch.Tensor and DTensor' at step() with foreach kernels (torch's default on GPU)",
+        [p.fqn for p in whole][:MAX_FQNS],
+        "build the optimizer from optimizer_param_groups(model), which the exported code defines "
+        "(one group of DTensors, one of plain tensors), or pass foreach=False",
+    )]
+
+
 CHECKS = (
     check_unsynchronised,
+    check_mixed_optimizer_groups,
     check_root_only,
     check_dominant_unit,
     check_padding,

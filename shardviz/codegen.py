@@ -158,7 +158,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("Usage::")
     add("")
     add("    model = apply_fsdp(model)  # after torch.distributed is initialised, before building the optimizer")
-    add("    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])")
+    add("    optimizer = torch.optim.AdamW(optimizer_param_groups(model))")
     add("    loss = model(**batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()")
     add("")
     add("The gradients of trainable parameters FSDP leaves whole are averaged at the end of every")
@@ -399,6 +399,16 @@ def _tensors(obj):
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from _tensors(value)
+
+
+def optimizer_param_groups(model):
+    """The trainable parameters as optimizer param groups: sharded ones (DTensor) apart from whole
+    ones (plain tensors). One group holding both fails in torch's foreach kernels (the default on GPU)
+    with "got mixed torch.Tensor and DTensor"."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    sharded = [p for p in trainable if isinstance(p, DTensor)]
+    whole = [p for p in trainable if not isinstance(p, DTensor)]
+    return [{"params": group} for group in (sharded, whole) if group]
 
 
 def _replicate_unsharded(model, mesh):
