@@ -21,7 +21,8 @@ class Finding:
         object.__setattr__(self, "fqns", tuple(self.fqns))
 
     def __str__(self) -> str:
-        where = f" [{', '.join(self.fqns[:3])}{', ...' if len(self.fqns) > 3 else ''}]" if self.fqns else ""
+        names = [f if f else "<root>" for f in self.fqns[:3]]
+        where = f" [{', '.join(names)}{', ...' if len(self.fqns) > 3 else ''}]" if self.fqns else ""
         fix = f" Fix: {self.fix}" if self.fix else ""
         return f"{self.severity.upper()} {self.code}: {self.message}{where}{fix}"
 
