@@ -221,8 +221,8 @@ def check_padding(analysis) -> list[Finding]:
         f"padding is {waste / allocated:.1%} of what the ranks allocate for shards ({_gb(waste / shard)} per rank): "
         f"fully_shard pads dim 0 of each parameter to a multiple of {shard} ranks",
         [f for _, f in worst][:MAX_FQNS],
-        f"use a shard size that divides the first dimension of the largest padded parameters, or keep tiny "
-        f"parameters (LoRA, norms) out of the sharded groups (ignored, or a mesh with fewer ranks)",
+        "use a shard size that divides the first dimension of the largest padded parameters, or keep tiny "
+        "parameters (LoRA, norms) out of the sharded groups (ignored, or a mesh with fewer ranks)",
     )]
 
 

@@ -20,7 +20,6 @@ import argparse
 import importlib
 import os
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -135,11 +134,9 @@ def build_plan(model, args):
 # Output
 # ---------------------------------------------------------------------------
 def write_atomic(path: str, text: str, force: bool) -> None:
-    """Write ``text`` to ``path`` all at once: readers see the old file or the new one, never half.
+    """Write ``text`` to ``path`` atomically; without ``force`` an existing file is left alone."""
+    from .files import write_text_atomic
 
-    Without ``force`` an existing file is left alone (also one created meanwhile: the final step
-    is a hard link, which fails if the name exists).
-    """
     target = Path(path)
     if target.is_dir():
         raise CliError(f"{path!r} is a directory")
@@ -148,27 +145,10 @@ def write_atomic(path: str, text: str, force: bool) -> None:
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise CliError(f"folder {str(folder)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        if force:
-            os.replace(tmp, target)
-        else:
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                raise CliError(f"{path!r} exists; pass --force to overwrite it") from None
-            except OSError:  # a filesystem without hard links
-                if target.exists():
-                    raise CliError(f"{path!r} exists; pass --force to overwrite it") from None
-                os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        write_text_atomic(target, text, overwrite=force)
+    except FileExistsError:
+        raise CliError(f"{path!r} exists; pass --force to overwrite it") from None
 
 
 def emit(text: str, output: str | None, force: bool) -> None:

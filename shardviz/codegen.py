@@ -31,10 +31,9 @@ from .fsdp import (
     Mesh,
     fully_shard_module_path,
     parse_version,
-    supports_grouped_call,
     supports_ignored_params,
 )
-from .plan import Plan, Unit, as_plan
+from .plan import Unit, as_plan
 from .tree import as_tree
 
 _PUBLIC_DTENSOR = (2, 5)  # torch.distributed.tensor became public in 2.5 (2.4: torch.distributed._tensor)
@@ -176,11 +175,11 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("")
     add('_RELEASE = tuple(int(x) for x in re.match(r"(\\d+)\\.(\\d+)", torch.__version__).groups())')
     add(f"if _RELEASE < {need!r}:")
-    add(f"    raise ImportError(")
+    add("    raise ImportError(")
     add(f"        {('this fully_shard code (exported for ' + target + ') needs torch >= ' + _fmt(need) + '; installed: torch ')!r}")
-    add(f"        + torch.__version__")
+    add("        + torch.__version__")
     add(f"        + {'; export it again for this release (shardviz export --torch X.Y, or torch_version=None)'!r}")
-    add(f"    )")
+    add("    )")
     if release is None:
         add("if _RELEASE >= (2, 6):  # public path since 2.6")
         add(f"    from torch.distributed.fsdp import {', '.join(fsdp_names)}")
@@ -226,7 +225,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("")
     add("")
     add("def apply_fsdp(model, mesh=None):")
-    add(f'    """Apply the plan to ``model`` in place and return it.')
+    add('    """Apply the plan to ``model`` in place and return it.')
     add("")
     add(f"    ``mesh``: a DeviceMesh of shape {mesh.shape} ({'(replicate, shard): HSDP' if mesh.is_hsdp else 'shard'}); "
         "by default one is made over all ranks")

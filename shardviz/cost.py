@@ -263,7 +263,6 @@ class CostModel:
             return np.rint(np.bincount(u, weights=weights, minlength=n_units)).astype(np.int64)
 
         n_params = np.bincount(u, minlength=n_units)
-        shard_b = per_unit(padded * isz)
         gather_b = per_unit(padded * pd_isz) * S
         # all-gather inputs staged before the collective: the foreach copy into param dtype
         # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard

@@ -18,7 +18,6 @@ Every rule names the torch source it mirrors (torch 2.13, ``torch/distributed/fs
 from __future__ import annotations
 
 import heapq
-import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property

@@ -173,13 +173,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 
 def write_report(path, model, plan, mesh: Mesh | None = None, training=None, **kwargs) -> str:
     """Render the report and write it atomically to ``path``; returns the path."""
-    import os
-    import tempfile
+    from .files import write_text_atomic
 
-    text = render_report(model, plan, mesh, training, **kwargs)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report-", suffix=".html")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, render_report(model, plan, mesh, training, **kwargs))
     return str(path)

@@ -17,11 +17,10 @@ Rules (the Inspector's "nothing lost" promise):
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_text_atomic
 from ..plan import Plan
 
 
@@ -36,29 +35,8 @@ def _digest(data: bytes | None) -> str | None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (same folder, fsynced)."""
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable where the platform allows it
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    (path.parent if str(path.parent) else Path(".")).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text)
 
 
 @dataclass

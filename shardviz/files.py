@@ -1,0 +1,48 @@
+"""Writing files so that nothing is ever half-written or silently clobbered."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path, text: str, *, overwrite: bool = True) -> Path:
+    """Write ``text`` to ``path`` all at once: readers see the old file or the new one, never half.
+
+    A temporary file in the same folder is written and fsynced, then renamed over ``path``
+    (``overwrite=True``) or hard-linked to it, which fails with ``FileExistsError`` if the name
+    exists, also when another process created it meanwhile (``overwrite=False``).
+    """
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        if overwrite:
+            os.replace(tmp, target)
+        else:
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                raise
+            except OSError:  # a filesystem without hard links
+                if target.exists():
+                    raise FileExistsError(str(target)) from None
+                os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    try:  # make the rename itself durable where the platform allows it
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return target
