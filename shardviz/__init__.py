@@ -10,7 +10,7 @@ from .plan import Plan, Unit
 from .tree import ModelTree
 from .widget import Inspector
 
-__all__ = ["Analysis", "Comparison", "Finding", "Sweep", "compare", "sweep", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
+__all__ = ["Analysis", "Comparison", "Finding", "Inspector", "Sweep", "compare", "sweep", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
 __version__ = "0.1.0"
 
 

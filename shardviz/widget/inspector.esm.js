@@ -2,7 +2,8 @@
 //
 // Python (shardviz/widget/inspector.py) is the single source of every number: this file only
 // draws what it is sent and sends back what the user clicked.
-//   traits:   summary, memory, traffic, findings, code, verify_result, messages, tab, torch_version
+//   traits:   summary, memory, traffic, findings, comparison, code, verify_result, messages, tab,
+//             torch_version
 //   messages: {type:"rows", order?, rows, reset}  visible rows that changed (virtualised list)
 //             {type:"reveal", id}                  scroll to a row and flash it
 //             {type:"ack", req, ok, error}          answer to each request
@@ -209,6 +210,7 @@ function render({ model, el }) {
 
   const tabs = [
     ["charts", "Memory & traffic"],
+    ["compare", "A vs B"],
     ["findings", "Findings"],
     ["export", "Export"],
   ];
@@ -229,11 +231,20 @@ function render({ model, el }) {
   const chartsPanel = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl);
   const findingsPanel = h("div", { class: "sv-panel sv-panel-findings", "data-panel": "findings" });
   const exportPanel = h("div", { class: "sv-panel sv-panel-export", "data-panel": "export" });
+  const comparePanel = h("div", { class: "sv-panel sv-panel-compare", "data-panel": "compare" });
+  const pinBtn = h("button", {
+    class: "sv-btn sv-pin",
+    text: "pin as A",
+    title: "keep the current plan, mesh and training as A; the A vs B tab then compares it with every later change (B)",
+    onclick: () => send("pin"),
+  });
+  const unpinBtn = h("button", { class: "sv-btn sv-unpin", text: "unpin A", title: "forget A", hidden: true, onclick: () => send("unpin") });
   const viewsEl = h(
     "div",
     { class: "sv-views" },
-    h("div", { class: "sv-tabs", role: "tablist" }, tabButtons),
+    h("div", { class: "sv-tabs" }, h("div", { class: "sv-tablist", role: "tablist" }, tabButtons), h("span", { class: "sv-pin-box" }, pinBtn, unpinBtn)),
     chartsPanel,
+    comparePanel,
     findingsPanel,
     exportPanel,
   );
@@ -275,6 +286,24 @@ function render({ model, el }) {
           )
         : h("span", { class: "sv-sum-item sv-muted", text: "checking…" }),
     );
+    const cmp = model.get("comparison") || {};
+    const peak = cmp.pinned && cmp.available ? (cmp.rows || []).find((r) => r.key === "peak") : null;
+    if (peak) {
+      summaryEl.append(
+        h("a", {
+          class: "sv-sum-item sv-sum-pinned",
+          href: "#",
+          title: "A is pinned: open the A vs B tab",
+          text: `A vs B: peak ${fmtDelta(peak.delta, "bytes")}, ${cmp.n_diff} params differ`,
+          onclick: (e) => {
+            e.preventDefault();
+            model.set("tab", "compare");
+            model.save_changes();
+            showTab("compare");
+          },
+        }),
+      );
+    }
     if (sm.plan_file) {
       const pf = sm.plan_file;
       summaryEl.append(
@@ -734,11 +763,185 @@ function render({ model, el }) {
     trafficEl.dataset.revision = String(tr.revision);
   }
 
+  // -- A vs B (pinned plan against the current one) ----------------------------------------------------
+  function fmtValue(v, kind) {
+    return kind === "bytes" ? fmtBytes(v) : String(v);
+  }
+
+  function fmtDelta(d, kind) {
+    if (!d) return "±0";
+    return `${d > 0 ? "+" : "−"}${fmtValue(Math.abs(d), kind)}`;
+  }
+
+  function describe(side, label) {
+    return h(
+      "div",
+      { class: `sv-cmp-side sv-cmp-side-${side.key}` },
+      h("span", { class: `sv-swatch sv-pair-${side.key}` }),
+      h("b", { text: label }),
+      ` ${side.d.n_units} calls · ${side.d.n_ignored} ignored${side.d.plan_name ? ` · ${side.d.plan_name}` : ""} · ${side.d.mesh}`,
+    );
+  }
+
+  // one pair of horizontal bars (A above B) per row, on one scale
+  function pairedBars(title, rows, kind, limit) {
+    const W = 520;
+    const labelW = 150;
+    const valueW = 90;
+    const barH = 11;
+    const rowH = 2 * barH + 10;
+    const barW = W - labelW - valueW;
+    const top = Math.max(1, ...rows.flatMap((r) => [r.a, r.b]));
+    // a limit far above every bar would squash them flat: then it is named, not drawn
+    const limitOnScale = limit && limit <= 4 * top;
+    const max = Math.max(top, limitOnScale ? limit : 0);
+    const padT = limit ? 14 : 2;
+    const H = rows.length * rowH + padT + 2;
+    const svg = s("svg", { class: "sv-svg sv-cmp-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
+    rows.forEach((r, i) => {
+      const y = padT + i * rowH;
+      const g = s("g", { class: "sv-cmp-pair", "data-key": r.key });
+      g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + barH + 4, "text-anchor": "end", text: r.label }));
+      for (const [j, side] of [["a", "A"], ["b", "B"]].entries()) {
+        const v = r[side[0]];
+        const w = v > 0 ? Math.max(1, (barW * v) / max) : 0;
+        const yy = y + j * (barH + 2);
+        const rect = s("rect", { class: `sv-seg sv-pair-${side[0]}`, x: labelW, y: yy, width: w, height: barH, "data-side": side[0], "data-value": v });
+        rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${v.toLocaleString()} B)` : ""}` }));
+        g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: yy + barH - 1, text: `${side[1]} ${fmtValue(v, kind)}` }));
+      }
+      svg.append(g);
+    });
+    if (limitOnScale) {
+      const x = labelW + (barW * limit) / max;
+      svg.append(s("line", { class: "sv-limit", x1: x, x2: x, y1: padT - 2, y2: H }));
+      svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+    } else if (limit) {
+      svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+    }
+    return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
+  }
+
+  function renderCompare() {
+    const c = model.get("comparison") || {};
+    comparePanel.replaceChildren();
+    comparePanel.dataset.pinned = String(!!c.pinned);
+    comparePanel.dataset.revision = String(c.revision ?? "");
+    pinBtn.textContent = c.pinned ? "re-pin as A" : "pin as A";
+    unpinBtn.hidden = !c.pinned;
+    const tabBtn = tabButtons.find((b) => b.dataset.tab === "compare");
+    tabBtn.textContent = c.pinned && c.available ? `A vs B (${c.n_diff} differ)` : "A vs B";
+    if (!c.pinned) {
+      comparePanel.append(
+        h(
+          "div",
+          { class: "sv-muted sv-cmp-empty" },
+          "Nothing pinned. ",
+          h("button", { class: "sv-btn sv-pin", text: "pin as A", onclick: () => send("pin") }),
+          " keeps the current plan as A; change the plan afterwards and this tab shows A against the current plan (B).",
+        ),
+      );
+      return;
+    }
+    const head = h("div", { class: "sv-cmp-head" }, describe({ key: "a", d: c.a }, "A (pinned)"), describe({ key: "b", d: c.b }, "B (current)"));
+    if (!c.same_mesh || !c.same_training) {
+      const what = [!c.same_mesh ? "mesh" : null, !c.same_training ? "training" : null].filter(Boolean).join(" and ");
+      head.append(h("div", { class: "sv-chart-note sv-cmp-differs", title: `A: ${c.a.training}\nB: ${c.b.training}`, text: `A and B differ in ${what} as well as in the plan.` }));
+    }
+    comparePanel.append(head);
+    if (!c.available) {
+      comparePanel.append(h("div", { class: "sv-muted", text: c.reason || "no comparison" }));
+      return;
+    }
+    const rows = c.rows || [];
+    const table = h(
+      "table",
+      { class: "sv-cmp-table" },
+      h("tr", {}, h("th", { text: "on the busiest rank / per step" }), h("th", { class: "sv-cmp-a", text: "A" }), h("th", { class: "sv-cmp-b", text: "B" }), h("th", { class: "sv-cmp-delta", text: "B − A" })),
+    );
+    let group = null;
+    for (const r of rows) {
+      if (r.group !== group) {
+        group = r.group;
+        table.append(h("tr", { class: "sv-cmp-group" }, h("td", { colspan: 4, text: group })));
+      }
+      const cls = r.delta === 0 ? "sv-cmp-same" : r.delta > 0 ? "sv-cmp-up" : "sv-cmp-down"; // more is costlier, for every row
+      table.append(
+        h(
+          "tr",
+          { class: `sv-cmp-row ${cls}`, "data-key": r.key },
+          h("td", { class: "sv-cmp-label", text: r.label }),
+          h("td", { class: "sv-cmp-a", "data-value": r.a, title: r.kind === "bytes" ? `${r.a.toLocaleString()} B` : "", text: fmtValue(r.a, r.kind) }),
+          h("td", { class: "sv-cmp-b", "data-value": r.b, title: r.kind === "bytes" ? `${r.b.toLocaleString()} B` : "", text: fmtValue(r.b, r.kind) }),
+          h("td", { class: "sv-cmp-delta", "data-value": r.delta, text: fmtDelta(r.delta, r.kind) }),
+        ),
+      );
+    }
+    const f = c.findings || {};
+    const tableBox = h(
+      "div",
+      { class: "sv-cmp-tablebox" },
+      table,
+      h("div", { class: "sv-chart-note", text: `peak on rank ${c.peak_rank.a} (A) and rank ${c.peak_rank.b} (B) · finding codes A: ${f.a || "none"} · B: ${f.b || "none"}` }),
+    );
+    const by = (g) => rows.filter((r) => r.group === g);
+    const charts = h(
+      "div",
+      { class: "sv-cmp-charts" },
+      pairedBars("memory on the busiest rank", by("memory"), "bytes", c.limit && c.limit.b),
+      pairedBars("traffic per step", by("traffic"), "bytes", null),
+      pairedBars("collectives per step", by("collectives"), "count", null),
+      h(
+        "div",
+        { class: "sv-legend" },
+        h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch sv-pair-a" }), "A (pinned)"),
+        h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch sv-pair-b" }), "B (current)"),
+      ),
+    );
+    const diff = c.diff || [];
+    const diffBox = h(
+      "div",
+      { class: "sv-cmp-diff", "data-n": c.n_diff },
+      h("div", { class: "sv-chart-title", text: c.n_diff ? `${c.n_diff} parameters whose status or call differs` : "No parameter differs in status or call." }),
+    );
+    if (diff.length) {
+      const dt = h("table", { class: "sv-cmp-diff-table" }, h("tr", {}, h("th", { text: "parameter" }), h("th", { text: "A" }), h("th", { text: "B" })));
+      const where = (st, unit) => `${st}${unit ? ` in ${unit}` : ""}`;
+      for (const d of diff) {
+        dt.append(
+          h(
+            "tr",
+            { class: "sv-cmp-diff-row", "data-fqn": d.fqn },
+            h(
+              "td",
+              {},
+              h("a", {
+                class: "sv-reveal",
+                href: "#",
+                text: d.fqn,
+                title: "reveal in the tree",
+                onclick: (e) => {
+                  e.preventDefault();
+                  send("reveal", { fqn: d.fqn });
+                },
+              }),
+            ),
+            h("td", { class: "sv-cmp-diff-a", text: where(d.status_a, d.unit_a) }),
+            h("td", { class: "sv-cmp-diff-b", text: where(d.status_b, d.unit_b) }),
+          ),
+        );
+      }
+      diffBox.append(h("div", { class: "sv-cmp-diff-scroll" }, dt));
+      if (c.n_diff > diff.length) diffBox.append(h("div", { class: "sv-muted sv-cmp-more", text: `and ${c.n_diff - diff.length} more` }));
+    }
+    comparePanel.append(h("div", { class: "sv-cmp-grid" }, tableBox, charts), diffBox);
+  }
+
   // -- findings -------------------------------------------------------------------------------------
   function renderFindings() {
     const list = model.get("findings") || [];
     findingsPanel.replaceChildren();
-    const countBtn = tabButtons[1];
+    const countBtn = tabButtons.find((b) => b.dataset.tab === "findings");
     const errors = list.filter((f) => f.severity === "error").length;
     countBtn.textContent = `Findings (${list.length})`;
     countBtn.classList.toggle("sv-has-errors", errors > 0);
@@ -895,7 +1098,7 @@ function render({ model, el }) {
   // -- tabs --------------------------------------------------------------------------------------------
   function showTab(key) {
     for (const b of tabButtons) b.classList.toggle("sv-active", b.dataset.tab === key);
-    for (const p of [chartsPanel, findingsPanel, exportPanel]) p.hidden = p.dataset.panel !== key;
+    for (const p of [chartsPanel, comparePanel, findingsPanel, exportPanel]) p.hidden = p.dataset.panel !== key;
     root.dataset.tab = key;
   }
 
@@ -921,6 +1124,7 @@ function render({ model, el }) {
     ["change:memory", renderMemory],
     ["change:traffic", renderTraffic],
     ["change:findings", renderFindings],
+    ["change:comparison", () => (renderCompare(), renderSummary())],
     ["change:code", renderCode],
     ["change:verify_result", renderVerify],
     ["change:tab", () => showTab(model.get("tab"))],
@@ -933,6 +1137,7 @@ function render({ model, el }) {
   renderMemory();
   renderTraffic();
   renderFindings();
+  renderCompare();
   renderCode();
   renderVerify();
   showTab(model.get("tab") || "charts");

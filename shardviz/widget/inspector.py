@@ -7,12 +7,12 @@ from ``sv.analyze``.
 
 Traffic to the front end is kept small, whatever the model's size:
 
-- small synced traits: ``summary``, ``memory``, ``traffic``, ``findings``, ``code``, ``verify``,
-  ``messages``;
+- small synced traits: ``summary``, ``memory``, ``traffic``, ``findings``, ``comparison`` (A vs B,
+  once a plan is pinned), ``code``, ``verify``, ``messages``;
 - the tree goes as custom messages ``{"type": "rows", "order": [...], "rows": {...}}`` holding
   only the rows that are visible (expanded) *and* changed since the last message;
-- after a toggle, the charts go first, then the rows, then the findings (the slowest checks),
-  so the chart never waits for the rest.
+- after a toggle, the charts go first, then the rows, then the findings (the slowest checks) and
+  the A vs B comparison (it needs the findings), so the chart never waits for the rest.
 
 The front end sends ``{"type": "action", "action": name, "args": {...}, "req": n}``; every name is
 a method of ``InspectorState`` listed in ``FRONT_END_ACTIONS`` (anything else is refused), and
@@ -59,6 +59,8 @@ FRONT_END_ACTIONS = {
     "save_code": ("path", "torch_version", "overwrite"),
     "verify": (),
     "overwrite_plan_file": (),
+    "pin": (),
+    "unpin": (),
 }
 #: Releases offered in the export's "target torch" menu ("" = detected when the code runs).
 TORCH_RELEASES = ["", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4"]
@@ -74,6 +76,7 @@ class InspectorView(anywidget.AnyWidget):
     memory = traitlets.Dict().tag(sync=True)
     traffic = traitlets.Dict().tag(sync=True)
     findings = traitlets.List().tag(sync=True)
+    comparison = traitlets.Dict({"pinned": False}).tag(sync=True)
     code = traitlets.Dict().tag(sync=True)
     verify_result = traitlets.Dict().tag(sync=True)
     messages = traitlets.List().tag(sync=True)
@@ -309,6 +312,7 @@ class Inspector(widgets.VBox):
             "truncated": st.view.truncated,
             "has_model": st.model is not None,
             "optimizer": str(getattr(st.training, "optimizer", "")),
+            "pinned": st.pinned is not None,
         }
 
     def _push_state(self, initial: bool = False) -> None:
@@ -322,6 +326,7 @@ class Inspector(widgets.VBox):
         self._push_rows(reset=initial)
         v.findings = st.findings
         with v.hold_sync():
+            v.comparison = {**st.comparison, "revision": rev}
             v.summary = self._summary()
             v.verify_result = {}
             if v.tab == "export":
@@ -375,6 +380,10 @@ class Inspector(widgets.VBox):
         if "rows" in changed:
             self._push_rows()
             with self.view.hold_sync():
+                self.view.summary = self._summary()
+        if "pin" in changed:
+            with self.view.hold_sync():
+                self.view.comparison = {**self.controller.comparison, "revision": self.controller.revision}
                 self.view.summary = self._summary()
         if "reveal" in changed:
             self._send_msg({"type": "reveal", "id": self.controller.last_reveal})
@@ -452,5 +461,6 @@ _DELEGATED = frozenset({
     "apply_to_type", "apply_preset", "set_plan", "set_mesh", "set_training", "undo", "redo", "can_undo", "can_redo",
     "expand", "collapse", "collapse_all", "set_filter", "set_rank", "reveal", "rows", "export_code", "save_code",
     "verify", "overwrite_plan_file", "plan_file_status", "tree", "memory", "traffic", "findings", "stats",
+    "pin", "unpin", "pinned", "comparison", "pinned_comparison",
     "timings", "messages", "revision",
 })

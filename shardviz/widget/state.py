@@ -4,7 +4,11 @@
 (plan, mesh, training) for undo/redo, the current ``Analysis`` (``sv.analyze`` on the cached tree,
 ``strict=False`` so that a plan torch would refuse shows its reasons as findings), the tree view
 (expansion, filters, chosen rank) and the plan file. The widget front end only sends these
-actions and draws what ``rows()``, ``memory``, ``traffic`` and ``findings`` return.
+actions and draws what ``rows()``, ``memory``, ``traffic``, ``findings`` and ``comparison`` return.
+
+``pin()`` keeps the current (plan, mesh, training) and its analysis as "A"; ``comparison`` then
+sets A against the current state ("B") with ``sv.Comparison``, updated after every change. Pinning
+is view state, like the filters: not an undo step (undo moves B, A stays where it was pinned).
 
 Every change either fully happens or raises ``ValueError`` and changes nothing: the new plan is
 analysed before it becomes current.
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..analysis import Analysis, analyze
+from ..compare import Comparison
 from ..cost import Training
 from ..fsdp import Mesh
 from ..plan import LORA_LAYOUTS, Plan, Unit, as_plan
@@ -67,6 +72,8 @@ class InspectorState:
         self._code_cache: dict = {}
         self.verify_result: dict | None = None
         self.last_reveal: str | None = None
+        self.pinned: Snapshot | None = None  # "A" of the A vs B view (see pin())
+        self._pinned_analysis: Analysis | None = None
 
         explicit = as_plan(plan) if plan is not None else None
         self.plan_file = PlanFile(plan_path) if plan_path is not None else None
@@ -175,6 +182,21 @@ class InspectorState:
     def findings(self) -> list[dict]:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
         return self._lazy("findings", lambda: views.findings_payload(self.analysis))
+
+    @property
+    def comparison(self) -> dict:
+        """The A vs B view's data (``views.comparison_payload``); ``{"pinned": False}`` until ``pin()``."""
+        return self._lazy("comparison", lambda: views.comparison_payload(self.pinned_comparison(), self.pinned, self.current))
+
+    def pinned_comparison(self) -> Comparison | None:
+        """``sv.Comparison`` of the pinned state ("A") and the current one ("B"); None when nothing is pinned.
+
+        Both analyses are ``sv.analyze(tree, plan, mesh, training, strict=False)`` on the cached tree,
+        as ``sv.compare`` makes them, so ``table`` and ``diff("A", "B")`` are exactly compare's.
+        """
+        if self.pinned is None:
+            return None
+        return Comparison({"A": self._pinned_analysis, "B": self.analysis})
 
     def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, what: str = "") -> bool:
         """Make (plan, mesh, training) current as one undo step; False when nothing changed."""
@@ -466,6 +488,24 @@ class InspectorState:
     # ------------------------------------------------------------------------------------
     # view (not undoable)
     # ------------------------------------------------------------------------------------
+    def pin(self) -> None:
+        """Keep the current plan, mesh and training as "A" (replacing an earlier pin); the current
+        state, as it changes from now on, is "B" in ``comparison``."""
+        self.pinned = self.current
+        self._pinned_analysis = self.analysis
+        self._derived.pop("comparison", None)
+        self._notify({"pin"})
+
+    def unpin(self) -> bool:
+        """Forget "A"; False when nothing was pinned."""
+        if self.pinned is None:
+            return False
+        self.pinned = None
+        self._pinned_analysis = None
+        self._derived.pop("comparison", None)
+        self._notify({"pin"})
+        return True
+
     def expand(self, target, open: bool = True) -> None:  # noqa: A002 - mirrors the UI's word
         self.view.set_expanded(target, open)
         self._notify({"rows"})

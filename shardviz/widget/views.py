@@ -176,6 +176,65 @@ def findings_payload(analysis) -> list[dict]:
     return out
 
 
+#: The A vs B table, top to bottom: (key of ``Comparison.table``, label, "bytes" or "count", group).
+COMPARISON_ROWS = (
+    ("params", "parameters", "bytes", "memory"),
+    ("grads", "gradients", "bytes", "memory"),
+    ("optimizer", "optimizer states", "bytes", "memory"),
+    ("peak", "peak", "bytes", "memory"),
+    ("bytes_per_step", "collective bytes per step", "bytes", "traffic"),
+    ("sent_bytes_per_rank", "sent per rank per step", "bytes", "traffic"),
+    ("collectives_per_step", "collectives per step", "count", "collectives"),
+    ("n_all_gather", "all_gather", "count", "collectives"),
+    ("n_reduce_scatter", "reduce_scatter", "count", "collectives"),
+    ("n_all_reduce", "all_reduce", "count", "collectives"),
+    ("errors", "errors", "count", "findings"),
+    ("warnings", "warnings", "count", "findings"),
+)
+MAX_DIFF_SHOWN = 100
+
+
+def _describe(snap) -> dict:
+    plan = snap.plan
+    return {"plan_name": plan.name or "", "n_units": len(plan.units), "n_ignored": len(plan.ignored),
+            "mesh": str(snap.mesh), "training": repr(snap.training)}
+
+
+def _text(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x)
+
+
+def comparison_payload(comparison, pinned=None, current=None) -> dict:
+    """The A vs B view: ``comparison.table`` rows for "A" and "B", and ``comparison.diff("A", "B")``
+    (the first ``MAX_DIFF_SHOWN`` parameters, with the total). ``{"pinned": False}`` without a pin."""
+    if comparison is None:
+        return {"pinned": False}
+    out = {"pinned": True, "a": _describe(pinned), "b": _describe(current),
+           "same_mesh": pinned.mesh == current.mesh, "same_training": pinned.training == current.training}
+    try:
+        table = comparison.table
+        diff = comparison.diff("A", "B")
+    except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
+        out.update(available=False, reason=f"no comparison: {type(exc).__name__}: {exc}", rows=[], diff=[], n_diff=0)
+        return out
+    rows = []
+    for key, label, kind, group in COMPARISON_ROWS:
+        a, b = _int(table.at["A", key]), _int(table.at["B", key])
+        rows.append({"key": key, "label": label, "kind": kind, "group": group, "a": a, "b": b, "delta": b - a})
+    out["rows"] = rows
+    out["peak_rank"] = {"a": _int(table.at["A", "peak_rank"]), "b": _int(table.at["B", "peak_rank"])}
+    out["limit"] = {"a": pinned.mesh.device_memory, "b": current.mesh.device_memory}
+    out["findings"] = {"a": _text(table.at["A", "findings"]), "b": _text(table.at["B", "findings"])}
+    shown = diff.head(MAX_DIFF_SHOWN)
+    out["diff"] = [
+        {"fqn": str(f), "status_a": _text(sa), "unit_a": _text(ua), "status_b": _text(sb), "unit_b": _text(ub)}
+        for f, sa, ua, sb, ub in zip(shown["fqn"], shown["status (A)"], shown["unit (A)"], shown["status (B)"], shown["unit (B)"])
+    ]
+    out["n_diff"] = int(len(diff))
+    out["available"] = True
+    return out
+
+
 # ---------------------------------------------------------------------------
 # plotly figures for the Python API (the notebook front end draws the same data as SVG)
 # ---------------------------------------------------------------------------
