@@ -277,7 +277,7 @@ class Inspector(widgets.VBox):
     # ------------------------------------------------------------------------------------
     def _summary(self) -> dict:
         st = self.controller
-        a, mesh, tree = st.analysis, st.mesh, st.tree
+        mesh, tree = st.mesh, st.tree
         sev = {"error": 0, "warning": 0, "info": 0}
         findings = st._derived.get("findings")
         if findings is not None:

@@ -263,7 +263,6 @@ def memory_figure(payload: dict):
 
 
 def traffic_figure(payload: dict):
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7],

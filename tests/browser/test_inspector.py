@@ -12,6 +12,7 @@ import json
 import time
 
 import pytest
+from inspector_page import expand, fmt_bytes, open_block, row
 from helpers import make_notebook, open_and_run_notebook, save_screenshot, shutdown_all_kernels
 from playwright.sync_api import expect
 
@@ -40,16 +41,6 @@ def model():
     return zoo.tiny_llama_lora()
 
 
-def fmt_bytes(n: float) -> str:
-    """The front end's fmtBytes, to compare the text it shows."""
-    units = ["B", "KiB", "MiB", "GiB", "TiB"]
-    v, i = float(n), 0
-    while abs(v) >= 1024 and i < len(units) - 1:
-        v /= 1024
-        i += 1
-    return f"{v:.0f} B" if i == 0 else f"{v:.2f} {units[i]}"
-
-
 def open_inspector(page, server, plan_file: str, name: str):
     nb = make_notebook(setup_cell(plan_file), "inspector")
     panel = open_and_run_notebook(page, server, nb, name=name, timeout=240_000)
@@ -57,34 +48,6 @@ def open_inspector(page, server, plan_file: str, name: str):
     expect(widget.locator(".sv-row[data-id='m0']")).to_be_visible(timeout=60_000)
     expect(widget.locator(".sv-memory .sv-mem-bar").first).to_be_attached()
     return widget
-
-
-def row(widget, fqn: str):
-    return widget.locator(f'.sv-row[data-fqn="{fqn}"]')
-
-
-def expand(widget, fqn: str) -> None:
-    r = row(widget, fqn)
-    expect(r).to_be_visible()
-    caret = r.locator(".sv-caret")
-    if caret.get_attribute("aria-label") == "expand":
-        caret.click()
-    expect(r.locator(".sv-caret")).to_have_attribute("aria-label", "collapse")
-
-
-def expand_group(widget, label: str) -> None:
-    g = widget.locator(f'.sv-row[data-group="{label}"]')
-    expect(g).to_be_visible()
-    if g.locator(".sv-caret").get_attribute("aria-label") == "expand":
-        g.locator(".sv-caret").click()
-    expect(g.locator(".sv-caret")).to_have_attribute("aria-label", "collapse")
-
-
-def open_block(widget, block: str) -> None:
-    for fqn in ("base_model", "base_model.model", "base_model.model.model", "base_model.model.model.layers"):
-        expand(widget, fqn)
-    expand_group(widget, "layers.0-1")
-    expand(widget, block)
 
 
 def revision(widget) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from inspector_page import fmt_bytes, open_block, row
 from helpers import make_notebook, open_and_run_notebook, save_screenshot
 from playwright.sync_api import expect
 
@@ -29,38 +30,6 @@ BYTES = {"params", "grads", "optimizer", "peak", "bytes_per_step", "sent_bytes_p
 @pytest.fixture(scope="module")
 def model():
     return zoo.tiny_llama_lora()
-
-
-def fmt_bytes(n: float) -> str:
-    """The front end's fmtBytes, to compare the text it shows."""
-    units = ["B", "KiB", "MiB", "GiB", "TiB"]
-    v, i = float(n), 0
-    while abs(v) >= 1024 and i < len(units) - 1:
-        v /= 1024
-        i += 1
-    return f"{v:.0f} B" if i == 0 else f"{v:.2f} {units[i]}"
-
-
-def row(widget, fqn: str):
-    return widget.locator(f'.sv-row[data-fqn="{fqn}"]')
-
-
-def expand(widget, fqn: str) -> None:
-    r = row(widget, fqn)
-    expect(r).to_be_visible()
-    if r.locator(".sv-caret").get_attribute("aria-label") == "expand":
-        r.locator(".sv-caret").click()
-    expect(r.locator(".sv-caret")).to_have_attribute("aria-label", "collapse")
-
-
-def open_block(widget, block: str) -> None:
-    for fqn in ("base_model", "base_model.model", "base_model.model.model", "base_model.model.model.layers"):
-        expand(widget, fqn)
-    g = widget.locator('.sv-row[data-group="layers.0-1"]')
-    expect(g).to_be_visible()
-    if g.locator(".sv-caret").get_attribute("aria-label") == "expand":
-        g.locator(".sv-caret").click()
-    expand(widget, block)
 
 
 def saved_plan(server, want_ignored: set, timeout: float = 20) -> sv.Plan:
