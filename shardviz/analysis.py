@@ -91,10 +91,9 @@ class Analysis:
 
     @cached_property
     def findings(self) -> list[Finding]:
-        try:
-            from .checks import run_checks
-        except ImportError:  # checks arrive with the findings issue
-            return list(self.layout.errors)
+        """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
+        from .checks import run_checks
+
         return run_checks(self)
 
     @property

@@ -22,6 +22,7 @@ errors first. Every code is stable: tests, users and the widget grep for them.
 
 from __future__ import annotations
 
+from .cost import memory_findings
 from .finding import Finding
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
 
@@ -157,14 +158,8 @@ def check_root_only(analysis) -> list[Finding]:
 
 
 def _peak_estimate(analysis) -> int:
-    """Peak bytes of the worst rank from the cost model; without one, parameters only: every
-    shard plus the largest call gathered (all-gather buffer and unsharded copies)."""
-    try:
-        return int(analysis.memory["peak"].max())
-    except (NotImplementedError, ImportError, KeyError):
-        numbers = analysis.layout.unit_numbers
-        shards = sum(n["padded_shard_bytes"] for n in numbers)
-        return shards + 2 * max((n["padded_unsharded_bytes"] for n in numbers), default=0)
+    """Peak bytes of the worst rank, from the cost model."""
+    return int(analysis.memory["peak"].max())
 
 
 def check_dominant_unit(analysis) -> list[Finding]:
@@ -310,14 +305,6 @@ def run_checks(analysis, torch_version=None) -> list[Finding]:
     findings += release_findings(analysis.layout, version)
     for check in CHECKS:
         findings += check(analysis)
-    try:
-        from .cost import memory_findings
-    except ImportError:
-        memory_findings = None
-    if memory_findings is not None:
-        try:
-            findings += list(memory_findings(analysis))
-        except NotImplementedError:
-            pass
+    findings += memory_findings(analysis)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))
