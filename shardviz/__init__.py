@@ -9,8 +9,12 @@ from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
 from .widget import Inspector
+from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
 
-__all__ = ["Analysis", "Comparison", "Finding", "Inspector", "Sweep", "compare", "sweep", "Mesh", "ModelTree", "Plan", "PlanError", "Training", "Unit", "analyze", "export_code", "verify"]
+__all__ = [
+    "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
+    "Training", "Unit", "analyze", "compare", "export_code", "sweep", "verify", "zoo",
+]
 __version__ = "0.1.0"
 
 
