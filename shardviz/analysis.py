@@ -104,7 +104,7 @@ class Analysis:
         counts = self.params["status"].value_counts().to_dict()
         return (
             f"{self.tree.root_type} on {self.mesh}: {len(self.plan.units)} fully_shard calls, "
-            f"{len(self.tree.params)} parameters "
+            f"{len(self.tree.params)} parameters: "
             + ", ".join(f"{counts.get(s, 0)} {s}" for s in Layout.STATUS)
         )
 
