@@ -21,7 +21,6 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.cost import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "comparison.md"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import keyword
 
-import pytest
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st

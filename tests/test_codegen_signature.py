@@ -18,10 +18,9 @@ from __future__ import annotations
 import inspect
 
 import pytest
-import torch
 import torch.distributed._composable.fsdp as composable_fsdp
 import torch.distributed.fsdp as public_fsdp
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.fsdp import fully_shard as real_fully_shard
 from torch.distributed.tensor import DTensor
 

@@ -1,4 +1,4 @@
-"""``sv.Training``, the shape of ``a.memory`` / ``a.comm``, link times, SV201, offload, and speed.
+"""``sv.Training``, the shape of ``a.memory`` / ``a.comm``, link times, SV201, offload (speed: benchmarks/bench_analyze.py).
 
 The numbers themselves are checked against torch in ``test_cost_truth.py`` and
 ``test_cost_gloo.py``; here: the API, internal consistency, per-rank differences (against the
@@ -8,7 +8,6 @@ local shapes torch's own ``fully_shard`` gives), and that the tables are fast en
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -175,33 +174,3 @@ def test_device_memory_finding(model):
     assert "exceeds device_memory" in message and top in message and "layers" in message
     assert any(f.code == "SV201" for f in tight.findings)
     assert found[0].fix
-
-
-# -- speed --------------------------------------------------------------------------------------------
-def _best_ms(tree, plan, mesh, repeat=5):
-    times = []
-    for _ in range(repeat):
-        a = sv.analyze(tree, plan, mesh)
-        start = time.process_time()  # CPU time: other processes on the machine do not count
-        a.memory, a.comm
-        times.append(time.process_time() - start)
-    return 1000 * min(times)
-
-
-@pytest.mark.parametrize("lora", ["sharded", "ignored"])
-def test_tables_are_fast_on_llama_8b(lora):
-    from shardviz import zoo
-
-    tree = sv.ModelTree(zoo.llama3_8b(lora=True))
-    ms = _best_ms(tree, sv.Plan.auto(tree, lora=lora), sv.Mesh(64))
-    assert ms < 20, f"memory + comm took {ms:.1f} ms"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lora", ["sharded", "ignored", "separate"])
-def test_tables_are_fast_on_llama_70b_64_ranks(lora):
-    from shardviz import zoo
-
-    tree = sv.ModelTree(zoo.llama3_70b(lora=True))
-    ms = _best_ms(tree, sv.Plan.auto(tree, lora=lora), sv.Mesh(64))
-    assert ms < (20 if lora != "separate" else 60), f"memory + comm took {ms:.1f} ms"

@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
