@@ -69,23 +69,26 @@ def fully_shard_kwargs(unit, torch_mod) -> dict:
     return kwargs
 
 
-def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None) -> list:
+def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None) -> list:
     """Call torch's ``fully_shard`` on ``model`` (in place) for every unit, bottom-up.
 
     Returns the units in the order applied. Needs an initialised process group and a DeviceMesh.
     ``training`` (a ``sv.Training``) supplies the default mixed precision and offload policies.
+    ``order``: the bottom-up order of ``plan.units`` (``Layout.order``) when the caller already has
+    it; otherwise it is computed here, which walks the model once more.
     """
     import torch.distributed.fsdp as torch_fsdp
     from torch.distributed.fsdp import fully_shard
 
-    from .fsdp import Layout
-    from .tree import ModelTree
+    if order is None:
+        from .fsdp import Layout
+        from .tree import ModelTree
 
-    sv_mesh = Mesh(shard=mesh.shape[-1], replicate=mesh.shape[0] if mesh.ndim == 2 else 1)
-    layout = Layout(ModelTree(model), plan, sv_mesh)
+        sv_mesh = Mesh(shard=mesh.shape[-1], replicate=mesh.shape[0] if mesh.ndim == 2 else 1)
+        order = Layout(ModelTree(model), plan, sv_mesh).order
     ignored = {model.get_parameter(f) for f in plan.ignored}
     applied = []
-    for u in layout.order:
+    for u in order:
         unit = plan.units[u]
         if training is not None:
             unit = training.unit_defaults(unit)
@@ -99,8 +102,10 @@ def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None) -> list:
     return applied
 
 
-def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int) -> pd.DataFrame:
-    """What torch does on ``rank``: one row per parameter name with status, unit and local shape."""
+def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None) -> pd.DataFrame:
+    """What torch does on ``rank``: one row per parameter name with status, unit and local shape.
+
+    ``order``: as for ``apply_plan`` (the plan's bottom-up order, if already known)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
@@ -108,7 +113,7 @@ def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int) -> pd.DataFrame:
     copy_ = meta_copy(model)
     with fake_process_group(rank, mesh.world):
         dmesh = device_mesh(mesh)
-        apply_plan(copy_, plan, dmesh)
+        apply_plan(copy_, plan, dmesh, order=order)
         # Which call's group holds each sharded parameter, read from FSDP's own state.
         group_of: dict[int, str] = {}
         for unit in plan.units:
@@ -149,7 +154,7 @@ def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None) -> pd.D
     want_placements = tuple(str(x) for x in shard_placements)
     rows = []
     for rank in ranks if ranks is not None else default_ranks(mesh.world):
-        actual = torch_layout(model, plan, mesh, rank)
+        actual = torch_layout(model, plan, mesh, rank, order=predicted.layout.order)
         for rec in actual.itertuples(index=False):
             lay = predicted.layout
             p = predicted.tree.param_index[rec.fqn]
