@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from playwright.sync_api import expect
+
+import shardviz as sv
 
 
 def fmt_bytes(n: float) -> str:
@@ -42,3 +46,18 @@ def open_block(widget, block: str) -> None:
         expand(widget, fqn)
     expand_group(widget, "layers.0-1")
     expand(widget, block)
+
+
+def saved_plan(server, plan_file: str, until=None, timeout: float = 20):
+    """The plan the widget saved to ``plan_file`` (its plan_path), once ``until(plan)`` holds; the last
+    plan read (None: no file) when ``timeout`` runs out first, for the caller's assertion to show."""
+    path = server.root_dir / plan_file
+    deadline = time.monotonic() + timeout
+    plan = None
+    while time.monotonic() < deadline:
+        if path.exists():
+            plan = sv.Plan.from_json(path.read_text())
+            if until is None or until(plan):
+                return plan
+        time.sleep(0.1)
+    return plan

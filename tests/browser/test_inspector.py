@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from inspector_page import expand, fmt_bytes, open_block, row
+from inspector_page import expand, fmt_bytes, open_block, row, saved_plan
 from helpers import make_notebook, open_and_run_notebook, save_screenshot, shutdown_all_kernels
 from playwright.sync_api import expect
 
@@ -61,24 +61,10 @@ def wait_revision_above(widget, old: int) -> int:
     return revision(widget)
 
 
-def saved_plan(server, plan_file: str, want=None, timeout: float = 20) -> sv.Plan:
-    """The plan the widget saved (its plan_path), once it equals ``want`` (or settles)."""
-    path = server.root_dir / plan_file
-    deadline = time.monotonic() + timeout
-    plan = None
-    while time.monotonic() < deadline:
-        if path.exists():
-            plan = sv.Plan.from_json(path.read_text())
-            if want is None or plan == want:
-                return plan
-        time.sleep(0.1)
-    return plan
-
-
 def test_make_unit_updates_memory_to_analyze(lab_server, lab_page, model):
     widget = open_inspector(lab_page, lab_server, "plan-unit.json", "inspector_unit.ipynb")
     start = sv.Plan.auto(model)
-    assert saved_plan(lab_server, "plan-unit.json", start) == start
+    assert saved_plan(lab_server, "plan-unit.json", until=start.__eq__) == start
     a0 = sv.analyze(model, start, MESH)
     bar = widget.locator(".sv-memory .sv-mem-bar").first
     assert int(bar.get_attribute("data-peak")) == int(a0.memory["peak"].max())
@@ -93,7 +79,7 @@ def test_make_unit_updates_memory_to_analyze(lab_server, lab_page, model):
     expect(q).to_have_attribute("data-badge", "unit")
 
     want = start.with_unit(Q0)
-    assert saved_plan(lab_server, "plan-unit.json", want) == want
+    assert saved_plan(lab_server, "plan-unit.json", until=want.__eq__) == want
     a = sv.analyze(model, want, MESH)
     peaks = a.memory["peak"]
     bars = widget.locator(".sv-memory .sv-mem-bar")
@@ -237,7 +223,7 @@ def test_plan_file_survives_a_kernel_restart(lab_server, lab_page, model):
     row(widget, L0).locator(".sv-act-unit").click()
     wait_revision_above(widget, before)
     want = sv.Plan.auto(model).without_unit(L0)
-    assert saved_plan(lab_server, "plan-restart.json", want) == want
+    assert saved_plan(lab_server, "plan-restart.json", until=want.__eq__) == want
     # a fresh kernel and the same notebook: the widget starts from the saved plan
     shutdown_all_kernels(lab_server)
     widget2 = open_inspector(lab_page, lab_server, "plan-restart.json", "inspector_restart.ipynb")

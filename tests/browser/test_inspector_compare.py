@@ -7,10 +7,9 @@ pinned plan and on plan B as the widget saved it (its ``plan_path``).
 
 from __future__ import annotations
 
-import time
 
 import pytest
-from inspector_page import fmt_bytes, open_block, row
+from inspector_page import fmt_bytes, open_block, row, saved_plan
 from helpers import make_notebook, open_and_run_notebook, save_screenshot
 from playwright.sync_api import expect
 
@@ -32,20 +31,6 @@ def model():
     return zoo.tiny_llama_lora()
 
 
-def saved_plan(server, want_ignored: set, timeout: float = 20) -> sv.Plan:
-    """The plan the widget saved, once its ignored parameters are ``want_ignored``."""
-    path = server.root_dir / PLAN_FILE
-    deadline = time.monotonic() + timeout
-    plan = None
-    while time.monotonic() < deadline:
-        if path.exists():
-            plan = sv.Plan.from_json(path.read_text())
-            if set(plan.ignored) == want_ignored:
-                return plan
-        time.sleep(0.1)
-    raise AssertionError(f"the plan file never had ignored={sorted(want_ignored)}; last: {plan}")
-
-
 def test_pin_ignore_lora_and_compare(lab_server, shared_lab_page, model):
     page = shared_lab_page
     nb = make_notebook(
@@ -58,7 +43,7 @@ def test_pin_ignore_lora_and_compare(lab_server, shared_lab_page, model):
     panel = open_and_run_notebook(page, lab_server, nb, name="inspector_compare.ipynb", timeout=240_000)
     widget = panel.locator(".sv-inspector")
     expect(widget.locator(".sv-row[data-id='m0']")).to_be_visible(timeout=60_000)
-    plan_a = saved_plan(lab_server, set())
+    plan_a = saved_plan(lab_server, PLAN_FILE, until=lambda p: not p.ignored)
     assert plan_a == sv.Plan.auto(model)
 
     compare_panel = widget.locator(".sv-panel-compare")
@@ -74,7 +59,8 @@ def test_pin_ignore_lora_and_compare(lab_server, shared_lab_page, model):
     expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
     rev = widget.locator(".sv-memory").get_attribute("data-revision")
     lora = {p.fqn for p in sv.ModelTree(model).params if p.role == "lora" and p.fqn.startswith(L0 + ".")}
-    plan_b = saved_plan(lab_server, lora)
+    plan_b = saved_plan(lab_server, PLAN_FILE, until=lambda p: set(p.ignored) == lora)
+    assert set(plan_b.ignored) == lora
     assert plan_b.units == plan_a.units
 
     widget.locator('.sv-tab[data-tab="compare"]').click()
