@@ -61,6 +61,14 @@ class Training:
     foreach: the optimizer's multi-tensor path (one temporary the size of a param group's states
         in ``step()``); None means torch's default: foreach for device tensors, the
         per-parameter loop for CPU tensors (offload).
+    fused, capturable: Adam's fused / capturable implementations keep the ``step`` scalars on
+        the device (one float32 per parameter); otherwise torch keeps them on the CPU.
+    batch_size, seq_len: the micro-batch each rank trains on. With ``batch_size`` set, the peak
+        includes the activations and temporaries of one training step, measured with torch under
+        ``FakeTensorMode``; ``None`` keeps the model-state-only peak.
+    example_inputs: for models that are not Hugging Face language models, a callable
+        ``fn(batch_size, seq_len) -> (args, kwargs)`` giving one micro-batch; the loss is
+        ``out.loss`` if present, else the sum of the output.
     """
 
     optimizer: str | int = "adamw"
@@ -70,6 +78,11 @@ class Training:
     offload: bool = False
     sync_outside_fsdp: bool = True
     foreach: bool | None = None
+    fused: bool = False
+    capturable: bool = False
+    batch_size: int | None = None
+    seq_len: int = 2048
+    example_inputs: object = None
 
     def __post_init__(self):
         opt = self.optimizer
@@ -91,6 +104,16 @@ class Training:
                 object.__setattr__(self, key, value)
         object.__setattr__(self, "offload", bool(self.offload))
         object.__setattr__(self, "sync_outside_fsdp", bool(self.sync_outside_fsdp))
+        object.__setattr__(self, "fused", bool(self.fused))
+        object.__setattr__(self, "capturable", bool(self.capturable))
+        for key in ("batch_size", "seq_len"):
+            value = getattr(self, key)
+            if key == "batch_size" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Training.{key} must be a positive int{' or None' if key == 'batch_size' else ''}, got {value!r}")
+        if self.example_inputs is not None and not callable(self.example_inputs):
+            raise ValueError("Training.example_inputs must be a callable fn(batch_size, seq_len) -> (args, kwargs)")
 
     @property
     def n_states(self) -> int:
@@ -99,8 +122,18 @@ class Training:
 
     @property
     def step_scalars(self) -> bool:
-        """Adam/AdamW keep a 0-dim float32 ``step`` per parameter on the CPU (not fused, not capturable)."""
+        """Adam/AdamW keep a 0-dim float32 ``step`` per parameter (see ``step_on_device``)."""
         return self.optimizer in ("adam", "adamw")
+
+    @property
+    def step_on_device(self) -> bool:
+        """The ``step`` scalars live on the device only with fused or capturable Adam (torch's
+        ``_init_group``: ``torch.zeros((), device=p.device)`` then, else a CPU tensor)."""
+        return self.step_scalars and (self.fused or self.capturable)
+
+    @property
+    def with_activations(self) -> bool:
+        return self.batch_size is not None
 
     def unit_defaults(self, unit: Unit) -> Unit:
         """The unit with this training's default policies filled in where the unit sets none."""

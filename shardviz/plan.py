@@ -17,6 +17,7 @@ SCHEMA = "shardviz.plan"
 SCHEMA_VERSION = 1
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_LAYOUTS = ("sharded", "ignored", "separate")
+CHECKPOINT_PRESETS = (None, "blocks")
 
 
 def _closest(name: str, candidates: Iterable[str], n: int = 3) -> str:
@@ -103,13 +104,17 @@ class Unit:
 
 @dataclass(frozen=True)
 class Plan:
-    """``units``: one entry per ``fully_shard`` call; ``ignored``: parameter FQNs kept out of FSDP."""
+    """``units``: one entry per ``fully_shard`` call; ``ignored``: parameter FQNs kept out of FSDP;
+    ``checkpoint``: module FQNs wrapped in torch's ``checkpoint_wrapper`` (full activation
+    checkpointing) before any ``fully_shard`` call, as torchtitan does."""
 
     units: tuple[Unit, ...] = ()
     ignored: tuple[str, ...] = ()
     name: str = field(default="", compare=False)
+    checkpoint: tuple[str, ...] = ()
 
-    def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = ""):
+    def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
+                 checkpoint: Iterable[str] = ()):
         if isinstance(units, (str, Unit)):
             units = [units]
         parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
@@ -128,9 +133,16 @@ class Plan:
                         "a module can be passed to fully_shard once"
                     )
                 seen[m] = i
+        if isinstance(checkpoint, str):
+            checkpoint = [checkpoint]
+        checkpoint = tuple(dict.fromkeys(checkpoint))
+        for name_ in checkpoint:
+            if not isinstance(name_, str):
+                raise ValueError(f"checkpoint entries must be module FQNs (str), got {name_!r}")
         object.__setattr__(self, "units", parsed)
         object.__setattr__(self, "ignored", ignored)
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "checkpoint", checkpoint)
 
     # -- edits (each returns a new plan) ------------------------------------
     def unit_of(self, fqn: str) -> Unit | None:
@@ -141,13 +153,13 @@ class Plan:
 
     def with_unit(self, unit) -> "Plan":
         unit = Unit.from_obj(unit)
-        return Plan(self.units + (unit,), self.ignored, self.name)
+        return Plan(self.units + (unit,), self.ignored, self.name, self.checkpoint)
 
     def without_unit(self, fqn: str) -> "Plan":
         """Drop the call that contains module ``fqn`` (the whole group, if grouped)."""
         if self.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
-        return Plan([u for u in self.units if fqn not in u.modules], self.ignored, self.name)
+        return Plan([u for u in self.units if fqn not in u.modules], self.ignored, self.name, self.checkpoint)
 
     def with_unit_options(self, fqn: str, **options) -> "Plan":
         unit = self.unit_of(fqn)
@@ -155,14 +167,22 @@ class Plan:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
         new = replace(unit, **options) if options else unit
         new = Unit(new.modules, new.reshard_after_forward, new.param_dtype, new.reduce_dtype, new.offload)
-        return Plan([new if u is unit else u for u in self.units], self.ignored, self.name)
+        return Plan([new if u is unit else u for u in self.units], self.ignored, self.name, self.checkpoint)
 
     def with_ignored(self, fqns: Iterable[str]) -> "Plan":
-        return Plan(self.units, self.ignored + tuple(fqns), self.name)
+        return Plan(self.units, self.ignored + tuple(fqns), self.name, self.checkpoint)
 
     def without_ignored(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
-        return Plan(self.units, [f for f in self.ignored if f not in drop], self.name)
+        return Plan(self.units, [f for f in self.ignored if f not in drop], self.name, self.checkpoint)
+
+    def with_checkpoint(self, fqns: Iterable[str]) -> "Plan":
+        """Also wrap these modules in ``checkpoint_wrapper``."""
+        return Plan(self.units, self.ignored, self.name, self.checkpoint + tuple(fqns))
+
+    def without_checkpoint(self, fqns: Iterable[str]) -> "Plan":
+        drop = set(fqns)
+        return Plan(self.units, self.ignored, self.name, [f for f in self.checkpoint if f not in drop])
 
     # -- validation against a model ------------------------------------------
     def validate(self, model_or_tree) -> ModelTree:
@@ -183,6 +203,17 @@ class Plan:
                         "a module can be passed to fully_shard once"
                     )
                 owner[index] = m
+        for name in self.checkpoint:
+            if name not in tree.module_index:
+                raise ValueError(f"checkpoint: no module named {name!r} in {tree.root_type}.{_closest(name, tree.module_index)}")
+            if name == "":
+                raise ValueError("checkpoint: the root module cannot be wrapped in checkpoint_wrapper; "
+                                 "list its blocks (Plan.auto(model, checkpoint='blocks'))")
+        inside = [(a, b) for a in self.checkpoint for b in self.checkpoint
+                  if a != b and tree.is_inside(tree.module_index[a], tree.module_index[b])]
+        if inside:
+            a, b = inside[0]
+            raise ValueError(f"checkpoint: module {a!r} is inside {b!r}, which is already checkpointed; list one of them")
         for name in self.ignored:
             if name not in tree.param_index:
                 hint = (
@@ -201,6 +232,7 @@ class Plan:
             "name": self.name,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
+            **({"checkpoint": list(self.checkpoint)} if self.checkpoint else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -221,7 +253,7 @@ class Plan:
             raise ValueError(
                 f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION}"
             )
-        unknown = set(obj) - {"schema", "version", "name", "units", "ignored"}
+        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"}
         if unknown:
             raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
         units, ignored = obj.get("units", []), obj.get("ignored", [])
@@ -232,25 +264,32 @@ class Plan:
         name = obj.get("name", "")
         if not isinstance(name, str):
             raise ValueError("plan JSON: field 'name' must be a string")
-        return cls(units, ignored, name)
+        checkpoint = obj.get("checkpoint", [])
+        if not isinstance(checkpoint, list) or not all(isinstance(x, str) for x in checkpoint):
+            raise ValueError("plan JSON: field 'checkpoint' must be a list of module FQNs")
+        return cls(units, ignored, name, checkpoint)
 
     # -- presets -------------------------------------------------------------
     @classmethod
-    def auto(cls, model, lora: str = "sharded") -> "Plan":
+    def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None) -> "Plan":
         """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.
 
         ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
         parameter in ``ignored``; "separate" gives each LoRA adapter module its own call.
+        ``checkpoint``: None, or "blocks" to wrap every block in ``checkpoint_wrapper``.
         """
         from .presets import auto_plan
 
         if lora not in LORA_LAYOUTS:
             raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
-        return auto_plan(as_tree(model), lora)
+        if checkpoint not in CHECKPOINT_PRESETS:
+            raise ValueError(f"checkpoint={checkpoint!r}: expected one of {CHECKPOINT_PRESETS}")
+        return auto_plan(as_tree(model), lora, checkpoint)
 
     def __repr__(self) -> str:
         label = f"{self.name!r}, " if self.name else ""
-        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored)"
+        ckpt = f", {len(self.checkpoint)} checkpointed" if self.checkpoint else ""
+        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt})"
 
 
 def as_plan(plan) -> Plan:

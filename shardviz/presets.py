@@ -46,7 +46,7 @@ def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
         module = parent
 
 
-def auto_plan(tree: ModelTree, lora: str) -> Plan:
+def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan:
     blocks = find_blocks(tree)
     in_block = lambda m: any(tree.is_inside(m, b) for b in blocks)  # noqa: E731
 
@@ -90,4 +90,6 @@ def auto_plan(tree: ModelTree, lora: str) -> Plan:
     if head:
         units.append(fqn(head[0]) if len(head) == 1 else [fqn(h) for h in head])
     units.append(Unit(""))
-    return Plan(units, ignored, name=f"auto (LoRA {lora})")
+    wrapped = [fqn(b) for b in blocks] if checkpoint == "blocks" else []
+    label = f"auto (LoRA {lora}" + (", blocks checkpointed)" if wrapped else ")")
+    return Plan(units, ignored, name=label, checkpoint=wrapped)
