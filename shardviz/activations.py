@@ -207,6 +207,21 @@ def _recorder_class():
             self._inputs: dict[object, set[int]] = {}
             self._pending = None  # [key, winfo ids, freed bytes] after a block's forward
 
+        def track_params(self, module: nn.Module) -> list:
+            """Categorise parameters and buffers, and the gradients of trainable parameters as
+            gradients (MemTracker's own helper hooks every parameter, frozen ones included, which
+            torch refuses)."""
+            handles = []
+            for p in module.parameters():
+                self._update_and_maybe_create_winfos(p, _MemRefType.PARAM)
+                if p.requires_grad:
+                    hook = partial(self._update_and_maybe_create_winfos, reftype=_MemRefType.GRAD)
+                    handles.append(p.register_hook(lambda g, hook=hook: hook(g) and None))
+                    handles.append(p.register_post_accumulate_grad_hook(lambda q, hook=hook: hook(q.grad) and None))
+            for b in module.buffers():
+                self._update_and_maybe_create_winfos(b, _MemRefType.BUFFER)
+            return handles
+
         def level(self) -> int:
             return sum(snap[k] for snap in self._curr_mem_snap.values() for k in act_kinds)
 
@@ -323,6 +338,8 @@ def _routing_mode(moe):
     n_experts = moe[0] if moe else None
     aten = torch.ops.aten
     nonzero_ops = {aten.nonzero.default, aten.nonzero_static.default}
+    grouped_mm = getattr(aten, "_grouped_mm", None)
+    grouped_mm = grouped_mm.default if grouped_mm is not None else None
 
     class BalancedRouting(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -337,6 +354,15 @@ def _routing_mode(moe):
                 else:
                     rows = math.ceil(numel / n_experts)
                 return torch.empty((rows, x.dim()), dtype=torch.long, device=x.device)
+            if func is grouped_mm and not (args[0].dtype == args[1].dtype == torch.bfloat16):
+                # torch's meta kernel only sizes bf16 grouped_mm; CPU runs other dtypes: same shapes
+                a, b = args[0], args[1]
+                offs = args[2] if len(args) > 2 else kwargs.get("offs")
+                if a.dim() == 2:
+                    size = [offs.size(0), a.size(0), b.size(1)] if b.dim() == 2 else [a.size(0), b.size(-1)]
+                else:
+                    size = [a.size(1), b.size(1)] if b.dim() == 2 else [a.size(0), a.size(1), b.size(-1)]
+                return torch.empty(size, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
             if func is aten._local_scalar_dense.default:
                 x = args[0]
                 return False if x.dtype == torch.bool else 0
@@ -765,12 +791,13 @@ def _measure_reduced(model, tree, lists, param_dtype_of, checkpoint_outside, bat
     reduced, keys, block_keys = _build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mode)
     recorder = _recorder_class()(keys, block_keys)
     # Categorise the copy's parameters as parameters and their gradients as gradients (not ours).
-    with fake_mode:
-        recorder._track_module_params_and_buffers(reduced, install_grad_hooks=True)
-        try:
+    handles = recorder.track_params(reduced)
+    try:
+        with fake_mode:
             _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, _routing_mode(moe))
-        finally:
-            recorder._deregister_param_and_optimizer_hooks()
+    finally:
+        for h in handles:
+            h.remove()
     return recorder.events, tuple(sorted(recorder.attention))
 
 
