@@ -99,9 +99,39 @@ class Analysis:
 
     def activation_levels(self):
         """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""
-        from .cost import _NoActivations
+        from .cost import ActivationLevels, NoActivations
 
-        return _NoActivations()
+        if not self.training.with_activations:
+            return NoActivations()
+        return ActivationLevels(self.activation_profile, self.tree)
+
+    @cached_property
+    def activation_profile(self):
+        """The step's activations measured by torch (``activations.measure_activations``), or None
+        without ``Training.batch_size``. Cached across analyses of the same model and shapes."""
+        if not self.training.with_activations:
+            return None
+        from .activations import measure_activations
+
+        model = self.tree.model
+        if model is None:
+            raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
+                             "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
+        lay, t = self.layout, self.training
+        whole = [f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns] if t.param_dtype else []
+        return measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype, whole_params=whole,
+                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree)
+
+    @cached_property
+    def activations(self) -> pd.DataFrame:
+        """Saved-for-backward bytes per call and per block, with and without checkpointing (the
+        columns of ``ActivationProfile.table``); empty without ``Training.batch_size``."""
+        profile = self.activation_profile
+        if profile is None:
+            return pd.DataFrame(columns=["fqn", "type", "block", "checkpointed", "saved", "saved_plain",
+                                         "saved_checkpointed"])
+        names = list(dict.fromkeys([u.modules for u in self.plan.units] + [(b,) for b in profile.blocks]))
+        return profile.table(names)
 
     @cached_property
     def findings(self) -> list[Finding]:

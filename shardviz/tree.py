@@ -11,6 +11,7 @@ tensor has data_ptr 0), so a tied parameter is one entry with all its names.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -90,6 +91,7 @@ class ModelTree:
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
         self.root_type = type(model).__name__
+        self._model = weakref.ref(model)  # activations are measured by running it (never kept alive here)
         self.modules: list[ModuleInfo] = []
         self.params: list[ParamInfo] = []
         self.module_index: dict[str, int] = {}
@@ -174,6 +176,11 @@ class ModelTree:
             )
             for n in names:
                 self.param_index[n] = slot
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The module this snapshot was taken of, while it exists."""
+        return self._model()
 
     # -- lookups -----------------------------------------------------------
     def module(self, fqn: str) -> ModuleInfo:
