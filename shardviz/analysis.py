@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 
 import pandas as pd
+from torch import nn
 
 from .finding import Finding
 from .fsdp import Layout, Mesh
@@ -19,11 +20,13 @@ def _dtype_name(dtype) -> str:
 class Analysis:
     """What a plan does on a mesh. Tables are pandas DataFrames built on first access."""
 
-    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None):
+    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, model=None):
         from .cost import Training
 
         self.tree, self.plan, self.mesh = tree, plan, mesh
         self.training = training if training is not None else Training()
+        # the module itself, held only when activations are measured (by running it)
+        self.model = (model if model is not None else tree.model) if self.training.with_activations else None
         self.layout = Layout(tree, plan, mesh)
 
     # -- the engine's answers ----------------------------------------------------
@@ -113,7 +116,7 @@ class Analysis:
             return None
         from .activations import measure_activations
 
-        model = self.tree.model
+        model = self.model if self.model is not None else self.tree.model
         if model is None:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
@@ -167,7 +170,8 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
-    result = Analysis(tree, plan, mesh, training)
+    module = model if isinstance(model, nn.Module) and training is not None and training.with_activations else None
+    result = Analysis(tree, plan, mesh, training, model=module)
     if strict:
         result.layout.raise_for_errors()
     return result
