@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from functools import cached_property
 
 import pandas as pd
@@ -11,6 +12,9 @@ from .finding import Finding
 from .fsdp import Layout, Mesh
 from .plan import Plan, as_plan
 from .tree import ModelTree, as_tree
+
+
+_PROFILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tree -> {inputs: ActivationProfile}
 
 
 def _dtype_name(dtype) -> str:
@@ -121,9 +125,18 @@ class Analysis:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
         lay, t = self.layout, self.training
-        whole = [f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns] if t.param_dtype else []
-        return measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype, whole_params=whole,
-                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree)
+        # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
+        whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
+            if t.param_dtype else frozenset()
+        key = (t.batch_size, t.seq_len, t.param_dtype, whole, frozenset(self.plan.checkpoint), t.example_inputs)
+        profiles = _PROFILES.setdefault(self.tree, {})
+        if key not in profiles:  # a toggle that changes none of these reuses the profile
+            if len(profiles) > 32:
+                profiles.clear()
+            profiles[key] = measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype,
+                                                whole_params=whole, checkpoint=self.plan.checkpoint,
+                                                example_inputs=t.example_inputs, tree=self.tree)
+        return profiles[key]
 
     @cached_property
     def activations(self) -> pd.DataFrame:
