@@ -88,7 +88,7 @@ class Mesh:
 
 
 # ---------------------------------------------------------------------------
-# Release-by-release API facts (see docs in fsdp2-facts; checked against torch sources)
+# Release-by-release API facts (checked against torch's sources and PRs named below)
 # ---------------------------------------------------------------------------
 def parse_version(version: str) -> tuple[int, int]:
     match = re.match(r"^\s*(\d+)\.(\d+)", str(version))
@@ -134,6 +134,13 @@ def local_rows(dim0: int, shard: int, coord: int) -> int:
     """Rows ``torch.chunk(param, shard, dim=0)`` gives shard coordinate ``coord`` (0 past the last chunk)."""
     rows = shard_rows(dim0, shard)
     return max(0, min(rows, dim0 - coord * rows))
+
+
+def padded_shard_numel(dim0, row_numel, shard):
+    """Elements of the padded shard every rank allocates: ``ceil(dim0 / shard) * row_numel``.
+
+    Works element-wise on numpy arrays too (the cost model and the widget price many parameters at once)."""
+    return shard_rows(dim0, shard) * row_numel
 
 
 # ---------------------------------------------------------------------------
@@ -305,14 +312,14 @@ class Layout:
 
     def padded_shard_numel(self, p: int) -> int:
         info = self.tree.params[p]
-        return shard_rows(info.shape[0], self.mesh.shard) * info.row_numel if info.shape else 1
+        return padded_shard_numel(info.shape[0], info.row_numel, self.mesh.shard) if info.shape else 1
 
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
         """``p.to_local().shape`` on global ``rank`` (the full shape when FSDP does not shard it)."""
         if fqn not in self.tree.param_index:
-            from .plan import _closest
+            from .plan import closest_hint
 
-            raise ValueError(f"no parameter named {fqn!r}.{_closest(fqn, self.tree.param_index)}")
+            raise ValueError(f"no parameter named {fqn!r}.{closest_hint(fqn, self.tree.param_index)}")
         p = self.tree.param_index[fqn]
         _, coord = self.mesh.coords(rank)
         shape = self.tree.params[p].shape
