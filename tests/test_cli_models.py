@@ -99,7 +99,7 @@ def test_report_training_options_match_analyze(tmp_path, capsys):
     for column in ("params", "grads", "optimizer", "peak"):
         assert format_bytes(row[column]) in cells, column
     plain = html.unescape(re.sub(r"<[^>]+>", "", text))  # the exported code, highlighted
-    assert "param_dtype=torch.bfloat16," in plain and "reduce_dtype=torch.float32," in plain
+    assert "param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in plain
 
 
 def test_checkpoint_blocks_reaches_the_plan(capsys):
