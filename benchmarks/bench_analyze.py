@@ -33,7 +33,9 @@ def best_of(fn, repeat=5):
 def bench(name: str, world: int, layout: str) -> dict:
     model = zoo.build(name, lora=True)
     mesh = sv.Mesh(world)
-    walk, _ = best_of(lambda: sv.ModelTree(model), repeat=3)
+    walk, _ = best_of(lambda: sv.ModelTree(model), repeat=5)
+    # for scale: torch's own traversals, names only (the walk also finds identities, ties, roles, buffers)
+    torch_walk, _ = best_of(lambda: (list(model.named_modules()), list(model.named_parameters())), repeat=5)
     tree = sv.ModelTree(model)
     plan = sv.Plan.auto(tree, lora=layout)
 
@@ -81,7 +83,7 @@ def bench(name: str, world: int, layout: str) -> dict:
     return {
         "model": f"{name} + LoRA ({layout})", "world": world, "modules": tree.n_modules,
         "params": len(tree.params), "units": len(plan.units),
-        "walk_ms": walk * 1e3, "cold_ms": cold_s * 1e3, "analyze_ms": analyze_s * 1e3, "engine_ms": engine_s * 1e3,
+        "walk_ms": walk * 1e3, "torch_walk_ms": torch_walk * 1e3, "cold_ms": cold_s * 1e3, "analyze_ms": analyze_s * 1e3, "engine_ms": engine_s * 1e3,
         "costs_ms": cost_s * 1e3, "torch_ms": torch_s * 1e3, "cold_ratio": cold_s / torch_s,
         "toggle_ms": max(toggle_remove, toggle_add) * 1e3, "toggle_median_ms": max(med_remove, med_add) * 1e3,
     }
@@ -95,12 +97,13 @@ def main():
     args = parser.parse_args()
     names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
     rows = [bench(n, args.world, args.layout) for n in names]
-    header = ("model", "world", "modules", "params", "units", "walk_ms", "cold_ms", "analyze_ms", "engine_ms",
+    header = ("model", "world", "modules", "params", "units", "walk_ms", "torch_walk_ms", "cold_ms", "analyze_ms", "engine_ms",
               "costs_ms", "torch_ms", "cold_ratio", "toggle_ms", "toggle_median_ms")
     print(" | ".join(header))
     for r in rows:
         print(" | ".join(f"{r[h]:.2f}" if isinstance(r[h], float) else str(r[h]) for h in header))
-    print("\nwalk_ms: sv.ModelTree(model) alone; cold_ms: sv.analyze on a fresh model object (walk included) + params/units "
+    print("\nwalk_ms: sv.ModelTree(model) alone; torch_walk_ms: list(named_modules()) + list(named_parameters()), "
+          "for scale; cold_ms: sv.analyze on a fresh model object (walk included) + params/units "
           "tables; analyze_ms: the same on a cached tree; engine_ms: the layout alone; costs_ms: analyze + memory + comm + "
           "findings; cold_ratio = cold analyze / torch's fully_shard (target <= 0.10); toggle_ms: best re-analysis after "
           "one unit is removed or added (target <= 20 ms on 70B)")

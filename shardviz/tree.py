@@ -94,6 +94,7 @@ class ModelTree:
         param_objs: list[nn.Parameter] = []  # keeps ids valid during the walk
         module_slot: dict[int, int] = {}
         modules, module_index = self.modules, self.module_index
+        is_tuner: dict[type, bool] = {}  # isinstance on peft's ABC is slow: once per class
 
         # One iterative DFS over ``_modules`` / ``_parameters`` / ``_buffers`` (no named_modules,
         # no second pass for peft): children in registration order, as torch's own traversal;
@@ -149,8 +150,13 @@ class ModelTree:
             if not kids:
                 continue
             holders = ()
-            if tuner_type is not None and not in_adapter and isinstance(module, tuner_type):
-                holders = self._adapter_holders(module, lora_ids)
+            if tuner_type is not None and not in_adapter:
+                cls = type(module)
+                tuner = is_tuner.get(cls)
+                if tuner is None:
+                    tuner = is_tuner[cls] = issubclass(cls, tuner_type)
+                if tuner:
+                    holders = self._adapter_holders(module, lora_ids)
             for name, child in reversed(kids.items()):
                 if child is not None:
                     push((child, prefix + name, index, depth + 1, in_adapter or name in holders))
