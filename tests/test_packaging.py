@@ -32,3 +32,22 @@ def test_cli_help_loads_no_widget_library():
 
 def test_inspector_is_there_when_asked_for():
     assert {"anywidget", "ipywidgets"} <= loaded_after("import shardviz as sv; sv.Inspector")
+
+
+def test_declared_dependencies():
+    """torch's floor is what the oracle needs; transformers and peft only in the 'hf' extra."""
+    import re
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = {re.split(r"[<>=!\[ ]", d)[0]: d for d in project["dependencies"]}
+    assert "transformers" not in deps and "peft" not in deps
+    assert deps["torch"] == "torch>=2.6"  # verify calls torch.distributed.fsdp.fully_shard (public from 2.6)
+    assert "from torch.distributed.fsdp" in (ROOT / "shardviz" / "oracle.py").read_text() or \
+        "torch.distributed.fsdp as" in (ROOT / "shardviz" / "oracle.py").read_text()
+    hf = {re.split(r"[<>=!\[ ]", d)[0] for d in project["optional-dependencies"]["hf"]}
+    assert hf == {"transformers", "peft"}
+    assert "ruff" in {re.split(r"[<>=!\[ ]", d)[0] for d in project["optional-dependencies"]["test"]}
