@@ -203,7 +203,8 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
     ``adapter``: an ``adapter_config.json`` (file or folder), a list of them (the first is
     ``"default"``, the others are named after their folders) or a dict adapter name -> path. Each is
     applied with peft's own ``get_peft_model`` / ``add_adapter``, trainable (``inference_mode``
-    false); inits that read base weights (PiSSA, OLoRA, LoftQ, EVA, CorDA) become peft's default
+    false); as peft leaves them, the first adapter is the active one and the only trainable one
+    (``model.base_model.set_adapter([...])`` makes several active); inits that read base weights (PiSSA, OLoRA, LoftQ, EVA, CorDA) become peft's default
     init, which gives the same shapes. ``dtype``: the base weights' dtype (default: the config's
     ``dtype``/``torch_dtype``, as ``from_pretrained`` loads the checkpoint; float32 without one).
 

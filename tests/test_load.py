@@ -77,6 +77,9 @@ def test_several_adapters(tmp_path):
     assert set(model.peft_config) == {"default", "narrow"}
     names = [n for n, _ in model.named_parameters()]
     assert sum(".lora_A.narrow." in n for n in names) == 24
+    # as peft leaves them: the first adapter active and trainable, the others frozen
+    trainable = {n.split(".")[-2] for n, p in model.named_parameters() if p.requires_grad and "lora_" in n}
+    assert trainable == {"default"} and model.active_adapters == ["default"]
     model = sv.load_model(QWEN, adapter={"a": QWEN_LORA, "b": second})
     assert set(model.peft_config) == {"a", "b"}
 
