@@ -179,7 +179,7 @@ def check_dominant_unit(analysis) -> list[Finding]:
         if size != biggest:
             continue
         # While a call is gathered a rank holds its all-gather output and the unsharded parameters
-        # copied out of it: twice its unsharded size (fsdp2-facts: one group = one all-gather).
+        # copied out of it: twice its unsharded size (one group = one all-gather).
         share = min(1.0, 2 * size / peak) if peak else 1.0
         if share > DOMINANT_UNIT:
             out.append(Finding(

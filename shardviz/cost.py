@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .fsdp import local_rows_table, shard_rows
+from .fsdp import local_rows_table, padded_shard_numel
 from .plan import DTYPE_NAMES, Unit
 
 # ---------------------------------------------------------------------------
@@ -651,7 +651,7 @@ class CostModel:
         row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
         # the policy's param dtype, unless it equals the original or the parameter is not floating point
         cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != dcode)
-        return _Sharded(idx, u, numel, dim0, row, shard_rows(dim0, S) * row, isz, dcode,
+        return _Sharded(idx, u, numel, dim0, row, padded_shard_numel(dim0, row, S), isz, dcode,
                         np.where(cast, pd_size[u], isz), np.where(cast, pd_code[u], dcode), cast,
                         arr.trainable[idx], offload[u])
 

@@ -31,6 +31,10 @@ pre { overflow-x: auto; padding: 1rem; border: 1px solid var(--line); border-rad
 """
 
 
+# The memory columns the report shows (activations once the cost model gives them for a batch size).
+MEMORY_COLUMNS = ("rank", "params", "grads", "optimizer", "activations", "peak", "peak_phase")
+
+
 def _table(df: pd.DataFrame, byte_columns=()) -> str:
     shown = df.copy()
     for col in byte_columns:
@@ -111,7 +115,9 @@ def comm_figure(a: Analysis):
 
 def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch_version=None,
                   title: str | None = None, compare_with: dict | None = None) -> str:
-    """The whole report as one HTML string (see ``write_report`` for a file)."""
+    """The whole report as one HTML string (see ``write_report`` for a file).
+
+    ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree."""
     import plotly.io as pio
 
     from .codegen import export_code
@@ -140,7 +146,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
         for f in findings
     ) or "<p>No findings.</p>"
     try:
-        code = export_code(model, plan, mesh=mesh, training=training, torch_version=torch_version)
+        code = export_code(a.tree, plan, mesh=mesh, training=training, torch_version=torch_version)
         code_html = _highlight(code)
     except ValueError as exc:  # a plan torch refuses has no code to export
         code_html = f"<p>No code: {html.escape(str(exc))}</p>"
@@ -157,8 +163,8 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <h2>Findings</h2>{finding_html}
 <h2>Memory and traffic</h2>{charts}
 <h3>Memory per rank (worst ranks first)</h3>
-{_table(mem.sort_values("peak", ascending=False).head(16)[["rank", "params", "grads", "optimizer", "peak", "peak_phase"]],
-        byte_columns=("params", "grads", "optimizer", "peak"))}
+{_table(mem.sort_values("peak", ascending=False).head(16)[[c for c in MEMORY_COLUMNS if c in mem.columns]],
+        byte_columns=("params", "grads", "optimizer", "activations", "peak"))}
 <h3>Collectives per step</h3>
 {_table(comm[["unit", "collective", "phase", "count", "bytes", "sent_bytes"]], byte_columns=("bytes", "sent_bytes"))}
 {comparison_html}

@@ -148,7 +148,7 @@ def test_write_is_atomic_and_never_clobbers(tmp_path):
     (["export", "mymodels:missing", "--world-size", "8"], "has no attribute"),
     (["export", "mymodels:not_a_module", "--world-size", "8"], "returned int"),
     (["export", "mymodels:broken", "--world-size", "8"], "raised RuntimeError"),
-    (["export", "mymodels", "--world-size", "8"], "expected zoo:NAME or package.module:factory"),
+    (["export", "mymodels", "--world-size", "8"], "expected zoo:NAME, path/to/config.json or package.module:factory"),
     (["export", "mymodels:make", "--world-size", "8", "--replicate", "3"], "not a multiple"),
     (["export", "mymodels:make", "--world-size", "0"], "must be positive"),
     (["export", "mymodels:make", "--world-size", "eight"], "invalid int value"),
