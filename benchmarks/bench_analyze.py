@@ -89,11 +89,42 @@ def bench(name: str, world: int, layout: str) -> dict:
     }
 
 
+def bench_activations(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: int = 8192) -> None:
+    """The time to add activations (issue targets: under 3 s cold, under 20 ms for a change of plan or a
+    checkpoint toggle at the same batch and sequence) on a cached tree."""
+    from shardviz.activations import clear_cache
+
+    model = zoo.build(name, lora=True)
+    tree = sv.ModelTree(model)
+    mesh = sv.Mesh(world)
+    training = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=batch, seq_len=seq)
+    plan = sv.Plan.auto(tree, lora="sharded")
+    clear_cache()
+    t0 = time.perf_counter()
+    a = sv.analyze(tree, plan, mesh, training)
+    a.memory
+    cold = time.perf_counter() - t0
+    state_only = best_of(lambda: sv.analyze(tree, plan, mesh, sv.Training(param_dtype="bfloat16")).memory, 3)[0]
+    block = plan.units[1].modules[0]
+    change, _ = best_of(lambda: sv.analyze(tree, plan.without_unit(block), mesh, training).memory, 3)
+    ckpt = plan.with_checkpoint([block])
+    t0 = time.perf_counter()
+    sv.analyze(tree, ckpt, mesh, training).memory
+    ckpt_first = time.perf_counter() - t0
+    ckpt_again, _ = best_of(lambda: sv.analyze(tree, ckpt, mesh, training).memory, 3)
+    print(f"\nactivations: {name}+LoRA, {world} ranks, batch {batch}, seq {seq}, bf16: cold analyze with activations "
+          f"{cold:.2f} s (target < 3 s; model state only {state_only * 1e3:.0f} ms); change of plan "
+          f"{change * 1e3:.1f} ms (target < 20 ms); checkpoint one block: first {ckpt_first * 1e3:.0f} ms, "
+          f"again {ckpt_again * 1e3:.1f} ms; peak {a.memory.peak.max() / 2**30:.2f} GiB of which activations "
+          f"{a.memory.activations.max() / 2**30:.2f} GiB")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["llama3_70b", "largest_moe"])
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--layout", default="sharded", choices=["sharded", "ignored", "separate"])
+    parser.add_argument("--no-activations", action="store_true", help="skip the activations timing")
     args = parser.parse_args()
     names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
     rows = [bench(n, args.world, args.layout) for n in names]
@@ -107,6 +138,8 @@ def main():
           "tables; analyze_ms: the same on a cached tree; engine_ms: the layout alone; costs_ms: analyze + memory + comm + "
           "findings; cold_ratio = cold analyze / torch's fully_shard (target <= 0.10); toggle_ms: best re-analysis after "
           "one unit is removed or added (target <= 20 ms on 70B)")
+    if not args.no_activations:
+        bench_activations()
 
 
 if __name__ == "__main__":
