@@ -12,7 +12,9 @@ Every rule names the torch source it mirrors (torch 2.13, ``torch/distributed/fs
 - refusals: 0-dim parameters (``_verify_managed_param``), a parameter managed by two
   groups (``FSDPState._lazy_init``, torch >= 2.13), trainable parameters of mixed dtype in
   one group (``FSDPParamGroup``: "FSDP expects uniform original parameter dtype"), a
-  grouped call that ends up as a root (``_lazy_init``: "requires a single root module").
+  grouped call that ends up as a root (``_lazy_init``: "requires a single root module"), a
+  ModuleList/ModuleDict without forward as a call (``_fsdp_init._validate_module``), a
+  non-contiguous parameter (``FSDPParam._init_sharded_param``).
 """
 
 from __future__ import annotations
@@ -222,6 +224,28 @@ class Layout:
                         "original unsharded tensor and the tie is broken",
                         p.fqns, "add the root module \"\" as a unit, or group the modules that share it",
                     ))
+        for p in tree.params:
+            if self.param_status[p.index] == "sharded" and not p.contiguous:
+                self.errors.append(Finding(
+                    "SV008", "error",
+                    f"parameter {p.fqn!r} {p.shape} is not contiguous (a transposed or strided view); fully_shard "
+                    "raises NotImplementedError: FSDP does not support non-contiguous parameters",
+                    p.fqns, "make it contiguous before fully_shard (module.x = nn.Parameter(module.x.contiguous())), "
+                    "or list it in the plan's ignored parameters",
+                ))
+        for ul in self.units:
+            module = tree.modules[ul.modules[0]]
+            if not ul.unit.is_grouped and module.bare_container:
+                children = [tree.modules[c].fqn for c in module.children]
+                shown = ", ".join(repr(c) for c in children[:4]) + (", ..." if len(children) > 4 else "")
+                self.errors.append(Finding(
+                    "SV007", "error",
+                    f"module {ul.unit.name!r} is a {module.type_name} without forward; fully_shard raises "
+                    f"ValueError: it does not support containers that do not implement forward",
+                    ul.unit.modules,
+                    f"give each of its children its own unit ({shown or 'it has none'}), or group them in one "
+                    f"unit {children[:4] + (['...'] if len(children) > 4 else [])}",
+                ))
         for ul in self.units:
             dtypes = {tree.params[p].dtype for p in ul.params if tree.params[p].requires_grad}
             if len(dtypes) > 1:

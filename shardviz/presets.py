@@ -19,29 +19,45 @@ def subtree_numel(tree: ModelTree) -> list[int]:
 
 
 def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
-    """The repeated blocks: children of every outermost ModuleList whose children share one class
-    and that holds at least ``min_share`` of the parameters (Llama's layers; an encoder's and a
-    decoder's layers; not the experts inside a block)."""
+    """The repeated blocks: the children of every outermost ModuleList that holds at least
+    ``min_share`` of the parameters (Llama's layers; an encoder's and a decoder's layers; not the
+    experts inside a block). One block is enough (a 1-layer model), and the blocks may differ in
+    class: a hybrid stack (attention, Mamba, cross-attention layers) is still the list to shard,
+    one call per layer, as torchtitan does. A child that is itself a bare ModuleList/ModuleDict
+    (Funnel's ``encoder.blocks.0``) is opened, since ``fully_shard`` refuses such a container;
+    a child without parameters gets no call."""
     numel = subtree_numel(tree)
     blocks: list[int] = []
     lists: list[int] = []
+
+    def add(module: int) -> None:
+        info = tree.modules[module]
+        if numel[module] == 0:
+            return
+        if info.bare_container:
+            for child in info.children:
+                add(child)
+        else:
+            blocks.append(module)
+
     for info in tree.modules:  # preorder: an outer list is seen before the lists inside it
-        if info.type_name != "ModuleList" or len(info.children) < 2:
+        if info.type_name != "ModuleList" or not info.children or info.index == 0:
             continue
         if any(tree.is_inside(info.index, outer) for outer in lists):
             continue
-        kinds = {tree.modules[c].type_name for c in info.children}
-        if len(kinds) == 1 and numel[info.index] >= min_share * max(numel[0], 1):
+        if numel[info.index] >= min_share * max(numel[0], 1):
             lists.append(info.index)
-            blocks.extend(info.children)
+            for child in info.children:
+                add(child)
     return blocks
 
 
 def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
-    """Climb from ``module`` while the parent does not contain any module in ``avoid``."""
+    """Climb from ``module`` while the parent does not contain any module in ``avoid``, is not the
+    root (the root has its own call) and is not a bare container (``fully_shard`` refuses one)."""
     while True:
         parent = tree.modules[module].parent
-        if parent < 0 or any(tree.is_inside(a, parent) for a in avoid):
+        if parent <= 0 or tree.modules[parent].bare_container or any(tree.is_inside(a, parent) for a in avoid):
             return module
         module = parent
 
@@ -53,7 +69,7 @@ def auto_plan(tree: ModelTree, lora: str) -> Plan:
     # Embeddings: Embedding modules outside the blocks, climbed as far as they stay apart.
     embed_modules = [
         m.index for m in tree.modules if "Embedding" in m.type_name and m.params and not in_block(m.index)
-        and all(tree.params[p].role == "base" for p in m.params)
+        and m.index != 0 and not m.bare_container and all(tree.params[p].role == "base" for p in m.params)
     ]
     embeds = list(dict.fromkeys(_topmost_without(tree, e, blocks) for e in embed_modules))
 
@@ -85,9 +101,39 @@ def auto_plan(tree: ModelTree, lora: str) -> Plan:
         units = [fqn(a) for a in adapters] + units
     elif lora == "ignored":
         ignored = [p.fqn for p in tree.params if p.role == "lora"]
+    # fully_shard refuses 0-dim parameters (SV002): keep them out of FSDP (CLIP's logit_scale).
+    ignored += [p.fqn for p in tree.params if not p.shape and p.fqn not in ignored]
     if embeds:
         units.append(fqn(embeds[0]) if len(embeds) == 1 else [fqn(e) for e in embeds])
     if head:
         units.append(fqn(head[0]) if len(head) == 1 else [fqn(h) for h in head])
     units.append(Unit(""))
-    return Plan(units, ignored, name=f"auto (LoRA {lora})")
+    plan = Plan(units, ignored, name=f"auto (LoRA {lora})")
+    # Blocks that share parameters (Zamba's shared transformer reached from several hybrid layers)
+    # would each make their own sharded copy (SV001): put them in one call.
+    for _ in range(len(plan.units)):
+        from .fsdp import Layout, Mesh
+
+        shared = [f for f in Layout(tree, plan, Mesh(1)).errors if f.code == "SV001"]
+        if not shared:
+            break
+        plan = join_calls(tree, plan, shared[0].fqns)
+    return plan
+
+
+def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
+    """One call for parameter names now reached by several calls: a call nested inside another is
+    dropped (the outer one takes its parameters), the rest are grouped into one ``fully_shard([...])``."""
+    from .fsdp import Layout, Mesh
+
+    lay = Layout(tree, plan, Mesh(1))
+    calls = sorted({lay.module_unit[tree.module_index[f.rpartition(".")[0]]] for f in param_fqns} - {-1})
+    mods = {u: [tree.module_index[m] for m in plan.units[u].modules] for u in calls}
+    inner = {u for u in calls for v in calls if u != v and all(
+        any(tree.is_inside(m, o) for o in mods[v]) for m in mods[u])}
+    keep = [u for u in calls if u not in inner]
+    joined = [m for u in keep for m in plan.units[u].modules]
+    first = plan.units[keep[0]]
+    merged = Unit(joined, first.reshard_after_forward, first.param_dtype, first.reduce_dtype, first.offload)
+    units = [merged if i == keep[0] else u for i, u in enumerate(plan.units) if i not in calls or i == keep[0]]
+    return Plan(units, plan.ignored, plan.name)

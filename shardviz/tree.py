@@ -28,6 +28,7 @@ class ParamInfo:
     requires_grad: bool
     role: str  # "base" or "lora"
     owners: tuple[int, ...]  # modules that register it directly (recurse=False)
+    contiguous: bool = True  # fully_shard raises NotImplementedError on a non-contiguous parameter
     # Derived once here: analyses read them for every parameter on every toggle.
     numel: int = field(init=False)
     itemsize: int = field(init=False)
@@ -59,6 +60,8 @@ class ModuleInfo:
     n_buffers: int = 0
     subtree_end: int = 0  # preorder index one past the last descendant
     aliases: tuple[str, ...] = ()  # other names of a module reachable along two paths
+    # A ModuleList / ModuleDict that keeps nn.Module's forward: fully_shard refuses it as a call.
+    bare_container: bool = False
 
 
 def _lora_param_ids(model: nn.Module) -> set[int] | None:
@@ -141,6 +144,8 @@ class ModelTree:
                 params=tuple(own),
                 buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
                 n_buffers=len(buffers),
+                bare_container=isinstance(module, (nn.ModuleList, nn.ModuleDict))
+                and type(module).forward is nn.Module.forward,
             )
             self.modules.append(info)
             self.module_index[fqn] = index
@@ -170,6 +175,7 @@ class ModelTree:
                     requires_grad=bool(p.requires_grad),
                     role=role,
                     owners=tuple(param_owners[slot]),
+                    contiguous=bool(p.is_contiguous()),
                 )
             )
             for n in names:
