@@ -186,7 +186,7 @@ def cmd_export(args) -> int:
         return EXIT_REFUSED
     emit(code, args.output, args.force)
     if not args.quiet:
-        analysis = analyze(model, plan, mesh, strict=False)
+        analysis = analyze(model, plan, mesh, strict=False, torch_version=version)
         _print_findings(run_checks(analysis, torch_version=version), sys.stderr)
         if args.output not in (None, "-"):
             print(f"shardviz: wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
@@ -225,7 +225,7 @@ def cmd_plan_read(args) -> int:
         plan.validate(model)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
-    analysis = analyze(model, plan, mesh, strict=False)
+    analysis = analyze(model, plan, mesh, strict=False, torch_version=version)
     print(analysis.summary(), file=out)
     findings = run_checks(analysis, torch_version=version)
     for f in findings:
