@@ -255,7 +255,8 @@ class Layout:
                     f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
                     "per group (AssertionError at the first forward)",
                     [tree.params[p].fqn for p in ul.params if tree.params[p].requires_grad][:20],
-                    "cast them to one dtype before fully_shard, or give each dtype its own unit",
+                    "cast them to one dtype before fully_shard, give each dtype its own unit, or list the "
+                    "trainable parameters of the other dtypes as ignored",
                 ))
             if ul.is_root and ul.unit.is_grouped:
                 self.errors.append(Finding(
