@@ -138,6 +138,11 @@ def add_lora(model: nn.Module) -> nn.Module:
     """peft LoRA on every linear layer; when peft refuses "all-linear", on every nn.Linear by name."""
     from peft import LoraConfig, get_peft_model
 
+    with _quiet():
+        return _add_lora(model, LoraConfig, get_peft_model)
+
+
+def _add_lora(model, LoraConfig, get_peft_model):
     try:
         return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
     except Exception:  # noqa: BLE001 - peft refuses all-linear on some models (no linear outside the head, ...)

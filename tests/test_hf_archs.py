@@ -8,6 +8,7 @@ regression (in shardviz or in the set that builds) shows.
 Timing per architecture goes to ``$SHARDVIZ_ARCH_TIMES`` when set (JSON).
 """
 
+import copy
 import json
 import os
 import time
@@ -15,10 +16,10 @@ import time
 import pytest
 
 import shardviz as sv
-from hf_archs import ISSUE_TYPES, Unbuildable, build, check, sample_types
+from hf_archs import ISSUE_TYPES, Unbuildable, add_lora, build, check, sample_types
 
 N_TYPES = 80  # a deterministic sample of CONFIG_MAPPING (the issue's types first)
-MIN_BUILT = 60
+MIN_BUILT = 70  # issue 9 asks for 60; 75 of the 80 build with transformers 5.24
 MESHES = (sv.Mesh(4), sv.Mesh(3, replicate=2))
 
 
@@ -28,13 +29,18 @@ def test_auto_plan_on_hf_architectures():
     built, unbuildable, failures, times = [], {}, {}, {}
     for model_type in types:
         t0 = time.perf_counter()
+        base = None
         for lora in (False, True):
             label = f"{model_type}{'+lora' if lora else ''}"
             try:
-                model = build(model_type, lora=lora)
+                # The LoRA model wraps a copy of the one just built (a meta deepcopy is cheaper than a build).
+                model = build(model_type) if not lora else add_lora(copy.deepcopy(base))
             except Unbuildable as exc:
                 unbuildable[label] = str(exc)
+                if not lora:
+                    break
                 continue
+            base = model if not lora else base
             for mesh in MESHES:
                 problems = check(model, mesh, ranks=[mesh.world - 1])
                 if problems:
