@@ -1,8 +1,9 @@
 """Findings: what is wrong with a plan, or costly, and how to fix it.
 
-``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV006), the
+``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV008), the
 checks below (SV1xx) and the cost model's findings (``cost.memory_findings``) when it has them,
-errors first. Every code is stable: tests, users and the widget grep for them.
+errors first. Every code is stable: tests, users and the widget grep for them. ``fix_plan(analysis,
+finding)`` turns a finding's fix into a new plan when the fix is a change of plan.
 
 | code  | severity | what |
 |-------|----------|------|
