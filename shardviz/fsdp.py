@@ -176,6 +176,7 @@ class Layout:
             if owner[i] < 0 and parent >= 0:
                 owner[i] = owner[parent]
         self.module_unit = owner
+        self._own = own
         self._order_units(own, owner)
 
         # 2. Parameters: ignored, owned by one call, or under none.
@@ -184,10 +185,11 @@ class Layout:
         self.param_status = ["unmanaged"] * len(tree.params)
         self.would_be_unit = [-1] * len(tree.params)  # the call an ignored parameter sits in
         for p in tree.params:
-            if len(p.owners) == 1:  # the common case, kept cheap: a toggle re-runs this loop
+            if len(p.fqns) == 1:  # the common case, kept cheap: a toggle re-runs this loop
                 calls = [owner[p.owners[0]]] if owner[p.owners[0]] >= 0 else []
-            else:
-                calls = sorted({owner[o] for o in p.owners if owner[o] >= 0}, key=lambda u: self.units[u].order)
+            else:  # tied, or under a module reached along several paths: every name's enclosing call
+                calls = sorted({u for u in map(self.enclosing_unit, p.fqns) if u >= 0},
+                               key=lambda u: self.units[u].order)
             if calls:
                 self.would_be_unit[p.index] = calls[0]
             if p.index in ignored:
@@ -200,11 +202,15 @@ class Layout:
             self.units[calls[0]].params.append(p.index)
             if len(calls) > 1:
                 names = [self.units[u].unit.name for u in calls]
+                # One module reached along two paths: the second call finds the first call's DTensor.
+                when = ("torch raises RuntimeError at the second fully_shard call ('Cannot concatenate "
+                        "overlapping meshes')" if len(p.owners) == 1 else
+                        "torch >= 2.13 raises ValueError at the first forward")
                 self.errors.append(Finding(
                     "SV001", "error",
                     f"parameter {p.fqn!r} (also {', '.join(p.fqns[1:]) or 'reached through a shared module'}) "
                     f"is managed by {len(calls)} fully_shard calls: {', '.join(names)}; each call makes its own "
-                    "sharded copy, so the tie is broken; torch >= 2.13 raises ValueError at the first forward",
+                    f"sharded copy, so the tie is broken; {when}",
                     p.fqns,
                     f"put the modules that share it in one grouped unit, e.g. {[self.units[u].unit.modules[0] for u in calls]}",
                 ))
@@ -352,11 +358,26 @@ class Layout:
         the modules of the call that manages it; another call makes a second DTensor (SV001) and
         a module under no call keeps the original, unsharded parameter (SV006).
         """
-        module = fqn.rpartition(".")[0]
         p = self.tree.param_index[fqn]
         if self.param_status[p] != "sharded":
             return -1
-        return self.module_unit[self.tree.module_index[module]]
+        if len(self.tree.params[p].fqns) == 1:
+            return self.module_unit[self.tree.module_index[fqn.rpartition(".")[0]]]
+        return self.enclosing_unit(fqn)
+
+    def enclosing_unit(self, fqn: str) -> int:
+        """The nearest call around parameter name ``fqn`` along that name's own path (-1: none).
+
+        A module reached along two paths has one index but two enclosing calls; walking the name's
+        prefixes finds the one this path meets, as torch's DFS from each call does."""
+        path = fqn.rpartition(".")[0]
+        while True:
+            unit = self._own[self.tree.module_index[path]]
+            if unit >= 0:
+                return unit
+            if not path:
+                return -1
+            path = path.rpartition(".")[0]
 
     def raise_for_errors(self) -> None:
         if self.errors:

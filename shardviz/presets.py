@@ -117,7 +117,10 @@ def auto_plan(tree: ModelTree, lora: str) -> Plan:
         shared = [f for f in Layout(tree, plan, Mesh(1)).errors if f.code == "SV001"]
         if not shared:
             break
-        plan = join_calls(tree, plan, shared[0].fqns)
+        joined = join_calls(tree, plan, shared[0].fqns)
+        if joined == plan:
+            break
+        plan = joined
     return plan
 
 
@@ -127,7 +130,9 @@ def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
     from .fsdp import Layout, Mesh
 
     lay = Layout(tree, plan, Mesh(1))
-    calls = sorted({lay.module_unit[tree.module_index[f.rpartition(".")[0]]] for f in param_fqns} - {-1})
+    calls = sorted({lay.enclosing_unit(f) for f in param_fqns} - {-1})
+    if len(calls) < 2:
+        return plan
     mods = {u: [tree.module_index[m] for m in plan.units[u].modules] for u in calls}
     inner = {u for u in calls for v in calls if u != v and all(
         any(tree.is_inside(m, o) for o in mods[v]) for m in mods[u])}

@@ -109,12 +109,14 @@ class ModelTree:
         # registration order); a module reached twice is walked once, like
         # fully_shard's ``_get_managed_modules``.
         stack: list[tuple[nn.Module, str, int, int]] = [(model, "", -1, 0)]
+        shared_again: list[tuple[str, int]] = []  # (other name, module index) of a module reached twice
         while stack:
             module, fqn, parent, depth = stack.pop()
             if id(module) in module_slot:
                 info = self.modules[module_slot[id(module)]]
                 info.aliases = info.aliases + (fqn,)
                 self.module_index[fqn] = info.index
+                shared_again.append((fqn, info.index))
                 continue
             index = len(self.modules)
             module_slot[id(module)] = index
@@ -159,6 +161,19 @@ class ModelTree:
         # Subtree extents: with preorder numbering a subtree is a contiguous range.
         for info in reversed(self.modules):
             info.subtree_end = max([info.index + 1] + [self.modules[c].subtree_end for c in info.children])
+
+        # A module reached along a second path (Zamba's shared block): its whole subtree, modules and
+        # parameters, is reachable under that name too, as named_parameters(remove_duplicate=False) lists.
+        for alias, index in shared_again:
+            base = self.modules[index].fqn
+            for m in range(index, self.modules[index].subtree_end):
+                info = self.modules[m]
+                if m != index:
+                    self.module_index.setdefault(alias + info.fqn[len(base):], m)
+                for slot in info.params:
+                    for name in list(param_names[slot]):
+                        if name.startswith(base + ".") and alias + name[len(base):] not in param_names[slot]:
+                            param_names[slot].append(alias + name[len(base):])
 
         for slot, p in enumerate(param_objs):
             names = tuple(param_names[slot])

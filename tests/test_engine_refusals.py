@@ -91,3 +91,28 @@ def test_auto_plan_never_picks_a_bare_container():
     assert not sv.analyze(model, plan, MESH).errors
     torch_applies(model, plan)
     assert sv.verify(model, plan, mesh=MESH).empty
+
+
+class SharedModule(nn.Module):
+    """Zamba: the same module object reached from two blocks (not only a tied parameter)."""
+
+    def __init__(self):
+        super().__init__()
+        shared = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), shared) for _ in range(2)])
+
+
+def test_module_reached_by_two_calls_refused_like_torch():
+    model, plan = SharedModule(), sv.Plan(["blocks.0", "blocks.1", ""])
+    tree = sv.ModelTree(model)
+    assert tree.param("blocks.0.1.weight").fqns == ("blocks.0.1.weight", "blocks.1.1.weight")
+    assert set(tree.param_index) == {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    with pytest.raises(sv.PlanError, match="SV001.*second fully_shard call"):
+        sv.analyze(model, plan, MESH)
+    with pytest.raises(RuntimeError, match="overlapping meshes"):
+        torch_applies(model, plan)
+    # One call for both blocks, or the shared module as its own call: both accepted, verify agrees.
+    for fixed in (sv.Plan([["blocks.0", "blocks.1"], ""]), sv.Plan(["blocks.0.1", "blocks.0", "blocks.1", ""])):
+        assert not sv.analyze(model, fixed, MESH).errors
+        torch_applies(model, fixed)
+        assert sv.verify(model, fixed, mesh=MESH).empty
