@@ -324,24 +324,9 @@ def _with_root(plan):
 
 
 def _children_with_params(tree, module: int) -> list[int]:
-    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
-    from .presets import subtree_numel
+    from .presets import children_with_params
 
-    numel = subtree_numel(tree)
-    out: list[int] = []
-
-    def add(m: int) -> None:
-        if numel[m] == 0 and not tree.modules[m].params:
-            return
-        if tree.modules[m].bare_container:
-            for c in tree.modules[m].children:
-                add(c)
-        else:
-            out.append(m)
-
-    for c in tree.modules[module].children:
-        add(c)
-    return out
+    return children_with_params(tree, module)
 
 
 def _same_options(unit, modules):

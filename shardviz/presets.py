@@ -52,6 +52,25 @@ def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
     return blocks
 
 
+def children_with_params(tree: ModelTree, module: int) -> list[int]:
+    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
+    numel = subtree_numel(tree)
+    out: list[int] = []
+
+    def add(m: int) -> None:
+        if numel[m] == 0 and not tree.modules[m].params:
+            return
+        if tree.modules[m].bare_container:
+            for c in tree.modules[m].children:
+                add(c)
+        else:
+            out.append(m)
+
+    for c in tree.modules[module].children:
+        add(c)
+    return out
+
+
 def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
     """Climb from ``module`` while the parent does not contain any module in ``avoid``, is not the
     root (the root has its own call) and is not a bare container (``fully_shard`` refuses one)."""
@@ -63,7 +82,10 @@ def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
 
 
 def auto_plan(tree: ModelTree, lora: str) -> Plan:
-    blocks = find_blocks(tree)
+    if tree.modules[0].bare_container:  # a ModuleList as the model: no root call, one per child
+        blocks = children_with_params(tree, 0)
+    else:
+        blocks = find_blocks(tree)
     in_block = lambda m: any(tree.is_inside(m, b) for b in blocks)  # noqa: E731
 
     # Embeddings: Embedding modules outside the blocks, climbed as far as they stay apart.
@@ -107,7 +129,8 @@ def auto_plan(tree: ModelTree, lora: str) -> Plan:
         units.append(fqn(embeds[0]) if len(embeds) == 1 else [fqn(e) for e in embeds])
     if head:
         units.append(fqn(head[0]) if len(head) == 1 else [fqn(h) for h in head])
-    units.append(Unit(""))
+    if not tree.modules[0].bare_container:
+        units.append(Unit(""))
     plan = Plan(units, ignored, name=f"auto (LoRA {lora})")
     # Blocks that share parameters (Zamba's shared transformer reached from several hybrid layers)
     # would each make their own sharded copy (SV001): put them in one call.

@@ -66,6 +66,9 @@ MODELS = {
     "shared-block": zamba,
     "logit-scale": Clip,
     "tied": lambda: _tied(Decoder([Attn(), Attn()])),
+    "leaf-root": lambda: nn.Linear(4, 4),
+    "modulelist-root": lambda: nn.ModuleList([Attn(), nn.ModuleList([Mamba(), nn.ReLU()]), nn.Dropout()]),
+    "moduledict-root": lambda: nn.ModuleDict({"text": Decoder([Attn()]), "vision": Attn()}),
 }
 
 
@@ -108,3 +111,9 @@ def test_zero_dim_parameters_are_ignored():
     a = sv.analyze(Clip(), plan, sv.Mesh(4))
     assert a.params.set_index("fqn").at["logit_scale", "status"] == "ignored"
     assert "SV002" not in {f.code for f in a.findings}
+
+
+def test_a_container_model_gets_no_root_call():
+    """torch refuses fully_shard on a ModuleList/ModuleDict without forward, the model itself included."""
+    plan = sv.Plan.auto(MODELS["modulelist-root"]())
+    assert [u.modules for u in plan.units] == [("0",), ("1.0",)]
