@@ -25,7 +25,8 @@ def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
     class: a hybrid stack (attention, Mamba, cross-attention layers) is still the list to shard,
     one call per layer, as torchtitan does. A child that is itself a bare ModuleList/ModuleDict
     (Funnel's ``encoder.blocks.0``) is opened, since ``fully_shard`` refuses such a container;
-    a child without parameters gets no call."""
+    a child without parameters gets no call. When no list reaches ``min_share`` (BLT, where hash
+    embeddings hold 95 % of the parameters), every outermost list is taken."""
     numel = subtree_numel(tree)
     blocks: list[int] = []
     lists: list[int] = []
@@ -49,6 +50,8 @@ def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
             lists.append(info.index)
             for child in info.children:
                 add(child)
+    if not blocks and min_share > 0:  # every list is small next to the rest (BLT's hash embeddings): take them all
+        return find_blocks(tree, 0.0)
     return blocks
 
 

@@ -50,28 +50,35 @@ def _shrink(cfg, seen=None) -> None:
         n = getattr(cfg, key, None)
         if not isinstance(n, int) or isinstance(n, bool) or n <= MIN_LAYERS:
             continue
-        # A per-layer list (layer_types, attn pattern, ...) of length n: keep the shortest prefix
-        # that still holds every kind in it, so a hybrid stack stays hybrid.
+        # A per-layer list of kinds (layer_types, ...) of length n: keep the shortest prefix that still
+        # holds every kind, so a hybrid stack stays hybrid. A list of layer indices (Mllama's
+        # cross_attention_layers, full_attn_idxs, ...): keep up to the first listed layer and one more.
         keep = MIN_LAYERS
-        lists = [(k, v) for k, v in vars(cfg).items() if isinstance(v, (list, tuple)) and len(v) == n and k != key]
-        for _, values in lists:
-            try:
-                vals = [str(v) for v in values]
-            except Exception:  # noqa: BLE001
+        kinds, indices = [], []
+        for k, v in vars(cfg).items():
+            if k == key or not isinstance(v, (list, tuple)) or not v:
                 continue
-            if len(set(vals)) > 1:
-                keep = max(keep, max(vals.index(k) for k in set(vals)) + 1)
+            if all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in v) and any(
+                    w in k for w in ("layer", "idx", "ids", "indices")):
+                indices.append((k, v))
+                keep = max(keep, min(v) + 2)
+            elif len(v) == n and all(isinstance(x, (str, bool)) for x in v):
+                kinds.append((k, v))
+                vals = [str(x) for x in v]
+                keep = max(keep, max(vals.index(x) for x in set(vals)) + 1)
         if any(w in k for k in vars(cfg) for w in ("period", "offset", "every", "interval", "frequency", "ratio")):
-            keep = max(keep, min(n, MAX_LAYERS))  # a hybrid pattern given by a period: keep a few periods' worth
+            keep = max(keep, MAX_LAYERS)  # a hybrid pattern given by a period: keep a few periods' worth
         keep = min(keep, n)
         try:
             setattr(cfg, key, keep)
-            for name, values in lists:
+            for name, values in kinds:
                 setattr(cfg, name, type(values)(values[:keep]))
+            for name, values in indices:
+                setattr(cfg, name, type(values)(x for x in values if x < keep))
         except Exception:  # noqa: BLE001 - a validating config refuses (Funnel): keep its default
             with contextlib.suppress(Exception):
                 setattr(cfg, key, n)
-            for name, values in lists:
+            for name, values in kinds + indices:
                 with contextlib.suppress(Exception):
                     setattr(cfg, name, values)
     for sub in _sub_configs(cfg):
