@@ -242,15 +242,17 @@ class Layout:
         for ul in self.units:
             module = tree.modules[ul.modules[0]]
             if not ul.unit.is_grouped and module.bare_container:
-                children = [tree.modules[c].fqn for c in module.children]
+                from .presets import children_with_params
+
+                children = [tree.modules[c].fqn for c in children_with_params(tree, module.index)]
                 shown = ", ".join(repr(c) for c in children[:4]) + (", ..." if len(children) > 4 else "")
                 self.errors.append(Finding(
                     "SV007", "error",
                     f"module {ul.unit.name!r} is a {module.type_name} without forward; fully_shard raises "
                     f"ValueError: it does not support containers that do not implement forward",
                     ul.unit.modules,
-                    f"give each of its children its own unit ({shown or 'it has none'}), or group them in one "
-                    f"unit {children[:4] + (['...'] if len(children) > 4 else [])}",
+                    f"give each of its children that hold parameters its own unit ({shown})" if children else
+                    "drop the unit: nothing under it holds a parameter",
                 ))
         for ul in self.units:
             dtypes = {tree.params[p].dtype for p in ul.params if tree.params[p].requires_grad}

@@ -51,7 +51,9 @@ def test_bare_container_refused_like_torch(unit, children):
     with pytest.raises(ValueError, match="containers that do not implement forward"):
         torch_applies(model, plan)
     # The fix the finding names: one unit per child; torch accepts it and verify agrees.
-    fixed = sv.Plan(children + [""])
+    assert all(repr(c) in finding.fix for c in children)
+    fixed = sv.fix_plan(sv.analyze(model, plan, MESH, strict=False), finding)
+    assert {m for u in fixed.units for m in u.modules} == set(children) | {""}
     assert not sv.analyze(model, fixed, MESH).errors
     torch_applies(model, fixed)
     assert sv.verify(model, fixed, mesh=MESH).empty
