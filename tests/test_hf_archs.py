@@ -51,7 +51,9 @@ def test_auto_plan_on_hf_architectures():
     if os.environ.get("SHARDVIZ_ARCH_TIMES"):
         with open(os.environ["SHARDVIZ_ARCH_TIMES"], "w") as fh:
             json.dump({"times_s": times, "unbuildable": unbuildable, "built": built}, fh, indent=1)
-    print(f"\n{len(built)} of {len(types)} architectures built; not buildable from a small config offline:")
+    slowest = sorted(times.items(), key=lambda kv: -kv[1])[:5]
+    print(f"\n{sum(times.values()):.0f} s for {len(types)} types; slowest: {slowest}")
+    print(f"{len(built)} of {len(types)} architectures built; not buildable from a small config offline:")
     for label, why in sorted(unbuildable.items()):
         print(f"  {label}: {why}")
     assert not failures, json.dumps(failures, indent=1)[:20000]
