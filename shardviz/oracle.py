@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import heapq
 from typing import Iterator
 
 import pandas as pd
@@ -91,16 +92,26 @@ def bottom_up_order(model: nn.Module, plan: Plan) -> list[int]:
                 for v in opened.get(id(d), ()):
                     if v != u:
                         before[u].add(v)
+    # Kahn's algorithm; among the calls that may go next, plan order.
+    waiting = [len(b) for b in before]
+    after: list[list[int]] = [[] for _ in plan.units]
+    for u, deps in enumerate(before):
+        for v in deps:
+            after[v].append(u)
+    ready = [u for u in range(len(plan.units)) if not waiting[u]]
+    heapq.heapify(ready)
     order: list[int] = []
-    done: set[int] = set()
-    while len(order) < len(plan.units):
-        ready = [u for u in range(len(plan.units)) if u not in done and before[u] <= done]
-        if not ready:
-            names = [plan.units[u].name for u in range(len(plan.units)) if u not in done]
-            raise ValueError(f"units {names} cannot be applied bottom-up: a grouped unit has modules both "
-                             "inside and outside another unit")
-        order.append(ready[0])
-        done.add(ready[0])
+    while ready:
+        u = heapq.heappop(ready)
+        order.append(u)
+        for w in after[u]:
+            waiting[w] -= 1
+            if not waiting[w]:
+                heapq.heappush(ready, w)
+    if len(order) < len(plan.units):
+        names = [plan.units[u].name for u in range(len(plan.units)) if waiting[u]]
+        raise ValueError(f"units {names} cannot be applied bottom-up: a grouped unit has modules both "
+                         "inside and outside another unit")
     return order
 
 
