@@ -123,7 +123,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     from .codegen import export_code
 
     mesh = mesh or Mesh(8)
-    a = analyze(model, plan, mesh, training, strict=False)
+    a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
     title = title or f"shardviz report: {a.tree.root_type}"
     figures = [memory_figure(a), comm_figure(a)]
     comparison_html = ""

@@ -392,12 +392,20 @@ class Inspector(widgets.VBox):
             self.view.summary = self._summary()
         if "verify" in changed:
             self.view.verify_result = dict(self.controller.verify_result or {})
+        if "findings" in changed:  # the target release changed: same plan, other findings
+            self.view.findings = self.controller.findings
+            self.view.summary = self._summary()
 
     def _on_tab(self, change) -> None:
         if change["new"] == "export":
             self._push_code()
 
     def _on_torch_version(self, change) -> None:
+        try:
+            self.controller.set_torch_version(self.view.torch_version or None)
+        except ValueError as exc:
+            self.controller._message("error", str(exc))
+            self._push_messages()
         if self.view.tab == "export":
             self._push_code()
 
