@@ -415,9 +415,11 @@ def _plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: s
         reps = [(variants[0], members[0])]
         index: dict[tuple, int] = {}
         wanted = []
+        later = {v[0] for v in variants[1:]}  # kinds seen after position 0 (T5: block 0 differs)
         for kind, src in kinds.items():
-            wanted += [((kind, frozenset()), src), ((kind, frozenset({""})), src)]
-        for v, b in zip(variants, members):
+            if kind in later:
+                wanted += [((kind, frozenset()), src), ((kind, frozenset({""})), src)]
+        for v, b in zip(variants[1:], members[1:]):
             wanted.append((v, b))
         last = (variants[-1], members[-1])
         for v, src in wanted + [last]:
@@ -588,23 +590,38 @@ def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, rou
 # Splicing the reduced timeline into the full model's
 # ---------------------------------------------------------------------------
 def _runs(events, li, phase):
-    """For list ``li``: the event index range of each rep's run in ``phase`` and the region they
-    cover. Reps are ordered by their first event; a run ends at the rep's last event and the next
-    run starts right after it (in backward, a block's post-backward fires after the next block's
-    pre-backward, at the same instant: that pre-backward lies inside the earlier run)."""
-    first, last = {}, {}
+    """For list ``li``: the event index range of each rep's run in ``phase``, the region they
+    cover, and the reps in the order they ran.
+
+    A run starts where the previous one ends (the first at the rep's first event) and ends where
+    the next rep's *body* starts: in forward its first event, in backward its first event other
+    than its own top-level pre-backward, which torch fires while the previous block finishes (a
+    block's post-backward comes after the next block's pre-backward). The last run ends at its rep's last
+    event that is not a post-backward: a post-backward waits for the gradients of all of a
+    module's inputs, and one shared with later code (an encoder output read by every decoder
+    block) delays it past the block's own backward."""
+    first, last, body = {}, {}, {}
     for j, ev in enumerate(events):
         key = ev[1]
         if ev[2] != phase or not isinstance(key, tuple) or key[0] != li:
             continue
-        first.setdefault(key[1], j)
-        last[key[1]] = j
+        r = key[1]
+        first.setdefault(r, j)
+        if ev[0] != "post_bw":
+            last[r] = j
+        if phase == "fw" or not (key[2] == "" and ev[0] == "pre_bw"):
+            body.setdefault(r, j)
     if not first:
         return None, None, None
     order = sorted(first, key=first.get)
     runs, start = {}, first[order[0]]
-    for r in order:
-        end = max(last[r] + 1, start)
+    for i, r in enumerate(order):
+        if i + 1 < len(order):
+            nxt = order[i + 1]
+            end = body.get(nxt, first[nxt])
+        else:
+            end = last.get(r, first[r]) + 1
+        end = max(end, start)
         runs[r] = (start, end)
         start = end
     return runs, (first[order[0]], start), order
