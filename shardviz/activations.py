@@ -549,23 +549,38 @@ def _loss_of(out):
 
 
 @contextlib.contextmanager
-def _hf_unpacked_batches():
-    """Under fake tensors transformers cannot read ``position_ids`` to see that a batch is not
-    packed (``masking_utils.find_packed_sequence_indices`` treats fake tensors as tracing) and
-    builds a (batch, 1, seq, seq) mask, which also changes the attention kernel. A real step on
-    an ordinary batch finds no packing and passes ``is_causal=True`` to SDPA: we assume that."""
+def _hf_plain_batches():
+    """Batches without padding or packing, as a real step sees them.
+
+    transformers decides from the *values* of the position ids and padding mask whether SDPA may
+    run with ``is_causal=True`` and no mask (``masking_utils``); it treats fake tensors as tracing
+    and then builds a (batch, 1, seq, seq) mask, which also changes the attention kernel. We let
+    those checks see no padding mask and no packing: the ordinary training batch."""
     import sys
 
     mu = sys.modules.get("transformers.masking_utils")
-    if mu is None or not hasattr(mu, "find_packed_sequence_indices"):
+    if mu is None:
         yield
         return
-    orig = mu.find_packed_sequence_indices
-    mu.find_packed_sequence_indices = lambda position_ids: None
+    saved = {}
+
+    def unpadded(fn):
+        def inner(padding_mask, *args, **kwargs):
+            return fn(None, *args, **kwargs)
+        return inner
+
+    for name, make in (("find_packed_sequence_indices", lambda fn: lambda position_ids: None),
+                       ("_ignore_causal_mask_sdpa", unpadded),
+                       ("_ignore_bidirectional_mask_sdpa", unpadded)):
+        fn = getattr(mu, name, None)
+        if fn is not None:
+            saved[name] = fn
+            setattr(mu, name, make(fn))
     try:
         yield
     finally:
-        mu.find_packed_sequence_indices = orig
+        for name, fn in saved.items():
+            setattr(mu, name, fn)
 
 
 def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, routing):
@@ -576,7 +591,7 @@ def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, rou
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
         return reduced(input_ids=ids, labels=ids, use_cache=False)
 
-    with recorder, _hf_unpacked_batches():
+    with recorder, _hf_plain_batches():
         with routing:
             out = forward()
             loss = _loss_of(out)
@@ -593,14 +608,15 @@ def _runs(events, li, phase):
     """For list ``li``: the event index range of each rep's run in ``phase``, the region they
     cover, and the reps in the order they ran.
 
-    A run starts where the previous one ends (the first at the rep's first event) and ends where
-    the next rep's *body* starts: in forward its first event, in backward its first event other
-    than its own top-level pre-backward, which torch fires while the previous block finishes (a
-    block's post-backward comes after the next block's pre-backward). The last run ends at its rep's last
-    event that is not a post-backward: a post-backward waits for the gradients of all of a
-    module's inputs, and one shared with later code (an encoder output read by every decoder
-    block) delays it past the block's own backward."""
-    first, last, body = {}, {}, {}
+    Forward: a run starts at the rep's first event and ends where the next one starts. Backward:
+    the next rep's first event (whatever module fires it) carries the level change of this rep's
+    last operations - it fires the moment this rep has computed its input gradient - so the run
+    ends just after it, and after the events at the same instant (no level change: torch fires
+    the block's own pre-backward, the previous block's post-backward, ... together). The last run
+    ends at its rep's last event that is not a post-backward: a post-backward waits for the
+    gradients of all of a module's inputs, and one shared with later code (an encoder output read
+    by every decoder block) delays it past the block's own backward."""
+    first, last = {}, {}
     for j, ev in enumerate(events):
         key = ev[1]
         if ev[2] != phase or not isinstance(key, tuple) or key[0] != li:
@@ -609,18 +625,20 @@ def _runs(events, li, phase):
         first.setdefault(r, j)
         if ev[0] != "post_bw":
             last[r] = j
-        if phase == "fw" or not (key[2] == "" and ev[0] == "pre_bw"):
-            body.setdefault(r, j)
     if not first:
         return None, None, None
     order = sorted(first, key=first.get)
     runs, start = {}, first[order[0]]
     for i, r in enumerate(order):
-        if i + 1 < len(order):
-            nxt = order[i + 1]
-            end = body.get(nxt, first[nxt])
-        else:
+        if i + 1 == len(order):
             end = last.get(r, first[r]) + 1
+        elif phase == "fw":
+            end = first[order[i + 1]]
+        else:
+            end = first[order[i + 1]] + 1
+            level = events[end - 1][3]
+            while end < len(events) and events[end][3] == level and events[end][4] == level:
+                end += 1
         end = max(end, start)
         runs[r] = (start, end)
         start = end
@@ -643,49 +661,63 @@ def _splice(events, lists):
     for ev in events:
         deltas.append([ev[0], ev[1], ev[2], ev[3] - prev, ev[4] - prev])
         prev = ev[3]
-    regions = []
+    found = []
     for li, lp in enumerate(lists):
-        n = len(lp.positions)
         for phase in ("fw", "bw"):
             runs, span, order = _runs(events, li, phase)
-            if runs is None:
+            if runs is not None:
+                found.append([span[0], span[1], li, phase, runs, order])
+    # A region may end with hook events torch fires late (an identity module on an encoder output:
+    # its pre-backward waits for the gradient summed over all decoder blocks) inside the next
+    # region: clip it there; those events are then dropped, their level change kept.
+    found.sort(key=lambda f: f[0])
+    for f, g in zip(found, found[1:]):
+        if f[1] > g[0]:
+            f[1] = g[0]
+            last = f[5][-1]
+            f[4][last] = (min(f[4][last][0], g[0]), g[0])
+    regions = []
+    for start, stop, li, phase, runs, order in found:
+        lp = lists[li]
+        n = len(lp.positions)
+        span = (start, stop)
+        positions = list(range(n)) if phase == "fw" else list(range(n - 1, -1, -1))
+        out = []
+        for i, pos in enumerate(positions):
+            r = lp.pos_rep[pos]
+            if r not in runs:
                 continue
-            positions = list(range(n)) if phase == "fw" else list(range(n - 1, -1, -1))
-            out = []
-            for i, pos in enumerate(positions):
-                r = lp.pos_rep[pos]
-                if r not in runs:
-                    continue
-                a, b = runs[r]
-                edge = (i == 0 and r == order[0]) or (i == n - 1 and r == order[-1])
-                name = f"{lp.fqn}.{pos}"
-                prev_name = f"{lp.fqn}.{positions[i - 1]}" if i > 0 else None
-                next_name = f"{lp.fqn}.{positions[i + 1]}" if i + 1 < n else None
-                run = deltas[a:b]
-                if r == order[0] and i > 0:
-                    # The first run of the region begins with work outside the blocks (in backward:
-                    # the final norm's backward before the last block's pre-backward). Reused at
-                    # another position, that work is not repeated: its leading events carry no change.
-                    body = next((k for k, ev in enumerate(run) if isinstance(ev[1], tuple) and ev[1][0] == li
-                                 and ev[1][1] == r and (ev[1][2] != "" or ev[0] in ("pre_rc", "post_rc", "gap"))),
-                                len(run))
-                    run = [[ev[0], ev[1], ev[2], 0, 0] for ev in run[:body] if isinstance(ev[1], tuple)] + run[body:]
-                for ev in run:
-                    key = ev[1]
-                    if isinstance(key, tuple) and key[0] == li:
-                        if key[1] == r:
-                            base = name
-                        elif key[1] in order and order.index(key[1]) < order.index(r):
-                            base = prev_name
-                        else:
-                            base = next_name
-                        fq = None if base is None else (base if key[2] == "" else f"{base}.{key[2]}")
-                    elif isinstance(key, tuple):  # another list's block inside this run: not expected
-                        fq = None
+            a, b = runs[r]
+            edge = (i == 0 and r == order[0]) or (i == n - 1 and r == order[-1])
+            name = f"{lp.fqn}.{pos}"
+            prev_name = f"{lp.fqn}.{positions[i - 1]}" if i > 0 else None
+            next_name = f"{lp.fqn}.{positions[i + 1]}" if i + 1 < n else None
+            run = deltas[a:b]
+            if r == order[0] and i > 0:
+                # The first run of the region begins with work outside the blocks (in backward:
+                # the final norm's backward, carried by the last block's first event; an encoder's:
+                # the decoder blocks' late post-backward). Reused at another position, the previous
+                # run brought the transition: the events before the rep's first own change carry
+                # no change, the outside ones among them go.
+                mine = [k for k, ev in enumerate(run) if isinstance(ev[1], tuple) and ev[1][0] == li and ev[1][1] == r]
+                lead = next((k for k in mine[1:] if run[k][3] != 0 or run[k][4] != 0), len(run))
+                run = [[ev[0], ev[1], ev[2], 0, 0] for ev in run[:lead] if isinstance(ev[1], tuple)] + run[lead:]
+            for ev in run:
+                key = ev[1]
+                if isinstance(key, tuple) and key[0] == li:
+                    if key[1] == r:
+                        base = name
+                    elif key[1] in order and order.index(key[1]) < order.index(r):
+                        base = prev_name
                     else:
-                        fq = key if edge else None
-                    out.append([ev[0], fq, ev[2], ev[3], ev[4]])
-            regions.append((span[0], span[1], out))
+                        base = next_name
+                    fq = None if base is None else (base if key[2] == "" else f"{base}.{key[2]}")
+                elif isinstance(key, tuple):  # another list's block inside this run: not expected
+                    fq = None
+                else:
+                    fq = key if edge else None
+                out.append([ev[0], fq, ev[2], ev[3], ev[4]])
+        regions.append((span[0], span[1], out))
     regions.sort(key=lambda r: r[0])
     result, cursor = [], 0
     for a, b, rep in regions:
