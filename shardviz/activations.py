@@ -455,6 +455,20 @@ def _wrap(root: nn.Module, path: str) -> None:
     setattr(parent, name, checkpoint_wrapper(child))
 
 
+def _allow_more_layers(reduced: nn.Module, sizes) -> None:
+    """Hugging Face models loop over ``self.layers[: config.num_hidden_layers]``: when the reduced
+    list is longer than the real one (a 2-layer model measured with 3 copies), raise the layer
+    counts of the copy's configs that name the real length."""
+    configs = {id(c): c for m in reduced.modules() if (c := getattr(m, "config", None)) is not None}
+    for full, reduced_len in sizes:
+        if reduced_len <= full:
+            continue
+        for cfg in configs.values():
+            for name, value in list(vars(cfg).items()):
+                if "layer" in name and isinstance(value, int) and not isinstance(value, bool) and value == full:
+                    setattr(cfg, name, reduced_len)
+
+
 def _build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mode):
     """The reduced fake copy, and keys: id(copy module) -> key (a full fqn for modules outside the
     blocks, (list index, rep index, relative path) inside)."""
@@ -501,6 +515,7 @@ def _build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mod
         memo[id(obj)] = new
         new_lists.append(new)
     reduced = copy.deepcopy(model, memo)
+    _allow_more_layers(reduced, [(len(lp.positions), len(new)) for lp, new in zip(lists, new_lists)])
     for path in sorted(checkpoint_outside, key=lambda s: -s.count(".")):
         _wrap(reduced, path)
     reduced.train()
