@@ -321,7 +321,7 @@ def _moe_shape(model: nn.Module):
             break
     if n is None:
         return None
-    return n, top or 1
+    return n, top
 
 
 def _routing_mode(moe):
@@ -598,6 +598,49 @@ def _hf_plain_batches():
             setattr(mu, name, fn)
 
 
+@contextlib.contextmanager
+def _fake_friendly():
+    """Two Python-level spots where fake tensors trip over model code.
+
+    ``module.to(dtype)`` with nothing to convert returns the module: torch would swap every
+    fake parameter (``_apply`` swaps FakeTensor parameters) and fails ("Couldn't swap ...: it has
+    weakref associated with it"). NLLB-MoE's router calls ``self.classifier.to(self.dtype)`` in
+    forward."""
+    orig = nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is None:
+            tensors = [t for t in self.parameters()] + [t for t in self.buffers()]
+            if all((dtype is None or not t.is_floating_point() or t.dtype == dtype)
+                   and (device is None or t.device == torch.device(device)) for t in tensors):
+                return self
+        return orig(self, *args, **kwargs)
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    had_format = "__format__" in vars(FakeTensor)
+    orig_format = FakeTensor.__format__
+
+    def fmt(self, spec):
+        # f"expert_{idx}" on a 0-dim index (NLLB-MoE picks its expert module so): the value comes
+        # from ``item()``, which the routing mode answers (0: experts are identical in size)
+        if self.dim() == 0:
+            return format(self.item(), spec)
+        return orig_format(self, spec)
+
+    nn.Module.to = to
+    FakeTensor.__format__ = fmt
+    try:
+        yield
+    finally:
+        nn.Module.to = orig
+        if had_format:
+            FakeTensor.__format__ = orig_format
+        else:
+            del FakeTensor.__format__
+
+
 def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, routing):
     def forward():
         if example_inputs is not None:
@@ -606,7 +649,7 @@ def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, rou
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
         return reduced(input_ids=ids, labels=ids, use_cache=False)
 
-    with recorder, _hf_plain_batches():
+    with recorder, _hf_plain_batches(), _fake_friendly():
         with routing:
             out = forward()
             loss = _loss_of(out)
@@ -967,8 +1010,9 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
     modules, peak = _module_stats(timeline, set(checkpoint), block_saved)
     assumptions = []
     if moe:
-        assumptions.append(f"MoE: balanced routing, each of {moe[0]} experts gets tokens*{moe[1]}/{moe[0]} rows "
-                           "where torch's kernels size by routing (nonzero)")
+        top = moe[1] if moe[1] else "top_k"
+        assumptions.append(f"MoE: balanced routing, each of {moe[0]} experts gets tokens*{top}/{moe[0]} rows "
+                           "where the model's code sizes by routing (nonzero/where)")
     if attention:
         assumptions.append("attention kernel: " + ", ".join(attention))
     measured = sum(len(lp.reps) for lp in lists)

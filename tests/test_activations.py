@@ -324,6 +324,22 @@ def test_moe_eager_routing_is_sized_by_balanced_assumption():
     assert 0.8 < eager.at(block).saved / grouped.at(block).saved < 1.25
 
 
+def test_moe_with_one_module_per_expert_runs():
+    """NLLB-MoE picks its expert module by the value of a routing index (f"expert_{idx}") and
+    casts its router with ``.to(dtype)`` in forward: both run on fake tensors."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    config = T.NllbMoeConfig(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_layers=2, decoder_layers=2,
+                             encoder_attention_heads=4, decoder_attention_heads=4, vocab_size=VOCAB, num_experts=4,
+                             expert_capacity=64, encoder_sparse_step=2, decoder_sparse_step=2,
+                             max_position_embeddings=512)
+    model = T.NllbMoeForConditionalGeneration(config)
+    profile = measure_activations(model, BATCH, 64)
+    assert any("balanced routing" in a for a in profile.assumptions)
+    assert profile.peak_bytes > 0 and all(profile.at(b).saved > 0 for b in profile.blocks)
+
+
 def test_meta_model_measures_like_the_real_one():
     import transformers as T
 
