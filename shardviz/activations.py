@@ -599,23 +599,36 @@ def _hf_plain_batches():
 
 
 @contextlib.contextmanager
-def _fake_friendly():
+def _fake_friendly(recorder=None):
     """Two Python-level spots where fake tensors trip over model code.
 
-    ``module.to(dtype)`` with nothing to convert returns the module: torch would swap every
-    fake parameter (``_apply`` swaps FakeTensor parameters) and fails ("Couldn't swap ...: it has
-    weakref associated with it"). NLLB-MoE's router calls ``self.classifier.to(self.dtype)`` in
-    forward."""
+    ``module.to(dtype)`` in forward (NLLB-MoE's router casts its classifier): torch swaps fake
+    parameters (``_apply``) and fails ("Couldn't swap ...: it has weakref associated with it");
+    we replace the copy's parameters that need the cast (new ones are parameters, not
+    activations)."""
     orig = nn.Module.to
+    from torch.distributed._tools.mem_tracker import _MemRefType
 
     def to(self, *args, **kwargs):
         device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        if memory_format is None:
-            tensors = [t for t in self.parameters()] + [t for t in self.buffers()]
-            if all((dtype is None or not t.is_floating_point() or t.dtype == dtype)
-                   and (device is None or t.device == torch.device(device)) for t in tensors):
-                return self
-        return orig(self, *args, **kwargs)
+        if memory_format is not None or device is not None:
+            return orig(self, *args, **kwargs)
+        # Convert by replacing the copy's (fake) parameters: torch's swap refuses fake tensors.
+        for mod in self.modules():
+            for table, kind in ((mod._parameters, _MemRefType.PARAM), (mod._buffers, _MemRefType.BUFFER)):
+                for name, t in list(table.items()):
+                    if t is None or dtype is None or not t.is_floating_point() or t.dtype == dtype:
+                        continue
+                    with torch.no_grad():
+                        new = t.to(dtype)
+                    if isinstance(t, nn.Parameter):
+                        new = nn.Parameter(new, requires_grad=t.requires_grad)
+                    table[name] = new
+                    if recorder is not None:
+                        recorder._update_and_maybe_create_winfos(new, kind)
+                        if isinstance(new, nn.Parameter) and new.requires_grad:
+                            recorder.track_params(mod)  # its gradient is a gradient too (copy only)
+        return self
 
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -649,7 +662,7 @@ def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, rou
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
         return reduced(input_ids=ids, labels=ids, use_cache=False)
 
-    with recorder, _hf_plain_batches(), _fake_friendly():
+    with recorder, _hf_plain_batches(), _fake_friendly(recorder):
         with routing:
             out = forward()
             loss = _loss_of(out)
