@@ -16,10 +16,10 @@ import warnings
 
 warnings.filterwarnings("ignore")
 
-from shardviz import zoo  # noqa: E402
-from shardviz.activations import clear_cache, measure_activations  # noqa: E402
-from shardviz.cost import format_bytes  # noqa: E402
-from shardviz.tree import ModelTree  # noqa: E402
+from shardviz import zoo
+from shardviz.activations import clear_cache, measure_activations
+from shardviz.cost import format_bytes
+from shardviz.tree import ModelTree
 
 
 def timed(fn):
@@ -38,7 +38,7 @@ def main() -> None:
     t_build, model = timed(lambda: zoo.build(args.model, lora=True))
     t_tree, tree = timed(lambda: ModelTree(model))
     lora = {p.fqn for p in tree.params if p.role == "lora"}
-    kw = dict(param_dtype="bfloat16", whole_params=lora, tree=tree)
+    kw = {"param_dtype": "bfloat16", "whole_params": lora, "tree": tree}
     clear_cache()
     t_cold, prof = timed(lambda: measure_activations(model, args.batch, args.seq, **kw))
     t_warm, _ = timed(lambda: measure_activations(model, args.batch, args.seq, **kw))

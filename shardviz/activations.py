@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 import threading
 import weakref
@@ -53,7 +54,7 @@ from torch import nn
 from .presets import find_blocks
 from .tree import ModelTree, as_tree
 
-__all__ = ["ActivationProfile", "ModuleActivations", "measure_activations", "clear_cache"]
+__all__ = ["ActivationProfile", "ModuleActivations", "clear_cache", "measure_activations"]
 
 _WRAPPED = "_checkpoint_wrapped_module"
 _PHASES = ("pre_fw", "post_fw", "pre_bw", "post_bw", "pre_rc", "post_rc", "gap")
@@ -227,8 +228,7 @@ def _recorder_class():
 
         def _update_peak_stats(self, peak_state) -> None:
             lvl = self.level()
-            if lvl > self._seg_peak:
-                self._seg_peak = lvl
+            self._seg_peak = max(self._seg_peak, lvl)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func._opname
@@ -447,7 +447,9 @@ def _fake_param(p: torch.Tensor, dtype: torch.dtype, fake_mode) -> torch.Tensor:
 
 
 def _wrap(root: nn.Module, path: str) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper,
+    )
 
     parent_path, _, name = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
@@ -482,7 +484,7 @@ def _build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mod
         for pname, p in mod._parameters.items():
             if p is not None and id(p) not in memo:
                 memo[id(p)] = _fake_param(p, param_dtype_of(f"{prefix}{pname}", p), fake_mode)
-        for bname, b in mod._buffers.items():
+        for b in mod._buffers.values():
             if b is not None and id(b) not in memo:
                 memo[id(b)] = _fake_param(b, b.dtype, fake_mode)
         for cname, child in mod._modules.items():
@@ -505,7 +507,9 @@ def _build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mod
             rep = copy.deepcopy(src_mod, rep_memo)
             for path in sorted(variant[1], key=lambda s: -s.count(".")):
                 if path == "":
-                    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+                    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                        checkpoint_wrapper,
+                    )
 
                     rep = checkpoint_wrapper(rep)
                 else:
@@ -541,7 +545,7 @@ def _hf_config(model):
     cfg = getattr(model, "config", None)
     try:
         from transformers import PretrainedConfig
-    except Exception:  # transformers missing
+    except ImportError:  # transformers missing
         return None
     return cfg if isinstance(cfg, PretrainedConfig) else None
 
@@ -662,14 +666,13 @@ def _run_step(reduced, example_inputs, batch_size, seq_len, is_hf, recorder, rou
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
         return reduced(input_ids=ids, labels=ids, use_cache=False)
 
-    with recorder, _hf_plain_batches(), _fake_friendly(recorder):
-        with routing:
-            out = forward()
-            loss = _loss_of(out)
-            del out
-            if loss.requires_grad:
-                loss.backward()
-            del loss
+    with recorder, _hf_plain_batches(), _fake_friendly(recorder), routing:
+        out = forward()
+        loss = _loss_of(out)
+        del out
+        if loss.requires_grad:
+            loss.backward()
+        del loss
 
 
 # ---------------------------------------------------------------------------
@@ -742,7 +745,7 @@ def _splice(events, lists):
     # its pre-backward waits for the gradient summed over all decoder blocks) inside the next
     # region: clip it there; those events are then dropped, their level change kept.
     found.sort(key=lambda f: f[0])
-    for f, g in zip(found, found[1:]):
+    for f, g in itertools.pairwise(found):
         if f[1] > g[0]:
             f[1] = g[0]
             last = f[5][-1]
@@ -896,7 +899,7 @@ def _module_stats(timeline, checkpointed: set[str], block_saved: dict[str, tuple
 # ---------------------------------------------------------------------------
 _CACHE: dict = {}  # measurement key -> (model ref, reduced timeline, attention kernels)
 _PROFILES: dict = {}  # measurement key + positions + checkpoint set -> (model ref, profile)
-_TREES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 

@@ -9,6 +9,7 @@ MemTracker snapshots them, and the highest activation level over the step.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -99,8 +100,8 @@ def build(kind: str, layers: int = LAYERS, lora: bool = False) -> nn.Module:
     import transformers as T
 
     torch.manual_seed(0)
-    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512)
+    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 512}
     if kind == "llama":
         model = T.LlamaForCausalLM(T.LlamaConfig(**common))
     elif kind == "qwen2":
@@ -127,7 +128,9 @@ def build(kind: str, layers: int = LAYERS, lora: bool = False) -> nn.Module:
 
 
 def wrap_checkpoint(model: nn.Module, fqns) -> nn.Module:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper,
+    )
 
     for fqn in fqns:
         parent, _, name = fqn.rpartition(".")
@@ -154,7 +157,7 @@ def check_against_truth(profile, peak, truth, tol=0.01):
     for fqn in profile.blocks:
         by_list.setdefault(fqn.rpartition(".")[0], []).append(fqn)
     for blocks in by_list.values():
-        for a, b in zip(blocks[1:], blocks[2:]):
+        for a, b in itertools.pairwise(blocks[1:]):
             want = truth[b]["pre_fw"] - truth[a]["pre_fw"]
             assert close(profile.at(a).saved, want, want, tol), (a, profile.at(a).saved, want)
 
