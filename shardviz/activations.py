@@ -951,6 +951,12 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
         raise ValueError("batch_size and seq_len must be >= 1")
     if tree is None:
         tree = _TREES.get(model)
+        # A model changed in place (adapters injected, cast, frozen) is walked again.
+        if tree is not None and (
+                tree.n_modules != sum(1 for _ in model.modules())
+                or [(p.dtype, p.requires_grad) for p in tree.params]
+                != [(p.dtype, p.requires_grad) for p in model.parameters()]):
+            tree = None
         if tree is None:
             tree = as_tree(model)
             _TREES[model] = tree

@@ -416,6 +416,14 @@ def test_api_cache_and_table(monkeypatch):
         p1.at("model.nope")
 
 
+def test_model_changed_in_place_is_walked_again():
+    model = build("llama")
+    a = measure_activations(model, BATCH, SEQ)
+    model.to(torch.bfloat16)
+    b = measure_activations(model, BATCH, SEQ)
+    assert b.at("model.layers.1").saved < a.at("model.layers.1").saved
+
+
 def test_errors():
     with pytest.raises(ValueError, match="example_inputs"):
         measure_activations(Tower(), BATCH, SEQ)
