@@ -19,6 +19,7 @@ finding's fix into a new plan when the fix is a change of plan.
 | SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
+| SV113 | warning  | checkpointed modules while the model's config keeps ``use_cache=True`` (a key/value cache per layer) |
 """
 
 from __future__ import annotations
@@ -289,6 +290,25 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
     )]
 
 
+def check_use_cache(analysis) -> list[Finding]:
+    """SV113: checkpointed modules in a Hugging Face model whose config keeps ``use_cache=True``: a
+    training forward then builds a key/value cache that holds every layer's keys and values until
+    the output is dropped, which checkpointing would otherwise free (not in the measured peak)."""
+    model = analysis.tree.model
+    config = getattr(model, "config", None)
+    if not analysis.plan.checkpoint or config is None or not getattr(config, "use_cache", False):
+        return []
+    return [Finding(
+        "SV113", "warning",
+        f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed but the model's config has "
+        "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
+        "values alive until the loss, about one hidden state per layer more than the predicted peak (which "
+        "assumes use_cache=False, see docs/activations.md)",
+        analysis.plan.checkpoint[:MAX_FQNS],
+        "set model.config.use_cache = False before training (or pass use_cache=False to the forward)",
+    )]
+
+
 def _peak_with(analysis, plan=None, mesh=None, training=None) -> int:
     """The worst rank's peak if the plan, mesh or training were changed (same model)."""
     from .analysis import Analysis
@@ -392,6 +412,7 @@ CHECKS = (
     check_padding,
     check_empty_shards,
     check_all_ignored_units,
+    check_use_cache,
 )
 
 
@@ -479,7 +500,7 @@ def _split_unit(analysis, ul):
         if not new:
             return None
         units = list(plan.units) + new
-    return Plan(units, plan.ignored, plan.name)
+    return plan.with_units(units)
 
 
 def _lowest_common_ancestor(tree, modules) -> int:
@@ -531,7 +552,7 @@ def fix_plan(analysis, finding: Finding):
         unit = plan.unit_of(finding.fqns[0])
         children = [tree.modules[c].fqn for c in _children_with_params(tree, tree.module_index[finding.fqns[0]])]
         units = [u for u in plan.units if u is not unit] + [_same_options(unit, [c]) for c in children]
-        return Plan(units, plan.ignored, plan.name)
+        return plan.with_units(units)
     if code == "SV003":
         ul = lay.units[lay.param_unit[tree.param_index[finding.fqns[0]]]]
         by_dtype: dict = {}
@@ -548,7 +569,7 @@ def fix_plan(analysis, finding: Finding):
         return plan.without_ignored(back) if back else None
     if code == "SV105":
         auto = auto_plan(tree, "sharded")
-        fixed = Plan(auto.units, plan.ignored + auto.ignored, plan.name)
+        fixed = Plan(auto.units, plan.ignored + auto.ignored, plan.name, plan.checkpoint)
         version = analysis.torch_version
         return fixed if version is None or supports_grouped_call(version) else _ungroup(tree, fixed)
     if code == "SV106":
@@ -574,7 +595,7 @@ def _ungroup(tree, plan):
         units.remove(unit)
         if not any(top in u.modules for u in units):
             units.append(_same_options(unit, [top]))
-    return Plan(units, plan.ignored, plan.name)
+    return plan.with_units(units)
 
 
 def _layout(analysis, plan):

@@ -169,4 +169,4 @@ def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
     first = plan.units[keep[0]]
     merged = Unit(joined, first.reshard_after_forward, first.param_dtype, first.reduce_dtype, first.offload)
     units = [merged if i == keep[0] else u for i, u in enumerate(plan.units) if i not in calls or i == keep[0]]
-    return Plan(units, plan.ignored, plan.name)
+    return plan.with_units(units)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import shardviz as sv
-from handmade import MixedFrozen, Nested, Odd, Tied, WeirdKeys, handmade_cases
+from handmade import MixedFrozen, Nested, Odd, Tied, handmade_cases
 from shardviz import zoo
 from test_engine_refusals import Stages
 
