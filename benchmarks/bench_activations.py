@@ -16,10 +16,10 @@ import warnings
 
 warnings.filterwarnings("ignore")
 
-from shardviz import zoo
-from shardviz.activations import clear_cache, measure_activations
-from shardviz.cost import format_bytes
-from shardviz.tree import ModelTree
+from shardviz import zoo  # noqa: E402
+from shardviz.activations import clear_cache, measure_activations  # noqa: E402
+from shardviz.cost import format_bytes  # noqa: E402
+from shardviz.tree import ModelTree  # noqa: E402
 
 
 def timed(fn):

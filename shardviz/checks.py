@@ -453,7 +453,6 @@ def _same_options(unit, modules):
 
 def _split_unit(analysis, ul):
     """``ul``'s call split into calls that keep every shared parameter in one call, or None."""
-    from .plan import Plan
 
     tree, plan = analysis.tree, analysis.plan
     unit = ul.unit
@@ -587,7 +586,6 @@ def fix_plan(analysis, finding: Finding):
 def _ungroup(tree, plan):
     """Each grouped call replaced by one call on the lowest module that holds all its modules (for a
     release before 2.5); dropped when that module already has a call."""
-    from .plan import Plan
 
     units = list(plan.units)
     for unit in [u for u in plan.units if u.is_grouped]:
