@@ -305,6 +305,9 @@ BREAKDOWN = ("sharded params", "whole params", "buffers", "optimizer states", "g
 class NoActivations:
     """Activations not counted (``Training.batch_size`` is None): every level is 0."""
 
+    def after_backward(self, module):
+        return 0, None
+
     def enter(self, phase, modules):
         return 0, None
 
@@ -346,6 +349,15 @@ class ActivationLevels:
         m = self._last(modules) if phase == "forward" else min(modules)
         value, fqn = self._read(m, "post_fw" if phase == "forward" else "post_bw")
         return (self.end if value is None and phase == "backward" else value or 0), fqn
+
+    def after_backward(self, module: int):
+        """The level when ``module``'s backward is done (when its backward does not end on its own
+        inputs, the level when it started)."""
+        stats = self._stats(module)
+        if stats is None:
+            return 0, None
+        value = stats.post_bw if stats.post_bw is not None else stats.pre_bw
+        return (value or 0), self.tree.modules[module].fqn
 
     def during(self, phase, modules):
         field = "peak_fw" if phase == "forward" else "peak_bw"
@@ -504,15 +516,27 @@ class StepSimulation:
             self.state[k] = 1
         if prev >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
             self.unshard(prev, act)
+        # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
+        self.observe("backward", k, act=self.act.during("backward", g.modules), **self.backward_alive())
         if g.grads_at is None:
             self.gradients(k, g.unsharded_grads, g.whole_grads)
 
-    def gradients(self, k: int, unsharded: int, whole: int) -> None:
-        """Autograd computes (part of) a call's gradients while it is unsharded."""
+    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None) -> None:
+        """Autograd computes (part of) a call's gradients while it is unsharded: those of the
+        parameters ``module`` owns during that module's backward, or all of them at once."""
+        if module is None:  # the call's backward at once: its peak with all its gradients
+            self.ug_live[k] += unsharded
+            self.ug_alive += unsharded
+            self.grads += whole
+            self.observe("backward", k, act=self.act.during("backward", self.groups[k].modules), **self.backward_alive())
+            return
+        # the module's backward runs (its highest level) before its parameters' gradients are
+        # accumulated; then they are, at the level its backward leaves
+        self.observe("backward", k, act=self.act.during("backward", (module,)), **self.backward_alive())
         self.ug_live[k] += unsharded
         self.ug_alive += unsharded
         self.grads += whole
-        self.observe("backward", k, act=self.act.during("backward", self.groups[k].modules), **self.backward_alive())
+        self.observe("backward", k, act=self.act.after_backward(module), **self.backward_alive())
 
     def post_backward(self, k: int) -> None:
         """``FSDPParamGroup.post_backward``: reshard, then reduce-scatter (and all-reduce on HSDP)."""
@@ -560,7 +584,7 @@ class StepSimulation:
                 continue  # no pre-backward hook: nothing after it needed a gradient
             events.append((g.post_key, 0, k, None))
             for position, unsharded, whole in g.grads_at or ():
-                events.append(((position, 2, 0), 1, k, (unsharded, whole)))
+                events.append(((position, 2, 0), 1, k, (unsharded, whole, position)))
             if g.in_grad:
                 events.append((g.pre_key, 2, k, None))
         events.sort(key=lambda e: (e[0], -e[1]), reverse=True)
@@ -706,7 +730,7 @@ class CostModel:
         names = _code_names()
         first_trainable = self.arrays.first_trainable
         root_of = self._roots(lay, modules)
-        nested = self._nested_gradients(lay, modules)
+        nested = self._gradient_positions(lay, modules)
         groups = []
         for ul in lay.units:
             i = ul.index
@@ -743,31 +767,44 @@ class CostModel:
             ))
         return groups
 
-    def _nested_gradients(self, lay, modules) -> dict[int, tuple]:
-        """For each call with other calls nested inside it: its gradients per owning module, so
-        the backward sees them appear around the nested calls' backward (reverse module order)."""
-        inner = {}
-        for ul in lay.units:
-            for m in ul.modules:
-                parent = modules[m].parent
-                outer = lay.module_unit[parent] if parent >= 0 else -1
-                if outer >= 0 and outer != ul.index:
-                    inner.setdefault(outer, True)
-        if not inner:
-            return {}
+    def _gradient_positions(self, lay, modules) -> dict[int, tuple]:
+        """Per call, its gradients by the module that owns the parameters, where backward needs
+        to see them appear one module at a time: in a call with other calls nested inside it
+        (their backward runs in between), and in every call when activations are counted (each
+        gradient appears while its module's backward runs, at that module's activation level)."""
         arr, sh = self.arrays, self.sh
-        out = {}
-        for k in inner:
-            mask = sh.unit == k
-            owners = arr.owner[sh.index[mask]]
-            ug = sh.numel[mask] * sh.pd_itemsize[mask] * sh.trainable[mask]
-            w_mask = self.w_train & (np.asarray(lay.would_be_unit, dtype=np.int64)[self.w_index] == k)
-            w_owners = arr.owner[self.w_index[w_mask]]
-            positions = np.unique(np.concatenate([owners, w_owners]))
-            ug_at = np.bincount(np.searchsorted(positions, owners), weights=ug, minlength=positions.size)
-            w_at = np.bincount(np.searchsorted(positions, w_owners), weights=self.w_bytes[w_mask], minlength=positions.size)
-            out[k] = tuple((int(p), int(a), int(b)) for p, a, b in zip(positions, ug_at, w_at))
-        return out
+        if self.training.with_activations:
+            calls = None  # every call
+        else:
+            calls = set()
+            for ul in lay.units:
+                for m in ul.modules:
+                    parent = modules[m].parent
+                    outer = lay.module_unit[parent] if parent >= 0 else -1
+                    if outer >= 0 and outer != ul.index:
+                        calls.add(outer)
+            if not calls:
+                return {}
+        # (call, owning module) -> unsharded gradient bytes, whole gradient bytes
+        trained = sh.trainable
+        w_unit = np.asarray(lay.would_be_unit, dtype=np.int64)[self.w_index][self.w_train]
+        units = np.concatenate([sh.unit[trained], w_unit])
+        owners = np.concatenate([arr.owner[sh.index[trained]], arr.owner[self.w_index[self.w_train]]])
+        ug = np.concatenate([(sh.numel * sh.pd_itemsize)[trained], np.zeros(w_unit.size, dtype=np.int64)])
+        wg = np.concatenate([np.zeros(int(trained.sum()), dtype=np.int64), self.w_bytes[self.w_train]])
+        keep = units >= 0
+        if calls is not None:
+            keep &= np.isin(units, list(calls))
+        if not keep.any():
+            return {}
+        pairs, inverse = np.unique(np.stack([units[keep], owners[keep]], axis=1), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        ug_at = np.rint(np.bincount(inverse, weights=ug[keep], minlength=len(pairs))).astype(np.int64)
+        wg_at = np.rint(np.bincount(inverse, weights=wg[keep], minlength=len(pairs))).astype(np.int64)
+        out: dict[int, list] = {}
+        for (u, position), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
+            out.setdefault(u, []).append((position, a, b))
+        return {u: tuple(v) for u, v in out.items()}
 
     def _roots(self, lay, modules) -> list[int]:
         """The root call above each call (itself for a root), and the root calls' post-forward keys.
