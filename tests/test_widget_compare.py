@@ -18,6 +18,7 @@ L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
 Q0 = L0 + ".self_attn.q_proj"
 MESH = sv.Mesh(shard=4)
+from shardviz.widget.state import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def st(model):
     return InspectorState(model, mesh=MESH)
 
 
-def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, training=None):
+def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, training=DEFAULT_TRAINING):
     """The view's table and diff equal ``sv.compare`` of the two plans (fresh tree) and ``sv.analyze``."""
     cmp = sv.compare(model, {"A": plan_a, "B": plan_b}, mesh=mesh, training=training)
     table = cmp.table
@@ -127,8 +128,8 @@ def test_mesh_change_after_pin(model, st):
     st.set_mesh(world=8)
     view = st.comparison
     assert not view["same_mesh"] and view["b"]["mesh"] == str(st.mesh)
-    a = sv.analyze(model, st.pinned.plan, MESH, strict=False)
-    b = sv.analyze(model, st.plan, st.mesh, strict=False)
+    a = sv.analyze(model, st.pinned.plan, MESH, DEFAULT_TRAINING, strict=False)
+    b = sv.analyze(model, st.plan, st.mesh, DEFAULT_TRAINING, strict=False)
     got = {r["key"]: (r["a"], r["b"]) for r in view["rows"]}
     assert got["peak"] == (int(a.memory["peak"].max()), int(b.memory["peak"].max()))
     assert got["params"][0] != got["params"][1]  # sharded 8 ways instead of 4

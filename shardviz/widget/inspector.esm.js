@@ -13,13 +13,17 @@ const ROW_H = 26;
 const OVERSCAN = 12;
 const MAX_TREE_H = 390;
 const GIB = 1024 ** 3;
+// the parts of the peak (views.PEAK_PARTS, in Python), bottom to top
 const CAT_CLASS = {
-  params_sharded: "sv-c0",
-  params_whole: "sv-c1",
+  "sharded params": "sv-c0",
+  "whole params": "sv-c1",
   buffers: "sv-c2",
-  optimizer: "sv-c3",
-  grads_at_peak: "sv-c4",
-  peak_transient: "sv-c5",
+  "optimizer states": "sv-c3",
+  gradients: "sv-c4",
+  "unsharded params": "sv-c5",
+  "communication buffers": "sv-c6",
+  activations: "sv-c7",
+  temporaries: "sv-c8",
 };
 const COLL_CLASS = { all_gather: "sv-c0", reduce_scatter: "sv-c3", all_reduce: "sv-c4" };
 
@@ -68,14 +72,15 @@ export function fmtBytes(n) {
   return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
 }
 
+// element counts: words, never a letter that reads as a byte unit ("70.76 bn", not "70.76B")
 export function fmtCount(n) {
   if (n === null || n === undefined) return "–";
   const v = Number(n);
-  if (v >= 1e12) return `${(v / 1e12).toFixed(2)}T`;
-  if (v >= 1e9) return `${(v / 1e9).toFixed(2)}B`;
-  if (v >= 1e6) return `${(v / 1e6).toFixed(2)}M`;
-  if (v >= 1e3) return `${(v / 1e3).toFixed(1)}K`;
-  return String(v);
+  if (v >= 1e12) return `${(v / 1e12).toFixed(2)} tn`;
+  if (v >= 1e9) return `${(v / 1e9).toFixed(2)} bn`;
+  if (v >= 1e6) return `${(v / 1e6).toFixed(2)} mn`;
+  if (v >= 1e4) return `${(v / 1e3).toFixed(1)} k`;
+  return v.toLocaleString("en-US");
 }
 
 function fmtShape(shape) {
@@ -197,7 +202,7 @@ function render({ model, el }) {
     { class: "sv-row sv-header" },
     h("span", { class: "sv-col-name", text: "module / parameter" }),
     h("span", { class: "sv-col-type", text: "type / dtype" }),
-    h("span", { class: "sv-col-size", text: "size", title: "elements (modules) or shape (parameters)" }),
+    h("span", { class: "sv-col-size", text: "elements", title: "number of elements (modules: every parameter under it, tied ones once) or shape (parameters); bn = billion, mn = million, k = thousand" }),
     h("span", { class: "sv-col-status", text: "status" }),
     h("span", { class: "sv-col-bytes", text: "per rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
     h("span", { class: "sv-col-local", text: "local shard" }),
@@ -260,7 +265,7 @@ function render({ model, el }) {
     const f = sm.findings;
     summaryEl.append(
       h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item", text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} params` }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
       h("span", { class: "sv-sum-item", text: sm.mesh }),
       h("span", {
         class: "sv-sum-item sv-sum-plan",
@@ -411,19 +416,25 @@ function render({ model, el }) {
       row.append(
         name,
         h("span", { class: "sv-col-type", text: r.type, title: r.type }),
-        h("span", { class: "sv-col-size", text: fmtCount(r.numel), title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters` }),
+        h("span", {
+          class: "sv-col-size",
+          "data-numel": r.numel,
+          text: r.numel === 0 && r.tied_numel > 0 ? "tied" : fmtCount(r.numel),
+          title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters${r.tied_numel > 0 ? `; ${r.tied_numel.toLocaleString()} more in tied parameters, counted under their first module` : ""}`,
+        }),
         h("span", { class: "sv-col-status" }, badge(r.badge)),
         h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
         h("span", { class: "sv-col-local" }),
         actions,
       );
-      actions.append(
-        r.is_unit
-          ? actionBtn("− unit", "sv-act-unit sv-act-remove", r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call", () =>
-              send("toggle_unit", { fqn: r.fqn }),
-            )
-          : actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn: r.fqn })),
-      );
+      if (r.is_unit)
+        actions.append(
+          actionBtn("− unit", "sv-act-unit sv-act-remove", r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call", () =>
+            send("toggle_unit", { fqn: r.fqn }),
+          ),
+        );
+      else if (r.can_unit)
+        actions.append(actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn: r.fqn })));
       if (r.is_unit) actions.append(rarSelect(r.rar, (v) => send("set_reshard_after_forward", { fqn: r.fqn, value: v })));
       if (r.n_lora > 0) {
         const ignored = r.lora === "ignored";
@@ -554,7 +565,12 @@ function render({ model, el }) {
       const keep = new Set(order);
       for (const id of rowsById.keys()) if (!keep.has(id)) rowsById.delete(id);
     }
-    filterNote.textContent = msg.truncated ? `${msg.truncated} more matches not shown: refine the filter` : "";
+    filterNote.textContent = msg.filtering && msg.matches === 0
+      ? "nothing matches this filter: no module or parameter has this name, status and role"
+      : msg.truncated
+        ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
+        : "";
+    filterNote.dataset.matches = msg.filtering ? String(msg.matches) : "";
     renderTree();
     tree.dataset.revision = String(msg.revision);
   }
@@ -656,15 +672,16 @@ function render({ model, el }) {
       g.append(s("text", { class: "sv-axis", x: x + bw / 2, y: H - padB + 14, "text-anchor": "middle", text: lab }));
       svg.append(g);
     });
+    const use = mem.use;
     if (limit && !limitOnScale) {
-      svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: padT - 8, "text-anchor": "end", text: `device ${fmtBytes(limit)}: peak uses ${((100 * (mem.max_peak || 0)) / limit).toFixed(1)}%` }));
+      // named, not drawn: far above every bar. Red only when the peak does not fit.
+      svg.append(s("text", { class: `sv-limit-label sv-limit-off${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
     }
     if (limitOnScale) {
       const y = yOf(limit);
-      svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
-      svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+      svg.append(s("line", { class: `sv-limit${use && use.over ? " sv-over" : ""}`, x1: padL, x2: W - padR, y1: y, y2: y }));
+      svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: y - 4, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
     }
-    svg.append(s("text", { class: "sv-axis", x: padL, y: H - 4, text: `phase of the peak: ${bars.map((b) => b.phase).filter((v, i, a) => v && a.indexOf(v) === i).join(", ") || "–"}` }));
     memoryEl.dataset.revision = String(mem.revision);
     memoryEl.dataset.peak = String(mem.max_peak);
     memoryEl.append(svg);
@@ -676,9 +693,9 @@ function render({ model, el }) {
         legend.append(
           h(
             "span",
-            { class: "sv-legend-item", "data-cat": c.key, title: c.label },
+            { class: "sv-legend-item", "data-cat": c.key, title: c.help || c.label },
             h("span", { class: `sv-swatch ${CAT_CLASS[c.key] || ""}` }),
-            `${c.label.split(" (")[0]} `,
+            `${c.label} `,
             h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
           ),
         );
@@ -686,8 +703,8 @@ function render({ model, el }) {
       memoryEl.append(
         legend,
         h("div", {
-          class: "sv-chart-note",
-          text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` at ${worst.unit}` : ""} · state after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
+          class: "sv-chart-note sv-peak-moment",
+          text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` of ${worst.unit}` : ""}${worst.module && worst.module !== worst.unit ? `, activations peak at ${worst.module}` : ""} · after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
         }),
       );
     }
@@ -733,7 +750,7 @@ function render({ model, el }) {
       units.forEach((u, i) => {
         const y = 3 + i * rowH;
         const g = s("g", { class: "sv-unit-bar", "data-unit": u.unit, "data-bytes": u.total });
-        const short = u.unit.length > 28 ? "…" + u.unit.slice(-27) : u.unit;
+        const short = u.label || u.unit; // shortened in Python: common prefix dropped, the end kept
         const label = s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: short });
         label.append(s("title", { text: u.unit }));
         g.append(label);
@@ -979,7 +996,15 @@ function render({ model, el }) {
             }),
           );
         }
-        if (f.n_fqns > 4) where.append(h("span", { class: "sv-muted", text: ` and ${f.n_fqns - 4} more` }));
+        const listed = Math.min(4, f.fqns.length);
+        if (f.n_fqns > listed)
+          where.append(
+            h("span", {
+              class: "sv-muted sv-finding-more",
+              "data-more": f.n_fqns - listed,
+              text: ` and ${f.n_fqns_exact ? "" : "at least "}${(f.n_fqns - listed).toLocaleString()} more`,
+            }),
+          );
         item.append(where);
       }
       findingsPanel.append(item);

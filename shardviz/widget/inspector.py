@@ -354,7 +354,8 @@ class Inspector(widgets.VBox):
             sent = self._sent_rows
             changed = {rid: row for rid, row in rows.items() if sent.get(rid) != row}
         msg = {"type": "rows", "revision": self.controller.revision, "reset": reset, "rows": changed,
-               "truncated": self.controller.view.truncated, "filtering": self.controller.view.filtering}
+               "truncated": self.controller.view.truncated, "filtering": self.controller.view.filtering,
+               "matches": self.controller.view.matches}
         if reset or order != self._sent_order:
             msg["order"] = order
         self._sent_order = order

@@ -165,7 +165,10 @@ class StaticStats:
         self.rowsize_p = np.where(self.dim0_p > 0, self.numel_p // np.maximum(self.dim0_p, 1), 0)
         self.lora_p = np.array([p.role == "lora" for p in params], dtype=bool)
         train = np.array([p.requires_grad for p in params], dtype=bool)
-        self.numel = self.accumulate(self.numel_p).tolist()
+        # sizes count a tied parameter once, under its first owner: children never add up to
+        # more than their parent (T5's shared embedding is not in both the encoder and decoder)
+        self.numel = self.accumulate(self.numel_p, once=True).tolist()
+        self.tied_numel = (self.accumulate(self.numel_p) - np.asarray(self.numel, dtype=np.int64)).tolist()
         self.n_params = self.accumulate(np.ones(len(params), dtype=np.int64)).tolist()
         self.n_lora = self.accumulate(self.lora_p.astype(np.int64)).tolist()
         self.trainable = self.accumulate(np.where(train, self.numel_p, 0)).tolist()
@@ -173,12 +176,13 @@ class StaticStats:
         for info in tree.modules:
             self.by_type.setdefault(info.type_name, []).append(info.index)
 
-    def accumulate(self, values: np.ndarray) -> np.ndarray:
-        """Per module: the sum of ``values`` over the unique parameters anywhere under it."""
+    def accumulate(self, values: np.ndarray, once: bool = False) -> np.ndarray:
+        """Per module: the sum of ``values`` over the unique parameters anywhere under it
+        (``once``: a tied parameter only under its first owner)."""
         values = np.asarray(values, dtype=np.int64)
         acc = np.zeros(self.n, dtype=np.int64)
         np.add.at(acc, self.owner0, values)
-        if self.extra_p.size:
+        if self.extra_p.size and not once:
             np.add.at(acc, self.extra_m, self.extra_s * values[self.extra_p])
         parent = self.parent
         for level in self.levels:
@@ -220,7 +224,7 @@ class ModuleStats:
         padded = -(-static.dim0_p // s) * static.rowsize_p
         rank_bytes = np.where(sharded, padded, static.numel_p) * static.itemsize_p
         self.codes = codes.tolist()
-        self.rank_bytes = static.accumulate(rank_bytes).tolist()
+        self.rank_bytes = static.accumulate(rank_bytes, once=True).tolist()
         self.n_ignored = static.accumulate(ignored.astype(np.int64)).tolist()
         self.n_sharded = static.accumulate(sharded.astype(np.int64)).tolist()
         self.lora_ignored = static.accumulate((ignored & static.lora_p).astype(np.int64)).tolist()
@@ -298,6 +302,7 @@ class TreeView:
         self.filter_role = ""
         self.rank = 0
         self.truncated = 0  # matches left out of a filtered view
+        self.matches = 0  # modules and parameters the filter matches (all of them, shown or not)
         self._filter_cache = None
 
     # -- expansion ---------------------------------------------------------------------------
@@ -413,6 +418,7 @@ class TreeView:
                 hits += 1
                 params.add((info.index, p))
                 self._add_path(info.index, mods)
+        self.matches = hits + self.truncated
         return mods, params
 
     def _add_path(self, m: int, mods: set[int]) -> None:
@@ -472,9 +478,13 @@ class TreeView:
             "fqn": info.fqn,
             "type": info.type_name,
             "numel": static.numel[m],
+            "tied_numel": static.tied_numel[m],
             "n_params": static.n_params[m],
             "bytes": stats.rank_bytes[m],
             "badge": stats.badge(m, static),
+            # a call on a module without parameters does nothing (peft's empty lora_embedding_A/B,
+            # lora_dropout): no "+ unit" there
+            "can_unit": own >= 0 or static.n_params[m] > 0,
             "open": (m in self.expanded) or self.filtering,
             "expandable": self.expandable(m),
             "is_unit": own >= 0,
