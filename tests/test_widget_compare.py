@@ -12,7 +12,7 @@ import shardviz as sv
 from shardviz import zoo
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget import views
-from shardviz.widget.inspector import FRONT_END_ACTIONS
+from shardviz.widget.protocol import ACTIONS as FRONT_END_ACTIONS
 
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
@@ -158,7 +158,7 @@ def test_widget_pin_and_unpin_actions(model):
     assert shown["revision"] == ins.controller.revision
     assert_view_equals_compare(model, shown, a_plan, ins.plan)
     assert {d["fqn"] for d in shown["diff"]} == set(ins.lora_params(L0))
-    assert ins.pinned.plan == a_plan and ins.comparison == {k: v for k, v in shown.items() if k != "revision"}
+    assert ins.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
     assert ins.handle_action("unpin", {})["ok"]
     assert ins.view.comparison["pinned"] is False and ins.view.summary["pinned"] is False
     assert not ins.handle_action("pin", {"fqn": L0})["ok"]  # pin takes no argument

@@ -44,7 +44,8 @@ HISTORY_LIMIT = 1000
 #: (``benchmarks/bench_table.py``): AdamW, bf16 parameters, fp32 gradient reduction.
 DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
 #: Actions that ``apply_to_many`` / ``apply_to_type`` can repeat over several modules.
-BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward")
+BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward",
+                 "checkpoint", "uncheckpoint")
 
 
 @dataclass(frozen=True)
@@ -417,6 +418,47 @@ class InspectorState:
             raise ValueError(f"no LoRA parameters under {module_fqn or '<root>'!r}")
         self._commit(plan=self._lora_plan(self.plan, [module_fqn], False))
 
+    # -- activation checkpointing ------------------------------------------------------------
+    def checkpoint(self, fqns) -> None:
+        """Wrap these modules in ``checkpoint_wrapper`` (their activations are recomputed in backward)."""
+        fqns = [fqns] if isinstance(fqns, str) else list(fqns)
+        for f in fqns:
+            self._module(f)
+        self._commit(plan=self.plan.with_checkpoint([f for f in fqns if f not in self.plan.checkpoint]))
+
+    def uncheckpoint(self, fqns) -> None:
+        fqns = [fqns] if isinstance(fqns, str) else list(fqns)
+        for f in fqns:
+            self._module(f)
+        self._commit(plan=self.plan.without_checkpoint(fqns))
+
+    def toggle_checkpoint(self, fqn: str) -> None:
+        if fqn in self.plan.checkpoint:
+            self.uncheckpoint([fqn])
+        else:
+            self.checkpoint([fqn])
+
+    def blocks(self) -> list[str]:
+        """The repeated blocks ``Plan.auto(model, checkpoint="blocks")`` checkpoints."""
+        if not hasattr(self, "_blocks"):
+            self._blocks = list(Plan.auto(self.tree, checkpoint="blocks").checkpoint)
+        return self._blocks
+
+    def checkpoint_blocks(self, on: bool = True) -> None:
+        """Checkpoint every repeated block (``on``), or none of them; one undo step."""
+        blocks = self.blocks()
+        if not blocks:
+            raise ValueError(f"{self.tree.root_type} has no repeated blocks to checkpoint")
+        plan = self.plan
+        if on:
+            # a module inside a block, or a block's ancestor, cannot be checkpointed as well
+            keep = [f for f in plan.checkpoint if not any(f.startswith(b + ".") or b.startswith(f + ".") for b in blocks)]
+            plan = plan.without_checkpoint([f for f in plan.checkpoint if f not in keep]).with_checkpoint(
+                [b for b in blocks if b not in plan.checkpoint])
+        else:
+            plan = plan.without_checkpoint(blocks)
+        self._commit(plan=plan)
+
     def apply_to_many(self, targets, action: str, **kw) -> None:
         """Repeat one block action over many modules as ONE undo step.
 
@@ -437,6 +479,10 @@ class InspectorState:
                     plan = plan.without_unit(f)
         elif action in ("ignore_lora", "unignore_lora"):
             plan = self._lora_plan(plan, fqns, action == "ignore_lora")
+        elif action == "checkpoint":
+            plan = plan.with_checkpoint([f for f in fqns if f not in plan.checkpoint])
+        elif action == "uncheckpoint":
+            plan = plan.without_checkpoint(fqns)
         else:
             value = _parse_rar(kw.get("value", kw.get("reshard_after_forward")))
             for f in fqns:

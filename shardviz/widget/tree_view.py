@@ -234,6 +234,7 @@ class ModuleStats:
             for m in ul.modules:
                 own[m] = ul.index
         self.own_unit = own
+        self.checkpointed = frozenset(tree.module_index[f] for f in layout.plan.checkpoint if f in tree.module_index)
 
     def badge(self, m: int, static: StaticStats | None = None) -> dict:
         """The module's status badge: unit / in X / ignored / unmanaged / mixed."""
@@ -485,6 +486,8 @@ class TreeView:
             # a call on a module without parameters does nothing (peft's empty lora_embedding_A/B,
             # lora_dropout): no "+ unit" there
             "can_unit": own >= 0 or static.n_params[m] > 0,
+            "checkpointed": m in stats.checkpointed,
+            "can_checkpoint": m != 0 and static.n_params[m] > 0,
             "open": (m in self.expanded) or self.filtering,
             "expandable": self.expandable(m),
             "is_unit": own >= 0,
@@ -534,6 +537,7 @@ class TreeView:
             "lora": None if not n_lora else ("ignored" if lora_ign == n_lora else ("kept" if lora_ign == 0 else "partly ignored")),
             "n_lora": n_lora,
             "rar": rars.pop() if len(rars) == 1 and n_units == len(members) else None,
+            "n_checkpointed": sum(1 for c in members if c in stats.checkpointed),
         }
 
     def param_row(self, m: int, p: int, depth: int, stats: ModuleStats) -> dict:
