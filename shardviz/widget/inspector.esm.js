@@ -464,7 +464,7 @@ function render({ model, el }) {
   }
 
   function buildRow(id, r) {
-    const indent = r.depth * 10;
+    const indent = r.depth * 8;
     const caret = r.expandable
       ? h("button", {
           class: "sv-caret",
@@ -484,7 +484,9 @@ function render({ model, el }) {
       "data-badge": r.badge.kind,
       role: "row",
     });
-    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: r.kind === "group" ? r.label : r.fqn || "(root)" }, caret);
+    const tip =
+      r.kind === "group" ? r.label : r.kind === "module" ? `${r.fqn || "(root)"} · ${r.type}` : `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}`;
+    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: tip }, caret);
     const actions = h("span", { class: "sv-col-actions" });
     if (r.kind === "module") {
       name.append(h("span", { class: "sv-name", text: r.name }));
@@ -546,17 +548,17 @@ function render({ model, el }) {
       const all = r.n_units === r.count;
       actions.append(
         all
-          ? actionBtn(`− ${r.count} units`, "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, () =>
+          ? actionBtn("− units", "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, () =>
               send("apply_to_many", { targets: id, action: "remove_unit" }),
             )
-          : actionBtn(`+ ${r.count} units`, "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, () =>
+          : actionBtn("+ units", "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, () =>
               send("apply_to_many", { targets: id, action: "make_unit" }),
             ),
       );
       const allCk = r.n_checkpointed === r.count;
       actions.append(
         actionBtn(
-          allCk ? `✓ ckpt ${r.count}` : `ckpt ${r.count}`,
+          allCk ? "✓ ckpt" : "ckpt",
           `sv-act-ckpt${allCk ? " sv-on" : ""}`,
           allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`,
           () => send("apply_to_many", { targets: id, action: allCk ? "uncheckpoint" : "checkpoint" }),

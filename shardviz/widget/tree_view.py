@@ -463,6 +463,14 @@ class TreeView:
             if c in mods:
                 self._walk_filtered(c, depth + 1, mods, params, out)
 
+    def in_block(self, m: int) -> bool:
+        """Is module ``m`` one of a run of repeated blocks (a folded group), or inside one?"""
+        cache = self.__dict__.setdefault("_in_block", {})
+        if m not in cache:
+            parent = self.tree.modules[m].parent
+            cache[m] = parent >= 0 and (self.folding.group_containing(m) is not None or self.in_block(parent))
+        return cache[m]
+
     def expandable(self, m: int) -> bool:
         info = self.tree.modules[m]
         return bool(info.children or info.params)
@@ -487,7 +495,8 @@ class TreeView:
             # lora_dropout): no "+ unit" there
             "can_unit": own >= 0 or static.n_params[m] > 0,
             "checkpointed": m in stats.checkpointed,
-            "can_checkpoint": m != 0 and static.n_params[m] > 0,
+            # offered on the repeated blocks and what is inside them (and wherever it is set)
+            "can_checkpoint": m in stats.checkpointed or (static.n_params[m] > 0 and self.in_block(m)),
             "open": (m in self.expanded) or self.filtering,
             "expandable": self.expandable(m),
             "is_unit": own >= 0,
