@@ -89,6 +89,20 @@ class Analysis:
 
         return comm_table(self)
 
+    def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
+        """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:
+        sharded params, whole params, buffers, optimizer states, gradients, unsharded params,
+        communication buffers, activations, temporaries. The values sum to ``memory.peak``."""
+        from .cost import peak_breakdown
+
+        return peak_breakdown(self, rank)
+
+    def activation_levels(self):
+        """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""
+        from .cost import _NoActivations
+
+        return _NoActivations()
+
     @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""

@@ -1,7 +1,7 @@
 """Findings: what is wrong with a plan, or costly, and how to fix it.
 
 ``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV006), the
-checks below (SV1xx) and the cost model's findings (``cost.memory_findings``) when it has them,
+checks below (SV1xx) and the cost model's findings (``checks.check_memory``) when it has them,
 errors first. Every code is stable: tests, users and the widget grep for them.
 
 | code  | severity | what |
@@ -22,7 +22,7 @@ errors first. Every code is stable: tests, users and the widget grep for them.
 
 from __future__ import annotations
 
-from .cost import memory_findings
+from .cost import format_bytes, peak_breakdown
 from .finding import Finding
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
 
@@ -283,6 +283,42 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
     )]
 
 
+def check_memory(analysis) -> list[Finding]:
+    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory``."""
+    limit = analysis.mesh.device_memory
+    if limit is None:
+        return []
+    mem = analysis.memory
+    worst = int(mem["peak"].to_numpy().argmax())
+    peak = int(mem.at[worst, "peak"])
+    if peak <= limit:
+        return []
+    rank = int(mem.at[worst, "rank"])
+    parts = sorted(peak_breakdown(analysis, rank).items(), key=lambda kv: -kv[1])
+    top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)
+    units = sorted(analysis.units.itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
+    big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
+    phase = mem.at[worst, "peak_phase"]
+    where = f" in {phase}" + (f" at {mem.at[worst, 'peak_unit']}" if mem.at[worst, "peak_unit"] else "")
+    counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
+    fixes = []
+    if dict(parts).get("optimizer states", 0) or dict(parts).get("sharded params", 0):
+        fixes.append("shard over more ranks")
+    if not analysis.training.offload:
+        fixes.append("offload to CPU (Training(offload=True))")
+    fixes.append("set reshard_after_forward=True on calls that keep parameters unsharded")
+    if not analysis.training.param_dtype:
+        fixes.append("use param_dtype='bfloat16'")
+    return [Finding(
+        "SV201", "error",
+        f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "
+        f"{format_bytes(limit)} by {format_bytes(peak - limit)}{counted}; "
+        f"largest contributors: {top}; largest calls: {big}",
+        tuple(m for r in units for m in r.modules),
+        "; ".join(fixes),
+    )]
+
+
 CHECKS = (
     check_unsynchronised,
     check_mixed_optimizer_groups,
@@ -305,6 +341,6 @@ def run_checks(analysis, torch_version=None) -> list[Finding]:
     findings += release_findings(analysis.layout, version)
     for check in CHECKS:
         findings += check(analysis)
-    findings += memory_findings(analysis)
+    findings += check_memory(analysis)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .finding import Finding
+from .fsdp import local_rows_table, shard_rows
 from .plan import DTYPE_NAMES, Unit
 
 # ---------------------------------------------------------------------------
@@ -217,20 +217,13 @@ def _promote(names: list[str]) -> str:
     return str(out).replace("torch.", "")
 
 
-def _local_rows(dim0: np.ndarray, shard: int) -> np.ndarray:
-    """rows[i, c]: rows of parameter i that ``torch.chunk`` gives shard coordinate c."""
-    rows = -(-dim0 // shard)
-    coords = np.arange(shard, dtype=np.int64)
-    return np.clip(dim0[:, None] - coords[None, :] * rows[:, None], 0, rows[:, None])
-
-
 def _per_coord_sum(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
     """sum_i local_rows(dim0_i, c) * row_bytes_i for every shard coordinate c (grouped by dim0)."""
     if dim0.size == 0:
         return np.zeros(shard, dtype=np.int64)
     uniq, inverse = np.unique(dim0, return_inverse=True)
     weights = np.bincount(inverse, weights=row_bytes, minlength=uniq.size)
-    return np.rint(weights @ _local_rows(uniq, shard)).astype(np.int64)
+    return np.rint(weights @ local_rows_table(uniq, shard)).astype(np.int64)
 
 
 def _per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
@@ -238,202 +231,493 @@ def _per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.nd
     if dim0.size == 0:
         return np.zeros(shard, dtype=np.int64)
     pairs = np.unique(np.stack([dim0, row_bytes.astype(np.int64)], axis=1), axis=0)
-    return (_local_rows(pairs[:, 0], shard) * pairs[:, 1:2]).max(axis=0)
+    return (local_rows_table(pairs[:, 0], shard) * pairs[:, 1:2]).max(axis=0)
 
 
 # ---------------------------------------------------------------------------
 # The cost model of one analysis
 # ---------------------------------------------------------------------------
-_PART_NAMES = ("unsharded params", "all-gather buffers", "reduce-scatter buffers", "unsharded grads", "gradients",
-               "all-reduce buffers")
+# ---------------------------------------------------------------------------
+# One fully_shard call, and what a moment of the step holds
+# ---------------------------------------------------------------------------
+@dataclass
+class Group:
+    """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank."""
+
+    unit: int  # index in plan.units
+    name: str
+    reshard: bool | int  # effective reshard_after_forward (an int: the post-forward group size)
+    offload: bool
+    gather: int  # all-gather output, also the unsharded parameters (padded, param dtype)
+    staged: int  # all-gather input staged before the collective
+    gather_dtype: str  # one dtype, or uint8 when the inputs differ
+    trainable: bool
+    reduce_dtype: str
+    rs_input: int  # reduce-scatter input (padded, reduce dtype, the whole group's)
+    rs_output: int  # reduce-scatter output: this rank's slice
+    sharded_grads: int  # padded, original dtype
+    cast: bool  # reduce dtype differs from the original: the sharded gradients are a new buffer
+    unsharded_grads: int  # what autograd computes for the unsharded parameters (unpadded, param dtype)
+    whole_grads: int  # gradients of trainable whole parameters under this call
+    first: int  # preorder index of its first module
+    pre_key: tuple  # forward position of its pre-forward (first module entered)
+    post_key: tuple  # forward position of its post-forward (last module left)
+    out_grad: bool  # gets a pre-backward hook: its output needs a gradient
+    in_grad: bool  # its post-backward runs in backward (else in the root's final callback)
+    ctx: int  # the root call whose communication context it shares
+    modules: tuple[int, ...]  # its modules (tree indices)
+    # (forward position, unsharded grad bytes, whole grad bytes) per module that owns its
+    # parameters, when other calls are nested inside it (their backward runs in between);
+    # None: all its gradients appear together
+    grads_at: tuple | None = None
+
+
+@dataclass
+class Alive:
+    """What one moment of the step holds on top of the resident state (bytes per rank)."""
+
+    unsharded_params: int = 0  # all-gathered copies (and post-forward shards)
+    communication_buffers: int = 0  # all-gather inputs/outputs, reduce-scatter buffers, all-reduce buffers
+    gradients: int = 0  # sharded, whole and unsharded gradients alive
+    activations: int = 0  # saved for backward, and the step's inputs
+    temporaries: int = 0  # autograd temporaries, averaging copies, optimizer step temporaries
+
+    def total(self) -> int:
+        return (self.unsharded_params + self.communication_buffers + self.gradients + self.activations
+                + self.temporaries)
+
+
+@dataclass
+class Moment:
+    """The largest moment of forward + backward: its phase, the call running, what it holds."""
+
+    phase: str  # "forward" | "backward"
+    group: int | None  # index into CostModel.groups
+    alive: Alive
+    module: str | None = None  # where the activations peak, when they are counted
+
+
+#: The one breakdown of a rank's peak that every view draws (``Analysis.peak_breakdown``).
+BREAKDOWN = ("sharded params", "whole params", "buffers", "optimizer states", "gradients", "unsharded params",
+             "communication buffers", "activations", "temporaries")
+
+
+class _NoActivations:
+    """Activations not counted (``Training.batch_size`` is None): every level is 0."""
+
+    def enter(self, phase, modules):
+        return 0, None
+
+    def during(self, phase, modules):
+        return 0, None
+
+    def leave(self, phase, modules):
+        return 0, None
+
+
+class StepSimulation:
+    """One training step of FSDP2, event by event, in the order torch runs its hooks.
+
+    Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
+    (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
+    root's final callback and the exported code's gradient averaging. Each handler records the
+    moments where memory can peak with ``observe``; the optimizer step is ``CostModel``'s (its
+    size differs by rank). ``peak``: the transient bytes (on top of the resident state) of the
+    largest moment, and ``moment`` what it holds.
+    """
+
+    def __init__(self, model: "CostModel", activations):
+        self.m = model
+        self.groups = model.groups
+        self.act = activations
+        self.S, self.R = model.S, model.R
+        n = len(self.groups)
+        self.peak = -1
+        self.moment: Moment | None = None
+        self.comm: list[tuple] = []  # (group, collective, phase, process group, group size, count)
+        self.state = [0] * n  # 0 sharded, 1 unsharded, 2 post-forward shard
+        self.held = 0  # unsharded parameters (and post-forward shards) alive
+        # forward: the last all-gather output of each root's communication context
+        self.ag_states: dict[int, int] = {}
+        self.ag_state = 0
+        # backward
+        self.pending = [0] * n  # prefetched all-gather outputs not yet copied out
+        self.is_pending = [False] * n
+        self.pend = 0
+        self.rs_hold = 0  # the last reduce-scatter input, kept until the next post-backward
+        self.grads = 0  # sharded and whole gradients resident so far
+        self.ug_live = [0] * n  # unsharded gradients computed, waiting for their post-backward
+        self.ug_alive = 0
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def observe(self, phase: str, k, *, act=(0, None), **alive) -> None:
+        level, module = act
+        moment = Alive(activations=level, **alive)
+        x = moment.total()
+        if x > self.peak:
+            self.peak = x
+            self.moment = Moment(phase, k, moment, module)
+
+    def modules(self, k) -> tuple[int, ...]:
+        return self.groups[k].modules
+
+    # -- forward ----------------------------------------------------------------------------------
+    def pre_forward(self, k: int) -> None:
+        """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out)."""
+        g = self.groups[k]
+        ag = g.gather if self.S > 1 else 0
+        act = self.act.enter("forward", g.modules)
+        self.observe("forward", k, act=act, unsharded_params=self.held,
+                     communication_buffers=self.ag_state + ag + g.staged)
+        self.ag_state -= self.ag_states.get(g.ctx, 0)  # the previous all-gather output is freed after this copy-out
+        self.observe("forward", k, act=act, unsharded_params=self.held + g.gather,
+                     communication_buffers=self.ag_state + ag)
+        if self.S > 1:
+            self.comm.append((k, "all_gather", "forward", "shard", self.S, 1))
+        self.held += g.gather
+        self.ag_states[g.ctx] = ag
+        self.ag_state += ag
+        self.state[k] = 1
+        # the call's own forward: its activations and temporaries while it is unsharded
+        self.observe("forward", k, act=self.act.during("forward", g.modules), unsharded_params=self.held,
+                     communication_buffers=self.ag_state)
+
+    def post_forward(self, k: int) -> None:
+        """``FSDPParamGroup.post_forward``: reshard() (to the smaller post-forward mesh for an int)."""
+        g = self.groups[k]
+        if g.reshard is True:
+            self.held -= g.gather
+            self.state[k] = 0
+        elif g.reshard is not False:
+            shard = g.gather // g.reshard
+            self.observe("forward", k, act=self.act.leave("forward", g.modules),
+                         unsharded_params=self.held + shard, communication_buffers=self.ag_state)
+            self.held += shard - g.gather
+            self.state[k] = 2
+
+    def root_post_forward(self, ctx: int) -> None:
+        """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
+        self.ag_state -= self.ag_states.pop(ctx, 0)
+
+    def forward(self) -> None:
+        groups = self.groups
+        events = sorted([(g.pre_key, 1, k) for k, g in enumerate(groups)]
+                        + [(g.post_key, 0, k) for k, g in enumerate(groups)]
+                        + [(key, 0, len(groups) + r) for key, r in self.m.root_posts])
+        for _, is_pre, k in events:
+            if k >= len(groups):
+                self.root_post_forward(k - len(groups))
+            elif is_pre:
+                self.pre_forward(k)
+            else:
+                self.post_forward(k)
+
+    # -- backward ---------------------------------------------------------------------------------
+    def backward_alive(self, **extra) -> dict:
+        return dict(unsharded_params=self.held, communication_buffers=self.pend + self.rs_hold,
+                    gradients=self.grads + self.ug_alive, **extra)
+
+    def unshard(self, k: int) -> None:
+        """``FSDPParamGroup.unshard`` in backward: an all-gather unless unsharded or already prefetched."""
+        g = self.groups[k]
+        if self.state[k] == 1 or self.is_pending[k]:
+            return
+        size = self.S if self.state[k] == 0 else g.reshard
+        self.is_pending[k] = True
+        if size > 1:
+            self.pending[k] = g.gather
+            self.pend += g.gather
+            alive = self.backward_alive()
+            alive["communication_buffers"] += g.staged
+            self.observe("backward", k, act=self.act.enter("backward", g.modules), **alive)
+            self.comm.append((k, "all_gather", "backward", "shard" if self.state[k] == 0 else "post_forward", size, 1))
+
+    def pre_backward(self, k: int, prev: int) -> None:
+        """``FSDPState._pre_backward``: unshard (a no-op if prefetched), copy out, prefetch ``prev``."""
+        g = self.groups[k]
+        act = self.act.enter("backward", g.modules)
+        self.unshard(k)
+        if self.is_pending[k]:
+            alive = self.backward_alive()
+            alive["unsharded_params"] += g.gather
+            self.observe("backward", k, act=act, **alive)
+            shard = g.gather // g.reshard if self.state[k] == 2 else 0
+            self.pend -= self.pending[k]
+            self.pending[k] = 0
+            self.is_pending[k] = False
+            self.held += g.gather - shard
+            self.state[k] = 1
+        if prev >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
+            self.unshard(prev)
+        if g.grads_at is None:
+            self.gradients(k, g.unsharded_grads, g.whole_grads)
+
+    def gradients(self, k: int, unsharded: int, whole: int) -> None:
+        """Autograd computes (part of) a call's gradients while it is unsharded."""
+        self.ug_live[k] += unsharded
+        self.ug_alive += unsharded
+        self.grads += whole
+        self.observe("backward", k, act=self.act.during("backward", self.groups[k].modules), **self.backward_alive())
+
+    def post_backward(self, k: int) -> None:
+        """``FSDPParamGroup.post_backward``: reshard, then reduce-scatter (and all-reduce on HSDP)."""
+        g = self.groups[k]
+        if self.state[k] == 1:
+            self.held -= g.gather
+        elif self.state[k] == 2:
+            self.held -= g.gather // g.reshard
+        self.state[k] = 0
+        self.rs_hold = 0  # the previous reduce-scatter input is waited on and dropped first
+        ug, self.ug_live[k] = self.ug_live[k], 0
+        if not g.trainable:
+            self.ug_alive -= ug
+            return
+        act = self.act.leave("backward", g.modules)
+        self.observe("backward", k, act=act, unsharded_params=self.held, communication_buffers=self.pend + g.rs_input,
+                     gradients=self.grads + self.ug_alive)
+        self.ug_alive -= ug
+        device_grads = 0 if g.offload else g.sharded_grads
+        extra = device_grads if g.cast else 0
+        self.observe("backward", k, act=act, unsharded_params=self.held,
+                     communication_buffers=self.pend + g.rs_input + g.rs_output,
+                     gradients=self.grads + self.ug_alive + extra)
+        if self.S > 1:
+            self.comm.append((k, "reduce_scatter", "backward", "shard", self.S, 1))
+        if self.R > 1:
+            self.comm.append((k, "all_reduce", "backward", "replicate", self.R, 1))
+        self.grads += device_grads
+        self.rs_hold = g.rs_input
+
+    def backward(self) -> None:
+        groups, n = self.groups, len(self.groups)
+        # the call before each in its context's post-forward order (comm_ctx.post_forward_order)
+        order = sorted(range(n), key=lambda k: groups[k].post_key)
+        prev, last_in_ctx = [-1] * n, {}
+        for k in order:
+            prev[k] = last_in_ctx.get(groups[k].ctx, -1)
+            last_in_ctx[groups[k].ctx] = k
+        # Reverse module order: a call's pre-backward where its forward ended, its gradients where
+        # their modules ran, its post-backward where its forward began; a nested call's backward
+        # runs inside its parent's
+        events = []
+        for k, g in enumerate(groups):
+            if not g.out_grad:
+                continue  # no pre-backward hook: nothing after it needed a gradient
+            events.append((g.post_key, 0, k, None))
+            for position, unsharded, whole in g.grads_at or ():
+                events.append(((position, 2, 0), 1, k, (unsharded, whole)))
+            if g.in_grad:
+                events.append((g.pre_key, 2, k, None))
+        events.sort(key=lambda e: (e[0], -e[1]), reverse=True)
+        for _, kind, k, amounts in events:
+            if kind == 0:
+                self.pre_backward(k, prev[k])
+            elif kind == 1:
+                self.gradients(k, *amounts)
+            else:
+                self.post_backward(k)
+        self.grads += self.m.unmanaged_grads
+        # FSDPState._root_post_backward_final_callback: post_backward for every call not done yet,
+        # in the root's named_modules order
+        for k in sorted((k for k, g in enumerate(groups) if not (g.out_grad and g.in_grad)),
+                        key=lambda k: groups[k].first):
+            self.post_backward(k)
+        sync = self.m.sync
+        if sync is not None:  # the exported averager's callback runs after FSDP's final callback
+            self.observe("backward", None, unsharded_params=self.held, gradients=self.grads,
+                         communication_buffers=sync["bytes"], temporaries=sync["temporaries"])
+
+    def run(self) -> "StepSimulation":
+        self.forward()
+        self.backward()
+        return self
+
+
+# ---------------------------------------------------------------------------
+# The cost model of one analysis
+# ---------------------------------------------------------------------------
+@dataclass
+class _Sharded:
+    """Per sharded parameter (numpy arrays aligned on ``index``), what the cost model needs."""
+
+    index: np.ndarray  # tree parameter indices
+    unit: np.ndarray  # owning call (plan unit index)
+    numel: np.ndarray
+    dim0: np.ndarray
+    row: np.ndarray  # elements per dim-0 row
+    padded: np.ndarray  # padded shard elements every rank allocates
+    itemsize: np.ndarray  # original dtype
+    dtype: np.ndarray  # original dtype code
+    pd_itemsize: np.ndarray  # param dtype (what is gathered)
+    pd_dtype: np.ndarray
+    cast: np.ndarray  # gathered in another dtype than its own
+    trainable: np.ndarray
+    offload: np.ndarray
 
 
 class CostModel:
-    """Everything ``memory_table`` and ``comm_table`` need, computed once per analysis.
+    """Everything ``a.memory`` and ``a.comm`` need, computed once per analysis.
 
-    Per ``fully_shard`` call with parameters (one ``FSDPParamGroup``), in bytes per rank:
-    ``shard``: padded shards (original dtype); ``gather``: the all-gather output, which is also the
-    size of the unsharded parameters (padded, param dtype); ``rs``/``ro``: reduce-scatter input and
-    output (trainable parameters only, padded, reduce dtype); ``grad``: sharded gradients (padded,
-    original dtype); ``ug``: the unsharded gradients autograd computes (unpadded, param dtype).
+    ``groups``: one ``Group`` per ``fully_shard`` call with parameters, in plan order; resident
+    state (``params_sharded``, ``params_whole``, ``buffers``, gradients, optimizer states per
+    shard coordinate); ``step``: the simulated forward + backward (``StepSimulation``).
     """
 
     def __init__(self, analysis):
         self.analysis = analysis
         tree, lay, mesh, training = analysis.tree, analysis.layout, analysis.mesh, analysis.training
         self.training = training
-        S, R = mesh.shard, mesh.replicate
-        self.S, self.R = S, R
-        arr = _tree_arrays(tree)
-        n_units = len(lay.units)
-        policies = [training.unit_defaults(ul.unit) for ul in lay.units]
-        labels = [ul.unit.name for ul in lay.units]
-        self.labels = labels
+        self.S, self.R = mesh.shard, mesh.replicate
+        self.arrays = _tree_arrays(tree)
+        self.policies = [training.unit_defaults(ul.unit) for ul in lay.units]
+        self.sh = self._sharded_params()
+        self._whole_params()
+        self.groups = self._groups()
+        self._resident()
+        self._optimizer()
+        self.sync = self._gradient_averaging()
+        self.step = StepSimulation(self, analysis.activation_levels()).run()
 
+    # -- parameters -----------------------------------------------------------------------------
+    def _sharded_params(self) -> _Sharded:
+        """The padded shard of every sharded parameter (``FSDPParam._init_sharded_param``) and the
+        dtype it is gathered in (``FSDPParam.init_dtype_attrs``)."""
+        lay, arr, S = self.analysis.layout, self.arrays, self.S
         punit = np.asarray(lay.param_unit, dtype=np.int64)
         sharded = (punit >= 0) & np.fromiter((s == "sharded" for s in lay.param_status), dtype=bool, count=punit.size)
-
-        # -- per-unit policies -------------------------------------------------------------
-        pd_code = np.array([_dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
-        pd_size = np.array([_ITEMSIZE[p.param_dtype] if p.param_dtype else 0 for p in policies] + [0], dtype=np.int64)
-        offload_u = np.array([p.offload for p in policies] + [False], dtype=bool)
-
-        # -- sharded parameters: the padded shard (FSDPParam._init_sharded_param) -------------
         idx = np.nonzero(sharded)[0]
         u = punit[idx]
+        pol = self.policies
+        pd_code = np.array([_dtype_code(p.param_dtype) if p.param_dtype else -1 for p in pol] + [-1], dtype=np.int64)
+        pd_size = np.array([_ITEMSIZE[p.param_dtype] if p.param_dtype else 0 for p in pol] + [0], dtype=np.int64)
+        offload = np.array([p.offload for p in pol] + [False], dtype=bool)
         numel, dim0, isz, dcode = arr.numel[idx], arr.dim0[idx], arr.itemsize[idx], arr.dtype[idx]
-        rowsize = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
-        padded = -(-dim0 // S) * rowsize
-        # param dtype: the policy's, unless it equals the original or the parameter is not
-        # floating point (FSDPParam.init_dtype_attrs)
+        row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
+        # the policy's param dtype, unless it equals the original or the parameter is not floating point
         cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != dcode)
-        pd_isz = np.where(cast, pd_size[u], isz)
-        pd_dt = np.where(cast, pd_code[u], dcode)
-        train = arr.trainable[idx]
-        off = offload_u[u]
+        return _Sharded(idx, u, numel, dim0, row, shard_rows(dim0, S) * row, isz, dcode,
+                        np.where(cast, pd_size[u], isz), np.where(cast, pd_code[u], dcode), cast,
+                        arr.trainable[idx], offload[u])
+
+    def _whole_params(self) -> None:
+        """Ignored and unmanaged parameters: every rank holds them whole; FSDP never touches them."""
+        lay, arr = self.analysis.layout, self.arrays
+        n_units = len(lay.units)
+        whole = np.ones(arr.numel.size, dtype=bool)
+        whole[self.sh.index] = False
+        widx = np.nonzero(whole)[0]
+        self.w_index = widx
+        self.w_bytes = arr.numel[widx] * arr.itemsize[widx]
+        self.w_train = arr.trainable[widx]
+        self.params_whole = int(self.w_bytes.sum())
+        self.grads_whole = int(self.w_bytes[self.w_train].sum())
+        would = np.asarray(lay.would_be_unit, dtype=np.int64)[widx]
+        slot = np.where(would >= 0, would, n_units)[self.w_train]
+        per_unit = np.rint(np.bincount(slot, weights=self.w_bytes[self.w_train], minlength=n_units + 1)).astype(np.int64)
+        self.whole_grads_per_unit = per_unit[:n_units]
+        self.unmanaged_grads = int(per_unit[n_units])  # under no call: computed outside every call
+
+    # -- one Group per call ------------------------------------------------------------------------
+    def _groups(self) -> list[Group]:
+        lay, sh, S = self.analysis.layout, self.sh, self.S
+        modules = self.analysis.tree.modules
+        n_units = len(lay.units)
+        u = sh.unit
 
         def per_unit(weights):
             return np.rint(np.bincount(u, weights=weights, minlength=n_units)).astype(np.int64)
 
         n_params = np.bincount(u, minlength=n_units)
-        gather_b = per_unit(padded * pd_isz) * S
+        gather = per_unit(sh.padded * sh.pd_itemsize) * S
         # all-gather inputs staged before the collective: the foreach copy into param dtype
         # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
-        staged = np.where(off, padded * isz + np.where(cast, padded * pd_isz, 0), np.where(pd_code[u] >= 0, padded * pd_isz, 0))
-        copy_b = per_unit(staged)
-        tr = train.astype(np.float64)
-        pad_train = per_unit(padded * tr)
-        ug_b = per_unit(numel * pd_isz * tr)
+        has_policy = np.array([p.param_dtype is not None for p in self.policies] + [False])[u]
+        staged = per_unit(np.where(sh.offload, sh.padded * sh.itemsize + np.where(sh.cast, sh.padded * sh.pd_itemsize, 0),
+                                   np.where(has_policy, sh.padded * sh.pd_itemsize, 0)))
+        tr = sh.trainable.astype(np.float64)
+        padded_trainable = per_unit(sh.padded * tr)
+        unsharded_grads = per_unit(sh.numel * sh.pd_itemsize * tr)
         has_train = per_unit(tr) > 0
         n_codes = max(len(_DTYPE_CODES), 1)
-        # one all-gather dtype, or uint8 bytes when the inputs differ (foreach_all_gather)
-        ag_codes = np.bincount(u * n_codes + pd_dt, minlength=n_units * n_codes).reshape(n_units, n_codes) > 0
-        ag_kinds = ag_codes.sum(axis=1)
-        ag_first = ag_codes.argmax(axis=1)
-        t_orig = np.bincount(u[train] * n_codes + dcode[train], minlength=n_units * n_codes).reshape(n_units, n_codes).argmax(axis=1)
-        t_pd = np.bincount(u[train] * n_codes + pd_dt[train], minlength=n_units * n_codes).reshape(n_units, n_codes).argmax(axis=1)
 
-        # -- whole parameters (ignored / unmanaged): every rank holds them ------------------------
-        widx = np.nonzero(~sharded)[0]
-        would = np.asarray(lay.would_be_unit, dtype=np.int64)[widx]
-        w_bytes = arr.numel[widx] * arr.itemsize[widx]
-        w_train = arr.trainable[widx]
-        self.params_whole = int(w_bytes.sum())
-        self.grads_whole = int(w_bytes[w_train].sum())
-        self.buffers = arr.buffer_bytes
-        wg = np.rint(np.bincount(np.where(would >= 0, would, n_units)[w_train], weights=w_bytes[w_train],
-                                 minlength=n_units + 1)).astype(np.int64)
-        self.unmanaged_grads = int(wg[n_units])
+        def codes(mask, dcodes):
+            return np.bincount(u[mask] * n_codes + dcodes[mask], minlength=n_units * n_codes).reshape(n_units, n_codes)
 
-        # -- one entry per group, in plan order ------------------------------------------------------
+        everything = np.ones(u.size, dtype=bool)
+        gathered_codes = codes(everything, sh.pd_dtype) > 0  # one all-gather dtype, or uint8 (foreach_all_gather)
+        trained_orig = codes(sh.trainable, sh.dtype).argmax(axis=1)
+        trained_pd = codes(sh.trainable, sh.pd_dtype).argmax(axis=1)
         names = _code_names()
-        modules = tree.modules
-        G = self.G = {k: [] for k in ("unit", "name", "rar", "offload", "gather", "copy", "gdtype", "trainable", "rd",
-                                      "rs", "ro", "grad", "cast", "ug", "wgrad", "pre", "post", "first", "out_grad",
-                                      "in_grad", "ctx")}
-        first_trainable = arr.first_trainable
-        # Each FSDP root has its own communication context (FSDPState._lazy_init shares one
-        # FSDPCommContext with the states below the root): a plan without a root call has several
+        first_trainable = self.arrays.first_trainable
         root_of = self._roots(lay, modules)
+        nested = self._nested_gradients(lay, modules)
+        groups = []
         for ul in lay.units:
             i = ul.index
             if not n_params[i]:
-                continue
-            pol = policies[i]
-            t = bool(has_train[i])
-            if t:
-                orig_name = names[t_orig[i]]
+                continue  # a call with no parameters has no group, no buffers, no collectives
+            pol = self.policies[i]
+            trainable = bool(has_train[i])
+            if trainable:
+                orig = names[trained_orig[i]]
                 # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce
                 # then reduces in the gradient's dtype, the param dtype
-                rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else names[t_pd[i]]
-                ro = int(pad_train[i]) * _itemsize(rd)
-                grad = int(pad_train[i]) * _itemsize(orig_name)
+                rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else names[trained_pd[i]]
+                ro = int(padded_trainable[i]) * _itemsize(rd)
+                grad = int(padded_trainable[i]) * _itemsize(orig)
             else:
-                orig_name = rd = ""
+                orig = rd = ""
                 ro = grad = 0
-            mods = ul.modules
-            if len(mods) == 1:
-                first = last = modules[mods[0]]
-            else:
-                ms = [modules[m] for m in mods]
-                first = min(ms, key=lambda m: m.index)
-                last = max(ms, key=lambda m: (m.subtree_end, -m.depth))
-            G["unit"].append(i)
-            G["name"].append(labels[i])
-            G["rar"].append(ul.reshard_after_forward)
-            G["offload"].append(pol.offload)
-            G["gather"].append(int(gather_b[i]))
-            G["copy"].append(int(copy_b[i]))
-            G["gdtype"].append(names[ag_first[i]] if ag_kinds[i] == 1 else "uint8")
-            G["trainable"].append(t)
-            G["rd"].append(rd)
-            G["rs"].append(ro * S)
-            G["ro"].append(ro)
-            G["grad"].append(grad)
-            G["cast"].append(t and rd != orig_name)
-            G["ug"].append(int(ug_b[i]))
-            G["wgrad"].append(int(wg[i]))
-            G["pre"].append((first.index, 1, 0))
-            G["post"].append((last.subtree_end, 0, -last.depth))
-            G["first"].append(first.index)
-            # autograd: a call's output needs a gradient when a trainable parameter ran before it
-            # ends (FSDPState._register_pre_backward_hook), its input when one ran before it starts
-            # (FSDPParamGroup._register_post_backward_hook); module order stands in for data flow
-            G["out_grad"].append(first_trainable < last.subtree_end)
-            G["in_grad"].append(first_trainable < first.index)
-            G["ctx"].append(root_of[i])
+            ms = [modules[m] for m in ul.modules]
+            first = min(ms, key=lambda m: m.index)
+            last = max(ms, key=lambda m: (m.subtree_end, -m.depth))
+            groups.append(Group(
+                unit=i, name=ul.unit.name, reshard=ul.reshard_after_forward, offload=pol.offload,
+                gather=int(gather[i]), staged=int(staged[i]),
+                gather_dtype=names[gathered_codes[i].argmax()] if gathered_codes[i].sum() == 1 else "uint8",
+                trainable=trainable, reduce_dtype=rd, rs_input=ro * S, rs_output=ro, sharded_grads=grad,
+                cast=trainable and rd != orig, unsharded_grads=int(unsharded_grads[i]),
+                whole_grads=int(self.whole_grads_per_unit[i]), first=first.index,
+                pre_key=(first.index, 1, 0), post_key=(last.subtree_end, 0, -last.depth),
+                # autograd: a call's output needs a gradient when a trainable parameter ran before it
+                # ends (FSDPState._register_pre_backward_hook), its input when one ran before it starts
+                # (FSDPParamGroup._register_post_backward_hook); module order stands in for data flow
+                out_grad=first_trainable < last.subtree_end, in_grad=first_trainable < first.index,
+                ctx=root_of[i], modules=tuple(ul.modules), grads_at=nested.get(i),
+            ))
+        return groups
 
-        # -- resident state per shard coordinate ---------------------------------------------------
-        dev = ~off
-        self.params_sharded = int((padded * isz)[dev].sum())
-        self.cpu_params = int((padded * isz)[off].sum())
-        self.grads_sharded = int(sum(g for g, o in zip(G["grad"], G["offload"]) if not o))
-        n_states, opt_dtype = training.n_states, training.optimizer_dtype
-        row_state = rowsize * (_ITEMSIZE[opt_dtype] if opt_dtype else isz)  # one state row
-        t_dev, t_off = train & dev, train & off
-        # optimizer states: zeros_like(DTensor) allocates the local (unpadded) rows of this coordinate
-        dev_state = _per_coord_sum(dim0[t_dev], row_state[t_dev], S)
-        off_state = _per_coord_sum(dim0[t_off], row_state[t_off], S)
-        self.opt_dev = n_states * dev_state
-        self.opt_cpu = n_states * off_state
-        w_state = arr.numel[widx][w_train] * (_ITEMSIZE[opt_dtype] if opt_dtype else arr.itemsize[widx][w_train])
-        self.opt_whole = n_states * int(w_state.sum())
-        self.step_bytes = 4 * int(train.sum() + w_train.sum()) if training.step_scalars else 0
-        # offloaded gradients are copied to the CPU without padding (foreach_reduce: .to("cpu"))
-        self.cpu_grads = _per_coord_sum(dim0[t_off], (rowsize * isz)[t_off], S)
-        # optimizer.step() temporaries: Adam's sqrt(exp_avg_sq), for all parameters at once (foreach)
-        zeros = np.zeros(S, dtype=np.int64)
-        if training.step_scalars:
-            fe_dev = True if training.foreach is None else training.foreach
-            fe_cpu = False if training.foreach is None else training.foreach
-            if fe_dev:  # per param group; sharded and whole parameters cannot share one (foreach refuses the mix)
-                self.opt_tmp_dev = np.maximum(dev_state, int(w_state.sum()))
-            else:
-                self.opt_tmp_dev = np.maximum(_per_coord_max(dim0[t_dev], row_state[t_dev], S), int(w_state.max(initial=0)))
-            self.opt_tmp_cpu = off_state if fe_cpu else _per_coord_max(dim0[t_off], row_state[t_off], S)
-        else:
-            self.opt_tmp_dev = self.opt_tmp_cpu = zeros
-        # the exported code averages their gradients in ONE flattened all-reduce at the end of
-        # backward (codegen._GradAverager): every gradient in the promoted dtype, then one "has a
-        # gradient" flag per parameter
-        self.sync = None
-        if training.sync_outside_fsdp and S * R > 1 and w_train.any():
-            names_ = _code_names()
-            dts = sorted({names_[c] for c in arr.dtype[widx][w_train].tolist()})
-            common = _promote(dts)
-            c_size = _itemsize(common)
-            w_numel = arr.numel[widx][w_train]
-            converted = int((w_numel * c_size)[np.array([names_[c] != common for c in arr.dtype[widx][w_train].tolist()])].sum())
-            n_sync = int(w_train.sum())
-            self.sync = {
-                "dtype": common,
-                "bytes": (int(w_numel.sum()) + n_sync) * c_size,
-                "temporaries": converted + int((w_numel * c_size).max()),  # converted copies + one averaged slice
-            }
-        self._simulate()
+    def _nested_gradients(self, lay, modules) -> dict[int, tuple]:
+        """For each call with other calls nested inside it: its gradients per owning module, so
+        the backward sees them appear around the nested calls' backward (reverse module order)."""
+        inner = {}
+        for ul in lay.units:
+            for m in ul.modules:
+                parent = modules[m].parent
+                outer = lay.module_unit[parent] if parent >= 0 else -1
+                if outer >= 0 and outer != ul.index:
+                    inner.setdefault(outer, True)
+        if not inner:
+            return {}
+        arr, sh = self.arrays, self.sh
+        out = {}
+        for k in inner:
+            mask = sh.unit == k
+            owners = arr.owner[sh.index[mask]]
+            ug = sh.numel[mask] * sh.pd_itemsize[mask] * sh.trainable[mask]
+            w_mask = self.w_train & (np.asarray(lay.would_be_unit, dtype=np.int64)[self.w_index] == k)
+            w_owners = arr.owner[self.w_index[w_mask]]
+            positions = np.unique(np.concatenate([owners, w_owners]))
+            ug_at = np.bincount(np.searchsorted(positions, owners), weights=ug, minlength=positions.size)
+            w_at = np.bincount(np.searchsorted(positions, w_owners), weights=self.w_bytes[w_mask], minlength=positions.size)
+            out[k] = tuple((int(p), int(a), int(b)) for p, a, b in zip(positions, ug_at, w_at))
+        return out
 
     def _roots(self, lay, modules) -> list[int]:
-        """The root call above each call (itself for a root), and the root calls' post-forward keys."""
+        """The root call above each call (itself for a root), and the root calls' post-forward keys.
+
+        Each FSDP root has its own communication context (``FSDPState._lazy_init`` shares one
+        ``FSDPCommContext`` with the states below it): a plan without a root call has several."""
         owner = lay.module_unit
         root_of = [-1] * len(lay.units)
         self.root_posts = []
@@ -454,242 +738,157 @@ class CostModel:
                 self.root_posts.append(((last.subtree_end, 0, -last.depth), ul.index))
         return root_of
 
-    # -- one training step, event by event, in the order torch runs its hooks --------------------
-    def _simulate(self) -> None:
-        S, G = self.S, self.G
-        n = len(G["name"])
-        gather, copy, rar_l, post_l = G["gather"], G["copy"], G["rar"], G["post"]
-        base = self.params_sharded + self.params_whole + self.buffers  # + optimizer states (per rank)
-        best = -1
-        best_info = None
-        comm: list[tuple] = []
-        gathered = S > 1
-
-        # ---------------- forward: FSDPParamGroup.pre_forward / post_forward ----------------------
-        ctx = G["ctx"]
-        events = sorted([(G["pre"][k], 1, k) for k in range(n)] + [(post_l[k], 0, k) for k in range(n)]
-                        + [(key, 0, n + r) for key, r in self.root_posts])
-        held = 0  # unsharded parameters (and post-forward shards) alive
-        # previous all-gather output of each root's context, freed after the next copy-out
-        # (implicit prefetch) or by the root's post-forward
-        ag_states: dict[int, int] = {}
-        ag_state = 0  # their sum
-        state = [0] * n  # 0 sharded, 1 unsharded, 2 post-forward shard
-        for _, kind, k in events:
-            if k >= n:  # a root's post-forward: FSDPState._post_forward frees its context's last all-gather output
-                ag_state -= ag_states.pop(k - n, 0)
-                continue
-            if kind:  # pre-forward: unshard() then wait_for_unshard()
-                ag = gather[k] if gathered else 0
-                x = base + held + ag_state + ag + copy[k]
-                if x > best:
-                    best, best_info = x, ("forward", k, (held, ag_state + ag + copy[k], 0, 0, 0))
-                ag_state -= ag_states.get(ctx[k], 0)
-                x = base + held + ag_state + ag + gather[k]
-                if x > best:
-                    best, best_info = x, ("forward", k, (held + gather[k], ag_state + ag, 0, 0, 0))
-                if gathered:
-                    comm.append((k, "all_gather", "forward", "shard", S, 1))
-                held += gather[k]
-                ag_states[ctx[k]] = ag
-                ag_state += ag
-                state[k] = 1
-            else:  # post-forward: reshard() (to the smaller post-forward mesh for an int)
-                rar = rar_l[k]
-                if rar is True:
-                    held -= gather[k]
-                    state[k] = 0
-                elif rar is not False:
-                    pf = gather[k] // rar
-                    x = base + held + ag_state + pf
-                    if x > best:
-                        best, best_info = x, ("forward", k, (held + pf, ag_state, 0, 0, 0))
-                    held += pf - gather[k]
-                    state[k] = 2
-
-        # ---------------- backward: pre_backward (+ prefetch), post_backward ------------------------
-        order = sorted(range(n), key=post_l.__getitem__)  # comm_ctx.post_forward_order
-        prev = [-1] * n  # the call before each in its context's post-forward order
-        last_in_ctx: dict[int, int] = {}
-        for k in order:
-            prev[k] = last_in_ctx.get(ctx[k], -1)
-            last_in_ctx[ctx[k]] = k
-        pending = [0] * n  # prefetched all-gather outputs not yet copied out
-        is_pending = [False] * n
-        pend = 0
-        rs_hold = 0  # reduce_scatter_states keeps one reduce-scatter input (max_input_buffers=1)
-        grads = 0  # gradients resident on the device so far
-        ug_held = 0  # unsharded gradients waiting for a deferred post_backward
-        trainable, rs_l, ro_l, grad_l, cast_l = G["trainable"], G["rs"], G["ro"], G["grad"], G["cast"]
-        offload_l, ug_l, wgrad_l = G["offload"], G["ug"], G["wgrad"]
-        R = self.R
-
-        def post_backward(k, ug):
-            nonlocal held, rs_hold, grads, best, best_info
-            if state[k] == 1:
-                held -= gather[k]
-            elif state[k] == 2:
-                held -= gather[k] // rar_l[k]
-            state[k] = 0
-            rs_hold = 0  # the previous reduce-scatter input is waited on and dropped first
-            if not trainable[k]:
-                return
-            now = base + held + grads + pend + ug_held
-            x = now + ug + rs_l[k]
-            if x > best:
-                best, best_info = x, ("backward", k, (held, pend, rs_l[k], ug_held + ug, grads))
-            dev_grad = 0 if offload_l[k] else grad_l[k]
-            extra = dev_grad if cast_l[k] else 0
-            x = now + rs_l[k] + ro_l[k] + extra
-            if x > best:
-                best, best_info = x, ("backward", k, (held, pend, rs_l[k] + ro_l[k], ug_held, grads + extra))
-            if S > 1:
-                comm.append((k, "reduce_scatter", "backward", "shard", S, 1))
-            if R > 1:
-                comm.append((k, "all_reduce", "backward", "replicate", R, 1))
-            grads += dev_grad
-            rs_hold = rs_l[k]
-
-        def unshard(k):
-            nonlocal pend, best, best_info
-            if state[k] == 1 or is_pending[k]:
-                return
-            size = S if state[k] == 0 else rar_l[k]
-            is_pending[k] = True
-            if size > 1:
-                pending[k] = gather[k]
-                pend += gather[k]
-                x = base + held + grads + rs_hold + pend + ug_held + copy[k]
-                if x > best:
-                    best, best_info = x, ("backward", k, (held, pend + copy[k], rs_hold, ug_held, grads))
-                comm.append((k, "all_gather", "backward", "shard" if state[k] == 0 else "post_forward", size, 1))
-
-        deferred = []
-        for k in reversed(order):
-            if not G["out_grad"][k]:
-                continue  # no pre-backward hook: nothing after it needed a gradient
-            # pre_backward: unshard (no-op if prefetched) and wait_for_unshard (copy-out)
-            unshard(k)
-            if is_pending[k]:
-                x = base + held + grads + rs_hold + pend + ug_held + gather[k]
-                if x > best:
-                    best, best_info = x, ("backward", k, (held + gather[k], pend, rs_hold, ug_held, grads))
-                pf = gather[k] // rar_l[k] if state[k] == 2 else 0
-                pend -= pending[k]
-                pending[k] = 0
-                is_pending[k] = False
-                held += gather[k] - pf
-                state[k] = 1
-            if prev[k] >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
-                unshard(prev[k])
-            # autograd computes this call's gradients
-            x = base + held + grads + rs_hold + pend + ug_held + ug_l[k] + wgrad_l[k]
-            if x > best:
-                best, best_info = x, ("backward", k, (held, pend, rs_hold, ug_held + ug_l[k], grads + wgrad_l[k]))
-            grads += wgrad_l[k]
-            if G["in_grad"][k]:
-                post_backward(k, ug_l[k])
-            else:
-                ug_held += ug_l[k]
-                deferred.append(k)
-        grads += self.unmanaged_grads
-        # FSDPState._root_post_backward_final_callback: post_backward for every group not done yet,
-        # in the root's named_modules order
-        deferred_set = set(deferred)
-        rest = [k for k in range(n) if not (G["out_grad"][k] and G["in_grad"][k])]
-        for k in sorted(rest, key=G["first"].__getitem__):
-            ug = ug_l[k] if k in deferred_set else 0
-            ug_held -= ug
-            post_backward(k, ug)
-        if self.sync is not None:  # the averager's callback runs after FSDP's final callback
-            x = base + held + grads + self.sync["bytes"] + self.sync["temporaries"]
-            if x > best:
-                best, best_info = x, ("backward", None, (held, 0, 0, 0, grads, self.sync["bytes"] + self.sync["temporaries"]))
-        self.fb_peak = best
-        self.fb_info = best_info
+    # -- resident state -------------------------------------------------------------------------
+    def _resident(self) -> None:
+        sh, S = self.sh, self.S
+        device = ~sh.offload
+        self.params_sharded = int((sh.padded * sh.itemsize)[device].sum())
+        self.cpu_params = int((sh.padded * sh.itemsize)[sh.offload].sum())
+        self.buffers = self.arrays.buffer_bytes
+        self.grads_sharded = int(sum(g.sharded_grads for g in self.groups if not g.offload))
         self.grads_dev = self.grads_sharded + self.grads_whole
+        # offloaded gradients are copied to the CPU without padding (foreach_reduce: .to("cpu"))
+        t_off = sh.trainable & sh.offload
+        self.cpu_grads = _per_coord_sum(sh.dim0[t_off], (sh.row * sh.itemsize)[t_off], S)
 
-        # ---------------- gradients of whole parameters: one all-reduce over all ranks ------------
-        self.sync_rows = []
-        if self.sync is not None:
-            world = self.S * self.R
-            self.sync_rows.append((None, self.sync["dtype"], 1, self.sync["bytes"], world))
-        self.comm_events = comm
+    def _optimizer(self) -> None:
+        """Optimizer states per shard coordinate, and the temporaries of ``optimizer.step()``."""
+        sh, S, training, arr = self.sh, self.S, self.training, self.arrays
+        n_states, opt_dtype = training.n_states, training.optimizer_dtype
+        row_state = sh.row * (_ITEMSIZE[opt_dtype] if opt_dtype else sh.itemsize)  # one state row
+        t_dev, t_off = sh.trainable & ~sh.offload, sh.trainable & sh.offload
+        # zeros_like(DTensor) allocates the local (unpadded) rows of this coordinate
+        dev_state = _per_coord_sum(sh.dim0[t_dev], row_state[t_dev], S)
+        off_state = _per_coord_sum(sh.dim0[t_off], row_state[t_off], S)
+        w_train = self.w_train
+        w_state = arr.numel[self.w_index][w_train] * (
+            _ITEMSIZE[opt_dtype] if opt_dtype else arr.itemsize[self.w_index][w_train])
+        self.opt_whole = n_states * int(w_state.sum())
+        # Adam's ``step``: a 0-dim float32 per parameter; on the device with fused/capturable
+        # Adam, else on the CPU (torch/optim/adam.py, ``_init_group``)
+        steps = 4 * int(sh.trainable.sum() + w_train.sum()) if training.step_scalars else 0
+        step_dev = steps if training.step_on_device else 0
+        self.step_bytes = steps - step_dev  # on the CPU
+        self.opt_dev = n_states * dev_state + step_dev
+        self.opt_cpu = n_states * off_state
+        zeros = np.zeros(S, dtype=np.int64)
+        if training.step_scalars and not training.fused:
+            # Adam's foreach path: sqrt(exp_avg_sq) for every parameter of a param group at once
+            # (sharded and whole parameters are separate groups: foreach refuses the mix); the
+            # per-parameter loop one parameter's worth. The fused kernel allocates none.
+            fe_dev = True if training.foreach is None else training.foreach
+            fe_cpu = False if training.foreach is None else training.foreach
+            if fe_dev:
+                self.opt_tmp_dev = np.maximum(dev_state, int(w_state.sum()))
+            else:
+                self.opt_tmp_dev = np.maximum(_per_coord_max(sh.dim0[t_dev], row_state[t_dev], S), int(w_state.max(initial=0)))
+            self.opt_tmp_cpu = off_state if fe_cpu else _per_coord_max(sh.dim0[t_off], row_state[t_off], S)
+        else:
+            self.opt_tmp_dev = self.opt_tmp_cpu = zeros
+
+    def _gradient_averaging(self) -> dict | None:
+        """The exported code averages the gradients FSDP leaves alone in ONE flattened all-reduce at
+        the end of backward (codegen's averager): every gradient in the promoted dtype, then one
+        "has a gradient" flag per parameter."""
+        training, arr = self.training, self.arrays
+        if not (training.sync_outside_fsdp and self.S * self.R > 1 and self.w_train.any()):
+            return None
+        names = _code_names()
+        codes = arr.dtype[self.w_index][self.w_train].tolist()
+        common = _promote(sorted({names[c] for c in codes}))
+        size = _itemsize(common)
+        numel = arr.numel[self.w_index][self.w_train]
+        converted = int((numel * size)[np.array([names[c] != common for c in codes])].sum())
+        return {
+            "dtype": common,
+            "bytes": (int(numel.sum()) + len(codes)) * size,
+            "temporaries": converted + int((numel * size).max()),  # converted copies + one averaged slice
+        }
+
+    # -- the peak -------------------------------------------------------------------------------
+    @property
+    def resident(self) -> int:
+        return self.params_sharded + self.params_whole + self.buffers
+
+    def _in_optimizer_step(self) -> np.ndarray:
+        """Per shard coordinate: the peak is in ``optimizer.step()`` rather than forward/backward."""
+        step = self.resident + self.grads_dev + self.opt_tmp_dev
+        return step > self.resident + self.step.peak
+
+    def breakdown(self, coord: int) -> dict[str, int]:
+        """What is alive at the peak of shard coordinate ``coord``, by ``BREAKDOWN`` kind; sums to the peak."""
+        opt = int(self.opt_dev[coord] + self.opt_whole)
+        out = dict.fromkeys(BREAKDOWN, 0)
+        out.update({"sharded params": self.params_sharded, "whole params": self.params_whole,
+                    "buffers": self.buffers, "optimizer states": opt})
+        moment = self.step.moment
+        if moment is None or self._in_optimizer_step()[coord]:
+            out["gradients"] = self.grads_dev
+            out["temporaries"] = int(self.opt_tmp_dev[coord])
+        else:
+            alive = moment.alive
+            out.update({"gradients": alive.gradients, "unsharded params": alive.unsharded_params,
+                        "communication buffers": alive.communication_buffers, "activations": alive.activations,
+                        "temporaries": alive.temporaries})
+        return {k: int(v) for k, v in out.items()}
 
     # -- tables ----------------------------------------------------------------------------------
     def memory(self) -> pd.DataFrame:
         S, R = self.S, self.R
         opt_dev = self.opt_dev + self.opt_whole
-        resident = self.params_sharded + self.params_whole + self.buffers
-        fb = self.fb_peak + opt_dev
+        resident = self.resident
+        moment = self.step.moment
+        fb = resident + max(self.step.peak, 0) + opt_dev
         step = resident + self.grads_dev + opt_dev + self.opt_tmp_dev
-        in_step = step > fb
-        phase, k, parts = self.fb_info if self.fb_info else ("forward", None, (0, 0, 0, 0, 0))
-        transient = self.fb_peak - resident - parts[4]
+        in_step = self._in_optimizer_step() | (moment is None)
+        alive = moment.alive if moment is not None else Alive()
+        transient = alive.total() - alive.gradients
+        group_name = self.groups[moment.group].name if moment is not None and moment.group is not None else None
         cpu_opt = self.opt_cpu + self.step_bytes
         W = S * R
 
         def tile(a):
             return np.tile(a, R) if R > 1 else a
 
+        def per_rank(value):
+            return np.full(W, value)
+
         return pd.DataFrame({
             "rank": np.arange(W),
             "replica": np.repeat(np.arange(R), S),
             "shard": np.tile(np.arange(S), R),
-            "params": np.full(W, self.params_sharded + self.params_whole),
-            "params_sharded": np.full(W, self.params_sharded),
-            "params_whole": np.full(W, self.params_whole),
-            "buffers": np.full(W, self.buffers),
-            "grads": np.full(W, self.grads_dev),
-            "grads_sharded": np.full(W, self.grads_sharded),
-            "grads_whole": np.full(W, self.grads_whole),
+            "params": per_rank(self.params_sharded + self.params_whole),
+            "params_sharded": per_rank(self.params_sharded),
+            "params_whole": per_rank(self.params_whole),
+            "buffers": per_rank(self.buffers),
+            "grads": per_rank(self.grads_dev),
+            "grads_sharded": per_rank(self.grads_sharded),
+            "grads_whole": per_rank(self.grads_whole),
             "optimizer": tile(opt_dev),
             "state": tile(resident + self.grads_dev + opt_dev),
-            "peak": tile(np.maximum(fb, step)),
-            "peak_phase": tile(np.where(in_step, "optimizer", phase)),
-            "peak_unit": pd.Series(tile(np.where(in_step, None, self.G["name"][k] if k is not None else None)), dtype=object),
+            "activations": tile(np.where(in_step, 0, alive.activations)),
+            "peak": tile(np.where(in_step, step, fb)),
+            "peak_phase": tile(np.where(in_step, "optimizer", moment.phase if moment else "optimizer")),
+            "peak_unit": pd.Series(tile(np.where(in_step, None, group_name)), dtype=object),
+            "peak_module": pd.Series(tile(np.where(in_step, None, moment.module if moment else None)), dtype=object),
             "peak_transient": tile(np.where(in_step, self.opt_tmp_dev, transient)),
-            "cpu_params": np.full(W, self.cpu_params),
+            "cpu_params": per_rank(self.cpu_params),
             "cpu_grads": tile(self.cpu_grads),
             "cpu_optimizer": tile(cpu_opt),
             "cpu_peak": tile(self.cpu_params + self.cpu_grads + cpu_opt + self.opt_tmp_cpu),
         })
 
-    def peak_breakdown(self, rank: int = 0) -> dict[str, int]:
-        """What is alive at ``rank``'s peak, by kind (bytes), largest first."""
-        _, coord = self.analysis.mesh.coords(rank)
-        opt = int(self.opt_dev[coord] + self.opt_whole)
-        out = {"sharded params": self.params_sharded, "ignored/unmanaged params": self.params_whole,
-               "buffers": self.buffers, "optimizer states": opt}
-        tmp = int(self.opt_tmp_dev[coord])
-        if self.fb_info is None or self.params_sharded + self.params_whole + self.buffers + self.grads_dev + tmp > self.fb_peak:
-            out.update({"gradients": self.grads_dev, "optimizer step temporaries": tmp})
-        else:
-            out.update(zip(_PART_NAMES, self.fb_info[2]))
-        return {k: int(v) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v}
-
     def comm(self) -> pd.DataFrame:
-        G, mesh = self.G, self.analysis.mesh
-        ev = self.comm_events
-        ks = [e[0] for e in ev]
-        kinds = [e[1] for e in ev]
-        unit = [G["name"][k] for k in ks]
-        dtype = [G["gdtype"][k] if c == "all_gather" else G["rd"][k] for k, c in zip(ks, kinds)]
-        size = [G["gather"][k] if c == "all_gather" else G["rs"][k] if c == "reduce_scatter" else G["ro"][k]
-                for k, c in zip(ks, kinds)]
-        phase = [e[2] for e in ev]
-        group = [e[3] for e in ev]
-        gsize = [e[4] for e in ev]
-        count = [1] * len(ev)
-        for label, dt, c, b, world in self.sync_rows:
-            unit.append(label)
-            kinds.append("all_reduce")
-            phase.append("backward")
-            group.append("world")
-            gsize.append(world)
-            count.append(c)
-            dtype.append(dt)
-            size.append(b)
+        mesh, groups = self.analysis.mesh, self.groups
+        rows = []
+        for k, collective, phase, group, size, count in self.step.comm:
+            g = groups[k]
+            nbytes = {"all_gather": g.gather, "reduce_scatter": g.rs_input, "all_reduce": g.rs_output}[collective]
+            dtype = g.gather_dtype if collective == "all_gather" else g.reduce_dtype
+            rows.append((g.name, collective, phase, group, size, count, dtype, nbytes))
+        if self.sync is not None:
+            rows.append((None, "all_reduce", "backward", "world", self.S * self.R, 1, self.sync["dtype"], self.sync["bytes"]))
+        unit, kinds, phase, group, gsize, count, dtype, size = (list(c) for c in zip(*rows)) if rows else ([],) * 8
         n = np.asarray(gsize, dtype=np.int64)
         b = np.asarray(size, dtype=np.int64)
         is_ar = np.asarray([c == "all_reduce" for c in kinds], dtype=bool)
@@ -698,8 +897,8 @@ class CostModel:
         sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
         bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
         time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
-        df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group, "group_size": n,
-                           "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
+        df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
+                           "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
                            "sent_bytes": sent, "time_s": time_s})
         # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
         total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
@@ -743,8 +942,15 @@ def comm_table(analysis) -> pd.DataFrame:
     return cost_model(analysis).comm()
 
 
-def peak_breakdown(analysis, rank: int = 0) -> dict[str, int]:
-    return cost_model(analysis).peak_breakdown(rank)
+def peak_breakdown(analysis, rank: int | None = None) -> dict[str, int]:
+    """What is alive at ``rank``'s peak (default: the worst rank), by ``BREAKDOWN`` kind, in bytes.
+
+    The one breakdown every view draws: its values sum to ``a.memory.peak`` of that rank."""
+    mem = analysis.memory
+    if rank is None:
+        rank = int(mem["rank"].iloc[int(mem["peak"].to_numpy().argmax())])
+    _, coord = analysis.mesh.coords(rank)
+    return cost_model(analysis).breakdown(coord)
 
 
 def format_bytes(n: float) -> str:
@@ -754,38 +960,3 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"
-
-
-def memory_findings(analysis) -> list[Finding]:
-    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory``."""
-    limit = analysis.mesh.device_memory
-    if limit is None:
-        return []
-    mem = analysis.memory
-    worst = int(mem["peak"].idxmax())
-    peak = int(mem.at[worst, "peak"])
-    if peak <= limit:
-        return []
-    rank = int(mem.at[worst, "rank"])
-    parts = peak_breakdown(analysis, rank)
-    top = ", ".join(f"{k} {format_bytes(v)}" for k, v in list(parts.items())[:4])
-    units = sorted(analysis.units.itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
-    big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
-    phase = mem.at[worst, "peak_phase"]
-    where = f" in {phase}" + (f" at {mem.at[worst, 'peak_unit']}" if mem.at[worst, "peak_unit"] else "")
-    fixes = []
-    if parts.get("optimizer states", 0) or parts.get("sharded params", 0):
-        fixes.append("shard over more ranks")
-    if not analysis.training.offload:
-        fixes.append("offload to CPU (Training(offload=True))")
-    fixes.append("set reshard_after_forward=True on calls that keep parameters unsharded")
-    if not analysis.training.param_dtype:
-        fixes.append("use param_dtype='bfloat16'")
-    return [Finding(
-        "SV201", "error",
-        f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "
-        f"{format_bytes(limit)} by {format_bytes(peak - limit)} (activations not counted); "
-        f"largest contributors: {top}; largest calls: {big}",
-        tuple(m for r in units for m in r.modules),
-        "; ".join(fixes),
-    )]

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from .finding import Finding, PlanError
 from .plan import Plan, Unit
 from .tree import ModelTree
@@ -134,6 +136,14 @@ def local_rows(dim0: int, shard: int, coord: int) -> int:
     """Rows ``torch.chunk(param, shard, dim=0)`` gives shard coordinate ``coord`` (0 past the last chunk)."""
     rows = shard_rows(dim0, shard)
     return max(0, min(rows, dim0 - coord * rows))
+
+
+def local_rows_table(dim0, shard: int):
+    """``local_rows`` for many parameters and every coordinate at once: ``rows[i, c]`` (numpy)."""
+    dim0 = np.asarray(dim0, dtype=np.int64)
+    rows = shard_rows(dim0, shard)
+    coords = np.arange(shard, dtype=np.int64)
+    return np.clip(dim0[:, None] - coords[None, :] * rows[:, None], 0, rows[:, None])
 
 
 # ---------------------------------------------------------------------------

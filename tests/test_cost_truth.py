@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import shardviz as sv
-from torch_truth import comm_mismatches, fake_run, memory_mismatches, tiny_llama, tiny_lora
+from torch_truth import comm_mismatches, fake_run, memory_mismatches, tiny_gpt2, tiny_llama, tiny_lora, tiny_mixtral
 
 FSDP8 = sv.Mesh(shard=8)
 HSDP = sv.Mesh(shard=4, replicate=2)
@@ -63,6 +63,18 @@ def no_root(model):
     return sv.Plan(blocks_and_root(model).units[:-1])
 
 
+def nested(inner):
+    """A call on ``inner`` of every block, nested in a call on the block, then the root: the
+    parent's backward runs around the nested call's."""
+
+    def make(model):
+        blocks = [m for m, _ in model.named_modules()
+                  if m.rpartition(".")[2].isdigit() and m.rpartition(".")[0].endswith(("layers", ".h"))]
+        return sv.Plan([f"{b}.{inner}" for b in blocks] + blocks + [""])
+
+    return make
+
+
 UNEVEN = functools.partial(tiny_lora, r=6, vocab=100)  # 100 rows and r=6 do not divide by 8
 BF16_BASE = functools.partial(tiny_lora, dtype=torch.bfloat16)  # bf16 base + fp32 LoRA: uint8 all-gathers
 FULL = functools.partial(tiny_llama, vocab=100)  # full fine-tuning, uneven embeddings
@@ -92,7 +104,14 @@ CASES = {
     "sgd-momentum": (tiny_lora, auto("sharded"), FSDP8, sv.Training(optimizer="sgd_momentum"), (0,), True),
     "sgd": (tiny_lora, auto("ignored"), FSDP8, sv.Training(optimizer="sgd"), (0,), True),
     "adam-uneven": (UNEVEN, auto("sharded"), FSDP8, sv.Training(optimizer="adam"), (0, 7), True),
+    "gpt2-nested-attn": (tiny_gpt2, nested("attn"), FSDP8, sv.Training(), (0,), False),
+    "mixtral-nested-experts": (tiny_mixtral, nested("mlp.experts"), FSDP8, sv.Training(), (0,), False),
+    "fused-adamw": (tiny_lora, auto("ignored"), FSDP8, sv.Training(fused=True), (0,), True),
 }
+# The peak equals torch's to the byte except where docs/cost-model.md (Limits) says why not:
+# module order stands in for execution order (Mixtral's norms are registered after the MoE block:
+# +512 bytes), no reduce-scatter op for a shard group of one rank (+4 %).
+NOT_EXACT = {"mixtral-nested-experts", "hsdp-shard-1"}
 
 
 def _params():
@@ -114,7 +133,7 @@ def _case(name):
 def test_step_matches_torch(name, rank):
     build, plan, mesh, training, analysis = _case(name)
     truth = fake_run(build, plan, mesh, training, rank)
-    problems = memory_mismatches(analysis, truth) + comm_mismatches(analysis, truth)
+    problems = memory_mismatches(analysis, truth, exact_peak=name not in NOT_EXACT) + comm_mismatches(analysis, truth)
     assert not problems, "\n".join(problems)
 
 
