@@ -306,3 +306,59 @@ function pairedBars(title, rows, kind, limit) {
   }
   return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
 }
+
+// lines against a log2 x axis (sweep: peak memory and bytes sent per rank against world size).
+// payload: {title, x_label, y_label, series: [{name, x: [...], y: [...]}], limit, limit_text}
+function drawLines(el, p) {
+  el.replaceChildren(h("div", { class: "sv-chart-title", text: p.title || "" }));
+  const series = p.series || [];
+  const xs = [...new Set(series.flatMap((q) => q.x))].sort((a, b) => a - b);
+  const ymax = Math.max(1, ...series.flatMap((q) => q.y));
+  const limit = p.limit || 0;
+  const limitOnScale = limit && limit <= 4 * ymax; // far above every point: named, not drawn
+  const top = Math.max(ymax, limitOnScale ? limit : 0) * 1.08;
+  const W = 520, H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
+  const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
+  const lx = (x) => Math.log2(x);
+  const x0 = lx(xs[0] || 1), x1 = lx(xs[xs.length - 1] || 2);
+  const xOf = (x) => padL + ((W - padL - padR) * (lx(x) - x0)) / Math.max(x1 - x0, 1);
+  const yOf = (y) => padT + (H - padT - padB) * (1 - y / top);
+  const svg = s("svg", { class: "sv-svg sv-lines-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": p.title || "chart" });
+  const step = niceStep(top / unit[0]);
+  for (let g = 0; g * unit[0] <= top; g += step) {
+    const y = yOf(g * unit[0]);
+    svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
+    svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} ${unit[1]}` }));
+  }
+  for (const x of xs) svg.append(s("text", { class: "sv-axis", x: xOf(x), y: H - padB + 14, "text-anchor": "middle", text: String(x) }));
+  svg.append(s("text", { class: "sv-axis", x: (W + padL) / 2, y: H - 4, "text-anchor": "middle", text: p.x_label || "" }));
+  series.forEach((q, i) => {
+    const cls = `sv-line sv-l${i % 6}`;
+    const d = q.x.map((x, j) => `${j ? "L" : "M"}${xOf(x).toFixed(1)},${yOf(q.y[j]).toFixed(1)}`).join(" ");
+    const g = s("g", { class: "sv-series", "data-name": q.name });
+    g.append(s("path", { class: cls, d }));
+    q.x.forEach((x, j) => {
+      const dot = s("circle", { class: `sv-dot sv-l${i % 6}`, cx: xOf(x), cy: yOf(q.y[j]), r: 3, "data-x": x, "data-y": q.y[j] });
+      dot.append(s("title", { text: `${q.name}, ${x}: ${fmtBytes(q.y[j])}` }));
+      g.append(dot);
+    });
+    svg.append(g);
+  });
+  if (limitOnScale) {
+    const y = yOf(limit);
+    svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
+    svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
+  } else if (limit) {
+    svg.append(s("text", { class: "sv-limit-label sv-limit-off", x: W - padR, y: padT - 8, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
+  }
+  el.append(svg);
+  el.append(h("div", { class: "sv-legend" }, series.map((q, i) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch sv-l${i % 6}` }), q.name))));
+}
+
+// one entry point for the report and the notebook chart widget
+function drawChart(el, kind, payload, title) {
+  if (kind === "memory") drawMemory(el, payload, title);
+  else if (kind === "traffic") drawTraffic(el, payload);
+  else if (kind === "lines") drawLines(el, payload);
+  else el.replaceChildren(h("div", { class: "sv-muted", text: `unknown chart ${kind}` }));
+}

@@ -31,6 +31,7 @@ import traitlets
 
 from ..fsdp import Mesh
 from . import protocol, views
+from .views import training_text
 from .state import PRESETS, InspectorState
 
 HERE = Path(__file__).parent
@@ -376,20 +377,6 @@ class Inspector(anywidget.AnyWidget):
         if action in ("apply_to_many", "apply_to_type") and kw.get("value", 0) is None:
             del kw["value"]
         return getattr(st, action)(**kw)
-
-
-def training_text(tr) -> str:
-    """ "AdamW · bf16 params · fp32 reduce · batch 1 × 2048" - what the numbers assume."""
-    names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "model dtype"}
-    opt = str(getattr(tr, "optimizer", ""))
-    parts = [{"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd_momentum": "SGD+momentum"}.get(opt, opt)]
-    parts.append(f"{names.get(getattr(tr, 'param_dtype', None), getattr(tr, 'param_dtype', None))} params")
-    parts.append(f"{names.get(getattr(tr, 'reduce_dtype', None), getattr(tr, 'reduce_dtype', None))} reduce")
-    if getattr(tr, "offload", False):
-        parts.append("CPU offload")
-    bs = getattr(tr, "batch_size", None)
-    parts.append(f"batch {bs} × {tr.seq_len} tokens" if bs else "no batch (model state only)")
-    return " · ".join(parts)
 
 
 def _forward(name: str):

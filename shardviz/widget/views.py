@@ -156,6 +156,20 @@ def memory_payload(analysis) -> dict:
     }
 
 
+def training_text(tr) -> str:
+    """ "AdamW · bf16 params · fp32 reduce · batch 1 × 2048" - what the numbers assume."""
+    names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "model dtype"}
+    opt = str(getattr(tr, "optimizer", ""))
+    parts = [{"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd_momentum": "SGD+momentum"}.get(opt, opt)]
+    parts.append(f"{names.get(getattr(tr, 'param_dtype', None), getattr(tr, 'param_dtype', None))} params")
+    parts.append(f"{names.get(getattr(tr, 'reduce_dtype', None), getattr(tr, 'reduce_dtype', None))} reduce")
+    if getattr(tr, "offload", False):
+        parts.append("CPU offload")
+    bs = getattr(tr, "batch_size", None)
+    parts.append(f"batch {bs} × {tr.seq_len} tokens" if bs else "no batch (model state only)")
+    return " · ".join(parts)
+
+
 def short_labels(names, width: int = 30) -> list[str]:
     """Chart labels for call names: drop the dotted prefix they all share, then keep the end that
     names the module (whole name parts, "…" in front) when still longer than ``width``."""
