@@ -232,6 +232,16 @@ function render({ model, el }) {
     ctl.ckptBlocks.classList.toggle("sv-on", !!all);
     controlsEl.dataset.revision = String(c.revision);
   }
+  let rafKey = "";
+  function onControls() {
+    renderControls();
+    // the rows' reshard_after_forward menus list controls.raf_choices: redraw them only when those change
+    const key = JSON.stringify((model.get("controls") || {}).raf_choices || []);
+    if (key !== rafKey) {
+      rafKey = key;
+      queueTree();
+    }
+  }
   function renderControlsOnError(ack) {
     if (!ack.ok) renderControls(); // refused: the control shows the current state again
   }
@@ -1027,7 +1037,7 @@ function render({ model, el }) {
   const handlers = [
     ["msg:custom", onCustom],
     ["change:summary", () => (renderSummary(), renderMessages())],
-    ["change:controls", () => (renderControls(), queueTree())],
+    ["change:controls", onControls],
     ["change:messages", renderMessages],
     ["change:memory", renderMemory],
     ["change:traffic", renderTraffic],
@@ -1041,7 +1051,7 @@ function render({ model, el }) {
   for (const [ev, fn] of handlers) model.on(ev, fn);
 
   renderSummary();
-  renderControls();
+  onControls();
   renderMessages();
   renderMemory();
   renderTraffic();
