@@ -19,6 +19,7 @@ function render({ model, el }) {
   const draw = () => drawChart(box, model.get("kind"), model.get("payload"), model.get("title") || undefined);
   model.on("change:payload", draw);
   model.on("change:kind", draw);
+  model.on("change:title", draw);
   draw();
   el.append(box);
 }

@@ -359,6 +359,6 @@ function drawLines(el, p) {
 function drawChart(el, kind, payload, title) {
   if (kind === "memory") drawMemory(el, payload, title);
   else if (kind === "traffic") drawTraffic(el, payload);
-  else if (kind === "lines") drawLines(el, payload);
+  else if (kind === "lines") drawLines(el, title ? { ...payload, title: `${title}: ${payload.title}` } : payload);
   else el.replaceChildren(h("div", { class: "sv-muted", text: `unknown chart ${kind}` }));
 }
