@@ -199,3 +199,35 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     finally:
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
         page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
+
+
+def test_llama70b_shapes_and_statuses_are_not_cut(lab_server, shared_lab_page):
+    """At 70B the shapes ("(28672, 8192)"), local shards and statuses ("sharded · layers.79") fit
+    their columns at 1280 px, and sizes read "70.76 bn", not "70.76B"."""
+    page = shared_lab_page
+    last = "base_model.model.model.layers.79"
+    setup = (
+        "import shardviz as sv\nfrom shardviz import zoo\n"
+        "inspector = sv.Inspector(zoo.llama3_70b(lora=True), mesh=sv.Mesh(shard=64, device_memory='80GiB'))\n"
+        f"inspector.reveal({last + '.mlp.down_proj.base_layer.weight'!r})\n"
+        f"inspector.reveal({last + '.mlp.down_proj.lora_A.default.weight'!r})\n"
+        f"inspector.reveal({last + '.self_attn.q_proj.lora_B.default.weight'!r})\n"
+    )
+    widget = open_at_1280(page, lab_server, [setup, "inspector"], "inspector_70b.ipynb")
+    expect(widget.locator(".sv-sum-size")).to_contain_text("70.76 bn parameter elements")
+    scroller = widget.locator(".sv-scroller")
+    seen = set()
+    for _ in range(40):  # scroll through the open rows (the list is virtualised)
+        bad = no_clipping(widget)
+        assert bad == [], "\n".join(bad)
+        seen.update(widget.locator(".sv-rows .sv-row").evaluate_all("rs => rs.map(r => r.dataset.id)"))
+        at_end = scroller.evaluate("el => el.scrollTop + el.clientHeight >= el.scrollHeight - 1")
+        if at_end:
+            break
+        scroller.evaluate("el => { el.scrollTop += el.clientHeight; }")
+        page.wait_for_timeout(150)
+    big = row(widget, last + ".mlp.down_proj.base_layer.weight")
+    big.scroll_into_view_if_needed()
+    expect(big.locator(".sv-col-size")).to_have_text("(8192, 28672)")
+    expect(big.locator(".sv-badge")).to_have_text("sharded · layers.79")
+    save_screenshot(widget, "inspector_70b_1280")
