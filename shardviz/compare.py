@@ -6,8 +6,8 @@ so a comparison can never disagree with the analyses it is made of.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -202,7 +202,7 @@ class Sweep:
         """For each layout, the smallest world size whose peak fits (None if none does)."""
         out = {}
         for layout, rows in self.table.groupby("layout", sort=False):
-            fits = rows[rows.fits == True]  # noqa: E712 - None means unknown
+            fits = rows[rows.fits == True]
             out[layout] = int(fits.world.min()) if len(fits) else None
         return out
 

@@ -16,8 +16,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState
-from shardviz.widget import views
+from shardviz.widget import Inspector, InspectorState, views
 from shardviz.widget.tree_view import Folding
 
 L0 = "base_model.model.model.layers.0"
@@ -730,7 +729,7 @@ def test_widget_checkpoint_actions(model, ins):
     assert ins.plan.checkpoint == (L0,) and ins.controls["n_blocks_checkpointed"] == 1
     assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
     assert set(ins.plan.checkpoint) == set(blocks) and ins.summary["n_checkpointed"] == 2
-    order, rows = ins.controller.rows()
+    _order, rows = ins.controller.rows()
     assert ins.handle_action("checkpoint_blocks", {"on": False})["ok"] and ins.plan.checkpoint == ()
     bad = ins.handle_action("toggle_checkpoint", {"fqn": ""})  # torch cannot wrap the root
     assert not bad["ok"] and "root" in bad["error"]
@@ -831,10 +830,10 @@ def test_front_end_files_ship_and_fetch_nothing():
     css = (here / "inspector.css").read_text()
     assert "export default" in esm and "function render" in esm
     # no imports, no URLs: nothing is fetched at run time (no CDN)
-    assert not re.search(r"^\s*import\s", esm, re.M)
+    assert not re.search(r"^\s*import\s", esm, re.MULTILINE)
     assert not re.search(r"\bimport\(", esm)
     charts = (here / "charts.js").read_text()
-    assert not re.search(r"^\s*(import|export)\s", charts, re.M)  # also a classic <script> (the report)
+    assert not re.search(r"^\s*(import|export)\s", charts, re.MULTILINE)  # also a classic <script> (the report)
     urls = re.findall(r"https?://[^\s\"')]+", esm + css + charts)
     assert urls == ["http://www.w3.org/2000/svg"]  # the SVG namespace name, never fetched
     assert "@import" not in css and "url(" not in css

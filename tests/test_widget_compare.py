@@ -10,15 +10,14 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState
-from shardviz.widget import views
+from shardviz.widget import Inspector, InspectorState, views
 from shardviz.widget.protocol import ACTIONS as FRONT_END_ACTIONS
 
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
 Q0 = L0 + ".self_attn.q_proj"
 MESH = sv.Mesh(shard=4)
-from shardviz.widget.state import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
+from shardviz.widget.state import DEFAULT_TRAINING
 
 
 @pytest.fixture(scope="module")

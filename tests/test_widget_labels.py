@@ -113,7 +113,7 @@ def test_save_answers_the_absolute_path(model, tmp_path, monkeypatch):
 def test_modules_without_parameters_offer_no_unit(model):
     st = InspectorState(model, mesh=MESH)
     st.reveal(Q0 + ".lora_A.default.weight")
-    order, rows = st.rows()
+    _order, rows = st.rows()
     by = {r["fqn"]: r for r in rows.values() if r["kind"] == "module"}
     for empty in ("lora_dropout", "lora_embedding_A", "lora_embedding_B"):
         assert by[f"{Q0}.{empty}"]["can_unit"] is False

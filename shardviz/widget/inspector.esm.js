@@ -474,7 +474,7 @@ function render({ model, el }) {
   }
 
   function buildRow(id, r) {
-    const indent = r.depth * 8;
+    const indent = r.depth * 6; // deep names keep room at 1280 px (the full name is the tooltip)
     const caret = r.expandable
       ? h("button", {
           class: "sv-caret",

@@ -31,8 +31,8 @@ import traitlets
 
 from ..fsdp import Mesh
 from . import protocol, views
-from .views import training_text
 from .state import PRESETS, InspectorState
+from .views import training_text
 
 HERE = Path(__file__).parent
 GIB = 1024**3
@@ -125,7 +125,7 @@ class Inspector(anywidget.AnyWidget):
         return self.controller.analysis
 
     @property
-    def view(self) -> "Inspector":
+    def view(self) -> Inspector:
         """The widget itself (kept for code written when the front end was a separate widget)."""
         return self
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..analysis import Analysis, analyze
 from ..compare import Comparison
@@ -594,7 +595,7 @@ class InspectorState:
         self._notify({"pin"})
         return True
 
-    def expand(self, target, open: bool = True) -> None:  # noqa: A002 - mirrors the UI's word
+    def expand(self, target, open: bool = True) -> None:
         self.view.set_expanded(target, open)
         self._notify({"rows"})
 
@@ -666,7 +667,7 @@ class InspectorState:
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0}
         else:
             rows = df.head(50).astype(str).to_dict("records")
-            result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": int(len(df))}
+            result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": len(df)}
         result["seconds"] = round(time.perf_counter() - t0, 2)
         result["revision"] = self.revision
         result["plan_json"] = plan.to_json(indent=None)

@@ -16,11 +16,12 @@ Three layers, each cheap at the scale of Llama-70B+LoRA (~6,600 modules, ~1,800 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
 
 from ..fsdp import Layout
 from ..tree import ModelTree
@@ -151,7 +152,7 @@ class StaticStats:
                 owners = sorted(p.owners)
                 for o in owners[1:]:
                     extra_p.append(p.index), extra_m.append(o), extra_s.append(1)
-                for a, b in zip(owners, owners[1:]):
+                for a, b in itertools.pairwise(owners):
                     extra_p.append(p.index), extra_m.append(_lca(tree, a, b)), extra_s.append(-1)
         self.extra_p = np.array(extra_p, dtype=np.int64)
         self.extra_m = np.array(extra_m, dtype=np.int64)

@@ -369,7 +369,7 @@ def comparison_payload(comparison, pinned=None, current=None) -> dict:
         {"fqn": str(f), "status_a": _text(sa), "unit_a": _text(ua), "status_b": _text(sb), "unit_b": _text(ub)}
         for f, sa, ua, sb, ub in zip(shown["fqn"], shown["status (A)"], shown["unit (A)"], shown["status (B)"], shown["unit (B)"])
     ]
-    out["n_diff"] = int(len(diff))
+    out["n_diff"] = len(diff)
     out["available"] = True
     return out
 
@@ -397,7 +397,7 @@ def memory_figure(payload: dict):
         fig.add_hline(y=payload["limit"] / GIB, line_dash="dash", line_color="#d62728",
                       annotation_text=f"device memory {payload['limit'] / GIB:.1f} GiB")
     fig.update_layout(barmode="stack", yaxis_title="GiB per rank at the peak", title="Memory per rank",
-                      legend_orientation="h", margin=dict(t=40, l=50, r=10, b=40))
+                      legend_orientation="h", margin={"t": 40, "l": 50, "r": 10, "b": 40})
     return fig
 
 
@@ -414,6 +414,6 @@ def traffic_figure(payload: dict):
         fig.add_bar(name=coll, y=[u["unit"] for u in units], x=[u["values"].get(coll, 0) / GIB for u in units],
                     orientation="h", marker_color=_COLORS[i % len(_COLORS)], row=1, col=2)
     fig.update_layout(barmode="stack", title="Traffic per step (GiB sent per rank)",
-                      margin=dict(t=60, l=10, r=10, b=40))
+                      margin={"t": 60, "l": 10, "r": 10, "b": 40})
     fig.update_yaxes(autorange="reversed", row=1, col=2)
     return fig

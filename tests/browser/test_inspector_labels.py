@@ -182,8 +182,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     expect(widget.locator(".sv-export-status")).to_have_text(f"saved to {lab_server.root_dir / 'fsdp_plan.py'}")
 
     widget.locator('.sv-tab[data-tab="charts"]').click()
-    shot = save_screenshot(widget, "inspector_labels_light")
-    shutil.copyfile(shot, REPO_ROOT / "docs" / "img" / "inspector.png")  # the README's screenshot
+    save_screenshot(widget, "inspector_labels_light")
 
     # dark theme: the page and the charts follow it
     page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
@@ -192,7 +191,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     try:
         bg = widget.evaluate("el => getComputedStyle(el).backgroundColor")
         axis = widget.locator(".sv-memory text.sv-axis").first.evaluate("el => getComputedStyle(el).fill")
-        lum = lambda c: sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3  # noqa: E731
+        lum = lambda c: sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3
         assert lum(bg) < 100 and lum(axis) > 120, (bg, axis)
         assert no_clipping(widget) == []
         save_screenshot(widget, "inspector_labels_dark")
@@ -230,4 +229,12 @@ def test_llama70b_shapes_and_statuses_are_not_cut(lab_server, shared_lab_page):
     big.scroll_into_view_if_needed()
     expect(big.locator(".sv-col-size")).to_have_text("(8192, 28672)")
     expect(big.locator(".sv-badge")).to_have_text("sharded · layers.79")
-    save_screenshot(widget, "inspector_70b_1280")
+    # the README's screenshot: the whole widget at 1280 px wide (a viewport tall enough to hold it)
+    page.set_viewport_size({"width": 1280, "height": 1900})
+    page.wait_for_timeout(300)
+    widget.scroll_into_view_if_needed()
+    scroller.evaluate("el => { el.scrollTop = 0; }")
+    page.wait_for_timeout(200)
+    shot = save_screenshot(widget, "inspector_70b_1280")
+    shutil.copyfile(shot, REPO_ROOT / "docs" / "img" / "inspector.png")
+    page.set_viewport_size({"width": 1280, "height": 900})

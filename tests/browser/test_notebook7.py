@@ -10,7 +10,15 @@ import time
 import urllib.request
 
 import pytest
-from helpers import ARTIFACTS_DIR, KERNEL_NAME, _prepare_home, free_port, make_notebook, save_screenshot, stage_notebook
+from helpers import (
+    ARTIFACTS_DIR,
+    KERNEL_NAME,
+    _prepare_home,
+    free_port,
+    make_notebook,
+    save_screenshot,
+    stage_notebook,
+)
 from inspector_page import saved_plan
 from playwright.sync_api import expect
 
