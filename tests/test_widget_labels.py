@@ -166,3 +166,14 @@ def test_a_module_with_no_parameters_at_all():
     st.expand("m0")
     rows = {r["fqn"]: r for r in st.rows()[1].values()}
     assert rows["1"]["can_unit"] is False and rows["0"]["can_unit"] is True
+
+
+def test_every_preset_is_a_known_base(model):
+    st = InspectorState(model, mesh=MESH)
+    st.apply_preset("root-only")
+    assert st.plan.name == "root only"
+    st.make_unit(L0)
+    assert st.plan.name == "root only, edited: 1 change"
+    st.remove_unit(L0)
+    st.remove_unit("")
+    assert st.plan.name == "no calls"  # equal to a preset: its name

@@ -216,6 +216,8 @@ class InspectorState:
                 except ValueError:
                     continue
                 self._presets[p.name] = p
+            for p in (Plan([""], name="root only"), Plan([], name="no calls")):
+                self._presets[p.name] = p
         return {**self._presets, **self._bases}
 
     def _named(self, plan: Plan) -> Plan:
