@@ -25,6 +25,6 @@ if ! "$DIR/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+
   "$DIR/bin/pip" install -q "torch==$TORCH" numpy
 fi
 if ! "$DIR/bin/python" -c "import shardviz, transformers, peft" 2>/dev/null; then
-  "$DIR/bin/pip" install -q "torch==$TORCH" -e "$ROOT"
+  "$DIR/bin/pip" install -q "torch==$TORCH" -e "$ROOT[hf]"
 fi
 "$DIR/bin/python" -c "import torch, transformers, peft, shardviz; print('compat venv:', '$DIR', 'torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'cuda available:', torch.cuda.is_available())"

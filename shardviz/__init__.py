@@ -8,12 +8,12 @@ from .finding import Finding, PlanError
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
-from .widget import Inspector
 from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
+from .load import load_model
 
 __all__ = [
     "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
-    "Training", "Unit", "analyze", "compare", "export_code", "sweep", "verify", "zoo",
+    "Training", "Unit", "analyze", "compare", "export_code", "load_model", "sweep", "verify", "zoo",
 ]
 __version__ = "0.1.0"
 
@@ -23,3 +23,13 @@ def verify(model, plan, mesh=None, ranks=None):
     from .oracle import verify as _verify
 
     return _verify(model, plan, mesh=mesh, ranks=ranks)
+
+
+def __getattr__(name):
+    # The widget pulls in anywidget and ipywidgets: imported on first use of ``sv.Inspector`` only,
+    # so scripts and the command line never pay for them.
+    if name == "Inspector":
+        from .widget import Inspector
+
+        return Inspector
+    raise AttributeError(f"module 'shardviz' has no attribute {name!r}")

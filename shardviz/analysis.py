@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import weakref
 from functools import cached_property
 
 import pandas as pd
+from torch import nn
 
 from .finding import Finding
 from .fsdp import Layout, Mesh
 from .plan import Plan, as_plan
 from .tree import ModelTree, as_tree
+
+
+_PROFILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tree -> {inputs: ActivationProfile}
 
 
 def _dtype_name(dtype) -> str:
@@ -19,11 +24,13 @@ def _dtype_name(dtype) -> str:
 class Analysis:
     """What a plan does on a mesh. Tables are pandas DataFrames built on first access."""
 
-    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None):
+    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, model=None):
         from .cost import Training
 
         self.tree, self.plan, self.mesh = tree, plan, mesh
         self.training = training if training is not None else Training()
+        # the module itself, held only when activations are measured (by running it)
+        self.model = (model if model is not None else tree.model) if self.training.with_activations else None
         self.layout = Layout(tree, plan, mesh)
 
     # -- the engine's answers ----------------------------------------------------
@@ -99,9 +106,48 @@ class Analysis:
 
     def activation_levels(self):
         """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""
-        from .cost import _NoActivations
+        from .cost import ActivationLevels, NoActivations
 
-        return _NoActivations()
+        if not self.training.with_activations:
+            return NoActivations()
+        return ActivationLevels(self.activation_profile, self.tree)
+
+    @cached_property
+    def activation_profile(self):
+        """The step's activations measured by torch (``activations.measure_activations``), or None
+        without ``Training.batch_size``. Cached across analyses of the same model and shapes."""
+        if not self.training.with_activations:
+            return None
+        from .activations import measure_activations
+
+        model = self.model if self.model is not None else self.tree.model
+        if model is None:
+            raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
+                             "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
+        lay, t = self.layout, self.training
+        # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
+        whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
+            if t.param_dtype else frozenset()
+        key = (t.batch_size, t.seq_len, t.param_dtype, whole, frozenset(self.plan.checkpoint), t.example_inputs)
+        profiles = _PROFILES.setdefault(self.tree, {})
+        if key not in profiles:  # a toggle that changes none of these reuses the profile
+            if len(profiles) > 32:
+                profiles.clear()
+            profiles[key] = measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype,
+                                                whole_params=whole, checkpoint=self.plan.checkpoint,
+                                                example_inputs=t.example_inputs, tree=self.tree)
+        return profiles[key]
+
+    @cached_property
+    def activations(self) -> pd.DataFrame:
+        """Saved-for-backward bytes per call and per block, with and without checkpointing (the
+        columns of ``ActivationProfile.table``); empty without ``Training.batch_size``."""
+        profile = self.activation_profile
+        if profile is None:
+            return pd.DataFrame(columns=["fqn", "type", "block", "checkpointed", "saved", "saved_plain",
+                                         "saved_checkpointed"])
+        names = list(dict.fromkeys([u.modules for u in self.plan.units] + [(b,) for b in profile.blocks]))
+        return profile.table(names)
 
     @cached_property
     def findings(self) -> list[Finding]:
@@ -137,7 +183,8 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
-    result = Analysis(tree, plan, mesh, training)
+    module = model if isinstance(model, nn.Module) and training is not None and training.with_activations else None
+    result = Analysis(tree, plan, mesh, training, model=module)
     if strict:
         result.layout.raise_for_errors()
     return result

@@ -179,7 +179,7 @@ def check_dominant_unit(analysis) -> list[Finding]:
         if size != biggest:
             continue
         # While a call is gathered a rank holds its all-gather output and the unsharded parameters
-        # copied out of it: twice its unsharded size (fsdp2-facts: one group = one all-gather).
+        # copied out of it: twice its unsharded size (one group = one all-gather).
         share = min(1.0, 2 * size / peak) if peak else 1.0
         if share > DOMINANT_UNIT:
             out.append(Finding(
@@ -283,8 +283,65 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
     )]
 
 
+def _peak_with(analysis, plan=None, mesh=None, training=None) -> int:
+    """The worst rank's peak if the plan, mesh or training were changed (same model)."""
+    from .analysis import Analysis
+
+    other = Analysis(analysis.tree, plan or analysis.plan, mesh or analysis.mesh, training or analysis.training)
+    return int(other.memory["peak"].max())
+
+
+def memory_fixes(analysis) -> list[tuple[str, int]]:
+    """Changes that bring the peak under ``device_memory``, cheapest first, each with its new peak.
+
+    Cheapest means least extra work per step: shard the LoRA adapters instead of ignoring them
+    (their memory divides by the ranks, a reduce-scatter per block replaces one all-reduce), then
+    checkpoint every block (one more forward per step), then a smaller micro-batch (more steps for
+    the same tokens), then more ranks (more hardware). Each is tried with ``analyze`` itself.
+    """
+    from dataclasses import replace
+
+    from .presets import find_blocks
+
+    limit, plan, training, mesh = analysis.mesh.device_memory, analysis.plan, analysis.training, analysis.mesh
+    tree = analysis.tree
+    out = []
+    lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
+    if lora_ignored:
+        peak = _peak_with(analysis, plan=plan.without_ignored(lora_ignored))
+        if peak <= limit:
+            out.append(("shard the LoRA adapters with their blocks instead of ignoring them "
+                        "(sv.Plan.auto(model, lora='sharded'))", peak))
+    blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
+    missing = [b for b in blocks if b not in plan.checkpoint and not any(
+        tree.is_inside(tree.module_index[b], tree.module_index[c]) or tree.is_inside(tree.module_index[c], tree.module_index[b])
+        for c in plan.checkpoint)]
+    if training.with_activations and missing:
+        peak = _peak_with(analysis, plan=plan.with_checkpoint(missing))
+        if peak <= limit:
+            out.append((f"checkpoint every block (Plan(checkpoint=[...]) or sv.Plan.auto(model, checkpoint='blocks'): "
+                        f"{len(missing)} more)", peak))
+    if training.with_activations and training.batch_size > 1:
+        batch = training.batch_size // 2
+        while batch >= 1:
+            peak = _peak_with(analysis, training=replace(training, batch_size=batch))
+            if peak <= limit:
+                out.append((f"a micro-batch of {batch} (Training(batch_size={batch})), with gradient accumulation "
+                            f"for the same tokens per step", peak))
+                break
+            batch //= 2
+    for factor in (2, 4, 8):
+        bigger = replace(mesh, shard=mesh.shard * factor)
+        peak = _peak_with(analysis, mesh=bigger)
+        if peak <= limit:
+            out.append((f"shard over {bigger.shard} ranks instead of {mesh.shard}", peak))
+            break
+    return out
+
+
 def check_memory(analysis) -> list[Finding]:
-    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory``."""
+    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory``; the fix is the
+    cheapest change that makes it fit (``memory_fixes``)."""
     limit = analysis.mesh.device_memory
     if limit is None:
         return []
@@ -300,22 +357,24 @@ def check_memory(analysis) -> list[Finding]:
     big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
     phase = mem.at[worst, "peak_phase"]
     where = f" in {phase}" + (f" at {mem.at[worst, 'peak_unit']}" if mem.at[worst, "peak_unit"] else "")
+    if mem.at[worst, "peak_module"]:
+        where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
-    fixes = []
-    if dict(parts).get("optimizer states", 0) or dict(parts).get("sharded params", 0):
-        fixes.append("shard over more ranks")
-    if not analysis.training.offload:
-        fixes.append("offload to CPU (Training(offload=True))")
-    fixes.append("set reshard_after_forward=True on calls that keep parameters unsharded")
-    if not analysis.training.param_dtype:
-        fixes.append("use param_dtype='bfloat16'")
+    fixes = memory_fixes(analysis)
+    if fixes:
+        fix = f"cheapest fix: {fixes[0][0]} (peak {format_bytes(fixes[0][1])})"
+        if len(fixes) > 1:
+            fix += "; also: " + "; ".join(f"{text} (peak {format_bytes(p)})" for text, p in fixes[1:])
+    else:
+        fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, 8x the ranks makes it fit; "
+               "offload to CPU (Training(offload=True)) or use a larger device")
     return [Finding(
         "SV201", "error",
         f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "
         f"{format_bytes(limit)} by {format_bytes(peak - limit)}{counted}; "
         f"largest contributors: {top}; largest calls: {big}",
         tuple(m for r in units for m in r.modules),
-        "; ".join(fixes),
+        fix,
     )]
 
 

@@ -1,13 +1,20 @@
 """The ``shardviz`` command line.
 
-    shardviz export MODEL (--layout sharded|ignored|separate | --plan PLAN.json)
-                    --world-size N [--replicate R] [--torch X.Y] [-o apply_fsdp.py] [--force]
-    shardviz plan write MODEL --layout L -o plan.json [--force]
+    shardviz export MODEL (--layout sharded|ignored|separate [--checkpoint blocks] | --plan PLAN.json)
+                    --world-size N [--replicate R] [--torch X.Y] [--param-dtype D] [--reduce-dtype D]
+                    [-o apply_fsdp.py] [--force]
+    shardviz plan write MODEL --layout L [--checkpoint blocks] -o plan.json [--force]
     shardviz plan read PLAN.json [--model MODEL --world-size N [--replicate R] [--torch X.Y]]
-    shardviz report MODEL --layout L --world-size N [--replicate R] [--device-memory 80GiB] -o report.html
+    shardviz report MODEL --layout L --world-size N [--replicate R] [--device-memory 80GiB]
+                    [--optimizer adamw] [--param-dtype D] [--reduce-dtype D]
+                    [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
 
-MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``) or ``package.module:factory`` (a callable that
-takes no argument and returns an ``nn.Module``; the current directory is importable).
+MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``), a Hugging Face ``config.json`` (the file or
+its folder; ``--adapter`` adds a peft ``adapter_config.json``, ``--dtype`` overrides the base
+dtype; built on meta by ``sv.load_model``, no download), or ``package.module:factory`` (a callable
+that takes no argument and returns an ``nn.Module``; the current directory is importable).
+
+Each command walks the model once (one ``ModelTree``) and passes that tree to every step.
 
 Files are written atomically (a temporary file in the same folder, then renamed) and never
 overwritten without ``--force``. Bad input exits 2 with one line on stderr, ``shardviz: error: ...``;
@@ -38,10 +45,19 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------
-def load_model(spec: str, lora: bool = True):
-    """``zoo:NAME`` or ``package.module:factory`` -> an nn.Module."""
+def is_config_path(spec: str) -> bool:
+    """A ``config.json`` (or the folder holding one) rather than ``zoo:NAME`` / ``package.module:factory``."""
+    return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
+
+
+def load_model(spec: str, lora: bool = True, adapter=None, dtype=None):
+    """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
     from torch import nn
 
+    if adapter and not is_config_path(spec):
+        raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
+    if dtype and not is_config_path(spec):
+        raise CliError(f"--dtype applies to a config.json model, not {spec!r}")
     if spec.startswith("zoo:"):
         from . import zoo
 
@@ -49,9 +65,16 @@ def load_model(spec: str, lora: bool = True):
             return zoo.build(spec, lora=lora)
         except ValueError as exc:
             raise CliError(str(exc)) from None
+    if is_config_path(spec):
+        from .load import load_model as load_config_model
+
+        try:
+            return load_config_model(spec, adapter=adapter or None, dtype=dtype)
+        except (ValueError, ImportError) as exc:
+            raise CliError(str(exc)) from None
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CliError(f"model {spec!r}: expected zoo:NAME or package.module:factory")
+        raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -114,20 +137,51 @@ def read_plan(path: str):
         raise CliError(f"plan {path!r}: {exc}") from None
 
 
-def build_plan(model, args):
+def build_model(args):
+    """The command's model, walked once: (model, tree). Every later step reads the tree."""
+    from .tree import ModelTree
+
+    model = load_model(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
+                       dtype=getattr(args, "dtype", None))
+    return model, ModelTree(model)
+
+
+def build_plan(tree, args):
     from .plan import Plan
 
+    checkpoint = getattr(args, "checkpoint", None)
     if args.plan and args.layout:
         raise CliError("give either --layout or --plan, not both")
+    if args.plan and checkpoint:
+        raise CliError("--checkpoint goes with --layout; a plan file lists its own 'checkpoint' modules")
     if args.plan:
         plan = read_plan(args.plan)
     else:
-        plan = Plan.auto(model, lora=args.layout or "sharded")
+        plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint)
     try:
-        plan.validate(model)
+        plan.validate(tree)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
     return plan
+
+
+def make_training(args):
+    """``sv.Training`` from --optimizer, --param-dtype, --reduce-dtype, --batch-size, --seq-len."""
+    from .cost import Training
+
+    kwargs = {}
+    for key in ("optimizer", "param_dtype", "reduce_dtype", "batch_size", "seq_len"):
+        value = getattr(args, key, None)
+        if value is not None:
+            kwargs[key] = int(value) if key == "optimizer" and str(value).isdigit() else value
+    if "seq_len" in kwargs and "batch_size" not in kwargs:
+        raise CliError("--seq-len needs --batch-size (the micro-batch each rank trains on)")
+    if not kwargs:
+        return None
+    try:
+        return Training(**kwargs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------
@@ -175,10 +229,11 @@ def cmd_export(args) -> int:
 
     version = check_version(args.torch)
     mesh = make_mesh(args.world_size, args.replicate)
-    model = load_model(args.model, lora=not args.no_lora)
-    plan = build_plan(model, args)
+    training = make_training(args)
+    _, tree = build_model(args)
+    plan = build_plan(tree, args)
     try:
-        code = export_code(model, plan, mesh=mesh, torch_version=version)
+        code = export_code(tree, plan, mesh=mesh, training=training, torch_version=version)
     except PlanError as exc:
         print(f"shardviz: error: torch would refuse this plan ({len(exc.findings)} finding(s)); nothing written",
               file=sys.stderr)
@@ -186,7 +241,7 @@ def cmd_export(args) -> int:
         return EXIT_REFUSED
     emit(code, args.output, args.force)
     if not args.quiet:
-        analysis = analyze(model, plan, mesh, strict=False)
+        analysis = analyze(tree, plan, mesh, training, strict=False)
         _print_findings(run_checks(analysis, torch_version=version), sys.stderr)
         if args.output not in (None, "-"):
             print(f"shardviz: wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
@@ -196,8 +251,8 @@ def cmd_export(args) -> int:
 
 def cmd_plan_write(args) -> int:
     args.plan = None
-    model = load_model(args.model, lora=not args.no_lora)
-    plan = build_plan(model, args)
+    _, tree = build_model(args)
+    plan = build_plan(tree, args)
     emit(plan.to_json() + "\n", args.output, args.force)
     if args.output not in (None, "-"):
         print(f"shardviz: wrote {args.output}: {len(plan.units)} units, {len(plan.ignored)} ignored parameters",
@@ -220,12 +275,12 @@ def cmd_plan_read(args) -> int:
 
     version = check_version(args.torch)
     mesh = make_mesh(args.world_size, args.replicate)
-    model = load_model(args.model, lora=not args.no_lora)
+    _, tree = build_model(args)
     try:
-        plan.validate(model)
+        plan.validate(tree)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
-    analysis = analyze(model, plan, mesh, strict=False)
+    analysis = analyze(tree, plan, mesh, strict=False)
     print(analysis.summary(), file=out)
     findings = run_checks(analysis, torch_version=version)
     for f in findings:
@@ -244,28 +299,48 @@ def cmd_report(args) -> int:
             mesh = replace(mesh, device_memory=args.device_memory)
         except ValueError as exc:
             raise CliError(str(exc)) from None
-    model = load_model(args.model, lora=not args.no_lora)
-    plan = build_plan(model, args)
+    training = make_training(args)
+    _, tree = build_model(args)
+    plan = build_plan(tree, args)
     layouts = None
-    if not args.no_compare and not args.no_lora:
-        layouts = {f"LoRA {x}": Plan.auto(model, lora=x) for x in LORA_LAYOUTS}
-    text = render_report(model, plan, mesh, torch_version=version, compare_with=layouts)
+    if not args.no_compare and any(p.role == "lora" for p in tree.params):
+        layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=args.checkpoint) for x in LORA_LAYOUTS}
+    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts)
     emit(text, args.output, args.force)
     if args.output not in (None, "-"):
         print(f"shardviz: wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline)", file=sys.stderr)
     return EXIT_OK
 
 
+MODEL_HELP = "zoo:NAME, path/to/config.json (or its folder), or package.module:factory"
+
+
 def _add_model_args(p, model_required=True) -> None:
     if model_required:
-        p.add_argument("model", help="zoo:NAME or package.module:factory")
+        p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--no-lora", action="store_true", help="zoo models: build without LoRA adapters")
+    p.add_argument("--adapter", action="append", metavar="ADAPTER_CONFIG",
+                   help="config.json models: a peft adapter_config.json (or its folder); repeat for several adapters")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, help="config.json models: dtype of the base weights (default: the config's)")
+
+
+def _add_checkpoint_arg(p) -> None:
+    p.add_argument("--checkpoint", choices=["blocks"],
+                   help="wrap every block in torch's checkpoint_wrapper before fully_shard (Plan.auto(checkpoint='blocks'))")
+
+
+def _add_precision_args(p) -> None:
+    p.add_argument("--param-dtype", choices=DTYPE_CHOICES, help="MixedPrecisionPolicy param_dtype for every call")
+    p.add_argument("--reduce-dtype", choices=DTYPE_CHOICES, help="MixedPrecisionPolicy reduce_dtype for every call")
 
 
 def _add_mesh_args(p, required=True) -> None:
     p.add_argument("--world-size", type=int, required=required, help="total ranks (replicate x shard)")
     p.add_argument("--replicate", type=int, default=1, help="HSDP replicas (default 1: plain FSDP)")
     p.add_argument("--torch", metavar="X.Y", help="target torch release (default: detected when the code runs)")
+
+
+DTYPE_CHOICES = ("float32", "bfloat16", "float16", "float64")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_checkpoint_arg(p)
     _add_mesh_args(p)
+    _add_precision_args(p)
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("-q", "--quiet", action="store_true", help="no findings or summary on stderr")
@@ -289,13 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
     w = plan_sub.add_parser("write", help="write the per-block preset for a model as JSON")
     _add_model_args(w)
     w.add_argument("--layout", choices=LORA_LAYOUTS, default="sharded")
+    _add_checkpoint_arg(w)
     w.add_argument("-o", "--output", help="output file (default: stdout)")
     w.add_argument("--force", action="store_true", help="overwrite an existing output file")
     w.set_defaults(func=cmd_plan_write)
     r = plan_sub.add_parser("read", help="validate a plan JSON file; with --model, analyse it")
     r.add_argument("file")
-    r.add_argument("--model", help="zoo:NAME or package.module:factory")
-    r.add_argument("--no-lora", action="store_true")
+    _add_model_args(r, model_required=False)
+    r.add_argument("--model", help=MODEL_HELP)
     _add_mesh_args(r, required=False)
     r.set_defaults(func=cmd_plan_read)
 
@@ -304,7 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset")
     _add_mesh_args(p)
+    _add_checkpoint_arg(p)
     p.add_argument("--device-memory", help="e.g. 80GiB: draw the limit and flag a peak that does not fit")
+    p.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
+    _add_precision_args(p)
+    p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
     p.add_argument("--no-compare", action="store_true", help="leave out the LoRA layouts compared side by side")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")

@@ -17,12 +17,21 @@ The exported module defines ``apply_fsdp(model, mesh=None)``. After it, an ordin
   2.7, and before 2.7 the ignored parameters are hidden from ``fully_shard`` during the calls
   (their slots in ``module._parameters`` set to ``None``, which ``named_parameters`` skips,
   then the same ``Parameter`` objects put back in the same slots). With ``torch_version=None``
-  the module picks the path and the technique when it runs, so it works on 2.4 and later.
+  the module picks the path and the technique when it runs, so it works on 2.4 and later;
+- the plan's ``checkpoint`` modules are wrapped in torch's ``checkpoint_wrapper`` before any
+  ``fully_shard`` call; every module is resolved before wrapping (wrapping renames what lies
+  below a block), and ``fully_shard`` is applied to the wrapper, as torchtitan does.
+
+The helpers the exported module needs at run time live in ``export_runtime.py``, a real module the
+tests import; their source is copied into every export, which therefore needs only torch.
 """
 
 from __future__ import annotations
 
+import ast
 import textwrap
+from functools import lru_cache
+from pathlib import Path
 
 from .analysis import Analysis
 from .finding import PlanError
@@ -33,7 +42,8 @@ from .fsdp import (
     parse_version,
     supports_ignored_params,
 )
-from .plan import Unit, as_plan
+from . import export_runtime
+from .plan import Plan, Unit, as_plan
 from .tree import as_tree
 
 _PUBLIC_DTENSOR = (2, 5)  # torch.distributed.tensor became public in 2.5 (2.4: torch.distributed._tensor)
@@ -78,8 +88,41 @@ def _unit_kwargs(unit: Unit) -> list[str]:
     return out
 
 
-def _module_expr(fqn: str) -> str:
-    return "model" if fqn == "" else f"model.get_submodule({_lit(fqn)})"
+def _module_expr(fqn: str, resolved: bool = False) -> str:
+    """How the exported code names module ``fqn``: by path, or (with checkpointing) from the
+    ``modules`` dict resolved before any wrapping."""
+    if fqn == "":
+        return "model"
+    return f"modules[{_lit(fqn)}]" if resolved else f"model.get_submodule({_lit(fqn)})"
+
+
+# Definitions of export_runtime.py every export carries, and those only some need.
+RUNTIME_ALWAYS = ("_mesh_device", "_dp_groups", "_common_dtype", "_broadcast", "_GradAverager", "_tensors",
+                  "optimizer_param_groups", "_replicate_unsharded")
+RUNTIME_HIDE = "_hidden_from_fully_shard"
+RUNTIME_CHECKPOINT = "_apply_checkpointing"
+
+
+@lru_cache(maxsize=None)
+def _runtime_definitions() -> dict[str, str]:
+    """Top-level definition name -> its exact source (decorators included) in export_runtime.py."""
+    source = Path(export_runtime.__file__).read_text(encoding="utf-8")
+    lines = source.splitlines()
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            out[node.name] = "\n".join(lines[first - 1 : node.end_lineno])
+    return out
+
+
+def runtime_source(names) -> str:
+    """The source of the named export_runtime definitions, in file order, ready to paste into an export."""
+    definitions = _runtime_definitions()
+    missing = set(names) - set(definitions)
+    if missing:
+        raise KeyError(f"export_runtime.py defines no {sorted(missing)}")
+    return "\n\n\n".join(src for name, src in definitions.items() if name in set(names))
 
 
 def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_version=None) -> str:
@@ -94,6 +137,8 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
 
     tree = as_tree(model)
     plan = as_plan(plan)
+    if plan.checkpoint:
+        Plan(checkpoint=plan.checkpoint).validate(tree)  # names, root, nesting: a ValueError naming the module
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
@@ -113,6 +158,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     uses_mp = any(u.param_dtype or u.reduce_dtype for u in units)
     uses_offload = any(u.offload for u in units)
     ignored = list(plan.ignored)
+    checkpoint = list(plan.checkpoint)
 
     # What the code needs from torch, and the oldest release that has it.
     if release is None:
@@ -147,6 +193,8 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
         f"(init_device_mesh shape {mesh.shape}); target {target}. "
         f"{len(units)} fully_shard calls, bottom-up; "
         + (f"{len(ignored)} ignored parameters, kept out {technique}. " if ignored else "no ignored parameters. ")
+        + (f"{len(checkpoint)} modules wrapped in checkpoint_wrapper first (full activation checkpointing). "
+           if checkpoint else "")
         + "Parameters FSDP does not shard are moved to the mesh's device, broadcast from the first rank, "
         f"and have their gradients averaged over all {mesh.world} data-parallel ranks in one all-reduce "
         "per backward."
@@ -215,13 +263,20 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
         for name in ignored:
             add(f"    {_lit(name)},")
         add(")")
+    if checkpoint:
+        add("# Wrapped in checkpoint_wrapper before any fully_shard call; fully_shard then takes the wrapper.")
+        add("CHECKPOINT = (")
+        for name in checkpoint:
+            add(f"    {_lit(name)},")
+        add(")")
+        add("# Every module a fully_shard call takes, resolved by name before wrapping renames them.")
+        add("MODULES = (")
+        for name in dict.fromkeys(m for u in units for m in u.modules if m):
+            add(f"    {_lit(name)},")
+        add(")")
     add("")
     add("")
-    if hides:
-        add(_HIDE_HELPER)
-        add("")
-        add("")
-    add(_HELPERS)
+    add(runtime_source(RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if hides else ()) + ((RUNTIME_CHECKPOINT,) if checkpoint else ())))
     add("")
     add("")
     add("def apply_fsdp(model, mesh=None):")
@@ -236,6 +291,9 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)")
     if ignored:
         add("    ignored = {model.get_parameter(name) for name in IGNORED}")
+    if checkpoint:
+        add("    modules = {name: model.get_submodule(name) for name in MODULES}")
+        add("    modules.update(_apply_checkpointing(model, CHECKPOINT))")
     call_kw = "mesh=mesh"
     if release is None and ignored:
         add("    keep_out = {}")
@@ -256,9 +314,9 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
         indent = "    "
     for unit in units:
         if unit.is_grouped:
-            target_expr = "[" + ", ".join(_module_expr(m) for m in unit.modules) + "]"
+            target_expr = "[" + ", ".join(_module_expr(m, bool(checkpoint)) for m in unit.modules) + "]"
         else:
-            target_expr = _module_expr(unit.modules[0])
+            target_expr = _module_expr(unit.modules[0], bool(checkpoint))
         kwargs = ", ".join([call_kw] + _unit_kwargs(unit))
         add(f"{indent}fully_shard({target_expr}, {kwargs})")
     if not units:
@@ -273,167 +331,3 @@ def _black(src: str) -> str:
     import black
 
     return black.format_str(src, mode=black.Mode())
-
-
-# The runtime helpers every export carries (plain torch; tested through the exported modules).
-_HIDE_HELPER = '''
-@contextlib.contextmanager
-def _hidden_from_fully_shard(model, params):
-    """Keep ``params`` out of ``fully_shard`` on a release without ``ignored_params``.
-
-    ``fully_shard`` collects what it shards with ``module.named_parameters(recurse=False)``
-    on each module it manages, which skips slots holding ``None``. Each slot holding one of
-    these parameters is set to ``None`` for the duration of the calls, then the same
-    ``Parameter`` object goes back into the same slot (order, identity and ties kept).
-    """
-    ids = {id(p) for p in params}
-    slots = []
-    for module in model.modules():
-        for name, param in module._parameters.items():
-            if param is not None and id(param) in ids:
-                slots.append((module, name, param))
-    for module, name, _ in slots:
-        module._parameters[name] = None
-    try:
-        yield
-    finally:
-        for module, name, param in slots:
-            module._parameters[name] = param
-'''.strip("\n")
-
-
-_HELPERS = '''
-def _mesh_device(mesh):
-    if mesh.device_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(mesh.device_type, getattr(torch, mesh.device_type).current_device())
-
-
-def _dp_groups(mesh):
-    """Groups whose successive sums cover every data-parallel rank of ``mesh`` (None: the world)."""
-    if mesh.ndim == 1:
-        return [mesh.get_group()]
-    if mesh.size() == dist.get_world_size():
-        return [None]
-    return [mesh.get_group(dim) for dim in range(mesh.ndim)]
-
-
-def _common_dtype(tensors):
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
-    return dtype
-
-
-@torch.no_grad()
-def _broadcast(params, mesh, groups):
-    """Make ``params`` equal on every rank: one flattened broadcast from the mesh's first rank per group."""
-    flat = torch.cat([p.detach().reshape(-1).to(_common_dtype(params)) for p in params])
-    for group in groups:
-        src = int(mesh.mesh.flatten()[0]) if group is None else dist.get_global_rank(group, 0)
-        dist.broadcast(flat, src=src, group=group)
-    offset = 0
-    for p in params:
-        p.copy_(flat[offset : offset + p.numel()].view_as(p))
-        offset += p.numel()
-
-
-class _GradAverager:
-    """Averages the gradients of trainable parameters FSDP does not reduce, once per backward.
-
-    Every such parameter's post-accumulate-grad hook, and a hook on the root's outputs, queue one
-    callback on the autograd engine; it runs when the backward pass ends and does ONE flattened
-    all-reduce (sum, then divide by the number of data-parallel ranks). A trailing count of the ranks
-    that had each gradient travels in the same buffer: a parameter with no gradient on any rank keeps
-    ``grad=None``; one missing on some ranks counts as zero there.
-    """
-
-    def __init__(self, params, groups, world):
-        self.params, self.groups, self.world = params, groups, world
-        self.queued = False
-
-    def on_forward(self, module, args, output):
-        self.queued = False
-        if torch.is_grad_enabled():
-            for t in _tensors(output):
-                if t.requires_grad:
-                    t.register_hook(self.queue)
-                    break
-
-    def queue(self, *_):
-        if not self.queued:
-            self.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.average)
-
-    @torch.no_grad()
-    def average(self):
-        self.queued = False
-        params = self.params
-        dtype = _common_dtype(params)
-        parts = [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype)
-            for p in params
-        ]
-        has = torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device)
-        flat = torch.cat(parts + [has])
-        for group in self.groups:
-            dist.all_reduce(flat, group=group)
-        offset, n = 0, flat.numel() - len(params)
-        for i, p in enumerate(params):
-            if flat[n + i] > 0:
-                mean = (flat[offset : offset + p.numel()] / self.world).view_as(p)
-                if p.grad is None:
-                    p.grad = mean.to(p.dtype)
-                else:
-                    p.grad.copy_(mean)
-            offset += p.numel()
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
-
-
-def optimizer_param_groups(model):
-    """The trainable parameters as optimizer param groups: sharded ones (DTensor) apart from whole
-    ones (plain tensors). One group holding both fails in torch's foreach kernels (the default on GPU)
-    with "got mixed torch.Tensor and DTensor"."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    sharded = [p for p in trainable if isinstance(p, DTensor)]
-    whole = [p for p in trainable if not isinstance(p, DTensor)]
-    return [{"params": group} for group in (sharded, whole) if group]
-
-
-def _replicate_unsharded(model, mesh):
-    """Parameters FSDP left whole: move them to the mesh's device (FSDP does not move ignored ones),
-    make the trainable ones equal on every rank and average their gradients every backward."""
-    device = _mesh_device(mesh)
-    whole = [p for p in model.parameters() if not isinstance(p, DTensor)]
-    for p in whole:
-        if p.device != device and p.device.type != "meta":
-            with torch.no_grad():
-                p.data = p.data.to(device)
-    for module in model.modules():
-        for name, buf in module._buffers.items():
-            if buf is not None and buf.device != device and buf.device.type != "meta":
-                module._buffers[name] = buf.to(device)
-    trainable = [p for p in whole if p.requires_grad]
-    if not trainable:
-        return
-    groups = _dp_groups(mesh)
-    # Parameters still on the meta device (deferred init) cannot be broadcast: initialise them
-    # identically on every rank (same seed) after to_empty(); their gradients are averaged anyway.
-    materialised = [p for p in trainable if p.device.type != "meta"]
-    if materialised:
-        _broadcast(materialised, mesh, groups)
-    averager = _GradAverager(trainable, groups, mesh.size())
-    for p in trainable:
-        p.register_post_accumulate_grad_hook(averager.queue)
-    model.register_forward_hook(averager.on_forward)
-'''.strip("\n")

@@ -24,6 +24,7 @@ def summarize(a: Analysis) -> dict:
     mem, comm = a.memory, a.comm
     worst = int(mem["peak"].idxmax())
     row = {part: int(mem.at[worst, part]) for part in MEMORY_PARTS}
+    row["activations"] = int(mem.at[worst, "activations"])  # alive at the peak (0 without Training.batch_size)
     row["peak"] = int(mem.at[worst, "peak"])
     row["peak_rank"] = int(mem.at[worst, "rank"])
     row["fits"] = None if a.mesh.device_memory is None else bool(row["peak"] <= a.mesh.device_memory)

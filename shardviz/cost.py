@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .fsdp import local_rows_table, shard_rows
+from .fsdp import local_rows_table, padded_shard_numel
 from .plan import DTYPE_NAMES, Unit
 
 # ---------------------------------------------------------------------------
@@ -302,7 +302,7 @@ BREAKDOWN = ("sharded params", "whole params", "buffers", "optimizer states", "g
              "communication buffers", "activations", "temporaries")
 
 
-class _NoActivations:
+class NoActivations:
     """Activations not counted (``Training.batch_size`` is None): every level is 0."""
 
     def enter(self, phase, modules):
@@ -313,6 +313,56 @@ class _NoActivations:
 
     def leave(self, phase, modules):
         return 0, None
+
+
+class ActivationLevels:
+    """Activation bytes around each call of the step, read from a measured ``ActivationProfile``.
+
+    A call's pre-forward runs when its first module starts, its post-forward when its last module
+    returns; its pre-backward when the last module's backward starts, its post-backward when the
+    first module's ends. ``during``: the highest level while any of its modules runs (the
+    root, module 0, stands for the whole forward or backward: the loss included).
+    Returns ``(bytes, module)``: the level and the module it was read at.
+    """
+
+    def __init__(self, profile, tree):
+        self.profile, self.tree = profile, tree
+        self.end = profile.timeline[-1][3] if profile.timeline else 0  # what is left after backward
+
+    def _stats(self, m: int):
+        return self.profile.modules.get(self.tree.modules[m].fqn)
+
+    def _read(self, m: int, field: str):
+        stats = self._stats(m)
+        value = getattr(stats, field) if stats is not None else None
+        return value, self.tree.modules[m].fqn
+
+    def enter(self, phase, modules):
+        m = min(modules) if phase == "forward" else self._last(modules)
+        value, fqn = self._read(m, "pre_fw" if phase == "forward" else "pre_bw")
+        return (value or 0), fqn
+
+    def leave(self, phase, modules):
+        m = self._last(modules) if phase == "forward" else min(modules)
+        value, fqn = self._read(m, "post_fw" if phase == "forward" else "post_bw")
+        return (self.end if value is None and phase == "backward" else value or 0), fqn
+
+    def during(self, phase, modules):
+        field = "peak_fw" if phase == "forward" else "peak_bw"
+        if modules == (0,):  # the whole step: where the measured peak of this phase is
+            bytes_, peak_phase, fqn = self.profile.peak
+            if peak_phase == phase:
+                return bytes_, fqn
+        best = (0, None)
+        for m in modules:
+            value, fqn = self._read(m, field)
+            if value is not None and value > best[0]:
+                best = (value, fqn)
+        return best
+
+    def _last(self, modules):
+        tree = self.tree
+        return max(modules, key=lambda m: (tree.modules[m].subtree_end, -tree.modules[m].depth))
 
 
 class StepSimulation:
@@ -411,14 +461,19 @@ class StepSimulation:
                 self.pre_forward(k)
             else:
                 self.post_forward(k)
+        # the step's largest forward moment may fall outside every call (the loss of a plan
+        # without a root call): the activations' own peak with what is held then
+        self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=self.held,
+                     communication_buffers=self.ag_state)
 
     # -- backward ---------------------------------------------------------------------------------
     def backward_alive(self, **extra) -> dict:
         return dict(unsharded_params=self.held, communication_buffers=self.pend + self.rs_hold,
                     gradients=self.grads + self.ug_alive, **extra)
 
-    def unshard(self, k: int) -> None:
-        """``FSDPParamGroup.unshard`` in backward: an all-gather unless unsharded or already prefetched."""
+    def unshard(self, k: int, act) -> None:
+        """``FSDPParamGroup.unshard`` in backward: an all-gather unless unsharded or already prefetched
+        (``act``: the activations of the call whose pre-backward issues it)."""
         g = self.groups[k]
         if self.state[k] == 1 or self.is_pending[k]:
             return
@@ -429,14 +484,14 @@ class StepSimulation:
             self.pend += g.gather
             alive = self.backward_alive()
             alive["communication_buffers"] += g.staged
-            self.observe("backward", k, act=self.act.enter("backward", g.modules), **alive)
+            self.observe("backward", k, act=act, **alive)
             self.comm.append((k, "all_gather", "backward", "shard" if self.state[k] == 0 else "post_forward", size, 1))
 
     def pre_backward(self, k: int, prev: int) -> None:
         """``FSDPState._pre_backward``: unshard (a no-op if prefetched), copy out, prefetch ``prev``."""
         g = self.groups[k]
         act = self.act.enter("backward", g.modules)
-        self.unshard(k)
+        self.unshard(k, act)
         if self.is_pending[k]:
             alive = self.backward_alive()
             alive["unsharded_params"] += g.gather
@@ -448,7 +503,7 @@ class StepSimulation:
             self.held += g.gather - shard
             self.state[k] = 1
         if prev >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
-            self.unshard(prev)
+            self.unshard(prev, act)
         if g.grads_at is None:
             self.gradients(k, g.unsharded_grads, g.whole_grads)
 
@@ -509,6 +564,7 @@ class StepSimulation:
             if g.in_grad:
                 events.append((g.pre_key, 2, k, None))
         events.sort(key=lambda e: (e[0], -e[1]), reverse=True)
+        self.observe("backward", None, act=self.act.during("backward", (0,)), **self.backward_alive())
         for _, kind, k, amounts in events:
             if kind == 0:
                 self.pre_backward(k, prev[k])
@@ -595,7 +651,7 @@ class CostModel:
         row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
         # the policy's param dtype, unless it equals the original or the parameter is not floating point
         cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != dcode)
-        return _Sharded(idx, u, numel, dim0, row, shard_rows(dim0, S) * row, isz, dcode,
+        return _Sharded(idx, u, numel, dim0, row, padded_shard_numel(dim0, row, S), isz, dcode,
                         np.where(cast, pd_size[u], isz), np.where(cast, pd_code[u], dcode), cast,
                         arr.trainable[idx], offload[u])
 

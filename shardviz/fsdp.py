@@ -90,7 +90,7 @@ class Mesh:
 
 
 # ---------------------------------------------------------------------------
-# Release-by-release API facts (see docs in fsdp2-facts; checked against torch sources)
+# Release-by-release API facts (checked against torch's sources and PRs named below)
 # ---------------------------------------------------------------------------
 def parse_version(version: str) -> tuple[int, int]:
     match = re.match(r"^\s*(\d+)\.(\d+)", str(version))
@@ -144,6 +144,13 @@ def local_rows_table(dim0, shard: int):
     rows = shard_rows(dim0, shard)
     coords = np.arange(shard, dtype=np.int64)
     return np.clip(dim0[:, None] - coords[None, :] * rows[:, None], 0, rows[:, None])
+
+
+def padded_shard_numel(dim0, row_numel, shard):
+    """Elements of the padded shard every rank allocates: ``ceil(dim0 / shard) * row_numel``.
+
+    Works element-wise on numpy arrays too (the cost model and the widget price many parameters at once)."""
+    return shard_rows(dim0, shard) * row_numel
 
 
 # ---------------------------------------------------------------------------
@@ -315,14 +322,14 @@ class Layout:
 
     def padded_shard_numel(self, p: int) -> int:
         info = self.tree.params[p]
-        return shard_rows(info.shape[0], self.mesh.shard) * info.row_numel if info.shape else 1
+        return padded_shard_numel(info.shape[0], info.row_numel, self.mesh.shard) if info.shape else 1
 
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
         """``p.to_local().shape`` on global ``rank`` (the full shape when FSDP does not shard it)."""
         if fqn not in self.tree.param_index:
-            from .plan import _closest
+            from .plan import closest_hint
 
-            raise ValueError(f"no parameter named {fqn!r}.{_closest(fqn, self.tree.param_index)}")
+            raise ValueError(f"no parameter named {fqn!r}.{closest_hint(fqn, self.tree.param_index)}")
         p = self.tree.param_index[fqn]
         _, coord = self.mesh.coords(rank)
         shape = self.tree.params[p].shape

@@ -69,6 +69,19 @@ def fully_shard_kwargs(unit, torch_mod) -> dict:
     return kwargs
 
 
+def apply_checkpointing(model: nn.Module, fqns) -> dict:
+    """Wrap each module in torch's ``checkpoint_wrapper`` (full activation checkpointing) in its
+    parent's slot; returns {fqn: wrapper}. Modules are found before any is wrapped."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    found = [(f, model.get_submodule(f.rpartition(".")[0]), f.rpartition(".")[2], model.get_submodule(f)) for f in fqns]
+    wrappers = {}
+    for fqn, parent, name, module in found:
+        wrappers[fqn] = checkpoint_wrapper(module)
+        parent.register_module(name, wrappers[fqn])
+    return wrappers
+
+
 def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None) -> list:
     """Call torch's ``fully_shard`` on ``model`` (in place) for every unit, bottom-up.
 
@@ -87,12 +100,16 @@ def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None)
         sv_mesh = Mesh(shard=mesh.shape[-1], replicate=mesh.shape[0] if mesh.ndim == 2 else 1)
         order = Layout(ModelTree(model), plan, sv_mesh).order
     ignored = {model.get_parameter(f) for f in plan.ignored}
+    # every module a call names, found before checkpoint_wrapper changes the names below it
+    targets = {m: model.get_submodule(m) for unit in plan.units for m in unit.modules}
+    wrappers = apply_checkpointing(model, plan.checkpoint)
     applied = []
     for u in order:
         unit = plan.units[u]
         if training is not None:
             unit = training.unit_defaults(unit)
-        modules = [model.get_submodule(m) for m in unit.modules]
+        # a checkpointed module is sharded through its wrapper, as torchtitan does
+        modules = [wrappers.get(m, targets[m]) for m in unit.modules]
         target = modules[0] if len(modules) == 1 else modules
         kwargs = fully_shard_kwargs(unit, torch_fsdp)
         if ignored:

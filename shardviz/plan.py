@@ -20,9 +20,13 @@ LORA_LAYOUTS = ("sharded", "ignored", "separate")
 CHECKPOINT_PRESETS = (None, "blocks")
 
 
-def _closest(name: str, candidates: Iterable[str], n: int = 3) -> str:
+def closest_hint(name: str, candidates: Iterable[str], n: int = 3) -> str:
+    """`` Closest existing names: 'a', 'b'.`` for an error message, or "" when nothing is close."""
     matches = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.5)
     return f" Closest existing names: {', '.join(repr(m) for m in matches)}." if matches else ""
+
+
+_closest = closest_hint  # the old name, still imported by shardviz/widget/state.py
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,7 @@ class Plan:
         for i, unit in enumerate(self.units):
             for m in unit.modules:
                 if m not in tree.module_index:
-                    hint = _closest(m, tree.module_index) if m not in tree.param_index else (
+                    hint = closest_hint(m, tree.module_index) if m not in tree.param_index else (
                         f" {m!r} is a parameter; units name modules (did you mean {m.rsplit('.', 1)[0]!r}?)"
                     )
                     raise ValueError(f"units[{i}]: no module named {m!r} in {tree.root_type}.{hint}")
@@ -205,7 +209,7 @@ class Plan:
                 owner[index] = m
         for name in self.checkpoint:
             if name not in tree.module_index:
-                raise ValueError(f"checkpoint: no module named {name!r} in {tree.root_type}.{_closest(name, tree.module_index)}")
+                raise ValueError(f"checkpoint: no module named {name!r} in {tree.root_type}.{closest_hint(name, tree.module_index)}")
             if name == "":
                 raise ValueError("checkpoint: the root module cannot be wrapped in checkpoint_wrapper; "
                                  "list its blocks (Plan.auto(model, checkpoint='blocks'))")
@@ -219,7 +223,7 @@ class Plan:
                 hint = (
                     f" {name!r} is a module; list its parameters (e.g. {name + '.weight'!r})"
                     if name in tree.module_index
-                    else _closest(name, tree.param_index)
+                    else closest_hint(name, tree.param_index)
                 )
                 raise ValueError(f"ignored: no parameter named {name!r} in {tree.root_type}.{hint}")
         return tree

@@ -52,6 +52,13 @@ for (const el of document.querySelectorAll(".sv-report-chart")) {
 """
 
 
+# The memory columns the report shows (activations once the cost model gives them for a batch size).
+
+
+# The memory columns the report shows (activations once the cost model gives them for a batch size).
+MEMORY_COLUMNS = ("rank", "params", "grads", "optimizer", "activations", "peak", "peak_phase", "peak_unit")
+
+
 def _table(df: pd.DataFrame, byte_columns=()) -> str:
     shown = df.copy()
     for col in byte_columns:
@@ -103,7 +110,9 @@ def comm_figure(a: Analysis):
 
 def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch_version=None,
                   title: str | None = None, compare_with: dict | None = None) -> str:
-    """The whole report as one HTML string (see ``write_report`` for a file)."""
+    """The whole report as one HTML string (see ``write_report`` for a file).
+
+    ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree."""
     from .codegen import export_code
     from .widget import views
 
@@ -125,7 +134,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
         for f in findings
     ) or "<p>No findings.</p>"
     try:
-        code = export_code(model, plan, mesh=mesh, training=training, torch_version=torch_version)
+        code = export_code(a.tree, plan, mesh=mesh, training=training, torch_version=torch_version)
         code_html = _highlight(code)
     except ValueError as exc:  # a plan torch refuses has no code to export
         code_html = f"<p>No code: {html.escape(str(exc))}</p>"
@@ -133,7 +142,6 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     comm = a.comm[["unit", "collective", "phase", "count", "bytes", "sent_bytes"]].copy()
     comm["unit"] = short_names(comm["unit"].tolist())
     units = a.units.drop(columns=["modules"])
-    mem_cols = [c for c in ("rank", "params", "grads", "optimizer", "activations", "peak", "peak_phase", "peak_unit") if c in mem]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     training_text = _training_text(a.training)
     script = (WIDGET / "charts.js").read_text() + _DRAW
@@ -147,7 +155,8 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <h2>Findings</h2>{finding_html}
 <h2>Memory and traffic</h2><div class="charts">{"".join(charts)}</div>
 <h3>Memory per rank (worst ranks first)</h3>
-{_table(mem.sort_values("peak", ascending=False).head(16)[mem_cols], byte_columns=("params", "grads", "optimizer", "activations", "peak"))}
+{_table(mem.sort_values("peak", ascending=False).head(16)[[c for c in MEMORY_COLUMNS if c in mem.columns]],
+        byte_columns=("params", "grads", "optimizer", "activations", "peak"))}
 <h3>Collectives per step</h3>
 <p class="note">Calls named without the prefix they all share; "(outside FSDP)": the all-reduce the exported code issues for parameters FSDP leaves alone.</p>
 {_table(comm, byte_columns=("bytes", "sent_bytes"))}

@@ -11,6 +11,7 @@ tensor has data_ptr 0), so a tied parameter is one entry with all its names.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -61,22 +62,13 @@ class ModuleInfo:
     aliases: tuple[str, ...] = ()  # other names of a module reachable along two paths
 
 
-def _lora_param_ids(model: nn.Module) -> set[int] | None:
-    """Ids of parameters that peft's own adapter layers hold, or None without peft."""
+def _tuner_layer_type():
+    """peft's base class of adapter layers, or None without peft (roles then come from names)."""
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except Exception:  # peft missing or broken: fall back to names
         return None
-    ids: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, BaseTunerLayer):
-            for attr in getattr(module, "adapter_layer_names", ()):
-                holder = getattr(module, attr, None)
-                if isinstance(holder, nn.Module):
-                    ids.update(id(p) for p in holder.parameters())
-                elif isinstance(holder, (nn.ParameterDict, dict)):
-                    ids.update(id(p) for p in holder.values())
-    return ids
+    return BaseTunerLayer
 
 
 def _looks_like_lora(name: str) -> bool:
@@ -90,90 +82,130 @@ class ModelTree:
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
         self.root_type = type(model).__name__
+        self._model = weakref.ref(model)  # activations are measured by running it (never kept alive here)
         self.modules: list[ModuleInfo] = []
         self.params: list[ParamInfo] = []
         self.module_index: dict[str, int] = {}
         self.param_index: dict[str, int] = {}  # every alias -> parameter index
 
-        lora_ids = _lora_param_ids(model)
+        tuner_type = _tuner_layer_type()
+        lora_ids: set[int] = set()  # ids of parameters held by peft's adapter layers
         param_slot: dict[int, int] = {}  # id(param) -> index
         param_names: list[list[str]] = []
         param_owners: list[list[int]] = []
         param_objs: list[nn.Parameter] = []  # keeps ids valid during the walk
         module_slot: dict[int, int] = {}
+        modules, module_index = self.modules, self.module_index
+        is_tuner: dict[type, bool] = {}  # isinstance on peft's ABC is slow: once per class
 
-        # Iterative DFS in the order torch's own traversal uses (children in
-        # registration order); a module reached twice is walked once, like
-        # fully_shard's ``_get_managed_modules``.
-        stack: list[tuple[nn.Module, str, int, int]] = [(model, "", -1, 0)]
+        # One iterative DFS over ``_modules`` / ``_parameters`` / ``_buffers`` (no named_modules,
+        # no second pass for peft): children in registration order, as torch's own traversal;
+        # a module reached twice is walked once, like fully_shard's ``_get_managed_modules``.
+        # ``in_adapter``: the module is one of peft's adapter holders (``lora_A``, ``lora_B``,
+        # ``lora_embedding_A``, DoRA's ``lora_magnitude_vector``, ...) or lies below one, so
+        # every parameter it registers is an adapter parameter.
+        stack: list[tuple[nn.Module, str, int, int, bool]] = [(model, "", -1, 0, False)]
+        pop, push = stack.pop, stack.append
         while stack:
-            module, fqn, parent, depth = stack.pop()
-            if id(module) in module_slot:
-                info = self.modules[module_slot[id(module)]]
+            module, fqn, parent, depth, in_adapter = pop()
+            slot_of_module = module_slot.get(id(module))
+            if slot_of_module is not None:
+                info = modules[slot_of_module]
                 info.aliases = info.aliases + (fqn,)
-                self.module_index[fqn] = info.index
+                module_index[fqn] = slot_of_module
                 continue
-            index = len(self.modules)
+            index = len(modules)
             module_slot[id(module)] = index
+            prefix = fqn + "." if fqn else ""
             own: list[int] = []
             for pname, p in module._parameters.items():
                 if p is None:
                     continue
-                full = f"{fqn}.{pname}" if fqn else pname
                 slot = param_slot.get(id(p))
                 if slot is None:
                     slot = len(param_objs)
                     param_slot[id(p)] = slot
                     param_objs.append(p)
-                    param_names.append([])
-                    param_owners.append([])
-                param_names[slot].append(full)
-                if index not in param_owners[slot]:
-                    param_owners[slot].append(index)
+                    param_names.append([prefix + pname])
+                    param_owners.append([index])
                     own.append(slot)
-            buffers = [b for b in module._buffers.values() if b is not None]
-            info = ModuleInfo(
-                index=index,
-                fqn=fqn,
-                type_name=type(module).__name__,
-                parent=parent,
-                depth=depth,
-                params=tuple(own),
-                buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
-                n_buffers=len(buffers),
-            )
-            self.modules.append(info)
-            self.module_index[fqn] = index
+                else:
+                    param_names[slot].append(prefix + pname)
+                    if index not in param_owners[slot]:
+                        param_owners[slot].append(index)
+                        own.append(slot)
+                if in_adapter:
+                    lora_ids.add(id(p))
+            buffer_bytes = n_buffers = 0
+            if module._buffers:
+                for b in module._buffers.values():
+                    if b is not None:
+                        n_buffers += 1
+                        buffer_bytes += b.numel() * b.element_size()
+            info = ModuleInfo(index, fqn, type(module).__name__, parent, depth, [], tuple(own),
+                              buffer_bytes, n_buffers)
+            modules.append(info)
+            module_index[fqn] = index
             if parent >= 0:
-                self.modules[parent].children.append(index)
-            kids = [(c, f"{fqn}.{n}" if fqn else n) for n, c in module._modules.items() if c is not None]
-            for child, cname in reversed(kids):
-                stack.append((child, cname, index, depth + 1))
+                modules[parent].children.append(index)
+            kids = module._modules
+            if not kids:
+                continue
+            holders = ()
+            if tuner_type is not None and not in_adapter:
+                cls = type(module)
+                tuner = is_tuner.get(cls)
+                if tuner is None:
+                    tuner = is_tuner[cls] = issubclass(cls, tuner_type)
+                if tuner:
+                    holders = self._adapter_holders(module, lora_ids)
+            for name, child in reversed(kids.items()):
+                if child is not None:
+                    push((child, prefix + name, index, depth + 1, in_adapter or name in holders))
 
-        self.parents = [info.parent for info in self.modules]
-        # Subtree extents: with preorder numbering a subtree is a contiguous range.
-        for info in reversed(self.modules):
-            info.subtree_end = max([info.index + 1] + [self.modules[c].subtree_end for c in info.children])
+        self.parents = [info.parent for info in modules]
+        # Subtree extents: with preorder numbering a subtree is a contiguous range ending where
+        # the last child's subtree ends.
+        for info in reversed(modules):
+            info.subtree_end = modules[info.children[-1]].subtree_end if info.children else info.index + 1
 
+        by_names = tuner_type is None or not lora_ids
+        param_index = self.param_index
         for slot, p in enumerate(param_objs):
             names = tuple(param_names[slot])
-            if lora_ids is not None and lora_ids:
-                role = "lora" if id(p) in lora_ids else "base"
-            else:
+            if by_names:
                 role = "lora" if any(_looks_like_lora(n) for n in names) else "base"
+            else:
+                role = "lora" if id(p) in lora_ids else "base"
             self.params.append(
-                ParamInfo(
-                    index=slot,
-                    fqns=names,
-                    shape=tuple(p.shape),
-                    dtype=p.dtype,
-                    requires_grad=bool(p.requires_grad),
-                    role=role,
-                    owners=tuple(param_owners[slot]),
-                )
+                ParamInfo(slot, names, tuple(p.shape), p.dtype, bool(p.requires_grad), role,
+                          tuple(param_owners[slot]))
             )
             for n in names:
-                self.param_index[n] = slot
+                param_index[n] = slot
+
+    @staticmethod
+    def _adapter_holders(layer, lora_ids: set[int]) -> frozenset[str]:
+        """Names of ``layer``'s child modules that hold adapter weights (peft's ``adapter_layer_names``).
+
+        A holder that is not a registered child (a plain dict of parameters) has its parameters'
+        ids added to ``lora_ids`` directly."""
+        names = []
+        for attr in getattr(layer, "adapter_layer_names", ()):
+            if attr in layer._modules:
+                names.append(attr)
+                continue
+            holder = getattr(layer, attr, None)
+            if isinstance(holder, nn.Module):
+                lora_ids.update(id(p) for p in holder.parameters())
+            elif isinstance(holder, dict):
+                lora_ids.update(id(p) for p in holder.values() if isinstance(p, torch.Tensor))
+        return frozenset(names)
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The module this snapshot was taken of, while it exists."""
+        return self._model()
 
     # -- lookups -----------------------------------------------------------
     def module(self, fqn: str) -> ModuleInfo:

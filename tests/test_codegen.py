@@ -240,7 +240,7 @@ def test_applied_layout_matches_prediction(version, layout):
         code = sv.export_code(model, plan, mesh=mesh, torch_version=version)
         before = [n for n, _ in model.named_parameters(remove_duplicate=False)]
         mismatches = apply_under_fake_pg(code, model, mesh, rank,
-                                         lambda m, _: layout_mismatches(m, analysis, rank))
+                                         lambda m, _: layout_mismatches(m, analysis, rank))  # noqa: B023 - called at once
         assert mismatches == []
         assert [n for n, _ in model.named_parameters(remove_duplicate=False)] == before
 
@@ -385,3 +385,42 @@ def test_grad_average_on_a_mesh_smaller_than_the_world():
         out.backward()
         torch.testing.assert_close(model.b.weight.grad, expected / 4)
         assert torch.equal(model.a.weight.detach(), raw)
+
+
+# ---------------------------------------------------------------------------
+# Activation checkpointing (plan.checkpoint)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["2.4", "2.6", "2.13", None])
+@pytest.mark.parametrize("layout", ["ignored", "separate"])
+def test_checkpointed_plan_wraps_then_shards_the_wrappers(version, layout):
+    """checkpoint_wrapper first, fully_shard on the wrapper; units inside a wrapped block (separate
+    LoRA) are found although wrapping renamed their paths; placements equal the prediction."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.fsdp import FSDPModule
+
+    model = fresh()
+    plan = sv.Plan.auto(model, lora=layout, checkpoint="blocks")
+    if version == "2.4":
+        plan = sv.Plan([m for u in plan.units for m in u.modules], plan.ignored, checkpoint=plan.checkpoint)
+    mesh = sv.Mesh(4)
+    analysis = sv.analyze(model, plan, mesh)
+    code = sv.export_code(model, plan, mesh=mesh, torch_version=version)
+    assert "_apply_checkpointing(model, CHECKPOINT)" in code
+
+    def check(m, _):
+        for name in plan.checkpoint:
+            wrapper = m.get_submodule(name)
+            assert isinstance(wrapper, CheckpointWrapper) and isinstance(wrapper, FSDPModule), name
+        renamed = nn.Module()
+        renamed.named_parameters = lambda remove_duplicate=True: (
+            (n.replace("._checkpoint_wrapped_module", ""), p) for n, p in m.named_parameters(remove_duplicate=False))
+        return layout_mismatches(renamed, analysis, 3)
+
+    assert apply_under_fake_pg(code, model, mesh, 3, check) == []
+
+
+def test_checkpoint_names_are_checked():
+    model = fresh()
+    plan = sv.Plan.auto(model, lora="sharded").with_checkpoint(["base_model.model.model.layerz.0"])
+    with pytest.raises(ValueError, match="checkpoint: no module named 'base_model.model.model.layerz.0'"):
+        sv.export_code(model, plan)

@@ -11,7 +11,10 @@ worker). In one launch, every job (a layout) is applied to a fresh model with th
   identical on all ranks and matches a single-process reference trained on the combined batch
   within ``ATOL``/``RTOL`` (float32; the only difference is the order of the float sums);
 - the exported code issues exactly one all-reduce per step (the flattened gradient average),
-  never one per parameter.
+  never one per parameter;
+- with a checkpointed plan (``checkpoint="blocks"``), the blocks are wrapped in torch's
+  ``checkpoint_wrapper`` and recomputed in backward (a block's MLP runs twice per step), and the
+  weights still match the same reference, i.e. the gradients of the plan without checkpointing.
 
 The same worker runs under torch 2.6 for the ``compat`` test (tests/compat/), so it needs only
 torch, transformers, peft and shardviz's engine.
@@ -47,12 +50,13 @@ RTOL = 1e-5
 # Test side (the project's venv): export, launch, read the verdicts
 # ---------------------------------------------------------------------------
 def make_jobs(tmp_path: Path, world: int, torch_version, hsdp: bool, sabotage: bool = False,
-              reshard_after_forward=None, fsdp_grad_scale: float = 1.0) -> list[dict]:
+              reshard_after_forward=None, fsdp_grad_scale: float = 1.0, checkpoint=None) -> list[dict]:
     """Export each layout to a file; ``reshard_after_forward`` (if not None) is set on every call.
 
     ``fsdp_grad_scale``: what FSDP's own reduce-scatter multiplies the mean gradient by (1 when it
     averages; the world size where it sums, as torch 2.6's gloo does for ReduceOp.AVG); applied to
-    the reference of layouts whose trainable parameters FSDP shards."""
+    the reference of layouts whose trainable parameters FSDP shards. ``checkpoint``: passed to
+    ``Plan.auto`` ("blocks" wraps every block in checkpoint_wrapper)."""
     import shardviz as sv
     from shardviz import zoo
 
@@ -62,11 +66,12 @@ def make_jobs(tmp_path: Path, world: int, torch_version, hsdp: bool, sabotage: b
     if hsdp:
         layouts.append(("ignored", sv.Mesh(shard=world // 2, replicate=2)))
     for lora, mesh in layouts:
-        plan = sv.Plan.auto(model, lora=lora)
+        plan = sv.Plan.auto(model, lora=lora, checkpoint=checkpoint)
         if reshard_after_forward is not None:
             plan = sv.Plan([sv.Unit(u.modules, reshard_after_forward=reshard_after_forward) for u in plan.units],
-                           plan.ignored, name=f"{plan.name}, reshard_after_forward={reshard_after_forward}")
-        name = f"{lora}-{mesh.replicate}x{mesh.shard}"
+                           plan.ignored, name=f"{plan.name}, reshard_after_forward={reshard_after_forward}",
+                           checkpoint=plan.checkpoint)
+        name = f"{lora}-{mesh.replicate}x{mesh.shard}" + ("-checkpointed" if checkpoint else "")
         code = tmp_path / f"apply_{name.replace('-', '_')}.py"
         code.write_text(sv.export_code(model, plan, mesh=mesh, torch_version=torch_version))
         plan_file = tmp_path / f"plan_{name}.json"
@@ -115,6 +120,10 @@ def check_results(results: list[dict], jobs: list[dict]) -> None:
             assert r["trained"], (job["name"], "LoRA weights did not move")
             expected = STEPS if job["name"].startswith("ignored") else 0
             assert r["exported_all_reduces"] == expected, (job["name"], r["exported_all_reduces"])
+            checkpointed = job["name"].endswith("-checkpointed")
+            assert r["checkpoint_wrappers"] == (2 if checkpointed else 0), (job["name"], r)
+            # a checkpointed block runs its forward again in backward
+            assert r["block_forwards_per_step"] == (2 if checkpointed else 1), (job["name"], r)
 
 
 if pytest is not None:
@@ -124,6 +133,14 @@ if pytest is not None:
     def test_exported_code_trains_under_torchrun(tmp_path, nproc):
         jobs = make_jobs(tmp_path, nproc, None, hsdp=nproc == 4, sabotage=nproc == 2)
         results = launch(sys.executable, nproc, jobs, tmp_path)
+        print(json.dumps(results[0], indent=1))
+        check_results(results, jobs)
+
+    @pytest.mark.slow
+    def test_checkpointed_plan_trains_like_the_plain_one(tmp_path):
+        """plan.checkpoint exported: checkpoint_wrapper before fully_shard, same weights as the reference."""
+        jobs = make_jobs(tmp_path, 2, None, hsdp=False, checkpoint="blocks")
+        results = launch(sys.executable, 2, jobs, tmp_path)
         print(json.dumps(results[0], indent=1))
         check_results(results, jobs)
 
@@ -151,6 +168,11 @@ def _load(path: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _plain(name: str) -> str:
+    """A parameter's name as the unwrapped model spells it (checkpoint_wrapper inserts a level)."""
+    return name.replace("._checkpoint_wrapped_module", "")
 
 
 def _full(p):
@@ -184,6 +206,9 @@ def run_job(job: dict, rank: int, world: int) -> dict:
         for name, p in model.named_parameters():
             if name in ignored:
                 p.add_(0.01 * rank)
+    block_forwards = []  # the first block's MLP, found before any wrapping renames it
+    mlp = model.get_submodule("base_model.model.model.layers.0.mlp")
+    mlp.register_forward_pre_hook(lambda *_: block_forwards.append(1))
     exported = _load(job["code"], "apply_" + job["name"].replace("-", "_"))
     counter = _CountingDist(exported.dist)
     exported.dist = counter
@@ -198,6 +223,7 @@ def run_job(job: dict, rank: int, world: int) -> dict:
     mismatches, n_checked = [], 0
     for name, p in model.named_parameters(remove_duplicate=False):
         n_checked += 1
+        name = _plain(name)
         idx = predicted.tree.param_index[name]
         status = predicted.layout.param_status[idx]
         if isinstance(p, DTensor):
@@ -215,13 +241,14 @@ def run_job(job: dict, rank: int, world: int) -> dict:
     # 2. the broadcast: every non-sharded trainable parameter equals the reference (rank 0's values)
     ref_params = dict(reference.named_parameters())
     broadcast_ok = all(
-        torch.equal(_full(p), ref_params[n]) for n, p in model.named_parameters() if not isinstance(p, DTensor)
+        torch.equal(_full(p), ref_params[_plain(n)]) for n, p in model.named_parameters() if not isinstance(p, DTensor)
     )
 
     # 3. a few steps on different data per rank vs one process on the combined batch
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=MOMENTUM)
     ref_opt = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=LR, momentum=MOMENTUM)
     before = counter.all_reduces
+    forwards_before = len(block_forwards)
     for step in range(STEPS):
         batches = [zoo.tiny_batch(seed=1000 * step + r, batch=2, seq=16) for r in range(world)]
         loss = model(**batches[rank]).loss
@@ -234,8 +261,12 @@ def run_job(job: dict, rank: int, world: int) -> dict:
         ref_opt.step()
         ref_opt.zero_grad()
     all_reduces = counter.all_reduces - before
+    block_forwards_per_step = (len(block_forwards) - forwards_before) / STEPS
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    trainable = {n: _full(p) for n, p in model.named_parameters() if p.requires_grad}
+    wrappers = sum(isinstance(m, CheckpointWrapper) for m in model.modules())  # fully_shard renames the class
+
+    trainable = {_plain(n): _full(p) for n, p in model.named_parameters() if p.requires_grad}
     gathered = [None] * world
     dist.all_gather_object(gathered, {n: t.tolist() for n, t in trainable.items()})
     identical = all(g == gathered[0] for g in gathered)
@@ -251,6 +282,8 @@ def run_job(job: dict, rank: int, world: int) -> dict:
         "max_abs_reference": max(ref_params[n].detach().abs().max().item() for n in trainable),
         "trained": bool(trained),
         "exported_all_reduces": all_reduces,
+        "checkpoint_wrappers": wrappers,
+        "block_forwards_per_step": block_forwards_per_step,
         "n_trainable": len(trainable),
         "final_loss": float(loss.detach()),
     }

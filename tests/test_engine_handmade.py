@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from torch.distributed.fsdp import fully_shard
 
 import shardviz as sv
+from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy, torch_layout
 from handmade import MixedFrozen, Odd, Tied, WeirdKeys, handmade_cases
 
 MESHES = [sv.Mesh(1), sv.Mesh(2), sv.Mesh(3), sv.Mesh(8), sv.Mesh(64), sv.Mesh(4, replicate=2)]
@@ -37,18 +39,27 @@ def test_ignored_and_unmanaged_agree_with_torch():
 
 
 def test_tied_parameter_is_one_row_with_every_name():
-    a = sv.analyze(Tied(), sv.Plan(["body", ["embed", "norm", "head"], ""]), sv.Mesh(4))
+    plan = sv.Plan(["body", ["embed", "norm", "head"], ""])
+    a = sv.analyze(Tied(), plan, sv.Mesh(4))
     row = a.params[a.params.fqn == "embed.weight"].iloc[0]
     assert row.aliases == ("head.weight",)
-    assert a.local_shape("head.weight", 3) == a.local_shape("embed.weight", 3)
+    torch_rows = torch_layout(Tied(), plan, sv.Mesh(4), 3).set_index("fqn")  # every name, aliases too
+    for name in ("head.weight", "embed.weight"):
+        assert a.local_shape(name, 3) == torch_rows.at[name, "local_shape"], name
     assert len(a.params) == len({id(p) for p in Tied().parameters()})
 
 
 def test_grouped_unit_table():
-    a = sv.analyze(Tied(), sv.Plan(["body", ["embed", "norm", "head"], ""]), sv.Mesh(4))
+    plan = sv.Plan(["body", ["embed", "norm", "head"], ""])
+    a = sv.analyze(Tied(), plan, sv.Mesh(4))
     units = a.units.set_index("unit")
     group = units.loc["[embed, norm, head]"]
-    assert group.n_params == 3  # tied weight once, norm weight and bias
+    # torch's own count: the FSDPParams of the grouped call (the tied weight once)
+    copy_ = meta_copy(Tied())
+    with fake_process_group(0, 4):
+        apply_plan(copy_, plan, device_mesh(sv.Mesh(4)))
+        n_torch = len(fully_shard.state(copy_.embed)._fsdp_param_group.fsdp_params)
+    assert group.n_params == n_torch
     assert list(a.units.unit) == ["body", "[embed, norm, head]", "<root>"]  # bottom-up
 
 

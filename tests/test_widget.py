@@ -8,6 +8,7 @@ widget sends to the front end (traits and row messages), and the numbers shown, 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from torch import nn
 import shardviz as sv
 from shardviz import zoo
 from shardviz.widget import Inspector, InspectorState, views
-from shardviz.widget.tree_view import Folding
+from shardviz.widget.tree_view import MAX_FILTER_ROWS, Folding
 
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
@@ -355,7 +356,7 @@ def test_module_rows_numbers_and_badges(model, st):
     rows = open_path(st, Q0_A)
     emb = rows[EMBED]
     assert emb["badge"]["kind"] == "unit" and emb["is_unit"]
-    assert emb["numel"] == 128 * 64
+    assert emb["numel"] == model.get_submodule(EMBED).weight.numel()
     assert emb["bytes"] == int(a.params.set_index("fqn").at[EMBED + ".weight", "shard_bytes"])
     q = rows[Q0]
     assert q["badge"] == {**q["badge"], "kind": "in", "label": "in layers.0"}
@@ -370,18 +371,39 @@ def test_module_rows_numbers_and_badges(model, st):
 
 def test_param_rows_local_shape_and_padding_per_rank(model, st):
     st.set_mesh(world=3)  # 128 rows over 3 ranks: 43, 43, 42 (+1 padding row on rank 2)
+    paddings = []
     for rank in range(3):
         st.set_rank(rank)
-        a = fresh(model, st)
+        padded, local = torch_shard(model, st.plan, st.mesh, rank, EMBED + ".weight")
         row = open_path(st, EMBED + ".weight")[EMBED + ".weight"]
-        assert tuple(row["local_shape"]) == a.local_shape(EMBED + ".weight", rank)
-        assert tuple(row["shard_shape"]) == (43, 64)
-        assert row["padding"] == (43 - row["local_shape"][0]) * 64
+        assert tuple(row["local_shape"]) == local
+        assert tuple(row["shard_shape"]) == padded
+        assert row["padding"] == math.prod(padded) - math.prod(local)
+        paddings.append(row["padding"])
         assert row["dtype"] == "float32" and row["trainable"] is False and row["role"] == "base"
+    assert any(paddings)  # the case under test: torch pads a shard
     lora = open_path(st, Q0_A)[Q0_A]
     assert lora["role"] == "lora" and lora["trainable"] is True
     with pytest.raises(ValueError, match="outside the mesh"):
         st.set_rank(3)
+
+
+def torch_shard(model, plan, mesh, rank, fqn):
+    """(padded shard shape, local shape) of parameter ``fqn`` on ``rank``, from torch's own fully_shard."""
+    from torch.distributed.fsdp import fully_shard
+
+    from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+
+    copy_ = meta_copy(model)
+    with fake_process_group(rank, mesh.world):
+        apply_plan(copy_, plan, device_mesh(mesh))
+        target = copy_.get_parameter(fqn)
+        for unit in plan.units:
+            group = fully_shard.state(copy_.get_submodule(unit.modules[0]))._fsdp_param_group
+            for fp in group.fsdp_params if group is not None else ():
+                if fp.sharded_param is target:
+                    return tuple(fp.padded_sharded_param_size), tuple(fp.sharded_size)
+    raise AssertionError(f"torch did not shard {fqn}")
 
 
 def test_filters(model, st):
@@ -440,8 +462,9 @@ def test_tied_parameters_counted_once():
     assert st.view.static.n_params[0] == len(st.tree.params)
     rows = open_path(st, "head.weight")
     # a tied parameter counts once, under its first owner: children never add up to more than the parent
-    assert rows["head.weight"]["tied"] and rows["head"]["numel"] == 0 and rows["head"]["tied_numel"] == 44
-    assert rows["embed"]["numel"] == 44 and rows[""]["numel"] == st.view.static.numel[0]
+    n = model.head.weight.numel()
+    assert rows["head.weight"]["tied"] and rows["head"]["numel"] == 0 and rows["head"]["tied_numel"] == n
+    assert rows["embed"]["numel"] == n and rows[""]["numel"] == st.view.static.numel[0]
     st.toggle_ignored("head.weight")  # an alias: the canonical name is stored
     assert st.plan.ignored == ("embed.weight",)
     st.toggle_ignored("head.weight")
@@ -595,14 +618,14 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
     wire = Wire(ins)
     for f in ("base_model", "base_model.model", "base_model.model.model"):
         ins.handle_action("expand", {"target": f, "open": True})
+    assert fresh(model, ins).findings == []
     wire.clear()
     ack = ins.handle_action("toggle_unit", {"fqn": EMBED}, req=7)
     assert ack == {**ack, "type": "ack", "req": 7, "ok": True, "error": None}
     assert ins.plan.unit_of(EMBED) is None
     names = [x if t == "trait" else x["type"] for t, x in wire.log]
     assert names.index("memory") < names.index("rows") < names.index("ack")
-    if "findings" in names:  # sent only when they changed, and after the rows
-        assert names.index("rows") < names.index("findings")
+    assert fresh(model, ins).findings == [] and "findings" not in names  # none before or after: not resent
     rows = wire.msgs("rows")[-1]
     emb = f"m{ins.controller.tree.module_index[EMBED]}"
     assert emb in rows["rows"] and rows["rows"][emb]["badge"]["kind"] != "unit"
@@ -612,6 +635,15 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
     assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
     assert ins.view.memory["revision"] == ins.controller.revision
     assert_numbers_match(model, ins.controller)
+    # a change whose findings change: without the root's call torch refuses the [norm, lm_head] group
+    before = views.findings_payload(fresh(model, ins))
+    wire.clear()
+    ins.handle_action("toggle_unit", {"fqn": ""}, req=8)
+    after = views.findings_payload(fresh(model, ins))
+    assert after != before and "SV004" in {f["code"] for f in after}
+    names = [x if t == "trait" else x["type"] for t, x in wire.log]
+    assert names.index("memory") < names.index("rows") < names.index("findings") < names.index("ack")
+    assert ins.view.findings == after
 
 
 def test_widget_ignore_lora_under_block_changes_badges(model, ins):
@@ -658,18 +690,19 @@ def test_widget_actions(model, ins, action, args, check):
     assert_numbers_match(model, ins.controller)
 
 
-def test_widget_view_actions_send_rows(ins):
+def test_widget_view_actions_send_rows(model, ins):
     wire = Wire(ins)
     ins.handle_action("set_filter", {"text": "lora_B", "status": "", "role": ""})
     msg = wire.msgs("rows")[-1]
-    params = [r for r in msg["rows"].values() if r["kind"] == "param"]
-    assert params and all("lora_B" in r["fqn"] for r in params) and msg["filtering"]
+    params = {r["fqn"] for r in msg["rows"].values() if r["kind"] == "param"}
+    assert params == {n for n, _ in model.named_parameters() if "lora_B" in n} and msg["filtering"]
     assert ins.view.summary["filter"]["text"] == "lora_B"
     ins.handle_action("set_filter", {"text": ""})
     assert wire.msgs("rows")[-1]["order"] == ["m0", "m1"]
     ins.handle_action("reveal", {"fqn": EMBED + ".weight"})
     row_id = wire.msgs("reveal")[-1]["id"]
-    assert wire.msgs("rows")[-1]["rows"][row_id]["local_shape"] == [32, 64]
+    local = torch_shard(model, ins.plan, ins.mesh, 0, EMBED + ".weight")[1]
+    assert wire.msgs("rows")[-1]["rows"][row_id]["local_shape"] == list(local)
     ins.handle_action("set_rank", {"rank": 3})
     assert wire.msgs("rows")[-1]["rows"][row_id]["rank"] == 3  # the param row changed, nothing else
     assert set(wire.msgs("rows")[-1]["rows"]) == {row_id}
@@ -887,9 +920,22 @@ def test_largest_moe_opens():
     ins = Inspector(model, mesh=sv.Mesh(shard=64))
     st = ins.controller
     assert st.tree.n_modules > 20_000
-    st.set_filter(text="experts.expert_1")
-    order, _ = st.rows()
-    assert 0 < len(order) and st.view.truncated >= 0
+    # what the filter must show, from torch's own walk: every module and parameter name holding the
+    # text, in preorder (a module, its own parameters, then its children); past the cap, a count
+    text = "experts.expert_1"
+    matches = []
+    for name, module in model.named_modules():
+        if name and text in name.lower():
+            matches.append(name)
+        matches += [f"{name}.{n}" for n, _ in module.named_parameters(recurse=False) if text in f"{name}.{n}".lower()]
+    assert len(matches) > MAX_FILTER_ROWS  # the case under test: more matches than the view shows
+    wire = Wire(ins)
+    ins.handle_action("set_filter", {"text": text})
+    order, rows = st.rows()
+    shown = [rows[i]["fqn"] for i in order if text in rows[i]["fqn"].lower()]
+    assert shown == matches[:MAX_FILTER_ROWS]
+    assert st.view.truncated == len(matches) - MAX_FILTER_ROWS
+    assert wire.msgs("rows")[-1]["truncated"] == st.view.truncated and ins.view.summary["truncated"] == st.view.truncated
     st.set_filter(text="")
     expert = next(f for f in st.tree.module_index if f.endswith("experts.expert_5"))
     row = st.reveal(expert)

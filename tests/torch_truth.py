@@ -263,7 +263,7 @@ class StepTruth:
     optimizer: int = 0  # tracker: OptState after the step
     state_peak: int = 0  # tracker: max over ops of everything but activations, temporaries, inputs
     state_peak_snap: dict = field(default_factory=dict)
-    peak_snap: dict = field(default_factory=dict)  # tracker's own peak snapshot
+    peak_snap: dict = field(default_factory=dict)  # tracker's own peak snapshot (its Total: everything)
     collectives: list = field(default_factory=list)
     loss: float = 0.0
 
@@ -347,7 +347,8 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     group_labels, state_labels = _unit_labels(model, plan)
     outside = _outside_params(model, state_labels)
     g = torch.Generator().manual_seed(1234)
-    ids = torch.randint(0, vocab_of(model), (BATCH, SEQ), generator=g)
+    shape = (training.batch_size, training.seq_len) if training.with_activations else (BATCH, SEQ)
+    ids = torch.randint(0, vocab_of(model), shape, generator=g)
     truth = StepTruth(rank)
 
     def step():

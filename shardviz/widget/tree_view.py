@@ -400,9 +400,9 @@ class TreeView:
                 if ok and info.index != 0:
                     if hits >= limit:
                         self.truncated += 1
-                        continue
-                    hits += 1
-                    self._add_path(info.index, mods)
+                    else:
+                        hits += 1
+                        self._add_path(info.index, mods)
             if module_status:
                 continue
             for p in info.params:

@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from test_codegen_torchrun import check_results, launch, make_jobs  # noqa: E402
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-CANDIDATES = [os.environ.get("SHARDVIZ_COMPAT_PYTHON", ""), str(CACHE / "shardviz/compat-venv-2.6/bin/python"),
-              "/work/compat-venv/bin/python"]
+CANDIDATES = [os.environ.get("SHARDVIZ_COMPAT_PYTHON", ""), str(CACHE / "shardviz/compat-venv-2.6/bin/python")]
 
 pytestmark = [pytest.mark.compat, pytest.mark.slow]
 

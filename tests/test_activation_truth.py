@@ -1,0 +1,123 @@
+"""The peak with activations against torch: a real training step under the fake process group.
+
+Small real models (Llama + LoRA, Qwen2 + LoRA, GPT-2, Mixtral: a few layers, a batch and sequence
+long enough that activations dominate the peak) train one steady-state step with torch's
+``fully_shard`` (and ``checkpoint_wrapper`` where the plan checkpoints) under ``FSDPMemTracker``.
+The tracker's largest Total over the step (parameters, gradients, optimizer states, FSDP buffers,
+activations, temporaries, inputs) must equal ``a.memory.peak`` within 5 %. See ``torch_truth.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import shardviz as sv
+from torch_truth import fake_run, tiny_lora
+
+TOLERANCE = 0.05
+BATCH, SEQ, VOCAB = 2, 256, 512
+FSDP8 = sv.Mesh(shard=8)
+HSDP = sv.Mesh(shard=4, replicate=2)
+
+
+def step(**kw):
+    return sv.Training(batch_size=BATCH, seq_len=SEQ, **kw)
+
+
+def qwen2_lora(seed: int = 0):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                         max_position_embeddings=SEQ))
+    return get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
+
+
+def gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=VOCAB, n_positions=SEQ,
+                                      bos_token_id=0, eos_token_id=0))
+
+
+def mixtral(seed: int = 0):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    return MixtralForCausalLM(MixtralConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=SEQ,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0))
+
+
+LLAMA_LORA = functools.partial(tiny_lora, vocab=VOCAB)
+
+
+def auto(lora="sharded", checkpoint=None):
+    return lambda model: sv.Plan.auto(model, lora=lora, checkpoint=checkpoint)
+
+
+# name: (model builder, plan maker, mesh, training, rank, slow)
+CASES = {
+    "llama-lora-sharded": (LLAMA_LORA, auto("sharded"), FSDP8, step(), 0, False),
+    "llama-lora-sharded-ckpt": (LLAMA_LORA, auto("sharded", "blocks"), FSDP8, step(), 0, False),
+    "llama-lora-ignored-hsdp": (LLAMA_LORA, auto("ignored"), HSDP, step(), 5, False),
+    "llama-lora-ignored-hsdp-ckpt": (LLAMA_LORA, auto("ignored", "blocks"), HSDP, step(), 5, False),
+    "llama-lora-ignored-bf16": (LLAMA_LORA, auto("ignored"), FSDP8, step(param_dtype="bfloat16"), 0, True),
+    "llama-lora-sharded-bf16-ckpt": (LLAMA_LORA, auto("sharded", "blocks"), FSDP8,
+                                     step(param_dtype="bfloat16", reduce_dtype="float32"), 0, True),
+    "qwen2-lora-sharded": (qwen2_lora, auto("sharded"), FSDP8, step(), 0, True),
+    "qwen2-lora-ignored-ckpt-hsdp": (qwen2_lora, auto("ignored", "blocks"), HSDP, step(), 0, True),
+    "gpt2-full": (gpt2, auto(), FSDP8, step(), 0, False),
+    "gpt2-full-ckpt": (gpt2, auto(checkpoint="blocks"), FSDP8, step(), 0, True),
+    "mixtral-full": (mixtral, auto(), FSDP8, step(), 0, True),
+    "mixtral-full-ckpt": (mixtral, auto(checkpoint="blocks"), FSDP8, step(), 0, True),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _case(name):
+    build, make_plan, mesh, training, rank, _ = CASES[name]
+    model = build()
+    plan = make_plan(model)
+    return build, plan, mesh, training, rank, sv.analyze(model, plan, mesh, training)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if c[-1] else []) for n, c in CASES.items()])
+def test_peak_with_activations_matches_torch(name):
+    build, plan, mesh, training, rank, analysis = _case(name)
+    truth = fake_run(build, plan, mesh, training, rank)
+    row = analysis.memory.iloc[rank]
+    predicted = int(row.peak + row.cpu_optimizer)  # a CPU-only run keeps Adam's step scalars with the states
+    torch_peak = truth.peak_snap["Total"]
+    assert row.activations > 0.5 * row.peak, "the case should be dominated by activations"
+    assert abs(predicted / torch_peak - 1) <= TOLERANCE, (
+        f"predicted {predicted} ({sv.cost.format_bytes(predicted)}), torch {torch_peak}: "
+        f"{predicted / torch_peak - 1:+.1%}; predicted {analysis.peak_breakdown(rank)}; torch {truth.peak_snap}")
+
+
+@pytest.mark.parametrize("plain, checkpointed", [
+    ("llama-lora-sharded", "llama-lora-sharded-ckpt"),
+    ("llama-lora-ignored-hsdp", "llama-lora-ignored-hsdp-ckpt"),
+])
+def test_checkpointing_lowers_the_predicted_activations(plain, checkpointed):
+    *_, a = _case(plain)
+    *_, b = _case(checkpointed)
+    assert int(b.memory.activations.max()) < int(a.memory.activations.max())
+    saved = b.activations.set_index("fqn")
+    blocks = saved[saved.block]
+    assert len(blocks) and (blocks.saved_checkpointed < blocks.saved_plain).all()
+
+
+def test_no_batch_means_model_state_only():
+    *_, a = _case("llama-lora-sharded")
+    model = LLAMA_LORA()
+    state_only = sv.analyze(model, sv.Plan.auto(model), FSDP8, sv.Training())
+    assert (state_only.memory.activations == 0).all()
+    assert int(state_only.memory.peak.max()) < int(a.memory.peak.max())
