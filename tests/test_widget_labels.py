@@ -177,3 +177,21 @@ def test_every_preset_is_a_known_base(model):
     st.remove_unit(L0)
     st.remove_unit("")
     assert st.plan.name == "no calls"  # equal to a preset: its name
+
+
+def test_batch_size_brings_activations_into_the_chart_and_the_moment_of_the_peak(model):
+    ins = Inspector(model, mesh=MESH)
+    assert ins.memory["bars"][0]["parts"]["activations"] == 0  # no batch: model state only
+    assert ins.handle_action("set_training", {"batch_size": 2, "seq_len": 64})["ok"]
+    a = sv.analyze(model, ins.plan, MESH, ins.training)
+    parts = ins.memory["bars"][0]["parts"]
+    assert parts == views.peak_breakdown(a, ins.memory["bars"][0]["first"])
+    assert parts["activations"] > 0 and sum(parts.values()) == ins.memory["bars"][0]["peak"]
+    worst = ins.memory["worst"]
+    row = a.memory.loc[a.memory["peak"].idxmax()]
+    assert (worst["phase"], worst["unit"]) == (row["peak_phase"], row["peak_unit"])
+    assert worst["activations"] == int(row["activations"])
+    # checkpointing every block: the chart follows analyze of the checkpointed plan
+    assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
+    b = sv.analyze(model, ins.plan, MESH, ins.training)
+    assert ins.plan.checkpoint and ins.memory["bars"][0]["parts"] == views.peak_breakdown(b, ins.memory["bars"][0]["first"])

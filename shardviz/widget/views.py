@@ -116,7 +116,8 @@ def memory_payload(analysis) -> dict:
     optimizer = [int(x) for x in _column(table, "optimizer")]
     phase = [None if x is None else str(x) for x in _column(table, "peak_phase", None)]
     unit = [x if isinstance(x, str) else None for x in _column(table, "peak_unit", None)]
-    module = [x if isinstance(x, str) else None for x in _column(table, "peak_module", None)]
+    # where the activations peak ("" is the root module)
+    module = [("<root>" if x == "" else x) if isinstance(x, str) else None for x in _column(table, "peak_module", None)]
     keycols = [c for c in ("params_sharded", "params_whole", "buffers", "grads", "optimizer", "peak",
                            "peak_transient", "activations") if c in table.columns]
     keys = list(zip(*[table[c].tolist() for c in keycols], phase, unit, module))

@@ -148,6 +148,24 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     assert fill != widget.evaluate(f"() => {{ const d = document.createElement('div'); d.style.color = '{error_color}'; document.body.append(d); const c = getComputedStyle(d).color; d.remove(); return c; }}")
     expect(widget.locator(".sv-sum-peak")).to_have_attribute("data-bytes", str(int(a.memory["peak"].max())))
 
+    # a batch size brings the activations into the peak, and the moment of the peak is named
+    r0 = rev(widget)
+    widget.locator(".sv-batch").fill("1")
+    widget.locator(".sv-batch").press("Enter")
+    settle(widget, r0)
+    expect(widget.locator(".sv-sum-training")).to_contain_text("batch 1 × 2048 tokens")
+    tr1 = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=1)
+    a1 = sv.analyze(model, plan, sv.Mesh(shard=4, device_memory="80GiB"), tr1)
+    act = widget.locator('.sv-memory .sv-mem-bar').first.locator('.sv-seg[data-cat="activations"]')
+    assert int(act.get_attribute("data-bytes")) == a1.peak_breakdown(0)["activations"] > 0
+    row0 = a1.memory.loc[a1.memory["peak"].idxmax()]
+    expect(widget.locator(".sv-peak-moment")).to_contain_text(f"in {row0['peak_phase']}")
+    r0 = rev(widget)
+    widget.locator(".sv-batch").fill("")
+    widget.locator(".sv-batch").press("Enter")
+    settle(widget, r0)
+    expect(widget.locator(".sv-sum-training")).to_contain_text("no batch (model state only)")
+
     # the stacked bar is the one breakdown, in the one order
     widget.locator('.sv-tab[data-tab="charts"]').click()
     legend = widget.locator(".sv-memory .sv-legend-item")
