@@ -845,7 +845,10 @@ def test_python_api_and_figures(model, ins):
     assert ins.plan.unit_of(Q0) is not None and ins.can_undo
     fig = ins.memory_figure()
     bar = ins.controller.memory["bars"][0]
-    total = sum(trace.y[0] for trace in fig.data) * views.GIB
+    # the plotly figure stacks the same parts, in a unit picked for the chart (KiB for the tiny model)
+    assert [trace.name for trace in fig.data] == list(views.PEAK_PARTS)
+    assert fig.layout.yaxis.title.text == "KiB per rank"
+    total = sum(trace.y[0] for trace in fig.data) * 1024
     assert total == pytest.approx(bar["peak"])
     tfig = ins.traffic_figure()
     assert len(tfig.data) == 1 + len(ins.controller.traffic["collectives"])

@@ -382,39 +382,60 @@ _COLORS = ("#4c78a8", "#72b7b2", "#9d755d", "#f58518", "#e45756", "#b279a2", "#5
 GIB = 1024**3
 
 
+def _unit(max_bytes: float) -> tuple[float, str]:
+    """One unit per chart, picked for its largest value (KiB / MiB / GiB / TiB; never "500μ GiB")."""
+    for div, name in ((1024**4, "TiB"), (GIB, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
+        if max_bytes >= div:
+            return div, name
+    return 1, "B"
+
+
 def memory_figure(payload: dict):
+    """The memory chart as a plotly figure: the same payload, parts, order and limit rule as the SVG."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    labels = [b["label"] for b in payload.get("bars", [])]
+    bars = payload.get("bars", [])
+    div, unit = _unit(float(payload.get("max_peak") or 0))
+    labels = [b["label"] for b in bars]
     for i, cat in enumerate(payload.get("categories", [])):
         fig.add_bar(
-            name=cat["label"], x=labels, y=[b["parts"][cat["key"]] / GIB for b in payload["bars"]],
+            name=cat["label"], x=labels, y=[b["parts"][cat["key"]] / div for b in bars],
             marker_color=_COLORS[i % len(_COLORS)],
-            customdata=[b["parts"][cat["key"]] for b in payload["bars"]],
-            hovertemplate="%{x}: %{y:.2f} GiB (%{customdata:,} B)<extra>" + cat["label"] + "</extra>",
+            customdata=[b["parts"][cat["key"]] for b in bars],
+            hovertemplate="%{x}: %{y:.2f} " + unit + " (%{customdata:,} B)<extra>" + cat["label"] + "</extra>",
         )
-    if payload.get("limit"):
-        fig.add_hline(y=payload["limit"] / GIB, line_dash="dash", line_color="#d62728",
-                      annotation_text=f"device memory {payload['limit'] / GIB:.1f} GiB")
-    fig.update_layout(barmode="stack", yaxis_title="GiB per rank at the peak", title="Memory per rank",
-                      legend_orientation="h", margin={"t": 40, "l": 50, "r": 10, "b": 40})
+    limit = payload.get("limit")
+    title = "Memory per rank at the peak"
+    if limit and limit <= 4 * float(payload.get("max_peak") or 0):
+        over = bool((payload.get("use") or {}).get("over"))
+        fig.add_hline(y=limit / div, line_dash="dash", line_color="#d62728" if over else "#888",
+                      annotation_text=(payload.get("use") or {}).get("text", "device memory"))
+    elif limit and payload.get("use"):
+        title += f" ({payload['use']['text']})"  # far above the bars: named, not drawn
+    fig.update_layout(barmode="stack", yaxis_title=f"{unit} per rank", title=title,
+                      legend_orientation="h", margin={"t": 40, "l": 50, "r": 10, "b": 40},
+                      paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     return fig
 
 
 def traffic_figure(payload: dict):
+    """The traffic chart as a plotly figure (the SVG's payload: labels shortened in Python)."""
     from plotly.subplots import make_subplots
 
+    colls = payload.get("collectives", [])
+    units = payload.get("by_unit", [])
+    div, unit = _unit(float(max([c["sent"] for c in payload.get("by_collective", [])] or [0])))
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7],
                         subplot_titles=("by collective", "by fully_shard call"))
-    colls = payload.get("collectives", [])
-    fig.add_bar(x=colls, y=[c["sent"] / GIB for c in payload.get("by_collective", [])], showlegend=False,
+    fig.add_bar(x=colls, y=[c["sent"] / div for c in payload.get("by_collective", [])], showlegend=False,
                 marker_color=[_COLORS[i % len(_COLORS)] for i in range(len(colls))], row=1, col=1)
-    units = payload.get("by_unit", [])
     for i, coll in enumerate(colls):
-        fig.add_bar(name=coll, y=[u["unit"] for u in units], x=[u["values"].get(coll, 0) / GIB for u in units],
-                    orientation="h", marker_color=_COLORS[i % len(_COLORS)], row=1, col=2)
-    fig.update_layout(barmode="stack", title="Traffic per step (GiB sent per rank)",
-                      margin={"t": 60, "l": 10, "r": 10, "b": 40})
+        fig.add_bar(name=coll, y=[u.get("label", u["unit"]) for u in units], x=[u["values"].get(coll, 0) / div for u in units],
+                    orientation="h", marker_color=_COLORS[i % len(_COLORS)], customdata=[u["unit"] for u in units],
+                    hovertemplate="%{customdata}: %{x:.2f} " + unit + "<extra>" + coll + "</extra>", row=1, col=2)
+    fig.update_layout(barmode="stack", title=f"Traffic per step ({unit} sent per rank)",
+                      margin={"t": 60, "l": 10, "r": 10, "b": 40},
+                      paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     fig.update_yaxes(autorange="reversed", row=1, col=2)
     return fig
