@@ -1,6 +1,7 @@
 """shardviz: see what PyTorch FSDP2's ``fully_shard`` does to a model before training it."""
 
 from .analysis import Analysis, analyze
+from .checks import fix_plan
 from .codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
@@ -13,7 +14,7 @@ from .load import load_model
 
 __all__ = [
     "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
-    "Training", "Unit", "analyze", "compare", "export_code", "load_model", "sweep", "verify", "zoo",
+    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "load_model", "sweep", "verify", "zoo",
 ]
 __version__ = "0.1.0"
 

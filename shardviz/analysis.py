@@ -24,10 +24,12 @@ def _dtype_name(dtype) -> str:
 class Analysis:
     """What a plan does on a mesh. Tables are pandas DataFrames built on first access."""
 
-    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, model=None):
+    def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, torch_version=None, model=None):
         from .cost import Training
 
         self.tree, self.plan, self.mesh = tree, plan, mesh
+        # The release the plan will run on: the findings follow it (None: the installed torch).
+        self.torch_version = torch_version
         self.training = training if training is not None else Training()
         # the module itself, held only when activations are measured (by running it)
         self.model = (model if model is not None else tree.model) if self.training.with_activations else None
@@ -172,19 +174,26 @@ class Analysis:
         return f"<shardviz.Analysis {self.summary()}>"
 
 
-def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict: bool = True) -> Analysis:
+def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict: bool = True,
+            torch_version=None) -> Analysis:
     """Apply the FSDP2 rules of ``plan`` to ``model`` (an nn.Module or a ModelTree) on ``mesh``.
 
     ``strict``: raise ``PlanError`` (a ValueError) when torch itself would refuse the plan;
     with ``strict=False`` those reasons are in ``findings`` instead (the widget uses this).
+    ``torch_version``: the release the plan will run on ("2.6", ...); ``findings`` follow it
+    (SV101 for ``ignored`` before 2.7, SV110 for a grouped call before 2.5). Default: the installed torch.
     """
     tree = as_tree(model)
     plan = as_plan(plan) if plan is not None else Plan.auto(tree)
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
+    if torch_version is not None:
+        from .fsdp import parse_version
+
+        parse_version(torch_version)  # a bad version string fails here, not in the findings
     module = model if isinstance(model, nn.Module) and training is not None and training.with_activations else None
-    result = Analysis(tree, plan, mesh, training, model=module)
+    result = Analysis(tree, plan, mesh, training, torch_version, model=module)
     if strict:
         result.layout.raise_for_errors()
     return result

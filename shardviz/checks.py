@@ -1,8 +1,9 @@
 """Findings: what is wrong with a plan, or costly, and how to fix it.
 
-``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV006), the
-checks below (SV1xx) and the cost model's findings (``checks.check_memory``) when it has them,
-errors first. Every code is stable: tests, users and the widget grep for them.
+``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV008), the
+checks below (SV1xx) and the memory check (``check_memory``, SV201), errors first. Every code is
+stable: tests, users and the widget grep for them. ``fix_plan(analysis, finding)`` turns a
+finding's fix into a new plan when the fix is a change of plan.
 
 | code  | severity | what |
 |-------|----------|------|
@@ -18,6 +19,7 @@ errors first. Every code is stable: tests, users and the widget grep for them.
 | SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
+| SV113 | warning  | checkpointed modules while the model's config keeps ``use_cache=True`` (a key/value cache per layer) |
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def check_unsynchronised(analysis) -> list[Finding]:
             [p.fqn for p in ignored][:MAX_FQNS],
             "use the code from sv.export_code, which broadcasts them once and averages their gradients in one "
             "all-reduce per step; or all-reduce them yourself (torch's own test pairs ignored_params with DDP); "
-            "or let FSDP shard them (drop them from ignored)",
+            "or let FSDP shard them (drop them from ignored; not 0-dim ones, which fully_shard refuses)",
         ))
     if loose:
         out.append(Finding(
@@ -188,7 +190,11 @@ def check_dominant_unit(analysis) -> list[Finding]:
                 f"unsharded copies) it makes up {share:.0%} of the peak per rank ({_gb(peak)}); the next largest "
                 f"call is {_gb(second)}",
                 ul.unit.modules,
-                "split it: give its largest submodules (embeddings, [norm, lm_head], blocks) their own units",
+                "split it: give its largest submodules (embeddings, [norm, lm_head], blocks) their own units, "
+                "keeping modules that share a parameter in one call (sv.fix_plan does)"
+                if _split_unit(analysis, ul) is not None else
+                "it cannot be split without breaking a shared parameter or a module apart: shard over more "
+                "ranks, or use a lower param_dtype",
             ))
     return out
 
@@ -240,8 +246,9 @@ def check_empty_shards(analysis) -> list[Finding]:
         f"({fewer} have fewer rows than ranks); e.g. {example.fqn!r} {example.shape}: {empty} ranks hold 0 rows "
         f"yet allocate {lay.shard_shape(example.index)[0]} padded rows",
         [p.fqn for p in hit][:MAX_FQNS],
-        "keep such small parameters (LoRA A/B, biases) out of FSDP as ignored parameters, or group them with "
-        "larger ones; each rank's padded shard costs memory either way",
+        "usually nothing to do: each such parameter costs at most one padded row per rank, counted in the "
+        "memory table; a shard size no larger than their first dimension avoids it (HSDP: fewer ranks per "
+        "shard group, more replicas)",
     )]
 
 
@@ -280,6 +287,25 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
         [p.fqn for p in whole][:MAX_FQNS],
         "build the optimizer from optimizer_param_groups(model), which the exported code defines "
         "(one group of DTensors, one of plain tensors), or pass foreach=False",
+    )]
+
+
+def check_use_cache(analysis) -> list[Finding]:
+    """SV113: checkpointed modules in a Hugging Face model whose config keeps ``use_cache=True``: a
+    training forward then builds a key/value cache that holds every layer's keys and values until
+    the output is dropped, which checkpointing would otherwise free (not in the measured peak)."""
+    model = analysis.tree.model
+    config = getattr(model, "config", None)
+    if not analysis.plan.checkpoint or config is None or not getattr(config, "use_cache", False):
+        return []
+    return [Finding(
+        "SV113", "warning",
+        f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed but the model's config has "
+        "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
+        "values alive until the loss, about one hidden state per layer more than the predicted peak (which "
+        "assumes use_cache=False, see docs/activations.md)",
+        analysis.plan.checkpoint[:MAX_FQNS],
+        "set model.config.use_cache = False before training (or pass use_cache=False to the forward)",
     )]
 
 
@@ -386,6 +412,7 @@ CHECKS = (
     check_padding,
     check_empty_shards,
     check_all_ignored_units,
+    check_use_cache,
 )
 
 
@@ -403,3 +430,171 @@ def run_checks(analysis, torch_version=None) -> list[Finding]:
     findings += check_memory(analysis)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))
+
+
+# ---------------------------------------------------------------------------
+# Machine-applicable fixes
+# ---------------------------------------------------------------------------
+def _with_root(plan):
+    return plan if plan.unit_of("") is not None else plan.with_unit("")
+
+
+def _children_with_params(tree, module: int) -> list[int]:
+    from .presets import children_with_params
+
+    return children_with_params(tree, module)
+
+
+def _same_options(unit, modules):
+    from .plan import Unit
+
+    return Unit(modules, unit.reshard_after_forward, unit.param_dtype, unit.reduce_dtype, unit.offload)
+
+
+def _split_unit(analysis, ul):
+    """``ul``'s call split into calls that keep every shared parameter in one call, or None."""
+
+    tree, plan = analysis.tree, analysis.plan
+    unit = ul.unit
+    if unit.is_grouped:
+        candidates, keep_outer = list(ul.modules), False
+    else:
+        have = {tree.module_index[m] for u in plan.units for m in u.modules}
+        candidates, keep_outer = [c for c in _children_with_params(tree, ul.modules[0]) if c not in have], True
+    if len(candidates) < (2 if unit.is_grouped else 1):
+        return None
+    params = {c: set(tree.subtree_params(c)) for c in candidates}
+    own = {p for m in ul.modules for p in tree.modules[m].params} if keep_outer else set()
+    # Parameters a candidate shares with the call's own module, or with modules outside every
+    # candidate, must stay where they are: such a candidate is not split off.
+    inside = {p for c in candidates for p in params[c]}
+    outside_owned = {p.index for p in tree.params if p.index in inside and any(
+        not any(tree.is_inside(o, c) for c in candidates) for o in p.owners)}
+    movable = [c for c in candidates if not (params[c] & (own | outside_owned))]
+    # Candidates that share a parameter go in one call (union-find).
+    parent = {c: c for c in movable}
+
+    def find(c):
+        while parent[c] != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    for i, a in enumerate(movable):
+        for b in movable[i + 1:]:
+            if params[a] & params[b]:
+                parent[find(a)] = find(b)
+    groups: dict[int, list[int]] = {}
+    for c in movable:
+        groups.setdefault(find(c), []).append(c)
+    new = [_same_options(unit, [tree.modules[m].fqn for m in g]) for g in groups.values()]
+    if unit.is_grouped:
+        stay = [m for m in candidates if m not in movable]
+        if stay:
+            new.append(_same_options(unit, [tree.modules[m].fqn for m in stay]))
+        if len(new) < 2:
+            return None
+        units = [u for u in plan.units if u is not unit] + new
+    else:
+        if not new:
+            return None
+        units = list(plan.units) + new
+    return plan.with_units(units)
+
+
+def _lowest_common_ancestor(tree, modules) -> int:
+    path = []
+    m = modules[0]
+    while m >= 0:
+        path.append(m)
+        m = tree.modules[m].parent
+    for a in path:
+        if all(tree.is_inside(m, a) for m in modules):
+            return a
+    return 0
+
+
+def fix_plan(analysis, finding: Finding):
+    """The plan that ``finding.fix`` describes, applied to ``analysis.plan``; None when the fix is not a
+    change of plan (another release, mesh or training, or the exported code) or no plan change helps.
+
+    Each fix leaves a plan torch accepts as far as this finding goes and raises no new error-level
+    finding (``tests/test_finding_fixes.py`` applies every one on the zoo and handmade models).
+    """
+    from .plan import Plan
+    from .presets import auto_plan, join_calls
+
+    tree, plan, lay = analysis.tree, analysis.plan, analysis.layout
+    code = finding.code
+    first = lambda fqns: [tree.params[tree.param_index[f]].fqn for f in fqns]  # noqa: E731
+    if code in ("SV002", "SV008"):  # refused parameter: keep it out of FSDP
+        return plan.with_ignored(first(finding.fqns[:1]))
+    if code == "SV001":
+        joined = join_calls(tree, plan, finding.fqns)
+        if analysis.torch_version is not None and not supports_grouped_call(analysis.torch_version):
+            joined = _ungroup(tree, joined)  # no groups before 2.5: the module around them instead
+        grouped_roots = [f for f in _layout(analysis, joined).errors if f.code == "SV004"]
+        return _with_root(joined) if grouped_roots else joined
+    if code in ("SV004", "SV006", "SV103", "SV104"):
+        # The root takes every leftover; a tied parameter it now reaches twice goes in one call.
+        fixed = _with_root(plan)
+        before = {f.fqns for f in lay.errors if f.code == "SV001"}
+        for _ in range(len(fixed.units)):
+            split = [f for f in _layout(analysis, fixed).errors if f.code == "SV001" and f.fqns not in before]
+            if not split:
+                break
+            fixed = join_calls(tree, fixed, split[0].fqns)
+        return fixed
+    if code == "SV005":
+        return plan.with_unit_options(finding.fqns[0], reshard_after_forward=True)
+    if code == "SV007":
+        unit = plan.unit_of(finding.fqns[0])
+        children = [tree.modules[c].fqn for c in _children_with_params(tree, tree.module_index[finding.fqns[0]])]
+        units = [u for u in plan.units if u is not unit] + [_same_options(unit, [c]) for c in children]
+        return plan.with_units(units)
+    if code == "SV003":
+        ul = lay.units[lay.param_unit[tree.param_index[finding.fqns[0]]]]
+        by_dtype: dict = {}
+        for p in ul.params:
+            info = tree.params[p]
+            if info.requires_grad:
+                by_dtype.setdefault(info.dtype, []).append(info)
+        keep = max(by_dtype, key=lambda d: (sum(i.numel for i in by_dtype[d]), str(d)))
+        return plan.with_ignored([i.fqn for d, group in by_dtype.items() if d != keep for i in group])
+    if code == "SV102":
+        ignored = {tree.param_index[f] for f in plan.ignored}
+        back = [tree.params[p].fqn for p in ignored
+                if tree.params[p].requires_grad and tree.params[p].shape and tree.params[p].contiguous]
+        return plan.without_ignored(back) if back else None
+    if code == "SV105":
+        auto = auto_plan(tree, "sharded")
+        fixed = Plan(auto.units, plan.ignored + auto.ignored, plan.name, plan.checkpoint)
+        version = analysis.torch_version
+        return fixed if version is None or supports_grouped_call(version) else _ungroup(tree, fixed)
+    if code == "SV106":
+        for ul in lay.units:
+            if ul.unit.modules == tuple(finding.fqns):
+                return _split_unit(analysis, ul)
+        return None
+    if code == "SV109":
+        return plan.without_unit(finding.fqns[0])
+    if code == "SV110":
+        return _ungroup(tree, plan)
+    return None
+
+
+def _ungroup(tree, plan):
+    """Each grouped call replaced by one call on the lowest module that holds all its modules (for a
+    release before 2.5); dropped when that module already has a call."""
+
+    units = list(plan.units)
+    for unit in [u for u in plan.units if u.is_grouped]:
+        top = tree.modules[_lowest_common_ancestor(tree, [tree.module_index[m] for m in unit.modules])].fqn
+        units.remove(unit)
+        if not any(top in u.modules for u in units):
+            units.append(_same_options(unit, [top]))
+    return plan.with_units(units)
+
+
+def _layout(analysis, plan):
+    return Layout(analysis.tree, plan, analysis.mesh)

@@ -241,7 +241,7 @@ def cmd_export(args) -> int:
         return EXIT_REFUSED
     emit(code, args.output, args.force)
     if not args.quiet:
-        analysis = analyze(tree, plan, mesh, training, strict=False)
+        analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
         _print_findings(run_checks(analysis, torch_version=version), sys.stderr)
         if args.output not in (None, "-"):
             print(f"shardviz: wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
@@ -280,7 +280,7 @@ def cmd_plan_read(args) -> int:
         plan.validate(tree)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
-    analysis = analyze(tree, plan, mesh, strict=False)
+    analysis = analyze(tree, plan, mesh, strict=False, torch_version=version)
     print(analysis.summary(), file=out)
     findings = run_checks(analysis, torch_version=version)
     for f in findings:

@@ -12,7 +12,9 @@ Every rule names the torch source it mirrors (torch 2.13, ``torch/distributed/fs
 - refusals: 0-dim parameters (``_verify_managed_param``), a parameter managed by two
   groups (``FSDPState._lazy_init``, torch >= 2.13), trainable parameters of mixed dtype in
   one group (``FSDPParamGroup``: "FSDP expects uniform original parameter dtype"), a
-  grouped call that ends up as a root (``_lazy_init``: "requires a single root module").
+  grouped call that ends up as a root (``_lazy_init``: "requires a single root module"), a
+  ModuleList/ModuleDict without forward as a call (``_fsdp_init._validate_module``), a
+  non-contiguous parameter (``FSDPParam._init_sharded_param``).
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ class Layout:
             if owner[i] < 0 and parent >= 0:
                 owner[i] = owner[parent]
         self.module_unit = owner
+        self._own = own
         self._order_units(own, owner)
 
         # 2. Parameters: ignored, owned by one call, or under none.
@@ -199,10 +202,11 @@ class Layout:
         self.param_status = ["unmanaged"] * len(tree.params)
         self.would_be_unit = [-1] * len(tree.params)  # the call an ignored parameter sits in
         for p in tree.params:
-            if len(p.owners) == 1:  # the common case, kept cheap: a toggle re-runs this loop
+            if len(p.fqns) == 1:  # the common case, kept cheap: a toggle re-runs this loop
                 calls = [owner[p.owners[0]]] if owner[p.owners[0]] >= 0 else []
-            else:
-                calls = sorted({owner[o] for o in p.owners if owner[o] >= 0}, key=lambda u: self.units[u].order)
+            else:  # tied, or under a module reached along several paths: every name's enclosing call
+                calls = sorted({u for u in map(self.enclosing_unit, p.fqns) if u >= 0},
+                               key=lambda u: self.units[u].order)
             if calls:
                 self.would_be_unit[p.index] = calls[0]
             if p.index in ignored:
@@ -215,11 +219,15 @@ class Layout:
             self.units[calls[0]].params.append(p.index)
             if len(calls) > 1:
                 names = [self.units[u].unit.name for u in calls]
+                # One module reached along two paths: the second call finds the first call's DTensor.
+                when = ("torch raises RuntimeError at the second fully_shard call ('Cannot concatenate "
+                        "overlapping meshes')" if len(p.owners) == 1 else
+                        "torch >= 2.13 raises ValueError at the first forward")
                 self.errors.append(Finding(
                     "SV001", "error",
                     f"parameter {p.fqn!r} (also {', '.join(p.fqns[1:]) or 'reached through a shared module'}) "
                     f"is managed by {len(calls)} fully_shard calls: {', '.join(names)}; each call makes its own "
-                    "sharded copy, so the tie is broken; torch >= 2.13 raises ValueError at the first forward",
+                    f"sharded copy, so the tie is broken; {when}",
                     p.fqns,
                     f"put the modules that share it in one grouped unit, e.g. {[self.units[u].unit.modules[0] for u in calls]}",
                 ))
@@ -239,6 +247,30 @@ class Layout:
                         "original unsharded tensor and the tie is broken",
                         p.fqns, "add the root module \"\" as a unit, or group the modules that share it",
                     ))
+        for p in tree.params:
+            if self.param_status[p.index] == "sharded" and not p.contiguous:
+                self.errors.append(Finding(
+                    "SV008", "error",
+                    f"parameter {p.fqn!r} {p.shape} is not contiguous (a transposed or strided view); fully_shard "
+                    "raises NotImplementedError: FSDP does not support non-contiguous parameters",
+                    p.fqns, "make it contiguous before fully_shard (module.x = nn.Parameter(module.x.contiguous())), "
+                    "or list it in the plan's ignored parameters",
+                ))
+        for ul in self.units:
+            module = tree.modules[ul.modules[0]]
+            if not ul.unit.is_grouped and module.bare_container:
+                from .presets import children_with_params
+
+                children = [tree.modules[c].fqn for c in children_with_params(tree, module.index)]
+                shown = ", ".join(repr(c) for c in children[:4]) + (", ..." if len(children) > 4 else "")
+                self.errors.append(Finding(
+                    "SV007", "error",
+                    f"module {ul.unit.name!r} is a {module.type_name} without forward; fully_shard raises "
+                    f"ValueError: it does not support containers that do not implement forward",
+                    ul.unit.modules,
+                    f"give each of its children that hold parameters its own unit ({shown})" if children else
+                    "drop the unit: nothing under it holds a parameter",
+                ))
         for ul in self.units:
             dtypes = {tree.params[p].dtype for p in ul.params if tree.params[p].requires_grad}
             if len(dtypes) > 1:
@@ -248,7 +280,8 @@ class Layout:
                     f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
                     "per group (AssertionError at the first forward)",
                     [tree.params[p].fqn for p in ul.params if tree.params[p].requires_grad][:20],
-                    "cast them to one dtype before fully_shard, or give each dtype its own unit",
+                    "cast them to one dtype before fully_shard, give each dtype its own unit, or list the "
+                    "trainable parameters of the other dtypes as ignored",
                 ))
             if ul.is_root and ul.unit.is_grouped:
                 self.errors.append(Finding(
@@ -344,11 +377,26 @@ class Layout:
         the modules of the call that manages it; another call makes a second DTensor (SV001) and
         a module under no call keeps the original, unsharded parameter (SV006).
         """
-        module = fqn.rpartition(".")[0]
         p = self.tree.param_index[fqn]
         if self.param_status[p] != "sharded":
             return -1
-        return self.module_unit[self.tree.module_index[module]]
+        if len(self.tree.params[p].fqns) == 1:
+            return self.module_unit[self.tree.module_index[fqn.rpartition(".")[0]]]
+        return self.enclosing_unit(fqn)
+
+    def enclosing_unit(self, fqn: str) -> int:
+        """The nearest call around parameter name ``fqn`` along that name's own path (-1: none).
+
+        A module reached along two paths has one index but two enclosing calls; walking the name's
+        prefixes finds the one this path meets, as torch's DFS from each call does."""
+        path = fqn.rpartition(".")[0]
+        while True:
+            unit = self._own[self.tree.module_index[path]]
+            if unit >= 0:
+                return unit
+            if not path:
+                return -1
+            path = path.rpartition(".")[0]
 
     def raise_for_errors(self) -> None:
         if self.errors:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import heapq
 from typing import Iterator
 
 import pandas as pd
@@ -82,23 +83,64 @@ def apply_checkpointing(model: nn.Module, fqns) -> dict:
     return wrappers
 
 
+def bottom_up_order(model: nn.Module, plan: Plan) -> list[int]:
+    """Indices of ``plan.units`` in an order torch accepts, found on ``model`` itself (not by the engine).
+
+    A call must come after every call that has a module strictly inside one of its modules: torch's
+    DFS stops only at modules that already carry FSDP state. Read from the module objects
+    (``module.modules()``), then a topological sort; ties go to the plan's order. Raises ValueError
+    when no such order exists (a group with modules both inside and outside another call).
+    """
+    unit_modules = [[model.get_submodule(m) for m in u.modules] for u in plan.units]
+    opened: dict[int, list[int]] = {}  # id(module) -> units it is a module of
+    for u, mods in enumerate(unit_modules):
+        for m in mods:
+            opened.setdefault(id(m), []).append(u)
+    before: list[set[int]] = [set() for _ in plan.units]  # unit -> units that must come first
+    for u, mods in enumerate(unit_modules):
+        for m in mods:
+            for d in m.modules():
+                if d is m:
+                    continue
+                for v in opened.get(id(d), ()):
+                    if v != u:
+                        before[u].add(v)
+    # Kahn's algorithm; among the calls that may go next, plan order.
+    waiting = [len(b) for b in before]
+    after: list[list[int]] = [[] for _ in plan.units]
+    for u, deps in enumerate(before):
+        for v in deps:
+            after[v].append(u)
+    ready = [u for u in range(len(plan.units)) if not waiting[u]]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        u = heapq.heappop(ready)
+        order.append(u)
+        for w in after[u]:
+            waiting[w] -= 1
+            if not waiting[w]:
+                heapq.heappush(ready, w)
+    if len(order) < len(plan.units):
+        names = [plan.units[u].name for u in range(len(plan.units)) if waiting[u]]
+        raise ValueError(f"units {names} cannot be applied bottom-up: a grouped unit has modules both "
+                         "inside and outside another unit")
+    return order
+
+
 def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None) -> list:
     """Call torch's ``fully_shard`` on ``model`` (in place) for every unit, bottom-up.
 
     Returns the units in the order applied. Needs an initialised process group and a DeviceMesh.
     ``training`` (a ``sv.Training``) supplies the default mixed precision and offload policies.
-    ``order``: the bottom-up order of ``plan.units`` (``Layout.order``) when the caller already has
-    it; otherwise it is computed here, which walks the model once more.
+    ``order``: the bottom-up order of ``plan.units`` when the caller already has it; otherwise the
+    oracle's own (``bottom_up_order``), read from the module objects, not from the engine.
     """
     import torch.distributed.fsdp as torch_fsdp
     from torch.distributed.fsdp import fully_shard
 
     if order is None:
-        from .fsdp import Layout
-        from .tree import ModelTree
-
-        sv_mesh = Mesh(shard=mesh.shape[-1], replicate=mesh.shape[0] if mesh.ndim == 2 else 1)
-        order = Layout(ModelTree(model), plan, sv_mesh).order
+        order = bottom_up_order(model, plan)
     ignored = {model.get_parameter(f) for f in plan.ignored}
     # every module a call names, found before checkpoint_wrapper changes the names below it
     targets = {m: model.get_submodule(m) for unit in plan.units for m in unit.modules}
@@ -122,8 +164,11 @@ def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None)
 def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None) -> pd.DataFrame:
     """What torch does on ``rank``: one row per parameter name with status, unit and local shape.
 
-    ``order``: as for ``apply_plan`` (the plan's bottom-up order, if already known)."""
-    from torch.distributed.fsdp import fully_shard
+    Everything is read from torch: "sharded" is a DTensor parameter (its unit: the FSDP group
+    holding it); a plain parameter is "ignored" when a module on its path carries FSDP state
+    (some call reached it and left it alone: only ``ignored_params`` does that), else "unmanaged".
+    ``order``: as for ``apply_plan`` (default: the oracle's own bottom-up order)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
     from torch.distributed.tensor import DTensor
 
     plan = as_plan(plan)
@@ -138,16 +183,17 @@ def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None) -
             group = state._fsdp_param_group
             for fp in group.fsdp_params if group is not None else ():
                 group_of[id(fp.sharded_param)] = unit.name
-        ignored_ids = {id(copy_.get_parameter(f)) for f in plan.ignored}
+        fsdp_modules = {name for name, m in copy_.named_modules(remove_duplicate=False) if isinstance(m, FSDPModule)}
         rows = []
         for fqn, p in copy_.named_parameters(remove_duplicate=False):
             if isinstance(p, DTensor):
                 status, shape = "sharded", tuple(p.to_local().shape)
                 placements = tuple(str(x) for x in p.placements)
             else:
-                status, shape, placements = "unmanaged", tuple(p.shape), ()
-            if status != "sharded" and id(p) in ignored_ids:
-                status = "ignored"
+                parts = fqn.split(".")[:-1]
+                path = [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
+                status = "ignored" if any(m in fsdp_modules for m in path) else "unmanaged"
+                shape, placements = tuple(p.shape), ()
             rows.append({"fqn": fqn, "status": status, "unit": group_of.get(id(p)), "local_shape": shape,
                          "placements": placements})
     return pd.DataFrame(rows)
@@ -170,8 +216,9 @@ def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None) -> pd.D
     shard_placements = (Replicate(), Shard(0)) if mesh.is_hsdp else (Shard(0),)
     want_placements = tuple(str(x) for x in shard_placements)
     rows = []
+    order = bottom_up_order(model, plan)  # torch's order, found on the model, not the engine's
     for rank in ranks if ranks is not None else default_ranks(mesh.world):
-        actual = torch_layout(model, plan, mesh, rank, order=predicted.layout.order)
+        actual = torch_layout(model, plan, mesh, rank, order=order)
         for rec in actual.itertuples(index=False):
             lay = predicted.layout
             p = predicted.tree.param_index[rec.fqn]
@@ -179,6 +226,8 @@ def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None) -> pd.D
             unit = lay.alias_unit(rec.fqn)
             if status == "sharded" and unit < 0:  # a tied alias left outside every call (SV006)
                 status = "unmanaged"
+            if status == "ignored" and lay.would_be_unit[p] < 0:
+                status = "unmanaged"  # listed as ignored, but no call reaches it: torch cannot tell
             expect = {
                 "status": status,
                 "unit": predicted.unit_label(unit),

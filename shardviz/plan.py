@@ -155,6 +155,10 @@ class Plan:
                 return unit
         return None
 
+    def with_units(self, units) -> "Plan":
+        """The same plan (ignored, checkpointed, name) with these calls instead."""
+        return Plan(units, self.ignored, self.name, self.checkpoint)
+
     def with_unit(self, unit) -> "Plan":
         unit = Unit.from_obj(unit)
         return Plan(self.units + (unit,), self.ignored, self.name, self.checkpoint)

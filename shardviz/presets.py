@@ -19,41 +19,82 @@ def subtree_numel(tree: ModelTree) -> list[int]:
 
 
 def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
-    """The repeated blocks: children of every outermost ModuleList whose children share one class
-    and that holds at least ``min_share`` of the parameters (Llama's layers; an encoder's and a
-    decoder's layers; not the experts inside a block)."""
+    """The repeated blocks: the children of every outermost ModuleList that holds at least
+    ``min_share`` of the parameters (Llama's layers; an encoder's and a decoder's layers; not the
+    experts inside a block). One block is enough (a 1-layer model), and the blocks may differ in
+    class: a hybrid stack (attention, Mamba, cross-attention layers) is still the list to shard,
+    one call per layer, as torchtitan does. A child that is itself a bare ModuleList/ModuleDict
+    (Funnel's ``encoder.blocks.0``) is opened, since ``fully_shard`` refuses such a container;
+    a child without parameters gets no call. When no list reaches ``min_share`` (BLT, where hash
+    embeddings hold 95 % of the parameters), every outermost list is taken."""
     numel = subtree_numel(tree)
     blocks: list[int] = []
     lists: list[int] = []
+
+    def add(module: int) -> None:
+        info = tree.modules[module]
+        if numel[module] == 0:
+            return
+        if info.bare_container:
+            for child in info.children:
+                add(child)
+        else:
+            blocks.append(module)
+
     for info in tree.modules:  # preorder: an outer list is seen before the lists inside it
-        if info.type_name != "ModuleList" or len(info.children) < 2:
+        if info.type_name != "ModuleList" or not info.children or info.index == 0:
             continue
         if any(tree.is_inside(info.index, outer) for outer in lists):
             continue
-        kinds = {tree.modules[c].type_name for c in info.children}
-        if len(kinds) == 1 and numel[info.index] >= min_share * max(numel[0], 1):
+        if numel[info.index] >= min_share * max(numel[0], 1):
             lists.append(info.index)
-            blocks.extend(info.children)
+            for child in info.children:
+                add(child)
+    if not blocks and min_share > 0:  # every list is small next to the rest (BLT's hash embeddings): take them all
+        return find_blocks(tree, 0.0)
     return blocks
 
 
+def children_with_params(tree: ModelTree, module: int) -> list[int]:
+    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
+    numel = subtree_numel(tree)
+    out: list[int] = []
+
+    def add(m: int) -> None:
+        if numel[m] == 0 and not tree.modules[m].params:
+            return
+        if tree.modules[m].bare_container:
+            for c in tree.modules[m].children:
+                add(c)
+        else:
+            out.append(m)
+
+    for c in tree.modules[module].children:
+        add(c)
+    return out
+
+
 def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
-    """Climb from ``module`` while the parent does not contain any module in ``avoid``."""
+    """Climb from ``module`` while the parent does not contain any module in ``avoid``, is not the
+    root (the root has its own call) and is not a bare container (``fully_shard`` refuses one)."""
     while True:
         parent = tree.modules[module].parent
-        if parent < 0 or any(tree.is_inside(a, parent) for a in avoid):
+        if parent <= 0 or tree.modules[parent].bare_container or any(tree.is_inside(a, parent) for a in avoid):
             return module
         module = parent
 
 
 def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan:
-    blocks = find_blocks(tree)
+    if tree.modules[0].bare_container:  # a ModuleList as the model: no root call, one per child
+        blocks = children_with_params(tree, 0)
+    else:
+        blocks = find_blocks(tree)
     in_block = lambda m: any(tree.is_inside(m, b) for b in blocks)  # noqa: E731
 
     # Embeddings: Embedding modules outside the blocks, climbed as far as they stay apart.
     embed_modules = [
         m.index for m in tree.modules if "Embedding" in m.type_name and m.params and not in_block(m.index)
-        and all(tree.params[p].role == "base" for p in m.params)
+        and m.index != 0 and not m.bare_container and all(tree.params[p].role == "base" for p in m.params)
     ]
     embeds = list(dict.fromkeys(_topmost_without(tree, e, blocks) for e in embed_modules))
 
@@ -85,11 +126,47 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
         units = [fqn(a) for a in adapters] + units
     elif lora == "ignored":
         ignored = [p.fqn for p in tree.params if p.role == "lora"]
+    # fully_shard refuses 0-dim parameters (SV002): keep them out of FSDP (CLIP's logit_scale).
+    ignored += [p.fqn for p in tree.params if not p.shape and p.fqn not in ignored]
     if embeds:
         units.append(fqn(embeds[0]) if len(embeds) == 1 else [fqn(e) for e in embeds])
     if head:
         units.append(fqn(head[0]) if len(head) == 1 else [fqn(h) for h in head])
-    units.append(Unit(""))
-    wrapped = [fqn(b) for b in blocks] if checkpoint == "blocks" else []
-    label = f"auto (LoRA {lora}" + (", blocks checkpointed)" if wrapped else ")")
-    return Plan(units, ignored, name=label, checkpoint=wrapped)
+    if not tree.modules[0].bare_container:
+        units.append(Unit(""))
+    plan = Plan(units, ignored, name=f"auto (LoRA {lora})")
+    # Blocks that share parameters (Zamba's shared transformer reached from several hybrid layers)
+    # would each make their own sharded copy (SV001): put them in one call.
+    for _ in range(len(plan.units)):
+        from .fsdp import Layout, Mesh
+
+        shared = [f for f in Layout(tree, plan, Mesh(1)).errors if f.code == "SV001"]
+        if not shared:
+            break
+        joined = join_calls(tree, plan, shared[0].fqns)
+        if joined == plan:
+            break
+        plan = joined
+    if checkpoint == "blocks":  # full activation checkpointing of every block, as torchtitan does
+        plan = Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, blocks checkpointed)", [fqn(b) for b in blocks])
+    return plan
+
+
+def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
+    """One call for parameter names now reached by several calls: a call nested inside another is
+    dropped (the outer one takes its parameters), the rest are grouped into one ``fully_shard([...])``."""
+    from .fsdp import Layout, Mesh
+
+    lay = Layout(tree, plan, Mesh(1))
+    calls = sorted({lay.enclosing_unit(f) for f in param_fqns} - {-1})
+    if len(calls) < 2:
+        return plan
+    mods = {u: [tree.module_index[m] for m in plan.units[u].modules] for u in calls}
+    inner = {u for u in calls for v in calls if u != v and all(
+        any(tree.is_inside(m, o) for o in mods[v]) for m in mods[u])}
+    keep = [u for u in calls if u not in inner]
+    joined = [m for u in keep for m in plan.units[u].modules]
+    first = plan.units[keep[0]]
+    merged = Unit(joined, first.reshard_after_forward, first.param_dtype, first.reduce_dtype, first.offload)
+    units = [merged if i == keep[0] else u for i, u in enumerate(plan.units) if i not in calls or i == keep[0]]
+    return plan.with_units(units)

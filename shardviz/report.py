@@ -117,7 +117,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     from .widget import views
 
     mesh = mesh or Mesh(8)
-    a = analyze(model, plan, mesh, training, strict=False)
+    a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
     title = title or f"shardviz report: {a.tree.root_type}"
     charts = [_chart("memory", views.memory_payload(a)), _chart("traffic", views.traffic_payload(a))]
     comparison_html = ""

@@ -29,6 +29,7 @@ class ParamInfo:
     requires_grad: bool
     role: str  # "base" or "lora"
     owners: tuple[int, ...]  # modules that register it directly (recurse=False)
+    contiguous: bool = True  # fully_shard raises NotImplementedError on a non-contiguous parameter
     # Derived once here: analyses read them for every parameter on every toggle.
     numel: int = field(init=False)
     itemsize: int = field(init=False)
@@ -60,6 +61,8 @@ class ModuleInfo:
     n_buffers: int = 0
     subtree_end: int = 0  # preorder index one past the last descendant
     aliases: tuple[str, ...] = ()  # other names of a module reachable along two paths
+    # A ModuleList / ModuleDict that keeps nn.Module's forward: fully_shard refuses it as a call.
+    bare_container: bool = False
 
 
 def _tuner_layer_type():
@@ -106,6 +109,8 @@ class ModelTree:
         # every parameter it registers is an adapter parameter.
         stack: list[tuple[nn.Module, str, int, int, bool]] = [(model, "", -1, 0, False)]
         pop, push = stack.pop, stack.append
+        shared_again: list[tuple[str, int]] = []  # (other name, module index) of a module reached twice
+        bare: dict[type, bool] = {}  # per class: a ModuleList / ModuleDict without a forward of its own
         while stack:
             module, fqn, parent, depth, in_adapter = pop()
             slot_of_module = module_slot.get(id(module))
@@ -113,6 +118,7 @@ class ModelTree:
                 info = modules[slot_of_module]
                 info.aliases = info.aliases + (fqn,)
                 module_index[fqn] = slot_of_module
+                shared_again.append((fqn, slot_of_module))
                 continue
             index = len(modules)
             module_slot[id(module)] = index
@@ -142,8 +148,12 @@ class ModelTree:
                     if b is not None:
                         n_buffers += 1
                         buffer_bytes += b.numel() * b.element_size()
-            info = ModuleInfo(index, fqn, type(module).__name__, parent, depth, [], tuple(own),
-                              buffer_bytes, n_buffers)
+            cls = type(module)
+            container = bare.get(cls)
+            if container is None:
+                container = bare[cls] = issubclass(cls, (nn.ModuleList, nn.ModuleDict)) and cls.forward is nn.Module.forward
+            info = ModuleInfo(index, fqn, cls.__name__, parent, depth, [], tuple(own), buffer_bytes, n_buffers,
+                              bare_container=container)
             modules.append(info)
             module_index[fqn] = index
             if parent >= 0:
@@ -169,6 +179,19 @@ class ModelTree:
         for info in reversed(modules):
             info.subtree_end = modules[info.children[-1]].subtree_end if info.children else info.index + 1
 
+        # A module reached along a second path (Zamba's shared block): its whole subtree, modules and
+        # parameters, is reachable under that name too, as named_parameters(remove_duplicate=False) lists.
+        for alias, index in shared_again:
+            base = self.modules[index].fqn
+            for m in range(index, self.modules[index].subtree_end):
+                info = self.modules[m]
+                if m != index:
+                    self.module_index.setdefault(alias + info.fqn[len(base):], m)
+                for slot in info.params:
+                    for name in list(param_names[slot]):
+                        if name.startswith(base + ".") and alias + name[len(base):] not in param_names[slot]:
+                            param_names[slot].append(alias + name[len(base):])
+
         by_names = tuner_type is None or not lora_ids
         param_index = self.param_index
         for slot, p in enumerate(param_objs):
@@ -179,7 +202,7 @@ class ModelTree:
                 role = "lora" if id(p) in lora_ids else "base"
             self.params.append(
                 ParamInfo(slot, names, tuple(p.shape), p.dtype, bool(p.requires_grad), role,
-                          tuple(param_owners[slot]))
+                          tuple(param_owners[slot]), contiguous=bool(p.is_contiguous()))
             )
             for n in names:
                 param_index[n] = slot

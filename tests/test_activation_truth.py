@@ -121,3 +121,36 @@ def test_no_batch_means_model_state_only():
     state_only = sv.analyze(model, sv.Plan.auto(model), FSDP8, sv.Training())
     assert (state_only.memory.activations == 0).all()
     assert int(state_only.memory.peak.max()) < int(a.memory.peak.max())
+
+
+# -- findings that follow from activations -----------------------------------------------------------
+def test_use_cache_with_checkpointing_is_a_finding():
+    model = LLAMA_LORA()
+    ckpt = sv.Plan.auto(model, checkpoint="blocks")
+    assert model.config.use_cache  # transformers' default for causal LMs
+    codes = lambda plan: [f.code for f in sv.analyze(model, plan, FSDP8).findings]  # noqa: E731
+    assert "SV113" in codes(ckpt) and "SV113" not in codes(sv.Plan.auto(model))
+    model.config.use_cache = False
+    assert "SV113" not in codes(ckpt)
+
+
+def test_memory_finding_names_the_cheapest_change_that_fits():
+    model = LLAMA_LORA()
+    training = step()
+    ignored = sv.Plan.auto(model, lora="ignored")
+
+    def peak(plan, mesh=FSDP8, t=training):
+        return int(sv.analyze(model, plan, mesh, t).memory.peak.max())
+
+    base, sharded = peak(ignored), peak(sv.Plan.auto(model, lora="sharded"))
+    checkpointed = peak(sv.Plan.auto(model, lora="ignored", checkpoint="blocks"))
+    assert sharded < base and checkpointed < base
+    # room for LoRA sharded: that is the cheapest fix, though checkpointing would fit too
+    fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=max(sharded, checkpointed)),
+                                     training).findings if f.code == "SV201").fix
+    assert fix.startswith("cheapest fix: shard the LoRA adapters") and "checkpoint every block" in fix
+    # room only for checkpointing (activations dominate: sharding the adapters saves far less)
+    assert checkpointed < sharded
+    fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=checkpointed), training).findings
+               if f.code == "SV201").fix
+    assert fix.startswith("cheapest fix: checkpoint every block") and f"peak {sv.cost.format_bytes(checkpointed)}" in fix

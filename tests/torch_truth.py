@@ -353,7 +353,8 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
 
     def step():
         _PHASE[0] = "forward"
-        loss = model(input_ids=ids, labels=ids).loss
+        # a training step: no key/value cache (what sv measures; see docs/activations.md, use_cache)
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         _PHASE[0] = "backward"
         loss.backward()
         _PHASE[0] = "optimizer"

@@ -298,8 +298,18 @@ class Inspector(anywidget.AnyWidget):
             self.summary = self._summary()
         if "verify" in changed:
             self.verify_result = dict(self.controller.verify_result or {})
+        if "findings" in changed:  # the target release changed: same plan, other findings
+            self.findings = self.controller.findings
+            self.summary = self._summary()
 
     def _on_tab(self, change) -> None:
+        if change["name"] == "torch_version":
+            # the findings follow the export's target release (SV101 before 2.7, SV110 before 2.5)
+            try:
+                self.controller.set_torch_version(self.torch_version or None)
+            except ValueError as exc:
+                self.controller._message("error", str(exc))
+                self._push_messages()
         if self.tab == "export":
             self._push_code()
 

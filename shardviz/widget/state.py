@@ -77,6 +77,7 @@ class InspectorState:
         self._code_cache: dict = {}
         self.verify_result: dict | None = None
         self.last_reveal: str | None = None
+        self.torch_version: str | None = None  # the export target; the findings follow it (set_torch_version)
         self.pinned: Snapshot | None = None  # "A" of the A vs B view (see pin())
         self._pinned_analysis: Analysis | None = None
 
@@ -148,7 +149,24 @@ class InspectorState:
     # recompute
     # ------------------------------------------------------------------------------------
     def _analyze(self, snap: Snapshot) -> Analysis:
-        return analyze(self.tree, snap.plan, snap.mesh, snap.training, strict=False)
+        return analyze(self.tree, snap.plan, snap.mesh, snap.training, strict=False,
+                       torch_version=getattr(self, "torch_version", None))
+
+    def set_torch_version(self, version: str | None) -> None:
+        """The release the exported code targets ("2.6", ...; None or "": the installed torch).
+        The findings follow it (SV101: ignored parameters before 2.7; SV110: groups before 2.5)."""
+        version = version or None
+        if version is not None:
+            from ..fsdp import parse_version
+
+            parse_version(version)  # ValueError for a bad string, nothing changed
+        if version == self.torch_version:
+            return
+        self.torch_version = version
+        self.analysis.torch_version = version
+        self.analysis.__dict__.pop("findings", None)  # a cached_property: recomputed for the new release
+        self._derived.pop("findings", None)
+        self._notify({"findings"})
 
     def _recompute(self, snap: Snapshot, analysis: Analysis | None = None) -> None:
         """Make ``analysis`` current; every derived view is rebuilt lazily, on first use."""

@@ -1,0 +1,64 @@
+"""How long measuring a step's activations takes (shardviz.activations.measure_activations).
+
+Llama-3-70B + LoRA (meta, 80 layers) at batch 1 / seq 8192, bf16 compute, LoRA kept whole in fp32:
+cold (first measurement: reduced copy, fake forward+backward under MemTracker, extrapolation),
+warm (same question again: cache), and a toggle (checkpoint a middle block: the measurement is
+reused, only the extrapolation runs), plus a fully checkpointed plan. The tree walk is timed
+apart (callers that already have a ModelTree pass it). Not a test: numbers depend on the load.
+Run: .venv/bin/python benchmarks/bench_activations.py [--model llama3_70b] [--seq 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+from shardviz import zoo  # noqa: E402
+from shardviz.activations import clear_cache, measure_activations  # noqa: E402
+from shardviz.cost import format_bytes  # noqa: E402
+from shardviz.tree import ModelTree  # noqa: E402
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama3_70b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=8192)
+    args = ap.parse_args()
+
+    t_build, model = timed(lambda: zoo.build(args.model, lora=True))
+    t_tree, tree = timed(lambda: ModelTree(model))
+    lora = {p.fqn for p in tree.params if p.role == "lora"}
+    kw = {"param_dtype": "bfloat16", "whole_params": lora, "tree": tree}
+    clear_cache()
+    t_cold, prof = timed(lambda: measure_activations(model, args.batch, args.seq, **kw))
+    t_warm, _ = timed(lambda: measure_activations(model, args.batch, args.seq, **kw))
+    middle = prof.blocks[len(prof.blocks) // 2]
+    t_toggle, one = timed(lambda: measure_activations(model, args.batch, args.seq, checkpoint=[middle], **kw))
+    t_all, ck = timed(lambda: measure_activations(model, args.batch, args.seq, checkpoint=prof.blocks, **kw))
+
+    print(f"{args.model} + LoRA, batch {args.batch}, seq {args.seq}, bf16 compute, LoRA whole in fp32")
+    print(f"  build (meta)            {t_build:7.2f} s   (not part of the measurement)")
+    print(f"  ModelTree walk          {t_tree:7.2f} s   (skipped when the caller passes tree=)")
+    print(f"  cold measurement        {t_cold:7.2f} s   ({prof.measured_blocks} block copies run for {len(prof.blocks)} blocks)")
+    print(f"  warm (cached)           {t_warm:7.3f} s")
+    print(f"  toggle one checkpoint   {t_toggle:7.3f} s   (measurement reused)")
+    print(f"  all blocks checkpointed {t_all:7.3f} s")
+    b = prof.at(middle)
+    print(f"  peak activations        {format_bytes(prof.peak_bytes)} ({prof.peak[1]}, at {prof.peak[2] or 'root'})")
+    print(f"  per block saved         {format_bytes(b.saved)}, checkpointed {format_bytes(b.saved_checkpointed)}")
+    print(f"  one block checkpointed  {format_bytes(one.peak_bytes)}; all {format_bytes(ck.peak_bytes)}")
+    print(f"  attention kernel        {', '.join(prof.attention) or 'none seen'}")
+
+
+if __name__ == "__main__":
+    main()

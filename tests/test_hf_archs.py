@@ -1,0 +1,62 @@
+"""Issue 9 as a new user meets it: many transformers architectures, built on meta from small default
+configs, with and without peft LoRA, on FSDP 4 and HSDP 2x3. For every architecture transformers
+itself can build: ``Plan.auto`` gives a plan that strict ``analyze`` accepts, torch's ``fully_shard``
+agrees with it (``verify`` on the last rank, which holds the emptiest shards), and the exported code
+compiles. The types transformers cannot build offline are printed, counted and capped, so a
+regression (in shardviz or in the set that builds) shows.
+
+Timing per architecture goes to ``$SHARDVIZ_ARCH_TIMES`` when set (JSON).
+"""
+
+import copy
+import json
+import os
+import time
+
+import pytest
+
+import shardviz as sv
+from hf_archs import ISSUE_TYPES, Unbuildable, add_lora, build, check, sample_types
+
+N_TYPES = 80  # a deterministic sample of CONFIG_MAPPING (the issue's types first)
+MIN_BUILT = 70  # issue 9 asks for 60; 75 of the 80 build with transformers 5.24
+MESHES = (sv.Mesh(4), sv.Mesh(3, replicate=2))
+
+
+@pytest.mark.slow
+def test_auto_plan_on_hf_architectures():
+    types = sample_types(N_TYPES)
+    built, unbuildable, failures, times = [], {}, {}, {}
+    for model_type in types:
+        t0 = time.perf_counter()
+        base = None
+        for lora in (False, True):
+            label = f"{model_type}{'+lora' if lora else ''}"
+            try:
+                # The LoRA model wraps a copy of the one just built (a meta deepcopy is cheaper than a build).
+                model = build(model_type) if not lora else add_lora(copy.deepcopy(base))
+            except Unbuildable as exc:
+                unbuildable[label] = str(exc)
+                if not lora:
+                    break
+                continue
+            base = model if not lora else base
+            for mesh in MESHES:
+                problems = check(model, mesh, ranks=[mesh.world - 1])
+                if problems:
+                    failures[f"{label} on {mesh}"] = problems
+            if not lora:
+                built.append(model_type)
+        times[model_type] = round(time.perf_counter() - t0, 2)
+    if os.environ.get("SHARDVIZ_ARCH_TIMES"):
+        with open(os.environ["SHARDVIZ_ARCH_TIMES"], "w") as fh:
+            json.dump({"times_s": times, "unbuildable": unbuildable, "built": built}, fh, indent=1)
+    slowest = sorted(times.items(), key=lambda kv: -kv[1])[:5]
+    print(f"\n{sum(times.values()):.0f} s for {len(types)} types; slowest: {slowest}")
+    print(f"{len(built)} of {len(types)} architectures built; not buildable from a small config offline:")
+    for label, why in sorted(unbuildable.items()):
+        print(f"  {label}: {why}")
+    assert not failures, json.dumps(failures, indent=1)[:20000]
+    assert len(built) >= MIN_BUILT, f"only {len(built)} built: {unbuildable}"
+    assert set(ISSUE_TYPES) <= set(built), f"issue 9's architectures must build: {set(ISSUE_TYPES) - set(built)}"
+    assert len(unbuildable) <= 20, unbuildable
