@@ -751,8 +751,9 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
     assert ins.handle_action("set_training", {"batch_size": None})["ok"] and ins.training.batch_size is None
     assert ins.handle_action("set_rank", {"rank": 5})["ok"]
     assert ins.controller.view.rank == 5 and ins.controls["rank"] == 5
+    assert ins.controls["preset"] == "auto-sharded"  # the preset menu shows the plan's own preset
     assert ins.handle_action("apply_preset", {"name": "root-only"})["ok"]
-    assert ins.plan == sv.Plan([""])
+    assert ins.plan == sv.Plan([""]) and ins.controls["preset"] == "root-only"
 
 
 def test_widget_checkpoint_actions(model, ins):

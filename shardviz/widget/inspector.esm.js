@@ -207,6 +207,7 @@ function render({ model, el }) {
     const c = model.get("controls") || {};
     if (c.world === undefined) return;
     fillSelect(ctl.preset, c.presets || []);
+    if (c.preset && c.preset !== ctl.preset.dataset.shown) ctl.preset.value = ctl.preset.dataset.shown = c.preset; // the plan's own preset
     fillSelect(ctl.paramDtype, c.dtypes || []);
     fillSelect(ctl.reduceDtype, c.dtypes || []);
     fillSelect(ctl.optimizer, c.optimizers || []);

@@ -167,6 +167,7 @@ class Inspector(anywidget.AnyWidget):
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
             "presets": [[k, v] for k, v in PRESETS.items()],
+            "preset": _preset_of(st.plan.name),
             "dtypes": DTYPES,
             "optimizers": opts,
             # reshard_after_forward: default, True, False, or an int that divides the shard size
@@ -387,6 +388,18 @@ class Inspector(anywidget.AnyWidget):
         if action in ("apply_to_many", "apply_to_type") and kw.get("value", 0) is None:
             del kw["value"]
         return getattr(st, action)(**kw)
+
+
+def _preset_of(name: str) -> str:
+    """The preset a plan's name says it started from ("auto-sharded" for "auto (LoRA sharded), edited: ...")."""
+    from .state import base_name
+
+    base = base_name(name)
+    for key, label in (("auto-sharded", "auto (LoRA sharded"), ("auto-ignored", "auto (LoRA ignored"),
+                       ("auto-separate", "auto (LoRA separate"), ("root-only", "root only"), ("none", "no calls")):
+        if base.startswith(label):
+            return key
+    return "auto-sharded"
 
 
 def _forward(name: str):
