@@ -203,7 +203,7 @@ class Sweep:
         """For each layout, the smallest world size whose peak fits (None if none does)."""
         out = {}
         for layout, rows in self.table.groupby("layout", sort=False):
-            fits = rows[rows.fits == True]
+            fits = rows[rows.fits == True]  # noqa: E712 - None means unknown
             out[layout] = int(fits.world.min()) if len(fits) else None
         return out
 

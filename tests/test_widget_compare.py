@@ -17,7 +17,7 @@ L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
 Q0 = L0 + ".self_attn.q_proj"
 MESH = sv.Mesh(shard=4)
-from shardviz.widget.state import DEFAULT_TRAINING
+from shardviz.widget.state import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
 
 
 @pytest.fixture(scope="module")

@@ -209,7 +209,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     try:
         bg = widget.evaluate("el => getComputedStyle(el).backgroundColor")
         axis = widget.locator(".sv-memory text.sv-axis").first.evaluate("el => getComputedStyle(el).fill")
-        lum = lambda c: sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3
+        lum = lambda c: sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3  # noqa: E731
         assert lum(bg) < 100 and lum(axis) > 120, (bg, axis)
         assert no_clipping(widget) == []
         save_screenshot(widget, "inspector_labels_dark")

@@ -95,7 +95,7 @@ def test_report_dark(tmp_path, chromium_browser):
     context, page, _, errors = open_offline(chromium_browser, path, dark=True)
     fill = page.locator(".sv-memory-svg text.sv-axis").first.evaluate("el => getComputedStyle(el).fill")
     bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
-    lum = lambda c: sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3
+    lum = lambda c: sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3  # noqa: E731
     assert lum(bg) < 60 and lum(fill) > 120, (bg, fill)
     helpers.save_screenshot(page, "report-dark")
     assert errors == []
