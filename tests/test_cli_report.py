@@ -13,7 +13,8 @@ def test_report_writes_one_offline_file(tmp_path, capsys):
                "--device-memory", "80GiB", "-o", str(out)])
     assert rc == 0 and out.exists()
     text = out.read_text()
-    assert text.count("<script") >= 3 and "Plotly" in text  # plotly.js inlined, one chart script each
+    # the Inspector's chart code inlined (charts.js), one JSON payload per chart
+    assert "function drawMemory" in text and text.count('<script type="application/json">') >= 3
     assert not re.search(r"<script[^>]*\ssrc=|<link[^>]*\shref=|<img[^>]*\ssrc=\"http", text)  # nothing to fetch
     assert "LoRA separate" in text and "SV102" in text and "get_submodule" in text
     assert "wrote" in capsys.readouterr().err

@@ -17,8 +17,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState
-from shardviz.widget import views
+from shardviz.widget import Inspector, InspectorState, views
 from shardviz.widget.tree_view import MAX_FILTER_ROWS, Folding
 
 L0 = "base_model.model.model.layers.0"
@@ -59,8 +58,10 @@ def assert_numbers_match(model, st):
             row = table[table["rank"] == rank].iloc[0]
             assert bar["peak"] == int(row["peak"])
             assert sum(bar["parts"].values()) == int(row["peak"])  # the stack sums to the peak
-            assert bar["parts"]["optimizer"] == int(row["optimizer"])
-            assert bar["parts"]["params_sharded"] + bar["parts"]["params_whole"] == int(row["params"])
+            assert bar["parts"] == views.peak_breakdown(a, rank)  # the one breakdown, not a split of its own
+            assert list(bar["parts"]) == list(views.PEAK_PARTS)
+            assert bar["parts"]["optimizer states"] == int(row["optimizer"])
+            assert bar["parts"]["sharded params"] + bar["parts"]["whole params"] == int(row["params"])
     covered = sorted(r for b in mem["bars"] for r in range(b["first"], b["last"] + 1))
     assert covered == list(range(st.mesh.world))
     comm = a.comm
@@ -99,7 +100,8 @@ def open_path(st, fqn):
 # ---------------------------------------------------------------------------------------------
 def test_starts_with_auto_plan_and_matches_analyze(model, st):
     assert st.plan == sv.Plan.auto(model)
-    assert st.mesh == MESH and st.training == sv.Training()
+    # the README table's training (benchmarks/bench_table.py), not the model's dtype
+    assert st.mesh == MESH and st.training == sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
     assert not st.can_undo and not st.can_redo
     assert_numbers_match(model, st)
 
@@ -286,7 +288,7 @@ def test_mesh_and_training(model, st):
         st.set_mesh(world=6, replicate=4)
     assert st.mesh.replicate == 2
     st.set_training(optimizer="sgd", param_dtype="bfloat16")
-    assert st.training == sv.Training(optimizer="sgd", param_dtype="bfloat16")
+    assert st.training == sv.Training(optimizer="sgd", param_dtype="bfloat16", reduce_dtype="float32")
     assert_numbers_match(model, st)
     with pytest.raises(ValueError, match="no field"):
         st.set_training(learning_rate=1.0)
@@ -459,7 +461,10 @@ def test_tied_parameters_counted_once():
     assert st.stats.rank_bytes[0] == int(a.params["shard_bytes"].sum())
     assert st.view.static.n_params[0] == len(st.tree.params)
     rows = open_path(st, "head.weight")
-    assert rows["head.weight"]["tied"] and rows["head"]["numel"] == model.head.weight.numel()
+    # a tied parameter counts once, under its first owner: children never add up to more than the parent
+    n = model.head.weight.numel()
+    assert rows["head.weight"]["tied"] and rows["head"]["numel"] == 0 and rows["head"]["tied_numel"] == n
+    assert rows["embed"]["numel"] == n and rows[""]["numel"] == st.view.static.numel[0]
     st.toggle_ignored("head.weight")  # an alias: the canonical name is stored
     assert st.plan.ignored == ("embed.weight",)
     st.toggle_ignored("head.weight")
@@ -709,33 +714,84 @@ def test_widget_view_actions_send_rows(model, ins):
     assert len(wire.msgs("rows")) == n + 1 and "m2" in wire.msgs("rows")[-1]["order"]
 
 
-def test_widget_undo_redo_buttons_and_controls(model, ins):
+def test_widget_controls_are_actions_and_follow_the_state(model, ins):
+    """The controls are drawn by the front end from the ``controls`` trait; every edit is an action
+    (no second widget, no sync guard): a refused edit leaves the state and the trait as they were."""
+    c = ins.controls
+    assert (c["world"], c["replicate"], c["rank"], c["device_gib"]) == (4, 1, 0, None)
+    assert (c["param_dtype"], c["reduce_dtype"], c["optimizer"]) == ("bfloat16", "float32", "adamw")
+    assert c["batch_size"] is None and not c["can_undo"] and c["raf_choices"] == ["default", "true", "false", "2"]
     ins.handle_action("remove_unit", {"fqn": L0})
-    assert not ins.w_undo.disabled and ins.w_redo.disabled
-    ins.w_undo.click()
-    assert ins.plan.unit_of(L0) is not None and not ins.w_redo.disabled
-    ins.w_redo.click()
+    assert ins.controls["can_undo"] and not ins.controls["can_redo"]
+    assert ins.handle_action("undo", {})["ok"]
+    assert ins.plan.unit_of(L0) is not None and ins.controls["can_redo"]
+    assert ins.handle_action("redo", {})["ok"]
     assert ins.plan.unit_of(L0) is None
-    ins.w_world.value = 8
-    assert ins.mesh.world == 8 and ins.w_rank.max == 7
-    ins.w_replicate.value = 2
+    assert ins.handle_action("set_mesh", {"world": 8, "replicate": 1, "device_gib": None})["ok"]
+    assert ins.mesh.world == 8 and ins.controls["world"] == 8
+    assert ins.handle_action("set_mesh", {"world": 8, "replicate": 2})["ok"]
     assert ins.mesh == sv.Mesh(shard=4, replicate=2)
-    ins.w_replicate.value = 3  # 8 is not a multiple of 3: refused, the control goes back
-    assert ins.mesh.replicate == 2 and ins.w_replicate.value == 2
-    assert "not a multiple" in ins.view.messages[-1]["text"]
-    ins.w_device.value = 0.5
-    assert ins.mesh.device_memory == 1024**3 // 2
-    ins.w_optimizer.value = "sgd"
-    ins.w_param_dtype.value = "bfloat16"
-    assert ins.training.optimizer == "sgd" and ins.training.param_dtype == "bfloat16"
+    before = dict(ins.controls)
+    ack = ins.handle_action("set_mesh", {"world": 8, "replicate": 3})  # not a multiple: refused
+    assert not ack["ok"] and "not a multiple" in ack["error"]
+    assert ins.mesh.replicate == 2 and ins.controls == before
+    assert "not a multiple" in ins.messages[-1]["text"]
+    assert ins.handle_action("set_mesh", {"device_gib": 0.5})["ok"]
+    assert ins.mesh.device_memory == 1024**3 // 2 and ins.controls["device_gib"] == 0.5
+    assert ins.handle_action("set_training", {"optimizer": "sgd", "param_dtype": None})["ok"]
+    assert ins.training.optimizer == "sgd" and ins.training.param_dtype is None
+    assert ins.controls["param_dtype"] == "" and "model dtype params" in ins.summary["training"]
     assert_numbers_match(model, ins.controller)
     ins.undo()  # undo restores the training, and the controls follow
-    assert ins.w_param_dtype.value == "" and ins.training.param_dtype is None
-    ins.w_rank.value = 5
-    assert ins.controller.view.rank == 5
-    ins.w_preset.value = "root-only"
-    ins.w_apply.click()
-    assert ins.plan == sv.Plan([""])
+    assert ins.controls["param_dtype"] == "bfloat16" and ins.training.param_dtype == "bfloat16"
+    assert ins.handle_action("set_training", {"batch_size": 2, "seq_len": 64})["ok"]
+    assert (ins.training.batch_size, ins.training.seq_len) == (2, 64) and ins.controls["batch_size"] == 2
+    assert "batch 2 × 64 tokens" in ins.summary["training"]
+    assert not ins.handle_action("set_training", {"batch_size": 0})["ok"]
+    assert ins.handle_action("set_training", {"batch_size": None})["ok"] and ins.training.batch_size is None
+    assert ins.handle_action("set_rank", {"rank": 5})["ok"]
+    assert ins.controller.view.rank == 5 and ins.controls["rank"] == 5
+    assert ins.controls["preset"] == "auto-sharded"  # the preset menu shows the plan's own preset
+    assert ins.handle_action("apply_preset", {"name": "root-only"})["ok"]
+    assert ins.plan == sv.Plan([""]) and ins.controls["preset"] == "root-only"
+
+
+def test_widget_checkpoint_actions(model, ins):
+    blocks = ins.blocks()
+    assert blocks == [L0, L1] and ins.controls["n_blocks"] == 2
+    assert ins.handle_action("toggle_checkpoint", {"fqn": L0})["ok"]
+    assert ins.plan.checkpoint == (L0,) and ins.controls["n_blocks_checkpointed"] == 1
+    assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
+    assert set(ins.plan.checkpoint) == set(blocks) and ins.summary["n_checkpointed"] == 2
+    _order, rows = ins.controller.rows()
+    assert ins.handle_action("checkpoint_blocks", {"on": False})["ok"] and ins.plan.checkpoint == ()
+    bad = ins.handle_action("toggle_checkpoint", {"fqn": ""})  # torch cannot wrap the root
+    assert not bad["ok"] and "root" in bad["error"]
+    ins.reveal(Q0)
+    assert ins.handle_action("apply_to_many", {"targets": group_id(ins.controller), "action": "checkpoint"})["ok"]
+    assert set(ins.plan.checkpoint) == set(blocks)
+    rows = {r["fqn"]: r for r in ins.controller.rows()[1].values() if r["kind"] == "module"}
+    assert rows[L0]["checkpointed"] and rows[L0]["can_checkpoint"] and not rows[""]["can_checkpoint"]
+    nested = ins.handle_action("toggle_checkpoint", {"fqn": Q0})  # inside a checkpointed block
+    assert not nested["ok"] and "inside" in nested["error"]
+
+
+def test_protocol_is_defined_once_and_checked_in_python():
+    from shardviz.widget import protocol
+
+    assert protocol.check_action("toggle_unit", {"fqn": "x"}) is None
+    assert protocol.check_action("nope", {}) == "unknown action 'nope'"
+    assert "takes no argument" in protocol.check_action("toggle_unit", {"fqn": "x", "evil": 1})
+    assert "needs argument" in protocol.check_action("toggle_unit", {})
+    assert "must be int" in protocol.check_action("set_rank", {"rank": "3"})
+    assert protocol.check_action("set_mesh", {"device_gib": None}) is None
+    # every action the front end may send is a method of the state or handled by the widget
+    for name in protocol.ACTIONS:
+        assert hasattr(InspectorState, name) or name in ("set_tab", "set_torch_version"), name
+    # the front end reads the schema from the trait: no list of names of its own
+    esm = (Path(sv.__file__).parent / "widget" / "inspector.esm.js").read_text()
+    assert "FRONT_END_ACTIONS" not in esm and 'model.get("protocol")' in esm
+    assert "model.set(" not in esm and "save_changes" not in esm  # Python writes every trait
 
 
 def test_widget_refuses_unknown_actions_and_arguments(ins):
@@ -790,7 +846,10 @@ def test_python_api_and_figures(model, ins):
     assert ins.plan.unit_of(Q0) is not None and ins.can_undo
     fig = ins.memory_figure()
     bar = ins.controller.memory["bars"][0]
-    total = sum(trace.y[0] for trace in fig.data) * views.GIB
+    # the plotly figure stacks the same parts, in a unit picked for the chart (KiB for the tiny model)
+    assert [trace.name for trace in fig.data] == list(views.PEAK_PARTS)
+    assert fig.layout.yaxis.title.text == "KiB per rank"
+    total = sum(trace.y[0] for trace in fig.data) * 1024
     assert total == pytest.approx(bar["peak"])
     tfig = ins.traffic_figure()
     assert len(tfig.data) == 1 + len(ins.controller.traffic["collectives"])
@@ -808,13 +867,16 @@ def test_front_end_files_ship_and_fetch_nothing():
     css = (here / "inspector.css").read_text()
     assert "export default" in esm and "function render" in esm
     # no imports, no URLs: nothing is fetched at run time (no CDN)
-    assert not re.search(r"^\s*import\s", esm, re.M)
+    assert not re.search(r"^\s*import\s", esm, re.MULTILINE)
     assert not re.search(r"\bimport\(", esm)
-    urls = re.findall(r"https?://[^\s\"')]+", esm + css)
+    charts = (here / "charts.js").read_text()
+    assert not re.search(r"^\s*(import|export)\s", charts, re.MULTILINE)  # also a classic <script> (the report)
+    urls = re.findall(r"https?://[^\s\"')]+", esm + css + charts)
     assert urls == ["http://www.w3.org/2000/svg"]  # the SVG namespace name, never fetched
     assert "@import" not in css and "url(" not in css
     assert "--jp-layout-color0" in css  # follows JupyterLab's theme
-    assert Inspector(nn.Linear(2, 2), mesh=sv.Mesh(shard=2)).view._esm == esm
+    charts = (here / "charts.js").read_text()
+    assert Inspector(nn.Linear(2, 2), mesh=sv.Mesh(shard=2))._esm == charts + "\n" + esm
 
 
 def test_sv_exports_inspector():

@@ -10,14 +10,14 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState
-from shardviz.widget import views
-from shardviz.widget.inspector import FRONT_END_ACTIONS
+from shardviz.widget import Inspector, InspectorState, views
+from shardviz.widget.protocol import ACTIONS as FRONT_END_ACTIONS
 
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
 Q0 = L0 + ".self_attn.q_proj"
 MESH = sv.Mesh(shard=4)
+from shardviz.widget.state import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def st(model):
     return InspectorState(model, mesh=MESH)
 
 
-def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, training=None):
+def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, training=DEFAULT_TRAINING):
     """The view's table and diff equal ``sv.compare`` of the two plans (fresh tree) and ``sv.analyze``."""
     cmp = sv.compare(model, {"A": plan_a, "B": plan_b}, mesh=mesh, training=training)
     table = cmp.table
@@ -127,8 +127,8 @@ def test_mesh_change_after_pin(model, st):
     st.set_mesh(world=8)
     view = st.comparison
     assert not view["same_mesh"] and view["b"]["mesh"] == str(st.mesh)
-    a = sv.analyze(model, st.pinned.plan, MESH, strict=False)
-    b = sv.analyze(model, st.plan, st.mesh, strict=False)
+    a = sv.analyze(model, st.pinned.plan, MESH, DEFAULT_TRAINING, strict=False)
+    b = sv.analyze(model, st.plan, st.mesh, DEFAULT_TRAINING, strict=False)
     got = {r["key"]: (r["a"], r["b"]) for r in view["rows"]}
     assert got["peak"] == (int(a.memory["peak"].max()), int(b.memory["peak"].max()))
     assert got["params"][0] != got["params"][1]  # sharded 8 ways instead of 4
@@ -157,7 +157,7 @@ def test_widget_pin_and_unpin_actions(model):
     assert shown["revision"] == ins.controller.revision
     assert_view_equals_compare(model, shown, a_plan, ins.plan)
     assert {d["fqn"] for d in shown["diff"]} == set(ins.lora_params(L0))
-    assert ins.pinned.plan == a_plan and ins.comparison == {k: v for k, v in shown.items() if k != "revision"}
+    assert ins.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
     assert ins.handle_action("unpin", {})["ok"]
     assert ins.view.comparison["pinned"] is False and ins.view.summary["pinned"] is False
     assert not ins.handle_action("pin", {"fqn": L0})["ok"]  # pin takes no argument

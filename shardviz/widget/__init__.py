@@ -4,12 +4,15 @@
 - ``tree_view``: folding repeated blocks, per-module badges and bytes, the visible rows;
 - ``views``: the chart and findings payloads, read from ``sv.analyze``, and plotly figures;
 - ``planfile``: the atomically saved, restorable plan file;
-- ``inspector.Inspector``: ipywidgets controls + the anywidget front end
-  (``inspector.esm.js``, ``inspector.css``: shipped files, no build step, no network).
+- ``protocol``: the message schema both halves check;
+- ``inspector.Inspector``: one anywidget, controls included (``charts.js`` + ``inspector.esm.js``,
+  ``inspector.css``: shipped files, no build step, no network);
+- ``chart.Chart``: one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
 """
 
+from .chart import Chart
 from .inspector import Inspector, InspectorView
 from .planfile import PlanFileError
 from .state import InspectorState
 
-__all__ = ["Inspector", "InspectorState", "InspectorView", "PlanFileError"]
+__all__ = ["Chart", "Inspector", "InspectorState", "InspectorView", "PlanFileError"]

@@ -1,96 +1,21 @@
 // shardviz Inspector front end (anywidget ESM; no build step, no imports, nothing fetched).
+// charts.js is concatenated in front of this file by Python (inspector.py): the chart drawing.
 //
-// Python (shardviz/widget/inspector.py) is the single source of every number: this file only
-// draws what it is sent and sends back what the user clicked.
-//   traits:   summary, memory, traffic, findings, comparison, code, verify_result, messages, tab,
-//             torch_version
-//   messages: {type:"rows", order?, rows, reset}  visible rows that changed (virtualised list)
-//             {type:"reveal", id}                  scroll to a row and flash it
-//             {type:"ack", req, ok, error}          answer to each request
-//   we send:  {type:"hello"} on render, {type:"action", action, args, req} on every click
+// Python (shardviz/widget/inspector.py) is the single source of every number and writes every
+// trait; this file only draws what it is sent and sends back what the user did, as actions.
+//   traits:   controls, summary, memory, traffic, findings, comparison, code, verify_result,
+//             messages, tab, torch_version, protocol (the message schema, protocol.py)
+//   messages: {type:"rows", order?, rows, reset, matches}  visible rows that changed (virtualised)
+//             {type:"reveal", id}                            scroll to a row and flash it
+//             {type:"ack", req, ok, error}                    answer to each request
+//   we send:  {type:"hello"} on render, {type:"action", action, args, req} on every user action,
+//             each checked against the protocol first (checkAction) - Python checks it again.
+
 
 const ROW_H = 26;
 const OVERSCAN = 12;
 const MAX_TREE_H = 390;
-const GIB = 1024 ** 3;
-const CAT_CLASS = {
-  params_sharded: "sv-c0",
-  params_whole: "sv-c1",
-  buffers: "sv-c2",
-  optimizer: "sv-c3",
-  grads_at_peak: "sv-c4",
-  peak_transient: "sv-c5",
-};
-const COLL_CLASS = { all_gather: "sv-c0", reduce_scatter: "sv-c3", all_reduce: "sv-c4" };
 
-// ---------------------------------------------------------------------------------------------
-// small helpers
-// ---------------------------------------------------------------------------------------------
-function h(tag, attrs = {}, ...kids) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k === "class") el.className = v;
-    else if (k === "text") el.textContent = v;
-    else if (k === "title") el.title = v;
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const kid of kids.flat()) {
-    if (kid === null || kid === undefined || kid === false) continue;
-    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
-  }
-  return el;
-}
-
-const SVGNS = "http://www.w3.org/2000/svg";
-function s(tag, attrs = {}, ...kids) {
-  const el = document.createElementNS(SVGNS, tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === undefined || v === null) continue;
-    if (k === "class") el.setAttribute("class", v);
-    else if (k === "text") el.textContent = v;
-    else el.setAttribute(k, String(v));
-  }
-  for (const kid of kids.flat()) if (kid) el.append(kid);
-  return el;
-}
-
-export function fmtBytes(n) {
-  if (n === null || n === undefined || Number.isNaN(n)) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n);
-  let i = 0;
-  while (Math.abs(v) >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i += 1;
-  }
-  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
-}
-
-export function fmtCount(n) {
-  if (n === null || n === undefined) return "–";
-  const v = Number(n);
-  if (v >= 1e12) return `${(v / 1e12).toFixed(2)}T`;
-  if (v >= 1e9) return `${(v / 1e9).toFixed(2)}B`;
-  if (v >= 1e6) return `${(v / 1e6).toFixed(2)}M`;
-  if (v >= 1e3) return `${(v / 1e3).toFixed(1)}K`;
-  return String(v);
-}
-
-function fmtShape(shape) {
-  return `(${shape.join(", ")}${shape.length === 1 ? "," : ""})`;
-}
-
-function niceStep(max, ticks = 5) {
-  if (!(max > 0)) return 1;
-  const raw = max / ticks;
-  const mag = 10 ** Math.floor(Math.log10(raw));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * mag >= raw) return m * mag;
-  return 10 * mag;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Python syntax highlighting (enough for the exported module), themed by JupyterLab's CSS vars
 // ---------------------------------------------------------------------------------------------
 const PY_KEYWORDS = new Set(
@@ -108,7 +33,7 @@ function escapeHtml(t) {
   return t.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
-export function highlightPython(src) {
+function highlightPython(src) {
   let out = "";
   let last = 0;
   let prevWord = "";
@@ -135,6 +60,34 @@ export function highlightPython(src) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the message schema (protocol.py, sent as the "protocol" trait): the same checks as Python's
+// ---------------------------------------------------------------------------------------------
+function kindOk(value, kind) {
+  const kinds = kind.split("|");
+  if (value === null || value === undefined) return kinds.includes("null") || kinds.includes("any");
+  return kinds.some(
+    (k) =>
+      k === "any" ||
+      (k === "str" && typeof value === "string") ||
+      (k === "bool" && typeof value === "boolean") ||
+      (k === "int" && Number.isInteger(value)) ||
+      (k === "number" && typeof value === "number" && Number.isFinite(value)) ||
+      (k === "list" && Array.isArray(value)),
+  );
+}
+
+function checkAction(protocol, action, args) {
+  const spec = ((protocol || {}).actions || {})[action];
+  if (!spec) return `unknown action '${action}'`;
+  const unknown = Object.keys(args).filter((a) => !(a in spec)).sort();
+  if (unknown.length) return `action '${action}' takes no argument(s) ${JSON.stringify(unknown)}`;
+  const missing = ((protocol.required || {})[action] || []).filter((a) => !(a in args));
+  if (missing.length) return `action '${action}' needs argument(s) ${JSON.stringify(missing)}`;
+  for (const [k, v] of Object.entries(args)) if (!kindOk(v, spec[k])) return `action '${action}': argument '${k}' must be ${spec[k]}`;
+  return null;
+}
+
+// ---------------------------------------------------------------------------------------------
 // render
 // ---------------------------------------------------------------------------------------------
 function render({ model, el }) {
@@ -146,6 +99,12 @@ function render({ model, el }) {
   let disposed = false;
 
   const send = (action, args = {}, onAck = null) => {
+    const problem = checkAction(model.get("protocol"), action, args);
+    if (problem) {
+      // never sent: Python would refuse it the same way
+      localError(problem);
+      return null;
+    }
     reqSeq += 1;
     const req = reqSeq;
     if (onAck) pending.set(req, onAck);
@@ -158,6 +117,139 @@ function render({ model, el }) {
   // -- skeleton -------------------------------------------------------------------------------
   const summaryEl = h("div", { class: "sv-summary" });
   const messagesEl = h("div", { class: "sv-messages" });
+
+  // -- controls (drawn here, state from the "controls" trait; every edit is an action) ------------
+  const ctl = {};
+  const field = (label, input, title) => h("label", { class: "sv-field", title }, h("span", { class: "sv-field-label", text: label }), input);
+  const numberInput = (cls, attrs = {}) => h("input", { class: `sv-input ${cls}`, type: "number", ...attrs });
+  ctl.preset = h("select", { class: "sv-preset", "aria-label": "preset" });
+  ctl.apply = h("button", { class: "sv-btn sv-apply-preset", text: "apply preset", title: "replace the plan with the preset (undoable)" });
+  ctl.undo = h("button", { class: "sv-btn sv-undo", text: "↶ undo", title: "undo the last change of plan, mesh or training" });
+  ctl.redo = h("button", { class: "sv-btn sv-redo", text: "↷ redo" });
+  ctl.ckptBlocks = h("button", { class: "sv-btn sv-ckpt-blocks", text: "checkpoint all blocks" });
+  ctl.rank = numberInput("sv-rank", { min: 0, "aria-label": "rank" });
+  ctl.world = numberInput("sv-world", { min: 1, "aria-label": "world size" });
+  ctl.replicate = numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" });
+  ctl.device = numberInput("sv-device", { min: 0, step: "any", placeholder: "no limit", "aria-label": "device memory in GiB" });
+  ctl.paramDtype = h("select", { class: "sv-param-dtype", "aria-label": "param dtype" });
+  ctl.reduceDtype = h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" });
+  ctl.optimizer = h("select", { class: "sv-optimizer", "aria-label": "optimizer" });
+  ctl.offload = h("input", { class: "sv-offload", type: "checkbox", "aria-label": "CPU offload" });
+  ctl.batch = numberInput("sv-batch", { min: 1, placeholder: "none", "aria-label": "batch size" });
+  ctl.seq = numberInput("sv-seq", { min: 1, "aria-label": "sequence length" });
+  const controlsEl = h(
+    "div",
+    { class: "sv-controls" },
+    h(
+      "div",
+      { class: "sv-controls-row" },
+      field("preset", ctl.preset),
+      ctl.apply,
+      ctl.undo,
+      ctl.redo,
+      ctl.ckptBlocks,
+      field("rank", ctl.rank, "the rank whose local shard shapes the tree shows"),
+    ),
+    h(
+      "div",
+      { class: "sv-controls-row" },
+      field("world size", ctl.world),
+      field("HSDP replicate", ctl.replicate, "HSDP: copies of the sharded model (shard size = world / replicate)"),
+      field("device GiB", ctl.device, "device memory per rank in GiB (empty: no limit)"),
+      field("param dtype", ctl.paramDtype, "MixedPrecisionPolicy(param_dtype): the dtype parameters are all-gathered and computed in"),
+      field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
+      field("optimizer", ctl.optimizer),
+      field("CPU offload", ctl.offload),
+      field("batch", ctl.batch, "micro-batch per rank; empty: the peak counts the model state only (no activations)"),
+      field("seq len", ctl.seq, "tokens per sample"),
+    ),
+  );
+  const intOrNull = (el) => (el.value.trim() === "" ? null : Math.round(Number(el.value)));
+  ctl.apply.addEventListener("click", () => send("apply_preset", { name: ctl.preset.value }));
+  ctl.undo.addEventListener("click", () => send("undo"));
+  ctl.redo.addEventListener("click", () => send("redo"));
+  ctl.ckptBlocks.addEventListener("click", () => {
+    const c = model.get("controls") || {};
+    send("checkpoint_blocks", { on: c.n_blocks_checkpointed < c.n_blocks });
+  });
+  ctl.rank.addEventListener("change", () => send("set_rank", { rank: intOrNull(ctl.rank) ?? 0 }, renderControlsOnError));
+  const sendMesh = () =>
+    send(
+      "set_mesh",
+      { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0, device_gib: ctl.device.value.trim() === "" ? null : Number(ctl.device.value) },
+      renderControlsOnError,
+    );
+  for (const c of [ctl.world, ctl.replicate, ctl.device]) c.addEventListener("change", sendMesh);
+  const sendTraining = () =>
+    send(
+      "set_training",
+      {
+        optimizer: ctl.optimizer.value,
+        param_dtype: ctl.paramDtype.value || null,
+        reduce_dtype: ctl.reduceDtype.value || null,
+        offload: ctl.offload.checked,
+        batch_size: intOrNull(ctl.batch),
+        seq_len: intOrNull(ctl.seq) ?? 0,
+      },
+      renderControlsOnError,
+    );
+  for (const c of [ctl.paramDtype, ctl.reduceDtype, ctl.optimizer, ctl.offload, ctl.batch, ctl.seq]) c.addEventListener("change", sendTraining);
+  for (const c of Object.values(ctl)) if (c.tagName === "INPUT") c.addEventListener("keydown", (e) => e.stopPropagation());
+
+  function fillSelect(sel, options) {
+    const key = JSON.stringify(options);
+    if (sel.dataset.options === key) return;
+    sel.dataset.options = key;
+    sel.replaceChildren(...options.map((o) => (Array.isArray(o) ? h("option", { value: o[0], text: o[1] }) : h("option", { value: o, text: o }))));
+  }
+
+  function renderControls() {
+    const c = model.get("controls") || {};
+    if (c.world === undefined) return;
+    fillSelect(ctl.preset, c.presets || []);
+    if (c.preset && c.preset !== ctl.preset.dataset.shown) ctl.preset.value = ctl.preset.dataset.shown = c.preset; // the plan's own preset
+    fillSelect(ctl.paramDtype, c.dtypes || []);
+    fillSelect(ctl.reduceDtype, c.dtypes || []);
+    fillSelect(ctl.optimizer, c.optimizers || []);
+    ctl.world.value = String(c.world);
+    ctl.replicate.value = String(c.replicate);
+    ctl.rank.value = String(c.rank);
+    ctl.rank.max = String(c.world - 1);
+    ctl.device.value = c.device_gib === null ? "" : String(c.device_gib);
+    ctl.paramDtype.value = c.param_dtype;
+    ctl.reduceDtype.value = c.reduce_dtype;
+    ctl.optimizer.value = c.optimizer;
+    ctl.offload.checked = !!c.offload;
+    ctl.batch.value = c.batch_size === null || c.batch_size === undefined ? "" : String(c.batch_size);
+    ctl.seq.value = c.seq_len === null || c.seq_len === undefined ? "" : String(c.seq_len);
+    ctl.undo.disabled = !c.can_undo;
+    ctl.redo.disabled = !c.can_redo;
+    ctl.ckptBlocks.hidden = !c.n_blocks;
+    const all = c.n_blocks && c.n_blocks_checkpointed === c.n_blocks;
+    ctl.ckptBlocks.textContent = all ? `uncheckpoint all ${c.n_blocks} blocks` : `checkpoint all ${c.n_blocks} blocks`;
+    ctl.ckptBlocks.title = c.batch_size
+      ? "wrap every repeated block in checkpoint_wrapper: its activations are recomputed in backward"
+      : "wrap every repeated block in checkpoint_wrapper (activations count once a batch size is given)";
+    ctl.ckptBlocks.classList.toggle("sv-on", !!all);
+    controlsEl.dataset.revision = String(c.revision);
+  }
+  let rafKey = "";
+  function onControls() {
+    renderControls();
+    // the rows' reshard_after_forward menus list controls.raf_choices: redraw them only when those change
+    const key = JSON.stringify((model.get("controls") || {}).raf_choices || []);
+    if (key !== rafKey) {
+      rafKey = key;
+      queueTree();
+    }
+  }
+  function renderControlsOnError(ack) {
+    if (!ack.ok) renderControls(); // refused: the control shows the current state again
+  }
+
+  function localError(text) {
+    messagesEl.append(h("div", { class: "sv-msg sv-msg-error sv-local-error" }, h("span", { text })));
+  }
   const filterText = h("input", {
     class: "sv-filter-text",
     type: "search",
@@ -197,7 +289,7 @@ function render({ model, el }) {
     { class: "sv-row sv-header" },
     h("span", { class: "sv-col-name", text: "module / parameter" }),
     h("span", { class: "sv-col-type", text: "type / dtype" }),
-    h("span", { class: "sv-col-size", text: "size", title: "elements (modules) or shape (parameters)" }),
+    h("span", { class: "sv-col-size", text: "elements", title: "number of elements (modules: every parameter under it, tied ones once) or shape (parameters); bn = billion, mn = million, k = thousand" }),
     h("span", { class: "sv-col-status", text: "status" }),
     h("span", { class: "sv-col-bytes", text: "per rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
     h("span", { class: "sv-col-local", text: "local shard" }),
@@ -220,9 +312,8 @@ function render({ model, el }) {
       "data-tab": key,
       text: label,
       onclick: () => {
-        model.set("tab", key);
-        model.save_changes();
         showTab(key);
+        send("set_tab", { tab: key });
       },
     }),
   );
@@ -248,7 +339,7 @@ function render({ model, el }) {
     findingsPanel,
     exportPanel,
   );
-  const root = h("div", { class: "sv-inspector" }, summaryEl, messagesEl, tree, viewsEl);
+  const root = h("div", { class: "sv-inspector" }, summaryEl, controlsEl, messagesEl, tree, viewsEl);
   el.append(root);
 
   // -- summary and messages --------------------------------------------------------------------
@@ -256,16 +347,19 @@ function render({ model, el }) {
     const sm = model.get("summary") || {};
     summaryEl.replaceChildren();
     if (!sm.model) return;
-    const over = sm.limit && sm.peak > sm.limit;
+    const over = !!(sm.use && sm.use.over);
     const f = sm.findings;
     summaryEl.append(
       h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item", text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} params` }),
-      h("span", { class: "sv-sum-item", text: sm.mesh }),
-      h("span", {
-        class: "sv-sum-item sv-sum-plan",
-        text: `${sm.n_units} calls · ${sm.n_ignored} ignored${sm.plan_name ? ` · ${sm.plan_name}` : ""}`,
-      }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
+      h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
+      h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
+      h(
+        "span",
+        { class: "sv-sum-item sv-sum-plan", title: "the plan's name: the preset it started from, and how many edits since" },
+        h("b", { class: "sv-plan-name", text: sm.plan_name || "custom plan" }),
+        `: ${sm.n_units} calls · ${sm.n_ignored} ignored${sm.n_checkpointed ? ` · ${sm.n_checkpointed} checkpointed` : ""}`,
+      ),
       h(
         "span",
         {
@@ -273,8 +367,8 @@ function render({ model, el }) {
           "data-bytes": sm.peak,
           title: `highest predicted peak of any rank (rank ${sm.worst_rank})`,
         },
-        `peak ${fmtBytes(sm.peak)}`,
-        sm.limit ? ` / ${fmtBytes(sm.limit)}` : "",
+        `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
+        sm.use ? ` · ${sm.use.percent_text} of ${fmtBytes(sm.limit)}` : "",
       ),
       f
         ? h(
@@ -297,9 +391,8 @@ function render({ model, el }) {
           text: `A vs B: peak ${fmtDelta(peak.delta, "bytes")}, ${cmp.n_diff} params differ`,
           onclick: (e) => {
             e.preventDefault();
-            model.set("tab", "compare");
-            model.save_changes();
             showTab("compare");
+            send("set_tab", { tab: "compare" });
           },
         }),
       );
@@ -370,11 +463,9 @@ function render({ model, el }) {
       h("option", { value: "true", text: "RAF True" }),
       h("option", { value: "false", text: "RAF False" }),
     );
-    const sm = model.get("summary") || {};
-    const shard = sm.shard || 1;
-    for (const d of [2, 4, 8, 16]) {
-      if (d < shard && shard % d === 0) sel.append(h("option", { value: String(d), text: `RAF ${d}` }));
-    }
+    // the choices come from Python (controls.raf_choices): the ints that divide the shard size
+    const choices = (model.get("controls") || {}).raf_choices || ["default", "true", "false"];
+    for (const v of choices.slice(3)) sel.append(h("option", { value: v, text: `RAF ${v}` }));
     sel.value = mixed ? "" : value === "default" ? "default" : String(value).toLowerCase();
     sel.addEventListener("change", () => {
       if (sel.value) onchange(sel.value);
@@ -384,7 +475,7 @@ function render({ model, el }) {
   }
 
   function buildRow(id, r) {
-    const indent = r.depth * 10;
+    const indent = r.depth * 6; // deep names keep room at 1280 px (the full name is the tooltip)
     const caret = r.expandable
       ? h("button", {
           class: "sv-caret",
@@ -404,27 +495,44 @@ function render({ model, el }) {
       "data-badge": r.badge.kind,
       role: "row",
     });
-    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: r.kind === "group" ? r.label : r.fqn || "(root)" }, caret);
+    const tip =
+      r.kind === "group" ? r.label : r.kind === "module" ? `${r.fqn || "(root)"} · ${r.type}` : `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}`;
+    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: tip }, caret);
     const actions = h("span", { class: "sv-col-actions" });
     if (r.kind === "module") {
       name.append(h("span", { class: "sv-name", text: r.name }));
       row.append(
         name,
         h("span", { class: "sv-col-type", text: r.type, title: r.type }),
-        h("span", { class: "sv-col-size", text: fmtCount(r.numel), title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters` }),
+        h("span", {
+          class: "sv-col-size",
+          "data-numel": r.numel,
+          text: r.numel === 0 && r.tied_numel > 0 ? "tied" : fmtCount(r.numel),
+          title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters${r.tied_numel > 0 ? `; ${r.tied_numel.toLocaleString()} more in tied parameters, counted under their first module` : ""}`,
+        }),
         h("span", { class: "sv-col-status" }, badge(r.badge)),
         h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
         h("span", { class: "sv-col-local" }),
         actions,
       );
-      actions.append(
-        r.is_unit
-          ? actionBtn("− unit", "sv-act-unit sv-act-remove", r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call", () =>
-              send("toggle_unit", { fqn: r.fqn }),
-            )
-          : actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn: r.fqn })),
-      );
+      if (r.is_unit)
+        actions.append(
+          actionBtn("− unit", "sv-act-unit sv-act-remove", r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call", () =>
+            send("toggle_unit", { fqn: r.fqn }),
+          ),
+        );
+      else if (r.can_unit)
+        actions.append(actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn: r.fqn })));
       if (r.is_unit) actions.append(rarSelect(r.rar, (v) => send("set_reshard_after_forward", { fqn: r.fqn, value: v })));
+      if (r.can_checkpoint)
+        actions.append(
+          actionBtn(
+            r.checkpointed ? "✓ ckpt" : "ckpt",
+            `sv-act-ckpt${r.checkpointed ? " sv-on" : ""}`,
+            r.checkpointed ? "checkpointed (checkpoint_wrapper): click to keep its activations instead" : "wrap in checkpoint_wrapper: recompute its activations in backward",
+            () => send("toggle_checkpoint", { fqn: r.fqn }),
+          ),
+        );
       if (r.n_lora > 0) {
         const ignored = r.lora === "ignored";
         actions.append(
@@ -451,12 +559,21 @@ function render({ model, el }) {
       const all = r.n_units === r.count;
       actions.append(
         all
-          ? actionBtn(`− ${r.count} units`, "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, () =>
+          ? actionBtn("− units", "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, () =>
               send("apply_to_many", { targets: id, action: "remove_unit" }),
             )
-          : actionBtn(`+ ${r.count} units`, "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, () =>
+          : actionBtn("+ units", "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, () =>
               send("apply_to_many", { targets: id, action: "make_unit" }),
             ),
+      );
+      const allCk = r.n_checkpointed === r.count;
+      actions.append(
+        actionBtn(
+          allCk ? "✓ ckpt" : "ckpt",
+          `sv-act-ckpt${allCk ? " sv-on" : ""}`,
+          allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`,
+          () => send("apply_to_many", { targets: id, action: allCk ? "uncheckpoint" : "checkpoint" }),
+        ),
       );
       if (r.n_units > 0)
         actions.append(
@@ -554,7 +671,12 @@ function render({ model, el }) {
       const keep = new Set(order);
       for (const id of rowsById.keys()) if (!keep.has(id)) rowsById.delete(id);
     }
-    filterNote.textContent = msg.truncated ? `${msg.truncated} more matches not shown: refine the filter` : "";
+    filterNote.textContent = msg.filtering && msg.matches === 0
+      ? "nothing matches this filter: no module or parameter has this name, status and role"
+      : msg.truncated
+        ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
+        : "";
+    filterNote.dataset.matches = msg.filtering ? String(msg.matches) : "";
     renderTree();
     tree.dataset.revision = String(msg.revision);
   }
@@ -590,188 +712,16 @@ function render({ model, el }) {
   filterStatus.addEventListener("change", sendFilter);
   filterRole.addEventListener("change", sendFilter);
 
-  // -- memory chart (SVG) ------------------------------------------------------------------------
+  // -- charts (charts.js draws them; the report uses the same functions) ----------------------
   function renderMemory() {
-    const mem = model.get("memory") || {};
-    memoryEl.replaceChildren();
-    memoryEl.append(h("div", { class: "sv-chart-title", text: "Memory per rank at the peak" }));
-    if (!mem.available) {
-      memoryEl.append(h("div", { class: "sv-muted", text: mem.reason || "no memory estimate" }));
-      return;
-    }
-    const bars = mem.bars || [];
-    const cats = mem.categories || [];
-    const W = 520;
-    const H = 250;
-    const padL = 56;
-    const padR = 12;
-    const padT = 22;
-    const padB = 34;
-    const limit = mem.limit || 0;
-    // a limit far above every bar would squash them flat: then it is named, not drawn
-    const limitOnScale = limit && limit <= 4 * (mem.max_peak || 0);
-    const top = Math.max(mem.max_peak || 0, limitOnScale ? limit : 0) * 1.08 || 1;
-    // axis unit: GiB, or MiB/KiB for small models
-    const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
-    const stepG = niceStep(top / unit[0]);
-    const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
-    const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
-    for (let g = 0; g * unit[0] <= top; g += stepG) {
-      const y = yOf(g * unit[0]);
-      svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
-      svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} ${unit[1]}` }));
-    }
-    const n = Math.max(bars.length, 1);
-    const slot = (W - padL - padR) / n;
-    const bw = Math.min(90, slot * 0.7);
-    bars.forEach((b, i) => {
-      const x = padL + slot * i + (slot - bw) / 2;
-      const g = s("g", {
-        class: `sv-mem-bar${limit && b.peak > limit ? " sv-over" : ""}`,
-        "data-first": b.first,
-        "data-last": b.last,
-        "data-peak": b.peak,
-      });
-      let acc = 0;
-      for (const c of cats) {
-        const v = b.parts[c.key] || 0;
-        if (v <= 0) continue;
-        const y1 = yOf(acc + v);
-        const y0 = yOf(acc);
-        const rect = s("rect", {
-          class: `sv-seg ${CAT_CLASS[c.key] || ""}`,
-          x,
-          y: y1,
-          width: bw,
-          height: Math.max(0.5, y0 - y1),
-          "data-cat": c.key,
-          "data-bytes": v,
-        });
-        rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${v.toLocaleString()} B)` }));
-        g.append(rect);
-        acc += v;
-      }
-      g.append(s("text", { class: "sv-bar-label sv-peak-label", x: x + bw / 2, y: yOf(b.peak) - 5, "text-anchor": "middle", "data-bytes": b.peak, text: fmtBytes(b.peak) }));
-      const lab = b.label.length > 14 && n > 4 ? `${b.first}${b.first === b.last ? "" : "–" + b.last}` : b.label;
-      g.append(s("text", { class: "sv-axis", x: x + bw / 2, y: H - padB + 14, "text-anchor": "middle", text: lab }));
-      svg.append(g);
-    });
-    if (limit && !limitOnScale) {
-      svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: padT - 8, "text-anchor": "end", text: `device ${fmtBytes(limit)}: peak uses ${((100 * (mem.max_peak || 0)) / limit).toFixed(1)}%` }));
-    }
-    if (limitOnScale) {
-      const y = yOf(limit);
-      svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
-      svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
-    }
-    svg.append(s("text", { class: "sv-axis", x: padL, y: H - 4, text: `phase of the peak: ${bars.map((b) => b.phase).filter((v, i, a) => v && a.indexOf(v) === i).join(", ") || "–"}` }));
-    memoryEl.dataset.revision = String(mem.revision);
-    memoryEl.dataset.peak = String(mem.max_peak);
-    memoryEl.append(svg);
-    // legend = breakdown of the worst bar
-    const worst = bars.reduce((a, b) => (a && a.peak >= b.peak ? a : b), null);
-    if (worst) {
-      const legend = h("div", { class: "sv-legend" });
-      for (const c of cats) {
-        legend.append(
-          h(
-            "span",
-            { class: "sv-legend-item", "data-cat": c.key, title: c.label },
-            h("span", { class: `sv-swatch ${CAT_CLASS[c.key] || ""}` }),
-            `${c.label.split(" (")[0]} `,
-            h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
-          ),
-        );
-      }
-      memoryEl.append(
-        legend,
-        h("div", {
-          class: "sv-chart-note",
-          text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` at ${worst.unit}` : ""} · state after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
-        }),
-      );
-    }
+    drawMemory(memoryEl, model.get("memory") || {});
   }
 
-  // -- traffic chart (SVG) -----------------------------------------------------------------------
   function renderTraffic() {
-    const tr = model.get("traffic") || {};
-    trafficEl.replaceChildren();
-    trafficEl.append(h("div", { class: "sv-chart-title", text: "Traffic per step (bytes each rank sends)" }));
-    if (!tr.available) {
-      trafficEl.append(h("div", { class: "sv-muted", text: tr.reason || "no traffic estimate" }));
-      return;
-    }
-    const colls = tr.collectives || [];
-    const byC = tr.by_collective || [];
-    const maxC = Math.max(1, ...byC.map((c) => c.sent));
-    const W = 520;
-    const rowH = 20;
-    const labelW = 170;
-    const valueW = 120;
-    const barW = W - labelW - valueW;
-    const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, role: "img", "aria-label": "traffic by collective" });
-    byC.forEach((c, i) => {
-      const y = 3 + i * rowH;
-      const w = Math.max(1, (barW * c.sent) / maxC);
-      const g = s("g", { class: "sv-coll-bar", "data-coll": c.collective, "data-bytes": c.sent });
-      g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: `${c.collective} ×${c.count}` }));
-      const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c.collective] || "sv-c5"}`, x: labelW, y: y + 2, width: w, height: rowH - 6 });
-      rect.append(s("title", { text: `${c.collective}: ${c.count} calls, buffers ${fmtBytes(c.bytes)}, sent per rank ${fmtBytes(c.sent)}` }));
-      g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: y + 13, text: fmtBytes(c.sent) }));
-      svg1.append(g);
-    });
-    const total = h("div", {
-      class: "sv-chart-note",
-      text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (collective buffers ${fmtBytes(tr.total_bytes)})${tr.time_s ? ` · ≈ ${(tr.time_s * 1000).toFixed(1)} ms at the given bandwidths` : ""}`,
-    });
-    trafficEl.append(svg1, total);
-    const units = tr.by_unit || [];
-    if (units.length) {
-      const maxU = Math.max(1, ...units.map((u) => u.total));
-      const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, role: "img", "aria-label": "traffic by call" });
-      units.forEach((u, i) => {
-        const y = 3 + i * rowH;
-        const g = s("g", { class: "sv-unit-bar", "data-unit": u.unit, "data-bytes": u.total });
-        const short = u.unit.length > 28 ? "…" + u.unit.slice(-27) : u.unit;
-        const label = s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: short });
-        label.append(s("title", { text: u.unit }));
-        g.append(label);
-        let x = labelW;
-        for (const c of colls) {
-          const v = u.values[c] || 0;
-          if (!v) continue;
-          const w = Math.max(0.5, (barW * v) / maxU);
-          const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c] || "sv-c5"}`, x, y: y + 2, width: w, height: rowH - 6 });
-          rect.append(s("title", { text: `${u.unit} · ${c}: ${fmtBytes(v)}` }));
-          g.append(rect);
-          x += w;
-        }
-        g.append(s("text", { class: "sv-bar-label", x: x + 4, y: y + 13, text: fmtBytes(u.total) }));
-        svg2.append(g);
-      });
-      trafficEl.append(
-        h("div", { class: "sv-chart-subtitle", text: `by fully_shard call (${tr.n_units} with traffic)` }),
-        h("div", { class: "sv-units-scroll" }, svg2),
-        h(
-          "div",
-          { class: "sv-legend" },
-          colls.map((c) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${COLL_CLASS[c] || "sv-c5"}` }), c)),
-        ),
-      );
-    }
-    trafficEl.dataset.revision = String(tr.revision);
+    drawTraffic(trafficEl, model.get("traffic") || {});
   }
 
   // -- A vs B (pinned plan against the current one) ----------------------------------------------------
-  function fmtValue(v, kind) {
-    return kind === "bytes" ? fmtBytes(v) : String(v);
-  }
-
-  function fmtDelta(d, kind) {
-    if (!d) return "±0";
-    return `${d > 0 ? "+" : "−"}${fmtValue(Math.abs(d), kind)}`;
-  }
 
   function describe(side, label) {
     return h(
@@ -781,45 +731,6 @@ function render({ model, el }) {
       h("b", { text: label }),
       ` ${side.d.n_units} calls · ${side.d.n_ignored} ignored${side.d.plan_name ? ` · ${side.d.plan_name}` : ""} · ${side.d.mesh}`,
     );
-  }
-
-  // one pair of horizontal bars (A above B) per row, on one scale
-  function pairedBars(title, rows, kind, limit) {
-    const W = 520;
-    const labelW = 150;
-    const valueW = 90;
-    const barH = 11;
-    const rowH = 2 * barH + 10;
-    const barW = W - labelW - valueW;
-    const top = Math.max(1, ...rows.flatMap((r) => [r.a, r.b]));
-    // a limit far above every bar would squash them flat: then it is named, not drawn
-    const limitOnScale = limit && limit <= 4 * top;
-    const max = Math.max(top, limitOnScale ? limit : 0);
-    const padT = limit ? 14 : 2;
-    const H = rows.length * rowH + padT + 2;
-    const svg = s("svg", { class: "sv-svg sv-cmp-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
-    rows.forEach((r, i) => {
-      const y = padT + i * rowH;
-      const g = s("g", { class: "sv-cmp-pair", "data-key": r.key });
-      g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + barH + 4, "text-anchor": "end", text: r.label }));
-      for (const [j, side] of [["a", "A"], ["b", "B"]].entries()) {
-        const v = r[side[0]];
-        const w = v > 0 ? Math.max(1, (barW * v) / max) : 0;
-        const yy = y + j * (barH + 2);
-        const rect = s("rect", { class: `sv-seg sv-pair-${side[0]}`, x: labelW, y: yy, width: w, height: barH, "data-side": side[0], "data-value": v });
-        rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${v.toLocaleString()} B)` : ""}` }));
-        g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: yy + barH - 1, text: `${side[1]} ${fmtValue(v, kind)}` }));
-      }
-      svg.append(g);
-    });
-    if (limitOnScale) {
-      const x = labelW + (barW * limit) / max;
-      svg.append(s("line", { class: "sv-limit", x1: x, x2: x, y1: padT - 2, y2: H }));
-      svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
-    } else if (limit) {
-      svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
-    }
-    return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
   }
 
   function renderCompare() {
@@ -979,7 +890,15 @@ function render({ model, el }) {
             }),
           );
         }
-        if (f.n_fqns > 4) where.append(h("span", { class: "sv-muted", text: ` and ${f.n_fqns - 4} more` }));
+        const listed = Math.min(4, f.fqns.length);
+        if (f.n_fqns > listed)
+          where.append(
+            h("span", {
+              class: "sv-muted sv-finding-more",
+              "data-more": f.n_fqns - listed,
+              text: ` and ${f.n_fqns_exact ? "" : "at least "}${(f.n_fqns - listed).toLocaleString()} more`,
+            }),
+          );
         item.append(where);
       }
       findingsPanel.append(item);
@@ -994,8 +913,7 @@ function render({ model, el }) {
   );
   versionSel.value = model.get("torch_version") || "";
   versionSel.addEventListener("change", () => {
-    model.set("torch_version", versionSel.value);
-    model.save_changes();
+    send("set_torch_version", { version: versionSel.value });
   });
   const copyBtn = h("button", { class: "sv-btn sv-copy", text: "copy" });
   const pathInput = h("input", { class: "sv-save-path", type: "text", value: "fsdp_plan.py", "aria-label": "file to save the code to" });
@@ -1120,6 +1038,7 @@ function render({ model, el }) {
   const handlers = [
     ["msg:custom", onCustom],
     ["change:summary", () => (renderSummary(), renderMessages())],
+    ["change:controls", onControls],
     ["change:messages", renderMessages],
     ["change:memory", renderMemory],
     ["change:traffic", renderTraffic],
@@ -1133,6 +1052,7 @@ function render({ model, el }) {
   for (const [ev, fn] of handlers) model.on(ev, fn);
 
   renderSummary();
+  onControls();
   renderMessages();
   renderMemory();
   renderTraffic();

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..analysis import Analysis, analyze
 from ..compare import Comparison
@@ -40,8 +41,12 @@ PRESETS = {
     "none": "no calls",
 }
 HISTORY_LIMIT = 1000
+#: What the Inspector assumes when no ``training`` is given: the training of the README's table
+#: (``benchmarks/bench_table.py``): AdamW, bf16 parameters, fp32 gradient reduction.
+DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
 #: Actions that ``apply_to_many`` / ``apply_to_type`` can repeat over several modules.
-BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward")
+BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward",
+                 "checkpoint", "uncheckpoint")
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class InspectorState:
         mesh = mesh if mesh is not None else Mesh(shard=8)
         if not isinstance(mesh, Mesh):
             raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
-        training = training if training is not None else Training()
+        training = training if training is not None else DEFAULT_TRAINING
         self.view = TreeView(self.tree)
         self.messages: list[dict] = []  # {level, text}; the widget shows the latest ones
         self.listeners: list[Callable[[set], None]] = []
@@ -92,6 +97,7 @@ class InspectorState:
             if restored is not None or result.level == "error":
                 self._message(result.level, result.message)
         start = restored or explicit or Plan.auto(self.tree)
+        self._bases: dict[str, Plan] = {start.name: start} if start.name and EDITED not in start.name else {}
         self._history = [Snapshot(start, mesh, training)]
         self._pos = 0
         self._recompute(self._history[0])  # raises ValueError for an unusable explicit plan
@@ -216,9 +222,49 @@ class InspectorState:
             return None
         return Comparison({"A": self._pinned_analysis, "B": self.analysis})
 
-    def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, what: str = "") -> bool:
-        """Make (plan, mesh, training) current as one undo step; False when nothing changed."""
+    # -- the plan's name: an edited plan says so -------------------------------------------
+    def _known_plans(self) -> dict[str, Plan]:
+        """Named plans an edit is measured from: the presets (computed once) and the plans the
+        user started from or set."""
+        if not hasattr(self, "_presets"):
+            self._presets = {}
+            for lora in LORA_LAYOUTS:
+                try:
+                    p = Plan.auto(self.tree, lora=lora)
+                except ValueError:
+                    continue
+                self._presets[p.name] = p
+            for p in (Plan([""], name="root only"), Plan([], name="no calls")):
+                self._presets[p.name] = p
+        return {**self._presets, **self._bases}
+
+    def _named(self, plan: Plan) -> Plan:
+        """``plan`` named after the plan it was edited from: a preset's own name when it equals
+        one, else "<base>, edited: N changes" (N: calls added, removed or changed, parameters
+        ignored or given back, modules checkpointed or not, counted against the base)."""
+        known = self._known_plans()
+        for name, p in known.items():
+            if name and p == plan:
+                return _renamed(plan, name)
+        base = base_name(self.plan.name)
+        ref = known.get(base)
+        if ref is None:
+            return _renamed(plan, f"{base or 'custom plan'}, edited")
+        n = plan_changes(ref, plan)
+        return _renamed(plan, f"{base}, edited: {n} change{'s' if n != 1 else ''}" if n else base)
+
+    def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, what: str = "",
+                edit: bool = True) -> bool:
+        """Make (plan, mesh, training) current as one undo step; False when nothing changed.
+
+        ``edit``: the plan is an edit of the current one (named after its base, see ``_named``);
+        False for a plan that replaces it (a preset, ``set_plan``), which keeps its own name."""
         cur = self.current
+        if plan is not None:
+            if edit:
+                plan = self._named(plan)
+            elif plan.name:
+                self._bases[plan.name] = plan
         snap = Snapshot(plan if plan is not None else cur.plan,
                         mesh if mesh is not None else cur.mesh,
                         training if training is not None else cur.training)
@@ -346,7 +392,7 @@ class InspectorState:
 
     def _drop_ignored(self, plan: Plan, params: set[int]) -> Plan:
         keep = [f for f in plan.ignored if self.tree.param_index[f] not in params]
-        return Plan(plan.units, keep, plan.name)
+        return Plan(plan.units, keep, plan.name, plan.checkpoint)
 
     def ignore(self, fqns) -> None:
         """Keep these parameters out of FSDP (``ignored_params``)."""
@@ -393,6 +439,47 @@ class InspectorState:
             raise ValueError(f"no LoRA parameters under {module_fqn or '<root>'!r}")
         self._commit(plan=self._lora_plan(self.plan, [module_fqn], False))
 
+    # -- activation checkpointing ------------------------------------------------------------
+    def checkpoint(self, fqns) -> None:
+        """Wrap these modules in ``checkpoint_wrapper`` (their activations are recomputed in backward)."""
+        fqns = [fqns] if isinstance(fqns, str) else list(fqns)
+        for f in fqns:
+            self._module(f)
+        self._commit(plan=self.plan.with_checkpoint([f for f in fqns if f not in self.plan.checkpoint]))
+
+    def uncheckpoint(self, fqns) -> None:
+        fqns = [fqns] if isinstance(fqns, str) else list(fqns)
+        for f in fqns:
+            self._module(f)
+        self._commit(plan=self.plan.without_checkpoint(fqns))
+
+    def toggle_checkpoint(self, fqn: str) -> None:
+        if fqn in self.plan.checkpoint:
+            self.uncheckpoint([fqn])
+        else:
+            self.checkpoint([fqn])
+
+    def blocks(self) -> list[str]:
+        """The repeated blocks ``Plan.auto(model, checkpoint="blocks")`` checkpoints."""
+        if not hasattr(self, "_blocks"):
+            self._blocks = list(Plan.auto(self.tree, checkpoint="blocks").checkpoint)
+        return self._blocks
+
+    def checkpoint_blocks(self, on: bool = True) -> None:
+        """Checkpoint every repeated block (``on``), or none of them; one undo step."""
+        blocks = self.blocks()
+        if not blocks:
+            raise ValueError(f"{self.tree.root_type} has no repeated blocks to checkpoint")
+        plan = self.plan
+        if on:
+            # a module inside a block, or a block's ancestor, cannot be checkpointed as well
+            keep = [f for f in plan.checkpoint if not any(f.startswith(b + ".") or b.startswith(f + ".") for b in blocks)]
+            plan = plan.without_checkpoint([f for f in plan.checkpoint if f not in keep]).with_checkpoint(
+                [b for b in blocks if b not in plan.checkpoint])
+        else:
+            plan = plan.without_checkpoint(blocks)
+        self._commit(plan=plan)
+
     def apply_to_many(self, targets, action: str, **kw) -> None:
         """Repeat one block action over many modules as ONE undo step.
 
@@ -413,6 +500,10 @@ class InspectorState:
                     plan = plan.without_unit(f)
         elif action in ("ignore_lora", "unignore_lora"):
             plan = self._lora_plan(plan, fqns, action == "ignore_lora")
+        elif action == "checkpoint":
+            plan = plan.with_checkpoint([f for f in fqns if f not in plan.checkpoint])
+        elif action == "uncheckpoint":
+            plan = plan.without_checkpoint(fqns)
         else:
             value = _parse_rar(kw.get("value", kw.get("reshard_after_forward")))
             for f in fqns:
@@ -440,13 +531,13 @@ class InspectorState:
             plan = Plan([], name="no calls")
         else:
             raise ValueError(f"preset {name!r}: expected one of {list(PRESETS)}")
-        self._commit(plan=plan)
+        self._commit(plan=plan, edit=False)
 
     def set_plan(self, plan) -> None:
         """Replace the plan (a ``Plan``, JSON text or dict); validated against the model."""
         plan = as_plan(plan)
         plan.validate(self.tree)
-        self._commit(plan=plan)
+        self._commit(plan=plan, edit=False)
 
     # -- mesh and training ----------------------------------------------------------------
     def set_mesh(self, world: int | None = None, replicate: int | None = None, device_memory=...,
@@ -524,7 +615,7 @@ class InspectorState:
         self._notify({"pin"})
         return True
 
-    def expand(self, target, open: bool = True) -> None:  # noqa: A002 - mirrors the UI's word
+    def expand(self, target, open: bool = True) -> None:
         self.view.set_expanded(target, open)
         self._notify({"rows"})
 
@@ -580,7 +671,7 @@ class InspectorState:
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} exists; pass overwrite=True (or confirm in the widget) to replace it")
         atomic_write_text(path, self.export_code(torch_version))
-        return path
+        return path.resolve()  # the widget says where the file is, not only its name
 
     def verify(self) -> dict:
         """Run ``sv.verify``: torch's real ``fully_shard`` on a meta copy, compared with the prediction."""
@@ -596,7 +687,7 @@ class InspectorState:
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0}
         else:
             rows = df.head(50).astype(str).to_dict("records")
-            result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": int(len(df))}
+            result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": len(df)}
         result["seconds"] = round(time.perf_counter() - t0, 2)
         result["revision"] = self.revision
         result["plan_json"] = plan.to_json(indent=None)
@@ -618,6 +709,29 @@ class InspectorState:
         if pf is None:
             return None
         return {"path": str(pf.path), "autosave": pf.writable, "problem": pf.problem, "saves": pf.saves}
+
+
+EDITED = ", edited"
+
+
+def base_name(name: str) -> str:
+    """The name a plan was edited from: "auto (LoRA sharded), edited: 3 changes" -> "auto (LoRA sharded)"."""
+    return name.split(EDITED, 1)[0] if name else ""
+
+
+def _renamed(plan: Plan, name: str) -> Plan:
+    return plan if plan.name == name else Plan(plan.units, plan.ignored, name, plan.checkpoint)
+
+
+def plan_changes(a: Plan, b: Plan) -> int:
+    """How many edits turn plan ``a`` into ``b``: each call added, removed or with other options,
+    each parameter ignored or given back, each module checkpointed or not."""
+    ua = {u.modules: u for u in a.units}
+    ub = {u.modules: u for u in b.units}
+    n = len(ua.keys() ^ ub.keys()) + sum(1 for k in ua.keys() & ub.keys() if ua[k] != ub[k])
+    n += len(set(a.ignored) ^ set(b.ignored))
+    n += len(set(a.checkpoint) ^ set(b.checkpoint))
+    return n
 
 
 def _parse_rar(value):

@@ -16,11 +16,12 @@ Three layers, each cheap at the scale of Llama-70B+LoRA (~6,600 modules, ~1,800 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
 
 from ..fsdp import Layout
 from ..tree import ModelTree
@@ -151,7 +152,7 @@ class StaticStats:
                 owners = sorted(p.owners)
                 for o in owners[1:]:
                     extra_p.append(p.index), extra_m.append(o), extra_s.append(1)
-                for a, b in zip(owners, owners[1:]):
+                for a, b in itertools.pairwise(owners):
                     extra_p.append(p.index), extra_m.append(_lca(tree, a, b)), extra_s.append(-1)
         self.extra_p = np.array(extra_p, dtype=np.int64)
         self.extra_m = np.array(extra_m, dtype=np.int64)
@@ -165,7 +166,10 @@ class StaticStats:
         self.rowsize_p = np.where(self.dim0_p > 0, self.numel_p // np.maximum(self.dim0_p, 1), 0)
         self.lora_p = np.array([p.role == "lora" for p in params], dtype=bool)
         train = np.array([p.requires_grad for p in params], dtype=bool)
-        self.numel = self.accumulate(self.numel_p).tolist()
+        # sizes count a tied parameter once, under its first owner: children never add up to
+        # more than their parent (T5's shared embedding is not in both the encoder and decoder)
+        self.numel = self.accumulate(self.numel_p, once=True).tolist()
+        self.tied_numel = (self.accumulate(self.numel_p) - np.asarray(self.numel, dtype=np.int64)).tolist()
         self.n_params = self.accumulate(np.ones(len(params), dtype=np.int64)).tolist()
         self.n_lora = self.accumulate(self.lora_p.astype(np.int64)).tolist()
         self.trainable = self.accumulate(np.where(train, self.numel_p, 0)).tolist()
@@ -173,12 +177,13 @@ class StaticStats:
         for info in tree.modules:
             self.by_type.setdefault(info.type_name, []).append(info.index)
 
-    def accumulate(self, values: np.ndarray) -> np.ndarray:
-        """Per module: the sum of ``values`` over the unique parameters anywhere under it."""
+    def accumulate(self, values: np.ndarray, once: bool = False) -> np.ndarray:
+        """Per module: the sum of ``values`` over the unique parameters anywhere under it
+        (``once``: a tied parameter only under its first owner)."""
         values = np.asarray(values, dtype=np.int64)
         acc = np.zeros(self.n, dtype=np.int64)
         np.add.at(acc, self.owner0, values)
-        if self.extra_p.size:
+        if self.extra_p.size and not once:
             np.add.at(acc, self.extra_m, self.extra_s * values[self.extra_p])
         parent = self.parent
         for level in self.levels:
@@ -220,7 +225,7 @@ class ModuleStats:
         padded = -(-static.dim0_p // s) * static.rowsize_p
         rank_bytes = np.where(sharded, padded, static.numel_p) * static.itemsize_p
         self.codes = codes.tolist()
-        self.rank_bytes = static.accumulate(rank_bytes).tolist()
+        self.rank_bytes = static.accumulate(rank_bytes, once=True).tolist()
         self.n_ignored = static.accumulate(ignored.astype(np.int64)).tolist()
         self.n_sharded = static.accumulate(sharded.astype(np.int64)).tolist()
         self.lora_ignored = static.accumulate((ignored & static.lora_p).astype(np.int64)).tolist()
@@ -230,6 +235,7 @@ class ModuleStats:
             for m in ul.modules:
                 own[m] = ul.index
         self.own_unit = own
+        self.checkpointed = frozenset(tree.module_index[f] for f in layout.plan.checkpoint if f in tree.module_index)
 
     def badge(self, m: int, static: StaticStats | None = None) -> dict:
         """The module's status badge: unit / in X / ignored / unmanaged / mixed."""
@@ -298,6 +304,7 @@ class TreeView:
         self.filter_role = ""
         self.rank = 0
         self.truncated = 0  # matches left out of a filtered view
+        self.matches = 0  # modules and parameters the filter matches (all of them, shown or not)
         self._filter_cache = None
 
     # -- expansion ---------------------------------------------------------------------------
@@ -413,6 +420,7 @@ class TreeView:
                 hits += 1
                 params.add((info.index, p))
                 self._add_path(info.index, mods)
+        self.matches = hits + self.truncated
         return mods, params
 
     def _add_path(self, m: int, mods: set[int]) -> None:
@@ -456,6 +464,14 @@ class TreeView:
             if c in mods:
                 self._walk_filtered(c, depth + 1, mods, params, out)
 
+    def in_block(self, m: int) -> bool:
+        """Is module ``m`` one of a run of repeated blocks (a folded group), or inside one?"""
+        cache = self.__dict__.setdefault("_in_block", {})
+        if m not in cache:
+            parent = self.tree.modules[m].parent
+            cache[m] = parent >= 0 and (self.folding.group_containing(m) is not None or self.in_block(parent))
+        return cache[m]
+
     def expandable(self, m: int) -> bool:
         info = self.tree.modules[m]
         return bool(info.children or info.params)
@@ -472,9 +488,16 @@ class TreeView:
             "fqn": info.fqn,
             "type": info.type_name,
             "numel": static.numel[m],
+            "tied_numel": static.tied_numel[m],
             "n_params": static.n_params[m],
             "bytes": stats.rank_bytes[m],
             "badge": stats.badge(m, static),
+            # a call on a module without parameters does nothing (peft's empty lora_embedding_A/B,
+            # lora_dropout): no "+ unit" there
+            "can_unit": own >= 0 or static.n_params[m] > 0,
+            "checkpointed": m in stats.checkpointed,
+            # offered on the repeated blocks and what is inside them (and wherever it is set)
+            "can_checkpoint": m in stats.checkpointed or (static.n_params[m] > 0 and self.in_block(m)),
             "open": (m in self.expanded) or self.filtering,
             "expandable": self.expandable(m),
             "is_unit": own >= 0,
@@ -524,6 +547,7 @@ class TreeView:
             "lora": None if not n_lora else ("ignored" if lora_ign == n_lora else ("kept" if lora_ign == 0 else "partly ignored")),
             "n_lora": n_lora,
             "rar": rars.pop() if len(rars) == 1 and n_units == len(members) else None,
+            "n_checkpointed": sum(1 for c in members if c in stats.checkpointed),
         }
 
     def param_row(self, m: int, p: int, depth: int, stats: ModuleStats) -> dict:

@@ -22,6 +22,7 @@ from shardviz import zoo
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 MESH = sv.Mesh(shard=4, device_memory=1024**2)
+TRAINING = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")  # the Inspector's default (README table)
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
 Q0 = L0 + ".self_attn.q_proj"
@@ -65,7 +66,7 @@ def test_make_unit_updates_memory_to_analyze(lab_server, lab_page, model):
     widget = open_inspector(lab_page, lab_server, "plan-unit.json", "inspector_unit.ipynb")
     start = sv.Plan.auto(model)
     assert saved_plan(lab_server, "plan-unit.json", until=start.__eq__) == start
-    a0 = sv.analyze(model, start, MESH)
+    a0 = sv.analyze(model, start, MESH, TRAINING)
     bar = widget.locator(".sv-memory .sv-mem-bar").first
     assert int(bar.get_attribute("data-peak")) == int(a0.memory["peak"].max())
 
@@ -80,7 +81,7 @@ def test_make_unit_updates_memory_to_analyze(lab_server, lab_page, model):
 
     want = start.with_unit(Q0)
     assert saved_plan(lab_server, "plan-unit.json", until=want.__eq__) == want
-    a = sv.analyze(model, want, MESH)
+    a = sv.analyze(model, want, MESH, TRAINING)
     peaks = a.memory["peak"]
     bars = widget.locator(".sv-memory .sv-mem-bar")
     shown = []
@@ -98,9 +99,12 @@ def test_make_unit_updates_memory_to_analyze(lab_server, lab_page, model):
         assert sum(int(segs.nth(j).get_attribute("data-bytes")) for j in range(segs.count())) == peak
     assert shown[0][0] == 0 and shown[-1][1] == MESH.world - 1
     expect(widget.locator(".sv-sum-peak")).to_have_attribute("data-bytes", str(int(peaks.max())))
-    # the params segment equals the table's params for rank 0
-    seg = bars.first.locator('.sv-seg[data-cat="params_sharded"]')
-    assert int(seg.get_attribute("data-bytes")) == int(a.memory.loc[0, "params_sharded"])
+    # every segment is the one breakdown of the peak (a.peak_breakdown), in its order
+    parts = a.peak_breakdown(0)
+    segs = bars.first.locator(".sv-seg")
+    shown_parts = {segs.nth(j).get_attribute("data-cat"): int(segs.nth(j).get_attribute("data-bytes")) for j in range(segs.count())}
+    assert shown_parts == {k: v for k, v in parts.items() if v > 0}
+    assert shown_parts["sharded params"] == int(a.memory.loc[0, "params_sharded"])
     save_screenshot(widget, "inspector_make_unit")
     save_screenshot(lab_page, "inspector_make_unit_page")
 
@@ -138,7 +142,7 @@ def test_ignore_lora_under_a_block_changes_badges(lab_server, lab_page, model):
         time.sleep(0.1)
         plan = saved_plan(lab_server, "plan-lora.json")
     assert plan.units == want.units and set(plan.ignored) == set(lora)
-    a = sv.analyze(model, plan, MESH)
+    a = sv.analyze(model, plan, MESH, TRAINING)
     status = a.params.set_index("fqn")["status"]
     assert all(status[f] == "ignored" for f in lora)
     assert int(widget.locator(".sv-memory .sv-mem-bar").first.get_attribute("data-peak")) == int(a.memory.loc[0, "peak"])
@@ -168,7 +172,7 @@ def test_export_copy_save_and_verify(lab_server, lab_page, model):
     plan = sv.Plan.auto(model)
     widget.locator('.sv-tab[data-tab="export"]').click()
     code = widget.locator(".sv-code code")
-    expected = sv.export_code(model, plan, mesh=MESH)
+    expected = sv.export_code(model, plan, mesh=MESH, training=TRAINING)
     expect(code).to_contain_text("fully_shard", timeout=60_000)
     shown = code.evaluate("el => el.textContent")
     assert shown == expected
@@ -187,7 +191,7 @@ def test_export_copy_save_and_verify(lab_server, lab_page, model):
 
     # the target release changes the code; saving again asks before overwriting
     widget.locator(".sv-torch-version").select_option("2.6")
-    expected26 = sv.export_code(model, plan, mesh=MESH, torch_version="2.6")
+    expected26 = sv.export_code(model, plan, mesh=MESH, training=TRAINING, torch_version="2.6")
     expect(code).to_contain_text("torch.distributed.fsdp", timeout=30_000)
     expect(code).to_have_text(expected26, timeout=30_000)
     widget.locator(".sv-save").click()

@@ -19,6 +19,7 @@ from shardviz import zoo
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 MESH = sv.Mesh(shard=4, device_memory=1024**2)
+TRAINING = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")  # the Inspector's default (README table)
 L0 = "base_model.model.model.layers.0"
 PLAN_FILE = "plan-compare.json"
 ROWS = ("params", "grads", "optimizer", "peak", "bytes_per_step", "sent_bytes_per_rank", "collectives_per_step",
@@ -67,7 +68,7 @@ def test_pin_ignore_lora_and_compare(lab_server, shared_lab_page, model):
     expect(compare_panel).to_be_visible()
     expect(compare_panel).to_have_attribute("data-revision", rev, timeout=30_000)
 
-    cmp = sv.compare(model, {"A": plan_a, "B": plan_b}, mesh=MESH)
+    cmp = sv.compare(model, {"A": plan_a, "B": plan_b}, mesh=MESH, training=TRAINING)
     table = cmp.table
     for key in ROWS:
         tr = compare_panel.locator(f'.sv-cmp-row[data-key="{key}"]')

@@ -1,0 +1,364 @@
+// shardviz charts: one drawing of each chart, shared by the Inspector (concatenated in front of
+// inspector.esm.js) and the standalone HTML report (inlined in a <script>). Plain functions, no
+// imports, nothing fetched. They draw the payloads Python computes (shardviz/widget/views.py:
+// memory_payload, traffic_payload, comparison rows); they never compute a number of their own.
+// Colours and text follow JupyterLab's theme variables (light and dark), with fallbacks.
+
+const GIB = 1024 ** 3;
+// the parts of the peak (views.PEAK_PARTS, in Python), bottom to top
+const CAT_CLASS = {
+  "sharded params": "sv-c0",
+  "whole params": "sv-c1",
+  buffers: "sv-c2",
+  "optimizer states": "sv-c3",
+  gradients: "sv-c4",
+  "unsharded params": "sv-c5",
+  "communication buffers": "sv-c6",
+  activations: "sv-c7",
+  temporaries: "sv-c8",
+};
+const COLL_CLASS = { all_gather: "sv-c0", reduce_scatter: "sv-c3", all_reduce: "sv-c4" };
+
+// ---------------------------------------------------------------------------------------------
+// small helpers
+// ---------------------------------------------------------------------------------------------
+function h(tag, attrs = {}, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k === "title") el.title = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+
+const SVGNS = "http://www.w3.org/2000/svg";
+function s(tag, attrs = {}, ...kids) {
+  const el = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") el.setAttribute("class", v);
+    else if (k === "text") el.textContent = v;
+    else el.setAttribute(k, String(v));
+  }
+  for (const kid of kids.flat()) if (kid) el.append(kid);
+  return el;
+}
+
+function fmtBytes(n) {
+  if (n === null || n === undefined || Number.isNaN(n)) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n);
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
+}
+
+// element counts: words, never a letter that reads as a byte unit ("70.76 bn", not "70.76B")
+function fmtCount(n) {
+  if (n === null || n === undefined) return "–";
+  const v = Number(n);
+  if (v >= 1e12) return `${(v / 1e12).toFixed(2)} tn`;
+  if (v >= 1e9) return `${(v / 1e9).toFixed(2)} bn`;
+  if (v >= 1e6) return `${(v / 1e6).toFixed(2)} mn`;
+  if (v >= 1e4) return `${(v / 1e3).toFixed(1)} k`;
+  return v.toLocaleString("en-US");
+}
+
+function fmtShape(shape) {
+  return `(${shape.join(", ")}${shape.length === 1 ? "," : ""})`;
+}
+
+function niceStep(max, ticks = 5) {
+  if (!(max > 0)) return 1;
+  const raw = max / ticks;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
+  memoryEl.replaceChildren();
+  memoryEl.append(h("div", { class: "sv-chart-title", text: title }));
+  if (!mem.available) {
+    memoryEl.append(h("div", { class: "sv-muted", text: mem.reason || "no memory estimate" }));
+    return;
+  }
+  const bars = mem.bars || [];
+  const cats = mem.categories || [];
+  const W = 520;
+  const H = 250;
+  const padL = 56;
+  const padR = 12;
+  const padT = 22;
+  const padB = 34;
+  const limit = mem.limit || 0;
+  // a limit far above every bar would squash them flat: then it is named, not drawn
+  const limitOnScale = limit && limit <= 4 * (mem.max_peak || 0);
+  const top = Math.max(mem.max_peak || 0, limitOnScale ? limit : 0) * 1.08 || 1;
+  // axis unit: GiB, or MiB/KiB for small models
+  const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
+  const stepG = niceStep(top / unit[0]);
+  const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
+  const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
+  for (let g = 0; g * unit[0] <= top; g += stepG) {
+    const y = yOf(g * unit[0]);
+    svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
+    svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} ${unit[1]}` }));
+  }
+  const n = Math.max(bars.length, 1);
+  const slot = (W - padL - padR) / n;
+  const bw = Math.min(90, slot * 0.7);
+  bars.forEach((b, i) => {
+    const x = padL + slot * i + (slot - bw) / 2;
+    const g = s("g", {
+      class: `sv-mem-bar${limit && b.peak > limit ? " sv-over" : ""}`,
+      "data-first": b.first,
+      "data-last": b.last,
+      "data-peak": b.peak,
+    });
+    let acc = 0;
+    for (const c of cats) {
+      const v = b.parts[c.key] || 0;
+      if (v <= 0) continue;
+      const y1 = yOf(acc + v);
+      const y0 = yOf(acc);
+      const rect = s("rect", {
+        class: `sv-seg ${CAT_CLASS[c.key] || ""}`,
+        x,
+        y: y1,
+        width: bw,
+        height: Math.max(0.5, y0 - y1),
+        "data-cat": c.key,
+        "data-bytes": v,
+      });
+      rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${v.toLocaleString()} B)` }));
+      g.append(rect);
+      acc += v;
+    }
+    g.append(s("text", { class: "sv-bar-label sv-peak-label", x: x + bw / 2, y: yOf(b.peak) - 5, "text-anchor": "middle", "data-bytes": b.peak, text: fmtBytes(b.peak) }));
+    const lab = b.label.length > 14 && n > 4 ? `${b.first}${b.first === b.last ? "" : "–" + b.last}` : b.label;
+    g.append(s("text", { class: "sv-axis", x: x + bw / 2, y: H - padB + 14, "text-anchor": "middle", text: lab }));
+    svg.append(g);
+  });
+  const use = mem.use;
+  if (limit && !limitOnScale) {
+    // named, not drawn: far above every bar. Red only when the peak does not fit.
+    svg.append(s("text", { class: `sv-limit-label sv-limit-off${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
+  }
+  if (limitOnScale) {
+    const y = yOf(limit);
+    svg.append(s("line", { class: `sv-limit${use && use.over ? " sv-over" : ""}`, x1: padL, x2: W - padR, y1: y, y2: y }));
+    svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: y - 4, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
+  }
+  memoryEl.dataset.revision = String(mem.revision);
+  memoryEl.dataset.peak = String(mem.max_peak);
+  memoryEl.append(svg);
+  // legend = breakdown of the worst bar
+  const worst = bars.reduce((a, b) => (a && a.peak >= b.peak ? a : b), null);
+  if (worst) {
+    const legend = h("div", { class: "sv-legend" });
+    for (const c of cats) {
+      legend.append(
+        h(
+          "span",
+          { class: "sv-legend-item", "data-cat": c.key, title: c.help || c.label },
+          h("span", { class: `sv-swatch ${CAT_CLASS[c.key] || ""}` }),
+          `${c.label} `,
+          h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
+        ),
+      );
+    }
+    memoryEl.append(
+      legend,
+      h("div", {
+        class: "sv-chart-note sv-peak-moment",
+        text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` of ${worst.unit}` : ""}${worst.module && worst.module !== worst.unit ? `, activations peak at ${worst.module}` : ""} · after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
+      }),
+    );
+  }
+}
+
+function drawTraffic(trafficEl, tr) {
+  trafficEl.replaceChildren();
+  trafficEl.append(h("div", { class: "sv-chart-title", text: "Traffic per step (bytes each rank sends)" }));
+  if (!tr.available) {
+    trafficEl.append(h("div", { class: "sv-muted", text: tr.reason || "no traffic estimate" }));
+    return;
+  }
+  const colls = tr.collectives || [];
+  const byC = tr.by_collective || [];
+  const maxC = Math.max(1, ...byC.map((c) => c.sent));
+  const W = 520;
+  const rowH = 20;
+  const labelW = 170;
+  const valueW = 120;
+  const barW = W - labelW - valueW;
+  const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, role: "img", "aria-label": "traffic by collective" });
+  byC.forEach((c, i) => {
+    const y = 3 + i * rowH;
+    const w = Math.max(1, (barW * c.sent) / maxC);
+    const g = s("g", { class: "sv-coll-bar", "data-coll": c.collective, "data-bytes": c.sent });
+    g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: `${c.collective} ×${c.count}` }));
+    const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c.collective] || "sv-c5"}`, x: labelW, y: y + 2, width: w, height: rowH - 6 });
+    rect.append(s("title", { text: `${c.collective}: ${c.count} calls, buffers ${fmtBytes(c.bytes)}, sent per rank ${fmtBytes(c.sent)}` }));
+    g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: y + 13, text: fmtBytes(c.sent) }));
+    svg1.append(g);
+  });
+  const total = h("div", {
+    class: "sv-chart-note",
+    text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (collective buffers ${fmtBytes(tr.total_bytes)})${tr.time_s ? ` · ≈ ${(tr.time_s * 1000).toFixed(1)} ms at the given bandwidths` : ""}`,
+  });
+  trafficEl.append(svg1, total);
+  const units = tr.by_unit || [];
+  if (units.length) {
+    const maxU = Math.max(1, ...units.map((u) => u.total));
+    const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, role: "img", "aria-label": "traffic by call" });
+    units.forEach((u, i) => {
+      const y = 3 + i * rowH;
+      const g = s("g", { class: "sv-unit-bar", "data-unit": u.unit, "data-bytes": u.total });
+      const short = u.label || u.unit; // shortened in Python: common prefix dropped, the end kept
+      const label = s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: short });
+      label.append(s("title", { text: u.unit }));
+      g.append(label);
+      let x = labelW;
+      for (const c of colls) {
+        const v = u.values[c] || 0;
+        if (!v) continue;
+        const w = Math.max(0.5, (barW * v) / maxU);
+        const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c] || "sv-c5"}`, x, y: y + 2, width: w, height: rowH - 6 });
+        rect.append(s("title", { text: `${u.unit} · ${c}: ${fmtBytes(v)}` }));
+        g.append(rect);
+        x += w;
+      }
+      g.append(s("text", { class: "sv-bar-label", x: x + 4, y: y + 13, text: fmtBytes(u.total) }));
+      svg2.append(g);
+    });
+    trafficEl.append(
+      h("div", { class: "sv-chart-subtitle", text: `by fully_shard call (${tr.n_units} with traffic)` }),
+      h("div", { class: "sv-units-scroll" }, svg2),
+      h(
+        "div",
+        { class: "sv-legend" },
+        colls.map((c) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${COLL_CLASS[c] || "sv-c5"}` }), c)),
+      ),
+    );
+  }
+  trafficEl.dataset.revision = String(tr.revision);
+}
+
+function fmtValue(v, kind) {
+  return kind === "bytes" ? fmtBytes(v) : String(v);
+}
+
+function fmtDelta(d, kind) {
+  if (!d) return "±0";
+  return `${d > 0 ? "+" : "−"}${fmtValue(Math.abs(d), kind)}`;
+}
+
+// one pair of horizontal bars (A above B) per row, on one scale
+function pairedBars(title, rows, kind, limit) {
+  const W = 520;
+  const labelW = 150;
+  const valueW = 90;
+  const barH = 11;
+  const rowH = 2 * barH + 10;
+  const barW = W - labelW - valueW;
+  const top = Math.max(1, ...rows.flatMap((r) => [r.a, r.b]));
+  // a limit far above every bar would squash them flat: then it is named, not drawn
+  const limitOnScale = limit && limit <= 4 * top;
+  const max = Math.max(top, limitOnScale ? limit : 0);
+  const padT = limit ? 14 : 2;
+  const H = rows.length * rowH + padT + 2;
+  const svg = s("svg", { class: "sv-svg sv-cmp-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
+  rows.forEach((r, i) => {
+    const y = padT + i * rowH;
+    const g = s("g", { class: "sv-cmp-pair", "data-key": r.key });
+    g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + barH + 4, "text-anchor": "end", text: r.label }));
+    for (const [j, side] of [["a", "A"], ["b", "B"]].entries()) {
+      const v = r[side[0]];
+      const w = v > 0 ? Math.max(1, (barW * v) / max) : 0;
+      const yy = y + j * (barH + 2);
+      const rect = s("rect", { class: `sv-seg sv-pair-${side[0]}`, x: labelW, y: yy, width: w, height: barH, "data-side": side[0], "data-value": v });
+      rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${v.toLocaleString()} B)` : ""}` }));
+      g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: yy + barH - 1, text: `${side[1]} ${fmtValue(v, kind)}` }));
+    }
+    svg.append(g);
+  });
+  if (limitOnScale) {
+    const x = labelW + (barW * limit) / max;
+    svg.append(s("line", { class: "sv-limit", x1: x, x2: x, y1: padT - 2, y2: H }));
+    svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+  } else if (limit) {
+    svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+  }
+  return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
+}
+
+// lines against a log2 x axis (sweep: peak memory and bytes sent per rank against world size).
+// payload: {title, x_label, y_label, series: [{name, x: [...], y: [...]}], limit, limit_text}
+function drawLines(el, p) {
+  el.replaceChildren(h("div", { class: "sv-chart-title", text: p.title || "" }));
+  const series = p.series || [];
+  const xs = [...new Set(series.flatMap((q) => q.x))].sort((a, b) => a - b);
+  const ymax = Math.max(1, ...series.flatMap((q) => q.y));
+  const limit = p.limit || 0;
+  const limitOnScale = limit && limit <= 4 * ymax; // far above every point: named, not drawn
+  const top = Math.max(ymax, limitOnScale ? limit : 0) * 1.08;
+  const W = 520, H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
+  const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
+  const lx = (x) => Math.log2(x);
+  const x0 = lx(xs[0] || 1), x1 = lx(xs[xs.length - 1] || 2);
+  const xOf = (x) => padL + ((W - padL - padR) * (lx(x) - x0)) / Math.max(x1 - x0, 1);
+  const yOf = (y) => padT + (H - padT - padB) * (1 - y / top);
+  const svg = s("svg", { class: "sv-svg sv-lines-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": p.title || "chart" });
+  const step = niceStep(top / unit[0]);
+  for (let g = 0; g * unit[0] <= top; g += step) {
+    const y = yOf(g * unit[0]);
+    svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
+    svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + 4, "text-anchor": "end", text: `${+g.toFixed(2)} ${unit[1]}` }));
+  }
+  for (const x of xs) svg.append(s("text", { class: "sv-axis", x: xOf(x), y: H - padB + 14, "text-anchor": "middle", text: String(x) }));
+  svg.append(s("text", { class: "sv-axis", x: (W + padL) / 2, y: H - 4, "text-anchor": "middle", text: p.x_label || "" }));
+  series.forEach((q, i) => {
+    const cls = `sv-line sv-l${i % 6}`;
+    const d = q.x.map((x, j) => `${j ? "L" : "M"}${xOf(x).toFixed(1)},${yOf(q.y[j]).toFixed(1)}`).join(" ");
+    const g = s("g", { class: "sv-series", "data-name": q.name });
+    g.append(s("path", { class: cls, d }));
+    q.x.forEach((x, j) => {
+      const dot = s("circle", { class: `sv-dot sv-l${i % 6}`, cx: xOf(x), cy: yOf(q.y[j]), r: 3, "data-x": x, "data-y": q.y[j] });
+      dot.append(s("title", { text: `${q.name}, ${x}: ${fmtBytes(q.y[j])}` }));
+      g.append(dot);
+    });
+    svg.append(g);
+  });
+  if (limitOnScale) {
+    const y = yOf(limit);
+    svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
+    svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
+  } else if (limit) {
+    svg.append(s("text", { class: "sv-limit-label sv-limit-off", x: W - padR, y: padT - 8, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
+  }
+  el.append(svg);
+  el.append(h("div", { class: "sv-legend" }, series.map((q, i) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch sv-l${i % 6}` }), q.name))));
+}
+
+// one entry point for the report and the notebook chart widget
+function drawChart(el, kind, payload, title) {
+  if (kind === "memory") drawMemory(el, payload, title);
+  else if (kind === "traffic") drawTraffic(el, payload);
+  else if (kind === "lines") drawLines(el, title ? { ...payload, title: `${title}: ${payload.title}` } : payload);
+  else el.replaceChildren(h("div", { class: "sv-muted", text: `unknown chart ${kind}` }));
+}

@@ -1,0 +1,197 @@
+"""What a user reads in the Inspector (issue 11), checked without a browser: each label is made of
+numbers computed in Python, and each test would have caught the misleading label it names.
+The same labels are read in the page by tests/browser/test_inspector_labels.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.widget import Inspector, InspectorState, views
+from shardviz.widget.state import DEFAULT_TRAINING, plan_changes
+
+L0 = "base_model.model.model.layers.0"
+Q0 = L0 + ".self_attn.q_proj"
+MESH = sv.Mesh(shard=4)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
+    """ "1120 trainable parameters are ignored ... and 46 more": the "more" must count every name
+    beyond the ones shown, not the 50 names the finding keeps."""
+    import shardviz.checks
+
+    monkeypatch.setattr(shardviz.checks, "MAX_FQNS", 5)  # the tiny model has 28 LoRA parameters
+    st = InspectorState(model, plan=sv.Plan.auto(model, lora="ignored"), mesh=MESH)
+    f = next(f for f in st.findings if f["code"] == "SV102")
+    n_lora = sum(p.role == "lora" for p in st.tree.params)
+    assert len(f["fqns"]) == 5 and f["n_fqns"] == n_lora and f["n_fqns_exact"]
+    assert f"{n_lora} trainable parameters" in f["message"]
+
+
+def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_path):
+    path = tmp_path / "plan.json"
+    ins = Inspector(model, mesh=MESH, plan_path=path)
+    ins.apply_preset("auto-ignored")
+    assert ins.plan.name == "auto (LoRA ignored)"
+    ins.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
+    assert ins.plan == sv.Plan.auto(model, lora="sharded")
+    assert ins.plan.name == "auto (LoRA sharded)"
+    assert "LoRA ignored" not in ins.view.summary["plan_name"]
+    ins.make_unit(Q0)
+    ins.remove_unit(L0)
+    ins.ignore([Q0 + ".lora_A.default.weight"])
+    assert ins.plan.name == "auto (LoRA sharded), edited: 3 changes"
+    assert ins.view.summary["plan_name"] == ins.plan.name
+    assert json.loads(path.read_text())["name"] == ins.plan.name  # the saved plan carries it
+    assert "auto (LoRA sharded), edited: 3 changes" in ins.controller.export_code()  # and the export header
+    ins.undo()
+    assert ins.plan.name == "auto (LoRA sharded), edited: 2 changes"
+    ins.make_unit(L0)  # undoes the removal by hand: one change left
+    assert ins.plan.name == "auto (LoRA sharded), edited: 1 change"
+    assert plan_changes(sv.Plan.auto(model), ins.plan) == 1
+
+
+def test_a_custom_plan_keeps_its_name_with_the_edit_count(model):
+    st = InspectorState(model, plan=sv.Plan([L0, ""], name="mine"), mesh=MESH)
+    st.make_unit(Q0)
+    assert st.plan.name == "mine, edited: 1 change"
+    st.remove_unit(Q0)
+    assert st.plan.name == "mine"
+
+
+def test_default_training_is_the_readme_table(model):
+    import re
+    from pathlib import Path
+
+    table = (Path(__file__).parents[1] / "benchmarks" / "bench_table.py").read_text()
+    assert 'TRAINING = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")' in table
+    st = InspectorState(model, mesh=MESH)
+    assert st.training == DEFAULT_TRAINING == sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
+    assert re.search(r"AdamW, `MixedPrecisionPolicy\(param_dtype=bf16, reduce_dtype=fp32\)`",
+                     (Path(__file__).parents[1] / "README.md").read_text())
+
+
+def test_peak_uses_is_computed_in_python_and_only_red_when_over(model):
+    st = InspectorState(model, mesh=sv.Mesh(shard=4, device_memory="80GiB"))
+    use = st.memory["use"]
+    assert not use["over"] and use["percent_text"] == "<0.1%"
+    assert use["text"] == "peak uses <0.1% of 80.00 GiB per device"
+    st.set_mesh(device_memory=1024**2)
+    use = st.memory["use"]
+    assert use["fraction"] == st.memory["max_peak"] / 1024**2
+    st.set_mesh(device_memory=1024)
+    assert st.memory["use"]["over"] and "does not fit" in st.memory["use"]["text"]
+
+
+def test_filter_with_no_match_says_so(model):
+    ins = Inspector(model, mesh=MESH)
+    ins.handle_action("set_filter", {"text": "no_such_module", "status": "", "role": ""})
+    msg = [m for m in ins._outbox if m["type"] == "rows"][-1]
+    assert msg["filtering"] and msg["matches"] == 0
+    ins.handle_action("set_filter", {"text": "lora_B"})
+    msg = [m for m in ins._outbox if m["type"] == "rows"][-1]
+    assert msg["matches"] > 0
+
+
+def test_save_answers_the_absolute_path(model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ins = Inspector(model, mesh=MESH)
+    ack = ins.handle_action("save_code", {"path": "fsdp_plan.py"})
+    assert ack["ok"] and ack["path"] == str(tmp_path / "fsdp_plan.py")
+
+
+def test_modules_without_parameters_offer_no_unit(model):
+    st = InspectorState(model, mesh=MESH)
+    st.reveal(Q0 + ".lora_A.default.weight")
+    _order, rows = st.rows()
+    by = {r["fqn"]: r for r in rows.values() if r["kind"] == "module"}
+    for empty in ("lora_dropout", "lora_embedding_A", "lora_embedding_B"):
+        assert by[f"{Q0}.{empty}"]["can_unit"] is False
+    assert by[f"{Q0}.lora_A"]["can_unit"] is True
+
+
+def test_tied_embedding_counted_once_in_subtree_sizes():
+    """T5: the shared embedding is tied into the encoder and the decoder; encoder + decoder must not
+    exceed the whole model."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2)
+    with torch.device("meta"):
+        t5 = T5ForConditionalGeneration(cfg)
+    st = InspectorState(t5, mesh=MESH)
+    numel = st.view.static.numel
+    idx = st.tree.module_index
+    total = sum(p.numel for p in st.tree.params)
+    assert numel[0] == total
+    children = [c for c in st.tree.modules[0].children]
+    assert sum(numel[c] for c in children) == total
+    assert numel[idx["encoder"]] + numel[idx["decoder"]] < total
+    st.reveal("decoder.embed_tokens")
+    row = next(r for r in st.rows()[1].values() if r.get("fqn") == "decoder.embed_tokens")
+    assert row["numel"] == 0 and row["tied_numel"] == 64 * 16
+
+
+def test_chart_labels_keep_the_end_that_names_the_module():
+    names = ["base_model.model.model.layers.1", "base_model.model.model.layers.10",
+             "[base_model.model.model.norm, base_model.model.lm_head]", None, ""]
+    got = views.short_labels(names)
+    assert got[:2] == ["model.layers.1", "model.layers.10"]
+    assert got[2] == "[model.norm, lm_head]"
+    assert got[3] == "(outside FSDP)"
+    long = views.short_labels(["a.very_long_module_name.layers.11.mlp.down_proj", "b.x"], width=24)
+    assert long[0] == "…layers.11.mlp.down_proj" and not long[0].startswith("…_")
+
+
+def test_traffic_payload_has_labels_and_names(model):
+    st = InspectorState(model, mesh=MESH)
+    for u in st.traffic["by_unit"]:
+        if u["unit"].startswith("[") or u["unit"] == "<root>":
+            continue
+        assert u["unit"].endswith(u["label"].lstrip("…")), u  # the end of the name, whole parts
+
+
+def test_a_module_with_no_parameters_at_all():
+    st = InspectorState(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), mesh=sv.Mesh(shard=2))
+    rows = st.rows()[1]
+    st.expand("m0")
+    rows = {r["fqn"]: r for r in st.rows()[1].values()}
+    assert rows["1"]["can_unit"] is False and rows["0"]["can_unit"] is True
+
+
+def test_every_preset_is_a_known_base(model):
+    st = InspectorState(model, mesh=MESH)
+    st.apply_preset("root-only")
+    assert st.plan.name == "root only"
+    st.make_unit(L0)
+    assert st.plan.name == "root only, edited: 1 change"
+    st.remove_unit(L0)
+    st.remove_unit("")
+    assert st.plan.name == "no calls"  # equal to a preset: its name
+
+
+def test_batch_size_brings_activations_into_the_chart_and_the_moment_of_the_peak(model):
+    ins = Inspector(model, mesh=MESH)
+    assert ins.memory["bars"][0]["parts"]["activations"] == 0  # no batch: model state only
+    assert ins.handle_action("set_training", {"batch_size": 2, "seq_len": 64})["ok"]
+    a = sv.analyze(model, ins.plan, MESH, ins.training)
+    parts = ins.memory["bars"][0]["parts"]
+    assert parts == views.peak_breakdown(a, ins.memory["bars"][0]["first"])
+    assert parts["activations"] > 0 and sum(parts.values()) == ins.memory["bars"][0]["peak"]
+    worst = ins.memory["worst"]
+    row = a.memory.loc[a.memory["peak"].idxmax()]
+    assert (worst["phase"], worst["unit"]) == (row["peak_phase"], row["peak_unit"])
+    assert worst["activations"] == int(row["activations"])
+    # checkpointing every block: the chart follows analyze of the checkpointed plan
+    assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
+    b = sv.analyze(model, ins.plan, MESH, ins.training)
+    assert ins.plan.checkpoint and ins.memory["bars"][0]["parts"] == views.peak_breakdown(b, ins.memory["bars"][0]["first"])

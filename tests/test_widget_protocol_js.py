@@ -1,0 +1,51 @@
+"""The front end checks every message against the same schema as Python, with the same verdicts:
+``checkAction`` (inspector.esm.js) run under node against ``protocol.check_action``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardviz.widget import protocol
+
+ESM = Path(protocol.__file__).with_name("inspector.esm.js")
+CASES = [
+    ("toggle_unit", {"fqn": "a.b"}),
+    ("toggle_unit", {}),
+    ("toggle_unit", {"fqn": "a", "evil": 1}),
+    ("toggle_unit", {"fqn": 3}),
+    ("nope", {}),
+    ("set_rank", {"rank": 3}),
+    ("set_rank", {"rank": "3"}),
+    ("set_rank", {"rank": 1.5}),
+    ("set_mesh", {"world": 8, "replicate": 2, "device_gib": None}),
+    ("set_mesh", {"device_gib": 0.5}),
+    ("set_training", {"batch_size": None, "seq_len": 2048, "param_dtype": None}),
+    ("set_training", {"offload": "yes"}),
+    ("apply_to_many", {"targets": "g5_6", "action": "checkpoint"}),
+    ("apply_to_many", {"targets": ["m1"], "action": "make_unit", "value": None}),
+    ("ignore", {"fqns": "x"}),
+    ("checkpoint_blocks", {"on": True}),
+    ("save_code", {"path": "x.py", "overwrite": False}),
+]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_front_end_and_python_refuse_the_same_messages():
+    src = ESM.read_text()
+    start = src.index("function kindOk(")
+    end = src.index("// ---", src.index("function checkAction("))
+    script = src[start:end] + f"""
+const protocol = {json.dumps(protocol.schema())};
+const cases = {json.dumps(CASES)};
+console.log(JSON.stringify(cases.map(([a, args]) => checkAction(protocol, a, args))));
+"""
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True).stdout
+    js = json.loads(out)
+    py = [protocol.check_action(a, args) for a, args in CASES]
+    assert [x is None for x in js] == [x is None for x in py], list(zip(CASES, js, py))
+    assert py.count(None) == 9  # the cases above: 9 well-formed messages, 8 refused
