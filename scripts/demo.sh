@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The main job on the built-in example, no download: set up .venv, write the standalone report for
 # the zoo's tiny Llama + LoRA (LoRA ignored, 8 ranks, compared with LoRA sharded and separate) to
-# report.html, then print the per-parameter and per-call tables of Llama-3-8B + LoRA (meta device).
+# report.html (with the activations of a 2 x 512-token micro-batch), then print the per-parameter and
+# per-call tables of Llama-3-8B + LoRA (meta device) and whether a 8192-token step fits 40 GiB.
 #   ./scripts/demo.sh              writes ./report.html (replacing an earlier one)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
 .venv/bin/shardviz report zoo:tiny_llama_lora --layout ignored --world-size 8 --device-memory 80GiB \
-  -o report.html --force
+  --batch-size 2 --seq-len 512 -o report.html --force
 exec .venv/bin/python - <<'PY'
 import warnings
 
@@ -31,5 +32,16 @@ print("Memory per rank (bytes), rank 0:")
 print(a.memory.loc[0, ["params", "grads", "optimizer", "peak", "peak_phase"]].to_string(), end="\n\n")
 for f in a.findings:
     print(f)
+
+print("\nDoes it fit? Llama-3-8B + LoRA, one sequence of 8192 tokens per rank, activations measured by torch:")
+training = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=8192)
+for checkpoint in (None, "blocks"):
+    for lora in ("ignored", "sharded"):
+        b = sv.analyze(model, sv.Plan.auto(model, lora=lora, checkpoint=checkpoint), sv.Mesh(8, device_memory="40GiB"),
+                       training)
+        row = b.memory.loc[int(b.memory.peak.to_numpy().argmax())]
+        verdict = "fits" if row.peak <= b.mesh.device_memory else "does not fit"
+        print(f"  LoRA {lora:8s} checkpoint {str(checkpoint):6s}: peak {row.peak / 2**30:6.2f} GiB "
+              f"(activations {row.activations / 2**30:6.2f} GiB) {verdict} in 40 GiB")
 print("\nOpen report.html in a browser (works offline).")
 PY

@@ -52,6 +52,12 @@ def _installed_torch() -> str:
     return torch.__version__
 
 
+def _first(names) -> dict:
+    """The ``fqns`` and ``n_fqns`` of a finding about ``names``: the first ``MAX_FQNS``, and how many in all."""
+    names = list(names)
+    return {"fqns": names[:MAX_FQNS], "n_fqns": len(names)}
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -81,8 +87,8 @@ def release_findings(layout: Layout, torch_version=None) -> list[Finding]:
             f"sv.export_code for torch {label} keeps the {_plural(len(plan.ignored), 'ignored parameter')} out "
             "without it: it hides them from fully_shard during the calls (their module slots set to None, "
             "then the same parameters put back), and averages their gradients itself",
-            plan.ignored[:MAX_FQNS],
-            f"use the code from sv.export_code(model, plan, torch_version={label!r}) "
+            **_first(plan.ignored),
+            fix=f"use the code from sv.export_code(model, plan, torch_version={label!r}) "
             f"(CLI: shardviz export ... --torch {label}), or torch_version=None to detect the release at run time; "
             "do not pass ignored_params yourself before torch 2.7",
         ))
@@ -119,8 +125,8 @@ def check_unsynchronised(analysis) -> list[Finding]:
             "SV102", "warning",
             f"{_plural(len(ignored), 'trainable parameter')} ({sum(p.numel for p in ignored):,} elements) "
             f"are ignored: FSDP never reduces their gradients, {tail}",
-            [p.fqn for p in ignored][:MAX_FQNS],
-            "use the code from sv.export_code, which broadcasts them once and averages their gradients in one "
+            **_first([p.fqn for p in ignored]),
+            fix="use the code from sv.export_code, which broadcasts them once and averages their gradients in one "
             "all-reduce per step; or all-reduce them yourself (torch's own test pairs ignored_params with DDP); "
             "or let FSDP shard them (drop them from ignored; not 0-dim ones, which fully_shard refuses)",
         ))
@@ -129,8 +135,8 @@ def check_unsynchronised(analysis) -> list[Finding]:
             "SV103", "warning",
             f"{_plural(len(loose), 'trainable parameter')} ({sum(p.numel for p in loose):,} elements) are under "
             f"no fully_shard call: nothing synchronises their gradients, {tail}",
-            [p.fqn for p in loose][:MAX_FQNS],
-            "add the root module \"\" as the last unit (it takes every leftover parameter), or use the code "
+            **_first([p.fqn for p in loose]),
+            fix="add the root module \"\" as the last unit (it takes every leftover parameter), or use the code "
             "from sv.export_code, which averages their gradients in one all-reduce per step",
         ))
     if frozen:
@@ -138,8 +144,8 @@ def check_unsynchronised(analysis) -> list[Finding]:
             "SV104", "info",
             f"{_plural(len(frozen), 'frozen parameter')} ({_gb(sum(p.nbytes for p in frozen))}) are under no "
             "fully_shard call: every rank holds them whole, and fully_shard does not move them to the device",
-            [p.fqn for p in frozen][:MAX_FQNS],
-            "add the root module \"\" as the last unit so FSDP shards them",
+            **_first([p.fqn for p in frozen]),
+            fix="add the root module \"\" as the last unit so FSDP shards them",
         ))
     return out
 
@@ -221,8 +227,8 @@ def check_padding(analysis) -> list[Finding]:
         "SV107", "warning",
         f"padding is {waste / allocated:.1%} of what the ranks allocate for shards ({_gb(waste / shard)} per rank): "
         f"fully_shard pads dim 0 of each parameter to a multiple of {shard} ranks",
-        [f for _, f in worst][:MAX_FQNS],
-        "use a shard size that divides the first dimension of the largest padded parameters, or keep tiny "
+        **_first([f for _, f in worst]),
+        fix="use a shard size that divides the first dimension of the largest padded parameters, or keep tiny "
         "parameters (LoRA, norms) out of the sharded groups (ignored, or a mesh with fewer ranks)",
     )]
 
@@ -245,8 +251,8 @@ def check_empty_shards(analysis) -> list[Finding]:
         f"{_plural(len(hit), 'sharded parameter')} leave some of the {shard} ranks an empty shard "
         f"({fewer} have fewer rows than ranks); e.g. {example.fqn!r} {example.shape}: {empty} ranks hold 0 rows "
         f"yet allocate {lay.shard_shape(example.index)[0]} padded rows",
-        [p.fqn for p in hit][:MAX_FQNS],
-        "usually nothing to do: each such parameter costs at most one padded row per rank, counted in the "
+        **_first([p.fqn for p in hit]),
+        fix="usually nothing to do: each such parameter costs at most one padded row per rank, counted in the "
         "memory table; a shard size no larger than their first dimension avoids it (HSDP: fewer ranks per "
         "shard group, more replicas)",
     )]
@@ -284,8 +290,8 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
         f"trainable parameters of both kinds: {_plural(len(sharded), 'sharded parameter')} (DTensor) and "
         f"{_plural(len(whole), 'whole parameter')} (plain Tensor); an optimizer with one group over all of them "
         "raises 'got mixed torch.Tensor and DTensor' at step() with foreach kernels (torch's default on GPU)",
-        [p.fqn for p in whole][:MAX_FQNS],
-        "build the optimizer from optimizer_param_groups(model), which the exported code defines "
+        **_first([p.fqn for p in whole]),
+        fix="build the optimizer from optimizer_param_groups(model), which the exported code defines "
         "(one group of DTensors, one of plain tensors), or pass foreach=False",
     )]
 
@@ -304,8 +310,8 @@ def check_use_cache(analysis) -> list[Finding]:
         "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
         "values alive until the loss, about one hidden state per layer more than the predicted peak (which "
         "assumes use_cache=False, see docs/activations.md)",
-        analysis.plan.checkpoint[:MAX_FQNS],
-        "set model.config.use_cache = False before training (or pass use_cache=False to the forward)",
+        **_first(analysis.plan.checkpoint),
+        fix="set model.config.use_cache = False before training (or pass use_cache=False to the forward)",
     )]
 
 

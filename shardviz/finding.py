@@ -14,11 +14,15 @@ class Finding:
     message: str
     fqns: tuple[str, ...] = field(default=())
     fix: str = ""
+    # how many names the finding is about in all: ``fqns`` may list only the first of them
+    n_fqns: int | None = None
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"Finding {self.code}: severity must be one of {SEVERITIES}, got {self.severity!r}")
         object.__setattr__(self, "fqns", tuple(self.fqns))
+        if self.n_fqns is None:
+            object.__setattr__(self, "n_fqns", len(self.fqns))
 
     def __str__(self) -> str:
         names = [f if f else "<root>" for f in self.fqns[:3]]

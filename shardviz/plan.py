@@ -26,7 +26,6 @@ def closest_hint(name: str, candidates: Iterable[str], n: int = 3) -> str:
     return f" Closest existing names: {', '.join(repr(m) for m in matches)}." if matches else ""
 
 
-_closest = closest_hint  # the old name, still imported by shardviz/widget/state.py
 
 
 @dataclass(frozen=True)

@@ -896,7 +896,7 @@ function render({ model, el }) {
             h("span", {
               class: "sv-muted sv-finding-more",
               "data-more": f.n_fqns - listed,
-              text: ` and ${f.n_fqns_exact ? "" : "at least "}${(f.n_fqns - listed).toLocaleString()} more`,
+              text: ` and ${(f.n_fqns - listed).toLocaleString()} more`,
             }),
           );
         item.append(where);

@@ -304,19 +304,19 @@ class InspectorState:
     # ------------------------------------------------------------------------------------
     def _module(self, fqn: str) -> int:
         if fqn not in self.tree.module_index:
-            from ..plan import _closest
+            from ..plan import closest_hint
 
             hint = (f" {fqn!r} is a parameter." if fqn in self.tree.param_index
-                    else _closest(fqn, self.tree.module_index))
+                    else closest_hint(fqn, self.tree.module_index))
             raise ValueError(f"no module named {fqn!r} in {self.tree.root_type}.{hint}")
         return self.tree.module_index[fqn]
 
     def _param(self, fqn: str) -> int:
         if fqn not in self.tree.param_index:
-            from ..plan import _closest
+            from ..plan import closest_hint
 
             hint = (f" {fqn!r} is a module; use ignore_lora or list its parameters." if fqn in self.tree.module_index
-                    else _closest(fqn, self.tree.param_index))
+                    else closest_hint(fqn, self.tree.param_index))
             raise ValueError(f"no parameter named {fqn!r} in {self.tree.root_type}.{hint}")
         return self.tree.param_index[fqn]
 

@@ -268,49 +268,22 @@ def traffic_payload(analysis) -> dict:
     }
 
 
-def finding_total(analysis, finding) -> int | None:
-    """How many names a finding is about, when its list was cut at ``checks.MAX_FQNS``.
-
-    ``Finding.fqns`` keeps only the first names; for the findings whose names are a plain
-    selection of the layout (ignored / unmanaged parameters) the total is counted here from the
-    same layout. None: cut, and the total is not known here ("at least" is all one can say).
-    """
-    from ..checks import MAX_FQNS
-
-    n = len(finding.fqns)
-    if n < MAX_FQNS:
-        return n
-    lay, tree = analysis.layout, analysis.tree
-    status = lay.param_status
-    if finding.code == "SV101":
-        return len(analysis.plan.ignored)
-    if finding.code == "SV102":
-        return sum(1 for p in tree.params if status[p.index] == "ignored" and p.requires_grad)
-    if finding.code == "SV103":
-        return sum(1 for p in tree.params if status[p.index] == "unmanaged" and p.requires_grad)
-    if finding.code == "SV104":
-        return sum(1 for p in tree.params if status[p.index] == "unmanaged" and not p.requires_grad)
-    return None
-
-
 def findings_payload(analysis) -> list[dict]:
     """``a.findings`` for the front end. ``n_fqns``: how many names the finding is about in all
-    (not only the ones listed); ``n_fqns_exact`` False when that is a lower bound."""
+    (``Finding.n_fqns``; ``fqns`` lists the first of them)."""
     try:
         findings = analysis.findings
     except Exception as exc:  # noqa: BLE001 - say so in the list rather than break the widget
         return [{"code": "SV000", "severity": "error", "message": f"the checks failed: {type(exc).__name__}: {exc}",
-                 "fqns": [], "n_fqns": 0, "n_fqns_exact": True, "fix": ""}]
+                 "fqns": [], "n_fqns": 0, "fix": ""}]
     out = []
     for f in findings:
-        total = finding_total(analysis, f)
         out.append({
             "code": f.code,
             "severity": f.severity,
             "message": f.message,
             "fqns": list(f.fqns[:50]),
-            "n_fqns": total if total is not None else len(f.fqns),
-            "n_fqns_exact": total is not None,
+            "n_fqns": f.n_fqns,
             "fix": f.fix,
         })
     return out
