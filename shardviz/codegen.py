@@ -257,23 +257,22 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     add("")
     add(f"MESH_SHAPE = {mesh.shape!r}")
     add(f"MESH_DIM_NAMES = {('replicate', 'shard') if mesh.is_hsdp else ('shard',)!r}")
+
+    def names_tuple(comment: str, variable: str, names) -> None:
+        add(f"# {comment}")
+        add(f"{variable} = (")
+        for name in names:
+            add(f"    {_lit(name)},")
+        add(")")
+
     if ignored:
-        add("# The plan's ignored parameters: FSDP keeps them whole on every rank and never reduces their gradients.")
-        add("IGNORED = (")
-        for name in ignored:
-            add(f"    {_lit(name)},")
-        add(")")
+        names_tuple("The plan's ignored parameters: FSDP keeps them whole on every rank and never reduces their "
+                    "gradients.", "IGNORED", ignored)
     if checkpoint:
-        add("# Wrapped in checkpoint_wrapper before any fully_shard call; fully_shard then takes the wrapper.")
-        add("CHECKPOINT = (")
-        for name in checkpoint:
-            add(f"    {_lit(name)},")
-        add(")")
-        add("# Every module a fully_shard call takes, resolved by name before wrapping renames them.")
-        add("MODULES = (")
-        for name in dict.fromkeys(m for u in units for m in u.modules if m):
-            add(f"    {_lit(name)},")
-        add(")")
+        names_tuple("Wrapped in checkpoint_wrapper before any fully_shard call; fully_shard then takes the wrapper.",
+                    "CHECKPOINT", checkpoint)
+        names_tuple("Every module a fully_shard call takes, resolved by name before wrapping renames them.",
+                    "MODULES", dict.fromkeys(m for u in units for m in u.modules if m))
     add("")
     add("")
     add(runtime_source(RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if hides else ()) + ((RUNTIME_CHECKPOINT,) if checkpoint else ())))
