@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import math
 
+from ..cost import BREAKDOWN
+
 # The one breakdown of a rank's peak (``Analysis.peak_breakdown``): its keys, bottom to top of the
 # stacked bar; together they sum exactly to the ``peak`` column of ``a.memory``. The widget, the
 # report and ``compare`` all draw these, in this order, with these labels.
-PEAK_PARTS = (
-    "sharded params",
-    "whole params",
-    "buffers",
-    "optimizer states",
-    "gradients",
-    "unsharded params",
-    "communication buffers",
-    "activations",
-    "temporaries",
-)
+PEAK_PARTS = BREAKDOWN
 PART_HELP = {
     "sharded params": "each rank's padded shards of the parameters fully_shard manages",
     "whole params": "ignored and unmanaged parameters: every rank holds them whole",
@@ -54,29 +46,9 @@ def _column(table, name, default=0) -> list:
 
 
 def peak_breakdown(analysis, rank: int | None = None) -> dict:
-    """Bytes at the peak of ``rank`` (default: the worst rank) by ``PEAK_PARTS``; sums to its peak.
-
-    ``analysis.peak_breakdown`` when the engine has it (the one breakdown); otherwise the same
-    keys from the columns of ``a.memory``: what exists only around the peak
-    (``peak_transient``) is not split further and counts as temporaries.
-    """
-    if hasattr(analysis, "peak_breakdown"):
-        got = analysis.peak_breakdown(rank)
-        return {k: _int(got.get(k, 0)) for k in PEAK_PARTS}
-    table = analysis.memory
-    i = int(table["peak"].idxmax()) if rank is None else int(table.index[table["rank"] == rank][0])
-    row = table.loc[i]
-    out = dict.fromkeys(PEAK_PARTS, 0)
-    out["sharded params"] = _int(row.get("params_sharded", row["params"]))
-    out["whole params"] = _int(row.get("params_whole", 0))
-    out["buffers"] = _int(row.get("buffers", 0))
-    out["optimizer states"] = _int(row.get("optimizer", 0))
-    out["activations"] = _int(row.get("activations", 0))
-    transient = _int(row.get("peak_transient", 0))
-    rest = _int(row["peak"]) - sum(out.values()) - transient
-    out["gradients"] = max(rest, 0)
-    out["temporaries"] = transient + min(rest, 0)  # keep the sum exact
-    return out
+    """Bytes at the peak of ``rank`` (default: the worst rank) by ``PEAK_PARTS``; sums to its peak
+    (``Analysis.peak_breakdown``, computed once in the cost model)."""
+    return analysis.peak_breakdown(rank)
 
 
 def limit_use(peak: int | None, limit: int | None) -> dict | None:
