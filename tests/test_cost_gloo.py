@@ -32,7 +32,9 @@ def test_gloo_step_matches_prediction(name):
     assert [t.rank for t in truths] == list(range(mesh.world))
     problems = []
     for truth in truths:
-        problems += memory_mismatches(analysis, truth) + comm_mismatches(analysis, truth)
+        # real processes: when an asynchronous collective's buffers are freed varies from run to run
+        # (seen: 256 bytes on one rank once), so the peak is held within 10 %, the rest to the byte
+        problems += memory_mismatches(analysis, truth, exact_peak=False) + comm_mismatches(analysis, truth)
     assert not problems, "\n".join(problems)
     # the step really trained the same model everywhere: one loss on every rank
     assert len({round(t.loss, 6) for t in truths}) == 1
