@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import math
 import threading
@@ -931,6 +932,40 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
                         tree: ModelTree | None = None) -> ActivationProfile:
     """Measure the activation memory of one training step of ``model`` (see the module docstring).
 
+    On a copy with one block per kind; when that copy cannot run (a model whose forward indexes
+    per-layer lists by the layer's position, hybrid layer types, ...), on a fake copy of the whole
+    model (slower, no extrapolation), which the profile's ``assumptions`` then say. When neither
+    runs, a ValueError names the model and torch's error.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"measure_activations needs the nn.Module, got {type(model).__name__}")
+    if example_inputs is None and _hf_config(model) is None:
+        raise ValueError("not a Hugging Face model: pass example_inputs=(batch, seq) -> (args, kwargs)")
+    try:
+        return _measure(model, batch_size, seq_len, param_dtype=param_dtype, whole_params=whole_params,
+                        checkpoint=checkpoint, example_inputs=example_inputs, tree=tree, reduce=True)
+    except (KeyError, ValueError) as exc:
+        if str(exc).strip("'\"").startswith(("checkpoint:", "batch_size and seq_len")):
+            raise  # the caller's arguments, not the model
+        first = exc
+    except Exception as exc:  # noqa: BLE001 - the reduced copy failed: measure the whole model
+        first = exc
+    try:
+        profile = _measure(model, batch_size, seq_len, param_dtype=param_dtype, whole_params=whole_params,
+                           checkpoint=checkpoint, example_inputs=example_inputs, tree=tree, reduce=False)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(
+            f"the activations of {type(model).__name__} could not be measured at batch {batch_size} x {seq_len}: "
+            f"{type(first).__name__}: {str(first)[:300]}; pass Training(example_inputs=...) with inputs its forward "
+            "accepts, or batch_size=None for the model state alone") from exc
+    note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
+    return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
+
+
+def _measure(model: nn.Module, batch_size: int, seq_len: int, *, param_dtype, whole_params, checkpoint,
+             example_inputs, tree, reduce: bool) -> ActivationProfile:
+    """``measure_activations`` on a copy with one block per kind (``reduce``) or on the whole model.
+
     model: the user's module (meta or real; never modified).
     batch_size, seq_len: the step's input shape (``input_ids`` of (batch_size, seq_len)).
     param_dtype: the dtype FSDP computes sharded parameters in (``MixedPrecisionPolicy.param_dtype``,
@@ -982,7 +1017,8 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
             return p.dtype
         return pdt
 
-    blocks = find_blocks(tree)
+    listed = find_blocks(tree)  # the repeated blocks, reported either way
+    blocks = listed if reduce else []  # the ones cut to one copy per kind
     lists = _plan_lists(tree, blocks, compute_dtype, checkpoint)
     block_prefixes = tuple(tree.modules[b].fqn + "." for b in blocks)
     block_set = {tree.modules[b].fqn for b in blocks}
@@ -1040,7 +1076,7 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
     measured = sum(len(lp.reps) for lp in lists)
     profile = ActivationProfile(
         batch_size=batch_size, seq_len=seq_len, param_dtype=str(pdt).replace("torch.", "") if pdt else None,
-        peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in blocks], timeline=timeline,
+        peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
         attention=attention, assumptions=tuple(assumptions), measured_blocks=measured,
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )

@@ -308,6 +308,35 @@ def test_example_inputs_for_any_module():
     check_against_truth(profile, peak, truth)
 
 
+class IndexedTower(Tower):
+    """A forward that addresses its blocks by position (as hybrid models index per-layer lists):
+    the one-block-per-kind copy cannot run it, the whole model can."""
+
+    def forward(self, x):
+        h = self.proj(x)
+        for i in range(4):
+            h = self.blocks[i](h)
+        return self.head(h)
+
+
+def test_a_model_the_reduced_copy_cannot_run_is_measured_whole():
+    torch.manual_seed(0)
+    model = IndexedTower()
+    profile = measure_activations(model, BATCH, SEQ, example_inputs=tower_inputs)
+    assert any("measured on the whole model" in a and "IndexError" in a for a in profile.assumptions)
+    peak, truth = real_step(model, tower_inputs)
+    check_against_truth(profile, peak, truth)
+
+
+def test_a_model_nothing_can_run_names_itself():
+    class Broken(Tower):
+        def forward(self, x):
+            raise RuntimeError("needs pixel_values")
+
+    with pytest.raises(ValueError, match="activations of Broken could not be measured.*needs pixel_values"):
+        measure_activations(Broken(), BATCH, SEQ, example_inputs=tower_inputs)
+
+
 # ---------------------------------------------------------------------------
 # MoE routing, meta models, the user's model, the API
 # ---------------------------------------------------------------------------
