@@ -60,3 +60,33 @@ def test_auto_plan_on_hf_architectures():
     assert len(built) >= MIN_BUILT, f"only {len(built)} built: {unbuildable}"
     assert set(ISSUE_TYPES) <= set(built), f"issue 9's architectures must build: {set(ISSUE_TYPES) - set(built)}"
     assert len(unbuildable) <= 20, unbuildable
+
+
+MIN_MEASURED = 24  # of the 27 causal LMs in the sample, 24 measure with checkpointed blocks (transformers 5.24: not BLT, GIT, XLM)
+
+
+@pytest.mark.slow
+def test_activations_on_hf_causal_lms():
+    """The peak with activations (Training(batch_size=...)) on every causal LM of the sample that
+    builds: a training step runs under FakeTensorMode (one block per kind, or the whole model when
+    the forward cannot run on the cut copy); what cannot run says so in one ValueError."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    measured, failed = [], {}
+    for model_type in sample_types(N_TYPES):
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            continue
+        try:
+            model = build(model_type)
+        except Unbuildable:
+            continue
+        plan = sv.Plan.auto(model, checkpoint="blocks")
+        try:
+            a = sv.analyze(model, plan, sv.Mesh(4), sv.Training(batch_size=1, seq_len=32))
+            assert int(a.memory.activations.max()) > 0
+            measured.append(model_type)
+        except ValueError as exc:
+            assert "could not be measured" in str(exc), (model_type, exc)
+            failed[model_type] = str(exc)[:200]
+    print(f"\n{len(measured)} causal LMs measured; not measurable: {failed}")
+    assert len(measured) >= MIN_MEASURED, failed
