@@ -267,8 +267,8 @@ class Group:
     ctx: int  # the root call whose communication context it shares
     modules: tuple[int, ...]  # its modules (tree indices)
     # (forward position, unsharded grad bytes, whole grad bytes) per module that owns its
-    # parameters, when other calls are nested inside it (their backward runs in between);
-    # None: all its gradients appear together
+    # parameters, when other calls are nested inside it (their backward runs in between) or when
+    # activations are counted (each module's backward has its own level); None: all at once
     grads_at: tuple | None = None
 
 
