@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .format import format_bytes, worst_rank  # noqa: F401  (format_bytes: callers still import it from here)
 from .fsdp import local_rows_table, padded_shard_numel
 from .plan import DTYPE_NAMES, Unit
 
@@ -1041,15 +1042,6 @@ def peak_breakdown(analysis, rank: int | None = None) -> dict[str, int]:
     The one breakdown every view draws: its values sum to ``a.memory.peak`` of that rank."""
     mem = analysis.memory
     if rank is None:
-        rank = int(mem["rank"].iloc[int(mem["peak"].to_numpy().argmax())])
+        rank = worst_rank(mem)
     _, coord = analysis.mesh.coords(rank)
     return cost_model(analysis).breakdown(coord)
-
-
-def format_bytes(n: float) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
