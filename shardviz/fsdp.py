@@ -27,7 +27,7 @@ from functools import cached_property
 import numpy as np
 
 from .finding import Finding, PlanError
-from .plan import Plan, Unit
+from .plan import Plan, Unit, closest_hint
 from .tree import ModelTree
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
@@ -156,6 +156,40 @@ def padded_shard_numel(dim0, row_numel, shard):
 
 
 # ---------------------------------------------------------------------------
+# What a call may take (``_fsdp_init._validate_module``: no bare ModuleList/ModuleDict)
+# ---------------------------------------------------------------------------
+def subtree_numel(tree: ModelTree) -> list[int]:
+    """Parameter elements under each module, each unique parameter counted where it first appears."""
+    own = [0] * tree.n_modules
+    for p in tree.params:
+        own[p.owners[0]] += p.numel
+    total = own[:]
+    for info in reversed(tree.modules):
+        if info.parent >= 0:
+            total[info.parent] += total[info.index]
+    return total
+
+
+def children_with_params(tree: ModelTree, module: int) -> list[int]:
+    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
+    numel = subtree_numel(tree)
+    out: list[int] = []
+
+    def add(m: int) -> None:
+        if numel[m] == 0 and not tree.modules[m].params:
+            return
+        if tree.modules[m].bare_container:
+            for c in tree.modules[m].children:
+                add(c)
+        else:
+            out.append(m)
+
+    for c in tree.modules[module].children:
+        add(c)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # The layout of one plan on one model
 # ---------------------------------------------------------------------------
 @dataclass
@@ -170,21 +204,29 @@ class UnitLayout:
 
 
 class Layout:
-    """Which call owns each parameter and what each rank holds, for one (tree, plan, mesh)."""
+    """Which call owns each parameter and what each rank holds, for one (tree, plan, mesh).
+
+    Built in three steps: which call each module belongs to, which call manages each parameter,
+    then every refusal of torch (``REFUSALS``, SV001-SV008) read off that ownership."""
 
     STATUS = ("sharded", "ignored", "unmanaged")
 
     def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh):
         self.tree, self.plan, self.mesh = tree, plan, mesh
         plan.validate(tree)
-        self.errors: list[Finding] = []
-        n_mod = tree.n_modules
+        self._assign_modules()
+        self._assign_params()
+        self.errors: list[Finding] = [f for refusal in REFUSALS for f in refusal(self)]
+        for ul in self.units:
+            ul.reshard_after_forward = resolved_reshard(effective_reshard_after_forward(ul.unit, ul.is_root), mesh.shard)
 
-        # 1. Which unit each module opens, then the nearest enclosing unit (preorder sweep).
+    def _assign_modules(self) -> None:
+        """Which unit each module opens, then the nearest enclosing unit (a preorder sweep)."""
+        tree = self.tree
         self.units = [
-            UnitLayout(i, u, tuple(tree.module_index[m] for m in u.modules)) for i, u in enumerate(plan.units)
+            UnitLayout(i, u, tuple(tree.module_index[m] for m in u.modules)) for i, u in enumerate(self.plan.units)
         ]
-        own = [-1] * n_mod
+        own = [-1] * tree.n_modules
         for ul in self.units:
             for m in ul.modules:
                 own[m] = ul.index
@@ -196,116 +238,35 @@ class Layout:
         self._own = own
         self._order_units(own, owner)
 
-        # 2. Parameters: ignored, owned by one call, or under none.
-        ignored = {tree.param_index[f] for f in plan.ignored}
-        self.param_unit = [-1] * len(tree.params)
-        self.param_status = ["unmanaged"] * len(tree.params)
-        self.would_be_unit = [-1] * len(tree.params)  # the call an ignored parameter sits in
+    def _assign_params(self) -> None:
+        """Each parameter: ignored, managed by the first call that reaches it, or under none."""
+        tree = self.tree
+        ignored = {tree.param_index[f] for f in self.plan.ignored}
+        n_params = len(tree.params)
+        self.param_unit = [-1] * n_params
+        self.param_status = ["unmanaged"] * n_params
+        self.would_be_unit = [-1] * n_params  # the call an ignored parameter sits in
+        self.shared_calls: dict[int, list[int]] = {}  # parameter -> the several calls that reach it (SV001)
         for p in tree.params:
-            if len(p.fqns) == 1:  # the common case, kept cheap: a toggle re-runs this loop
-                calls = [owner[p.owners[0]]] if owner[p.owners[0]] >= 0 else []
-            else:  # tied, or under a module reached along several paths: every name's enclosing call
-                calls = sorted({u for u in map(self.enclosing_unit, p.fqns) if u >= 0},
-                               key=lambda u: self.units[u].order)
+            calls = self._calls_reaching(p)
             if calls:
                 self.would_be_unit[p.index] = calls[0]
             if p.index in ignored:
                 self.param_status[p.index] = "ignored"
-                continue
-            if not calls:
-                continue
-            self.param_unit[p.index] = calls[0]  # the first call to reach it manages it
-            self.param_status[p.index] = "sharded"
-            self.units[calls[0]].params.append(p.index)
-            if len(calls) > 1:
-                names = [self.units[u].unit.name for u in calls]
-                # One module reached along two paths: the second call finds the first call's DTensor.
-                when = ("torch raises RuntimeError at the second fully_shard call ('Cannot concatenate "
-                        "overlapping meshes')" if len(p.owners) == 1 else
-                        "torch >= 2.13 raises ValueError at the first forward")
-                self.errors.append(Finding(
-                    "SV001", "error",
-                    f"parameter {p.fqn!r} (also {', '.join(p.fqns[1:]) or 'reached through a shared module'}) "
-                    f"is managed by {len(calls)} fully_shard calls: {', '.join(names)}; each call makes its own "
-                    f"sharded copy, so the tie is broken; {when}",
-                    p.fqns,
-                    f"put the modules that share it in one grouped unit, e.g. {[self.units[u].unit.modules[0] for u in calls]}",
-                ))
-            if len(p.shape) == 0:
-                self.errors.append(Finding(
-                    "SV002", "error",
-                    f"parameter {p.fqn!r} is a scalar (0-dim); fully_shard raises ValueError: it cannot be sharded on dim 0",
-                    p.fqns, "reshape it to a 1-D tensor of one element, or list it in the plan's ignored parameters",
-                ))
-            if len(p.fqns) > 1:
-                loose = [f for f in p.fqns if self.alias_unit(f) < 0]
-                if loose:
-                    self.errors.append(Finding(
-                        "SV006", "error",
-                        f"tied parameter {p.fqn!r} is sharded by {self.units[calls[0]].unit.name} but its alias "
-                        f"{', '.join(repr(f) for f in loose)} is under no fully_shard call: that module keeps the "
-                        "original unsharded tensor and the tie is broken",
-                        p.fqns, "add the root module \"\" as a unit, or group the modules that share it",
-                    ))
-        for p in tree.params:
-            if self.param_status[p.index] == "sharded" and not p.contiguous:
-                self.errors.append(Finding(
-                    "SV008", "error",
-                    f"parameter {p.fqn!r} {p.shape} is not contiguous (a transposed or strided view); fully_shard "
-                    "raises NotImplementedError: FSDP does not support non-contiguous parameters",
-                    p.fqns, "make it contiguous before fully_shard (module.x = nn.Parameter(module.x.contiguous())), "
-                    "or list it in the plan's ignored parameters",
-                ))
-        for ul in self.units:
-            module = tree.modules[ul.modules[0]]
-            if not ul.unit.is_grouped and module.bare_container:
-                from .presets import children_with_params
+            elif calls:
+                self.param_unit[p.index] = calls[0]  # the first call to reach it manages it
+                self.param_status[p.index] = "sharded"
+                self.units[calls[0]].params.append(p.index)
+                if len(calls) > 1:
+                    self.shared_calls[p.index] = calls
 
-                children = [tree.modules[c].fqn for c in children_with_params(tree, module.index)]
-                shown = ", ".join(repr(c) for c in children[:4]) + (", ..." if len(children) > 4 else "")
-                self.errors.append(Finding(
-                    "SV007", "error",
-                    f"module {ul.unit.name!r} is a {module.type_name} without forward; fully_shard raises "
-                    f"ValueError: it does not support containers that do not implement forward",
-                    ul.unit.modules,
-                    f"give each of its children that hold parameters its own unit ({shown})" if children else
-                    "drop the unit: nothing under it holds a parameter",
-                ))
-        for ul in self.units:
-            dtypes = {tree.params[p].dtype for p in ul.params if tree.params[p].requires_grad}
-            if len(dtypes) > 1:
-                self.errors.append(Finding(
-                    "SV003", "error",
-                    f"call {ul.unit.name} manages trainable parameters of dtypes "
-                    f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
-                    "per group (AssertionError at the first forward)",
-                    [tree.params[p].fqn for p in ul.params if tree.params[p].requires_grad][:20],
-                    "cast them to one dtype before fully_shard, give each dtype its own unit, or list the "
-                    "trainable parameters of the other dtypes as ignored",
-                ))
-            if ul.is_root and ul.unit.is_grouped:
-                self.errors.append(Finding(
-                    "SV004", "error",
-                    f"grouped call {ul.unit.name} has no enclosing unit, so lazy init makes it a root; "
-                    "torch raises 'requires a single root module' at the first forward",
-                    ul.unit.modules, "add the root module \"\" as a unit (the usual last call)",
-                ))
-        for ul in self.units:
-            rar = effective_reshard_after_forward(ul.unit, ul.is_root)
-            # An int is a group size to reshard to (``_get_post_forward_mesh_info``): a divisor of
-            # the shard size; 1 means False and the shard size itself means True.
-            if not isinstance(rar, bool):
-                if rar > mesh.shard or mesh.shard % rar:
-                    self.errors.append(Finding(
-                        "SV005", "error",
-                        f"call {ul.unit.name}: reshard_after_forward={rar} is not a divisor of the shard size "
-                        f"{mesh.shard}; fully_shard raises ValueError",
-                        ul.unit.modules, "use True, False or a divisor of the shard size such as the ranks per node",
-                    ))
-                    rar = True
-                elif rar in (1, mesh.shard):
-                    rar = rar == mesh.shard
-            ul.reshard_after_forward = rar
+    def _calls_reaching(self, p) -> list[int]:
+        """The calls whose DFS reaches parameter ``p``, in bottom-up order."""
+        if len(p.fqns) == 1:  # the common case, kept cheap: a toggle re-runs this for every parameter
+            unit = self.module_unit[p.owners[0]]
+            return [unit] if unit >= 0 else []
+        # tied, or under a module reached along several paths: every name's enclosing call
+        return sorted({u for u in map(self.enclosing_unit, p.fqns) if u >= 0}, key=lambda u: self.units[u].order)
 
     def _order_units(self, own: list[int], owner: list[int]) -> None:
         """Bottom-up order: a call runs after every call nested inside it (torch requires it)."""
@@ -360,8 +321,6 @@ class Layout:
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
         """``p.to_local().shape`` on global ``rank`` (the full shape when FSDP does not shard it)."""
         if fqn not in self.tree.param_index:
-            from .plan import closest_hint
-
             raise ValueError(f"no parameter named {fqn!r}.{closest_hint(fqn, self.tree.param_index)}")
         p = self.tree.param_index[fqn]
         _, coord = self.mesh.coords(rank)
@@ -417,3 +376,161 @@ class Layout:
                 "padded_shard_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params),
             })
         return out
+
+
+
+# ---------------------------------------------------------------------------
+# What torch refuses, read off a Layout's ownership (one function per refusal)
+# ---------------------------------------------------------------------------
+def reshard_group_ok(rar, shard: int) -> bool:
+    """An int ``reshard_after_forward`` is a group size to reshard to (``_get_post_forward_mesh_info``):
+    a divisor of the shard size."""
+    return isinstance(rar, bool) or (rar <= shard and shard % rar == 0)
+
+
+def resolved_reshard(rar, shard: int):
+    """The effective value as torch reads it: an int of 1 means False and the shard size means True;
+    a refused int (SV005) is shown as True."""
+    if isinstance(rar, bool):
+        return rar
+    if not reshard_group_ok(rar, shard):
+        return True
+    return rar == shard if rar in (1, shard) else rar
+
+
+def _sharded_params(lay: Layout):
+    return [p for p in lay.tree.params if lay.param_status[p.index] == "sharded"]
+
+
+def refuse_shared_across_calls(lay: Layout) -> list[Finding]:
+    """SV001: a parameter reached by several calls, each making its own sharded copy."""
+    out = []
+    for index, calls in lay.shared_calls.items():
+        p = lay.tree.params[index]
+        names = [lay.units[u].unit.name for u in calls]
+        # One module reached along two paths: the second call finds the first call's DTensor.
+        when = ("torch raises RuntimeError at the second fully_shard call ('Cannot concatenate "
+                "overlapping meshes')" if len(p.owners) == 1 else
+                "torch >= 2.13 raises ValueError at the first forward")
+        out.append(Finding(
+            "SV001", "error",
+            f"parameter {p.fqn!r} (also {', '.join(p.fqns[1:]) or 'reached through a shared module'}) "
+            f"is managed by {len(calls)} fully_shard calls: {', '.join(names)}; each call makes its own "
+            f"sharded copy, so the tie is broken; {when}",
+            p.fqns,
+            f"put the modules that share it in one grouped unit, e.g. {[lay.units[u].unit.modules[0] for u in calls]}",
+        ))
+    return out
+
+
+def refuse_scalars(lay: Layout) -> list[Finding]:
+    """SV002: a 0-dim parameter cannot be sharded on dim 0 (``_verify_managed_param``)."""
+    return [Finding(
+        "SV002", "error",
+        f"parameter {p.fqn!r} is a scalar (0-dim); fully_shard raises ValueError: it cannot be sharded on dim 0",
+        p.fqns, "reshape it to a 1-D tensor of one element, or list it in the plan's ignored parameters",
+    ) for p in _sharded_params(lay) if len(p.shape) == 0]
+
+
+def refuse_loose_aliases(lay: Layout) -> list[Finding]:
+    """SV006: a tied parameter sharded by one call while one of its names is under no call."""
+    out = []
+    for p in _sharded_params(lay):
+        loose = [f for f in p.fqns if lay.alias_unit(f) < 0] if len(p.fqns) > 1 else []
+        if loose:
+            out.append(Finding(
+                "SV006", "error",
+                f"tied parameter {p.fqn!r} is sharded by {lay.units[lay.param_unit[p.index]].unit.name} but its alias "
+                f"{', '.join(repr(f) for f in loose)} is under no fully_shard call: that module keeps the "
+                "original unsharded tensor and the tie is broken",
+                p.fqns, "add the root module \"\" as a unit, or group the modules that share it",
+            ))
+    return out
+
+
+def refuse_non_contiguous(lay: Layout) -> list[Finding]:
+    """SV008: ``FSDPParam._init_sharded_param`` refuses non-contiguous parameters."""
+    return [Finding(
+        "SV008", "error",
+        f"parameter {p.fqn!r} {p.shape} is not contiguous (a transposed or strided view); fully_shard "
+        "raises NotImplementedError: FSDP does not support non-contiguous parameters",
+        p.fqns, "make it contiguous before fully_shard (module.x = nn.Parameter(module.x.contiguous())), "
+        "or list it in the plan's ignored parameters",
+    ) for p in _sharded_params(lay) if not p.contiguous]
+
+
+def refuse_bare_containers(lay: Layout) -> list[Finding]:
+    """SV007: a ModuleList/ModuleDict without forward as a call (``_fsdp_init._validate_module``)."""
+    tree, out = lay.tree, []
+    for ul in lay.units:
+        module = tree.modules[ul.modules[0]]
+        if ul.unit.is_grouped or not module.bare_container:
+            continue
+        children = [tree.modules[c].fqn for c in children_with_params(tree, module.index)]
+        shown = ", ".join(repr(c) for c in children[:4]) + (", ..." if len(children) > 4 else "")
+        out.append(Finding(
+            "SV007", "error",
+            f"module {ul.unit.name!r} is a {module.type_name} without forward; fully_shard raises "
+            f"ValueError: it does not support containers that do not implement forward",
+            ul.unit.modules,
+            f"give each of its children that hold parameters its own unit ({shown})" if children else
+            "drop the unit: nothing under it holds a parameter",
+        ))
+    return out
+
+
+def refuse_mixed_dtypes(lay: Layout) -> list[Finding]:
+    """SV003: trainable parameters of one group must share one original dtype (``FSDPParamGroup``)."""
+    tree, out = lay.tree, []
+    for ul in lay.units:
+        trainable = [tree.params[p] for p in ul.params if tree.params[p].requires_grad]
+        dtypes = {p.dtype for p in trainable}
+        if len(dtypes) > 1:
+            out.append(Finding(
+                "SV003", "error",
+                f"call {ul.unit.name} manages trainable parameters of dtypes "
+                f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
+                "per group (AssertionError at the first forward)",
+                [p.fqn for p in trainable][:20],
+                "cast them to one dtype before fully_shard, give each dtype its own unit, or list the "
+                "trainable parameters of the other dtypes as ignored",
+            ))
+    return out
+
+
+def refuse_grouped_roots(lay: Layout) -> list[Finding]:
+    """SV004: a grouped call with no enclosing unit becomes a root (``_lazy_init``: a single root module)."""
+    return [Finding(
+        "SV004", "error",
+        f"grouped call {ul.unit.name} has no enclosing unit, so lazy init makes it a root; "
+        "torch raises 'requires a single root module' at the first forward",
+        ul.unit.modules, "add the root module \"\" as a unit (the usual last call)",
+    ) for ul in lay.units if ul.is_root and ul.unit.is_grouped]
+
+
+def refuse_bad_reshard_groups(lay: Layout) -> list[Finding]:
+    """SV005: an int ``reshard_after_forward`` that does not divide the shard size."""
+    out = []
+    for ul in lay.units:
+        rar = effective_reshard_after_forward(ul.unit, ul.is_root)
+        if not reshard_group_ok(rar, lay.mesh.shard):
+            out.append(Finding(
+                "SV005", "error",
+                f"call {ul.unit.name}: reshard_after_forward={rar} is not a divisor of the shard size "
+                f"{lay.mesh.shard}; fully_shard raises ValueError",
+                ul.unit.modules, "use True, False or a divisor of the shard size such as the ranks per node",
+            ))
+    return out
+
+
+#: Every refusal, in the order the findings list them.
+REFUSALS = (
+    refuse_shared_across_calls,
+    refuse_scalars,
+    refuse_loose_aliases,
+    refuse_non_contiguous,
+    refuse_bare_containers,
+    refuse_mixed_dtypes,
+    refuse_grouped_roots,
+    refuse_bad_reshard_groups,
+)

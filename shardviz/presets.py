@@ -1,21 +1,15 @@
-"""``Plan.auto``: the per-block layout that torchtitan and torchtune use, found from the tree."""
+"""``Plan.auto``: the per-block layout that torchtitan and torchtune use, found from the tree.
+
+Above ``fsdp`` in the layers: calls that would share a parameter are found with ``Layout`` (the
+engine's ownership rule) and joined into one call."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from .fsdp import Layout, Mesh, children_with_params, subtree_numel
 from .plan import Plan, Unit
 from .tree import ModelTree
-
-
-def subtree_numel(tree: ModelTree) -> list[int]:
-    """Parameter elements under each module, each unique parameter counted where it first appears."""
-    own = [0] * tree.n_modules
-    for p in tree.params:
-        own[p.owners[0]] += p.numel
-    total = own[:]
-    for info in reversed(tree.modules):
-        if info.parent >= 0:
-            total[info.parent] += total[info.index]
-    return total
 
 
 def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
@@ -53,25 +47,6 @@ def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
     if not blocks and min_share > 0:  # every list is small next to the rest (BLT's hash embeddings): take them all
         return find_blocks(tree, 0.0)
     return blocks
-
-
-def children_with_params(tree: ModelTree, module: int) -> list[int]:
-    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
-    numel = subtree_numel(tree)
-    out: list[int] = []
-
-    def add(m: int) -> None:
-        if numel[m] == 0 and not tree.modules[m].params:
-            return
-        if tree.modules[m].bare_container:
-            for c in tree.modules[m].children:
-                add(c)
-        else:
-            out.append(m)
-
-    for c in tree.modules[module].children:
-        add(c)
-    return out
 
 
 def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
@@ -138,8 +113,6 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
     # Blocks that share parameters (Zamba's shared transformer reached from several hybrid layers)
     # would each make their own sharded copy (SV001): put them in one call.
     for _ in range(len(plan.units)):
-        from .fsdp import Layout, Mesh
-
         shared = [f for f in Layout(tree, plan, Mesh(1)).errors if f.code == "SV001"]
         if not shared:
             break
@@ -155,8 +128,6 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
 def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
     """One call for parameter names now reached by several calls: a call nested inside another is
     dropped (the outer one takes its parameters), the rest are grouped into one ``fully_shard([...])``."""
-    from .fsdp import Layout, Mesh
-
     lay = Layout(tree, plan, Mesh(1))
     calls = sorted({lay.enclosing_unit(f) for f in param_fqns} - {-1})
     if len(calls) < 2:
@@ -166,7 +137,6 @@ def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
         any(tree.is_inside(m, o) for o in mods[v]) for m in mods[u])}
     keep = [u for u in calls if u not in inner]
     joined = [m for u in keep for m in plan.units[u].modules]
-    first = plan.units[keep[0]]
-    merged = Unit(joined, first.reshard_after_forward, first.param_dtype, first.reduce_dtype, first.offload)
+    merged = replace(plan.units[keep[0]], modules=joined)
     units = [merged if i == keep[0] else u for i, u in enumerate(plan.units) if i not in calls or i == keep[0]]
     return plan.with_units(units)
