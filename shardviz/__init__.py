@@ -1,11 +1,11 @@
 """shardviz: see what PyTorch FSDP2's ``fully_shard`` does to a model before training it."""
 
 from .analysis import Analysis, analyze
-from .checks import fix_plan
 from .codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
 from .finding import Finding, PlanError
+from .fixes import fix_plan
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree

@@ -8,6 +8,7 @@ from functools import cached_property
 import pandas as pd
 from torch import nn
 
+from .checks import run_checks
 from .finding import Finding
 from .fsdp import Layout, Mesh
 from .plan import Plan, as_plan
@@ -34,6 +35,11 @@ class Analysis:
         # the module itself, held only when activations are measured (by running it)
         self.model = (model if model is not None else tree.model) if self.training.with_activations else None
         self.layout = Layout(tree, plan, mesh)
+
+    def what_if(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None) -> "Analysis":
+        """The same model with another plan, mesh or training (the memory check prices its fixes so)."""
+        return Analysis(self.tree, plan or self.plan, mesh or self.mesh, training or self.training,
+                        self.torch_version, self.model)
 
     # -- the engine's answers ----------------------------------------------------
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
@@ -156,8 +162,6 @@ class Analysis:
     @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
-        from .checks import run_checks
-
         return run_checks(self)
 
     @property

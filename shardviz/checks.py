@@ -2,8 +2,11 @@
 
 ``run_checks(analysis)`` returns the engine's refusals (``Layout.errors``, SV001-SV008), the
 checks below (SV1xx) and the memory check (``check_memory``, SV201), errors first. Every code is
-stable: tests, users and the widget grep for them. ``fix_plan(analysis, finding)`` turns a
+stable: tests, users and the widget grep for them. ``fixes.fix_plan(analysis, finding)`` turns a
 finding's fix into a new plan when the fix is a change of plan.
+
+Below ``analysis`` in the layers: every check reads the analysis it is given and never imports
+``Analysis``; SV201 prices its fixes with ``analysis.what_if(...)``.
 
 | code  | severity | what |
 |-------|----------|------|
@@ -24,9 +27,13 @@ finding's fix into a new plan when the fix is a change of plan.
 
 from __future__ import annotations
 
-from .cost import format_bytes, peak_breakdown
+from dataclasses import replace
+
 from .finding import Finding
+from .fixes import split_unit
+from .format import format_bytes
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
+from .presets import find_blocks
 
 #: SV107 fires when padding is more than this fraction of the bytes each rank allocates for shards.
 PADDING_WASTE = 0.05
@@ -37,13 +44,6 @@ DOMINANT_UNIT = 0.5
 MAX_FQNS = 50
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-
-def _gb(n: float) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _installed_torch() -> str:
@@ -142,7 +142,7 @@ def check_unsynchronised(analysis) -> list[Finding]:
     if frozen:
         out.append(Finding(
             "SV104", "info",
-            f"{_plural(len(frozen), 'frozen parameter')} ({_gb(sum(p.nbytes for p in frozen))}) are under no "
+            f"{_plural(len(frozen), 'frozen parameter')} ({format_bytes(sum(p.nbytes for p in frozen))}) are under no "
             "fully_shard call: every rank holds them whole, and fully_shard does not move them to the device",
             **_first([p.fqn for p in frozen]),
             fix="add the root module \"\" as the last unit so FSDP shards them",
@@ -157,17 +157,12 @@ def check_root_only(analysis) -> list[Finding]:
     size = lay.unit_numbers[0]["unsharded_bytes"]
     return [Finding(
         "SV105", "warning",
-        f"the root is the only fully_shard call: the whole model ({_gb(size)} of parameters) is all-gathered at "
+        f"the root is the only fully_shard call: the whole model ({format_bytes(size)} of parameters) is all-gathered at "
         "once in forward and backward, so each rank's peak holds every parameter unsharded and nothing overlaps "
         "communication with compute",
         ("",),
         "add a unit per repeated block (sv.Plan.auto(model) does), keeping the root as the last call",
     )]
-
-
-def _peak_estimate(analysis) -> int:
-    """Peak bytes of the worst rank, from the cost model."""
-    return int(analysis.memory["peak"].max())
 
 
 def check_dominant_unit(analysis) -> list[Finding]:
@@ -180,7 +175,7 @@ def check_dominant_unit(analysis) -> list[Finding]:
     biggest, second = sizes[-1], sizes[-2]
     if biggest == 0 or biggest <= 2 * second:
         return []
-    peak = _peak_estimate(analysis)
+    peak = int(analysis.memory["peak"].max())
     out = []
     for ul, n in zip(lay.units, numbers):
         size = n["padded_unsharded_bytes"]
@@ -192,13 +187,13 @@ def check_dominant_unit(analysis) -> list[Finding]:
         if share > DOMINANT_UNIT:
             out.append(Finding(
                 "SV106", "warning",
-                f"call {ul.unit.name} is {_gb(size)} unsharded; while it is gathered (all-gather buffer plus "
-                f"unsharded copies) it makes up {share:.0%} of the peak per rank ({_gb(peak)}); the next largest "
-                f"call is {_gb(second)}",
+                f"call {ul.unit.name} is {format_bytes(size)} unsharded; while it is gathered (all-gather buffer plus "
+                f"unsharded copies) it makes up {share:.0%} of the peak per rank ({format_bytes(peak)}); the next largest "
+                f"call is {format_bytes(second)}",
                 ul.unit.modules,
                 "split it: give its largest submodules (embeddings, [norm, lm_head], blocks) their own units, "
                 "keeping modules that share a parameter in one call (sv.fix_plan does)"
-                if _split_unit(analysis, ul) is not None else
+                if split_unit(analysis, ul) is not None else
                 "it cannot be split without breaking a shared parameter or a module apart: shard over more "
                 "ranks, or use a lower param_dtype",
             ))
@@ -225,7 +220,7 @@ def check_padding(analysis) -> list[Finding]:
     worst.sort(key=lambda x: (-x[0], x[1]))
     return [Finding(
         "SV107", "warning",
-        f"padding is {waste / allocated:.1%} of what the ranks allocate for shards ({_gb(waste / shard)} per rank): "
+        f"padding is {waste / allocated:.1%} of what the ranks allocate for shards ({format_bytes(waste / shard)} per rank): "
         f"fully_shard pads dim 0 of each parameter to a multiple of {shard} ranks",
         **_first([f for _, f in worst]),
         fix="use a shard size that divides the first dimension of the largest padded parameters, or keep tiny "
@@ -317,10 +312,7 @@ def check_use_cache(analysis) -> list[Finding]:
 
 def _peak_with(analysis, plan=None, mesh=None, training=None) -> int:
     """The worst rank's peak if the plan, mesh or training were changed (same model)."""
-    from .analysis import Analysis
-
-    other = Analysis(analysis.tree, plan or analysis.plan, mesh or analysis.mesh, training or analysis.training)
-    return int(other.memory["peak"].max())
+    return int(analysis.what_if(plan=plan, mesh=mesh, training=training).memory["peak"].max())
 
 
 def memory_fixes(analysis) -> list[tuple[str, int]]:
@@ -331,10 +323,6 @@ def memory_fixes(analysis) -> list[tuple[str, int]]:
     checkpoint every block (one more forward per step), then a smaller micro-batch (more steps for
     the same tokens), then more ranks (more hardware). Each is tried with ``analyze`` itself.
     """
-    from dataclasses import replace
-
-    from .presets import find_blocks
-
     limit, plan, training, mesh = analysis.mesh.device_memory, analysis.plan, analysis.training, analysis.mesh
     tree = analysis.tree
     out = []
@@ -383,7 +371,7 @@ def check_memory(analysis) -> list[Finding]:
     if peak <= limit:
         return []
     rank = int(mem.at[worst, "rank"])
-    parts = sorted(peak_breakdown(analysis, rank).items(), key=lambda kv: -kv[1])
+    parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)
     units = sorted(analysis.units.itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
     big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
@@ -436,171 +424,3 @@ def run_checks(analysis, torch_version=None) -> list[Finding]:
     findings += check_memory(analysis)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))
-
-
-# ---------------------------------------------------------------------------
-# Machine-applicable fixes
-# ---------------------------------------------------------------------------
-def _with_root(plan):
-    return plan if plan.unit_of("") is not None else plan.with_unit("")
-
-
-def _children_with_params(tree, module: int) -> list[int]:
-    from .presets import children_with_params
-
-    return children_with_params(tree, module)
-
-
-def _same_options(unit, modules):
-    from .plan import Unit
-
-    return Unit(modules, unit.reshard_after_forward, unit.param_dtype, unit.reduce_dtype, unit.offload)
-
-
-def _split_unit(analysis, ul):
-    """``ul``'s call split into calls that keep every shared parameter in one call, or None."""
-
-    tree, plan = analysis.tree, analysis.plan
-    unit = ul.unit
-    if unit.is_grouped:
-        candidates, keep_outer = list(ul.modules), False
-    else:
-        have = {tree.module_index[m] for u in plan.units for m in u.modules}
-        candidates, keep_outer = [c for c in _children_with_params(tree, ul.modules[0]) if c not in have], True
-    if len(candidates) < (2 if unit.is_grouped else 1):
-        return None
-    params = {c: set(tree.subtree_params(c)) for c in candidates}
-    own = {p for m in ul.modules for p in tree.modules[m].params} if keep_outer else set()
-    # Parameters a candidate shares with the call's own module, or with modules outside every
-    # candidate, must stay where they are: such a candidate is not split off.
-    inside = {p for c in candidates for p in params[c]}
-    outside_owned = {p.index for p in tree.params if p.index in inside and any(
-        not any(tree.is_inside(o, c) for c in candidates) for o in p.owners)}
-    movable = [c for c in candidates if not (params[c] & (own | outside_owned))]
-    # Candidates that share a parameter go in one call (union-find).
-    parent = {c: c for c in movable}
-
-    def find(c):
-        while parent[c] != c:
-            parent[c] = parent[parent[c]]
-            c = parent[c]
-        return c
-
-    for i, a in enumerate(movable):
-        for b in movable[i + 1:]:
-            if params[a] & params[b]:
-                parent[find(a)] = find(b)
-    groups: dict[int, list[int]] = {}
-    for c in movable:
-        groups.setdefault(find(c), []).append(c)
-    new = [_same_options(unit, [tree.modules[m].fqn for m in g]) for g in groups.values()]
-    if unit.is_grouped:
-        stay = [m for m in candidates if m not in movable]
-        if stay:
-            new.append(_same_options(unit, [tree.modules[m].fqn for m in stay]))
-        if len(new) < 2:
-            return None
-        units = [u for u in plan.units if u is not unit] + new
-    else:
-        if not new:
-            return None
-        units = list(plan.units) + new
-    return plan.with_units(units)
-
-
-def _lowest_common_ancestor(tree, modules) -> int:
-    path = []
-    m = modules[0]
-    while m >= 0:
-        path.append(m)
-        m = tree.modules[m].parent
-    for a in path:
-        if all(tree.is_inside(m, a) for m in modules):
-            return a
-    return 0
-
-
-def fix_plan(analysis, finding: Finding):
-    """The plan that ``finding.fix`` describes, applied to ``analysis.plan``; None when the fix is not a
-    change of plan (another release, mesh or training, or the exported code) or no plan change helps.
-
-    Each fix leaves a plan torch accepts as far as this finding goes and raises no new error-level
-    finding (``tests/test_finding_fixes.py`` applies every one on the zoo and handmade models).
-    """
-    from .plan import Plan
-    from .presets import auto_plan, join_calls
-
-    tree, plan, lay = analysis.tree, analysis.plan, analysis.layout
-    code = finding.code
-    first = lambda fqns: [tree.params[tree.param_index[f]].fqn for f in fqns]  # noqa: E731
-    if code in ("SV002", "SV008"):  # refused parameter: keep it out of FSDP
-        return plan.with_ignored(first(finding.fqns[:1]))
-    if code == "SV001":
-        joined = join_calls(tree, plan, finding.fqns)
-        if analysis.torch_version is not None and not supports_grouped_call(analysis.torch_version):
-            joined = _ungroup(tree, joined)  # no groups before 2.5: the module around them instead
-        grouped_roots = [f for f in _layout(analysis, joined).errors if f.code == "SV004"]
-        return _with_root(joined) if grouped_roots else joined
-    if code in ("SV004", "SV006", "SV103", "SV104"):
-        # The root takes every leftover; a tied parameter it now reaches twice goes in one call.
-        fixed = _with_root(plan)
-        before = {f.fqns for f in lay.errors if f.code == "SV001"}
-        for _ in range(len(fixed.units)):
-            split = [f for f in _layout(analysis, fixed).errors if f.code == "SV001" and f.fqns not in before]
-            if not split:
-                break
-            fixed = join_calls(tree, fixed, split[0].fqns)
-        return fixed
-    if code == "SV005":
-        return plan.with_unit_options(finding.fqns[0], reshard_after_forward=True)
-    if code == "SV007":
-        unit = plan.unit_of(finding.fqns[0])
-        children = [tree.modules[c].fqn for c in _children_with_params(tree, tree.module_index[finding.fqns[0]])]
-        units = [u for u in plan.units if u is not unit] + [_same_options(unit, [c]) for c in children]
-        return plan.with_units(units)
-    if code == "SV003":
-        ul = lay.units[lay.param_unit[tree.param_index[finding.fqns[0]]]]
-        by_dtype: dict = {}
-        for p in ul.params:
-            info = tree.params[p]
-            if info.requires_grad:
-                by_dtype.setdefault(info.dtype, []).append(info)
-        keep = max(by_dtype, key=lambda d: (sum(i.numel for i in by_dtype[d]), str(d)))
-        return plan.with_ignored([i.fqn for d, group in by_dtype.items() if d != keep for i in group])
-    if code == "SV102":
-        ignored = {tree.param_index[f] for f in plan.ignored}
-        back = [tree.params[p].fqn for p in ignored
-                if tree.params[p].requires_grad and tree.params[p].shape and tree.params[p].contiguous]
-        return plan.without_ignored(back) if back else None
-    if code == "SV105":
-        auto = auto_plan(tree, "sharded")
-        fixed = Plan(auto.units, plan.ignored + auto.ignored, plan.name, plan.checkpoint)
-        version = analysis.torch_version
-        return fixed if version is None or supports_grouped_call(version) else _ungroup(tree, fixed)
-    if code == "SV106":
-        for ul in lay.units:
-            if ul.unit.modules == tuple(finding.fqns):
-                return _split_unit(analysis, ul)
-        return None
-    if code == "SV109":
-        return plan.without_unit(finding.fqns[0])
-    if code == "SV110":
-        return _ungroup(tree, plan)
-    return None
-
-
-def _ungroup(tree, plan):
-    """Each grouped call replaced by one call on the lowest module that holds all its modules (for a
-    release before 2.5); dropped when that module already has a call."""
-
-    units = list(plan.units)
-    for unit in [u for u in plan.units if u.is_grouped]:
-        top = tree.modules[_lowest_common_ancestor(tree, [tree.module_index[m] for m in unit.modules])].fqn
-        units.remove(unit)
-        if not any(top in u.modules for u in units):
-            units.append(_same_options(unit, [top]))
-    return plan.with_units(units)
-
-
-def _layout(analysis, plan):
-    return Layout(analysis.tree, plan, analysis.mesh)
