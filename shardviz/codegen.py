@@ -30,23 +30,28 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from . import export_runtime
 from .analysis import Analysis
 from .finding import PlanError
 from .fsdp import (
+    GROUPED_CALL,
+    IGNORED_PARAMS,
     MIN_TORCH,
+    PUBLIC_DTENSOR,
+    PUBLIC_FSDP,
     Mesh,
+    dtensor_module_path,
     fully_shard_module_path,
     parse_version,
+    release_label,
     supports_ignored_params,
 )
-from . import export_runtime
 from .plan import Plan, Unit, as_plan
 from .tree import as_tree
-
-_PUBLIC_DTENSOR = (2, 5)  # torch.distributed.tensor became public in 2.5 (2.4: torch.distributed._tensor)
 
 
 def _lit(value) -> str:
@@ -66,10 +71,6 @@ def _release(version) -> tuple[int, int] | None:
             "nothing to export for an older release"
         )
     return release
-
-
-def _fmt(release: tuple[int, int]) -> str:
-    return f"{release[0]}.{release[1]}"
 
 
 def _unit_kwargs(unit: Unit) -> list[str]:
@@ -125,6 +126,65 @@ def runtime_source(names) -> str:
     return "\n\n\n".join(src for name, src in definitions.items() if name in set(names))
 
 
+@dataclass
+class _Export:
+    """What every section of the exported module reads."""
+
+    root_type: str
+    plan: Plan
+    mesh: Mesh
+    units: list  # in bottom-up order, the training's default policies filled in
+    release: tuple[int, int] | None  # None: detected when the code runs
+
+    @property
+    def ignored(self) -> list[str]:
+        return list(self.plan.ignored)
+
+    @property
+    def checkpoint(self) -> list[str]:
+        return list(self.plan.checkpoint)
+
+    @property
+    def label(self) -> str:
+        return release_label(self.release)
+
+    @property
+    def grouped(self) -> bool:
+        return any(u.is_grouped for u in self.units)
+
+    @property
+    def passes_ignored_params(self) -> bool:
+        """``ignored_params`` passed to fully_shard as such (a known release that has it)."""
+        return bool(self.ignored) and self.release is not None and supports_ignored_params(self.label)
+
+    @property
+    def hides(self) -> bool:
+        """The ignored parameters may have to be hidden from fully_shard (a release before 2.7, or unknown)."""
+        return bool(self.ignored) and (self.release is None or not supports_ignored_params(self.label))
+
+    @property
+    def need(self) -> tuple[int, int]:
+        """The oldest release that has everything the code uses."""
+        need = [MIN_TORCH] + ([GROUPED_CALL] if self.grouped else [])
+        if self.release is not None:
+            need += [fact for fact in (PUBLIC_DTENSOR, PUBLIC_FSDP) if self.release >= fact]
+            need += [IGNORED_PARAMS] if self.passes_ignored_params else []
+        return max(need)
+
+    @property
+    def target(self) -> str:
+        if self.release is None:
+            return f"torch >= {release_label(self.need)}, release detected when it runs"
+        return f"torch {self.label}"
+
+    @property
+    def fsdp_names(self) -> str:
+        uses_mp = any(u.param_dtype or u.reduce_dtype for u in self.units)
+        uses_offload = any(u.offload for u in self.units)
+        return ", ".join(["fully_shard"] + (["MixedPrecisionPolicy"] if uses_mp else [])
+                         + (["CPUOffloadPolicy"] if uses_offload else []))
+
+
 def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_version=None) -> str:
     """The ``fully_shard`` code for ``plan`` as a self-contained, black-formatted Python module.
 
@@ -133,6 +193,13 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     Raises ``PlanError`` when torch would refuse the plan (the findings say why), ``ValueError``
     for a bad version or mesh.
     """
+    ex = _prepare(model, plan, mesh, training, torch_version)
+    sections = [_header(ex), _imports(ex), _constants(ex), [runtime_source(_runtime_names(ex)), "", ""], _apply_fsdp(ex)]
+    return _black("\n".join(line for section in sections for line in section) + "\n")
+
+
+def _prepare(model, plan, mesh, training, torch_version) -> _Export:
+    """Check the inputs and what torch would refuse; the units in the order the calls are made."""
     from .checks import release_findings
 
     tree = as_tree(model)
@@ -143,55 +210,32 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
     release = _release(torch_version)
-    analysis = Analysis(tree, plan, mesh, training)
-    layout = analysis.layout
+    layout = Analysis(tree, plan, mesh, training).layout
     refusals = list(layout.errors) + [
-        f for f in release_findings(layout, _fmt(release) if release else None) if f.severity == "error"
+        f for f in release_findings(layout, release_label(release) if release else None) if f.severity == "error"
     ]
     if refusals:
         raise PlanError(refusals)
-
     units = [plan.units[u] for u in layout.order]
     if training is not None and hasattr(training, "unit_defaults"):
         units = [training.unit_defaults(u) for u in units]
-    grouped = any(u.is_grouped for u in units)
-    uses_mp = any(u.param_dtype or u.reduce_dtype for u in units)
-    uses_offload = any(u.offload for u in units)
-    ignored = list(plan.ignored)
-    checkpoint = list(plan.checkpoint)
+    return _Export(tree.root_type, plan, mesh, units, release)
 
-    # What the code needs from torch, and the oldest release that has it.
-    if release is None:
-        need = max([MIN_TORCH] + ([(2, 5)] if grouped else []))
+
+def _header(ex: _Export) -> list[str]:
+    """The comment that says what the code does, then the module docstring."""
+    mesh, ignored, checkpoint = ex.mesh, ex.ignored, ex.checkpoint
+    if ex.release is None:
+        technique = (f"with ignored_params on torch >= {release_label(IGNORED_PARAMS)}, by hiding them from fully_shard "
+                     "during the calls before")
+    elif ex.passes_ignored_params or not ignored:
+        technique = "with ignored_params"
     else:
-        need = max(
-            [MIN_TORCH]
-            + ([(2, 5)] if grouped else [])
-            + ([_PUBLIC_DTENSOR] if release >= _PUBLIC_DTENSOR else [])
-            + ([(2, 6)] if fully_shard_module_path(_fmt(release)) == "torch.distributed.fsdp" else [])
-            + ([(2, 7)] if ignored and supports_ignored_params(_fmt(release)) else [])
-        )
-    fsdp_names = ["fully_shard"] + (["MixedPrecisionPolicy"] if uses_mp else []) + (
-        ["CPUOffloadPolicy"] if uses_offload else []
-    )
-
-    if release is None:
-        technique = "with ignored_params on torch >= 2.7, by hiding them from fully_shard during the calls before"
-        target = f"torch >= {_fmt(need)}, release detected when it runs"
-    else:
-        if supports_ignored_params(_fmt(release)):
-            technique = "with ignored_params"
-        else:
-            technique = f"by hiding them from fully_shard during the calls (torch {_fmt(release)} has no ignored_params)"
-        target = f"torch {_fmt(release)}"
-
-    L: list[str] = []
-    add = L.append
-    plan_label = plan.name or "unnamed plan"
+        technique = f"by hiding them from fully_shard during the calls (torch {ex.label} has no ignored_params)"
     header = (
-        f"shardviz export: plan {plan_label!r} on {tree.root_type}; mesh {mesh} "
-        f"(init_device_mesh shape {mesh.shape}); target {target}. "
-        f"{len(units)} fully_shard calls, bottom-up; "
+        f"shardviz export: plan {ex.plan.name or 'unnamed plan'!r} on {ex.root_type}; mesh {mesh} "
+        f"(init_device_mesh shape {mesh.shape}); target {ex.target}. "
+        f"{len(ex.units)} fully_shard calls, bottom-up; "
         + (f"{len(ignored)} ignored parameters, kept out {technique}. " if ignored else "no ignored parameters. ")
         + (f"{len(checkpoint)} modules wrapped in checkpoint_wrapper first (full activation checkpointing). "
            if checkpoint else "")
@@ -199,131 +243,153 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
         f"and have their gradients averaged over all {mesh.world} data-parallel ranks in one all-reduce "
         "per backward."
     )
-    L.extend("# " + line for line in textwrap.wrap(header, 86, break_long_words=False, break_on_hyphens=False))
-    add('"""Apply a shardviz plan with FSDP2 ``fully_shard``.')
-    add("")
-    add("Usage::")
-    add("")
-    add("    model = apply_fsdp(model)  # after torch.distributed is initialised, before building the optimizer")
-    add("    optimizer = torch.optim.AdamW(optimizer_param_groups(model))")
-    add("    loss = model(**batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()")
-    add("")
-    add("The gradients of trainable parameters FSDP leaves whole are averaged at the end of every")
-    add("backward (like FSDP's own reduce-scatter); the average is linear, so gradient accumulation")
-    add("over several backward passes stays correct. Generated code: self-contained, needs only torch.")
-    add('"""')
-    hides = bool(ignored) and (release is None or not supports_ignored_params(_fmt(release)))
-    if hides:
-        add("import contextlib")
-    add("import re")
-    add("")
-    add("import torch")
-    add("import torch.distributed as dist")
-    add("from torch.distributed.device_mesh import init_device_mesh")
-    add("")
-    add('_RELEASE = tuple(int(x) for x in re.match(r"(\\d+)\\.(\\d+)", torch.__version__).groups())')
-    add(f"if _RELEASE < {need!r}:")
-    add("    raise ImportError(")
-    add(f"        {('this fully_shard code (exported for ' + target + ') needs torch >= ' + _fmt(need) + '; installed: torch ')!r}")
-    add("        + torch.__version__")
-    add(f"        + {'; export it again for this release (shardviz export --torch X.Y, or torch_version=None)'!r}")
-    add("    )")
-    if release is None:
-        add("if _RELEASE >= (2, 6):  # public path since 2.6")
-        add(f"    from torch.distributed.fsdp import {', '.join(fsdp_names)}")
-        add("else:  # torch 2.4 and 2.5")
-        add(f"    from torch.distributed._composable.fsdp import {', '.join(fsdp_names)}")
-        add("if _RELEASE >= (2, 5):")
-        add("    from torch.distributed.tensor import DTensor")
-        add("else:")
-        add("    from torch.distributed._tensor import DTensor")
-        if ignored:
-            add("")
-            add("")
-            add("def _accepts_ignored_params():")
-            add('    """``ignored_params`` arrived in torch 2.7; read the signature of the fully_shard we run against."""')
-            add("    import inspect")
-            add("")
-            add("    try:")
-            add('        return "ignored_params" in inspect.signature(fully_shard).parameters')
-            add("    except (TypeError, ValueError):")
-            add("        return _RELEASE >= (2, 7)")
-    else:
-        add(f"from {fully_shard_module_path(_fmt(release))} import {', '.join(fsdp_names)}")
-        if release >= _PUBLIC_DTENSOR:
-            add("from torch.distributed.tensor import DTensor")
-        else:
-            add("from torch.distributed._tensor import DTensor")
-    add("")
-    add(f"MESH_SHAPE = {mesh.shape!r}")
-    add(f"MESH_DIM_NAMES = {('replicate', 'shard') if mesh.is_hsdp else ('shard',)!r}")
+    lines = ["# " + line for line in textwrap.wrap(header, 86, break_long_words=False, break_on_hyphens=False)]
+    return lines + [
+        '"""Apply a shardviz plan with FSDP2 ``fully_shard``.',
+        "",
+        "Usage::",
+        "",
+        "    model = apply_fsdp(model)  # after torch.distributed is initialised, before building the optimizer",
+        "    optimizer = torch.optim.AdamW(optimizer_param_groups(model))",
+        "    loss = model(**batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()",
+        "",
+        "The gradients of trainable parameters FSDP leaves whole are averaged at the end of every",
+        "backward (like FSDP's own reduce-scatter); the average is linear, so gradient accumulation",
+        "over several backward passes stays correct. Generated code: self-contained, needs only torch.",
+        '"""',
+    ]
 
-    def names_tuple(comment: str, variable: str, names) -> None:
-        add(f"# {comment}")
-        add(f"{variable} = (")
-        for name in names:
-            add(f"    {_lit(name)},")
-        add(")")
 
-    if ignored:
-        names_tuple("The plan's ignored parameters: FSDP keeps them whole on every rank and never reduces their "
-                    "gradients.", "IGNORED", ignored)
-    if checkpoint:
-        names_tuple("Wrapped in checkpoint_wrapper before any fully_shard call; fully_shard then takes the wrapper.",
-                    "CHECKPOINT", checkpoint)
-        names_tuple("Every module a fully_shard call takes, resolved by name before wrapping renames them.",
-                    "MODULES", dict.fromkeys(m for u in units for m in u.modules if m))
-    add("")
-    add("")
-    add(runtime_source(RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if hides else ()) + ((RUNTIME_CHECKPOINT,) if checkpoint else ())))
-    add("")
-    add("")
-    add("def apply_fsdp(model, mesh=None):")
-    add('    """Apply the plan to ``model`` in place and return it.')
-    add("")
-    add(f"    ``mesh``: a DeviceMesh of shape {mesh.shape} ({'(replicate, shard): HSDP' if mesh.is_hsdp else 'shard'}); "
-        "by default one is made over all ranks")
-    add("    on the current accelerator, or the CPU (gloo) when there is none.")
-    add('    """')
-    add("    if mesh is None:")
-    add('        device_type = "cuda" if torch.cuda.is_available() else "cpu"')
-    add("        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)")
-    if ignored:
-        add("    ignored = {model.get_parameter(name) for name in IGNORED}")
-    if checkpoint:
-        add("    modules = {name: model.get_submodule(name) for name in MODULES}")
-        add("    modules.update(_apply_checkpointing(model, CHECKPOINT))")
-    call_kw = "mesh=mesh"
-    if release is None and ignored:
-        add("    keep_out = {}")
-        add("    hide = contextlib.nullcontext()")
-        add("    if _accepts_ignored_params():")
-        add('        keep_out["ignored_params"] = ignored')
-        add("    else:  # torch < 2.7 has no ignored_params: hide them from fully_shard during the calls")
-        add("        hide = _hidden_from_fully_shard(model, ignored)")
-        add("    with hide:")
-        indent, call_kw = "        ", "mesh=mesh, **keep_out"
-    elif ignored and supports_ignored_params(_fmt(release)):
-        indent, call_kw = "    ", "mesh=mesh, ignored_params=ignored"
-    elif ignored:
-        add(f"    # torch {_fmt(release)} has no ignored_params: hide them from fully_shard during the calls.")
-        add("    with _hidden_from_fully_shard(model, ignored):")
-        indent = "        "
-    else:
-        indent = "    "
-    for unit in units:
-        if unit.is_grouped:
-            target_expr = "[" + ", ".join(_module_expr(m, bool(checkpoint)) for m in unit.modules) + "]"
-        else:
-            target_expr = _module_expr(unit.modules[0], bool(checkpoint))
-        kwargs = ", ".join([call_kw] + _unit_kwargs(unit))
-        add(f"{indent}fully_shard({target_expr}, {kwargs})")
-    if not units:
-        add(f"{indent}pass  # the plan has no fully_shard call")
-    add("    _replicate_unsharded(model, mesh)")
-    add("    return model")
-    src = "\n".join(L) + "\n"
-    return _black(src)
+def _imports(ex: _Export) -> list[str]:
+    """torch's imports, a guard that refuses an older release, and fully_shard from where the release has it."""
+    need = ex.need
+    refusal = f"this fully_shard code (exported for {ex.target}) needs torch >= {release_label(need)}; installed: torch "
+    lines = (["import contextlib"] if ex.hides else []) + [
+        "import re",
+        "",
+        "import torch",
+        "import torch.distributed as dist",
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "",
+        '_RELEASE = tuple(int(x) for x in re.match(r"(\\d+)\\.(\\d+)", torch.__version__).groups())',
+        f"if _RELEASE < {need!r}:",
+        "    raise ImportError(",
+        f"        {refusal!r}",
+        "        + torch.__version__",
+        f"        + {'; export it again for this release (shardviz export --torch X.Y, or torch_version=None)'!r}",
+        "    )",
+    ]
+    if ex.release is not None:
+        return lines + [f"from {fully_shard_module_path(ex.label)} import {ex.fsdp_names}",
+                        f"from {dtensor_module_path(ex.label)} import DTensor"]
+    return lines + _imports_detected(ex)
+
+
+def _imports_detected(ex: _Export) -> list[str]:
+    """The imports when the release is detected at run time: one branch per place torch kept them."""
+    lines = [
+        f"if _RELEASE >= {PUBLIC_FSDP!r}:  # public path since {release_label(PUBLIC_FSDP)}",
+        f"    from {fully_shard_module_path(release_label(PUBLIC_FSDP))} import {ex.fsdp_names}",
+        f"else:  # torch {release_label(MIN_TORCH)} and {release_label((PUBLIC_FSDP[0], PUBLIC_FSDP[1] - 1))}",
+        f"    from {fully_shard_module_path(release_label(MIN_TORCH))} import {ex.fsdp_names}",
+        f"if _RELEASE >= {PUBLIC_DTENSOR!r}:",
+        f"    from {dtensor_module_path(release_label(PUBLIC_DTENSOR))} import DTensor",
+        "else:",
+        f"    from {dtensor_module_path(release_label(MIN_TORCH))} import DTensor",
+    ]
+    if not ex.ignored:
+        return lines
+    return lines + [
+        "",
+        "",
+        "def _accepts_ignored_params():",
+        f'    """``ignored_params`` arrived in torch {release_label(IGNORED_PARAMS)}; read the signature of the fully_shard we run against."""',
+        "    import inspect",
+        "",
+        "    try:",
+        '        return "ignored_params" in inspect.signature(fully_shard).parameters',
+        "    except (TypeError, ValueError):",
+        f"        return _RELEASE >= {IGNORED_PARAMS!r}",
+    ]
+
+
+def _names_tuple(comment: str, variable: str, names) -> list[str]:
+    return [f"# {comment}", f"{variable} = ("] + [f"    {_lit(name)}," for name in names] + [")"]
+
+
+def _constants(ex: _Export) -> list[str]:
+    """The mesh's shape, and the names the plan lists (ignored, checkpointed, the modules to shard)."""
+    mesh = ex.mesh
+    lines = ["", f"MESH_SHAPE = {mesh.shape!r}", f"MESH_DIM_NAMES = {('replicate', 'shard') if mesh.is_hsdp else ('shard',)!r}"]
+    if ex.ignored:
+        lines += _names_tuple("The plan's ignored parameters: FSDP keeps them whole on every rank and never reduces their "
+                              "gradients.", "IGNORED", ex.ignored)
+    if ex.checkpoint:
+        lines += _names_tuple("Wrapped in checkpoint_wrapper before any fully_shard call; fully_shard then takes the wrapper.",
+                              "CHECKPOINT", ex.checkpoint)
+        lines += _names_tuple("Every module a fully_shard call takes, resolved by name before wrapping renames them.",
+                              "MODULES", dict.fromkeys(m for u in ex.units for m in u.modules if m))
+    return lines + ["", ""]
+
+
+def _runtime_names(ex: _Export) -> tuple[str, ...]:
+    return RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if ex.hides else ()) + ((RUNTIME_CHECKPOINT,) if ex.checkpoint else ())
+
+
+def _apply_fsdp(ex: _Export) -> list[str]:
+    """``apply_fsdp(model, mesh=None)``: the mesh, the checkpoint wrappers, then every call bottom-up."""
+    mesh = ex.mesh
+    lines = [
+        "def apply_fsdp(model, mesh=None):",
+        '    """Apply the plan to ``model`` in place and return it.',
+        "",
+        f"    ``mesh``: a DeviceMesh of shape {mesh.shape} ({'(replicate, shard): HSDP' if mesh.is_hsdp else 'shard'}); "
+        "by default one is made over all ranks",
+        "    on the current accelerator, or the CPU (gloo) when there is none.",
+        '    """',
+        "    if mesh is None:",
+        '        device_type = "cuda" if torch.cuda.is_available() else "cpu"',
+        "        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)",
+    ]
+    if ex.ignored:
+        lines.append("    ignored = {model.get_parameter(name) for name in IGNORED}")
+    if ex.checkpoint:
+        lines += ["    modules = {name: model.get_submodule(name) for name in MODULES}",
+                  "    modules.update(_apply_checkpointing(model, CHECKPOINT))"]
+    opening, indent, call_kw = _keep_out_ignored(ex)
+    lines += opening
+    lines += [f"{indent}fully_shard({_call_target(unit, bool(ex.checkpoint))}, {', '.join([call_kw] + _unit_kwargs(unit))})"
+              for unit in ex.units]
+    if not ex.units:
+        lines.append(f"{indent}pass  # the plan has no fully_shard call")
+    return lines + ["    _replicate_unsharded(model, mesh)", "    return model"]
+
+
+def _keep_out_ignored(ex: _Export) -> tuple[list[str], str, str]:
+    """How the calls keep the ignored parameters out: (lines before the calls, their indent, their keywords)."""
+    if not ex.ignored:
+        return [], "    ", "mesh=mesh"
+    if ex.passes_ignored_params:
+        return [], "    ", "mesh=mesh, ignored_params=ignored"
+    if ex.release is not None:
+        return [f"    # torch {ex.label} has no ignored_params: hide them from fully_shard during the calls.",
+                "    with _hidden_from_fully_shard(model, ignored):"], "        ", "mesh=mesh"
+    return [
+        "    keep_out = {}",
+        "    hide = contextlib.nullcontext()",
+        "    if _accepts_ignored_params():",
+        '        keep_out["ignored_params"] = ignored',
+        f"    else:  # torch < {release_label(IGNORED_PARAMS)} has no ignored_params: hide them from fully_shard during the calls",
+        "        hide = _hidden_from_fully_shard(model, ignored)",
+        "    with hide:",
+    ], "        ", "mesh=mesh, **keep_out"
+
+
+def _call_target(unit: Unit, resolved: bool) -> str:
+    """The module (or ``[a, b]`` for a grouped call) one fully_shard call takes."""
+    if unit.is_grouped:
+        return "[" + ", ".join(_module_expr(m, resolved) for m in unit.modules) + "]"
+    return _module_expr(unit.modules[0], resolved)
 
 
 def _black(src: str) -> str:

@@ -101,22 +101,49 @@ def parse_version(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+#: The first release of FSDP2 (``torch.distributed._composable.fsdp.fully_shard``).
+MIN_TORCH = (2, 4)
+#: ``fully_shard([a, b])`` as one group (PR 130949).
+GROUPED_CALL = (2, 5)
+#: ``torch.distributed.tensor`` public (2.4: ``torch.distributed._tensor``).
+PUBLIC_DTENSOR = (2, 5)
+#: ``torch.distributed.fsdp.fully_shard``, the public path (PR 141868).
+PUBLIC_FSDP = (2, 6)
+#: ``ignored_params`` (PR 146631); earlier releases raise TypeError.
+IGNORED_PARAMS = (2, 7)
+
+FSDP_PATHS = {MIN_TORCH: "torch.distributed._composable.fsdp", PUBLIC_FSDP: "torch.distributed.fsdp"}
+DTENSOR_PATHS = {MIN_TORCH: "torch.distributed._tensor", PUBLIC_DTENSOR: "torch.distributed.tensor"}
+
+
+def _path_for(paths: dict, version) -> str:
+    release = parse_version(version)
+    return paths[max(r for r in paths if r <= release)] if release >= MIN_TORCH else paths[MIN_TORCH]
+
+
 def fully_shard_module_path(version) -> str:
     """Where ``fully_shard`` lives: the public path arrived in 2.6 (PR 141868)."""
-    return "torch.distributed.fsdp" if parse_version(version) >= (2, 6) else "torch.distributed._composable.fsdp"
+    return _path_for(FSDP_PATHS, version)
+
+
+def dtensor_module_path(version) -> str:
+    """Where ``DTensor`` lives: ``torch.distributed.tensor`` from 2.5."""
+    return _path_for(DTENSOR_PATHS, version)
 
 
 def supports_ignored_params(version) -> bool:
     """``ignored_params`` arrived in 2.7 (PR 146631); earlier releases raise TypeError."""
-    return parse_version(version) >= (2, 7)
+    return parse_version(version) >= IGNORED_PARAMS
 
 
 def supports_grouped_call(version) -> bool:
     """``fully_shard([a, b])`` as one group arrived in 2.5 (PR 130949)."""
-    return parse_version(version) >= (2, 5)
+    return parse_version(version) >= GROUPED_CALL
 
 
-MIN_TORCH = (2, 4)
+def release_label(release: tuple[int, int]) -> str:
+    """(2, 6) -> "2.6"."""
+    return f"{release[0]}.{release[1]}"
 
 
 def effective_reshard_after_forward(unit: Unit, is_root: bool):
