@@ -11,19 +11,13 @@ from .plan import Plan, Unit
 from .tree import ModelTree
 from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
 from .load import load_model
+from .oracle import verify
 
 __all__ = [
     "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
     "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "load_model", "sweep", "verify", "zoo",
 ]
 __version__ = "0.1.0"
-
-
-def verify(model, plan, mesh=None, ranks=None):
-    """Apply ``plan`` with torch's real ``fully_shard`` to a meta copy and list disagreements with ``analyze``."""
-    from .oracle import verify as _verify
-
-    return _verify(model, plan, mesh=mesh, ranks=ranks)
 
 
 def __getattr__(name):

@@ -50,7 +50,7 @@ def is_config_path(spec: str) -> bool:
     return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
 
 
-def load_model(spec: str, lora: bool = True, adapter=None, dtype=None):
+def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
     """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
     from torch import nn
 
@@ -66,10 +66,10 @@ def load_model(spec: str, lora: bool = True, adapter=None, dtype=None):
         except ValueError as exc:
             raise CliError(str(exc)) from None
     if is_config_path(spec):
-        from .load import load_model as load_config_model
+        from .load import load_model
 
         try:
-            return load_config_model(spec, adapter=adapter or None, dtype=dtype)
+            return load_model(spec, adapter=adapter or None, dtype=dtype)
         except (ValueError, ImportError) as exc:
             raise CliError(str(exc)) from None
     module_name, sep, attr = spec.partition(":")
@@ -141,7 +141,7 @@ def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
     from .tree import ModelTree
 
-    model = load_model(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
+    model = model_from_spec(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
                        dtype=getattr(args, "dtype", None))
     return model, ModelTree(model)
 

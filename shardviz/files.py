@@ -7,15 +7,18 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path, text: str, *, overwrite: bool = True) -> Path:
+def write_text_atomic(path, text: str, *, overwrite: bool = True, parents: bool = False) -> Path:
     """Write ``text`` to ``path`` all at once: readers see the old file or the new one, never half.
 
     A temporary file in the same folder is written and fsynced, then renamed over ``path``
     (``overwrite=True``) or hard-linked to it, which fails with ``FileExistsError`` if the name
-    exists, also when another process created it meanwhile (``overwrite=False``).
+    exists, also when another process created it meanwhile (``overwrite=False``). ``parents``: create
+    the missing folders first (the widget's plan file; the CLI refuses a missing folder instead).
     """
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
+    if parents:
+        folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -172,8 +172,7 @@ class Plan:
         unit = self.unit_of(fqn)
         if unit is None:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
-        new = replace(unit, **options) if options else unit
-        new = Unit(new.modules, new.reshard_after_forward, new.param_dtype, new.reduce_dtype, new.offload)
+        new = replace(unit, **options)  # Unit.__init__ checks the new options
         return Plan([new if u is unit else u for u in self.units], self.ignored, self.name, self.checkpoint)
 
     def with_ignored(self, fqns: Iterable[str]) -> "Plan":

@@ -32,13 +32,6 @@ def _digest(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (same folder, fsynced)."""
-    path = Path(path)
-    (path.parent if str(path.parent) else Path(".")).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text)
-
-
 @dataclass
 class LoadResult:
     plan: Plan | None  # the restored plan, or None (no file, or unusable)
@@ -112,6 +105,6 @@ class PlanFile:
 
     def _write(self, plan: Plan) -> None:
         text = plan.to_json() + "\n"
-        atomic_write_text(self.path, text)
+        write_text_atomic(self.path, text, parents=True)
         self._known = _digest(text.encode("utf-8"))
         self.saves += 1

@@ -26,11 +26,12 @@ from typing import Any
 from ..analysis import Analysis, analyze
 from ..compare import Comparison
 from ..cost import Training
+from ..files import write_text_atomic
 from ..fsdp import Mesh
 from ..plan import LORA_LAYOUTS, Plan, Unit, as_plan
 from ..tree import ModelTree
 from . import views
-from .planfile import PlanFile, atomic_write_text
+from .planfile import PlanFile
 from .tree_view import ModuleStats, TreeView
 
 PRESETS = {
@@ -670,7 +671,7 @@ class InspectorState:
             raise ValueError(f"{path} is a folder; give a file name such as {path / 'fsdp_plan.py'}")
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} exists; pass overwrite=True (or confirm in the widget) to replace it")
-        atomic_write_text(path, self.export_code(torch_version))
+        write_text_atomic(path, self.export_code(torch_version), parents=True)
         return path.resolve()  # the widget says where the file is, not only its name
 
     def verify(self) -> dict:
