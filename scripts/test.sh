@@ -2,8 +2,9 @@
 # Run the test suite: ./scripts/test.sh [pytest args...]
 #
 # Sets up .venv first (./scripts/setup.sh --browser: a no-op when nothing changed), runs ruff (lint
-# only, rules in pyproject.toml), then pytest on 2 workers. Browser tests share one worker (--dist loadgroup, group "jupyterlab"),
-# so one JupyterLab server and one Chromium serve them all.
+# only, rules in pyproject.toml) and lint-imports (the layers contract in pyproject.toml), then pytest
+# on 2 workers. Browser tests share one worker (--dist loadgroup, group "jupyterlab"), so one
+# JupyterLab server and one Chromium serve them all.
 # Artifacts: artifacts/pytest.log, artifacts/junit.xml, artifacts/screenshots/*.png,
 # artifacts/jupyter-server-*.log, artifacts/browser-console/*.log.
 #   ./scripts/test.sh -m 'not slow'        quick local run
@@ -19,6 +20,7 @@ mkdir -p artifacts
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # Debian's /usr/bin/chromium is used, never a download
 
 .venv/bin/ruff check .   # lint first: a lint error fails the run before any test starts
+.venv/bin/lint-imports   # the layers: an upward import fails the run too
 
 set +e
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q \
