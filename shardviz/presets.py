@@ -64,16 +64,39 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
         blocks = children_with_params(tree, 0)
     else:
         blocks = find_blocks(tree)
-    in_block = lambda m: any(tree.is_inside(m, b) for b in blocks)  # noqa: E731
+    embeds, head = _embeddings_and_head(tree, blocks)
+    fqn = lambda m: tree.modules[m].fqn  # noqa: E731
+    units: list = [fqn(b) for b in blocks]
+    ignored: list[str] = []
+    if lora == "separate":
+        adapters = dict.fromkeys(p.owners[0] for p in tree.params if p.role == "lora")
+        units = [fqn(a) for a in adapters] + units
+    elif lora == "ignored":
+        ignored = [p.fqn for p in tree.params if p.role == "lora"]
+    # fully_shard refuses 0-dim parameters (SV002): keep them out of FSDP (CLIP's logit_scale).
+    ignored += [p.fqn for p in tree.params if not p.shape and p.fqn not in ignored]
+    for group in (embeds, head):
+        if group:
+            units.append(fqn(group[0]) if len(group) == 1 else [fqn(m) for m in group])
+    if not tree.modules[0].bare_container:
+        units.append(Unit(""))
+    plan = _join_shared_calls(tree, Plan(units, ignored, name=f"auto (LoRA {lora})"))
+    if checkpoint == "blocks":  # full activation checkpointing of every block, as torchtitan does
+        plan = Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, blocks checkpointed)", [fqn(b) for b in blocks])
+    return plan
 
+
+def _embeddings_and_head(tree: ModelTree, blocks: list[int]) -> tuple[list[int], list[int]]:
+    """The modules outside the blocks: the embeddings, and the head (final norm, lm_head; tied
+    embeddings join it, since a parameter may not be split across two calls)."""
+    in_block = lambda m: any(tree.is_inside(m, b) for b in blocks)  # noqa: E731
     # Embeddings: Embedding modules outside the blocks, climbed as far as they stay apart.
     embed_modules = [
         m.index for m in tree.modules if "Embedding" in m.type_name and m.params and not in_block(m.index)
         and m.index != 0 and not m.bare_container and all(tree.params[p].role == "base" for p in m.params)
     ]
     embeds = list(dict.fromkeys(_topmost_without(tree, e, blocks) for e in embed_modules))
-
-    # The head: every other module outside the blocks that holds base parameters (final norm, lm_head).
+    # The head: every other module outside the blocks that holds base parameters.
     head: list[int] = []
     for p in tree.params:
         if p.role != "base":
@@ -84,34 +107,14 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
             top = _topmost_without(tree, owner, blocks + embeds)
             if top != 0 and top not in head:
                 head.append(top)
-    head.sort()
-
-    # A parameter may not be split across two calls: tied embeddings join the head's group.
     head_params = {p for h in head for p in tree.subtree_params(h)}
     tied = [e for e in embeds if head_params & set(tree.subtree_params(e))]
-    if tied:
-        head = sorted(head + tied)
-        embeds = [e for e in embeds if e not in tied]
+    return [e for e in embeds if e not in tied], sorted(head + tied)
 
-    fqn = lambda m: tree.modules[m].fqn  # noqa: E731
-    units: list = [fqn(b) for b in blocks]
-    ignored: list[str] = []
-    if lora == "separate":
-        adapters = dict.fromkeys(tree.params[p].owners[0] for p in range(len(tree.params)) if tree.params[p].role == "lora")
-        units = [fqn(a) for a in adapters] + units
-    elif lora == "ignored":
-        ignored = [p.fqn for p in tree.params if p.role == "lora"]
-    # fully_shard refuses 0-dim parameters (SV002): keep them out of FSDP (CLIP's logit_scale).
-    ignored += [p.fqn for p in tree.params if not p.shape and p.fqn not in ignored]
-    if embeds:
-        units.append(fqn(embeds[0]) if len(embeds) == 1 else [fqn(e) for e in embeds])
-    if head:
-        units.append(fqn(head[0]) if len(head) == 1 else [fqn(h) for h in head])
-    if not tree.modules[0].bare_container:
-        units.append(Unit(""))
-    plan = Plan(units, ignored, name=f"auto (LoRA {lora})")
-    # Blocks that share parameters (Zamba's shared transformer reached from several hybrid layers)
-    # would each make their own sharded copy (SV001): put them in one call.
+
+def _join_shared_calls(tree: ModelTree, plan: Plan) -> Plan:
+    """Blocks that share parameters (Zamba's shared transformer reached from several hybrid layers)
+    would each make their own sharded copy (SV001): put them in one call."""
     for _ in range(len(plan.units)):
         shared = [f for f in Layout(tree, plan, Mesh(1)).errors if f.code == "SV001"]
         if not shared:
@@ -120,8 +123,6 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
         if joined == plan:
             break
         plan = joined
-    if checkpoint == "blocks":  # full activation checkpointing of every block, as torchtitan does
-        plan = Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, blocks checkpointed)", [fqn(b) for b in blocks])
     return plan
 
 
