@@ -24,7 +24,7 @@ finding's fix into a new plan when the fix is a change of plan.
 
 from __future__ import annotations
 
-from .cost import format_bytes, peak_breakdown
+from .cost import format_bytes
 from .finding import Finding
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
 
@@ -383,7 +383,7 @@ def check_memory(analysis) -> list[Finding]:
     if peak <= limit:
         return []
     rank = int(mem.at[worst, "rank"])
-    parts = sorted(peak_breakdown(analysis, rank).items(), key=lambda kv: -kv[1])
+    parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)
     units = sorted(analysis.units.itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
     big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
