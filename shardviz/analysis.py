@@ -93,24 +93,31 @@ class Analysis:
         return pd.DataFrame(rows, columns=columns).sort_values("order", ignore_index=True)
 
     @cached_property
+    def costs(self):
+        """The cost model (``cost.CostModel``): built once, from the layout and the activation levels."""
+        from .cost import cost_model
+
+        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels())
+
+    @cached_property
     def memory(self) -> pd.DataFrame:
         from .cost import memory_table
 
-        return memory_table(self)
+        return memory_table(self.costs)
 
     @cached_property
     def comm(self) -> pd.DataFrame:
         from .cost import comm_table
 
-        return comm_table(self)
+        return comm_table(self.costs)
 
     def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
         """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:
         sharded params, whole params, buffers, optimizer states, gradients, unsharded params,
         communication buffers, activations, temporaries. The values sum to ``memory.peak``."""
-        from .cost import peak_breakdown
+        from .cost import peak_breakdown, worst_rank
 
-        return peak_breakdown(self, rank)
+        return peak_breakdown(self.costs, worst_rank(self.memory) if rank is None else rank)
 
     def activation_levels(self):
         """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""

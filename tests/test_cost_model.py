@@ -14,7 +14,7 @@ import pytest
 
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
-from shardviz.cost import Training, peak_breakdown
+from shardviz.cost import Training
 from torch_truth import tiny_lora
 
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
@@ -171,7 +171,7 @@ def test_device_memory_finding(model):
     found = memory_findings(tight)
     assert [f.code for f in found] == ["SV201"] and found[0].severity == "error"
     message = found[0].message
-    parts = peak_breakdown(tight, 0)
+    parts = tight.peak_breakdown(0)
     top = max(parts, key=parts.get)
     assert "exceeds device_memory" in message and top in message and "layers" in message
     assert any(f.code == "SV201" for f in tight.findings)

@@ -1,0 +1,50 @@
+"""``CostModel``: everything ``a.memory``, ``a.comm`` and ``a.peak_breakdown`` need, built once per
+analysis from explicit inputs (the tree, the layout, the mesh, the training, the activation levels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .params import sharded_params, tree_arrays, whole_params
+from .simulation import StepResult, simulate_step
+from .state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
+from .training import Training
+from .units import UnitCost, root_post_forwards, unit_costs
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """``units``: one ``UnitCost`` per ``fully_shard`` call with parameters, in plan order; the
+    resident state and the optimizer states per shard coordinate; ``step``: the simulated
+    forward + backward (``cost.simulation``)."""
+
+    mesh: object  # fsdp.Mesh
+    training: Training
+    units: list[UnitCost]
+    resident: ResidentState
+    optimizer: OptimizerState
+    averaging: GradientAveraging | None
+    step: StepResult
+
+    def in_optimizer_step(self) -> np.ndarray:
+        """Per shard coordinate: the peak is in ``optimizer.step()`` rather than forward/backward."""
+        resident = self.resident.total
+        return resident + self.resident.grads + self.optimizer.step_temporaries > resident + self.step.peak
+
+
+def cost_model(tree, layout, mesh, training: Training, levels) -> CostModel:
+    """The cost model of ``layout`` (``fsdp.Layout`` of ``tree``) on ``mesh``; ``levels``: the
+    activation levels of the step (``cost.levels``)."""
+    S = mesh.shard
+    arr = tree_arrays(tree)
+    policies = [training.unit_defaults(ul.unit) for ul in layout.units]
+    sh = sharded_params(arr, layout, policies, S)
+    whole = whole_params(arr, layout, sh)
+    units = unit_costs(arr, layout, tree.modules, policies, sh, whole, S, training.with_activations)
+    averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
+    step = simulate_step(units, root_post_forwards(layout, tree.modules), whole.unmanaged_grads, averaging, levels,
+                         S, mesh.replicate)
+    return CostModel(mesh, training, units, resident_state(arr, sh, whole, units, S),
+                     optimizer_state(training, arr, sh, whole, S), averaging, step)

@@ -1,0 +1,173 @@
+"""Per-parameter numbers the cost model sums: once per ``ModelTree`` (cached), then per layout.
+
+*Sharded* parameters are managed by a ``fully_shard`` call (a padded shard on every rank); *whole*
+parameters are ignored (``ignored_params``) or unmanaged (under no call): every rank holds them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..fsdp import local_rows_table, padded_shard_numel
+from .training import itemsize
+
+# dtype name -> a small int, so that numpy can count dtypes per call
+_DTYPE_CODES: dict = {}
+
+
+def dtype_code(dtype) -> int:
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPE_CODES:
+        _DTYPE_CODES[name] = len(_DTYPE_CODES)
+    return _DTYPE_CODES[name]
+
+
+def code_names() -> list[str]:
+    """dtype names indexed by their code."""
+    names = [""] * len(_DTYPE_CODES)
+    for name, c in _DTYPE_CODES.items():
+        names[c] = name
+    return names
+
+
+def n_dtype_codes() -> int:
+    return max(len(_DTYPE_CODES), 1)
+
+
+@dataclass(frozen=True)
+class TreeArrays:
+    """One entry per tree parameter (numpy arrays), and the module buffers."""
+
+    numel: np.ndarray
+    dim0: np.ndarray
+    itemsize: np.ndarray
+    dtype: np.ndarray  # dtype codes
+    is_float: np.ndarray
+    trainable: np.ndarray
+    owner: np.ndarray  # preorder index of the first module that registers it
+    buffer_bytes: int
+    first_trainable: int  # preorder index of the first module holding a trainable parameter
+
+
+_TREE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tree_arrays(tree) -> TreeArrays:
+    """The tree's parameters as arrays, computed once per tree and reused by every analysis of it."""
+    cached = _TREE_CACHE.get(tree)
+    if cached is not None:
+        return cached
+    params = tree.params
+    numel = np.array([p.numel for p in params], dtype=np.int64)
+    dim0 = np.array([p.shape[0] if p.shape else 1 for p in params], dtype=np.int64)
+    sizes = np.array([p.itemsize for p in params], dtype=np.int64)
+    dtype = np.array([dtype_code(p.dtype) for p in params], dtype=np.int64)
+    is_float = np.array([p.dtype.is_floating_point for p in params], dtype=bool)
+    trainable = np.array([p.requires_grad for p in params], dtype=bool)
+    owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
+    buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
+    first = int(owner[trainable].min()) if trainable.any() else tree.n_modules
+    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, first)
+    _TREE_CACHE[tree] = arrays
+    return arrays
+
+
+def promote(names: list[str]) -> str:
+    """torch.promote_types over dtype names (the exported averager's common dtype)."""
+    import torch
+
+    out = getattr(torch, names[0])
+    for name in names[1:]:
+        out = torch.promote_types(out, getattr(torch, name))
+    return str(out).replace("torch.", "")
+
+
+def per_coord_sum(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
+    """sum_i local_rows(dim0_i, c) * row_bytes_i for every shard coordinate c (grouped by dim0)."""
+    if dim0.size == 0:
+        return np.zeros(shard, dtype=np.int64)
+    uniq, inverse = np.unique(dim0, return_inverse=True)
+    weights = np.bincount(inverse, weights=row_bytes, minlength=uniq.size)
+    return np.rint(weights @ local_rows_table(uniq, shard)).astype(np.int64)
+
+
+def per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
+    """max_i local_rows(dim0_i, c) * row_bytes_i for every shard coordinate c."""
+    if dim0.size == 0:
+        return np.zeros(shard, dtype=np.int64)
+    pairs = np.unique(np.stack([dim0, row_bytes.astype(np.int64)], axis=1), axis=0)
+    return (local_rows_table(pairs[:, 0], shard) * pairs[:, 1:2]).max(axis=0)
+
+
+def sum_per_unit(unit: np.ndarray, weights, n_units: int) -> np.ndarray:
+    """Integer sums of ``weights`` by unit index (``unit`` in ``[0, n_units)``)."""
+    return np.rint(np.bincount(unit, weights=weights, minlength=n_units)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ShardedParams:
+    """Per sharded parameter (numpy arrays aligned on ``index``), what the cost model needs."""
+
+    index: np.ndarray  # tree parameter indices
+    unit: np.ndarray  # owning call (plan unit index)
+    numel: np.ndarray
+    dim0: np.ndarray
+    row: np.ndarray  # elements per dim-0 row
+    padded: np.ndarray  # padded shard elements every rank allocates
+    itemsize: np.ndarray  # original dtype
+    dtype: np.ndarray  # original dtype code
+    pd_itemsize: np.ndarray  # param dtype (what is gathered)
+    pd_dtype: np.ndarray
+    cast: np.ndarray  # gathered in another dtype than its own
+    trainable: np.ndarray
+    offload: np.ndarray
+
+
+def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedParams:
+    """The padded shard of every sharded parameter (``FSDPParam._init_sharded_param``) and the
+    dtype it is gathered in (``FSDPParam.init_dtype_attrs``). ``policies``: one ``Unit`` per
+    plan unit with the training's defaults filled in."""
+    punit = np.asarray(layout.param_unit, dtype=np.int64)
+    is_sharded = np.fromiter((s == "sharded" for s in layout.param_status), dtype=bool, count=punit.size)
+    idx = np.nonzero((punit >= 0) & is_sharded)[0]
+    u = punit[idx]
+    pd_code = np.array([dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
+    pd_size = np.array([itemsize(p.param_dtype) if p.param_dtype else 0 for p in policies] + [0], dtype=np.int64)
+    offload = np.array([p.offload for p in policies] + [False], dtype=bool)
+    numel, dim0, isz, dcode = arr.numel[idx], arr.dim0[idx], arr.itemsize[idx], arr.dtype[idx]
+    row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
+    # the policy's param dtype, unless it equals the original or the parameter is not floating point
+    cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != dcode)
+    return ShardedParams(idx, u, numel, dim0, row, padded_shard_numel(dim0, row, shard), isz, dcode,
+                         np.where(cast, pd_size[u], isz), np.where(cast, pd_code[u], dcode), cast,
+                         arr.trainable[idx], offload[u])
+
+
+@dataclass(frozen=True)
+class WholeParams:
+    """Ignored and unmanaged parameters: every rank holds them whole; FSDP never touches them."""
+
+    index: np.ndarray  # tree parameter indices
+    nbytes: np.ndarray  # per parameter
+    trainable: np.ndarray  # per parameter
+    params: int  # bytes of all of them
+    grads: int  # bytes of the trainable ones' gradients
+    grads_per_unit: np.ndarray  # gradient bytes of trainable ones under each call (ignored there)
+    unmanaged_grads: int  # gradient bytes of trainable ones under no call: computed outside every call
+
+
+def whole_params(arr: TreeArrays, layout, sharded: ShardedParams) -> WholeParams:
+    n_units = len(layout.units)
+    whole = np.ones(arr.numel.size, dtype=bool)
+    whole[sharded.index] = False
+    idx = np.nonzero(whole)[0]
+    nbytes = arr.numel[idx] * arr.itemsize[idx]
+    trainable = arr.trainable[idx]
+    would = np.asarray(layout.would_be_unit, dtype=np.int64)[idx]
+    slot = np.where(would >= 0, would, n_units)[trainable]
+    per_unit = sum_per_unit(slot, nbytes[trainable], n_units + 1)
+    return WholeParams(idx, nbytes, trainable, int(nbytes.sum()), int(nbytes[trainable].sum()),
+                       per_unit[:n_units], int(per_unit[n_units]))

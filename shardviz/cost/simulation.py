@@ -1,0 +1,354 @@
+"""One training step of FSDP2, event by event, in the order torch runs its hooks (bytes per rank).
+
+Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
+(with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
+root's final callback and the exported code's gradient averaging. The optimizer step is not here:
+its size differs by rank (``cost.model``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import NamedTuple
+
+from .units import GradientsAt, Position, UnitCost
+
+
+class UnitState(Enum):
+    """A call's parameters during the step (``FSDPParamGroup``'s sharded state)."""
+
+    SHARDED = "sharded"
+    UNSHARDED = "unsharded"
+    POST_FORWARD_SHARD = "post-forward shard"  # int reshard_after_forward: a smaller shard kept after forward
+
+
+class ForwardKind(IntEnum):
+    """Forward hooks; at one position of the walk, in this order."""
+
+    POST_FORWARD = 0
+    ROOT_POST_FORWARD = 1  # FSDPState._post_forward of a root: frees its context's last all-gather output
+    PRE_FORWARD = 2
+
+
+class ForwardEvent(NamedTuple):
+    position: Position
+    kind: ForwardKind
+    index: int  # the UnitCost's index; for ROOT_POST_FORWARD the root's plan unit index (its context)
+
+
+class BackwardKind(IntEnum):
+    """Backward hooks; at one position of the (reversed) walk, in this order."""
+
+    PRE_BACKWARD = 0
+    GRADIENTS = 1
+    POST_BACKWARD = 2
+
+
+class BackwardEvent(NamedTuple):
+    position: Position
+    kind: BackwardKind
+    index: int  # the UnitCost's index
+    gradients: GradientsAt | None = None  # GRADIENTS: the part of the call's gradients computed here
+
+    def order(self):
+        """Sort key, descending: backward walks the forward positions in reverse."""
+        return self.position, -self.kind
+
+
+@dataclass(frozen=True)
+class Alive:
+    """What one moment of the step holds on top of the resident state (bytes per rank)."""
+
+    unsharded_params: int = 0  # all-gathered copies (and post-forward shards)
+    communication_buffers: int = 0  # all-gather inputs/outputs, reduce-scatter buffers, all-reduce buffers
+    gradients: int = 0  # sharded, whole and unsharded gradients alive
+    activations: int = 0  # saved for backward, and the step's inputs
+    temporaries: int = 0  # autograd temporaries, averaging copies, optimizer step temporaries
+
+    def total(self) -> int:
+        return (self.unsharded_params + self.communication_buffers + self.gradients + self.activations
+                + self.temporaries)
+
+
+@dataclass(frozen=True)
+class Moment:
+    """The largest moment of forward + backward: its phase, the call running, what it holds."""
+
+    phase: str  # "forward" | "backward"
+    unit: int | None  # index into CostModel.units
+    alive: Alive
+    module: str | None = None  # where the activations peak, when they are counted
+
+
+class Collective(NamedTuple):
+    """One collective the step issues (``cost.tables.comm_table`` prices it)."""
+
+    unit: int  # index into CostModel.units
+    collective: str  # all_gather | reduce_scatter | all_reduce
+    phase: str
+    group: str  # shard | post_forward | replicate
+    group_size: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class StepResult:
+    peak: int  # transient bytes (on top of the resident state) of the largest moment; -1: none
+    moment: Moment | None
+    collectives: tuple[Collective, ...]
+
+
+@dataclass
+class Held:
+    """What the step holds beyond the resident state at the current event (bytes per rank)."""
+
+    unsharded_params: int = 0  # all-gathered parameters and post-forward shards
+    # forward: each root context's last all-gather output, freed by the next copy-out (implicit prefetch)
+    last_gather_of_context: dict[int, int] = field(default_factory=dict)
+    forward_gathers: int = 0  # their sum
+    # backward: all-gather outputs issued (or prefetched) and not yet copied out, per call
+    prefetched: dict[int, int] = field(default_factory=dict)
+    reduce_scatter_input: int = 0  # the last one, kept until the next post-backward
+    gradients: int = 0  # sharded and whole gradients so far
+    unsharded_grads_of: dict[int, int] = field(default_factory=dict)  # per call, waiting for its post-backward
+    unsharded_grads: int = 0  # their sum
+
+    @property
+    def prefetched_bytes(self) -> int:
+        return sum(self.prefetched.values())
+
+    def add_unsharded_grads(self, k: int, nbytes: int) -> None:
+        self.unsharded_grads_of[k] = self.unsharded_grads_of.get(k, 0) + nbytes
+        self.unsharded_grads += nbytes
+
+
+class StepSimulation:
+    """Runs the step's hooks; each records the moments where memory can peak with ``observe``.
+
+    ``root_posts``: (post-forward position, plan unit index) of every root call;
+    ``unmanaged_grads``: gradients computed outside every call; ``averaging``: the exported code's
+    gradient averaging (``cost.state.GradientAveraging``) or None; ``levels``: activation levels
+    (``cost.levels``)."""
+
+    def __init__(self, units: list[UnitCost], root_posts, unmanaged_grads: int, averaging, levels,
+                 shard: int, replicate: int):
+        self.units = units
+        self.root_posts = root_posts
+        self.unmanaged_grads = unmanaged_grads
+        self.averaging = averaging
+        self.act = levels
+        self.S, self.R = shard, replicate
+        self.peak = -1
+        self.moment: Moment | None = None
+        self.collectives: list[Collective] = []
+        self.state = [UnitState.SHARDED] * len(units)
+        self.held = Held()
+
+    def run(self) -> StepResult:
+        self.forward()
+        self.backward()
+        return StepResult(self.peak, self.moment, tuple(self.collectives))
+
+    def observe(self, phase: str, k, *, act=(0, None), **alive) -> None:
+        level, module = act
+        moment = Alive(activations=level, **alive)
+        x = moment.total()
+        if x > self.peak:
+            self.peak = x
+            self.moment = Moment(phase, k, moment, module)
+
+    # -- forward ----------------------------------------------------------------------------------
+    def forward_events(self) -> list[ForwardEvent]:
+        events = [ForwardEvent(u.pre_forward, ForwardKind.PRE_FORWARD, k) for k, u in enumerate(self.units)]
+        events += [ForwardEvent(u.post_forward, ForwardKind.POST_FORWARD, k) for k, u in enumerate(self.units)]
+        events += [ForwardEvent(p, ForwardKind.ROOT_POST_FORWARD, root) for p, root in self.root_posts]
+        return sorted(events)
+
+    def forward(self) -> None:
+        handlers = {ForwardKind.PRE_FORWARD: self.pre_forward, ForwardKind.POST_FORWARD: self.post_forward,
+                    ForwardKind.ROOT_POST_FORWARD: self.root_post_forward}
+        for event in self.forward_events():
+            handlers[event.kind](event.index)
+        # the step's largest forward moment may fall outside every call (the loss of a plan
+        # without a root call): the activations' own peak with what is held then
+        h = self.held
+        self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
+                     communication_buffers=h.forward_gathers)
+
+    def pre_forward(self, k: int) -> None:
+        """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out)."""
+        u, h = self.units[k], self.held
+        ag = u.gather if self.S > 1 else 0
+        act = self.act.enter("forward", u.modules)
+        self.observe("forward", k, act=act, unsharded_params=h.unsharded_params,
+                     communication_buffers=h.forward_gathers + ag + u.staged)
+        # the previous all-gather output of this context is freed after this copy-out
+        h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
+        self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
+                     communication_buffers=h.forward_gathers + ag)
+        if self.S > 1:
+            self.collectives.append(Collective(k, "all_gather", "forward", "shard", self.S))
+        h.unsharded_params += u.gather
+        h.last_gather_of_context[u.root] = ag
+        h.forward_gathers += ag
+        self.state[k] = UnitState.UNSHARDED
+        # the call's own forward: its activations and temporaries while it is unsharded
+        self.observe("forward", k, act=self.act.during("forward", u.modules), unsharded_params=h.unsharded_params,
+                     communication_buffers=h.forward_gathers)
+
+    def post_forward(self, k: int) -> None:
+        """``FSDPParamGroup.post_forward``: reshard() (to the smaller post-forward mesh for an int)."""
+        u, h = self.units[k], self.held
+        if u.reshard is True:
+            h.unsharded_params -= u.gather
+            self.state[k] = UnitState.SHARDED
+        elif u.reshard is not False:
+            shard = u.gather // u.reshard
+            self.observe("forward", k, act=self.act.leave("forward", u.modules),
+                         unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers)
+            h.unsharded_params += shard - u.gather
+            self.state[k] = UnitState.POST_FORWARD_SHARD
+
+    def root_post_forward(self, root: int) -> None:
+        """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
+        h = self.held
+        h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
+
+    # -- backward ---------------------------------------------------------------------------------
+    def backward_alive(self) -> dict:
+        h = self.held
+        return dict(unsharded_params=h.unsharded_params, communication_buffers=h.prefetched_bytes + h.reduce_scatter_input,
+                    gradients=h.gradients + h.unsharded_grads)
+
+    def prefetch_order(self) -> list[int]:
+        """The call before each in its context's post-forward order (``comm_ctx.post_forward_order``),
+        which ``FSDPParamGroup._backward_prefetch`` unshards; -1: none."""
+        units = self.units
+        before, last_in_context = [-1] * len(units), {}
+        for k in sorted(range(len(units)), key=lambda k: units[k].post_forward):
+            before[k] = last_in_context.get(units[k].root, -1)
+            last_in_context[units[k].root] = k
+        return before
+
+    def backward_events(self) -> list[BackwardEvent]:
+        """Reverse module order: a call's pre-backward where its forward ended, its gradients where
+        their modules ran, its post-backward where its forward began; a nested call's backward runs
+        inside its parent's."""
+        events = []
+        for k, u in enumerate(self.units):
+            if not u.out_grad:
+                continue  # no pre-backward hook: nothing after it needed a gradient
+            events.append(BackwardEvent(u.post_forward, BackwardKind.PRE_BACKWARD, k))
+            for part in u.grads_at or ():
+                events.append(BackwardEvent(Position.gradients(part.module), BackwardKind.GRADIENTS, k, part))
+            if u.in_grad:
+                events.append(BackwardEvent(u.pre_forward, BackwardKind.POST_BACKWARD, k))
+        events.sort(key=BackwardEvent.order, reverse=True)
+        return events
+
+    def backward(self) -> None:
+        before = self.prefetch_order()
+        self.observe("backward", None, act=self.act.during("backward", (0,)), **self.backward_alive())
+        for event in self.backward_events():
+            if event.kind == BackwardKind.PRE_BACKWARD:
+                self.pre_backward(event.index, before[event.index])
+            elif event.kind == BackwardKind.GRADIENTS:
+                part = event.gradients
+                self.gradients(event.index, part.unsharded, part.whole, part.module)
+            else:
+                self.post_backward(event.index)
+        self.held.gradients += self.unmanaged_grads
+        # FSDPState._root_post_backward_final_callback: post_backward for every call not done yet,
+        # in the root's named_modules order
+        units = self.units
+        for k in sorted((k for k, u in enumerate(units) if not (u.out_grad and u.in_grad)), key=lambda k: units[k].first):
+            self.post_backward(k)
+        if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
+            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.gradients,
+                         communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
+
+    def unshard(self, k: int, act) -> None:
+        """``FSDPParamGroup.unshard`` in backward: an all-gather unless unsharded or already prefetched
+        (``act``: the activations of the call whose pre-backward issues it)."""
+        u, h = self.units[k], self.held
+        if self.state[k] is UnitState.UNSHARDED or k in h.prefetched:
+            return
+        from_shard = self.state[k] is UnitState.SHARDED
+        size = self.S if from_shard else u.reshard
+        h.prefetched[k] = 0
+        if size > 1:
+            h.prefetched[k] = u.gather
+            alive = self.backward_alive()
+            alive["communication_buffers"] += u.staged
+            self.observe("backward", k, act=act, **alive)
+            self.collectives.append(Collective(k, "all_gather", "backward", "shard" if from_shard else "post_forward", size))
+
+    def pre_backward(self, k: int, before: int) -> None:
+        """``FSDPState._pre_backward``: unshard (a no-op if prefetched), copy out, prefetch ``before``."""
+        u, h = self.units[k], self.held
+        act = self.act.enter("backward", u.modules)
+        self.unshard(k, act)
+        if k in h.prefetched:
+            alive = self.backward_alive()
+            alive["unsharded_params"] += u.gather
+            self.observe("backward", k, act=act, **alive)
+            shard = u.gather // u.reshard if self.state[k] is UnitState.POST_FORWARD_SHARD else 0
+            del h.prefetched[k]
+            h.unsharded_params += u.gather - shard
+            self.state[k] = UnitState.UNSHARDED
+        if before >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
+            self.unshard(before, act)
+        # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
+        self.observe("backward", k, act=self.act.during("backward", u.modules), **self.backward_alive())
+        if u.grads_at is None:
+            self.gradients(k, u.unsharded_grads, u.whole_grads)
+
+    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None) -> None:
+        """Autograd computes (part of) a call's gradients while it is unsharded: those of the
+        parameters ``module`` owns during that module's backward, or all of them at once."""
+        h = self.held
+        if module is None:  # the call's backward at once: its peak with all its gradients
+            h.add_unsharded_grads(k, unsharded)
+            h.gradients += whole
+            self.observe("backward", k, act=self.act.during("backward", self.units[k].modules), **self.backward_alive())
+            return
+        # the module's backward runs (its highest level) before its parameters' gradients are
+        # accumulated; then they are, at the level its backward leaves
+        self.observe("backward", k, act=self.act.during("backward", (module,)), **self.backward_alive())
+        h.add_unsharded_grads(k, unsharded)
+        h.gradients += whole
+        self.observe("backward", k, act=self.act.after_backward(module), **self.backward_alive())
+
+    def post_backward(self, k: int) -> None:
+        """``FSDPParamGroup.post_backward``: reshard, then reduce-scatter (and all-reduce on HSDP)."""
+        u, h = self.units[k], self.held
+        if self.state[k] is UnitState.UNSHARDED:
+            h.unsharded_params -= u.gather
+        elif self.state[k] is UnitState.POST_FORWARD_SHARD:
+            h.unsharded_params -= u.gather // u.reshard
+        self.state[k] = UnitState.SHARDED
+        h.reduce_scatter_input = 0  # the previous reduce-scatter input is waited on and dropped first
+        ug = h.unsharded_grads_of.pop(k, 0)
+        if not u.trainable:
+            h.unsharded_grads -= ug
+            return
+        act = self.act.leave("backward", u.modules)
+        self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
+                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.gradients + h.unsharded_grads)
+        h.unsharded_grads -= ug
+        device_grads = 0 if u.offload else u.sharded_grads
+        cast_copy = device_grads if u.cast else 0
+        self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
+                     communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
+                     gradients=h.gradients + h.unsharded_grads + cast_copy)
+        if self.S > 1:
+            self.collectives.append(Collective(k, "reduce_scatter", "backward", "shard", self.S))
+        if self.R > 1:
+            self.collectives.append(Collective(k, "all_reduce", "backward", "replicate", self.R))
+        h.gradients += device_grads
+        h.reduce_scatter_input = u.rs_input
+
+
+def simulate_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate) -> StepResult:
+    return StepSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate).run()

@@ -1,0 +1,152 @@
+"""The tables of a ``CostModel``: memory per rank, communication per step, the peak's breakdown.
+
+Ranks differ only by their shard coordinate: per-rank columns are computed for the ``shard``
+coordinates and tiled over the replicas. Columns and formulas: ``docs/cost-model.md``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..format import worst_rank
+from .model import CostModel
+from .simulation import Alive
+
+#: The one breakdown of a rank's peak that every view draws (``Analysis.peak_breakdown``).
+BREAKDOWN = ("sharded params", "whole params", "buffers", "optimizer states", "gradients", "unsharded params",
+             "communication buffers", "activations", "temporaries")
+
+
+def _peak_columns(costs: CostModel) -> dict:
+    """Per shard coordinate: the peak, where it is, and what it holds beyond the state."""
+    res, opt = costs.resident, costs.optimizer
+    opt_dev = opt.device + opt.whole
+    moment = costs.step.moment
+    forward_backward = res.total + max(costs.step.peak, 0) + opt_dev
+    step = res.total + res.grads + opt_dev + opt.step_temporaries
+    in_step = costs.in_optimizer_step() | (moment is None)
+    alive = moment.alive if moment is not None else Alive()
+    unit_name = costs.units[moment.unit].name if moment is not None and moment.unit is not None else None
+    return {
+        "activations": np.where(in_step, 0, alive.activations),
+        "peak": np.where(in_step, step, forward_backward),
+        "peak_phase": np.where(in_step, "optimizer", moment.phase if moment else "optimizer"),
+        "peak_unit": np.where(in_step, None, unit_name),
+        "peak_module": np.where(in_step, None, moment.module if moment else None),
+        "peak_transient": np.where(in_step, opt.step_temporaries, alive.total() - alive.gradients),
+    }
+
+
+def memory_table(costs: CostModel) -> pd.DataFrame:
+    """One row per rank, bytes: see ``docs/cost-model.md`` for every column."""
+    S, R = costs.mesh.shard, costs.mesh.replicate
+    res, opt = costs.resident, costs.optimizer
+    opt_dev = opt.device + opt.whole
+    cpu_opt = opt.cpu + opt.cpu_steps
+    peak = _peak_columns(costs)
+    W = S * R
+
+    def tile(a):
+        return np.tile(a, R) if R > 1 else a
+
+    def per_rank(value):
+        return np.full(W, value)
+
+    return pd.DataFrame({
+        "rank": np.arange(W),
+        "replica": np.repeat(np.arange(R), S),
+        "shard": np.tile(np.arange(S), R),
+        "params": per_rank(res.params_sharded + res.params_whole),
+        "params_sharded": per_rank(res.params_sharded),
+        "params_whole": per_rank(res.params_whole),
+        "buffers": per_rank(res.buffers),
+        "grads": per_rank(res.grads),
+        "grads_sharded": per_rank(res.grads_sharded),
+        "grads_whole": per_rank(res.grads_whole),
+        "optimizer": tile(opt_dev),
+        "state": tile(res.total + res.grads + opt_dev),
+        "activations": tile(peak["activations"]),
+        "peak": tile(peak["peak"]),
+        "peak_phase": tile(peak["peak_phase"]),
+        "peak_unit": pd.Series(tile(peak["peak_unit"]), dtype=object),
+        "peak_module": pd.Series(tile(peak["peak_module"]), dtype=object),
+        "peak_transient": tile(peak["peak_transient"]),
+        "cpu_params": per_rank(res.cpu_params),
+        "cpu_grads": tile(res.cpu_grads),
+        "cpu_optimizer": tile(cpu_opt),
+        "cpu_peak": tile(res.cpu_params + res.cpu_grads + cpu_opt + opt.cpu_step_temporaries),
+    })
+
+
+def _collective_rows(costs: CostModel) -> list[tuple]:
+    """(unit, collective, phase, group, group size, count, dtype, bytes) per collective issued."""
+    rows = []
+    for c in costs.step.collectives:
+        u = costs.units[c.unit]
+        nbytes = {"all_gather": u.gather, "reduce_scatter": u.rs_input, "all_reduce": u.rs_output}[c.collective]
+        dtype = u.gather_dtype if c.collective == "all_gather" else u.reduce_dtype
+        rows.append((u.name, c.collective, c.phase, c.group, c.group_size, c.count, dtype, nbytes))
+    avg = costs.averaging
+    if avg is not None:
+        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world, 1, avg.dtype, avg.bytes))
+    return rows
+
+
+def comm_table(costs: CostModel) -> pd.DataFrame:
+    """One row per collective per call per step: see ``docs/cost-model.md``."""
+    mesh = costs.mesh
+    rows = _collective_rows(costs)
+    unit, kinds, phase, group, gsize, count, dtype, size = (list(c) for c in zip(*rows)) if rows else ([],) * 8
+    n = np.asarray(gsize, dtype=np.int64)
+    b = np.asarray(size, dtype=np.int64)
+    is_ar = np.asarray([c == "all_reduce" for c in kinds], dtype=bool)
+    # ring algorithm: all-gather / reduce-scatter send (n-1)/n of the full buffer per rank,
+    # all-reduce (reduce-scatter + all-gather) twice that
+    sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
+    bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
+    time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
+    df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
+                       "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
+                       "sent_bytes": sent, "time_s": time_s})
+    # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
+    total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
+    df.attrs["time_per_step_s"] = total  # NaN when a bandwidth it needs is unknown
+    return df
+
+
+def _group_bandwidth(mesh, group: str, size: int) -> float:
+    """GB/s of the slowest link a ring over this process group crosses (NaN when unknown)."""
+    rpn = mesh.ranks_per_node
+    if group == "shard":
+        intra = mesh.shard <= rpn and rpn % mesh.shard == 0
+    elif group == "post_forward":
+        intra = size <= rpn and rpn % size == 0
+    else:  # replicate, world
+        intra = mesh.world <= rpn
+    bw = mesh.intra_node_gbps if intra else mesh.inter_node_gbps
+    return float("nan") if bw is None else float(bw)
+
+
+def peak_breakdown(costs: CostModel, rank: int | None = None) -> dict[str, int]:
+    """What is alive at ``rank``'s peak (default: the worst rank), by ``BREAKDOWN`` kind, in bytes.
+
+    The one breakdown every view draws: its values sum to ``a.memory.peak`` of that rank."""
+    if rank is None:
+        rank = worst_rank(memory_table(costs))
+    _, coord = costs.mesh.coords(rank)
+    res = costs.resident
+    opt = int(costs.optimizer.device[coord] + costs.optimizer.whole)
+    out = dict.fromkeys(BREAKDOWN, 0)
+    out.update({"sharded params": res.params_sharded, "whole params": res.params_whole,
+                "buffers": res.buffers, "optimizer states": opt})
+    moment = costs.step.moment
+    if moment is None or costs.in_optimizer_step()[coord]:
+        out["gradients"] = res.grads
+        out["temporaries"] = int(costs.optimizer.step_temporaries[coord])
+    else:
+        alive = moment.alive
+        out.update({"gradients": alive.gradients, "unsharded params": alive.unsharded_params,
+                    "communication buffers": alive.communication_buffers, "activations": alive.activations,
+                    "temporaries": alive.temporaries})
+    return {k: int(v) for k, v in out.items()}

@@ -1,0 +1,241 @@
+"""One ``UnitCost`` per ``fully_shard`` call that manages parameters: its buffers in bytes per rank,
+and where its hooks run in the step (positions in the module walk)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
+from .training import itemsize
+
+
+class Edge(IntEnum):
+    """What happens at a position of the module walk; at one index, in this order."""
+
+    LEAVE = 0  # a module returns (its subtree is done)
+    ENTER = 1  # a module starts
+    GRADIENTS = 2  # (backward) the gradients of the parameters a module owns
+
+
+class Position(NamedTuple):
+    """A point of the forward walk over the modules in preorder; backward walks it in reverse."""
+
+    index: int  # preorder index (for LEAVE: the end of the module's subtree)
+    edge: Edge
+    inner_first: int = 0  # LEAVE: minus the depth, so that the inner of two modules ending together leaves first
+
+    @classmethod
+    def enter(cls, module) -> "Position":
+        return cls(module.index, Edge.ENTER)
+
+    @classmethod
+    def leave(cls, module) -> "Position":
+        return cls(module.subtree_end, Edge.LEAVE, -module.depth)
+
+    @classmethod
+    def gradients(cls, module_index: int) -> "Position":
+        return cls(module_index, Edge.GRADIENTS)
+
+
+class GradientsAt(NamedTuple):
+    """Part of a call's gradients: those of the parameters one module owns."""
+
+    module: int  # preorder index of the owning module
+    unsharded: int  # unsharded gradient bytes (param dtype)
+    whole: int  # gradients of trainable whole parameters
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank."""
+
+    unit: int  # index in plan.units
+    name: str
+    reshard: bool | int  # effective reshard_after_forward (an int: the post-forward group size)
+    offload: bool
+    gather: int  # all-gather output, also the unsharded parameters (padded, param dtype)
+    staged: int  # all-gather input staged before the collective
+    gather_dtype: str  # one dtype, or uint8 when the inputs differ
+    trainable: bool
+    reduce_dtype: str
+    rs_input: int  # reduce-scatter input (padded, reduce dtype, the whole group's)
+    rs_output: int  # reduce-scatter output: this rank's slice
+    sharded_grads: int  # padded, original dtype
+    cast: bool  # reduce dtype differs from the original: the sharded gradients are a new buffer
+    unsharded_grads: int  # what autograd computes for the unsharded parameters (unpadded, param dtype)
+    whole_grads: int  # gradients of trainable whole parameters under this call
+    first: int  # preorder index of its first module
+    pre_forward: Position  # its pre-forward (first module entered)
+    post_forward: Position  # its post-forward (last module left)
+    out_grad: bool  # gets a pre-backward hook: its output needs a gradient
+    in_grad: bool  # its post-backward runs in backward (else in the root's final callback)
+    root: int  # the root call whose communication context it shares (plan unit index)
+    modules: tuple[int, ...]  # its modules (tree indices)
+    # per module that owns its parameters, when other calls are nested inside it (their backward
+    # runs in between) or when activations are counted (each module's backward has its own
+    # level); None: all at once
+    grads_at: tuple[GradientsAt, ...] | None = None
+
+
+def last_module(modules, indices):
+    """The module whose return ends the call: the last subtree to end, the outermost on a tie."""
+    return max((modules[m] for m in indices), key=lambda m: (m.subtree_end, -m.depth))
+
+
+def roots(layout, modules) -> list[int]:
+    """The root call above each call (itself for a root).
+
+    Each FSDP root has its own communication context (``FSDPState._lazy_init`` shares one
+    ``FSDPCommContext`` with the states below it): a plan without a root call has several."""
+    owner = layout.module_unit
+    root_of = [-1] * len(layout.units)
+    for ul in layout.units:
+        chain, u = [], ul.index
+        while root_of[u] < 0:
+            chain.append(u)
+            parent = modules[min(layout.units[u].modules)].parent
+            up = owner[parent] if parent >= 0 else -1
+            if up < 0 or up == u:
+                root_of[u] = u
+                break
+            u = up
+        for c in chain:
+            root_of[c] = root_of[u]
+    return root_of
+
+
+def root_post_forwards(layout, modules) -> list[tuple[Position, int]]:
+    """(post-forward position, plan unit index) of every root call: ``FSDPState._post_forward``
+    of a root frees its context's last all-gather output."""
+    return [(Position.leave(last_module(modules, ul.modules)), ul.index) for ul in layout.units if ul.is_root]
+
+
+def _calls_with_nested_calls(layout, modules) -> set[int]:
+    calls = set()
+    for ul in layout.units:
+        for m in ul.modules:
+            parent = modules[m].parent
+            outer = layout.module_unit[parent] if parent >= 0 else -1
+            if outer >= 0 and outer != ul.index:
+                calls.add(outer)
+    return calls
+
+
+def gradient_positions(arr, layout, modules, sh: ShardedParams, whole: WholeParams,
+                       every_call: bool) -> dict[int, tuple[GradientsAt, ...]]:
+    """Per call, its gradients by the module that owns the parameters, where backward needs to see
+    them appear one module at a time: in a call with other calls nested inside it (their backward
+    runs in between), and in every call when activations are counted (``every_call``: each
+    gradient appears while its module's backward runs, at that module's activation level)."""
+    calls = None if every_call else _calls_with_nested_calls(layout, modules)
+    if calls is not None and not calls:
+        return {}
+    trained = sh.trainable
+    w_unit = np.asarray(layout.would_be_unit, dtype=np.int64)[whole.index][whole.trainable]
+    units = np.concatenate([sh.unit[trained], w_unit])
+    owners = np.concatenate([arr.owner[sh.index[trained]], arr.owner[whole.index[whole.trainable]]])
+    ug = np.concatenate([(sh.numel * sh.pd_itemsize)[trained], np.zeros(w_unit.size, dtype=np.int64)])
+    wg = np.concatenate([np.zeros(int(trained.sum()), dtype=np.int64), whole.nbytes[whole.trainable]])
+    keep = units >= 0
+    if calls is not None:
+        keep &= np.isin(units, list(calls))
+    if not keep.any():
+        return {}
+    pairs, inverse = np.unique(np.stack([units[keep], owners[keep]], axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    ug_at = sum_per_unit(inverse, ug[keep], len(pairs))
+    wg_at = sum_per_unit(inverse, wg[keep], len(pairs))
+    out: dict[int, list] = {}
+    for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
+        out.setdefault(u, []).append(GradientsAt(module, a, b))
+    return {u: tuple(v) for u, v in out.items()}
+
+
+@dataclass(frozen=True)
+class _PerUnit:
+    """Sums over each call's sharded parameters (arrays indexed by plan unit)."""
+
+    n_params: np.ndarray
+    gather: np.ndarray  # all-gather output bytes
+    staged: np.ndarray  # all-gather input staged before the collective
+    padded_trainable: np.ndarray  # padded shard elements of trainable parameters
+    unsharded_grads: np.ndarray
+    has_trainable: np.ndarray
+    gather_dtype: list[str]  # one dtype, or uint8 when the inputs differ (foreach_all_gather)
+    trained_dtype: list[str]  # original dtype of its trainable parameters
+    trained_pd: list[str]  # param dtype of its trainable parameters
+
+
+def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
+    n_units, u = len(policies), sh.unit
+    # all-gather inputs staged before the collective: the foreach copy into param dtype
+    # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
+    has_policy = np.array([p.param_dtype is not None for p in policies] + [False])[u]
+    staged = np.where(sh.offload, sh.padded * sh.itemsize + np.where(sh.cast, sh.padded * sh.pd_itemsize, 0),
+                      np.where(has_policy, sh.padded * sh.pd_itemsize, 0))
+    tr = sh.trainable.astype(np.float64)
+    n_codes = n_dtype_codes()
+
+    def codes(mask, dcodes):
+        return np.bincount(u[mask] * n_codes + dcodes[mask], minlength=n_units * n_codes).reshape(n_units, n_codes)
+
+    names = code_names()
+    gathered = codes(np.ones(u.size, dtype=bool), sh.pd_dtype) > 0
+    return _PerUnit(
+        n_params=np.bincount(u, minlength=n_units),
+        gather=sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard,
+        staged=sum_per_unit(u, staged, n_units),
+        padded_trainable=sum_per_unit(u, sh.padded * tr, n_units),
+        unsharded_grads=sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units),
+        has_trainable=sum_per_unit(u, tr, n_units) > 0,
+        gather_dtype=[names[row.argmax()] if row.sum() == 1 else "uint8" for row in gathered],
+        trained_dtype=[names[c] for c in codes(sh.trainable, sh.dtype).argmax(axis=1)],
+        trained_pd=[names[c] for c in codes(sh.trainable, sh.pd_dtype).argmax(axis=1)],
+    )
+
+
+def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
+    """The reduce-scatter of call ``i`` (``foreach_reduce``), or none without trainable parameters."""
+    if not sums.has_trainable[i]:
+        return dict(trainable=False, reduce_dtype="", rs_input=0, rs_output=0, sharded_grads=0, cast=False)
+    orig = sums.trained_dtype[i]
+    # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce then
+    # reduces in the gradient's dtype, the param dtype
+    pol = policy
+    rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else sums.trained_pd[i]
+    output = int(sums.padded_trainable[i]) * itemsize(rd)
+    return dict(trainable=True, reduce_dtype=rd, rs_input=output * shard, rs_output=output,
+                sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig)
+
+
+def unit_costs(arr, layout, modules, policies, sh: ShardedParams, whole: WholeParams, shard: int,
+               with_activations: bool) -> list[UnitCost]:
+    """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
+    group, no buffers, no collectives)."""
+    sums = _per_unit(sh, policies, shard)
+    root_of = roots(layout, modules)
+    grads_at = gradient_positions(arr, layout, modules, sh, whole, every_call=with_activations)
+    out = []
+    for ul in layout.units:
+        i = ul.index
+        if not sums.n_params[i]:
+            continue
+        first = modules[min(ul.modules)]
+        last = last_module(modules, ul.modules)
+        out.append(UnitCost(
+            unit=i, name=ul.unit.name, reshard=ul.reshard_after_forward, offload=policies[i].offload,
+            gather=int(sums.gather[i]), staged=int(sums.staged[i]), gather_dtype=sums.gather_dtype[i],
+            **_reduction(sums, i, policies[i], shard),
+            unsharded_grads=int(sums.unsharded_grads[i]), whole_grads=int(whole.grads_per_unit[i]),
+            first=first.index, pre_forward=Position.enter(first), post_forward=Position.leave(last),
+            # autograd: a call's output needs a gradient when a trainable parameter ran before it
+            # ends (FSDPState._register_pre_backward_hook), its input when one ran before it starts
+            # (FSDPParamGroup._register_post_backward_hook); module order stands in for data flow
+            out_grad=arr.first_trainable < last.subtree_end, in_grad=arr.first_trainable < first.index,
+            root=root_of[i], modules=tuple(ul.modules), grads_at=grads_at.get(i),
+        ))
+    return out
