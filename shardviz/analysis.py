@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from functools import cached_property
 
 import pandas as pd
@@ -13,9 +12,6 @@ from .finding import Finding
 from .fsdp import Layout, Mesh
 from .plan import Plan, as_plan
 from .tree import ModelTree, as_tree
-
-
-_PROFILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tree -> {inputs: ActivationProfile}
 
 
 def _dtype_name(dtype) -> str:
@@ -130,7 +126,7 @@ class Analysis:
     @cached_property
     def activation_profile(self):
         """The step's activations measured by torch (``activations.measure_activations``), or None
-        without ``Training.batch_size``. Cached across analyses of the same model and shapes."""
+        without ``Training.batch_size``. Cached across analyses (in ``activations``' one cache)."""
         if not self.training.with_activations:
             return None
         from .activations import measure_activations
@@ -143,17 +139,8 @@ class Analysis:
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
-        key = (t.batch_size, t.seq_len, t.param_dtype, whole, frozenset(self.plan.checkpoint), t.example_inputs)
-        # measure_activations caches too, but building its key costs ~7 ms on 70B: this one keeps a
-        # toggle that changes none of these inputs within the 20 ms target
-        profiles = _PROFILES.setdefault(self.tree, {})
-        if key not in profiles:
-            if len(profiles) > 32:
-                profiles.clear()
-            profiles[key] = measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype,
-                                                whole_params=whole, checkpoint=self.plan.checkpoint,
-                                                example_inputs=t.example_inputs, tree=self.tree)
-        return profiles[key]
+        return measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype, whole_params=whole,
+                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree)
 
     @cached_property
     def activations(self) -> pd.DataFrame:

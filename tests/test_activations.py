@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from shardviz import activations as A
+from shardviz.activations import measure as M
 from shardviz.activations import measure_activations
 
 BATCH, SEQ, VOCAB, LAYERS = 2, 256, 512, 3
@@ -231,8 +232,8 @@ def test_checkpointing_matches_real_step_and_saves_less():
 def test_mixed_checkpointing_matches_and_reuses_the_measurement(monkeypatch):
     model = build("llama", layers=4, lora=True)
     calls = []
-    real = A._measure_reduced
-    monkeypatch.setattr(A, "_measure_reduced", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = M.measure_copy
+    monkeypatch.setattr(M, "measure_copy", lambda *a, **k: calls.append(1) or real(*a, **k))
     A.clear_cache()
     plain = measure_activations(model, BATCH, SEQ)
     one = measure_activations(model, BATCH, SEQ, checkpoint=[plain.blocks[1]])
@@ -420,8 +421,8 @@ def test_api_cache_and_table(monkeypatch):
     model = build("llama")
     A.clear_cache()
     calls = []
-    real = A._measure_reduced
-    monkeypatch.setattr(A, "_measure_reduced", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = M.measure_copy
+    monkeypatch.setattr(M, "measure_copy", lambda *a, **k: calls.append(1) or real(*a, **k))
     p1 = measure_activations(model, BATCH, SEQ)
     p2 = measure_activations(model, BATCH, SEQ)
     assert len(calls) == 1 and p1.peak == p2.peak

@@ -1,0 +1,329 @@
+"""The entry point: measure one step (on the reduced copy, else the whole model), with the one cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..presets import find_blocks
+from ..tree import ModelTree, as_tree
+from .patches import fake_friendly, hf_plain_batches, moe_shape, routing_mode
+from .profile import ActivationProfile, Event, strip_wrapper
+from .reduced import ListPlan, as_dtype, build_copy, plan_lists
+from .splice import block_saved, splice
+from .stats import module_stats
+
+
+# ---------------------------------------------------------------------------
+# Running the step
+# ---------------------------------------------------------------------------
+def hf_config(model):
+    cfg = getattr(model, "config", None)
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:  # transformers missing
+        return None
+    return cfg if isinstance(cfg, PretrainedConfig) else None
+
+
+def _loss_of(out):
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss
+    from torch.utils._pytree import tree_flatten
+
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not tensors:
+        raise ValueError("the model's output holds no floating tensor to take a loss from")
+    total = tensors[0].sum()
+    for t in tensors[1:]:
+        total = total + t.sum()
+    return total
+
+
+def _forward(model, example_inputs, batch_size, seq_len):
+    """The forward of the step; its inputs die when it returns, as in a training loop's step."""
+    if example_inputs is not None:
+        args, kwargs = example_inputs(batch_size, seq_len)
+        return model(*args, **(kwargs or {}))
+    ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
+    return model(input_ids=ids, labels=ids, use_cache=False)
+
+
+def _run_step(reduced, example_inputs, batch_size, seq_len, recorder, routing) -> None:
+    """The user's ordinary step: forward, loss, the output dropped, ``loss.backward()``."""
+    with recorder, hf_plain_batches(), fake_friendly(recorder), routing:
+        out = _forward(reduced, example_inputs, batch_size, seq_len)
+        loss = _loss_of(out)
+        del out
+        if loss.requires_grad:
+            loss.backward()
+        del loss
+
+
+# ---------------------------------------------------------------------------
+# What is asked, and the dtype each parameter computes in
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Request:
+    """The caller's arguments, normalised: also the key of a profile in the cache."""
+
+    batch_size: int
+    seq_len: int
+    param_dtype: torch.dtype | None
+    whole: frozenset  # parameters FSDP leaves whole: they matter only under a param_dtype
+    checkpoint: frozenset
+    example_inputs: object
+
+
+def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs) -> _Request:
+    batch_size, seq_len = int(batch_size), int(seq_len)
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError("batch_size and seq_len must be >= 1")
+    pdt = as_dtype(param_dtype)
+    whole = frozenset(whole_params) if pdt is not None else frozenset()
+    checkpoint = frozenset(strip_wrapper(c) for c in checkpoint)
+    return _Request(batch_size, seq_len, pdt, whole, checkpoint, example_inputs)
+
+
+def _check_checkpoint(checkpoint: frozenset, tree: ModelTree) -> None:
+    for c in checkpoint:
+        if c == "":
+            raise ValueError("checkpoint: the root module cannot be checkpoint-wrapped")
+        if c not in tree.module_index:
+            raise KeyError(f"checkpoint: no module {c!r} in the model")
+
+
+class _DtypePolicy:
+    """The dtype a parameter computes in: ``param_dtype`` for floating parameters FSDP shards, its
+    own for the ones it leaves whole (any of a shared parameter's names counts)."""
+
+    def __init__(self, tree: ModelTree, param_dtype: torch.dtype | None, whole: frozenset):
+        self.tree, self.pdt, self.whole = tree, param_dtype, whole
+
+    def compute_dtype(self, pi) -> torch.dtype:
+        if self.pdt is None or not pi.dtype.is_floating_point or any(n in self.whole for n in pi.fqns):
+            return pi.dtype
+        return self.pdt
+
+    def param_dtype_of(self, fqn: str, p: torch.Tensor) -> torch.dtype:
+        if self.pdt is None or not p.is_floating_point() or fqn in self.whole:
+            return p.dtype
+        pi = self.tree.param_index.get(fqn)
+        if pi is not None and any(n in self.whole for n in self.tree.params[pi].fqns):
+            return p.dtype
+        return self.pdt
+
+
+# ---------------------------------------------------------------------------
+# The one cache: per model (weakly), the tree its profiles were made with, the profiles by request,
+# the measurements of a copy by what the copy ran
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Measurement:
+    """What one run of a (reduced) copy recorded."""
+
+    events: list[Event]
+    attention: tuple[str, ...]
+
+
+@dataclass
+class _ModelEntry:
+    tree: ModelTree
+    profiles: dict = field(default_factory=dict)  # _Request -> ActivationProfile
+    measurements: dict = field(default_factory=dict)  # measurement key -> Measurement
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelEntry
+_LOCK = threading.Lock()
+_MAX_ENTRIES = 64
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _changed_in_place(model: nn.Module, tree: ModelTree) -> bool:
+    """Adapters injected, cast, frozen since ``tree`` was walked."""
+    return (tree.n_modules != sum(1 for _ in model.modules())
+            or [(p.dtype, p.requires_grad) for p in tree.params]
+            != [(p.dtype, p.requires_grad) for p in model.parameters()])
+
+
+def _same_model(a: ModelTree, b: ModelTree) -> bool:
+    """Two walks of one model that saw it in the same state (its profiles hold for both)."""
+    return a.n_modules == b.n_modules and [(p.fqn, p.shape, p.dtype, p.requires_grad) for p in a.params] \
+        == [(p.fqn, p.shape, p.dtype, p.requires_grad) for p in b.params]
+
+
+def _entry(model: nn.Module, tree: ModelTree | None) -> _ModelEntry:
+    """The model's cache entry, for ``tree`` (the caller's) or a walk that still matches the model.
+    A tree of another state of the model drops the profiles; measurements stay (their keys say
+    what the copy ran)."""
+    with _LOCK:
+        entry = _CACHE.get(model)
+    if entry is None:
+        entry = _ModelEntry(tree if tree is not None else as_tree(model))
+    elif tree is not None and tree is not entry.tree and not _same_model(tree, entry.tree):
+        entry = _ModelEntry(tree, measurements=entry.measurements)
+    elif tree is None and _changed_in_place(model, entry.tree):
+        entry = _ModelEntry(as_tree(model), measurements=entry.measurements)
+    with _LOCK:
+        _CACHE[model] = entry
+    return entry
+
+
+def _remember(table: dict, key, value) -> None:
+    with _LOCK:
+        if len(table) > _MAX_ENTRIES:
+            table.clear()
+        table[key] = value
+
+
+# ---------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------
+def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request: _Request, moe) -> Measurement:
+    """Build the copy (``reduced.build_copy``) and run one step of it under ``FakeTensorMode`` and
+    the recorder."""
+    from torch._subclasses import FakeTensorMode
+
+    from .recorder import Recorder
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    reduced, keys, block_keys = build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mode)
+    recorder = Recorder(keys, block_keys)
+    # Categorise the copy's parameters as parameters and their gradients as gradients (not ours).
+    handles = recorder.track_params(reduced)
+    try:
+        with fake_mode:
+            _run_step(reduced, request.example_inputs, request.batch_size, request.seq_len, recorder,
+                      routing_mode(moe))
+    finally:
+        for h in handles:
+            h.remove()
+    return Measurement(recorder.events, tuple(sorted(recorder.attention)))
+
+
+def _outside_checkpoint(lists: list[ListPlan], tree: ModelTree, checkpoint: frozenset) -> frozenset:
+    """The checkpointed modules outside the cut block lists (the copy wraps them as they are)."""
+    blocks = {tree.modules[b].fqn for lp in lists for b in lp.positions}
+    prefixes = tuple(b + "." for b in blocks)
+    return frozenset(c for c in checkpoint if c not in blocks and not c.startswith(prefixes))
+
+
+def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, policy: _DtypePolicy) -> tuple:
+    """What the copy runs: shapes, the representatives of every list, the checkpointed modules and
+    compute dtypes outside them, the inputs."""
+    prefixes = tuple(tree.modules[b].fqn + "." for lp in lists for b in lp.positions)
+    outside_sig = tuple((pi.fqn, policy.compute_dtype(pi)) for pi in tree.params
+                        if not any(n.startswith(prefixes) for n in pi.fqns))
+    reps = tuple((lp.fqn, tuple(v for v, _ in lp.reps)) for lp in lists)
+    return (request.batch_size, request.seq_len, request.param_dtype, reps, outside_ck, outside_sig,
+            request.example_inputs)
+
+
+def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    if moe:
+        top = moe[1] if moe[1] else "top_k"
+        out.append(f"MoE: balanced routing, each of {moe[0]} experts gets tokens*{top}/{moe[0]} rows "
+                   "where the model's code sizes by routing (nonzero/where)")
+    if attention:
+        out.append("attention kernel: " + ", ".join(attention))
+    return tuple(out)
+
+
+def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Measurement, moe):
+    """The full model's profile from a measurement of its copy."""
+    timeline = splice(measurement.events, lists)
+    modules, peak = module_stats(timeline, set(request.checkpoint), block_saved(measurement.events, lists))
+    pdt = request.param_dtype
+    return ActivationProfile(
+        batch_size=request.batch_size, seq_len=request.seq_len,
+        param_dtype=str(pdt).replace("torch.", "") if pdt else None,
+        peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
+        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention),
+        measured_blocks=sum(len(lp.reps) for lp in lists),
+        _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
+    )
+
+
+def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce: bool) -> ActivationProfile:
+    """The profile, on a copy with one block per kind (``reduce``) or on the whole model. A
+    measurement of the same copy is reused: toggling whole-block checkpointing of any block but
+    the first runs nothing."""
+    tree = entry.tree
+    policy = _DtypePolicy(tree, request.param_dtype, request.whole)
+    listed = find_blocks(tree)  # the repeated blocks, reported either way
+    lists = plan_lists(tree, listed if reduce else [], policy.compute_dtype, request.checkpoint)
+    outside_ck = _outside_checkpoint(lists, tree, request.checkpoint)
+    key = _measurement_key(tree, request, lists, outside_ck, policy)
+    moe = moe_shape(model)
+    with _LOCK:
+        measurement = entry.measurements.get(key)
+    if measurement is None:
+        measurement = measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck, request, moe)
+        _remember(entry.measurements, key, measurement)
+    return _profile(tree, request, listed, lists, measurement, moe)
+
+
+def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
+    """On the reduced copy; when it cannot run (a forward that indexes per-layer lists by position,
+    hybrid layer types, ...), on a fake copy of the whole model, which the assumptions then say."""
+    try:
+        return _measure(model, entry, request, reduce=True)
+    except Exception as exc:  # noqa: BLE001 - the reduced copy failed: measure the whole model
+        first = exc
+    try:
+        profile = _measure(model, entry, request, reduce=False)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(
+            f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
+            f"{request.seq_len}: {type(first).__name__}: {str(first)[:300]}; pass Training(example_inputs=...) "
+            "with inputs its forward accepts, or batch_size=None for the model state alone") from exc
+    note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
+    return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
+
+
+def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 2048, *,
+                        param_dtype=None, whole_params=(), checkpoint=(), example_inputs=None,
+                        tree: ModelTree | None = None) -> ActivationProfile:
+    """Measure the activation memory of one training step of ``model`` (see the package docstring).
+
+    model: the user's module (meta or real; never modified).
+    batch_size, seq_len: the step's input shape (``input_ids`` of (batch_size, seq_len)).
+    param_dtype: the dtype FSDP computes sharded parameters in (``MixedPrecisionPolicy.param_dtype``,
+        e.g. ``"bfloat16"``); None keeps every parameter's own dtype.
+    whole_params: FQNs of parameters FSDP does not manage (ignored or unmanaged): they keep their
+        own dtype whatever ``param_dtype`` says.
+    checkpoint: FQNs of modules wrapped in ``checkpoint_wrapper`` (full activation checkpointing).
+    example_inputs: for models that are not Hugging Face ones, ``(batch, seq) -> (args, kwargs)``.
+    tree: the ``ModelTree`` of ``model`` if the caller has one (saves walking a big model).
+
+    On a copy with one block per kind, else on a fake copy of the whole model (slower, no
+    extrapolation), which the profile's ``assumptions`` then say; when neither runs, a ValueError
+    names the model and torch's error. Cached: the same model, shapes, dtypes and checkpointing
+    cost nothing the second time.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"measure_activations needs the nn.Module, got {type(model).__name__}")
+    if example_inputs is None and hf_config(model) is None:
+        raise ValueError("not a Hugging Face model: pass example_inputs=(batch, seq) -> (args, kwargs)")
+    request = _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs)
+    entry = _entry(model, tree)
+    with _LOCK:
+        profile = entry.profiles.get(request)
+    if profile is None:
+        _check_checkpoint(request.checkpoint, entry.tree)
+        profile = _measure_some_copy(model, entry, request)
+        _remember(entry.profiles, request, profile)
+    return profile

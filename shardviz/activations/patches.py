@@ -1,0 +1,179 @@
+"""Where fake tensors trip over model code: data-dependent MoE routing, transformers' value checks on
+the batch, ``module.to(dtype)`` in forward, f-strings of 0-dim tensors. Each patch is scoped to one
+measured step."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+
+import torch
+from torch import nn
+
+
+def moe_shape(model: nn.Module):
+    """(n_experts, top_k) from a Hugging Face config, or None."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    n = top = None
+    for name in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 1:
+            n = v
+            break
+    for name in ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            top = v
+            break
+    if n is None:
+        return None
+    return n, top
+
+
+def _balanced_nonzero(x: torch.Tensor, n_experts: int | None) -> torch.Tensor:
+    """nonzero(mask) under balanced routing: a mask of ``n_experts`` (or ``n_experts + 1``: the
+    sentinel slot) elements is "which experts are hit": all of them; any other mask (e.g. one
+    expert's (top_k, tokens) slice of the one-hot routing) holds ``numel / n_experts`` ones."""
+    numel = x.numel()
+    if n_experts is None:
+        rows = numel  # outside MoE: the conservative bound, every element selected
+    elif numel in (n_experts, n_experts + 1):
+        rows = n_experts
+    else:
+        rows = math.ceil(numel / n_experts)
+    return torch.empty((rows, x.dim()), dtype=torch.long, device=x.device)
+
+
+def _grouped_mm_shape(args, kwargs) -> torch.Tensor:
+    """``_grouped_mm``'s output: torch's meta kernel only sizes bf16, CPU runs other dtypes."""
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    if a.dim() == 2:
+        size = [offs.size(0), a.size(0), b.size(1)] if b.dim() == 2 else [a.size(0), b.size(-1)]
+    else:
+        size = [a.size(1), b.size(1)] if b.dim() == 2 else [a.size(0), a.size(1), b.size(-1)]
+    return torch.empty(size, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
+
+
+def routing_mode(moe):
+    """A dispatch mode that answers the data-dependent ops fake tensors cannot (``nonzero``,
+    ``item``) under *balanced routing*: every expert receives ``tokens * top_k / n_experts`` rows.
+    ``item()`` of a boolean: False (e.g. "is this the sentinel expert"); of a number: 0.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n_experts = moe[0] if moe else None
+    aten = torch.ops.aten
+    nonzero_ops = {aten.nonzero.default, aten.nonzero_static.default, aten.argwhere.default}
+    grouped_mm = getattr(aten, "_grouped_mm", None)
+    grouped_mm = grouped_mm.default if grouped_mm is not None else None
+
+    class BalancedRouting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in nonzero_ops:
+                return _balanced_nonzero(args[0], n_experts)
+            if func is grouped_mm and not (args[0].dtype == args[1].dtype == torch.bfloat16):
+                return _grouped_mm_shape(args, kwargs)
+            if func is aten._local_scalar_dense.default:
+                return False if args[0].dtype == torch.bool else 0
+            return func(*args, **kwargs)
+
+    return BalancedRouting()
+
+
+@contextlib.contextmanager
+def hf_plain_batches():
+    """Batches without padding or packing, as a real step sees them.
+
+    transformers decides from the *values* of the position ids and padding mask whether SDPA may
+    run with ``is_causal=True`` and no mask (``masking_utils``); it treats fake tensors as tracing
+    and then builds a (batch, 1, seq, seq) mask, which also changes the attention kernel. We let
+    those checks see no padding mask and no packing: the ordinary training batch."""
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None:
+        yield
+        return
+    saved = {}
+
+    def unpadded(fn):
+        def inner(padding_mask, *args, **kwargs):
+            return fn(None, *args, **kwargs)
+        return inner
+
+    for name, make in (("find_packed_sequence_indices", lambda fn: lambda position_ids: None),
+                       ("_ignore_causal_mask_sdpa", unpadded),
+                       ("_ignore_bidirectional_mask_sdpa", unpadded)):
+        fn = getattr(mu, name, None)
+        if fn is not None:
+            saved[name] = fn
+            setattr(mu, name, make(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(mu, name, fn)
+
+
+def _cast_in_place(module: nn.Module, dtype: torch.dtype, recorder) -> None:
+    """``module.to(dtype)`` by replacing the copy's (fake) parameters and buffers: torch's swap
+    refuses fake tensors. The new ones are parameters and buffers to the recorder, not activations."""
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    for mod in module.modules():
+        for table, kind in ((mod._parameters, _MemRefType.PARAM), (mod._buffers, _MemRefType.BUFFER)):
+            for name, t in list(table.items()):
+                if t is None or not t.is_floating_point() or t.dtype == dtype:
+                    continue
+                with torch.no_grad():
+                    new = t.to(dtype)
+                if isinstance(t, nn.Parameter):
+                    new = nn.Parameter(new, requires_grad=t.requires_grad)
+                table[name] = new
+                if recorder is not None:
+                    recorder._update_and_maybe_create_winfos(new, kind)
+                    if isinstance(new, nn.Parameter) and new.requires_grad:
+                        recorder.track_params(mod)  # its gradient is a gradient too (copy only)
+
+
+@contextlib.contextmanager
+def fake_friendly(recorder=None):
+    """Two Python-level spots where fake tensors trip over model code.
+
+    ``module.to(dtype)`` in forward (NLLB-MoE's router casts its classifier): torch swaps fake
+    parameters (``_apply``) and fails ("Couldn't swap ...: it has weakref associated with it");
+    we replace the copy's parameters that need the cast. ``f"expert_{idx}"`` on a 0-dim index
+    (NLLB-MoE picks its expert module so): formatted from ``item()``, which the routing mode
+    answers (0: experts are identical in size)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig = nn.Module.to
+    had_format = "__format__" in vars(FakeTensor)
+    orig_format = FakeTensor.__format__
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is not None or device is not None:
+            return orig(self, *args, **kwargs)
+        if dtype is not None:
+            _cast_in_place(self, dtype, recorder)
+        return self
+
+    def fmt(self, spec):
+        if self.dim() == 0:
+            return format(self.item(), spec)
+        return orig_format(self, spec)
+
+    nn.Module.to = to
+    FakeTensor.__format__ = fmt
+    try:
+        yield
+    finally:
+        nn.Module.to = orig
+        if had_format:
+            FakeTensor.__format__ = orig_format
+        else:
+            del FakeTensor.__format__

@@ -1,0 +1,147 @@
+"""The results: the step's timeline of events, the numbers around each module, the profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+WRAPPED = "_checkpoint_wrapped_module"
+
+
+def strip_wrapper(fqn: str) -> str:
+    """``fqn`` without ``checkpoint_wrapper``'s inner name: the module as the user's model names it."""
+    if WRAPPED not in fqn:
+        return fqn
+    return ".".join(p for p in fqn.split(".") if p != WRAPPED)
+
+
+class Event(NamedTuple):
+    """One module event of the step.
+
+    kind: pre_fw, post_fw, pre_bw, post_bw, pre_rc/post_rc (forward recomputed in backward by
+        checkpointing), gap (a block's inputs released after its forward).
+    key: the module: its FQN in the full model's timeline; in the reduced copy's, a FQN outside the
+        block lists or ``(list index, representative index, path inside the block)``.
+    phase: ``"fw"`` or ``"bw"``.
+    level: activation bytes alive at the event (a change of level while splicing).
+    peak: highest level since the previous event (a change against the previous level while splicing).
+    """
+
+    kind: str
+    key: object
+    phase: str
+    level: int
+    peak: int
+
+
+@dataclass(frozen=True)
+class ModuleActivations:
+    """Activation bytes (activations + temporaries + step inputs, all ranks alike) around one module
+    in the full model's step. ``None`` where the event does not happen (a module never called, a
+    backward that never reaches it).
+
+    pre_fw / post_fw: level when the module's forward starts / returns (first call / last call).
+    peak_fw: highest level while its forward runs.
+    pre_bw: level when its backward starts (the first gradient of one of its outputs is ready).
+    peak_bw: highest level during its backward (recomputation of checkpointed modules included).
+    post_bw: level when the gradients of all its inputs are computed; ``None`` when none of its
+        inputs requires grad (torch then only marks it at the very end of backward).
+    saved: bytes its forward leaves allocated until its backward: its saved tensors and outputs,
+        less (for the repeated blocks) the inputs released right after it.
+    saved_plain / saved_checkpointed: ``saved`` if the module is not / is wrapped in
+        ``checkpoint_wrapper``; measured for the repeated blocks (``None`` elsewhere, except that a
+        module the plan checkpoints has ``saved_checkpointed == saved``).
+    checkpointed: the module is wrapped in ``checkpoint_wrapper`` in this measurement.
+    """
+
+    fqn: str
+    pre_fw: int | None
+    post_fw: int | None
+    peak_fw: int | None
+    pre_bw: int | None
+    peak_bw: int | None
+    post_bw: int | None
+    saved: int | None
+    saved_plain: int | None = None
+    saved_checkpointed: int | None = None
+    checkpointed: bool = False
+
+
+_BYTE_COLUMNS = ("saved", "saved_plain", "saved_checkpointed", "pre_fw", "post_fw", "peak_fw",
+                 "pre_bw", "peak_bw", "post_bw")
+
+
+@dataclass
+class ActivationProfile:
+    """Activation memory of the full model's training step (see the package docstring).
+
+    peak: ``(bytes, phase, module_fqn)``: the highest activation level of the step, whether it
+        happens in ``"forward"`` or ``"backward"``, and the innermost module running then
+        (``""`` = the root, e.g. the loss).
+    timeline: the full model's events (``Event``: kind, fqn, phase, level, peak since the previous
+        event), in order.
+    attention: the attention kernels torch ran (aten op names), e.g.
+        ``_scaled_dot_product_flash_attention_for_cpu``.
+    assumptions: notes on what the numbers assume (MoE routing, kernels).
+    """
+
+    batch_size: int
+    seq_len: int
+    param_dtype: str | None
+    peak: tuple[int, str, str]
+    modules: dict[str, ModuleActivations]
+    blocks: list[str]
+    timeline: list[Event] = field(repr=False)
+    attention: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
+    measured_blocks: int = 0  # block copies the reduced model ran
+    _types: dict[str, str] = field(default_factory=dict, repr=False)
+    _depths: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak[0]
+
+    def at(self, fqn: str) -> ModuleActivations:
+        """The numbers around module ``fqn`` (``""`` = the root); KeyError if it never ran."""
+        fqn = strip_wrapper(fqn)
+        if fqn not in self.modules:
+            raise KeyError(f"module {fqn!r} did not run in the measured step")
+        return self.modules[fqn]
+
+    def table(self, modules=None):
+        """A pandas DataFrame, one row per module: the root, every block, the modules outside the
+        blocks no deeper than them (embeddings, final norm, head), or the given ``modules`` FQNs
+        (e.g. a plan's units; a list entry stands for a group, reported by its first module)."""
+        import pandas as pd
+
+        names = self._default_rows() if modules is None else [_first_fqn(m) for m in modules]
+        blocks = set(self.blocks)
+        rows = []
+        for f in names:
+            a = self.modules.get(f)
+            row = {"fqn": f, "type": self._types.get(f, ""), "block": f in blocks}
+            for k in ("checkpointed",) + _BYTE_COLUMNS:
+                row[k] = getattr(a, k) if a is not None else None
+            rows.append(row)
+        df = pd.DataFrame(rows)
+        for k in _BYTE_COLUMNS:
+            if k in df:
+                df[k] = df[k].astype("Int64")
+        return df
+
+    def _default_rows(self) -> list[str]:
+        """The root, the blocks, and the modules outside them no deeper than they are."""
+        block_depth = max((self._depths.get(b, 1) for b in self.blocks), default=1)
+        in_block = tuple(b + "." for b in self.blocks)
+        return [f for f in self.modules if f == "" or f in self.blocks
+                or (self._depths.get(f, 99) <= block_depth and not f.startswith(in_block)
+                    and self._types.get(f) != "ModuleList")]
+
+
+def _first_fqn(m) -> str:
+    """A table row's module: an ``sv.Unit``'s modules, a group's first module, or the FQN itself."""
+    m = getattr(m, "modules", m)
+    if isinstance(m, (list, tuple)):
+        m = m[0] if m else ""
+    return strip_wrapper(m)

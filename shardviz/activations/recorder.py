@@ -1,0 +1,133 @@
+"""The tracker: MemTracker's categorisation of every storage, our own light timeline of module events.
+
+Imported only when a step is measured (``torch.distributed._tools`` takes a second to import).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.utils._pytree import tree_flatten
+
+from .profile import Event
+
+ACTIVATION_KINDS = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
+ATTENTION_OPS = frozenset({
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math", "_scaled_dot_product_fused_attention_overrideable",
+    "_flash_attention_forward", "_efficient_attention_forward",
+})
+
+
+class _PendingRelease:
+    """After a block's forward: the storages of its inputs, and the bytes of those freed so far."""
+
+    def __init__(self, key, winfo_ids: set[int]):
+        self.key, self.winfo_ids, self.freed = key, winfo_ids, 0
+
+
+class Recorder(MemTracker):
+    """``MemTracker`` whose module hooks append ``Event``s to a flat timeline instead of
+    deep-copying per-module snapshots, and whose per-op peak update is O(1)."""
+
+    def __init__(self, keys: dict[int, object], block_keys: set):
+        super().__init__()
+        self.keys = keys  # id(module) -> key
+        self.block_keys = block_keys
+        self.events: list[Event] = []
+        self.attention: dict[str, int] = {}
+        self._seg_peak = 0
+        self._inputs: dict[object, set[int]] = {}
+        self._pending: _PendingRelease | None = None
+
+    def track_params(self, module: nn.Module) -> list:
+        """Categorise parameters and buffers, and the gradients of trainable parameters as
+        gradients (MemTracker's own helper hooks every parameter, frozen ones included, which
+        torch refuses)."""
+        handles = []
+        for p in module.parameters():
+            self._update_and_maybe_create_winfos(p, _MemRefType.PARAM)
+            if p.requires_grad:
+                hook = partial(self._update_and_maybe_create_winfos, reftype=_MemRefType.GRAD)
+                handles.append(p.register_hook(lambda g, hook=hook: hook(g) and None))
+                handles.append(p.register_post_accumulate_grad_hook(lambda q, hook=hook: hook(q.grad) and None))
+        for b in module.buffers():
+            self._update_and_maybe_create_winfos(b, _MemRefType.BUFFER)
+        return handles
+
+    def level(self) -> int:
+        return sum(snap[k] for snap in self._curr_mem_snap.values() for k in ACTIVATION_KINDS)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        self._seg_peak = max(self._seg_peak, self.level())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._opname
+        if name in ATTENTION_OPS:
+            self.attention[name] = self.attention.get(name, 0) + 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _delete_callback(self, winfo, w_st) -> None:
+        super()._delete_callback(winfo, w_st)
+        pending = self._pending
+        if pending is not None and id(winfo) in pending.winfo_ids:
+            pending.freed += winfo.mem_consumed
+
+    def _event(self, kind: str, key) -> None:
+        lvl = self.level()
+        phase = "bw" if self._mod_tracker.is_bw else "fw"
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            before = self.events[-1].level
+            self.events.append(Event("gap", pending.key, "fw", before - pending.freed, before))
+        self.events.append(Event(kind, key, phase, lvl, max(self._seg_peak, lvl)))
+        self._seg_peak = lvl
+
+    def _winfo_ids(self, args) -> set[int]:
+        ids = set()
+        for t in tree_flatten(args)[0]:
+            if isinstance(t, torch.Tensor):
+                for st in get_untyped_storages(t):
+                    winfo = self._WINFO.get(st, (None, None))[0]
+                    if winfo is not None:
+                        ids.add(id(winfo))
+        return ids
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        key = self.keys.get(id(module))
+        if key is None:
+            return
+        if self._mod_tracker.is_bw:
+            self._event("pre_rc", key)
+            return
+        self._event("pre_fw", key)
+        if key in self.block_keys and key not in self._inputs:
+            self._inputs[key] = self._winfo_ids(inputs)
+
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        key = self.keys.get(id(module))
+        if key is None:
+            return
+        if self._mod_tracker.is_bw:
+            self._event("post_rc", key)
+            return
+        self._event("post_fw", key)
+        if key in self.block_keys:
+            self._pending = _PendingRelease(key, self._inputs.get(key, set()))
+
+    def _pre_bw_hook(self, module, args) -> None:
+        key = self.keys.get(id(module)) if module is not None else None
+        if key is not None:
+            self._event("pre_bw", key)
+
+    def _post_bw_hook(self, module, args) -> None:
+        # Called without arguments by ModTracker's end-of-backward callback for modules none of
+        # whose inputs require grad: not a point in time of the module's backward.
+        key = self.keys.get(id(module)) if module is not None else None
+        if key is not None and args:
+            self._event("post_bw", key)

@@ -1,0 +1,199 @@
+"""The reduced copy: every repeated block list cut to one fake copy per variant (block kind, which of
+its submodules are checkpointed), the rest of the model copied with fake parameters in the dtypes
+they compute in. The user's model is only read."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..tree import ModelTree
+from .profile import strip_wrapper
+
+WHOLE_BLOCK = frozenset({""})  # a variant whose block itself is checkpointed
+PLAIN = frozenset()
+
+
+def as_dtype(value) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return getattr(torch, str(value).replace("torch.", ""))
+
+
+@dataclass
+class ListPlan:
+    """How one block list is measured: the representatives its copy holds and who stands for whom."""
+
+    fqn: str  # the ModuleList
+    positions: list[int]  # tree indices of its blocks, in order
+    variants: list[tuple]  # variant per position: (kind, checkpointed paths inside the block)
+    reps: list[tuple]  # rep index -> (variant, source tree index)
+    pos_rep: list[int]  # position -> rep index
+
+
+def _variant(tree: ModelTree, b: int, compute_dtype, checkpoint) -> tuple:
+    """(kind, checkpointed paths) of block ``b``; a kind is (class, parameter names/shapes/compute
+    dtypes/requires_grad)."""
+    info = tree.modules[b]
+    prefix = info.fqn + "."
+    sig = []
+    for p in tree.subtree_params(b):
+        pi = tree.params[p]
+        name = next((n for n in pi.fqns if n.startswith(prefix)), pi.fqn)
+        sig.append((name[len(prefix):], pi.shape, compute_dtype(pi), pi.requires_grad))
+    ck = frozenset("" if c == info.fqn else c[len(prefix):] for c in checkpoint
+                   if c == info.fqn or c.startswith(prefix))
+    return (info.type_name, tuple(sig)), ck
+
+
+def _representatives(members: list[int], variants: list[tuple]) -> tuple[list[tuple], list[int]]:
+    """The copies to run and position -> copy. First the variant of position 0 (the first block
+    sees an input that may not require grad: frozen embeddings), then a plain and a fully
+    checkpointed copy of every kind seen later (toggling block checkpointing reuses the
+    measurement), then every other variant; the last position's variant goes last, so the first
+    and last runs of the reduced timeline are the ones the full model's first and last positions
+    use (see ``splice``)."""
+    kinds: dict[tuple, int] = {}
+    for v, b in zip(variants, members):
+        kinds.setdefault(v[0], b)
+    later = {v[0] for v in variants[1:]}  # kinds seen after position 0 (T5: block 0 differs)
+    wanted = [((kind, ck), src) for kind, src in kinds.items() if kind in later for ck in (PLAIN, WHOLE_BLOCK)]
+    wanted += list(zip(variants[1:], members[1:]))
+    last = (variants[-1], members[-1])
+    reps = [(variants[0], members[0])]
+    index: dict[tuple, int] = {}
+    for v, src in wanted + [last]:
+        if v not in index:
+            index[v] = len(reps)
+            reps.append((v, src))
+    if index[last[0]] != len(reps) - 1:
+        reps.append(reps.pop(index[last[0]]))
+        index = {v: i for i, (v, _) in enumerate(reps) if i > 0}
+    return reps, [0] + [index[v] for v in variants[1:]]
+
+
+def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint) -> list[ListPlan]:
+    """One ``ListPlan`` per list holding ``blocks``."""
+    by_list: dict[int, list[int]] = {}
+    for b in blocks:
+        by_list.setdefault(tree.modules[b].parent, []).append(b)
+    plans = []
+    for parent, members in by_list.items():
+        variants = [_variant(tree, b, compute_dtype, checkpoint) for b in members]
+        reps, pos_rep = _representatives(members, variants)
+        plans.append(ListPlan(tree.modules[parent].fqn, members, variants, reps, pos_rep))
+    return plans
+
+
+def _fake_param(p: torch.Tensor, dtype: torch.dtype, fake_mode) -> torch.Tensor:
+    with fake_mode:
+        t = torch.empty(p.shape, dtype=dtype, device="cpu")
+    if isinstance(p, nn.Parameter):
+        return nn.Parameter(t, requires_grad=p.requires_grad)
+    return t
+
+
+def _checkpoint_wrapped(module: nn.Module) -> nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    return checkpoint_wrapper(module)
+
+
+def _wrap(root: nn.Module, path: str) -> nn.Module:
+    """``root`` with its submodule ``path`` (``""``: itself) in a ``checkpoint_wrapper``."""
+    if path == "":
+        return _checkpoint_wrapped(root)
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, _checkpoint_wrapped(getattr(parent, name)))
+    return root
+
+
+def _allow_more_layers(reduced: nn.Module, sizes) -> None:
+    """Hugging Face models loop over ``self.layers[: config.num_hidden_layers]``: when the reduced
+    list is longer than the real one (a 2-layer model measured with 3 copies), raise the layer
+    counts of the copy's configs that name the real length."""
+    configs = {id(c): c for m in reduced.modules() if (c := getattr(m, "config", None)) is not None}
+    for full, reduced_len in sizes:
+        if reduced_len <= full:
+            continue
+        for cfg in configs.values():
+            for name, value in list(vars(cfg).items()):
+                if "layer" in name and isinstance(value, int) and not isinstance(value, bool) and value == full:
+                    setattr(cfg, name, reduced_len)
+
+
+def _fake_outside(model: nn.Module, skip: set[int], param_dtype_of, fake_mode) -> dict[int, object]:
+    """id(tensor) -> fake tensor, for the parameters and buffers outside the block lists (a walk
+    that does not enter the modules in ``skip``)."""
+    memo: dict[int, object] = {}
+    stack = [("", model)]
+    while stack:
+        prefix, mod = stack.pop()
+        for pname, p in mod._parameters.items():
+            if p is not None and id(p) not in memo:
+                memo[id(p)] = _fake_param(p, param_dtype_of(f"{prefix}{pname}", p), fake_mode)
+        for b in mod._buffers.values():
+            if b is not None and id(b) not in memo:
+                memo[id(b)] = _fake_param(b, b.dtype, fake_mode)
+        for cname, child in mod._modules.items():
+            if child is not None and id(child) not in skip:
+                stack.append((f"{prefix}{cname}.", child))
+    return memo
+
+
+def _rep_copy(model: nn.Module, fqn: str, checkpointed, memo, param_dtype_of, fake_mode) -> nn.Module:
+    """A fake copy of block ``fqn`` (parameters shared with the outside stay shared), its
+    ``checkpointed`` paths wrapped, innermost first."""
+    src = model.get_submodule(fqn)
+    rep_memo: dict[int, object] = {}
+    for pname, p in src.named_parameters(remove_duplicate=False):
+        if id(p) not in rep_memo:
+            rep_memo[id(p)] = memo[id(p)] if id(p) in memo else _fake_param(
+                p, param_dtype_of(f"{fqn}.{pname}", p), fake_mode)
+    for _, b in src.named_buffers(remove_duplicate=False):
+        if id(b) not in rep_memo:
+            rep_memo[id(b)] = _fake_param(b, b.dtype, fake_mode)
+    rep = copy.deepcopy(src, rep_memo)
+    for path in sorted(checkpointed, key=lambda s: -s.count(".")):
+        rep = _wrap(rep, path)
+    return rep
+
+
+def _copy_keys(reduced: nn.Module, new_lists: list[nn.ModuleList]) -> tuple[dict[int, object], set]:
+    """id(copy module) -> key (a full fqn outside the blocks, (list index, rep index, relative
+    path) inside), and the keys of the blocks themselves."""
+    keys: dict[int, object] = {}
+    block_keys = set()
+    for li, new in enumerate(new_lists):
+        for ri, rep in enumerate(new):
+            block_keys.add((li, ri, ""))
+            for name, mod in rep.named_modules(remove_duplicate=False):
+                keys.setdefault(id(mod), (li, ri, strip_wrapper(name)))
+    lists = {id(new) for new in new_lists}
+    for name, mod in reduced.named_modules(remove_duplicate=False):
+        if id(mod) not in keys and id(mod) not in lists:
+            keys[id(mod)] = strip_wrapper(name)
+    return keys, block_keys
+
+
+def build_copy(model, tree, lists: list[ListPlan], param_dtype_of, checkpoint_outside, fake_mode):
+    """The reduced fake copy in train mode, its module keys (``_copy_keys``) and block keys."""
+    list_objs = [model.get_submodule(lp.fqn) for lp in lists]
+    memo = _fake_outside(model, {id(m) for m in list_objs}, param_dtype_of, fake_mode)
+    new_lists = []
+    for lp, obj in zip(lists, list_objs):
+        new = nn.ModuleList([_rep_copy(model, tree.modules[src].fqn, variant[1], memo, param_dtype_of, fake_mode)
+                             for variant, src in lp.reps])
+        memo[id(obj)] = new
+        new_lists.append(new)
+    reduced = copy.deepcopy(model, memo)
+    _allow_more_layers(reduced, [(len(lp.positions), len(new)) for lp, new in zip(lists, new_lists)])
+    for path in sorted(checkpoint_outside, key=lambda s: -s.count(".")):
+        _wrap(reduced, path)
+    reduced.train()
+    keys, block_keys = _copy_keys(reduced, new_lists)
+    return reduced, keys, block_keys

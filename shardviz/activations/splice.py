@@ -1,0 +1,230 @@
+"""Splicing the reduced copy's timeline into the full model's: each block position gets the event
+run of its variant's representative (position 0 the first copy's), levels being additive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .profile import Event
+from .reduced import PLAIN, WHOLE_BLOCK, ListPlan
+
+
+def _is_block_event(ev: Event, li: int) -> bool:
+    return isinstance(ev.key, tuple) and ev.key[0] == li
+
+
+def _run_ends(events: list[Event], li: int, phase: str) -> tuple[dict, dict]:
+    """rep -> index of its first event in ``phase``, and of its last one that is not a post-backward."""
+    first, last = {}, {}
+    for j, ev in enumerate(events):
+        if ev.phase != phase or not _is_block_event(ev, li):
+            continue
+        r = ev.key[1]
+        first.setdefault(r, j)
+        if ev.kind != "post_bw":
+            last[r] = j
+    return first, last
+
+
+def _backward_run_end(events: list[Event], next_first: int) -> int:
+    """Just after the next rep's first event, and after the events at the same instant."""
+    end = next_first + 1
+    level = events[end - 1].level
+    while end < len(events) and events[end].level == level and events[end].peak == level:
+        end += 1
+    return end
+
+
+@dataclass(frozen=True)
+class _Region:
+    """One block list's forward or backward in the reduced timeline: the event range it covers,
+    the event range of each rep's run, and the reps in the order they ran."""
+
+    start: int
+    stop: int
+    li: int
+    phase: str
+    runs: dict  # rep -> (start, end)
+    order: tuple
+
+    def clipped(self, at: int) -> _Region:
+        last = self.order[-1]
+        runs = dict(self.runs)
+        runs[last] = (min(runs[last][0], at), at)
+        return replace(self, stop=at, runs=runs)
+
+
+def _region(events: list[Event], li: int, phase: str) -> _Region | None:
+    """List ``li``'s region in ``phase``.
+
+    Forward: a run starts at the rep's first event and ends where the next one starts. Backward:
+    the next rep's first event (whatever module fires it) carries the level change of this rep's
+    last operations - it fires the moment this rep has computed its input gradient - so the run
+    ends just after it, and after the events at the same instant (no level change: torch fires
+    the block's own pre-backward, the previous block's post-backward, ... together). The last run
+    ends at its rep's last event that is not a post-backward: a post-backward waits for the
+    gradients of all of a module's inputs, and one shared with later code (an encoder output read
+    by every decoder block) delays it past the block's own backward."""
+    first, last = _run_ends(events, li, phase)
+    if not first:
+        return None
+    order = tuple(sorted(first, key=first.get))
+    runs, start = {}, first[order[0]]
+    for i, r in enumerate(order):
+        if i + 1 == len(order):
+            end = last.get(r, first[r]) + 1
+        elif phase == "fw":
+            end = first[order[i + 1]]
+        else:
+            end = _backward_run_end(events, first[order[i + 1]])
+        end = max(end, start)
+        runs[r] = (start, end)
+        start = end
+    return _Region(first[order[0]], start, li, phase, runs, order)
+
+
+def _regions(events: list[Event], lists: list[ListPlan]) -> list[_Region]:
+    """Every list's forward and backward region, in timeline order. A region may end with hook
+    events torch fires late (an identity module on an encoder output: its pre-backward waits for
+    the gradient summed over all decoder blocks) inside the next region: it is clipped there; those
+    events are then dropped, their level change kept."""
+    found = [r for li in range(len(lists)) for phase in ("fw", "bw")
+             if (r := _region(events, li, phase)) is not None]
+    found.sort(key=lambda r: r.start)
+    for i in range(len(found) - 1):
+        if found[i].stop > found[i + 1].start:
+            found[i] = found[i].clipped(found[i + 1].start)
+    return found
+
+
+def _deltas(events: list[Event]) -> list[Event]:
+    """The events with level and peak as changes against the previous event's level."""
+    out, prev = [], 0
+    for ev in events:
+        out.append(ev._replace(level=ev.level - prev, peak=ev.peak - prev))
+        prev = ev.level
+    return out
+
+
+def _without_lead(run: list[Event], li: int, r: int) -> list[Event]:
+    """A region's first run reused at another position: the first run begins with work outside the
+    blocks (in backward: the final norm's backward, carried by the last block's first event; an
+    encoder's: the decoder blocks' late post-backward) that the previous run already brought. The
+    events before the rep's first own change carry no change, the outside ones among them go."""
+    mine = [k for k, ev in enumerate(run) if _is_block_event(ev, li) and ev.key[1] == r]
+    lead = next((k for k in mine[1:] if run[k].level != 0 or run[k].peak != 0), len(run))
+    return [ev._replace(level=0, peak=0) for ev in run[:lead] if isinstance(ev.key, tuple)] + run[lead:]
+
+
+def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Event:
+    """``ev`` of rep ``r``'s run with its module named in the full model (None: dropped).
+    names: (this position, the previous processed one, the next one). Events of the previous
+    representative that fire inside this run (in backward, a block's post-backward fires after the
+    next block's pre-backward) go to the previous position; events of modules outside the blocks
+    are kept where the run plays the role it had in the reduced model (first or last of the region)."""
+    key = ev.key
+    if isinstance(key, tuple) and key[0] == region.li:
+        if key[1] == r:
+            base = names[0]
+        elif key[1] in region.order and region.order.index(key[1]) < region.order.index(r):
+            base = names[1]
+        else:
+            base = names[2]
+        fqn = None if base is None else (base if key[2] == "" else f"{base}.{key[2]}")
+    elif isinstance(key, tuple):  # another list's block inside this run: not expected
+        fqn = None
+    else:
+        fqn = key if edge else None
+    return ev._replace(key=fqn)
+
+
+def _region_events(region: _Region, deltas: list[Event], lp: ListPlan) -> list[Event]:
+    """The region replaced by one run per position (forward in order, backward in reverse)."""
+    n = len(lp.positions)
+    positions = list(range(n)) if region.phase == "fw" else list(range(n - 1, -1, -1))
+    out = []
+    for i, pos in enumerate(positions):
+        r = lp.pos_rep[pos]
+        if r not in region.runs:
+            continue
+        a, b = region.runs[r]
+        edge = (i == 0 and r == region.order[0]) or (i == n - 1 and r == region.order[-1])
+        names = (f"{lp.fqn}.{pos}",
+                 f"{lp.fqn}.{positions[i - 1]}" if i > 0 else None,
+                 f"{lp.fqn}.{positions[i + 1]}" if i + 1 < n else None)
+        run = deltas[a:b]
+        if r == region.order[0] and i > 0:
+            run = _without_lead(run, region.li, r)
+        out.extend(_renamed(ev, region, r, names, edge) for ev in run)
+    return out
+
+
+def _outside(evs: list[Event]) -> list[Event]:
+    """Events outside the regions; a block's event there is not expected: dropped, its level kept."""
+    return [ev._replace(key=None) if isinstance(ev.key, tuple) else ev for ev in evs]
+
+
+def _absolute(result: list[Event]) -> list[Event]:
+    """Changes back to absolute levels; dropped events (key None) carry their change forward."""
+    timeline, level, carry_peak = [], 0, None
+    for ev in result:
+        peak = level + ev.peak
+        if carry_peak is not None:
+            peak = max(peak, carry_peak)
+        level += ev.level
+        if ev.key is None:
+            carry_peak = peak
+            continue
+        carry_peak = None
+        timeline.append(ev._replace(level=level, peak=peak))
+    return timeline
+
+
+def splice(events: list[Event], lists: list[ListPlan]) -> list[Event]:
+    """The full model's timeline: the reduced timeline with each block list's forward and backward
+    regions replaced by one run per position (a dropped event's level change is carried to the
+    next event, so levels stay exact)."""
+    deltas = _deltas(events)
+    result, cursor = [], 0
+    for region in _regions(events, lists):
+        if region.start < cursor:
+            raise RuntimeError("overlapping block runs in the measured timeline")
+        result.extend(_outside(deltas[cursor:region.start]))
+        result.extend(_region_events(region, deltas, lists[region.li]))
+        cursor = region.stop
+    result.extend(_outside(deltas[cursor:]))
+    return _absolute(result)
+
+
+def _rep_saved(events: list[Event]) -> dict[tuple[int, int], int]:
+    """(list, rep) -> bytes the rep's forward leaves allocated (level after its inputs' release
+    minus level at its first pre-forward)."""
+    out, start = {}, {}
+    for ev in events:
+        key = ev.key
+        if not isinstance(key, tuple) or key[2] != "" or ev.phase != "fw":
+            continue
+        k = (key[0], key[1])
+        if ev.kind == "pre_fw":
+            start.setdefault(k, ev.level)
+        elif ev.kind == "gap" and k in start:
+            out[k] = ev.level - start[k]
+    return out
+
+
+def block_saved(events: list[Event], lists: list[ListPlan]) -> dict[str, tuple]:
+    """Block fqn -> (saved bytes plain, saved bytes checkpointed), from the steady representatives
+    (the first block's own variant from the first copy)."""
+    rep_saved = _rep_saved(events)
+    out = {}
+    for li, lp in enumerate(lists):
+        index = {v: r for r, (v, _) in enumerate(lp.reps) if r > 0}
+        for pos, (kind, ck) in enumerate(lp.variants):
+            plain = rep_saved.get((li, index.get((kind, PLAIN))))
+            ckpt = rep_saved.get((li, index.get((kind, WHOLE_BLOCK))))
+            if pos == 0 and ck == PLAIN:
+                plain = rep_saved.get((li, 0))
+            elif pos == 0 and ck == WHOLE_BLOCK:
+                ckpt = rep_saved.get((li, 0))
+            out[f"{lp.fqn}.{pos}"] = (plain, ckpt)
+    return out
