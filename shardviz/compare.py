@@ -11,7 +11,9 @@ from dataclasses import replace
 
 import pandas as pd
 
+from . import views
 from .analysis import Analysis, analyze
+from .format import byte_unit, format_bytes, format_seconds, worst_rank
 from .fsdp import Mesh
 from .plan import as_plan
 from .tree import as_tree
@@ -22,11 +24,12 @@ MEMORY_PARTS = ("params", "grads", "optimizer")
 def summarize(a: Analysis) -> dict:
     """One row of numbers for an analysis: memory on the worst rank, traffic per step, findings."""
     mem, comm = a.memory, a.comm
-    worst = int(mem["peak"].idxmax())
-    row = {part: int(mem.at[worst, part]) for part in MEMORY_PARTS}
-    row["activations"] = int(mem.at[worst, "activations"])  # alive at the peak (0 without Training.batch_size)
-    row["peak"] = int(mem.at[worst, "peak"])
-    row["peak_rank"] = int(mem.at[worst, "rank"])
+    rank = worst_rank(mem)
+    worst = mem.set_index("rank").loc[rank]
+    row = {part: int(worst[part]) for part in MEMORY_PARTS}
+    row["activations"] = int(worst["activations"])  # alive at the peak (0 without Training.batch_size)
+    row["peak"] = int(worst["peak"])
+    row["peak_rank"] = rank
     row["fits"] = None if a.mesh.device_memory is None else bool(row["peak"] <= a.mesh.device_memory)
     row["bytes_per_step"] = int((comm["bytes"] * comm["count"]).sum()) if len(comm) else 0
     row["sent_bytes_per_rank"] = int((comm["sent_bytes"] * comm["count"]).sum()) if len(comm) else 0
@@ -70,10 +73,8 @@ class Comparison:
     def breakdown(self) -> pd.DataFrame:
         """The peak of each layout's busiest rank by kind (``Analysis.peak_breakdown``, the same
         breakdown the Inspector and the report draw); each row sums to the table's ``peak``."""
-        from .widget.views import PEAK_PARTS, peak_breakdown
-
-        rows = [{"layout": name, **peak_breakdown(a)} for name, a in self.analyses.items()]
-        return pd.DataFrame(rows, columns=["layout", *PEAK_PARTS]).set_index("layout")
+        rows = [{"layout": name, **views.peak_breakdown(a)} for name, a in self.analyses.items()]
+        return pd.DataFrame(rows, columns=["layout", *views.PEAK_PARTS]).set_index("layout")
 
     @property
     def formatted(self) -> pd.DataFrame:
@@ -82,30 +83,21 @@ class Comparison:
         return format_table(self.table)
 
     def memory_payload(self) -> dict:
-        """The memory chart's data with one bar per layout (the Inspector's format: ``views.memory_payload``)."""
-        from .widget.views import PART_HELP, PEAK_PARTS, limit_use
-
-        t, b = self.table, self.breakdown
+        """The memory chart's data with one bar per layout: each layout's worst-rank bar of
+        ``views.memory_payload`` (``views.worst_bar``), labelled with the layout's name."""
         limit = next(iter(self.analyses.values())).mesh.device_memory if self.analyses else None
         bars = []
-        for i, name in enumerate(t.index):
-            a = self.analyses[name]
-            mem = a.memory
-            worst = int(mem["peak"].idxmax())
-            bars.append({"first": i, "last": i, "label": str(name), "parts": {k: int(b.at[name, k]) for k in PEAK_PARTS},
-                         "peak": int(t.at[name, "peak"]), "phase": str(mem.at[worst, "peak_phase"]),
-                         "unit": mem.at[worst, "peak_unit"] if isinstance(mem.at[worst, "peak_unit"], str) else None,
-                         "module": None, "params": int(t.at[name, "params"]), "grads": int(t.at[name, "grads"]),
-                         "optimizer": int(t.at[name, "optimizer"])})
+        for i, (name, a) in enumerate(self.analyses.items()):
+            bars.append({**views.worst_bar(a), "first": i, "last": i, "label": str(name)})
         top = max((bar["peak"] for bar in bars), default=0)
-        return {"available": True, "categories": [{"key": k, "label": k, "help": PART_HELP[k]} for k in PEAK_PARTS],
-                "bars": bars, "limit": limit, "max_peak": top, "use": limit_use(top, limit), "n_ranks": len(bars)}
+        return {"available": True, "categories": views.categories(), "bars": bars, "limit": limit,
+                "max_peak": top, "use": views.limit_use(top, limit), "n_ranks": len(bars)}
 
     def chart(self):
         """The memory chart of the layouts, drawn like the Inspector's (SVG, follows JupyterLab's theme)."""
-        from .widget.chart import Chart
+        from .chart import chart
 
-        return Chart("memory", self.memory_payload(), title="Memory on the busiest rank, by layout")
+        return chart("memory", self.memory_payload(), title="Memory on the busiest rank, by layout")
 
     def figure(self):
         """Stacked peak of the busiest rank by kind (the one breakdown), and bytes per step, one bar
@@ -113,18 +105,16 @@ class Comparison:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        from .widget.views import PEAK_PARTS
-
         t, b = self.table, self.breakdown
-        mdiv, munit = _scale(float(t["peak"].max()) if len(t) else 0.0)
-        tdiv, tunit = _scale(float(t["bytes_per_step"].max()) if len(t) else 0.0)
+        mdiv, munit = byte_unit(float(t["peak"].max()) if len(t) else 0.0)
+        tdiv, tunit = byte_unit(float(t["bytes_per_step"].max()) if len(t) else 0.0)
         limit = next(iter(self.analyses.values())).mesh.device_memory
         mem_title = f"Memory on the busiest rank ({munit})"
         if limit and limit > 4 * float(t["peak"].max()):
-            mem_title += f"; device {_fmt(limit)} is off the scale"
+            mem_title += f"; device {format_bytes(limit)} is off the scale"
         fig = make_subplots(rows=1, cols=2, subplot_titles=(mem_title, f"Traffic per step ({tunit})"))
         names = list(t.index)
-        for part in PEAK_PARTS:
+        for part in views.PEAK_PARTS:
             fig.add_trace(go.Bar(name=part, x=names, y=b[part] / mdiv), row=1, col=1)
         fig.add_trace(go.Bar(name="bytes per step", x=names, y=t["bytes_per_step"] / tdiv, showlegend=True), row=1, col=2)
         if limit and limit <= 4 * float(t["peak"].max()):
@@ -135,20 +125,6 @@ class Comparison:
 
     def __repr__(self) -> str:
         return f"<shardviz.Comparison of {list(self.analyses)}>"
-
-
-def _scale(max_bytes: float) -> tuple[float, str]:
-    """The unit that keeps the largest value of one chart readable (never "500μ GiB")."""
-    for div, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if max_bytes >= div:
-            return div, name
-    return 1, "B"
-
-
-def _fmt(n) -> str:
-    from .cost import format_bytes
-
-    return format_bytes(n)
 
 
 BYTE_COLUMNS = ("params", "grads", "optimizer", "peak", "bytes_per_step", "sent_bytes_per_rank")
@@ -162,13 +138,13 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     out = table.copy()
     for col in BYTE_COLUMNS:
         if col in out:
-            out[col] = out[col].map(_fmt)
+            out[col] = out[col].map(format_bytes)
     if "fits" in out:
         out["fits"] = out["fits"].map(lambda v: "no limit set" if v is None or (isinstance(v, float) and math.isnan(v))
                                       else ("yes" if v else "no"))
     if "time_per_step_s" in out:
         out["time_per_step_s"] = out["time_per_step_s"].map(
-            lambda v: "no bandwidth given" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f} s")
+            lambda v: "no bandwidth given" if v is None or (isinstance(v, float) and math.isnan(v)) else format_seconds(v))
     if "findings" in out:
         out["findings"] = out["findings"].map(lambda v: v or "none")
     return out
@@ -209,33 +185,31 @@ class Sweep:
 
     def lines_payload(self, metric: str = "peak") -> dict:
         """One line per layout of ``metric`` ("peak" or "sent_bytes_per_rank") against world size."""
-        from .widget.views import limit_use
-
         series = [{"name": str(layout), "x": [int(x) for x in rows.world], "y": [int(y) for y in rows[metric]]}
                   for layout, rows in self.table.groupby("layout", sort=False)]
         peak = metric == "peak"
         limit = self.device_memory if peak else None
         top = max((y for q in series for y in q["y"]), default=0)
-        use = limit_use(top, limit)
+        use = views.limit_use(top, limit)
         return {"title": "Peak memory per rank" if peak else "Bytes sent per rank per step",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,
-                "limit_text": f"device {_fmt(limit)}" if limit else None, "use": use}
+                "limit_text": f"device {format_bytes(limit)}" if limit else None, "use": use}
 
     def chart(self, metric: str = "peak"):
         """The sweep drawn like the Inspector's charts (SVG, follows JupyterLab's theme)."""
-        from .widget.chart import Chart
+        from .chart import chart
 
-        return Chart("lines", self.lines_payload(metric))
+        return chart("lines", self.lines_payload(metric))
 
     def figure(self):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        pdiv, punit = _scale(float(self.table.peak.max()) if len(self.table) else 0.0)
-        sdiv, sunit = _scale(float(self.table.sent_bytes_per_rank.max()) if len(self.table) else 0.0)
+        pdiv, punit = byte_unit(float(self.table.peak.max()) if len(self.table) else 0.0)
+        sdiv, sunit = byte_unit(float(self.table.sent_bytes_per_rank.max()) if len(self.table) else 0.0)
         limit = self.device_memory
         on_scale = limit and limit <= 4 * float(self.table.peak.max())
-        title = f"Peak memory per rank ({punit})" + (f"; device {_fmt(limit)} is off the scale" if limit and not on_scale else "")
+        title = f"Peak memory per rank ({punit})" + (f"; device {format_bytes(limit)} is off the scale" if limit and not on_scale else "")
         fig = make_subplots(rows=1, cols=2, subplot_titles=(title, f"Bytes sent per rank per step ({sunit})"))
         for i, (layout, rows) in enumerate(self.table.groupby("layout", sort=False)):
             color = f"hsl({(i * 137) % 360},60%,45%)"

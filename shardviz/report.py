@@ -1,6 +1,6 @@
 """A standalone HTML report: one file, every script inlined, no network request when opened.
 
-The charts are the Inspector's own (``widget/charts.js`` drawing ``widget/views.py``'s payloads:
+The charts are the Inspector's own (``widget/charts.js`` drawing ``views.py``'s payloads:
 the same data drawn the same way, light or dark after the reader's system), then the findings,
 the tables and the exported code, all read from one ``Analysis`` (and ``compare`` for the
 layouts side by side).
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .analysis import Analysis, analyze
-from .cost import format_bytes
+from . import views
+from .analysis import analyze
+from .format import format_bytes
 from .fsdp import Mesh
 
 WIDGET = Path(__file__).parent / "widget"
@@ -53,9 +54,6 @@ for (const el of document.querySelectorAll(".sv-report-chart")) {
 
 
 # The memory columns the report shows (activations once the cost model gives them for a batch size).
-
-
-# The memory columns the report shows (activations once the cost model gives them for a batch size).
 MEMORY_COLUMNS = ("rank", "params", "grads", "optimizer", "activations", "peak", "peak_phase", "peak_unit")
 
 
@@ -82,9 +80,7 @@ def _highlight(code: str) -> str:
 def short_names(names) -> list[str]:
     """Call names for tables and charts: the prefix every call shares dropped, the end kept, and
     "(outside FSDP)" for the collectives FSDP does not issue (``views.short_labels``)."""
-    from .widget.views import short_labels
-
-    return short_labels(names, width=60)
+    return views.short_labels(names, width=60)
 
 
 def _chart(kind: str, payload: dict, title: str | None = None) -> str:
@@ -94,27 +90,12 @@ def _chart(kind: str, payload: dict, title: str | None = None) -> str:
             f'<script type="application/json">{data}</script></div>')
 
 
-def memory_figure(a: Analysis):
-    """The memory chart as a plotly figure (the Inspector's payload: ranks with the same numbers share a bar)."""
-    from .widget import views
-
-    return views.memory_figure(views.memory_payload(a))
-
-
-def comm_figure(a: Analysis):
-    """The traffic chart as a plotly figure (the Inspector's payload)."""
-    from .widget import views
-
-    return views.traffic_figure(views.traffic_payload(a))
-
-
 def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch_version=None,
                   title: str | None = None, compare_with: dict | None = None) -> str:
     """The whole report as one HTML string (see ``write_report`` for a file).
 
     ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree."""
     from .codegen import export_code
-    from .widget import views
 
     mesh = mesh or Mesh(8)
     a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
@@ -143,7 +124,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     comm["unit"] = short_names(comm["unit"].tolist())
     units = a.units.drop(columns=["modules"])
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    training_text = _training_text(a.training)
+    training_text = views.training_text(a.training)
     script = (WIDGET / "charts.js").read_text() + _DRAW
     css = _CSS + (WIDGET / "inspector.css").read_text()
     return f"""<!DOCTYPE html>
@@ -169,12 +150,6 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <script>{script}</script>
 </body></html>
 """
-
-
-def _training_text(tr) -> str:
-    from .widget.views import training_text
-
-    return training_text(tr)
 
 
 def write_report(path, model, plan, mesh: Mesh | None = None, training=None, **kwargs) -> str:
