@@ -6,6 +6,7 @@ from .codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
 from .finding import Finding, PlanError
+from .format import fmt  # any table for reading: sv.fmt(a.memory)
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
@@ -14,7 +15,7 @@ from .load import load_model
 
 __all__ = [
     "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
-    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "load_model", "sweep", "verify", "zoo",
+    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "sweep", "verify", "zoo",
 ]
 __version__ = "0.1.0"
 

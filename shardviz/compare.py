@@ -1,7 +1,8 @@
 """Layouts side by side (``compare``) and against world size (``sweep``).
 
 Every number is read from ``analyze`` (one analysis per layout and mesh, on one cached tree),
-so a comparison can never disagree with the analyses it is made of.
+so a comparison can never disagree with the analyses it is made of. Without ``training`` both
+assume ``views.DEFAULT_TRAINING``, as the Inspector and the report do, and say so in their charts.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import pandas as pd
 
 from . import views
 from .analysis import Analysis, analyze
-from .format import byte_unit, format_bytes, format_seconds, worst_rank
+from .format import byte_unit, fmt, format_bytes, worst_rank
 from .fsdp import Mesh
 from .plan import as_plan
 from .tree import as_tree
+from .views import DEFAULT_TRAINING
 
 MEMORY_PARTS = ("params", "grads", "optimizer")
 
@@ -51,6 +53,11 @@ class Comparison:
         self.analyses = dict(analyses)
 
     @property
+    def training(self):
+        """The training every layout is analysed with (``compare`` gives them all the same)."""
+        return next(iter(self.analyses.values())).training if self.analyses else DEFAULT_TRAINING
+
+    @property
     def table(self) -> pd.DataFrame:
         rows = [{"layout": name, **summarize(a)} for name, a in self.analyses.items()]
         return pd.DataFrame(rows).set_index("layout")
@@ -78,9 +85,9 @@ class Comparison:
 
     @property
     def formatted(self) -> pd.DataFrame:
-        """``table`` for reading: bytes with units, "fits" as yes / no / "no limit set", the time
-        per step as seconds or "no bandwidth given" (the report shows this table)."""
-        return format_table(self.table)
+        """``table`` for reading (``sv.fmt``): human headers, bytes with units, "fits" as yes / no /
+        "no limit set", the time per step as seconds or "no bandwidth given"."""
+        return fmt(self.table)
 
     def memory_payload(self) -> dict:
         """The memory chart's data with one bar per layout: each layout's worst-rank bar of
@@ -91,13 +98,18 @@ class Comparison:
             bars.append({**views.worst_bar(a), "first": i, "last": i, "label": str(name)})
         top = max((bar["peak"] for bar in bars), default=0)
         return {"available": True, "categories": views.categories(), "bars": bars, "limit": limit,
-                "max_peak": top, "use": views.limit_use(top, limit), "n_ranks": len(bars)}
+                "max_peak": top, "use": views.limit_use(top, limit), "n_ranks": len(bars),
+                "training": views.training_text(self.training)}
 
     def chart(self):
         """The memory chart of the layouts, drawn like the Inspector's (SVG, follows JupyterLab's theme)."""
         from .chart import chart
 
-        return chart("memory", self.memory_payload(), title="Memory on the busiest rank, by layout")
+        return chart("memory", self.memory_payload(), title=self.chart_title())
+
+    def chart_title(self) -> str:
+        """The layouts chart's title, with the training it assumes."""
+        return f"Memory on the busiest rank, by layout ({views.training_text(self.training)})"
 
     def figure(self):
         """Stacked peak of the busiest rank by kind (the one breakdown), and bytes per step, one bar
@@ -119,35 +131,12 @@ class Comparison:
         fig.add_trace(go.Bar(name="bytes per step", x=names, y=t["bytes_per_step"] / tdiv, showlegend=True), row=1, col=2)
         if limit and limit <= 4 * float(t["peak"].max()):
             fig.add_hline(y=limit / mdiv, line_dash="dash", annotation_text="device memory", row=1, col=1)
-        fig.update_layout(barmode="stack", height=420, legend_orientation="h",
+        fig.update_layout(barmode="stack", height=420, legend_orientation="h", title=views.training_text(self.training),
                           paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
         return fig
 
     def __repr__(self) -> str:
         return f"<shardviz.Comparison of {list(self.analyses)}>"
-
-
-BYTE_COLUMNS = ("params", "grads", "optimizer", "peak", "bytes_per_step", "sent_bytes_per_rank")
-
-
-def format_table(table: pd.DataFrame) -> pd.DataFrame:
-    """A comparison or sweep table for reading: bytes with units; ``fits`` as "yes" / "no" /
-    "no limit set"; ``time_per_step_s`` as seconds or "no bandwidth given"."""
-    import math
-
-    out = table.copy()
-    for col in BYTE_COLUMNS:
-        if col in out:
-            out[col] = out[col].map(format_bytes)
-    if "fits" in out:
-        out["fits"] = out["fits"].map(lambda v: "no limit set" if v is None or (isinstance(v, float) and math.isnan(v))
-                                      else ("yes" if v else "no"))
-    if "time_per_step_s" in out:
-        out["time_per_step_s"] = out["time_per_step_s"].map(
-            lambda v: "no bandwidth given" if v is None or (isinstance(v, float) and math.isnan(v)) else format_seconds(v))
-    if "findings" in out:
-        out["findings"] = out["findings"].map(lambda v: v or "none")
-    return out
 
 
 def _named_plans(plans) -> dict:
@@ -163,17 +152,20 @@ def _named_plans(plans) -> dict:
 
 
 def compare(model, plans, mesh: Mesh | None = None, training=None) -> Comparison:
-    """Analyse every plan on the same model and mesh: ``compare(m, {"LoRA ignored": p1, "LoRA sharded": p2})``."""
+    """Analyse every plan on the same model and mesh: ``compare(m, {"LoRA ignored": p1, "LoRA sharded": p2})``.
+
+    Without ``training``: ``views.DEFAULT_TRAINING`` (AdamW, bf16 parameters, fp32 reduction)."""
     tree = as_tree(model)
     mesh = mesh or Mesh(8)
+    training = DEFAULT_TRAINING if training is None else training
     return Comparison({name: analyze(tree, plan, mesh, training, strict=False) for name, plan in _named_plans(plans).items()})
 
 
 class Sweep:
     """Per-rank memory and traffic against world size, one line per layout."""
 
-    def __init__(self, table: pd.DataFrame, device_memory: int | None):
-        self.table, self.device_memory = table, device_memory
+    def __init__(self, table: pd.DataFrame, device_memory: int | None, training=DEFAULT_TRAINING):
+        self.table, self.device_memory, self.training = table, device_memory, training
 
     def first_fit(self) -> dict:
         """For each layout, the smallest world size whose peak fits (None if none does)."""
@@ -191,7 +183,8 @@ class Sweep:
         limit = self.device_memory if peak else None
         top = max((y for q in series for y in q["y"]), default=0)
         use = views.limit_use(top, limit)
-        return {"title": "Peak memory per rank" if peak else "Bytes sent per rank per step",
+        what = "Peak memory per rank" if peak else "Bytes sent per rank per step"
+        return {"title": f"{what} ({views.training_text(self.training)})",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,
                 "limit_text": f"device {format_bytes(limit)}" if limit else None, "use": use}
 
@@ -220,7 +213,7 @@ class Sweep:
         if on_scale:
             fig.add_hline(y=limit / pdiv, line_dash="dash", annotation_text="device memory", row=1, col=1)
         fig.update_xaxes(type="log", title_text="world size", dtick=0.30103)
-        fig.update_layout(height=420, legend_orientation="h")
+        fig.update_layout(height=420, legend_orientation="h", title=views.training_text(self.training))
         return fig
 
     def __repr__(self) -> str:
@@ -232,9 +225,11 @@ def sweep(model, plans, world_sizes=(8, 16, 32, 64, 128, 256, 512), *, replicate
     """Analyse every plan at every world size (``shard = world // replicate``).
 
     ``mesh`` (optional) supplies device memory, ranks per node and bandwidths for every point.
+    Without ``training``: ``views.DEFAULT_TRAINING``.
     """
     tree = as_tree(model)
     base = mesh or Mesh(1)
+    training = DEFAULT_TRAINING if training is None else training
     rows = []
     for name, plan in _named_plans(plans).items():
         for world in world_sizes:
@@ -242,4 +237,4 @@ def sweep(model, plans, world_sizes=(8, 16, 32, 64, 128, 256, 512), *, replicate
                 raise ValueError(f"world size {world} is not a multiple of replicate={replicate}")
             point = replace(base, shard=world // replicate, replicate=replicate)
             rows.append({"layout": name, "world": world, **summarize(analyze(tree, plan, point, training, strict=False))})
-    return Sweep(pd.DataFrame(rows), base.device_memory)
+    return Sweep(pd.DataFrame(rows), base.device_memory, training)

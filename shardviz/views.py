@@ -12,8 +12,13 @@ from __future__ import annotations
 import math
 import os
 
-from .cost import BREAKDOWN
+from .cost import BREAKDOWN, Training
 from .format import byte_unit, format_bytes, format_percent, worst_rank
+
+#: The training every view assumes when none is given (the Inspector, ``compare`` and ``sweep``,
+#: the report and the command line's report): the README table's, AdamW with bf16 parameters and
+#: fp32 gradient reduction. Each view states it (``training_text``).
+DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
 
 # The one breakdown of a rank's peak (``Analysis.peak_breakdown``): its keys, bottom to top of the
 # stacked bar; together they sum exactly to the ``peak`` column of ``a.memory``. The widget, the
