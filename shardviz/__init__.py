@@ -6,6 +6,7 @@ from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
 from .finding import Finding, PlanError
 from .fixes import fix_plan
+from .format import fmt  # any table for reading: sv.fmt(a.memory)
 from .fsdp import Mesh
 from .plan import Plan, Unit
 from .tree import ModelTree
@@ -15,7 +16,7 @@ from .oracle import verify
 
 __all__ = [
     "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
-    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "load_model", "sweep", "verify", "zoo",
+    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "sweep", "verify", "zoo",
 ]
 __version__ = "0.1.0"
 

@@ -170,8 +170,10 @@ def build_plan(tree, args):
     return plan
 
 
-def make_training(args):
-    """``sv.Training`` from --optimizer, --param-dtype, --reduce-dtype, --batch-size, --seq-len."""
+def make_training(args, base=None):
+    """``sv.Training`` from --optimizer, --param-dtype, --reduce-dtype, --batch-size, --seq-len: the
+    fields given change ``base`` (the report's: ``views.DEFAULT_TRAINING``); None when no field
+    is given and there is no base (an export without a precision policy)."""
     from .cost import Training
 
     kwargs = {}
@@ -182,9 +184,9 @@ def make_training(args):
     if "seq_len" in kwargs and "batch_size" not in kwargs:
         raise CliError("--seq-len needs --batch-size (the micro-batch each rank trains on)")
     if not kwargs:
-        return None
+        return base
     try:
-        return Training(**kwargs)
+        return replace(base, **kwargs) if base is not None else Training(**kwargs)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -296,6 +298,7 @@ def cmd_plan_read(args) -> int:
 def cmd_report(args) -> int:
     from .plan import LORA_LAYOUTS, Plan
     from .report import render_report
+    from .views import DEFAULT_TRAINING, training_text
 
     version = check_version(args.torch)
     mesh = make_mesh(args.world_size, args.replicate)
@@ -304,7 +307,7 @@ def cmd_report(args) -> int:
             mesh = replace(mesh, device_memory=args.device_memory)
         except ValueError as exc:
             raise CliError(str(exc)) from None
-    training = make_training(args)
+    training = make_training(args, base=DEFAULT_TRAINING)
     _, tree = build_model(args)
     plan = build_plan(tree, args)
     layouts = None
@@ -313,7 +316,8 @@ def cmd_report(args) -> int:
     text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts)
     emit(text, args.output, args.force)
     if args.output not in (None, "-"):
-        print(f"shardviz: wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline)", file=sys.stderr)
+        print(f"shardviz: wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline); training: "
+              f"{training_text(training)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -335,8 +339,10 @@ def _add_checkpoint_arg(p) -> None:
 
 
 def _add_precision_args(p) -> None:
-    p.add_argument("--param-dtype", choices=DTYPE_CHOICES, help="MixedPrecisionPolicy param_dtype for every call")
-    p.add_argument("--reduce-dtype", choices=DTYPE_CHOICES, help="MixedPrecisionPolicy reduce_dtype for every call")
+    p.add_argument("--param-dtype", choices=DTYPE_CHOICES,
+                   help="MixedPrecisionPolicy param_dtype for every call (report default: bfloat16)")
+    p.add_argument("--reduce-dtype", choices=DTYPE_CHOICES,
+                   help="MixedPrecisionPolicy reduce_dtype for every call (report default: float32)")
 
 
 def _add_mesh_args(p, required=True) -> None:

@@ -1,25 +1,32 @@
 """A standalone HTML report: one file, every script inlined, no network request when opened.
 
-The charts are the Inspector's own (``widget/charts.js`` drawing ``widget/views.py``'s payloads:
+The charts are the Inspector's own (``widget/charts.js`` drawing ``views.py``'s payloads:
 the same data drawn the same way, light or dark after the reader's system), then the findings,
 the tables and the exported code, all read from one ``Analysis`` (and ``compare`` for the
-layouts side by side).
+layouts side by side). Tables read like the notebook's ``sv.fmt``: human headers
+(``format.COLUMNS``), numbers with units, call and parameter names without the prefix they
+share (the full name on hover); long tables and long code open on demand (``<details>``).
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
-from .analysis import Analysis, analyze
-from .cost import format_bytes
+from . import views
+from .analysis import analyze
+from .format import COLUMNS, column_kind, format_count, format_value
 from .fsdp import Mesh
 
 WIDGET = Path(__file__).parent / "widget"
+#: A table longer than this, or code longer than ``FOLD_CODE_LINES``, opens on demand.
+FOLD_ROWS = 30
+FOLD_CODE_LINES = 120
 
 _CSS = """
 :root { color-scheme: light dark; --fg:#1f2328; --bg:#fff; --muted:#59636e; --line:#d1d9e0; --err:#cf222e; --warn:#9a6700; --info:#0969da;
@@ -32,12 +39,17 @@ body { font: 14px/1.45 system-ui, sans-serif; color: var(--fg); background: var(
 h1 { margin-bottom: .2rem } .sub { color: var(--muted) }
 .scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: .5rem 0 1.5rem; font-size: 13px; }
-th, td { border-bottom: 1px solid var(--line); padding: .25rem .6rem; text-align: right; }
-th:first-child, td:first-child { text-align: left; overflow-wrap: anywhere; }
+th, td { border-bottom: 1px solid var(--line); padding: .25rem .6rem; text-align: right; vertical-align: top;
+  white-space: nowrap; overflow-wrap: normal; word-break: normal; }
+th { white-space: normal; font-weight: 600; }
+th:first-child, td:first-child, td.name, th.row { text-align: left; }
+td.name { white-space: normal; }
+details { margin: .5rem 0 1rem; } summary { cursor: pointer; color: var(--info); }
+details details { margin: .2rem 0 .2rem 1rem; } details details summary { color: var(--fg); }
 .finding { border-left: 4px solid var(--info); padding: .3rem .8rem; margin: .5rem 0; }
 .finding.error { border-color: var(--err) } .finding.warning { border-color: var(--warn) }
 .code { font-weight: 600 } .fix { color: var(--muted) }
-pre { overflow-x: auto; padding: 1rem; border: 1px solid var(--line); border-radius: 6px; font-size: 12px; }
+pre { overflow-x: auto; max-width: 100%; box-sizing: border-box; padding: 1rem; border: 1px solid var(--line); border-radius: 6px; font-size: 12px; }
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 1.5rem; margin: 1rem 0; }
 .note { color: var(--muted); font-size: 12px; }
 """
@@ -51,21 +63,150 @@ for (const el of document.querySelectorAll(".sv-report-chart")) {
 }
 """
 
-
-# The memory columns the report shows (activations once the cost model gives them for a batch size).
-
-
-# The memory columns the report shows (activations once the cost model gives them for a batch size).
-MEMORY_COLUMNS = ("rank", "params", "grads", "optimizer", "activations", "peak", "peak_phase", "peak_unit")
+# The memory columns the report shows, one row per group of ranks with the same numbers.
+MEMORY_COLUMNS = ("params", "grads", "optimizer", "activations", "peak")
+COMM_COLUMNS = ("unit", "collective", "phase", "count", "bytes", "sent_bytes")
+PARAM_COLUMNS = ("fqn", "shape", "dtype", "role", "status", "shard_shape", "shard_bytes")
 
 
-def _table(df: pd.DataFrame, byte_columns=()) -> str:
-    shown = df.copy()
-    for col in byte_columns:
-        if col in shown:
-            shown[col] = shown[col].map(format_bytes)
-    shown = shown.astype(object).where(pd.notna(shown), "–")
-    return '<div class="scroll">' + shown.to_html(index=False, border=0, escape=True, na_rep="–") + "</div>"
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _breakable(name: str) -> str:
+    """A dotted name that may wrap after its dots, never inside a part."""
+    return "<wbr>".join(_esc(part) for part in re.split(r"(?<=\.)", name))
+
+
+def _header(col, headers: dict) -> str:
+    return headers.get(col) or COLUMNS.get(col, (col,))[0]
+
+
+def html_table(df: pd.DataFrame, headers: dict | None = None) -> str:
+    """A shardviz table as HTML: human headers, every value written by ``format.format_value``;
+    call and parameter names shortened (``views.short_labels``) with the full name on hover."""
+    headers = headers or {}
+    columns = []
+    for col in df.columns:
+        kind = column_kind(df, col)
+        values = df[col].tolist()
+        if kind == "name":
+            full = [views.OUTSIDE_FSDP if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
+            short = views.short_labels(full, width=60)
+            columns.append([f'<td class="name" title="{_esc(f)}">{_breakable(t)}</td>' for f, t in zip(full, short)])
+        else:
+            columns.append([f"<td>{_esc(format_value(kind, v))}</td>" for v in values])
+    head = "".join(f"<th>{_esc(_header(c, headers))}</th>" for c in df.columns)
+    body = "".join(f"<tr>{''.join(cells)}</tr>" for cells in zip(*columns)) if columns else ""
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _folded(summary: str, inner: str, open_: bool = False) -> str:
+    return f"<details{' open' if open_ else ''}><summary>{summary}</summary>{inner}</details>"
+
+
+def _table_or_fold(df: pd.DataFrame, what: str, headers: dict | None = None) -> str:
+    """The table itself when short; folded behind "N rows of <what>" when longer than ``FOLD_ROWS``."""
+    table = html_table(df, headers)
+    if len(df) <= FOLD_ROWS:
+        return table
+    return _folded(f"{_esc(format_count(len(df)))} {_esc(what)}", table)
+
+
+def _peak_at(bar: dict, calls: list[str]) -> str:
+    """"backward of layers.3": the phase of the peak and the call (or module) running then, named
+    without the prefix the model's calls share."""
+    where = bar["unit"] or bar["module"]
+    if not where:
+        return bar["phase"] or "–"
+    return f"{bar['phase']} of {views.short_labels([*calls, where], width=40)[-1]}"
+
+
+def memory_section(a, payload: dict) -> str:
+    """One row per group of ranks with the same numbers (the chart's bars), worst first."""
+    mem = a.memory.set_index("rank")
+    bars = sorted(payload.get("bars", []), key=lambda b: -b["peak"])
+    rows = pd.DataFrame([{"ranks": b["label"], **{c: mem.at[b["first"], c] for c in MEMORY_COLUMNS if c in mem.columns},
+                          "peak_at": _peak_at(b, a.units["unit"].tolist())} for b in bars])
+    return ("<h3>Memory per rank (worst ranks first; ranks with the same numbers share a row)</h3>"
+            + html_table(rows, {"ranks": "ranks", "peak_at": "peak in"}))
+
+
+def traffic_section(a, traffic: dict) -> str:
+    """Totals by collective, then every collective of every call (folded when long)."""
+    by_coll = pd.DataFrame(traffic.get("by_collective", []), columns=["collective", "count", "bytes", "sent"])
+    by_coll = by_coll.rename(columns={"sent": "sent_bytes"})
+    totals = html_table(by_coll, {"count": "calls per step", "bytes": "size per step", "sent_bytes": "sent per rank per step"})
+    comm = a.comm[list(COMM_COLUMNS)]
+    note = ('<p class="note">Calls named without the prefix they all share (hover for the full name); "(outside FSDP)": '
+            "the all-reduce the exported code issues for parameters FSDP leaves alone.</p>")
+    return ("<h3>Collectives per step</h3>" + totals + note
+            + _table_or_fold(comm, "collectives, one row per call and phase (open)"))
+
+
+def comparison_section(c) -> str:
+    """The layouts side by side: one row per measure, one column per layout (fits any width)."""
+    table = c.table
+    head = "<th></th>" + "".join(f"<th>{_esc(name)}</th>" for name in table.index)
+    rows = []
+    for col in table.columns:
+        kind = column_kind(table, col)
+        cells = "".join(f"<td>{_esc(format_value(kind, v))}</td>" for v in table[col])
+        rows.append(f'<tr><th class="row">{_esc(_header(col, {}))}</th>{cells}</tr>')
+    note = f'<p class="note">Each layout\'s busiest rank; training: {_esc(views.training_text(c.training))}.</p>'
+    return (f"<h2>Layouts compared</h2>{note}<div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def units_section(a) -> str:
+    units = a.units.drop(columns=["modules"])
+    return "<h2>fully_shard calls (bottom-up)</h2>" + _table_or_fold(units, "fully_shard calls (open)")
+
+
+def _param_groups(a):
+    """(summary, parameters) per call in the units' order, then the ignored and unmanaged ones."""
+    params = a.params[list(PARAM_COLUMNS) + ["unit"]]
+    names = views.short_labels(a.units["unit"].tolist(), width=60)
+    for row, name in zip(a.units.itertuples(index=False), names):
+        rows = params[params["unit"] == row.unit]
+        yield (f"{_esc(name)}: {format_count(row.n_params)} parameters, shard per rank "
+               f"{_esc(format_value('bytes', row.padded_shard_bytes))} (padded)", rows)
+    for status in ("ignored", "unmanaged"):
+        rows = params[params["status"] == status]
+        if len(rows):
+            yield f"{status}: {format_count(len(rows))} parameters, whole on every rank", rows
+
+
+def params_section(a) -> str:
+    """Every parameter, grouped by the call that owns it; each group opens on demand."""
+    groups = "".join(_folded(summary, html_table(rows.drop(columns=["unit"]))) for summary, rows in _param_groups(a))
+    counts = a.params["status"].value_counts()
+    summary = (f"{format_count(len(a.params))} parameters: "
+               + ", ".join(f"{format_count(counts.get(s, 0))} {s}" for s in ("sharded", "ignored", "unmanaged"))
+               + " (open, then a call)")
+    return "<h2>Parameters, by fully_shard call</h2>" + _folded(summary, groups)
+
+
+def code_section(a, plan, mesh, training, torch_version) -> str:
+    from .codegen import export_code
+
+    try:
+        code = export_code(a.tree, plan, mesh=mesh, training=training, torch_version=torch_version)
+    except ValueError as exc:  # a plan torch refuses has no code to export
+        return f"<h2>Exported code</h2><p>No code: {_esc(exc)}</p>"
+    n = len(code.splitlines())
+    body = _highlight(code)
+    if n > FOLD_CODE_LINES:
+        body = _folded(f"apply_fsdp: {format_count(n)} lines (open)", body)
+    return "<h2>Exported code</h2>" + body
+
+
+def findings_section(findings) -> str:
+    return "<h2>Findings</h2>" + ("".join(
+        f'<div class="finding {f.severity}"><span class="code">{_esc(f.severity)} {_esc(f.code)}</span> '
+        f"{_esc(f.message)}<div class=\"fix\">Fix: {_esc(f.fix)}</div></div>"
+        for f in findings
+    ) or "<p>No findings.</p>")
 
 
 def _highlight(code: str) -> str:
@@ -79,14 +220,6 @@ def _highlight(code: str) -> str:
         return f"<pre>{html.escape(code)}</pre>"
 
 
-def short_names(names) -> list[str]:
-    """Call names for tables and charts: the prefix every call shares dropped, the end kept, and
-    "(outside FSDP)" for the collectives FSDP does not issue (``views.short_labels``)."""
-    from .widget.views import short_labels
-
-    return short_labels(names, width=60)
-
-
 def _chart(kind: str, payload: dict, title: str | None = None) -> str:
     data = json.dumps(payload, default=str).replace("</", "<\\/")
     t = f' data-title="{html.escape(title)}"' if title else ""
@@ -94,87 +227,52 @@ def _chart(kind: str, payload: dict, title: str | None = None) -> str:
             f'<script type="application/json">{data}</script></div>')
 
 
-def memory_figure(a: Analysis):
-    """The memory chart as a plotly figure (the Inspector's payload: ranks with the same numbers share a bar)."""
-    from .widget import views
-
-    return views.memory_figure(views.memory_payload(a))
-
-
-def comm_figure(a: Analysis):
-    """The traffic chart as a plotly figure (the Inspector's payload)."""
-    from .widget import views
-
-    return views.traffic_figure(views.traffic_payload(a))
+def _training_line(training) -> str:
+    text = views.training_text(training)
+    if training == views.DEFAULT_TRAINING:
+        text += " (shardviz's default, as in the Inspector and sv.compare)"
+    return text
 
 
 def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch_version=None,
                   title: str | None = None, compare_with: dict | None = None) -> str:
     """The whole report as one HTML string (see ``write_report`` for a file).
 
-    ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree."""
-    from .codegen import export_code
-    from .widget import views
-
+    ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree.
+    Without ``training``: ``views.DEFAULT_TRAINING``, as the Inspector and ``compare`` assume."""
     mesh = mesh or Mesh(8)
+    training = views.DEFAULT_TRAINING if training is None else training
     a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
     title = title or f"shardviz report: {a.tree.root_type}"
-    charts = [_chart("memory", views.memory_payload(a)), _chart("traffic", views.traffic_payload(a))]
+    memory, traffic = views.memory_payload(a), views.traffic_payload(a)
+    charts = [_chart("memory", memory), _chart("traffic", traffic)]
     comparison_html = ""
     if compare_with:
         from .compare import compare
 
         c = compare(a.tree, compare_with, mesh=mesh, training=training)
-        charts.append(_chart("memory", c.memory_payload(), "Memory on the busiest rank, by layout"))
-        comparison_html = "<h2>Layouts compared</h2>" + _table(c.formatted.reset_index())
-    findings = a.findings
-    finding_html = "".join(
-        f'<div class="finding {f.severity}"><span class="code">{html.escape(f.severity)} {html.escape(f.code)}</span> '
-        f"{html.escape(f.message)}<div class=\"fix\">Fix: {html.escape(f.fix)}</div></div>"
-        for f in findings
-    ) or "<p>No findings.</p>"
-    try:
-        code = export_code(a.tree, plan, mesh=mesh, training=training, torch_version=torch_version)
-        code_html = _highlight(code)
-    except ValueError as exc:  # a plan torch refuses has no code to export
-        code_html = f"<p>No code: {html.escape(str(exc))}</p>"
-    mem = a.memory
-    comm = a.comm[["unit", "collective", "phase", "count", "bytes", "sent_bytes"]].copy()
-    comm["unit"] = short_names(comm["unit"].tolist())
-    units = a.units.drop(columns=["modules"])
+        charts.append(_chart("memory", c.memory_payload(), c.chart_title()))
+        comparison_html = comparison_section(c)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    training_text = _training_text(a.training)
     script = (WIDGET / "charts.js").read_text() + _DRAW
     css = _CSS + (WIDGET / "inspector.css").read_text()
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:">
-<title>{html.escape(title)}</title><style>{css}</style></head><body>
-<h1>{html.escape(title)}</h1>
-<p class="sub">{html.escape(a.summary())}. Plan: {html.escape(a.plan.name or "custom")}. Training: {html.escape(training_text)}. Generated {stamp}.</p>
-<h2>Findings</h2>{finding_html}
+<title>{_esc(title)}</title><style>{css}</style></head><body>
+<h1>{_esc(title)}</h1>
+<p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}. Generated {stamp}.</p>
+{findings_section(a.findings)}
 <h2>Memory and traffic</h2><div class="charts">{"".join(charts)}</div>
-<h3>Memory per rank (worst ranks first)</h3>
-{_table(mem.sort_values("peak", ascending=False).head(16)[[c for c in MEMORY_COLUMNS if c in mem.columns]],
-        byte_columns=("params", "grads", "optimizer", "activations", "peak"))}
-<h3>Collectives per step</h3>
-<p class="note">Calls named without the prefix they all share; "(outside FSDP)": the all-reduce the exported code issues for parameters FSDP leaves alone.</p>
-{_table(comm, byte_columns=("bytes", "sent_bytes"))}
+{memory_section(a, memory)}
+{traffic_section(a, traffic)}
 {comparison_html}
-<h2>fully_shard calls (bottom-up)</h2>
-{_table(units, byte_columns=("unsharded_bytes", "padded_unsharded_bytes", "padded_shard_bytes"))}
-<h2>Exported code</h2>{code_html}
-<h2>Parameters</h2>
-{_table(a.params[["fqn", "shape", "dtype", "role", "status", "unit", "shard_shape", "shard_bytes"]], byte_columns=("shard_bytes",))}
+{units_section(a)}
+{code_section(a, plan, mesh, training, torch_version)}
+{params_section(a)}
 <script>{script}</script>
 </body></html>
 """
-
-
-def _training_text(tr) -> str:
-    from .widget.views import training_text
-
-    return training_text(tr)
 
 
 def write_report(path, model, plan, mesh: Mesh | None = None, training=None, **kwargs) -> str:

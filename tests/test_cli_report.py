@@ -1,6 +1,10 @@
 """shardviz report: one self-contained HTML file, written atomically, never clobbered."""
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +37,21 @@ def test_report_bad_input_is_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_rendering_a_report_loads_no_widget_library():
+    """A report (with its layouts compared) renders without anywidget or ipywidgets: the views it
+    shares with the Inspector live outside ``shardviz/widget``."""
+    code = (
+        "import sys, shardviz as sv, shardviz.report as r; from shardviz import zoo\n"
+        "m = zoo.tiny_llama_lora()\n"
+        "plans = {f'LoRA {x}': sv.Plan.auto(m, lora=x) for x in ('ignored', 'sharded')}\n"
+        "html = r.render_report(m, plans['LoRA ignored'], sv.Mesh(8), compare_with=plans)\n"
+        "sv.compare(m, plans, mesh=sv.Mesh(8)).memory_payload()\n"
+        "assert 'Layouts compared' in html\n"
+        "print('anywidget' in sys.modules, 'ipywidgets' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]

@@ -5,6 +5,7 @@ import pytest
 import shardviz as sv
 from shardviz import zoo
 from shardviz.compare import summarize
+from shardviz.views import DEFAULT_TRAINING  # what compare and sweep assume without a training
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def test_compare_equals_separate_analyses(model, plans):
     table = c.table
     assert list(table.index) == list(plans)
     for name, plan in plans.items():
-        a = sv.analyze(model, plan, mesh)
+        a = sv.analyze(model, plan, mesh, DEFAULT_TRAINING)
         mem, comm = a.memory, a.comm
         row = table.loc[name]
         assert row.peak == mem.peak.max()
@@ -37,6 +38,10 @@ def test_compare_equals_separate_analyses(model, plans):
     assert table.loc["LoRA ignored", "params"] > table.loc["LoRA sharded", "params"]
     fig = c.figure()
     assert len(fig.data) >= 4
+    # the one default training, said in every view of the comparison
+    said = "AdamW · bf16 params · fp32 reduce"
+    assert c.training == DEFAULT_TRAINING and said in c.chart_title() and said in fig.layout.title.text
+    assert c.memory_payload()["training"].startswith(said)
 
 
 def test_diff_lists_exactly_the_parameters_that_moved(model, plans):
@@ -56,7 +61,7 @@ def test_sweep_equals_separate_analyses(model, plans):
     s = sv.sweep(model, plans, world_sizes=worlds, mesh=base)
     assert len(s.table) == len(plans) * len(worlds)
     for row in s.table.itertuples(index=False):
-        a = sv.analyze(model, plans[row.layout], sv.Mesh(row.world, device_memory="40GiB"))
+        a = sv.analyze(model, plans[row.layout], sv.Mesh(row.world, device_memory="40GiB"), DEFAULT_TRAINING)
         expect = summarize(a)
         assert row.peak == expect["peak"] and row.bytes_per_step == expect["bytes_per_step"]
         assert row.fits == (expect["peak"] <= 40 * 2**30)

@@ -17,7 +17,9 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState, views
+from shardviz import views
+from shardviz.widget import Inspector, InspectorState
+from shardviz.widget import views as widget_views
 from shardviz.widget.tree_view import MAX_FILTER_ROWS, Folding
 
 L0 = "base_model.model.model.layers.0"
@@ -602,7 +604,7 @@ def test_widget_initial_traits_equal_analyze(model, ins):
     assert ins.plan == sv.Plan.auto(model)
     assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
     assert ins.view.summary["n_units"] == len(ins.plan.units)
-    assert ins.view.findings == views.findings_payload(fresh(model, ins))
+    assert ins.view.findings == widget_views.findings_payload(fresh(model, ins))
     assert_numbers_match(model, ins.controller)
 
 
@@ -636,10 +638,10 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
     assert ins.view.memory["revision"] == ins.controller.revision
     assert_numbers_match(model, ins.controller)
     # a change whose findings change: without the root's call torch refuses the [norm, lm_head] group
-    before = views.findings_payload(fresh(model, ins))
+    before = widget_views.findings_payload(fresh(model, ins))
     wire.clear()
     ins.handle_action("toggle_unit", {"fqn": ""}, req=8)
-    after = views.findings_payload(fresh(model, ins))
+    after = widget_views.findings_payload(fresh(model, ins))
     assert after != before and "SV004" in {f["code"] for f in after}
     names = [x if t == "trait" else x["type"] for t, x in wire.log]
     assert names.index("memory") < names.index("rows") < names.index("findings") < names.index("ack")

@@ -12,7 +12,8 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState, views
+from shardviz import views
+from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.state import DEFAULT_TRAINING, plan_changes
 
 L0 = "base_model.model.model.layers.0"

@@ -25,11 +25,11 @@ from typing import Any
 
 from ..analysis import Analysis, analyze
 from ..compare import Comparison
-from ..cost import Training
 from ..files import write_text_atomic
 from ..fsdp import Mesh
 from ..plan import LORA_LAYOUTS, Plan, Unit, as_plan
 from ..tree import ModelTree
+from ..views import DEFAULT_TRAINING  # what the Inspector assumes when no training is given
 from . import views
 from .planfile import PlanFile
 from .tree_view import ModuleStats, TreeView
@@ -42,9 +42,6 @@ PRESETS = {
     "none": "no calls",
 }
 HISTORY_LIMIT = 1000
-#: What the Inspector assumes when no ``training`` is given: the training of the README's table
-#: (``benchmarks/bench_table.py``): AdamW, bf16 parameters, fp32 gradient reduction.
-DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
 #: Actions that ``apply_to_many`` / ``apply_to_type`` can repeat over several modules.
 BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward",
                  "checkpoint", "uncheckpoint")

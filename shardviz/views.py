@@ -1,0 +1,337 @@
+"""What every view shows (the Inspector, the report, ``compare``): chart payloads as plain JSON-able
+data, the words around them, and the plotly figures drawn from the same payloads.
+
+Views layer: above checks and analysis, below compare, report and the widget. No value here is
+computed twice: each is read from ``a.memory``, ``a.comm`` and ``Analysis.peak_breakdown`` of one
+analysis, so a test can compare it with ``sv.analyze`` for the same plan. Imports neither
+anywidget nor ipywidgets (a report renders without them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from .cost import BREAKDOWN, Training
+from .format import byte_unit, format_bytes, format_percent, worst_rank
+
+#: The training every view assumes when none is given (the Inspector, ``compare`` and ``sweep``,
+#: the report and the command line's report): the README table's, AdamW with bf16 parameters and
+#: fp32 gradient reduction. Each view states it (``training_text``).
+DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
+
+# The one breakdown of a rank's peak (``Analysis.peak_breakdown``): its keys, bottom to top of the
+# stacked bar; together they sum exactly to the ``peak`` column of ``a.memory``. The widget, the
+# report and ``compare`` all draw these, in this order, with these labels.
+PEAK_PARTS = BREAKDOWN
+PART_HELP = {
+    "sharded params": "each rank's padded shards of the parameters fully_shard manages",
+    "whole params": "ignored and unmanaged parameters: every rank holds them whole",
+    "buffers": "module buffers (never sharded)",
+    "optimizer states": "optimizer states of the trainable parameters this rank holds",
+    "gradients": "gradients alive at the moment of the peak",
+    "unsharded params": "parameters all-gathered for the call that runs at the peak",
+    "communication buffers": "all-gather / reduce-scatter buffers alive at the peak",
+    "activations": "activations saved for backward at the peak (needs a batch size)",
+    "temporaries": "short-lived tensors of the step at the peak",
+}
+MAX_UNITS_SHOWN = 24
+COLLECTIVES_ORDER = ("all_gather", "reduce_scatter", "all_reduce")
+OUTSIDE_FSDP = "(outside FSDP)"
+# Ranks whose values in these columns (and moment of the peak) agree share one bar.
+_SAME_BAR_COLUMNS = ("params_sharded", "params_whole", "buffers", "grads", "optimizer", "peak",
+                     "peak_transient", "activations")
+
+
+def int_or_zero(x) -> int:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _column(table, name, default=0) -> list:
+    if name in table.columns:
+        return table[name].tolist()
+    return [default] * len(table)
+
+
+def peak_breakdown(analysis, rank: int | None = None) -> dict:
+    """Bytes at the peak of ``rank`` (default: the worst rank) by ``PEAK_PARTS``; sums to its peak
+    (``Analysis.peak_breakdown``, computed once in the cost model)."""
+    return analysis.peak_breakdown(rank)
+
+
+def categories() -> list[dict]:
+    """The stacked parts of a memory chart, bottom to top, with the help text each one shows."""
+    return [{"key": k, "label": k, "help": PART_HELP[k]} for k in PEAK_PARTS]
+
+
+def limit_use(peak: int | None, limit: int | None) -> dict | None:
+    """How much of the device the peak uses: the number and its words, computed here once."""
+    if not limit or peak is None:
+        return None
+    frac = peak / limit
+    text = format_percent(frac)
+    return {"fraction": frac, "percent_text": text, "over": peak > limit,
+            "text": f"peak uses {text} of {format_bytes(limit)} per device" + (" — does not fit" if peak > limit else "")}
+
+
+def _rank_rows(table) -> list[dict]:
+    """One dict per row of ``a.memory``: what a bar says about that rank besides its parts."""
+    unit = [x if isinstance(x, str) else None for x in _column(table, "peak_unit", None)]
+    # where the activations peak ("" is the root module)
+    module = [("<root>" if x == "" else x) if isinstance(x, str) else None for x in _column(table, "peak_module", None)]
+    phase = [None if x is None else str(x) for x in _column(table, "peak_phase", None)]
+    return [{"rank": int(r), "peak": int(pk), "phase": ph, "unit": u, "module": m,
+             "params": int(p), "grads": int(g), "optimizer": int(o)}
+            for r, pk, ph, u, m, p, g, o in zip(_column(table, "rank"), _column(table, "peak"), phase, unit, module,
+                                                _column(table, "params"), _column(table, "grads"),
+                                                _column(table, "optimizer"))]
+
+
+def _bar(row: dict, parts: dict) -> dict:
+    bar = {"first": row["rank"], "last": row["rank"], "parts": dict(parts)}
+    bar.update({k: row[k] for k in ("peak", "phase", "unit", "module", "params", "grads", "optimizer")})
+    return bar
+
+
+def _rank_bars(analysis, table, rows: list[dict]) -> list[dict]:
+    """Consecutive ranks with the same numbers share one bar; each bar's parts are the breakdown of
+    its first rank (they sum exactly to the table's ``peak``)."""
+    keycols = [c for c in _SAME_BAR_COLUMNS if c in table.columns]
+    keys = list(zip(*[table[c].tolist() for c in keycols], *[[r[k] for r in rows] for k in ("phase", "unit", "module")]))
+    bars: list[dict] = []
+    parts_of: dict = {}
+    for i, row in enumerate(rows):
+        if bars and keys[i] == keys[i - 1] and bars[-1]["last"] == row["rank"] - 1:
+            bars[-1]["last"] = row["rank"]
+            continue
+        if keys[i] not in parts_of:
+            parts_of[keys[i]] = peak_breakdown(analysis, row["rank"])
+        bars.append(_bar(row, parts_of[keys[i]]))
+    for b in bars:
+        b["label"] = f"rank {b['first']}" if b["first"] == b["last"] else f"ranks {b['first']}-{b['last']}"
+    return bars
+
+
+def worst_bar(analysis) -> dict:
+    """The bar of the worst rank alone (``format.worst_rank``): what ``compare`` draws per layout."""
+    table = analysis.memory
+    rank = worst_rank(table)
+    row = next(r for r in _rank_rows(table) if r["rank"] == rank)
+    return _bar(row, peak_breakdown(analysis, rank))
+
+
+def memory_payload(analysis) -> dict:
+    """Per-rank memory at the peak, stacked by ``PEAK_PARTS``; identical consecutive ranks share a bar."""
+    mesh = analysis.mesh
+    try:
+        table = analysis.memory
+    except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
+        return {"available": False, "reason": f"no memory estimate: {type(exc).__name__}: {exc}", "bars": [],
+                "categories": [], "limit": mesh.device_memory, "max_peak": None, "worst_rank": None,
+                "use": None}
+    rows = _rank_rows(table)
+    worst = next((r for r in rows if r["rank"] == worst_rank(table)), None) if rows else None
+    max_peak = worst["peak"] if worst else 0
+    acts = _column(table, "activations", None)
+    return {
+        "available": True,
+        "categories": categories(),
+        "bars": _rank_bars(analysis, table, rows),
+        "limit": mesh.device_memory,
+        "max_peak": max_peak,
+        "worst_rank": worst["rank"] if worst else 0,
+        "worst": {"rank": worst["rank"] if worst else 0,
+                  **{k: worst[k] if worst else None for k in ("phase", "unit", "module")},
+                  "activations": int_or_zero(acts[rows.index(worst)]) if worst and "activations" in table.columns else None},
+        "use": limit_use(max_peak, mesh.device_memory),
+        "n_ranks": len(rows),
+    }
+
+
+def training_text(tr) -> str:
+    """ "AdamW · bf16 params · fp32 reduce · batch 1 × 2048" - what the numbers assume."""
+    names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "model dtype"}
+    opt = str(getattr(tr, "optimizer", ""))
+    parts = [{"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd_momentum": "SGD+momentum"}.get(opt, opt)]
+    parts.append(f"{names.get(getattr(tr, 'param_dtype', None), getattr(tr, 'param_dtype', None))} params")
+    parts.append(f"{names.get(getattr(tr, 'reduce_dtype', None), getattr(tr, 'reduce_dtype', None))} reduce")
+    if getattr(tr, "offload", False):
+        parts.append("CPU offload")
+    bs = getattr(tr, "batch_size", None)
+    parts.append(f"batch {bs} × {tr.seq_len} tokens" if bs else "no batch (model state only)")
+    return " · ".join(parts)
+
+
+def common_prefix(names) -> str:
+    """The dotted prefix (whole name parts) that all dotted module names among ``names`` share."""
+    mods = [m for n in names if n != OUTSIDE_FSDP and not n.startswith("<") for m in n.strip("[]").split(", ") if "." in m]
+    prefix = os.path.commonprefix(mods) if len(mods) > 1 else ""
+    return prefix[: prefix.rfind(".") + 1]
+
+
+def _keep_end(label: str, width: int) -> str:
+    """The end of a dotted name that fits ``width`` (whole parts, "…" in front)."""
+    pieces = label.split(".")
+    kept = pieces[-1]
+    for piece in reversed(pieces[:-1]):
+        if len(kept) + len(piece) + 2 > width:
+            break
+        kept = f"{piece}.{kept}"
+    return "…" + kept if len(kept) + 1 <= width else "…" + kept[-(width - 1):]
+
+
+def short_labels(names, width: int = 30) -> list[str]:
+    """Chart labels for call names: drop the dotted prefix they all share, then keep the end that
+    names the module (whole name parts, "…" in front) when still longer than ``width``."""
+    names = [OUTSIDE_FSDP if n is None else str(n) for n in names]
+    prefix = common_prefix(names)
+
+    def strip(m: str) -> str:
+        return m[len(prefix):] if prefix and m.startswith(prefix) else m
+
+    out = []
+    for n in names:
+        if n == OUTSIDE_FSDP:
+            out.append(n)
+            continue
+        grouped = n.startswith("[") and n.endswith("]")
+        label = ("[" + ", ".join(strip(m) for m in n[1:-1].split(", ")) + "]") if grouped else strip(n)
+        label = label or "<root>"
+        out.append(_keep_end(label, width) if len(label) > width else label)
+    return out
+
+
+def _traffic_sums(df) -> tuple[dict, dict]:
+    """Bytes, bytes sent and counts summed by collective and by call."""
+    col = "sent_bytes" if "sent_bytes" in df.columns else "bytes"
+    by_coll: dict[str, dict] = {}
+    by_unit: dict[str, dict] = {}
+    for coll, name, nbytes, sent, count in zip(
+        _column(df, "collective", ""), _column(df, "unit", None), _column(df, "bytes"), _column(df, col),
+        _column(df, "count"),
+    ):
+        coll = str(coll)
+        nbytes, sent, count = int_or_zero(nbytes), int_or_zero(sent), int_or_zero(count)
+        c = by_coll.setdefault(coll, {"collective": coll, "bytes": 0, "sent": 0, "count": 0})
+        c["bytes"] += nbytes
+        c["sent"] += sent
+        c["count"] += count
+        name = OUTSIDE_FSDP if name is None or (isinstance(name, float) and math.isnan(name)) else str(name)
+        u = by_unit.setdefault(name, {"unit": name, "values": {}, "total": 0, "count": 0})
+        u["values"][coll] = u["values"].get(coll, 0) + sent
+        u["total"] += sent
+        u["count"] += count
+    return by_coll, by_unit
+
+
+def _units_shown(by_unit: dict) -> list[dict]:
+    """The ``MAX_UNITS_SHOWN`` calls that send the most, labelled, and one bar for the rest."""
+    units = sorted(by_unit.values(), key=lambda u: -u["total"])
+    shown, rest = units[:MAX_UNITS_SHOWN], units[MAX_UNITS_SHOWN:]
+    for u, label in zip(shown, short_labels([u["unit"] for u in shown])):
+        u["label"] = label
+    if rest:
+        other = {"unit": f"{len(rest)} more calls", "values": {}, "total": 0, "count": 0, "other": True}
+        for u in rest:
+            for k, v in u["values"].items():
+                other["values"][k] = other["values"].get(k, 0) + v
+            other["total"] += u["total"]
+            other["count"] += u["count"]
+        other["label"] = other["unit"]
+        shown.append(other)
+    return shown
+
+
+def _time_per_step(df, mesh) -> float | None:
+    time_s = df.attrs.get("time_per_step_s") if hasattr(df, "attrs") else None
+    if mesh.intra_node_gbps is None and mesh.inter_node_gbps is None:
+        return None  # no bandwidth given: no time estimate
+    if isinstance(time_s, float) and math.isnan(time_s):
+        return None
+    return time_s
+
+
+def traffic_payload(analysis) -> dict:
+    """Bytes per step by collective and by call, from ``a.comm``.
+
+    ``bytes``: the collective's buffer (what ``torch.distributed`` is handed); ``sent``: what each
+    rank puts on the wire (``sent_bytes``, ring algorithm). The chart plots ``sent``.
+    """
+    try:
+        df = analysis.comm
+    except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
+        return {"available": False, "reason": f"no traffic estimate: {type(exc).__name__}: {exc}",
+                "by_collective": [], "by_unit": [], "collectives": []}
+    by_coll, by_unit = _traffic_sums(df)
+    colls = sorted(by_coll, key=lambda c: (COLLECTIVES_ORDER.index(c) if c in COLLECTIVES_ORDER else 99, c))
+    return {
+        "available": True,
+        "metric": "sent_bytes" if "sent_bytes" in df.columns else "bytes",
+        "collectives": colls,
+        "by_collective": [by_coll[c] for c in colls],
+        "by_unit": _units_shown(by_unit),
+        "n_units": len(by_unit),
+        "total_sent": sum(c["sent"] for c in by_coll.values()),
+        "total_bytes": sum(c["bytes"] for c in by_coll.values()),
+        "time_s": _time_per_step(df, analysis.mesh),
+    }
+
+
+# ---------------------------------------------------------------------------
+# plotly figures for the Python API (the notebook front end draws the same data as SVG)
+# ---------------------------------------------------------------------------
+COLORS = ("#4c78a8", "#72b7b2", "#9d755d", "#f58518", "#e45756", "#b279a2", "#54a24b", "#eeca3b")
+
+
+def memory_figure(payload: dict):
+    """The memory chart as a plotly figure: the same payload, parts, order and limit rule as the SVG."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    bars = payload.get("bars", [])
+    div, unit = byte_unit(float(payload.get("max_peak") or 0))
+    labels = [b["label"] for b in bars]
+    for i, cat in enumerate(payload.get("categories", [])):
+        fig.add_bar(
+            name=cat["label"], x=labels, y=[b["parts"][cat["key"]] / div for b in bars],
+            marker_color=COLORS[i % len(COLORS)],
+            customdata=[b["parts"][cat["key"]] for b in bars],
+            hovertemplate="%{x}: %{y:.2f} " + unit + " (%{customdata:,} B)<extra>" + cat["label"] + "</extra>",
+        )
+    limit = payload.get("limit")
+    title = "Memory per rank at the peak"
+    if limit and limit <= 4 * float(payload.get("max_peak") or 0):
+        over = bool((payload.get("use") or {}).get("over"))
+        fig.add_hline(y=limit / div, line_dash="dash", line_color="#d62728" if over else "#888",
+                      annotation_text=(payload.get("use") or {}).get("text", "device memory"))
+    elif limit and payload.get("use"):
+        title += f" ({payload['use']['text']})"  # far above the bars: named, not drawn
+    fig.update_layout(barmode="stack", yaxis_title=f"{unit} per rank", title=title,
+                      legend_orientation="h", margin={"t": 40, "l": 50, "r": 10, "b": 40},
+                      paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
+
+def traffic_figure(payload: dict):
+    """The traffic chart as a plotly figure (the SVG's payload: labels shortened in Python)."""
+    from plotly.subplots import make_subplots
+
+    colls = payload.get("collectives", [])
+    units = payload.get("by_unit", [])
+    div, unit = byte_unit(float(max([c["sent"] for c in payload.get("by_collective", [])] or [0])))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7],
+                        subplot_titles=("by collective", "by fully_shard call"))
+    fig.add_bar(x=colls, y=[c["sent"] / div for c in payload.get("by_collective", [])], showlegend=False,
+                marker_color=[COLORS[i % len(COLORS)] for i in range(len(colls))], row=1, col=1)
+    for i, coll in enumerate(colls):
+        fig.add_bar(name=coll, y=[u.get("label", u["unit"]) for u in units], x=[u["values"].get(coll, 0) / div for u in units],
+                    orientation="h", marker_color=COLORS[i % len(COLORS)], customdata=[u["unit"] for u in units],
+                    hovertemplate="%{customdata}: %{x:.2f} " + unit + "<extra>" + coll + "</extra>", row=1, col=2)
+    fig.update_layout(barmode="stack", title=f"Traffic per step ({unit} sent per rank)",
+                      margin={"t": 60, "l": 10, "r": 10, "b": 40},
+                      paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    return fig

@@ -1,0 +1,80 @@
+"""The shared views: one formatter per kind of number, ``sv.fmt`` for reading any table, and the
+one default training every view assumes when none is given."""
+
+import pandas as pd
+import pytest
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.format import (COLUMNS, byte_unit, format_bytes, format_count, format_percent, format_seconds,
+                             format_shape, worst_rank)
+from shardviz.views import DEFAULT_TRAINING, training_text
+
+NBSP = "\u00a0"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+@pytest.fixture(scope="module")
+def analysis(model):
+    return sv.analyze(model, sv.Plan.auto(model, lora="ignored"), sv.Mesh(8, device_memory="80GiB"), DEFAULT_TRAINING)
+
+
+def test_one_formatter_per_kind_of_number():
+    assert format_bytes(1536) == "1.50 KiB" and format_bytes(512) == "512 B"
+    assert byte_unit(3 * 2**30) == (2**30, "GiB") and byte_unit(10) == (1, "B")
+    assert format_count(855654400) == "855,654,400"
+    assert format_shape((128256, 8192)) == "128,256 × 8,192" and format_shape(()) == "scalar"
+    assert format_seconds(0.55234) == "0.552 s" and format_seconds(float("nan")) == "–"
+    assert [format_percent(x) for x in (0.0004, 0.054, 0.54)] == ["<0.1%", "5.4%", "54%"]
+
+
+def test_fmt_reads_like_the_report_and_leaves_the_raw_table_alone(analysis):
+    mem = analysis.memory
+    before = mem.copy()
+    shown = sv.fmt(mem)
+    pd.testing.assert_frame_equal(mem, before)  # the raw columns stay for code
+    assert "_" not in "".join(shown.columns)  # human headers
+    assert list(shown.columns[:4]) == [COLUMNS[c][0] for c in mem.columns[:4]]
+    rank = worst_rank(mem)
+    row = shown.iloc[int(mem.index[mem["rank"] == rank][0])]
+    assert row["peak"] == format_bytes(mem.loc[mem["rank"] == rank, "peak"].iloc[0]).replace(" ", NBSP)  # never wraps
+    units = sv.fmt(analysis.units)
+    assert units["elements"].iloc[0] == format_count(analysis.units["numel"].iloc[0]).replace(" ", NBSP)
+    params = sv.fmt(analysis.params)
+    assert params["shape"].iloc[0] == format_shape(analysis.params["shape"].iloc[0]).replace(" ", NBSP)
+
+
+def test_fmt_of_the_peak_breakdown_shows_each_part_and_its_share(analysis):
+    parts = analysis.peak_breakdown()
+    shown = sv.fmt(parts)
+    assert list(shown.index) == list(parts) and shown.index.name == "part"
+    assert shown.loc["sharded params", "size"] == format_bytes(parts["sharded params"]).replace(" ", NBSP)
+    assert shown["share"].str.endswith("%").all()
+
+
+def test_fmt_of_a_comparison_says_what_is_missing(model):
+    c = sv.compare(model, {"A": sv.Plan.auto(model)}, mesh=sv.Mesh(8))
+    shown = sv.fmt(c.table)
+    assert shown.loc["A", "fits"] == "no limit set" and shown.loc["A", "comm time per step"] == "no bandwidth given"
+    assert shown.index.name == "layout" and c.formatted.equals(shown)
+
+
+def test_one_default_training_in_every_view(model, analysis):
+    """The Inspector, compare and the report assume the same training when given none (issue 19:
+    8.69 vs 8.71 GiB, 268.49 vs 266.60 GiB for the same plan) and say which."""
+    from shardviz.report import render_report
+    from shardviz.widget import InspectorState
+
+    plan = sv.Plan.auto(model, lora="ignored")
+    mesh = sv.Mesh(8, device_memory="80GiB")
+    assert InspectorState(model, plan=plan, mesh=mesh).training == DEFAULT_TRAINING
+    c = sv.compare(model, {"LoRA ignored": plan}, mesh=mesh)
+    assert c.training == DEFAULT_TRAINING
+    assert c.table.loc["LoRA ignored", "peak"] == analysis.memory["peak"].max()
+    text = render_report(model, plan, mesh)
+    assert f"Training: {training_text(DEFAULT_TRAINING)} (shardviz&#x27;s default" in text
+    assert format_bytes(analysis.memory["peak"].max()) in text
