@@ -447,8 +447,8 @@ def test_folding_numbered_runs():
     tree = sv.ModelTree(Net())
     f = Folding(tree)
     items = f.items(tree.module_index["blocks"])
-    assert len(items) == 1 and f.groups[items[0][1]].label == "blocks.0-4"
-    assert f.groups[f.items(tree.module_index["experts"])[0][1]].label == "experts.expert_0-2"
+    assert len(items) == 1 and f.runs[items[0][1]].label == "blocks.0-4"
+    assert f.runs[f.items(tree.module_index["experts"])[0][1]].label == "experts.expert_0-2"
     assert all(kind == "m" for kind, _ in f.items(tree.module_index["mixed"]))
 
 

@@ -392,7 +392,7 @@ class Inspector(anywidget.AnyWidget):
 
 def _preset_of(name: str) -> str:
     """The preset a plan's name says it started from ("auto-sharded" for "auto (LoRA sharded), edited: ...")."""
-    from .state import base_name
+    from .plan_names import base_name
 
     base = base_name(name)
     for key, label in (("auto-sharded", "auto (LoRA sharded"), ("auto-ignored", "auto (LoRA ignored"),
