@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from .analysis import Analysis, analyze
+from .highlight import python_html
 from .cost import format_bytes
 from .fsdp import Mesh
 
@@ -69,14 +70,8 @@ def _table(df: pd.DataFrame, byte_columns=()) -> str:
 
 
 def _highlight(code: str) -> str:
-    try:
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import PythonLexer
-
-        return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
-    except ImportError:  # pygments comes with IPython; plain text is fine without it
-        return f"<pre>{html.escape(code)}</pre>"
+    # the Inspector's highlighter and CSS classes (inspector.css is inlined below)
+    return f'<pre class="sv-code"><code>{python_html(code)}</code></pre>'
 
 
 def short_names(names) -> list[str]:

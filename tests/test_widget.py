@@ -828,6 +828,24 @@ def test_widget_export_tab_save_and_verify(model, ins, tmp_path):
     assert ack["ok"] and ins.view.verify_result["ok"] is True
 
 
+def test_exported_code_is_highlighted_in_python_once(ins):
+    """The export arrives as HTML from the one highlighter (pygments, shardviz/highlight.py), with
+    its line count: the front end parses nothing, and the report uses the same function."""
+    import html
+
+    from shardviz import report
+    from shardviz.highlight import python_html
+
+    ins.view.tab = "export"
+    code = ins.view.code
+    assert code["html"] == python_html(code["text"]) and code["n_lines"] == len(code["text"].splitlines())
+    assert html.unescape(re.sub(r"<[^>]+>", "", code["html"])) == code["text"]  # every character, escaped
+    assert code["html"].count('<span class="sv-tok-kw">') > 10
+    esm = (Path(sv.__file__).parent / "widget" / "inspector.esm.js").read_text()
+    assert "TOKEN_RE" not in esm and "PY_KEYWORDS" not in esm and "c.html" in esm
+    assert python_html("def f(): pass") in report._highlight("def f(): pass")
+
+
 def test_widget_plan_file_messages(model, tmp_path):
     path = tmp_path / "p.json"
     path.write_text("garbage")

@@ -30,6 +30,7 @@ import anywidget
 import traitlets
 
 from ..fsdp import Mesh
+from ..highlight import python_html
 from . import protocol, views
 from .state import PRESETS, InspectorState
 from .views import training_text
@@ -275,7 +276,8 @@ class Inspector(anywidget.AnyWidget):
         version = self.torch_version or None
         try:
             text = st.export_code(version)
-            self.code = {"text": text, "torch_version": self.torch_version, "revision": st.revision, "error": None}
+            self.code = {"text": text, "html": python_html(text), "n_lines": len(text.splitlines()),
+                         "torch_version": self.torch_version, "revision": st.revision, "error": None}
         except ValueError as exc:  # PlanError is a ValueError: torch would refuse the plan
             self.code = {"text": "", "torch_version": self.torch_version, "revision": st.revision, "error": str(exc)}
 
