@@ -751,7 +751,9 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
     assert ins.handle_action("set_training", {"batch_size": None})["ok"] and ins.training.batch_size is None
     assert ins.handle_action("set_rank", {"rank": 5})["ok"]
     assert ins.controller.view.rank == 5 and ins.controls["rank"] == 5
-    assert ins.controls["preset"] == "auto-sharded"  # the preset menu shows the plan's own preset
+    # an edited plan is no preset: the menu says so, and choosing any preset (its base too) applies it
+    assert ins.plan.name.startswith("auto (LoRA sharded), edited") and ins.controls["preset"] == ""
+    assert ins.controls["presets"][0] == ["", "custom or edited plan"]
     assert ins.handle_action("apply_preset", {"name": "root-only"})["ok"]
     assert ins.plan == sv.Plan([""]) and ins.controls["preset"] == "root-only"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..plan import LORA_LAYOUTS, Plan, Unit, as_plan
+from .plan_names import edited_name, renamed
 
 PRESETS = {
     "auto-sharded": "auto: LoRA in its block's call",
@@ -250,16 +251,28 @@ class PlanActions:
         self.apply_to_many(fqns, action, **kw)
 
     def apply_preset(self, name: str) -> None:
-        """Replace the plan with a preset (``PRESETS``; "auto-<lora>" is ``Plan.auto``)."""
+        """Replace the plan's calls and ignored parameters with a preset (``PRESETS``; "auto-<lora>"
+        is ``Plan.auto``), keeping the current checkpointing: the preset says what to shard, not
+        what to recompute. A message says what was kept (undo goes back)."""
+        preset = self._preset_plan(name)
+        kept = tuple(f for f in self.plan.checkpoint if f not in preset.checkpoint)
+        if not kept:
+            self._commit(plan=preset, edit=False)
+            return
+        plan = Plan(preset.units, preset.ignored, preset.name, preset.checkpoint + kept)
+        plan = renamed(plan, self.names.match(plan) or edited_name(preset.name, 1))
+        what = "every block" if set(plan.checkpoint) == set(self.blocks()) else f"{len(plan.checkpoint)} checkpointed modules"
+        self._commit(plan=plan, edit=False, note=f"preset {PRESETS[name]!r} applied; it keeps your checkpointing "
+                                                 f"({what}). Undo goes back to the plan before it.")
+
+    def _preset_plan(self, name: str) -> Plan:
         if name.startswith("auto-") and name[5:] in LORA_LAYOUTS:
-            plan = Plan.auto(self.tree, lora=name[5:])
-        elif name == "root-only":
-            plan = Plan([""], name="root only")
-        elif name == "none":
-            plan = Plan([], name="no calls")
-        else:
-            raise ValueError(f"preset {name!r}: expected one of {list(PRESETS)}")
-        self._commit(plan=plan, edit=False)
+            return Plan.auto(self.tree, lora=name[5:])
+        if name == "root-only":
+            return Plan([""], name="root only")
+        if name == "none":
+            return Plan([], name="no calls")
+        raise ValueError(f"preset {name!r}: expected one of {list(PRESETS)}")
 
     def set_plan(self, plan) -> None:
         """Replace the plan (a ``Plan``, JSON text or dict); validated against the model."""

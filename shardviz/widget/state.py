@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..plan import Plan, as_plan
 from ..tree import ModelTree
 from . import views
 from .plan_actions import PRESETS, PlanActions
-from .plan_names import PlanNames, base_name, plan_changes
+from .plan_names import EDITED, Edit, PlanNames, base_name, plan_changes
 from .planfile import PlanFile, atomic_write_text
 from .tree_view import ModuleStats, TreeView
 
@@ -49,6 +49,8 @@ class Snapshot:
     plan: Plan
     mesh: Mesh
     training: Any
+    #: the user's edits since the plan's base (its name counts them; see plan_names.py)
+    edits: tuple[Edit, ...] = field(default=(), compare=False)
 
 
 class InspectorState(PlanActions):
@@ -65,7 +67,8 @@ class InspectorState(PlanActions):
             raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
         training = training if training is not None else DEFAULT_TRAINING
         self.view = TreeView(self.tree)
-        self.messages: list[dict] = []  # {level, text}; the widget shows the latest ones
+        self.messages: list[dict] = []  # {id, level, text, at}; the widget shows the latest ones
+        self._message_id = 0
         self.listeners: list[Callable[[set], None]] = []
         self.revision = 0
         self.timings: dict[str, float] = {}
@@ -94,7 +97,7 @@ class InspectorState(PlanActions):
         start = restored or explicit or Plan.auto(self.tree)
         self.names = PlanNames(self.tree)
         self.names.remember(start)
-        self._history = [Snapshot(start, mesh, training)]
+        self._history = [Snapshot(start, mesh, training, self.names.carried_edits(start) if EDITED in start.name else ())]
         self._pos = 0
         self._recompute(self._history[0])  # raises ValueError for an unusable explicit plan
         if self.plan_file is not None and restored is None and self.plan_file.writable:
@@ -138,8 +141,15 @@ class InspectorState(PlanActions):
             cb(changed)
 
     def _message(self, level: str, text: str) -> None:
-        self.messages.append({"level": level, "text": text, "at": time.time()})
+        self._message_id += 1
+        self.messages.append({"id": self._message_id, "level": level, "text": text, "at": time.time()})
         del self.messages[:-20]
+
+    def dismiss_messages(self) -> None:
+        """Clear the messages (the widget's "×"); a change that succeeds clears them too."""
+        if self.messages:
+            self.messages.clear()
+            self._notify({"messages"})
 
     # ------------------------------------------------------------------------------------
     # recompute
@@ -219,23 +229,30 @@ class InspectorState(PlanActions):
         return Comparison({"A": self._pinned_analysis, "B": self.analysis})
 
     def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, what: str = "",
-                edit: bool = True) -> bool:
+                edit: bool = True, note: str | None = None) -> bool:
         """Make (plan, mesh, training) current as one undo step; False when nothing changed.
 
-        ``edit``: the plan is an edit of the current one (named after its base, see ``PlanNames.named``);
-        False for a plan that replaces it (a preset, ``set_plan``), which keeps its own name."""
+        ``edit``: the plan is one user edit of the current one (named after its base, see
+        ``PlanNames.after_edit``); False for a plan that replaces it (a preset, ``set_plan``), which
+        keeps its own name. A change that happens clears the earlier messages (they were about an
+        earlier state); ``note`` is then the one message shown."""
         cur = self.current
+        edits = cur.edits
         if plan is not None:
             if edit:
-                plan = self.names.named(plan, self.plan.name)
+                plan, edits = self.names.after_edit(plan, cur.plan, cur.edits)
             else:
                 self.names.remember(plan)
+                edits = self.names.carried_edits(plan) if EDITED in plan.name else ()
         snap = Snapshot(plan if plan is not None else cur.plan,
                         mesh if mesh is not None else cur.mesh,
-                        training if training is not None else cur.training)
+                        training if training is not None else cur.training, edits)
         if snap == cur and snap.plan.name == cur.plan.name:
             return False
         analysis = self._analyze(snap)  # raises ValueError: nothing has changed yet
+        self.messages.clear()
+        if note:
+            self._message("info", note)
         del self._history[self._pos + 1:]
         self._history.append(snap)
         if len(self._history) > HISTORY_LIMIT:
@@ -275,8 +292,10 @@ class InspectorState(PlanActions):
         replicate = cur.replicate if replicate is None else int(replicate)
         if shard is None:
             world = cur.world if world is None else int(world)
-            if replicate < 1 or world < 1:
-                raise ValueError(f"world={world} and replicate={replicate} must be >= 1")
+            if world < 1:
+                raise ValueError(f"world size {world}: give the number of ranks, 1 or more")
+            if replicate < 1:
+                raise ValueError(f"HSDP replicate {replicate}: give the number of copies, 1 or more (1: plain FSDP)")
             if world % replicate:
                 raise ValueError(f"world size {world} is not a multiple of the HSDP replicate size {replicate}")
             shard = world // replicate
@@ -314,6 +333,7 @@ class InspectorState(PlanActions):
     def _move(self, pos: int) -> None:
         before = self.current
         self._pos = pos
+        self.messages.clear()  # they were about the state left behind
         self._recompute(self.current)
         if self.current.plan != before.plan or self.current.plan.name != before.plan.name:
             self._autosave()
@@ -353,6 +373,15 @@ class InspectorState(PlanActions):
 
     def set_filter(self, text=None, status=None, role=None) -> None:
         self.view.set_filter(text, status, role)
+        self._notify({"rows"})
+
+    def filter_finding(self, code: str) -> None:
+        """Show in the tree only what a finding is about: every name, not only those it lists."""
+        found = [f for f in self.analysis.findings if f.code == code]
+        if not found:
+            raise ValueError(f"finding {code!r}: the current plan has no such finding")
+        names = set().union(*(f.all_fqns for f in found))
+        self.view.filter_to_names(names, f"{code}: {len(names):,} name{'' if len(names) == 1 else 's'}")
         self._notify({"rows"})
 
     def set_rank(self, rank: int) -> None:

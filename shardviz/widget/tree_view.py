@@ -36,6 +36,8 @@ class TreeView:
         self.filter_text = ""
         self.filter_status = ""
         self.filter_role = ""
+        self.filter_names: frozenset | None = None  # a finding's names (filter_to_names)
+        self.filter_label = ""
         self.rank = 0
         self.truncated = 0  # matches left out of a filtered view
         self.matches = 0  # modules and parameters the filter matches (all of them, shown or not)
@@ -98,61 +100,70 @@ class TreeView:
     # -- filters ---------------------------------------------------------------------------
     @property
     def filtering(self) -> bool:
-        return bool(self.filter_text or self.filter_status or self.filter_role)
+        return bool(self.filter_text or self.filter_status or self.filter_role or self.filter_names is not None)
 
     def set_filter(self, text=None, status=None, role=None) -> None:
+        """The filter controls (they replace a filter to a finding's names)."""
+        if status is not None and status not in STATUS_FILTERS:
+            raise ValueError(f"status filter {status!r}: expected one of {STATUS_FILTERS}")
+        if role is not None and role not in ROLE_FILTERS:
+            raise ValueError(f"role filter {role!r}: expected one of {ROLE_FILTERS}")
         if text is not None:
             self.filter_text = str(text).strip()
         if status is not None:
-            if status not in STATUS_FILTERS:
-                raise ValueError(f"status filter {status!r}: expected one of {STATUS_FILTERS}")
             self.filter_status = status
         if role is not None:
-            if role not in ROLE_FILTERS:
-                raise ValueError(f"role filter {role!r}: expected one of {ROLE_FILTERS}")
             self.filter_role = role
+        self.filter_names, self.filter_label = None, ""
+
+    def filter_to_names(self, names, label: str) -> None:
+        """Show only these modules and parameters (a finding's names), with their ancestors."""
+        self.filter_text = self.filter_status = self.filter_role = ""
+        self.filter_names, self.filter_label = frozenset(names), label
+
+    def _module_matches(self, m: int, stats: ModuleStats) -> bool:
+        info, status = self.tree.modules[m], self.filter_status
+        if self.filter_role or status in ("sharded", "ignored", "unmanaged") or m == 0:
+            return False  # parameter filters match parameters only
+        if self.filter_names is not None and info.fqn not in self.filter_names:
+            return False
+        if self.filter_text and self.filter_text.lower() not in info.fqn.lower():
+            return False
+        if status == "unit":
+            return stats.own_unit[m] >= 0
+        if status == "mixed":
+            return stats.sig[m] == MIXED_SIG and stats.own_unit[m] < 0
+        return True
+
+    def _param_matches(self, m: int, p: int, stats: ModuleStats) -> bool:
+        pi, status = self.tree.params[p], self.filter_status
+        if status in ("unit", "mixed"):
+            return False  # module filters match modules only
+        name = next((f for f in pi.fqns if f.rpartition(".")[0] == self.tree.modules[m].fqn), pi.fqn)
+        if self.filter_names is not None and not self.filter_names.intersection(pi.fqns):
+            return False
+        if self.filter_text and self.filter_text.lower() not in name.lower():
+            return False
+        if self.filter_role and pi.role != self.filter_role:
+            return False
+        return not status or stats.layout.param_status[p] == status
 
     def _matches(self, stats: ModuleStats) -> tuple[set[int], set[tuple[int, int]]]:
         """Modules and (module, parameter) pairs that match, plus their ancestors (capped)."""
-        tree, text = self.tree, self.filter_text.lower()
-        status, role = self.filter_status, self.filter_role
-        lay = stats.layout
         mods: set[int] = set()
         params: set[tuple[int, int]] = set()
         hits = 0
-        limit = MAX_FILTER_ROWS
         self.truncated = 0
-        module_status = status in ("unit", "mixed")
-        param_status = status in ("sharded", "ignored", "unmanaged")
-        for info in tree.modules:
-            if not role and not param_status:
-                ok = (not text or text in info.fqn.lower()) and (
-                    not status
-                    or (status == "unit" and stats.own_unit[info.index] >= 0)
-                    or (status == "mixed" and stats.sig[info.index] == MIXED_SIG and stats.own_unit[info.index] < 0)
-                )
-                if ok and info.index != 0:
-                    if hits >= limit:
-                        self.truncated += 1
-                    else:
-                        hits += 1
-                        self._add_path(info.index, mods)
-            if module_status:
-                continue
-            for p in info.params:
-                pi = tree.params[p]
-                name = next((f for f in pi.fqns if f.rpartition(".")[0] == info.fqn), pi.fqn)
-                if text and text not in name.lower():
-                    continue
-                if role and pi.role != role:
-                    continue
-                if param_status and lay.param_status[p] != status:
-                    continue
-                if hits >= limit:
+        for info in self.tree.modules:
+            found = [None] if self._module_matches(info.index, stats) else []
+            found += [p for p in info.params if self._param_matches(info.index, p, stats)]
+            for p in found:
+                if hits >= MAX_FILTER_ROWS:
                     self.truncated += 1
                     continue
                 hits += 1
-                params.add((info.index, p))
+                if p is not None:
+                    params.add((info.index, p))
                 self._add_path(info.index, mods)
         self.matches = hits + self.truncated
         return mods, params
