@@ -53,9 +53,9 @@ def _installed_torch() -> str:
 
 
 def _first(names) -> dict:
-    """The ``fqns`` and ``n_fqns`` of a finding about ``names``: the first ``MAX_FQNS``, and how many in all."""
+    """The ``fqns``, ``n_fqns`` and ``all_fqns`` of a finding about ``names``: the first ``MAX_FQNS``, how many in all, and all of them."""
     names = list(names)
-    return {"fqns": names[:MAX_FQNS], "n_fqns": len(names)}
+    return {"fqns": names[:MAX_FQNS], "n_fqns": len(names), "all_fqns": names}
 
 
 def _plural(n: int, word: str) -> str:

@@ -16,13 +16,16 @@ class Finding:
     fix: str = ""
     # how many names the finding is about in all: ``fqns`` may list only the first of them
     n_fqns: int | None = None
+    # every name it is about (the Inspector filters its tree to them); ``fqns`` when not given
+    all_fqns: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"Finding {self.code}: severity must be one of {SEVERITIES}, got {self.severity!r}")
         object.__setattr__(self, "fqns", tuple(self.fqns))
+        object.__setattr__(self, "all_fqns", tuple(self.all_fqns) or self.fqns)
         if self.n_fqns is None:
-            object.__setattr__(self, "n_fqns", len(self.fqns))
+            object.__setattr__(self, "n_fqns", len(self.all_fqns))
 
     def __str__(self) -> str:
         names = [f if f else "<root>" for f in self.fqns[:3]]

@@ -21,6 +21,7 @@ import pandas as pd
 from . import views
 from .analysis import analyze
 from .format import COLUMNS, column_kind, format_count, format_value
+from .highlight import python_html
 from .fsdp import Mesh
 
 WIDGET = Path(__file__).parent / "widget"
@@ -210,14 +211,8 @@ def findings_section(findings) -> str:
 
 
 def _highlight(code: str) -> str:
-    try:
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import PythonLexer
-
-        return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
-    except ImportError:  # pygments comes with IPython; plain text is fine without it
-        return f"<pre>{html.escape(code)}</pre>"
+    # the Inspector's highlighter and CSS classes (inspector.css is inlined below)
+    return f'<pre class="sv-code"><code>{python_html(code)}</code></pre>'
 
 
 def _chart(kind: str, payload: dict, title: str | None = None) -> str:

@@ -449,8 +449,8 @@ def test_folding_numbered_runs():
     tree = sv.ModelTree(Net())
     f = Folding(tree)
     items = f.items(tree.module_index["blocks"])
-    assert len(items) == 1 and f.groups[items[0][1]].label == "blocks.0-4"
-    assert f.groups[f.items(tree.module_index["experts"])[0][1]].label == "experts.expert_0-2"
+    assert len(items) == 1 and f.runs[items[0][1]].label == "blocks.0-4"
+    assert f.runs[f.items(tree.module_index["experts"])[0][1]].label == "experts.expert_0-2"
     assert all(kind == "m" for kind, _ in f.items(tree.module_index["mixed"]))
 
 
@@ -753,7 +753,9 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
     assert ins.handle_action("set_training", {"batch_size": None})["ok"] and ins.training.batch_size is None
     assert ins.handle_action("set_rank", {"rank": 5})["ok"]
     assert ins.controller.view.rank == 5 and ins.controls["rank"] == 5
-    assert ins.controls["preset"] == "auto-sharded"  # the preset menu shows the plan's own preset
+    # an edited plan is no preset: the menu says so, and choosing any preset (its base too) applies it
+    assert ins.plan.name.startswith("auto (LoRA sharded), edited") and ins.controls["preset"] == ""
+    assert ins.controls["presets"][0] == ["", "custom or edited plan"]
     assert ins.handle_action("apply_preset", {"name": "root-only"})["ok"]
     assert ins.plan == sv.Plan([""]) and ins.controls["preset"] == "root-only"
 
@@ -828,6 +830,24 @@ def test_widget_export_tab_save_and_verify(model, ins, tmp_path):
     ins.handle_action("undo", {})
     ack = ins.handle_action("verify", {})
     assert ack["ok"] and ins.view.verify_result["ok"] is True
+
+
+def test_exported_code_is_highlighted_in_python_once(ins):
+    """The export arrives as HTML from the one highlighter (pygments, shardviz/highlight.py), with
+    its line count: the front end parses nothing, and the report uses the same function."""
+    import html
+
+    from shardviz import report
+    from shardviz.highlight import python_html
+
+    ins.view.tab = "export"
+    code = ins.view.code
+    assert code["html"] == python_html(code["text"]) and code["n_lines"] == len(code["text"].splitlines())
+    assert html.unescape(re.sub(r"<[^>]+>", "", code["html"])) == code["text"]  # every character, escaped
+    assert code["html"].count('<span class="sv-tok-kw">') > 10
+    esm = (Path(sv.__file__).parent / "widget" / "inspector.esm.js").read_text()
+    assert "TOKEN_RE" not in esm and "PY_KEYWORDS" not in esm and "c.html" in esm
+    assert python_html("def f(): pass") in report._highlight("def f(): pass")
 
 
 def test_widget_plan_file_messages(model, tmp_path):

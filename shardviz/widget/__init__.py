@@ -1,7 +1,9 @@
 """The Jupyter widget: ``sv.Inspector(model)``.
 
-- ``state.InspectorState``: every action as a plain Python method (no browser needed);
-- ``tree_view``: folding repeated blocks, per-module badges and bytes, the visible rows;
+- ``state.InspectorState``: every action as a plain Python method (no browser needed): history,
+  analysis and views; its plan edits in ``plan_actions``, the plan's name after edits in ``plan_names``;
+- ``tree_view``: expansion, filters and the visible rows, over ``folding`` (repeated blocks as one
+  row) and ``module_stats`` (per-module sizes, bytes and badges);
 - ``views``: the chart and findings payloads, read from ``sv.analyze``, and plotly figures;
 - ``planfile``: the atomically saved, restorable plan file;
 - ``protocol``: the message schema both halves check;

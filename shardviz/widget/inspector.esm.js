@@ -10,54 +10,15 @@
 //             {type:"ack", req, ok, error}                    answer to each request
 //   we send:  {type:"hello"} on render, {type:"action", action, args, req} on every user action,
 //             each checked against the protocol first (checkAction) - Python checks it again.
-
+//
+// Layout of this file: one top-level function per component (summary, messages, controls, tree,
+// charts, compare, findings, export, tabs), each given what it needs explicitly (the shared `ctx`:
+// model and send, plus callbacks), then `render`, which builds them and wires the traits to them.
+// The exported code arrives highlighted (HTML from pygments, in Python): nothing is parsed here.
 
 const ROW_H = 26;
 const OVERSCAN = 12;
 const MAX_TREE_H = 390;
-
-// Python syntax highlighting (enough for the exported module), themed by JupyterLab's CSS vars
-// ---------------------------------------------------------------------------------------------
-const PY_KEYWORDS = new Set(
-  ("False None True and as assert async await break class continue def del elif else except " +
-    "finally for from global if import in is lambda nonlocal not or pass raise return try while with yield")
-    .split(" "),
-);
-const PY_BUILTINS = new Set(
-  "print len range isinstance dict list set tuple int float str bool getattr setattr hasattr super sorted enumerate zip id type object any all min max sum".split(" "),
-);
-const TOKEN_RE =
-  /("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')|(#[^\n]*)|(\b\d[\d_]*(?:\.\d+)?(?:e[+-]?\d+)?\b)|(@[A-Za-z_][\w.]*)|([A-Za-z_]\w*)/g;
-
-function escapeHtml(t) {
-  return t.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-}
-
-function highlightPython(src) {
-  let out = "";
-  let last = 0;
-  let prevWord = "";
-  TOKEN_RE.lastIndex = 0;
-  let m;
-  while ((m = TOKEN_RE.exec(src)) !== null) {
-    out += escapeHtml(src.slice(last, m.index));
-    const [tok, str, com, num, deco, word] = m;
-    let cls = null;
-    if (str) cls = "sv-tok-str";
-    else if (com) cls = "sv-tok-com";
-    else if (num) cls = "sv-tok-num";
-    else if (deco) cls = "sv-tok-deco";
-    else if (word) {
-      if (PY_KEYWORDS.has(word)) cls = "sv-tok-kw";
-      else if (prevWord === "def" || prevWord === "class") cls = "sv-tok-def";
-      else if (PY_BUILTINS.has(word)) cls = "sv-tok-builtin";
-      prevWord = word;
-    }
-    out += cls ? `<span class="${cls}">${escapeHtml(tok)}</span>` : escapeHtml(tok);
-    last = m.index + tok.length;
-  }
-  return out + escapeHtml(src.slice(last));
-}
 
 // ---------------------------------------------------------------------------------------------
 // the message schema (protocol.py, sent as the "protocol" trait): the same checks as Python's
@@ -88,56 +49,194 @@ function checkAction(protocol, action, args) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// render
+// the shared context: the model, and `send`, which checks an action and counts it as pending
 // ---------------------------------------------------------------------------------------------
-function render({ model, el }) {
-  const rowsById = new Map();
-  let order = [];
-  let reqSeq = 0;
-  const pending = new Map(); // req -> callback(ack)
-  let flashId = null;
-  let disposed = false;
-
-  const send = (action, args = {}, onAck = null) => {
+function makeContext(model) {
+  const ctx = { model, root: null, reqSeq: 0, pending: new Map(), onLocalError: () => {} };
+  ctx.send = (action, args = {}, onAck = null) => {
     const problem = checkAction(model.get("protocol"), action, args);
     if (problem) {
-      // never sent: Python would refuse it the same way
-      localError(problem);
+      ctx.onLocalError(problem); // never sent: Python would refuse it the same way
       return null;
     }
-    reqSeq += 1;
-    const req = reqSeq;
-    if (onAck) pending.set(req, onAck);
-    root.classList.add("sv-busy");
-    root.dataset.pending = String(Number(root.dataset.pending || 0) + 1);
+    ctx.reqSeq += 1;
+    const req = ctx.reqSeq;
+    if (onAck) ctx.pending.set(req, onAck);
+    ctx.root.classList.add("sv-busy");
+    ctx.root.dataset.pending = String(Number(ctx.root.dataset.pending || 0) + 1);
     model.send({ type: "action", action, args, req });
     return req;
   };
+  ctx.onAck = (msg) => {
+    const cb = ctx.pending.get(msg.req);
+    ctx.pending.delete(msg.req);
+    const left = Math.max(0, Number(ctx.root.dataset.pending || 1) - 1);
+    ctx.root.dataset.pending = String(left);
+    if (!left) ctx.root.classList.remove("sv-busy");
+    ctx.root.dataset.lastAck = String(msg.req);
+    if (cb) cb(msg);
+  };
+  return ctx;
+}
 
-  // -- skeleton -------------------------------------------------------------------------------
-  const summaryEl = h("div", { class: "sv-summary" });
-  const messagesEl = h("div", { class: "sv-messages" });
+function selectOf(cls, label, options) {
+  return h("select", { class: cls, "aria-label": label }, ...options.map(([v, t]) => h("option", { value: v, text: t })));
+}
 
-  // -- controls (drawn here, state from the "controls" trait; every edit is an action) ------------
-  const ctl = {};
-  const field = (label, input, title) => h("label", { class: "sv-field", title }, h("span", { class: "sv-field-label", text: label }), input);
+function fillSelect(sel, options) {
+  const key = JSON.stringify(options);
+  if (sel.dataset.options === key) return;
+  sel.dataset.options = key;
+  sel.replaceChildren(...options.map((o) => (Array.isArray(o) ? h("option", { value: o[0], text: o[1] }) : h("option", { value: o, text: o }))));
+}
+
+function keepKeysFromLab(input) {
+  input.addEventListener("keydown", (e) => e.stopPropagation()); // JupyterLab's notebook shortcuts stay out
+}
+
+// ---------------------------------------------------------------------------------------------
+// summary: model, mesh, training, the plan's name, the peak, the findings' counts
+// ---------------------------------------------------------------------------------------------
+function summaryComponent(ctx, { openCompare }) {
+  const el = h("div", { class: "sv-summary" });
+  function render() {
+    const sm = ctx.model.get("summary") || {};
+    el.replaceChildren();
+    if (!sm.model) return;
+    el.append(
+      h("span", { class: "sv-sum-model", text: `${sm.model}` }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
+      h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
+      h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
+      planItem(sm),
+      peakItem(sm),
+      findingsItem(sm),
+    );
+    const pinned = pinnedItem(ctx.model.get("comparison") || {}, openCompare);
+    if (pinned) el.append(pinned);
+    if (sm.plan_file) el.append(planFileItem(sm.plan_file));
+    ctx.root.dataset.revision = String(sm.revision);
+  }
+  return { el, render };
+}
+
+function planItem(sm) {
+  return h(
+    "span",
+    { class: "sv-sum-item sv-sum-plan", title: "the plan's name: the preset it started from, and how many edits since" },
+    h("b", { class: "sv-plan-name", text: sm.plan_name || "custom plan" }),
+    `: ${sm.n_units} calls · ${sm.n_ignored} ignored${sm.n_checkpointed ? ` · ${sm.n_checkpointed} checkpointed` : ""}`,
+  );
+}
+
+function peakItem(sm) {
+  const over = !!(sm.use && sm.use.over);
+  return h(
+    "span",
+    { class: `sv-sum-item sv-sum-peak ${over ? "sv-over" : ""}`, "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank})` },
+    `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
+    sm.use ? ` · ${sm.use.percent_text} of ${fmtBytes(sm.limit)}` : "",
+  );
+}
+
+function findingsItem(sm) {
+  const f = sm.findings;
+  if (!f) return h("span", { class: "sv-sum-item sv-muted", text: "checking…" });
+  return h(
+    "span",
+    { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
+    h("span", { class: "sv-sev sv-sev-error", text: `${f.error} errors` }),
+    " ",
+    h("span", { class: "sv-sev sv-sev-warning", text: `${f.warning} warnings` }),
+  );
+}
+
+function pinnedItem(cmp, openCompare) {
+  const peak = cmp.pinned && cmp.available ? (cmp.rows || []).find((r) => r.key === "peak") : null;
+  if (!peak) return null;
+  return h("a", {
+    class: "sv-sum-item sv-sum-pinned",
+    href: "#",
+    title: "A is pinned: open the A vs B tab",
+    text: `A vs B: peak ${fmtDelta(peak.delta, "bytes")}, ${cmp.n_diff} params differ`,
+    onclick: (e) => {
+      e.preventDefault();
+      openCompare();
+    },
+  });
+}
+
+function planFileItem(pf) {
+  return h("span", {
+    class: `sv-sum-item sv-planfile ${pf.autosave ? "" : "sv-over"}`,
+    title: pf.path,
+    text: pf.autosave ? `autosave → ${pf.path.split("/").pop()}` : "autosave OFF",
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// messages: the latest errors and notes, and a plan file that stopped saving
+// ---------------------------------------------------------------------------------------------
+function messagesComponent(ctx) {
+  const el = h("div", { class: "sv-messages" });
+  function render() {
+    const msgs = ctx.model.get("messages") || [];
+    const pf = (ctx.model.get("summary") || {}).plan_file;
+    el.replaceChildren();
+    if (pf && !pf.autosave && pf.problem) {
+      el.append(
+        h(
+          "div",
+          { class: "sv-msg sv-msg-error sv-planfile-problem" },
+          h("span", { text: pf.problem }),
+          h("button", { class: "sv-btn sv-overwrite-planfile", text: "overwrite the plan file with the current plan", onclick: () => ctx.send("overwrite_plan_file") }),
+        ),
+      );
+    }
+    const recent = msgs.filter((m) => !(pf && pf.problem && m.text === pf.problem)).slice(-2);
+    for (const m of recent) {
+      const box = h(
+        "div",
+        { class: `sv-msg sv-msg-${m.level}` },
+        h("span", { text: m.text }),
+        h("button", { class: "sv-msg-close", text: "×", title: "dismiss", onclick: () => box.remove() }),
+      );
+      el.append(box);
+    }
+  }
+  function localError(text) {
+    el.append(h("div", { class: "sv-msg sv-msg-error sv-local-error" }, h("span", { text })));
+  }
+  return { el, render, localError };
+}
+
+// ---------------------------------------------------------------------------------------------
+// controls: drawn here, state from the "controls" trait; every edit is an action
+// ---------------------------------------------------------------------------------------------
+function controlInputs() {
   const numberInput = (cls, attrs = {}) => h("input", { class: `sv-input ${cls}`, type: "number", ...attrs });
-  ctl.preset = h("select", { class: "sv-preset", "aria-label": "preset" });
-  ctl.apply = h("button", { class: "sv-btn sv-apply-preset", text: "apply preset", title: "replace the plan with the preset (undoable)" });
-  ctl.undo = h("button", { class: "sv-btn sv-undo", text: "↶ undo", title: "undo the last change of plan, mesh or training" });
-  ctl.redo = h("button", { class: "sv-btn sv-redo", text: "↷ redo" });
-  ctl.ckptBlocks = h("button", { class: "sv-btn sv-ckpt-blocks", text: "checkpoint all blocks" });
-  ctl.rank = numberInput("sv-rank", { min: 0, "aria-label": "rank" });
-  ctl.world = numberInput("sv-world", { min: 1, "aria-label": "world size" });
-  ctl.replicate = numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" });
-  ctl.device = numberInput("sv-device", { min: 0, step: "any", placeholder: "no limit", "aria-label": "device memory in GiB" });
-  ctl.paramDtype = h("select", { class: "sv-param-dtype", "aria-label": "param dtype" });
-  ctl.reduceDtype = h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" });
-  ctl.optimizer = h("select", { class: "sv-optimizer", "aria-label": "optimizer" });
-  ctl.offload = h("input", { class: "sv-offload", type: "checkbox", "aria-label": "CPU offload" });
-  ctl.batch = numberInput("sv-batch", { min: 1, placeholder: "none", "aria-label": "batch size" });
-  ctl.seq = numberInput("sv-seq", { min: 1, "aria-label": "sequence length" });
-  const controlsEl = h(
+  return {
+    preset: h("select", { class: "sv-preset", "aria-label": "preset" }),
+    apply: h("button", { class: "sv-btn sv-apply-preset", text: "apply preset", title: "replace the plan with the preset (undoable)" }),
+    undo: h("button", { class: "sv-btn sv-undo", text: "↶ undo", title: "undo the last change of plan, mesh or training" }),
+    redo: h("button", { class: "sv-btn sv-redo", text: "↷ redo" }),
+    ckptBlocks: h("button", { class: "sv-btn sv-ckpt-blocks", text: "checkpoint all blocks" }),
+    rank: numberInput("sv-rank", { min: 0, "aria-label": "rank" }),
+    world: numberInput("sv-world", { min: 1, "aria-label": "world size" }),
+    replicate: numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" }),
+    device: numberInput("sv-device", { min: 0, step: "any", placeholder: "no limit", "aria-label": "device memory in GiB" }),
+    paramDtype: h("select", { class: "sv-param-dtype", "aria-label": "param dtype" }),
+    reduceDtype: h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" }),
+    optimizer: h("select", { class: "sv-optimizer", "aria-label": "optimizer" }),
+    offload: h("input", { class: "sv-offload", type: "checkbox", "aria-label": "CPU offload" }),
+    batch: numberInput("sv-batch", { min: 1, placeholder: "none", "aria-label": "batch size" }),
+    seq: numberInput("sv-seq", { min: 1, "aria-label": "sequence length" }),
+  };
+}
+
+function controlsLayout(ctl) {
+  const field = (label, input, title) => h("label", { class: "sv-field", title }, h("span", { class: "sv-field-label", text: label }), input);
+  return h(
     "div",
     { class: "sv-controls" },
     h(
@@ -164,7 +263,14 @@ function render({ model, el }) {
       field("seq len", ctl.seq, "tokens per sample"),
     ),
   );
+}
+
+function wireControls(ctx, ctl, showState) {
+  const { send, model } = ctx;
   const intOrNull = (el) => (el.value.trim() === "" ? null : Math.round(Number(el.value)));
+  const onRefused = (ack) => {
+    if (!ack.ok) showState(); // refused: the control shows the current state again
+  };
   ctl.apply.addEventListener("click", () => send("apply_preset", { name: ctl.preset.value }));
   ctl.undo.addEventListener("click", () => send("undo"));
   ctl.redo.addEventListener("click", () => send("redo"));
@@ -172,12 +278,12 @@ function render({ model, el }) {
     const c = model.get("controls") || {};
     send("checkpoint_blocks", { on: c.n_blocks_checkpointed < c.n_blocks });
   });
-  ctl.rank.addEventListener("change", () => send("set_rank", { rank: intOrNull(ctl.rank) ?? 0 }, renderControlsOnError));
+  ctl.rank.addEventListener("change", () => send("set_rank", { rank: intOrNull(ctl.rank) ?? 0 }, onRefused));
   const sendMesh = () =>
     send(
       "set_mesh",
       { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0, device_gib: ctl.device.value.trim() === "" ? null : Number(ctl.device.value) },
-      renderControlsOnError,
+      onRefused,
     );
   for (const c of [ctl.world, ctl.replicate, ctl.device]) c.addEventListener("change", sendMesh);
   const sendTraining = () =>
@@ -191,100 +297,125 @@ function render({ model, el }) {
         batch_size: intOrNull(ctl.batch),
         seq_len: intOrNull(ctl.seq) ?? 0,
       },
-      renderControlsOnError,
+      onRefused,
     );
   for (const c of [ctl.paramDtype, ctl.reduceDtype, ctl.optimizer, ctl.offload, ctl.batch, ctl.seq]) c.addEventListener("change", sendTraining);
-  for (const c of Object.values(ctl)) if (c.tagName === "INPUT") c.addEventListener("keydown", (e) => e.stopPropagation());
+  for (const c of Object.values(ctl)) if (c.tagName === "INPUT") keepKeysFromLab(c);
+}
 
-  function fillSelect(sel, options) {
-    const key = JSON.stringify(options);
-    if (sel.dataset.options === key) return;
-    sel.dataset.options = key;
-    sel.replaceChildren(...options.map((o) => (Array.isArray(o) ? h("option", { value: o[0], text: o[1] }) : h("option", { value: o, text: o }))));
-  }
+function showControls(ctl, c) {
+  fillSelect(ctl.preset, c.presets || []);
+  if (c.preset && c.preset !== ctl.preset.dataset.shown) ctl.preset.value = ctl.preset.dataset.shown = c.preset; // the plan's own preset
+  fillSelect(ctl.paramDtype, c.dtypes || []);
+  fillSelect(ctl.reduceDtype, c.dtypes || []);
+  fillSelect(ctl.optimizer, c.optimizers || []);
+  const text = (v) => (v === null || v === undefined ? "" : String(v));
+  ctl.world.value = String(c.world);
+  ctl.replicate.value = String(c.replicate);
+  ctl.rank.value = String(c.rank);
+  ctl.rank.max = String(c.world - 1);
+  ctl.device.value = text(c.device_gib);
+  ctl.paramDtype.value = c.param_dtype;
+  ctl.reduceDtype.value = c.reduce_dtype;
+  ctl.optimizer.value = c.optimizer;
+  ctl.offload.checked = !!c.offload;
+  ctl.batch.value = text(c.batch_size);
+  ctl.seq.value = text(c.seq_len);
+  ctl.undo.disabled = !c.can_undo;
+  ctl.redo.disabled = !c.can_redo;
+  showCheckpointBlocks(ctl.ckptBlocks, c);
+}
 
-  function renderControls() {
-    const c = model.get("controls") || {};
+function showCheckpointBlocks(btn, c) {
+  btn.hidden = !c.n_blocks;
+  const all = c.n_blocks && c.n_blocks_checkpointed === c.n_blocks;
+  btn.textContent = all ? `uncheckpoint all ${c.n_blocks} blocks` : `checkpoint all ${c.n_blocks} blocks`;
+  btn.title = c.batch_size
+    ? "wrap every repeated block in checkpoint_wrapper: its activations are recomputed in backward"
+    : "wrap every repeated block in checkpoint_wrapper (activations count once a batch size is given)";
+  btn.classList.toggle("sv-on", !!all);
+}
+
+function controlsComponent(ctx, { onRafChoices }) {
+  const ctl = controlInputs();
+  const el = controlsLayout(ctl);
+  function showState() {
+    const c = ctx.model.get("controls") || {};
     if (c.world === undefined) return;
-    fillSelect(ctl.preset, c.presets || []);
-    if (c.preset && c.preset !== ctl.preset.dataset.shown) ctl.preset.value = ctl.preset.dataset.shown = c.preset; // the plan's own preset
-    fillSelect(ctl.paramDtype, c.dtypes || []);
-    fillSelect(ctl.reduceDtype, c.dtypes || []);
-    fillSelect(ctl.optimizer, c.optimizers || []);
-    ctl.world.value = String(c.world);
-    ctl.replicate.value = String(c.replicate);
-    ctl.rank.value = String(c.rank);
-    ctl.rank.max = String(c.world - 1);
-    ctl.device.value = c.device_gib === null ? "" : String(c.device_gib);
-    ctl.paramDtype.value = c.param_dtype;
-    ctl.reduceDtype.value = c.reduce_dtype;
-    ctl.optimizer.value = c.optimizer;
-    ctl.offload.checked = !!c.offload;
-    ctl.batch.value = c.batch_size === null || c.batch_size === undefined ? "" : String(c.batch_size);
-    ctl.seq.value = c.seq_len === null || c.seq_len === undefined ? "" : String(c.seq_len);
-    ctl.undo.disabled = !c.can_undo;
-    ctl.redo.disabled = !c.can_redo;
-    ctl.ckptBlocks.hidden = !c.n_blocks;
-    const all = c.n_blocks && c.n_blocks_checkpointed === c.n_blocks;
-    ctl.ckptBlocks.textContent = all ? `uncheckpoint all ${c.n_blocks} blocks` : `checkpoint all ${c.n_blocks} blocks`;
-    ctl.ckptBlocks.title = c.batch_size
-      ? "wrap every repeated block in checkpoint_wrapper: its activations are recomputed in backward"
-      : "wrap every repeated block in checkpoint_wrapper (activations count once a batch size is given)";
-    ctl.ckptBlocks.classList.toggle("sv-on", !!all);
-    controlsEl.dataset.revision = String(c.revision);
+    showControls(ctl, c);
+    el.dataset.revision = String(c.revision);
   }
+  wireControls(ctx, ctl, showState);
   let rafKey = "";
-  function onControls() {
-    renderControls();
+  function render() {
+    showState();
     // the rows' reshard_after_forward menus list controls.raf_choices: redraw them only when those change
-    const key = JSON.stringify((model.get("controls") || {}).raf_choices || []);
+    const key = JSON.stringify((ctx.model.get("controls") || {}).raf_choices || []);
     if (key !== rafKey) {
       rafKey = key;
-      queueTree();
+      onRafChoices();
     }
   }
-  function renderControlsOnError(ack) {
-    if (!ack.ok) renderControls(); // refused: the control shows the current state again
-  }
+  return { el, render };
+}
 
-  function localError(text) {
-    messagesEl.append(h("div", { class: "sv-msg sv-msg-error sv-local-error" }, h("span", { text })));
+// ---------------------------------------------------------------------------------------------
+// tree: filters, a virtualised list of the visible rows (Python sends only the rows that changed)
+// ---------------------------------------------------------------------------------------------
+function treeFilters(ctx) {
+  const text = h("input", { class: "sv-filter-text", type: "search", placeholder: "filter by name…", "aria-label": "filter by name" });
+  const status = selectOf("sv-filter-status", "filter by status", [
+    ["", "any status"],
+    ["unit", "own unit"],
+    ["sharded", "sharded params"],
+    ["ignored", "ignored params"],
+    ["unmanaged", "unmanaged params"],
+    ["mixed", "mixed modules"],
+  ]);
+  const role = selectOf("sv-filter-role", "filter by role", [
+    ["", "any role"],
+    ["base", "base params"],
+    ["lora", "LoRA params"],
+  ]);
+  const collapse = h("button", { class: "sv-btn sv-collapse-all", text: "collapse all", onclick: () => ctx.send("collapse_all") });
+  const note = h("span", { class: "sv-filter-note" });
+  const el = h("div", { class: "sv-tree-toolbar" }, text, status, role, collapse, note);
+
+  let timer = null;
+  const sendFilter = () => ctx.send("set_filter", { text: text.value, status: status.value, role: role.value });
+  text.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(sendFilter, 250);
+  });
+  text.addEventListener("keydown", (e) => {
+    e.stopPropagation(); // keep JupyterLab's notebook shortcuts out of the text box
+    if (e.key === "Enter") {
+      clearTimeout(timer);
+      sendFilter();
+    }
+  });
+  status.addEventListener("change", sendFilter);
+  role.addEventListener("change", sendFilter);
+
+  function show(fl) {
+    if (document.activeElement !== text) text.value = fl.text || "";
+    status.value = fl.status || "";
+    role.value = fl.role || "";
   }
-  const filterText = h("input", {
-    class: "sv-filter-text",
-    type: "search",
-    placeholder: "filter by name…",
-    "aria-label": "filter by name",
-  });
-  const filterStatus = h(
-    "select",
-    { class: "sv-filter-status", "aria-label": "filter by status" },
-    ...[
-      ["", "any status"],
-      ["unit", "own unit"],
-      ["sharded", "sharded params"],
-      ["ignored", "ignored params"],
-      ["unmanaged", "unmanaged params"],
-      ["mixed", "mixed modules"],
-    ].map(([v, t]) => h("option", { value: v, text: t })),
-  );
-  const filterRole = h(
-    "select",
-    { class: "sv-filter-role", "aria-label": "filter by role" },
-    ...[
-      ["", "any role"],
-      ["base", "base params"],
-      ["lora", "LoRA params"],
-    ].map(([v, t]) => h("option", { value: v, text: t })),
-  );
-  const collapseBtn = h("button", {
-    class: "sv-btn sv-collapse-all",
-    text: "collapse all",
-    onclick: () => send("collapse_all"),
-  });
-  const filterNote = h("span", { class: "sv-filter-note" });
-  const treeToolbar = h("div", { class: "sv-tree-toolbar" }, filterText, filterStatus, filterRole, collapseBtn, filterNote);
-  const treeHeader = h(
+  function showMatches(msg) {
+    note.textContent =
+      msg.filtering && msg.matches === 0
+        ? "nothing matches this filter: no module or parameter has this name, status and role"
+        : msg.truncated
+          ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
+          : "";
+    note.dataset.matches = msg.filtering ? String(msg.matches) : "";
+  }
+  return { el, show, showMatches };
+}
+
+function treeHeader() {
+  return h(
     "div",
     { class: "sv-row sv-header" },
     h("span", { class: "sv-col-name", text: "module / parameter" }),
@@ -295,352 +426,214 @@ function render({ model, el }) {
     h("span", { class: "sv-col-local", text: "local shard" }),
     h("span", { class: "sv-col-actions", text: "actions" }),
   );
+}
+
+function badge(b) {
+  return h("span", { class: `sv-badge sv-badge-${b.kind}`, title: b.title || "", text: b.label });
+}
+
+function actionBtn(label, cls, title, onclick) {
+  return h("button", { class: `sv-btn sv-act ${cls}`, text: label, title, onclick });
+}
+
+// reshard_after_forward of a call; the choices come from Python (controls.raf_choices): the ints
+// that divide the shard size
+function rarSelect(choices, value, onchange, mixed = false) {
+  const sel = h(
+    "select",
+    { class: "sv-rar", title: "reshard_after_forward of this call" },
+    ...(mixed ? [h("option", { value: "", text: "RAF mixed" })] : []),
+    h("option", { value: "default", text: "RAF default" }),
+    h("option", { value: "true", text: "RAF True" }),
+    h("option", { value: "false", text: "RAF False" }),
+  );
+  for (const v of choices.slice(3)) sel.append(h("option", { value: v, text: `RAF ${v}` }));
+  sel.value = mixed ? "" : value === "default" ? "default" : String(value).toLowerCase();
+  sel.addEventListener("change", () => {
+    if (sel.value) onchange(sel.value);
+  });
+  sel.addEventListener("click", (e) => e.stopPropagation());
+  return sel;
+}
+
+function rowTip(r) {
+  if (r.kind === "group") return r.label;
+  if (r.kind === "module") return `${r.fqn || "(root)"} · ${r.type}`;
+  return `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}`;
+}
+
+function caretOf(ctx, id, r) {
+  if (!r.expandable) return h("span", { class: "sv-caret sv-caret-none" });
+  return h("button", {
+    class: "sv-caret",
+    text: r.open ? "▾" : "▸",
+    "aria-label": r.open ? "collapse" : "expand",
+    onclick: (e) => {
+      e.stopPropagation();
+      ctx.send("expand", { target: id, open: !r.open });
+    },
+  });
+}
+
+// one tree row: name, type, size, status, bytes per rank, local shard, actions
+function buildRow(ctx, id, r, flashed) {
+  const row = h("div", {
+    class: `sv-row sv-kind-${r.kind}${flashed ? " sv-flash" : ""}`,
+    "data-id": id,
+    "data-fqn": r.kind === "group" ? null : r.fqn,
+    "data-group": r.kind === "group" ? r.name : null,
+    "data-badge": r.badge.kind,
+    role: "row",
+  });
+  const indent = r.depth * 6; // deep names keep room at 1280 px (the full name is the tooltip)
+  const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: rowTip(r) }, caretOf(ctx, id, r));
+  const actions = h("span", { class: "sv-col-actions" });
+  const choices = (ctx.model.get("controls") || {}).raf_choices || ["default", "true", "false"];
+  const cells = r.kind === "module" ? moduleCells(r) : r.kind === "group" ? groupCells(r) : paramCells(r);
+  name.append(...cells.name);
+  row.append(name, ...cells.middle, actions);
+  const send = ctx.send;
+  const acts = r.kind === "module" ? moduleActions(send, r, choices) : r.kind === "group" ? groupActions(send, id, r, choices) : paramActions(send, r);
+  actions.append(...acts);
+  return row;
+}
+
+function bytesCell(r) {
+  return h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes });
+}
+
+function moduleCells(r) {
+  const tied = r.tied_numel > 0 ? `; ${r.tied_numel.toLocaleString()} more in tied parameters, counted under their first module` : "";
+  return {
+    name: [h("span", { class: "sv-name", text: r.name })],
+    middle: [
+      h("span", { class: "sv-col-type", text: r.type, title: r.type }),
+      h("span", {
+        class: "sv-col-size",
+        "data-numel": r.numel,
+        text: r.numel === 0 && r.tied_numel > 0 ? "tied" : fmtCount(r.numel),
+        title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters${tied}`,
+      }),
+      h("span", { class: "sv-col-status" }, badge(r.badge)),
+      bytesCell(r),
+      h("span", { class: "sv-col-local" }),
+    ],
+  };
+}
+
+function groupCells(r) {
+  return {
+    name: [h("span", { class: "sv-name sv-group-label", text: r.label })],
+    middle: [
+      h("span", { class: "sv-col-type", text: `${r.count} × ${r.type}`, title: r.type }),
+      h("span", { class: "sv-col-size", text: fmtCount(r.numel) }),
+      h("span", { class: "sv-col-status" }, badge(r.badge)),
+      bytesCell(r),
+      h("span", { class: "sv-col-local" }),
+    ],
+  };
+}
+
+function paramCells(r) {
+  const localTitle = r.status === "sharded" ? `p.to_local().shape on rank ${r.rank}; every rank allocates ${fmtShape(r.shard_shape)}` : "not sharded: the full tensor";
+  return {
+    name: [
+      h("span", { class: "sv-name sv-param-name", text: r.name }),
+      r.role === "lora" ? h("span", { class: "sv-tag sv-tag-lora", text: "LoRA" }) : null,
+      r.tied ? h("span", { class: "sv-tag", text: "tied", title: `also ${r.canonical}` }) : null,
+    ].filter(Boolean),
+    middle: [
+      h(
+        "span",
+        { class: "sv-col-type" },
+        `${r.dtype} `,
+        h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
+      ),
+      h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${r.numel.toLocaleString()} elements` }),
+      h("span", { class: "sv-col-status" }, badge(r.badge)),
+      bytesCell(r),
+      h(
+        "span",
+        { class: "sv-col-local", title: localTitle },
+        h("span", { class: "sv-local-shape", text: fmtShape(r.local_shape) }),
+        r.padding > 0 ? h("span", { class: "sv-pad", text: ` +${fmtCount(r.padding)} pad` }) : null,
+      ),
+    ],
+  };
+}
+
+function moduleActions(send, r, choices) {
+  const out = [];
+  const fqn = r.fqn;
+  if (r.is_unit) {
+    const title = r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call";
+    out.push(actionBtn("− unit", "sv-act-unit sv-act-remove", title, () => send("toggle_unit", { fqn })));
+    out.push(rarSelect(choices, r.rar, (v) => send("set_reshard_after_forward", { fqn, value: v })));
+  } else if (r.can_unit) {
+    out.push(actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn })));
+  }
+  if (r.can_checkpoint) {
+    const title = r.checkpointed ? "checkpointed (checkpoint_wrapper): click to keep its activations instead" : "wrap in checkpoint_wrapper: recompute its activations in backward";
+    out.push(actionBtn(r.checkpointed ? "✓ ckpt" : "ckpt", `sv-act-ckpt${r.checkpointed ? " sv-on" : ""}`, title, () => send("toggle_checkpoint", { fqn })));
+  }
+  if (r.n_lora > 0) {
+    out.push(
+      r.lora === "ignored"
+        ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", "give the LoRA parameters under this module back to FSDP", () => send("unignore_lora", { module_fqn: fqn }))
+        : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the ${r.n_lora} LoRA parameters under this module`, () => send("ignore_lora", { module_fqn: fqn })),
+    );
+  }
+  return out;
+}
+
+function groupActions(send, id, r, choices) {
+  const many = (action, extra = {}) => () => send("apply_to_many", { targets: id, action, ...extra });
+  const out = [];
+  out.push(
+    r.n_units === r.count
+      ? actionBtn("− units", "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, many("remove_unit"))
+      : actionBtn("+ units", "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, many("make_unit")),
+  );
+  const allCk = r.n_checkpointed === r.count;
+  const ckTitle = allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`;
+  out.push(actionBtn(allCk ? "✓ ckpt" : "ckpt", `sv-act-ckpt${allCk ? " sv-on" : ""}`, ckTitle, many(allCk ? "uncheckpoint" : "checkpoint")));
+  if (r.n_units > 0) {
+    const mixed = r.rar === null || r.rar === undefined;
+    out.push(rarSelect(choices, r.rar ?? "default", (v) => many("set_reshard_after_forward", { value: v })(), mixed));
+  }
+  if (r.n_lora > 0) {
+    out.push(
+      r.lora === "ignored"
+        ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", `give the LoRA parameters of all ${r.count} blocks back to FSDP`, many("unignore_lora"))
+        : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the LoRA parameters of all ${r.count} blocks`, many("ignore_lora")),
+    );
+  }
+  return out;
+}
+
+function paramActions(send, r) {
+  const toggle = () => send("toggle_ignored", { fqn: r.fqn });
+  return [
+    r.status === "ignored"
+      ? actionBtn("un-ignore", "sv-act-ignore sv-act-unignore", "give this parameter back to FSDP", toggle)
+      : actionBtn("ignore", "sv-act-ignore", "keep this parameter out of FSDP (ignored_params)", toggle),
+  ];
+}
+
+function treeComponent(ctx) {
+  const rowsById = new Map();
+  let order = [];
+  let flashId = null;
+  let queued = false;
+  let disposed = false;
+  const filters = treeFilters(ctx);
   const sizer = h("div", { class: "sv-sizer" });
   const rowsLayer = h("div", { class: "sv-rows" });
   const scroller = h("div", { class: "sv-scroller", tabindex: "0" }, sizer, rowsLayer);
-  const tree = h("div", { class: "sv-tree" }, treeToolbar, treeHeader, scroller);
+  const el = h("div", { class: "sv-tree" }, filters.el, treeHeader(), scroller);
 
-  const tabs = [
-    ["charts", "Memory & traffic"],
-    ["compare", "A vs B"],
-    ["findings", "Findings"],
-    ["export", "Export"],
-  ];
-  const tabButtons = tabs.map(([key, label]) =>
-    h("button", {
-      class: "sv-tab",
-      "data-tab": key,
-      text: label,
-      onclick: () => {
-        showTab(key);
-        send("set_tab", { tab: key });
-      },
-    }),
-  );
-  const memoryEl = h("div", { class: "sv-memory" });
-  const trafficEl = h("div", { class: "sv-traffic" });
-  const chartsPanel = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl);
-  const findingsPanel = h("div", { class: "sv-panel sv-panel-findings", "data-panel": "findings" });
-  const exportPanel = h("div", { class: "sv-panel sv-panel-export", "data-panel": "export" });
-  const comparePanel = h("div", { class: "sv-panel sv-panel-compare", "data-panel": "compare" });
-  const pinBtn = h("button", {
-    class: "sv-btn sv-pin",
-    text: "pin as A",
-    title: "keep the current plan, mesh and training as A; the A vs B tab then compares it with every later change (B)",
-    onclick: () => send("pin"),
-  });
-  const unpinBtn = h("button", { class: "sv-btn sv-unpin", text: "unpin A", title: "forget A", hidden: true, onclick: () => send("unpin") });
-  const viewsEl = h(
-    "div",
-    { class: "sv-views" },
-    h("div", { class: "sv-tabs" }, h("div", { class: "sv-tablist", role: "tablist" }, tabButtons), h("span", { class: "sv-pin-box" }, pinBtn, unpinBtn)),
-    chartsPanel,
-    comparePanel,
-    findingsPanel,
-    exportPanel,
-  );
-  const root = h("div", { class: "sv-inspector" }, summaryEl, controlsEl, messagesEl, tree, viewsEl);
-  el.append(root);
-
-  // -- summary and messages --------------------------------------------------------------------
-  function renderSummary() {
-    const sm = model.get("summary") || {};
-    summaryEl.replaceChildren();
-    if (!sm.model) return;
-    const over = !!(sm.use && sm.use.over);
-    const f = sm.findings;
-    summaryEl.append(
-      h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
-      h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
-      h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
-      h(
-        "span",
-        { class: "sv-sum-item sv-sum-plan", title: "the plan's name: the preset it started from, and how many edits since" },
-        h("b", { class: "sv-plan-name", text: sm.plan_name || "custom plan" }),
-        `: ${sm.n_units} calls · ${sm.n_ignored} ignored${sm.n_checkpointed ? ` · ${sm.n_checkpointed} checkpointed` : ""}`,
-      ),
-      h(
-        "span",
-        {
-          class: `sv-sum-item sv-sum-peak ${over ? "sv-over" : ""}`,
-          "data-bytes": sm.peak,
-          title: `highest predicted peak of any rank (rank ${sm.worst_rank})`,
-        },
-        `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
-        sm.use ? ` · ${sm.use.percent_text} of ${fmtBytes(sm.limit)}` : "",
-      ),
-      f
-        ? h(
-            "span",
-            { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
-            h("span", { class: "sv-sev sv-sev-error", text: `${f.error} errors` }),
-            " ",
-            h("span", { class: "sv-sev sv-sev-warning", text: `${f.warning} warnings` }),
-          )
-        : h("span", { class: "sv-sum-item sv-muted", text: "checking…" }),
-    );
-    const cmp = model.get("comparison") || {};
-    const peak = cmp.pinned && cmp.available ? (cmp.rows || []).find((r) => r.key === "peak") : null;
-    if (peak) {
-      summaryEl.append(
-        h("a", {
-          class: "sv-sum-item sv-sum-pinned",
-          href: "#",
-          title: "A is pinned: open the A vs B tab",
-          text: `A vs B: peak ${fmtDelta(peak.delta, "bytes")}, ${cmp.n_diff} params differ`,
-          onclick: (e) => {
-            e.preventDefault();
-            showTab("compare");
-            send("set_tab", { tab: "compare" });
-          },
-        }),
-      );
-    }
-    if (sm.plan_file) {
-      const pf = sm.plan_file;
-      summaryEl.append(
-        h("span", {
-          class: `sv-sum-item sv-planfile ${pf.autosave ? "" : "sv-over"}`,
-          title: pf.path,
-          text: pf.autosave ? `autosave → ${pf.path.split("/").pop()}` : "autosave OFF",
-        }),
-      );
-    }
-    root.dataset.revision = String(sm.revision);
-    const fl = sm.filter || {};
-    if (document.activeElement !== filterText) filterText.value = fl.text || "";
-    filterStatus.value = fl.status || "";
-    filterRole.value = fl.role || "";
-  }
-
-  function renderMessages() {
-    const msgs = model.get("messages") || [];
-    const sm = model.get("summary") || {};
-    messagesEl.replaceChildren();
-    const pf = sm.plan_file;
-    if (pf && !pf.autosave && pf.problem) {
-      messagesEl.append(
-        h(
-          "div",
-          { class: "sv-msg sv-msg-error sv-planfile-problem" },
-          h("span", { text: pf.problem }),
-          h("button", {
-            class: "sv-btn sv-overwrite-planfile",
-            text: "overwrite the plan file with the current plan",
-            onclick: () => send("overwrite_plan_file"),
-          }),
-        ),
-      );
-    }
-    const recent = msgs.filter((m) => !(pf && pf.problem && m.text === pf.problem)).slice(-2);
-    for (const m of recent) {
-      const box = h(
-        "div",
-        { class: `sv-msg sv-msg-${m.level}` },
-        h("span", { text: m.text }),
-        h("button", { class: "sv-msg-close", text: "×", title: "dismiss", onclick: () => box.remove() }),
-      );
-      messagesEl.append(box);
-    }
-  }
-
-  // -- tree --------------------------------------------------------------------------------------
-  function badge(b) {
-    return h("span", { class: `sv-badge sv-badge-${b.kind}`, title: b.title || "", text: b.label });
-  }
-
-  function actionBtn(label, cls, title, onclick) {
-    return h("button", { class: `sv-btn sv-act ${cls}`, text: label, title, onclick });
-  }
-
-  function rarSelect(value, onchange, mixed = false) {
-    const sel = h(
-      "select",
-      { class: "sv-rar", title: "reshard_after_forward of this call" },
-      ...(mixed ? [h("option", { value: "", text: "RAF mixed" })] : []),
-      h("option", { value: "default", text: "RAF default" }),
-      h("option", { value: "true", text: "RAF True" }),
-      h("option", { value: "false", text: "RAF False" }),
-    );
-    // the choices come from Python (controls.raf_choices): the ints that divide the shard size
-    const choices = (model.get("controls") || {}).raf_choices || ["default", "true", "false"];
-    for (const v of choices.slice(3)) sel.append(h("option", { value: v, text: `RAF ${v}` }));
-    sel.value = mixed ? "" : value === "default" ? "default" : String(value).toLowerCase();
-    sel.addEventListener("change", () => {
-      if (sel.value) onchange(sel.value);
-    });
-    sel.addEventListener("click", (e) => e.stopPropagation());
-    return sel;
-  }
-
-  function buildRow(id, r) {
-    const indent = r.depth * 6; // deep names keep room at 1280 px (the full name is the tooltip)
-    const caret = r.expandable
-      ? h("button", {
-          class: "sv-caret",
-          text: r.open ? "▾" : "▸",
-          "aria-label": r.open ? "collapse" : "expand",
-          onclick: (e) => {
-            e.stopPropagation();
-            send("expand", { target: id, open: !r.open });
-          },
-        })
-      : h("span", { class: "sv-caret sv-caret-none" });
-    const row = h("div", {
-      class: `sv-row sv-kind-${r.kind}${id === flashId ? " sv-flash" : ""}`,
-      "data-id": id,
-      "data-fqn": r.kind === "group" ? null : r.fqn,
-      "data-group": r.kind === "group" ? r.name : null,
-      "data-badge": r.badge.kind,
-      role: "row",
-    });
-    const tip =
-      r.kind === "group" ? r.label : r.kind === "module" ? `${r.fqn || "(root)"} · ${r.type}` : `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}`;
-    const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: tip }, caret);
-    const actions = h("span", { class: "sv-col-actions" });
-    if (r.kind === "module") {
-      name.append(h("span", { class: "sv-name", text: r.name }));
-      row.append(
-        name,
-        h("span", { class: "sv-col-type", text: r.type, title: r.type }),
-        h("span", {
-          class: "sv-col-size",
-          "data-numel": r.numel,
-          text: r.numel === 0 && r.tied_numel > 0 ? "tied" : fmtCount(r.numel),
-          title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters${r.tied_numel > 0 ? `; ${r.tied_numel.toLocaleString()} more in tied parameters, counted under their first module` : ""}`,
-        }),
-        h("span", { class: "sv-col-status" }, badge(r.badge)),
-        h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
-        h("span", { class: "sv-col-local" }),
-        actions,
-      );
-      if (r.is_unit)
-        actions.append(
-          actionBtn("− unit", "sv-act-unit sv-act-remove", r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call", () =>
-            send("toggle_unit", { fqn: r.fqn }),
-          ),
-        );
-      else if (r.can_unit)
-        actions.append(actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn: r.fqn })));
-      if (r.is_unit) actions.append(rarSelect(r.rar, (v) => send("set_reshard_after_forward", { fqn: r.fqn, value: v })));
-      if (r.can_checkpoint)
-        actions.append(
-          actionBtn(
-            r.checkpointed ? "✓ ckpt" : "ckpt",
-            `sv-act-ckpt${r.checkpointed ? " sv-on" : ""}`,
-            r.checkpointed ? "checkpointed (checkpoint_wrapper): click to keep its activations instead" : "wrap in checkpoint_wrapper: recompute its activations in backward",
-            () => send("toggle_checkpoint", { fqn: r.fqn }),
-          ),
-        );
-      if (r.n_lora > 0) {
-        const ignored = r.lora === "ignored";
-        actions.append(
-          ignored
-            ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", "give the LoRA parameters under this module back to FSDP", () =>
-                send("unignore_lora", { module_fqn: r.fqn }),
-              )
-            : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the ${r.n_lora} LoRA parameters under this module`, () =>
-                send("ignore_lora", { module_fqn: r.fqn }),
-              ),
-        );
-      }
-    } else if (r.kind === "group") {
-      name.append(h("span", { class: "sv-name sv-group-label", text: r.label }));
-      row.append(
-        name,
-        h("span", { class: "sv-col-type", text: `${r.count} × ${r.type}`, title: r.type }),
-        h("span", { class: "sv-col-size", text: fmtCount(r.numel) }),
-        h("span", { class: "sv-col-status" }, badge(r.badge)),
-        h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
-        h("span", { class: "sv-col-local" }),
-        actions,
-      );
-      const all = r.n_units === r.count;
-      actions.append(
-        all
-          ? actionBtn("− units", "sv-act-unit sv-act-remove", `remove the call of each of the ${r.count} blocks`, () =>
-              send("apply_to_many", { targets: id, action: "remove_unit" }),
-            )
-          : actionBtn("+ units", "sv-act-unit sv-act-make", `give each of the ${r.count} blocks its own call`, () =>
-              send("apply_to_many", { targets: id, action: "make_unit" }),
-            ),
-      );
-      const allCk = r.n_checkpointed === r.count;
-      actions.append(
-        actionBtn(
-          allCk ? "✓ ckpt" : "ckpt",
-          `sv-act-ckpt${allCk ? " sv-on" : ""}`,
-          allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`,
-          () => send("apply_to_many", { targets: id, action: allCk ? "uncheckpoint" : "checkpoint" }),
-        ),
-      );
-      if (r.n_units > 0)
-        actions.append(
-          rarSelect(r.rar ?? "default", (v) => send("apply_to_many", { targets: id, action: "set_reshard_after_forward", value: v }), r.rar === null || r.rar === undefined),
-        );
-      if (r.n_lora > 0) {
-        actions.append(
-          r.lora === "ignored"
-            ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", `give the LoRA parameters of all ${r.count} blocks back to FSDP`, () =>
-                send("apply_to_many", { targets: id, action: "unignore_lora" }),
-              )
-            : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the LoRA parameters of all ${r.count} blocks`, () =>
-                send("apply_to_many", { targets: id, action: "ignore_lora" }),
-              ),
-        );
-      }
-    } else {
-      name.append(
-        ...[
-          h("span", { class: "sv-name sv-param-name", text: r.name }),
-          r.role === "lora" ? h("span", { class: "sv-tag sv-tag-lora", text: "LoRA" }) : null,
-          r.tied ? h("span", { class: "sv-tag", text: "tied", title: `also ${r.canonical}` }) : null,
-        ].filter(Boolean),
-      );
-      const local = fmtShape(r.local_shape);
-      row.append(
-        name,
-        h(
-          "span",
-          { class: "sv-col-type" },
-          `${r.dtype} `,
-          h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
-        ),
-        h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${r.numel.toLocaleString()} elements` }),
-        h("span", { class: "sv-col-status" }, badge(r.badge)),
-        h("span", { class: "sv-col-bytes", text: fmtBytes(r.bytes), "data-bytes": r.bytes }),
-        h(
-          "span",
-          {
-            class: "sv-col-local",
-            title: r.status === "sharded" ? `p.to_local().shape on rank ${r.rank}; every rank allocates ${fmtShape(r.shard_shape)}` : "not sharded: the full tensor",
-          },
-          h("span", { class: "sv-local-shape", text: local }),
-          r.padding > 0 ? h("span", { class: "sv-pad", text: ` +${fmtCount(r.padding)} pad` }) : null,
-        ),
-        actions,
-      );
-      actions.append(
-        r.status === "ignored"
-          ? actionBtn("un-ignore", "sv-act-ignore sv-act-unignore", "give this parameter back to FSDP", () => send("toggle_ignored", { fqn: r.fqn }))
-          : actionBtn("ignore", "sv-act-ignore", "keep this parameter out of FSDP (ignored_params)", () => send("toggle_ignored", { fqn: r.fqn })),
-      );
-    }
-    return row;
-  }
-
-  let renderQueued = false;
-  function queueTree() {
-    if (renderQueued) return;
-    renderQueued = true;
-    requestAnimationFrame(() => {
-      renderQueued = false;
-      renderTree();
-    });
-  }
-
-  function renderTree() {
+  // only the rows on screen (and a few more) exist in the page
+  function draw() {
     if (disposed) return;
     sizer.style.height = `${order.length * ROW_H}px`;
     scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 4) * ROW_H + 2)}px`;
@@ -653,15 +646,22 @@ function render({ model, el }) {
       const id = order[i];
       const r = rowsById.get(id);
       if (!r) continue;
-      const row = buildRow(id, r);
+      const row = buildRow(ctx, id, r, id === flashId);
       row.style.top = `${i * ROW_H}px`;
       frag.append(row);
     }
     rowsLayer.replaceChildren(frag);
-    tree.dataset.rows = String(order.length);
+    el.dataset.rows = String(order.length);
   }
-
-  scroller.addEventListener("scroll", queueTree, { passive: true });
+  function queue() {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => {
+      queued = false;
+      draw();
+    });
+  }
+  scroller.addEventListener("scroll", queue, { passive: true });
 
   function onRows(msg) {
     if (msg.reset) rowsById.clear();
@@ -671,291 +671,305 @@ function render({ model, el }) {
       const keep = new Set(order);
       for (const id of rowsById.keys()) if (!keep.has(id)) rowsById.delete(id);
     }
-    filterNote.textContent = msg.filtering && msg.matches === 0
-      ? "nothing matches this filter: no module or parameter has this name, status and role"
-      : msg.truncated
-        ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
-        : "";
-    filterNote.dataset.matches = msg.filtering ? String(msg.matches) : "";
-    renderTree();
-    tree.dataset.revision = String(msg.revision);
+    filters.showMatches(msg);
+    draw();
+    el.dataset.revision = String(msg.revision);
   }
-
   function onReveal(id) {
     const i = order.indexOf(id);
     if (i < 0) return;
     flashId = id;
     const height = scroller.clientHeight || 420;
     scroller.scrollTop = Math.max(0, i * ROW_H - height / 2 + ROW_H);
-    renderTree();
+    draw();
     setTimeout(() => {
       if (flashId === id) {
         flashId = null;
-        queueTree();
+        queue();
       }
     }, 2500);
   }
+  const dispose = () => {
+    disposed = true;
+  };
+  return { el, onRows, onReveal, queue, showFilter: filters.show, dispose };
+}
 
-  let filterTimer = null;
-  const sendFilter = () => send("set_filter", { text: filterText.value, status: filterStatus.value, role: filterRole.value });
-  filterText.addEventListener("input", () => {
-    clearTimeout(filterTimer);
-    filterTimer = setTimeout(sendFilter, 250);
-  });
-  filterText.addEventListener("keydown", (e) => {
-    e.stopPropagation(); // keep JupyterLab's notebook shortcuts out of the text box
-    if (e.key === "Enter") {
-      clearTimeout(filterTimer);
-      sendFilter();
+// ---------------------------------------------------------------------------------------------
+// charts: charts.js draws them (the report uses the same functions)
+// ---------------------------------------------------------------------------------------------
+function chartsPanel(ctx) {
+  const memoryEl = h("div", { class: "sv-memory" });
+  const trafficEl = h("div", { class: "sv-traffic" });
+  const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl);
+  return {
+    el,
+    renderMemory: () => drawMemory(memoryEl, ctx.model.get("memory") || {}),
+    renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// A vs B: the pinned plan against the current one
+// ---------------------------------------------------------------------------------------------
+function compareSide(key, d, label) {
+  return h(
+    "div",
+    { class: `sv-cmp-side sv-cmp-side-${key}` },
+    h("span", { class: `sv-swatch sv-pair-${key}` }),
+    h("b", { text: label }),
+    ` ${d.n_units} calls · ${d.n_ignored} ignored${d.plan_name ? ` · ${d.plan_name}` : ""} · ${d.mesh}`,
+  );
+}
+
+function compareHead(c) {
+  const head = h("div", { class: "sv-cmp-head" }, compareSide("a", c.a, "A (pinned)"), compareSide("b", c.b, "B (current)"));
+  if (!c.same_mesh || !c.same_training) {
+    const what = [!c.same_mesh ? "mesh" : null, !c.same_training ? "training" : null].filter(Boolean).join(" and ");
+    head.append(h("div", { class: "sv-chart-note sv-cmp-differs", title: `A: ${c.a.training}\nB: ${c.b.training}`, text: `A and B differ in ${what} as well as in the plan.` }));
+  }
+  return head;
+}
+
+function compareTable(c) {
+  const table = h(
+    "table",
+    { class: "sv-cmp-table" },
+    h("tr", {}, h("th", { text: "on the busiest rank / per step" }), h("th", { class: "sv-cmp-a", text: "A" }), h("th", { class: "sv-cmp-b", text: "B" }), h("th", { class: "sv-cmp-delta", text: "B − A" })),
+  );
+  let group = null;
+  for (const r of c.rows || []) {
+    if (r.group !== group) {
+      group = r.group;
+      table.append(h("tr", { class: "sv-cmp-group" }, h("td", { colspan: 4, text: group })));
     }
-  });
-  filterStatus.addEventListener("change", sendFilter);
-  filterRole.addEventListener("change", sendFilter);
-
-  // -- charts (charts.js draws them; the report uses the same functions) ----------------------
-  function renderMemory() {
-    drawMemory(memoryEl, model.get("memory") || {});
-  }
-
-  function renderTraffic() {
-    drawTraffic(trafficEl, model.get("traffic") || {});
-  }
-
-  // -- A vs B (pinned plan against the current one) ----------------------------------------------------
-
-  function describe(side, label) {
-    return h(
-      "div",
-      { class: `sv-cmp-side sv-cmp-side-${side.key}` },
-      h("span", { class: `sv-swatch sv-pair-${side.key}` }),
-      h("b", { text: label }),
-      ` ${side.d.n_units} calls · ${side.d.n_ignored} ignored${side.d.plan_name ? ` · ${side.d.plan_name}` : ""} · ${side.d.mesh}`,
+    const cls = r.delta === 0 ? "sv-cmp-same" : r.delta > 0 ? "sv-cmp-up" : "sv-cmp-down"; // more is costlier, for every row
+    const exact = (v) => (r.kind === "bytes" ? `${v.toLocaleString()} B` : "");
+    table.append(
+      h(
+        "tr",
+        { class: `sv-cmp-row ${cls}`, "data-key": r.key },
+        h("td", { class: "sv-cmp-label", text: r.label }),
+        h("td", { class: "sv-cmp-a", "data-value": r.a, title: exact(r.a), text: fmtValue(r.a, r.kind) }),
+        h("td", { class: "sv-cmp-b", "data-value": r.b, title: exact(r.b), text: fmtValue(r.b, r.kind) }),
+        h("td", { class: "sv-cmp-delta", "data-value": r.delta, text: fmtDelta(r.delta, r.kind) }),
+      ),
     );
   }
+  const f = c.findings || {};
+  const note = `peak on rank ${c.peak_rank.a} (A) and rank ${c.peak_rank.b} (B) · finding codes A: ${f.a || "none"} · B: ${f.b || "none"}`;
+  return h("div", { class: "sv-cmp-tablebox" }, table, h("div", { class: "sv-chart-note", text: note }));
+}
 
-  function renderCompare() {
-    const c = model.get("comparison") || {};
-    comparePanel.replaceChildren();
-    comparePanel.dataset.pinned = String(!!c.pinned);
-    comparePanel.dataset.revision = String(c.revision ?? "");
-    pinBtn.textContent = c.pinned ? "re-pin as A" : "pin as A";
-    unpinBtn.hidden = !c.pinned;
-    const tabBtn = tabButtons.find((b) => b.dataset.tab === "compare");
-    tabBtn.textContent = c.pinned && c.available ? `A vs B (${c.n_diff} differ)` : "A vs B";
+function compareCharts(c) {
+  const by = (g) => (c.rows || []).filter((r) => r.group === g);
+  return h(
+    "div",
+    { class: "sv-cmp-charts" },
+    pairedBars("memory on the busiest rank", by("memory"), "bytes", c.limit && c.limit.b),
+    pairedBars("traffic per step", by("traffic"), "bytes", null),
+    pairedBars("collectives per step", by("collectives"), "count", null),
+    h(
+      "div",
+      { class: "sv-legend" },
+      h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch sv-pair-a" }), "A (pinned)"),
+      h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch sv-pair-b" }), "B (current)"),
+    ),
+  );
+}
+
+function revealLink(send, fqn, text, title) {
+  return h("a", {
+    class: "sv-reveal",
+    href: "#",
+    text,
+    title,
+    onclick: (e) => {
+      e.preventDefault();
+      e.stopPropagation();
+      send("reveal", { fqn });
+    },
+  });
+}
+
+function compareDiff(send, c) {
+  const diff = c.diff || [];
+  const box = h(
+    "div",
+    { class: "sv-cmp-diff", "data-n": c.n_diff },
+    h("div", { class: "sv-chart-title", text: c.n_diff ? `${c.n_diff} parameters whose status or call differs` : "No parameter differs in status or call." }),
+  );
+  if (!diff.length) return box;
+  const table = h("table", { class: "sv-cmp-diff-table" }, h("tr", {}, h("th", { text: "parameter" }), h("th", { text: "A" }), h("th", { text: "B" })));
+  const where = (st, unit) => `${st}${unit ? ` in ${unit}` : ""}`;
+  for (const d of diff) {
+    table.append(
+      h(
+        "tr",
+        { class: "sv-cmp-diff-row", "data-fqn": d.fqn },
+        h("td", {}, revealLink(send, d.fqn, d.fqn, "reveal in the tree")),
+        h("td", { class: "sv-cmp-diff-a", text: where(d.status_a, d.unit_a) }),
+        h("td", { class: "sv-cmp-diff-b", text: where(d.status_b, d.unit_b) }),
+      ),
+    );
+  }
+  box.append(h("div", { class: "sv-cmp-diff-scroll" }, table));
+  if (c.n_diff > diff.length) box.append(h("div", { class: "sv-muted sv-cmp-more", text: `and ${c.n_diff - diff.length} more` }));
+  return box;
+}
+
+function comparePanel(ctx, { pinButtons, setTabLabel }) {
+  const el = h("div", { class: "sv-panel sv-panel-compare", "data-panel": "compare" });
+  function render() {
+    const c = ctx.model.get("comparison") || {};
+    el.replaceChildren();
+    el.dataset.pinned = String(!!c.pinned);
+    el.dataset.revision = String(c.revision ?? "");
+    pinButtons.pin.textContent = c.pinned ? "re-pin as A" : "pin as A";
+    pinButtons.unpin.hidden = !c.pinned;
+    setTabLabel(c.pinned && c.available ? `A vs B (${c.n_diff} differ)` : "A vs B");
     if (!c.pinned) {
-      comparePanel.append(
+      el.append(
         h(
           "div",
           { class: "sv-muted sv-cmp-empty" },
           "Nothing pinned. ",
-          h("button", { class: "sv-btn sv-pin", text: "pin as A", onclick: () => send("pin") }),
+          h("button", { class: "sv-btn sv-pin", text: "pin as A", onclick: () => ctx.send("pin") }),
           " keeps the current plan as A; change the plan afterwards and this tab shows A against the current plan (B).",
         ),
       );
       return;
     }
-    const head = h("div", { class: "sv-cmp-head" }, describe({ key: "a", d: c.a }, "A (pinned)"), describe({ key: "b", d: c.b }, "B (current)"));
-    if (!c.same_mesh || !c.same_training) {
-      const what = [!c.same_mesh ? "mesh" : null, !c.same_training ? "training" : null].filter(Boolean).join(" and ");
-      head.append(h("div", { class: "sv-chart-note sv-cmp-differs", title: `A: ${c.a.training}\nB: ${c.b.training}`, text: `A and B differ in ${what} as well as in the plan.` }));
-    }
-    comparePanel.append(head);
+    el.append(compareHead(c));
     if (!c.available) {
-      comparePanel.append(h("div", { class: "sv-muted", text: c.reason || "no comparison" }));
+      el.append(h("div", { class: "sv-muted", text: c.reason || "no comparison" }));
       return;
     }
-    const rows = c.rows || [];
-    const table = h(
-      "table",
-      { class: "sv-cmp-table" },
-      h("tr", {}, h("th", { text: "on the busiest rank / per step" }), h("th", { class: "sv-cmp-a", text: "A" }), h("th", { class: "sv-cmp-b", text: "B" }), h("th", { class: "sv-cmp-delta", text: "B − A" })),
-    );
-    let group = null;
-    for (const r of rows) {
-      if (r.group !== group) {
-        group = r.group;
-        table.append(h("tr", { class: "sv-cmp-group" }, h("td", { colspan: 4, text: group })));
-      }
-      const cls = r.delta === 0 ? "sv-cmp-same" : r.delta > 0 ? "sv-cmp-up" : "sv-cmp-down"; // more is costlier, for every row
-      table.append(
-        h(
-          "tr",
-          { class: `sv-cmp-row ${cls}`, "data-key": r.key },
-          h("td", { class: "sv-cmp-label", text: r.label }),
-          h("td", { class: "sv-cmp-a", "data-value": r.a, title: r.kind === "bytes" ? `${r.a.toLocaleString()} B` : "", text: fmtValue(r.a, r.kind) }),
-          h("td", { class: "sv-cmp-b", "data-value": r.b, title: r.kind === "bytes" ? `${r.b.toLocaleString()} B` : "", text: fmtValue(r.b, r.kind) }),
-          h("td", { class: "sv-cmp-delta", "data-value": r.delta, text: fmtDelta(r.delta, r.kind) }),
-        ),
-      );
-    }
-    const f = c.findings || {};
-    const tableBox = h(
-      "div",
-      { class: "sv-cmp-tablebox" },
-      table,
-      h("div", { class: "sv-chart-note", text: `peak on rank ${c.peak_rank.a} (A) and rank ${c.peak_rank.b} (B) · finding codes A: ${f.a || "none"} · B: ${f.b || "none"}` }),
-    );
-    const by = (g) => rows.filter((r) => r.group === g);
-    const charts = h(
-      "div",
-      { class: "sv-cmp-charts" },
-      pairedBars("memory on the busiest rank", by("memory"), "bytes", c.limit && c.limit.b),
-      pairedBars("traffic per step", by("traffic"), "bytes", null),
-      pairedBars("collectives per step", by("collectives"), "count", null),
-      h(
-        "div",
-        { class: "sv-legend" },
-        h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch sv-pair-a" }), "A (pinned)"),
-        h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch sv-pair-b" }), "B (current)"),
-      ),
-    );
-    const diff = c.diff || [];
-    const diffBox = h(
-      "div",
-      { class: "sv-cmp-diff", "data-n": c.n_diff },
-      h("div", { class: "sv-chart-title", text: c.n_diff ? `${c.n_diff} parameters whose status or call differs` : "No parameter differs in status or call." }),
-    );
-    if (diff.length) {
-      const dt = h("table", { class: "sv-cmp-diff-table" }, h("tr", {}, h("th", { text: "parameter" }), h("th", { text: "A" }), h("th", { text: "B" })));
-      const where = (st, unit) => `${st}${unit ? ` in ${unit}` : ""}`;
-      for (const d of diff) {
-        dt.append(
-          h(
-            "tr",
-            { class: "sv-cmp-diff-row", "data-fqn": d.fqn },
-            h(
-              "td",
-              {},
-              h("a", {
-                class: "sv-reveal",
-                href: "#",
-                text: d.fqn,
-                title: "reveal in the tree",
-                onclick: (e) => {
-                  e.preventDefault();
-                  send("reveal", { fqn: d.fqn });
-                },
-              }),
-            ),
-            h("td", { class: "sv-cmp-diff-a", text: where(d.status_a, d.unit_a) }),
-            h("td", { class: "sv-cmp-diff-b", text: where(d.status_b, d.unit_b) }),
-          ),
-        );
-      }
-      diffBox.append(h("div", { class: "sv-cmp-diff-scroll" }, dt));
-      if (c.n_diff > diff.length) diffBox.append(h("div", { class: "sv-muted sv-cmp-more", text: `and ${c.n_diff - diff.length} more` }));
-    }
-    comparePanel.append(h("div", { class: "sv-cmp-grid" }, tableBox, charts), diffBox);
+    el.append(h("div", { class: "sv-cmp-grid" }, compareTable(c), compareCharts(c)), compareDiff(ctx.send, c));
   }
+  return { el, render };
+}
 
-  // -- findings -------------------------------------------------------------------------------------
-  function renderFindings() {
-    const list = model.get("findings") || [];
-    findingsPanel.replaceChildren();
-    const countBtn = tabButtons.find((b) => b.dataset.tab === "findings");
-    const errors = list.filter((f) => f.severity === "error").length;
-    countBtn.textContent = `Findings (${list.length})`;
-    countBtn.classList.toggle("sv-has-errors", errors > 0);
+// ---------------------------------------------------------------------------------------------
+// findings: what is wrong or wasteful, each with its fix; a click reveals it in the tree
+// ---------------------------------------------------------------------------------------------
+function findingItem(send, f) {
+  const item = h(
+    "div",
+    {
+      class: `sv-finding sv-finding-${f.severity}`,
+      "data-code": f.code,
+      title: f.fqns.length ? "click to reveal in the tree" : "",
+      onclick: () => {
+        if (f.fqns.length) send("reveal", { fqn: f.fqns[0] });
+      },
+    },
+    h("div", { class: "sv-finding-head" }, h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }), h("b", { text: f.code }), h("span", { text: f.message })),
+    f.fix ? h("div", { class: "sv-finding-fix", text: `fix: ${f.fix}` }) : null,
+  );
+  if (!f.fqns.length) return item;
+  const where = h("div", { class: "sv-finding-fqns" }, f.fqns.slice(0, 4).map((q) => revealLink(send, q, q || "<root>")));
+  const listed = Math.min(4, f.fqns.length);
+  if (f.n_fqns > listed) {
+    where.append(h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${(f.n_fqns - listed).toLocaleString()} more` }));
+  }
+  item.append(where);
+  return item;
+}
+
+function findingsPanel(ctx, { tabButton }) {
+  const el = h("div", { class: "sv-panel sv-panel-findings", "data-panel": "findings" });
+  function render() {
+    const list = ctx.model.get("findings") || [];
+    el.replaceChildren();
+    const btn = tabButton("findings");
+    btn.textContent = `Findings (${list.length})`;
+    btn.classList.toggle("sv-has-errors", list.some((f) => f.severity === "error"));
     if (!list.length) {
-      findingsPanel.append(h("div", { class: "sv-muted sv-no-findings", text: "No findings: torch accepts this plan and nothing looks costly." }));
+      el.append(h("div", { class: "sv-muted sv-no-findings", text: "No findings: torch accepts this plan and nothing looks costly." }));
       return;
     }
-    for (const f of list) {
-      const item = h(
-        "div",
-        {
-          class: `sv-finding sv-finding-${f.severity}`,
-          "data-code": f.code,
-          title: f.fqns.length ? "click to reveal in the tree" : "",
-          onclick: () => {
-            if (f.fqns.length) send("reveal", { fqn: f.fqns[0] });
-          },
-        },
-        h("div", { class: "sv-finding-head" }, h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }), h("b", { text: f.code }), h("span", { text: f.message })),
-        f.fix ? h("div", { class: "sv-finding-fix", text: `fix: ${f.fix}` }) : null,
-      );
-      if (f.fqns.length) {
-        const where = h("div", { class: "sv-finding-fqns" });
-        for (const q of f.fqns.slice(0, 4)) {
-          where.append(
-            h("a", {
-              class: "sv-reveal",
-              href: "#",
-              text: q || "<root>",
-              onclick: (e) => {
-                e.preventDefault();
-                e.stopPropagation();
-                send("reveal", { fqn: q });
-              },
-            }),
-          );
-        }
-        const listed = Math.min(4, f.fqns.length);
-        if (f.n_fqns > listed)
-          where.append(
-            h("span", {
-              class: "sv-muted sv-finding-more",
-              "data-more": f.n_fqns - listed,
-              text: ` and ${(f.n_fqns - listed).toLocaleString()} more`,
-            }),
-          );
-        item.append(where);
-      }
-      findingsPanel.append(item);
-    }
+    for (const f of list) el.append(findingItem(ctx.send, f));
   }
+  return { el, render };
+}
 
-  // -- export -----------------------------------------------------------------------------------------
-  const versionSel = h(
-    "select",
-    { class: "sv-torch-version", "aria-label": "target torch release" },
-    ...(model.get("torch_releases") || [""]).map((v) => h("option", { value: v, text: v ? `torch ${v}` : "torch: detect at run time" })),
+// ---------------------------------------------------------------------------------------------
+// export: the fully_shard code for a torch release (highlighted by Python), copy, save, verify
+// ---------------------------------------------------------------------------------------------
+async function copyText(text) {
+  try {
+    if (navigator.clipboard && window.isSecureContext) {
+      await navigator.clipboard.writeText(text);
+      return true;
+    }
+  } catch (_e) {
+    // fall back to the textarea below
+  }
+  const ta = h("textarea", { class: "sv-offscreen" });
+  ta.value = text;
+  document.body.append(ta);
+  ta.select();
+  let ok = false;
+  try {
+    ok = document.execCommand("copy");
+  } catch (_e) {
+    ok = false;
+  }
+  ta.remove();
+  return ok;
+}
+
+function verifyView(v) {
+  const cls = v.ok ? "sv-status-ok" : "sv-status-error";
+  const text = v.error
+    ? `torch raised ${v.error}`
+    : v.ok
+      ? `torch agrees: every parameter's status, call, local shape and placement match the prediction (${v.seconds}s)`
+      : `${v.n} disagreement(s) with torch`;
+  const out = [h("div", { class: `sv-verify-line ${cls}`, "data-ok": String(v.ok), text })];
+  if (v.rows && v.rows.length) {
+    const keys = ["rank", "fqn", "field", "predicted", "torch"];
+    const table = h("table", { class: "sv-verify-table" }, h("tr", {}, keys.map((k) => h("th", { text: k }))));
+    for (const r of v.rows) table.append(h("tr", {}, keys.map((k) => h("td", { text: r[k] }))));
+    out.push(table);
+  }
+  return out;
+}
+
+function exportPanel(ctx) {
+  const { model, send } = ctx;
+  const versionSel = selectOf(
+    "sv-torch-version",
+    "target torch release",
+    (model.get("torch_releases") || [""]).map((v) => [v, v ? `torch ${v}` : "torch: detect at run time"]),
   );
   versionSel.value = model.get("torch_version") || "";
-  versionSel.addEventListener("change", () => {
-    send("set_torch_version", { version: versionSel.value });
-  });
+  versionSel.addEventListener("change", () => send("set_torch_version", { version: versionSel.value }));
   const copyBtn = h("button", { class: "sv-btn sv-copy", text: "copy" });
   const pathInput = h("input", { class: "sv-save-path", type: "text", value: "fsdp_plan.py", "aria-label": "file to save the code to" });
-  pathInput.addEventListener("keydown", (e) => e.stopPropagation());
+  keepKeysFromLab(pathInput);
   const saveBtn = h("button", { class: "sv-btn sv-save", text: "save" });
   const verifyBtn = h("button", { class: "sv-btn sv-verify", text: "verify with torch" });
-  const exportStatus = h("div", { class: "sv-export-status" });
+  const status = h("div", { class: "sv-export-status" });
   const verifyEl = h("div", { class: "sv-verify-result" });
   const codeEl = h("pre", { class: "sv-code" }, h("code", {}));
-  exportPanel.append(h("div", { class: "sv-export-toolbar" }, versionSel, copyBtn, pathInput, saveBtn, verifyBtn), exportStatus, verifyEl, codeEl);
-
-  function setStatus(text, level = "info", extra = []) {
-    exportStatus.replaceChildren(h("span", { class: `sv-status-${level}`, text }), ...extra);
-  }
+  const el = h(
+    "div",
+    { class: "sv-panel sv-panel-export", "data-panel": "export" },
+    h("div", { class: "sv-export-toolbar" }, versionSel, copyBtn, pathInput, saveBtn, verifyBtn),
+    status,
+    verifyEl,
+    codeEl,
+  );
+  const setStatus = (text, level = "info", extra = []) => status.replaceChildren(h("span", { class: `sv-status-${level}`, text }), ...extra);
 
   copyBtn.addEventListener("click", async () => {
-    const text = (model.get("code") || {}).text || "";
-    if (!text) return;
-    let ok = false;
-    try {
-      if (navigator.clipboard && window.isSecureContext) {
-        await navigator.clipboard.writeText(text);
-        ok = true;
-      }
-    } catch (_e) {
-      ok = false;
-    }
-    if (!ok) {
-      const ta = h("textarea", { class: "sv-offscreen" });
-      ta.value = text;
-      document.body.append(ta);
-      ta.select();
-      try {
-        ok = document.execCommand("copy");
-      } catch (_e) {
-        ok = false;
-      }
-      ta.remove();
-    }
-    setStatus(ok ? `copied ${text.split("\n").length} lines to the clipboard` : "could not copy: select the code and copy it by hand", ok ? "ok" : "error");
+    const c = model.get("code") || {};
+    if (!c.text) return;
+    const ok = await copyText(c.text);
+    setStatus(ok ? `copied ${c.n_lines} lines to the clipboard` : "could not copy: select the code and copy it by hand", ok ? "ok" : "error");
   });
-
   function save(overwrite) {
     const path = pathInput.value.trim();
     if (!path) return;
@@ -978,93 +992,123 @@ function render({ model, el }) {
   function renderCode() {
     const c = model.get("code") || {};
     const codeTag = codeEl.firstChild;
-    exportPanel.dataset.revision = String(c.revision ?? "");
-    if (c.stale) {
+    el.dataset.revision = String(c.revision ?? "");
+    if (c.stale || c.error) {
       codeTag.textContent = "";
+      if (c.error) setStatus(`cannot export: torch would refuse this plan.\n${c.error}`, "error");
       return;
     }
-    if (c.error) {
-      codeTag.textContent = "";
-      setStatus(`cannot export: torch would refuse this plan.\n${c.error}`, "error");
-      return;
-    }
-    codeTag.innerHTML = highlightPython(c.text || "");
+    codeTag.innerHTML = c.html || ""; // pygments' HTML, escaped in Python
     codeEl.dataset.chars = String((c.text || "").length);
-    if (exportStatus.querySelector(".sv-status-error")) exportStatus.replaceChildren();
+    if (status.querySelector(".sv-status-error")) status.replaceChildren();
   }
-
   function renderVerify() {
     const v = model.get("verify_result") || {};
     if (v.ok === undefined) {
       if (!verifyEl.querySelector(".sv-verifying")) verifyEl.replaceChildren();
       return;
     }
-    const cls = v.ok ? "sv-status-ok" : "sv-status-error";
-    const text = v.error
-      ? `torch raised ${v.error}`
-      : v.ok
-        ? `torch agrees: every parameter's status, call, local shape and placement match the prediction (${v.seconds}s)`
-        : `${v.n} disagreement(s) with torch`;
-    verifyEl.replaceChildren(h("div", { class: `sv-verify-line ${cls}`, "data-ok": String(v.ok), text }));
-    if (v.rows && v.rows.length) {
-      const table = h("table", { class: "sv-verify-table" }, h("tr", {}, ["rank", "fqn", "field", "predicted", "torch"].map((k) => h("th", { text: k }))));
-      for (const r of v.rows) table.append(h("tr", {}, ["rank", "fqn", "field", "predicted", "torch"].map((k) => h("td", { text: r[k] }))));
-      verifyEl.append(table);
-    }
+    verifyEl.replaceChildren(...verifyView(v));
   }
+  const showVersion = () => (versionSel.value = model.get("torch_version") || "");
+  return { el, renderCode, renderVerify, showVersion };
+}
 
-  // -- tabs --------------------------------------------------------------------------------------------
-  function showTab(key) {
-    for (const b of tabButtons) b.classList.toggle("sv-active", b.dataset.tab === key);
-    for (const p of [chartsPanel, comparePanel, findingsPanel, exportPanel]) p.hidden = p.dataset.panel !== key;
-    root.dataset.tab = key;
+// ---------------------------------------------------------------------------------------------
+// tabs: the panels under the tree, and the pin buttons of A vs B
+// ---------------------------------------------------------------------------------------------
+const TABS = [
+  ["charts", "Memory & traffic"],
+  ["compare", "A vs B"],
+  ["findings", "Findings"],
+  ["export", "Export"],
+];
+
+function tabsComponent(ctx) {
+  const buttons = TABS.map(([key, label]) => h("button", { class: "sv-tab", "data-tab": key, text: label, onclick: () => open(key) }));
+  const pin = h("button", {
+    class: "sv-btn sv-pin",
+    text: "pin as A",
+    title: "keep the current plan, mesh and training as A; the A vs B tab then compares it with every later change (B)",
+    onclick: () => ctx.send("pin"),
+  });
+  const unpin = h("button", { class: "sv-btn sv-unpin", text: "unpin A", title: "forget A", hidden: true, onclick: () => ctx.send("unpin") });
+  const el = h("div", { class: "sv-tabs" }, h("div", { class: "sv-tablist", role: "tablist" }, buttons), h("span", { class: "sv-pin-box" }, pin, unpin));
+  let panels = [];
+  function show(key) {
+    for (const b of buttons) b.classList.toggle("sv-active", b.dataset.tab === key);
+    for (const p of panels) p.hidden = p.dataset.panel !== key;
+    ctx.root.dataset.tab = key;
   }
+  function open(key) {
+    show(key);
+    ctx.send("set_tab", { tab: key });
+  }
+  const tabButton = (key) => buttons.find((b) => b.dataset.tab === key);
+  const setPanels = (list) => (panels = list);
+  return { el, show, open, tabButton, setPanels, pinButtons: { pin, unpin } };
+}
 
-  // -- wiring -------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
+// render: build the components, then wire the traits and messages to them
+// ---------------------------------------------------------------------------------------------
+function render({ model, el }) {
+  const ctx = makeContext(model);
+  const tabs = tabsComponent(ctx);
+  const summary = summaryComponent(ctx, { openCompare: () => tabs.open("compare") });
+  const messages = messagesComponent(ctx);
+  ctx.onLocalError = messages.localError;
+  const tree = treeComponent(ctx);
+  const controls = controlsComponent(ctx, { onRafChoices: tree.queue });
+  const charts = chartsPanel(ctx);
+  const compare = comparePanel(ctx, { pinButtons: tabs.pinButtons, setTabLabel: (text) => (tabs.tabButton("compare").textContent = text) });
+  const findings = findingsPanel(ctx, { tabButton: tabs.tabButton });
+  const exporter = exportPanel(ctx);
+  tabs.setPanels([charts.el, compare.el, findings.el, exporter.el]);
+  const views = h("div", { class: "sv-views" }, tabs.el, charts.el, compare.el, findings.el, exporter.el);
+  ctx.root = h("div", { class: "sv-inspector" }, summary.el, controls.el, messages.el, tree.el, views);
+  el.append(ctx.root);
+
+  const renderSummary = () => {
+    summary.render();
+    tree.showFilter((model.get("summary") || {}).filter || {});
+  };
   const onCustom = (msg) => {
     if (!msg || typeof msg !== "object") return;
-    if (msg.type === "rows") onRows(msg);
-    else if (msg.type === "reveal") onReveal(msg.id);
-    else if (msg.type === "ack") {
-      const cb = pending.get(msg.req);
-      pending.delete(msg.req);
-      const left = Math.max(0, Number(root.dataset.pending || 1) - 1);
-      root.dataset.pending = String(left);
-      if (!left) root.classList.remove("sv-busy");
-      root.dataset.lastAck = String(msg.req);
-      if (cb) cb(msg);
-    }
+    if (msg.type === "rows") tree.onRows(msg);
+    else if (msg.type === "reveal") tree.onReveal(msg.id);
+    else if (msg.type === "ack") ctx.onAck(msg);
   };
   const handlers = [
     ["msg:custom", onCustom],
-    ["change:summary", () => (renderSummary(), renderMessages())],
-    ["change:controls", onControls],
-    ["change:messages", renderMessages],
-    ["change:memory", renderMemory],
-    ["change:traffic", renderTraffic],
-    ["change:findings", renderFindings],
-    ["change:comparison", () => (renderCompare(), renderSummary())],
-    ["change:code", renderCode],
-    ["change:verify_result", renderVerify],
-    ["change:tab", () => showTab(model.get("tab"))],
-    ["change:torch_version", () => (versionSel.value = model.get("torch_version") || "")],
+    ["change:summary", () => (renderSummary(), messages.render())],
+    ["change:controls", controls.render],
+    ["change:messages", messages.render],
+    ["change:memory", charts.renderMemory],
+    ["change:traffic", charts.renderTraffic],
+    ["change:findings", findings.render],
+    ["change:comparison", () => (compare.render(), renderSummary())],
+    ["change:code", exporter.renderCode],
+    ["change:verify_result", exporter.renderVerify],
+    ["change:tab", () => tabs.show(model.get("tab"))],
+    ["change:torch_version", exporter.showVersion],
   ];
   for (const [ev, fn] of handlers) model.on(ev, fn);
 
   renderSummary();
-  onControls();
-  renderMessages();
-  renderMemory();
-  renderTraffic();
-  renderFindings();
-  renderCompare();
-  renderCode();
-  renderVerify();
-  showTab(model.get("tab") || "charts");
+  controls.render();
+  messages.render();
+  charts.renderMemory();
+  charts.renderTraffic();
+  findings.render();
+  compare.render();
+  exporter.renderCode();
+  exporter.renderVerify();
+  tabs.show(model.get("tab") || "charts");
   model.send({ type: "hello", req: 0 });
 
   return () => {
-    disposed = true;
+    tree.dispose();
     for (const [ev, fn] of handlers) model.off(ev, fn);
   };
 }

@@ -30,7 +30,10 @@ import anywidget
 import traitlets
 
 from ..fsdp import Mesh
+from ..highlight import python_html
 from . import protocol, views
+from .inputs import parse_device_memory, seq_len_note
+from .plan_names import EDITED
 from .state import PRESETS, InspectorState
 from .views import training_text
 
@@ -46,8 +49,9 @@ PYTHON_API = (
     "ignore", "unignore", "toggle_ignored", "ignore_lora", "unignore_lora", "lora_params",
     "checkpoint", "uncheckpoint", "toggle_checkpoint", "checkpoint_blocks", "blocks",
     "apply_to_many", "apply_to_type", "apply_preset", "set_plan", "set_mesh", "set_training", "undo", "redo",
-    "expand", "collapse", "collapse_all", "set_filter", "set_rank", "reveal", "rows", "export_code", "save_code",
-    "verify", "overwrite_plan_file", "plan_file_status", "pin", "unpin", "pinned_comparison",
+    "expand", "collapse", "collapse_all", "set_filter", "filter_finding", "set_rank", "reveal", "rows", "export_code",
+    "save_code", "verify", "overwrite_plan_file", "plan_file_status", "pin", "unpin", "pinned_comparison",
+    "dismiss_messages",
 )
 PYTHON_PROPERTIES = ("can_undo", "can_redo", "tree", "memory", "traffic", "findings", "stats", "pinned",
                      "comparison", "timings", "messages", "revision")
@@ -164,9 +168,10 @@ class Inspector(anywidget.AnyWidget):
             "offload": bool(getattr(tr, "offload", False)),
             "batch_size": getattr(tr, "batch_size", None),
             "seq_len": getattr(tr, "seq_len", None),
+            "seq_len_note": seq_len_note(st.model, getattr(tr, "seq_len", None)),
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
-            "presets": [[k, v] for k, v in PRESETS.items()],
+            "presets": ([] if _preset_of(st.plan.name) else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
             "preset": _preset_of(st.plan.name),
             "dtypes": DTYPES,
             "optimizers": opts,
@@ -205,6 +210,7 @@ class Inspector(anywidget.AnyWidget):
             "plan_name": st.plan.name,
             "training": training_text(tr),
             "findings": sev if not stale else self._last_severities,
+            "findings_text": _severity_text(sev if not stale else self._last_severities),
             "findings_stale": stale,
             "peak": mem.get("max_peak"),
             "worst_rank": mem.get("worst_rank"),
@@ -260,7 +266,8 @@ class Inspector(anywidget.AnyWidget):
             sent = self._sent_rows
             changed = {rid: row for rid, row in rows.items() if sent.get(rid) != row}
         msg = {"type": "rows", "revision": st.revision, "reset": reset, "rows": changed,
-               "truncated": st.view.truncated, "filtering": st.view.filtering, "matches": st.view.matches}
+               "truncated": st.view.truncated, "filtering": st.view.filtering, "matches": st.view.matches,
+               "filter_label": st.view.filter_label}
         if reset or order != self._sent_order:
             msg["order"] = order
         self._sent_order = order
@@ -275,7 +282,8 @@ class Inspector(anywidget.AnyWidget):
         version = self.torch_version or None
         try:
             text = st.export_code(version)
-            self.code = {"text": text, "torch_version": self.torch_version, "revision": st.revision, "error": None}
+            self.code = {"text": text, "html": python_html(text), "n_lines": len(text.splitlines()),
+                         "torch_version": self.torch_version, "revision": st.revision, "error": None}
         except ValueError as exc:  # PlanError is a ValueError: torch would refuse the plan
             self.code = {"text": "", "torch_version": self.torch_version, "revision": st.revision, "error": str(exc)}
 
@@ -363,6 +371,8 @@ class Inspector(anywidget.AnyWidget):
             if "device_gib" in kw:
                 gib = kw.pop("device_gib")
                 kw["device_memory"] = int(gib * GIB) if gib and gib > 0 else None
+            elif "device_memory" in kw:
+                kw["device_memory"] = parse_device_memory(kw["device_memory"])  # junk: a message naming the field
             return st.set_mesh(**kw)
         if action == "set_training":
             for k in ("param_dtype", "reduce_dtype"):
@@ -390,16 +400,22 @@ class Inspector(anywidget.AnyWidget):
         return getattr(st, action)(**kw)
 
 
-def _preset_of(name: str) -> str:
-    """The preset a plan's name says it started from ("auto-sharded" for "auto (LoRA sharded), edited: ...")."""
-    from .state import base_name
+def _severity_text(counts: dict | None) -> dict | None:
+    """"1 error", "2 warnings": the summary's counts as the front end shows them."""
+    if counts is None:
+        return None
+    return {k: f"{n} {k}{'' if n == 1 else 's'}" for k, n in counts.items()}
 
-    base = base_name(name)
+
+def _preset_of(name: str) -> str:
+    """The preset a plan is ("auto-sharded" for "auto (LoRA sharded)", also with its blocks
+    checkpointed: a preset keeps the checkpointing); "" for an edited or custom plan, so that
+    choosing any preset in the menu applies it."""
     for key, label in (("auto-sharded", "auto (LoRA sharded"), ("auto-ignored", "auto (LoRA ignored"),
                        ("auto-separate", "auto (LoRA separate"), ("root-only", "root only"), ("none", "no calls")):
-        if base.startswith(label):
+        if name.startswith(label) and EDITED not in name:
             return key
-    return "auto-sharded"
+    return ""
 
 
 def _forward(name: str):

@@ -9,7 +9,7 @@ Front end -> Python:
     {"type": "hello", "req": 0}                                   on render
     {"type": "action", "action": NAME, "args": {...}, "req": n}   every click / edit
 Python -> front end (custom messages; everything else is a synced trait):
-    {"type": "rows", "revision", "reset", "rows", "order"?, "truncated", "filtering", "matches"}
+    {"type": "rows", "revision", "reset", "rows", "order"?, "truncated", "filtering", "matches", "filter_label"}
     {"type": "reveal", "id"}
     {"type": "ack", "req", "ok", "error", "action", "ms", ...}     one per request
 """
@@ -35,7 +35,8 @@ ACTIONS: dict[str, dict[str, str]] = {
     "apply_to_type": {"type_or_fqn": "str", "action": "str", "within": "str", "value": "any"},
     "apply_preset": {"name": "str"},
     # mesh and training (undo steps too)
-    "set_mesh": {"world": "int", "replicate": "int", "device_gib": "number|null"},
+    # device_memory: the field's text ("80", "80GiB", "" = no limit); device_gib: a number of GiB
+    "set_mesh": {"world": "int", "replicate": "int", "device_memory": "str|null", "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
                      "offload": "bool", "batch_size": "int|null", "seq_len": "int"},
     "undo": {},
@@ -44,6 +45,7 @@ ACTIONS: dict[str, dict[str, str]] = {
     "expand": {"target": "str", "open": "bool"},
     "collapse_all": {},
     "set_filter": {"text": "str", "status": "str", "role": "str"},
+    "filter_finding": {"code": "str"},
     "set_rank": {"rank": "int"},
     "reveal": {"fqn": "str"},
     "pin": {},
@@ -54,13 +56,14 @@ ACTIONS: dict[str, dict[str, str]] = {
     "save_code": {"path": "str", "overwrite": "bool"},
     "verify": {},
     "overwrite_plan_file": {},
+    "dismiss_messages": {},
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "toggle_unit": ("fqn",), "make_unit": ("fqn",), "remove_unit": ("fqn",),
     "set_reshard_after_forward": ("fqn", "value"), "toggle_ignored": ("fqn",), "ignore": ("fqns",),
     "unignore": ("fqns",), "toggle_checkpoint": ("fqn",), "apply_to_many": ("targets", "action"),
     "apply_to_type": ("type_or_fqn", "action"), "apply_preset": ("name",), "expand": ("target",),
-    "set_rank": ("rank",), "reveal": ("fqn",), "set_tab": ("tab",), "set_torch_version": ("version",),
+    "set_rank": ("rank",), "reveal": ("fqn",), "filter_finding": ("code",), "set_tab": ("tab",), "set_torch_version": ("version",),
     "save_code": ("path",),
 }
 MESSAGE_TYPES = ("hello", "action")

@@ -1,294 +1,28 @@
-"""What the Inspector's tree shows: folded repeated blocks, per-module badges, visible rows.
+"""What the Inspector's tree shows: which rows are open, the filters, and the visible rows.
 
-Three layers, each cheap at the scale of Llama-70B+LoRA (~6,600 modules, ~1,800 parameters):
-
-- ``Folding`` (per tree, computed lazily per parent): runs of sibling modules of one class whose
-  names count up (``layers.0`` ... ``layers.79``, ``experts.expert_0`` ...) become one group row,
-  "layers.0-79 · 80 x LlamaDecoderLayer";
-- ``ModuleStats`` (per analysis, one O(modules + parameters) sweep): for every module the unique
-  parameters under it by status, the bytes each rank allocates for them, and one status signature
-  (all in one call / all ignored / all unmanaged / mixed). Tied parameters are counted once per
-  subtree;
-- ``TreeView`` (per Inspector): which modules and groups are expanded, the filters, and the
-  visible rows in order. Only visible rows are ever built, so a toggle costs the size of what is
-  on screen, not the size of the model.
+Built on two cheaper layers, each O(modules + parameters) at worst (Llama-70B+LoRA: ~6,600
+modules, ~1,800 parameters): ``folding.py`` (runs of repeated blocks shown as one row) and
+``module_stats.py`` (per-module sizes, bytes per rank and badges for one layout). ``TreeView``
+(per Inspector) keeps which modules and folded runs are expanded, the filters and the chosen
+rank, and builds only the visible rows, so a toggle costs the size of what is on screen, not the
+size of the model.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import re
-from dataclasses import dataclass
 
-import numpy as np
-
-from ..fsdp import Layout
 from ..tree import ModelTree
+from .folding import Folding, last_name
+from .module_stats import MIXED_SIG, ModuleStats, StaticStats, short_unit_name
 
-#: Fewest siblings that fold into one group row.
-FOLD_MIN = 2
+__all__ = ["MAX_FILTER_ROWS", "Folding", "ModuleStats", "StaticStats", "TreeView"]
+
 #: Most rows a filtered view lists (matches and their ancestors).
 MAX_FILTER_ROWS = 2000
 
 STATUS_FILTERS = ("", "unit", "sharded", "ignored", "unmanaged", "mixed")
 ROLE_FILTERS = ("", "base", "lora")
-
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
-
-# Status codes of one parameter; a sharded parameter's code is SHARDED + its unit index.
-IGNORED, UNMANAGED, SHARDED = 1, 2, 10
-NONE_SIG, MIXED_SIG = -2, -1
-
-
-def _last(fqn: str) -> str:
-    return fqn.rpartition(".")[2]
-
-
-def short_unit_name(plan_unit) -> str:
-    """A compact label for a call: the last two name parts ("layers.3"), '<root>', or '[a, b]'."""
-    def one(m: str) -> str:
-        if m == "":
-            return "<root>"
-        parts = m.split(".")
-        return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
-
-    labels = [one(m) for m in plan_unit.modules]
-    return labels[0] if len(labels) == 1 else "[" + ", ".join(labels) + "]"
-
-
-@dataclass
-class Group:
-    gid: str
-    parent: int
-    members: list[int]
-    type_name: str
-    label: str  # "layers.0-79"
-
-
-class Folding:
-    """Sibling runs folded into groups; computed per parent on first use."""
-
-    def __init__(self, tree: ModelTree, fold_min: int = FOLD_MIN):
-        self.tree, self.fold_min = tree, fold_min
-        self.groups: dict[str, Group] = {}
-        self.group_of: dict[int, str] = {}  # member module -> its group id
-        self._items: dict[int, list[tuple[str, object]]] = {}
-
-    def items(self, m: int) -> list[tuple[str, object]]:
-        """Children of module ``m`` as ("m", index) or ("g", gid) entries, in order."""
-        cached = self._items.get(m)
-        if cached is not None:
-            return cached
-        tree = self.tree
-        kids = tree.modules[m].children
-        out: list[tuple[str, object]] = []
-        i = 0
-        while i < len(kids):
-            j = i + 1
-            first = tree.modules[kids[i]]
-            match = _NUMBERED.match(_last(first.fqn))
-            if match:
-                prefix, num = match.group(1), int(match.group(2))
-                while j < len(kids):
-                    nxt = tree.modules[kids[j]]
-                    mm = _NUMBERED.match(_last(nxt.fqn))
-                    if not (mm and mm.group(1) == prefix and int(mm.group(2)) == num + (j - i)
-                            and nxt.type_name == first.type_name):
-                        break
-                    j += 1
-            if match and j - i >= self.fold_min:
-                members = list(kids[i:j])
-                gid = f"g{m}_{kids[i]}"
-                parent_name = _last(tree.modules[m].fqn)
-                last_num = int(_NUMBERED.match(_last(tree.modules[kids[j - 1]].fqn)).group(2))
-                label = f"{prefix}{int(match.group(2))}-{last_num}"
-                if parent_name:
-                    label = f"{parent_name}.{label}"
-                self.groups[gid] = Group(gid, m, members, first.type_name, label)
-                for c in members:
-                    self.group_of[c] = gid
-                out.append(("g", gid))
-            else:
-                out.extend(("m", c) for c in kids[i:j])
-            i = j
-        self._items[m] = out
-        return out
-
-    def group_containing(self, m: int) -> str | None:
-        parent = self.tree.modules[m].parent
-        if parent < 0:
-            return None
-        self.items(parent)
-        return self.group_of.get(m)
-
-    def group(self, gid: str) -> Group:
-        if gid not in self.groups:
-            parent = int(gid[1:].split("_")[0])
-            self.items(parent)
-        return self.groups[gid]
-
-
-class StaticStats:
-    """Per-tree arrays and per-module numbers that do not depend on the plan (computed once)."""
-
-    def __init__(self, tree: ModelTree):
-        self.tree = tree
-        n = tree.n_modules
-        self.parent = np.array([m.parent for m in tree.modules], dtype=np.int64)
-        depth = np.array([m.depth for m in tree.modules], dtype=np.int64)
-        # modules level by level, deepest first: a bottom-up sweep is one numpy call per level
-        self.levels = [np.nonzero(depth == d)[0] for d in range(int(depth.max(initial=0)), 0, -1)]
-        params = tree.params
-        self.owner0 = np.array([p.owners[0] for p in params], dtype=np.int64)
-        # tied parameters: +v at every further owner, -v at the common ancestor of consecutive owners
-        extra_p, extra_m, extra_s = [], [], []
-        all_p, all_m = [], []
-        for p in params:
-            for o in p.owners:
-                all_p.append(p.index)
-                all_m.append(o)
-            if len(p.owners) > 1:
-                owners = sorted(p.owners)
-                for o in owners[1:]:
-                    extra_p.append(p.index), extra_m.append(o), extra_s.append(1)
-                for a, b in itertools.pairwise(owners):
-                    extra_p.append(p.index), extra_m.append(_lca(tree, a, b)), extra_s.append(-1)
-        self.extra_p = np.array(extra_p, dtype=np.int64)
-        self.extra_m = np.array(extra_m, dtype=np.int64)
-        self.extra_s = np.array(extra_s, dtype=np.int64)
-        self.all_p = np.array(all_p, dtype=np.int64)
-        self.all_m = np.array(all_m, dtype=np.int64)
-        self.n = n
-        self.numel_p = np.array([p.numel for p in params], dtype=np.int64)
-        self.itemsize_p = np.array([p.itemsize for p in params], dtype=np.int64)
-        self.dim0_p = np.array([p.shape[0] if p.shape else 1 for p in params], dtype=np.int64)
-        self.rowsize_p = np.where(self.dim0_p > 0, self.numel_p // np.maximum(self.dim0_p, 1), 0)
-        self.lora_p = np.array([p.role == "lora" for p in params], dtype=bool)
-        train = np.array([p.requires_grad for p in params], dtype=bool)
-        # sizes count a tied parameter once, under its first owner: children never add up to
-        # more than their parent (T5's shared embedding is not in both the encoder and decoder)
-        self.numel = self.accumulate(self.numel_p, once=True).tolist()
-        self.tied_numel = (self.accumulate(self.numel_p) - np.asarray(self.numel, dtype=np.int64)).tolist()
-        self.n_params = self.accumulate(np.ones(len(params), dtype=np.int64)).tolist()
-        self.n_lora = self.accumulate(self.lora_p.astype(np.int64)).tolist()
-        self.trainable = self.accumulate(np.where(train, self.numel_p, 0)).tolist()
-        self.by_type: dict[str, list[int]] = {}
-        for info in tree.modules:
-            self.by_type.setdefault(info.type_name, []).append(info.index)
-
-    def accumulate(self, values: np.ndarray, once: bool = False) -> np.ndarray:
-        """Per module: the sum of ``values`` over the unique parameters anywhere under it
-        (``once``: a tied parameter only under its first owner)."""
-        values = np.asarray(values, dtype=np.int64)
-        acc = np.zeros(self.n, dtype=np.int64)
-        np.add.at(acc, self.owner0, values)
-        if self.extra_p.size and not once:
-            np.add.at(acc, self.extra_m, self.extra_s * values[self.extra_p])
-        parent = self.parent
-        for level in self.levels:
-            np.add.at(acc, parent[level], acc[level])
-        return acc
-
-    def signature(self, codes: np.ndarray) -> np.ndarray:
-        """Per module: the one code shared by every parameter under it, NONE_SIG or MIXED_SIG."""
-        big = np.iinfo(np.int64).max
-        lo = np.full(self.n, big, dtype=np.int64)
-        hi = np.full(self.n, -1, dtype=np.int64)
-        if self.all_p.size:
-            np.minimum.at(lo, self.all_m, codes[self.all_p])
-            np.maximum.at(hi, self.all_m, codes[self.all_p])
-        parent = self.parent
-        for level in self.levels:
-            np.minimum.at(lo, parent[level], lo[level])
-            np.maximum.at(hi, parent[level], hi[level])
-        return np.where(hi < 0, NONE_SIG, np.where(lo == hi, lo, MIXED_SIG))
-
-
-def _lca(tree: ModelTree, a: int, b: int) -> int:
-    while not tree.is_inside(b, a):
-        a = tree.modules[a].parent
-    return a
-
-
-class ModuleStats:
-    """Per-module numbers for one layout (one plan on one mesh): a few numpy sweeps."""
-
-    def __init__(self, tree: ModelTree, layout: Layout, static: StaticStats):
-        self.tree, self.layout, self.static = tree, layout, static
-        status = layout.param_status
-        punit = np.asarray(layout.param_unit, dtype=np.int64)
-        sharded = np.fromiter((s == "sharded" for s in status), dtype=bool, count=len(status))
-        ignored = np.fromiter((s == "ignored" for s in status), dtype=bool, count=len(status))
-        codes = np.where(sharded, SHARDED + punit, np.where(ignored, IGNORED, UNMANAGED))
-        s = layout.mesh.shard
-        padded = -(-static.dim0_p // s) * static.rowsize_p
-        rank_bytes = np.where(sharded, padded, static.numel_p) * static.itemsize_p
-        self.codes = codes.tolist()
-        self.rank_bytes = static.accumulate(rank_bytes, once=True).tolist()
-        self.n_ignored = static.accumulate(ignored.astype(np.int64)).tolist()
-        self.n_sharded = static.accumulate(sharded.astype(np.int64)).tolist()
-        self.lora_ignored = static.accumulate((ignored & static.lora_p).astype(np.int64)).tolist()
-        self.sig = static.signature(codes).tolist()
-        own = [-1] * tree.n_modules
-        for ul in layout.units:
-            for m in ul.modules:
-                own[m] = ul.index
-        self.own_unit = own
-        self.checkpointed = frozenset(tree.module_index[f] for f in layout.plan.checkpoint if f in tree.module_index)
-
-    def badge(self, m: int, static: StaticStats | None = None) -> dict:
-        """The module's status badge: unit / in X / ignored / unmanaged / mixed."""
-        static = static or self.static
-        lay = self.layout
-        own = self.own_unit[m]
-        n = static.n_params[m]
-        if own >= 0:
-            unit = lay.units[own].unit
-            label = "unit" if not unit.is_grouped else f"unit · group of {len(unit.modules)}"
-            return {"kind": "unit", "label": label,
-                    "title": f"its own fully_shard call {unit.name}. {self.counts_text(m, static)}"}
-        sig = self.sig[m]
-        enclosing = lay.module_unit[m]
-        if n == 0 or sig == NONE_SIG:
-            if enclosing >= 0:
-                u = lay.units[enclosing].unit
-                return {"kind": "in", "label": f"in {short_unit_name(u)}", "title": f"no parameters; inside call {u.name}"}
-            return {"kind": "unmanaged", "label": "unmanaged", "title": "no parameters; under no fully_shard call"}
-        if sig == MIXED_SIG:
-            return {"kind": "mixed", "label": "mixed", "title": self.counts_text(m, static)}
-        if sig == IGNORED:
-            return {"kind": "ignored", "label": "ignored", "title": self.counts_text(m, static)}
-        if sig == UNMANAGED:
-            return {"kind": "unmanaged", "label": "unmanaged", "title": self.counts_text(m, static)}
-        u = lay.units[sig - SHARDED].unit
-        return {"kind": "in", "label": f"in {short_unit_name(u)}",
-                "title": f"inside call {u.name}. {self.counts_text(m, static)}"}
-
-    def counts_text(self, m: int, static: StaticStats | None = None) -> str:
-        static = static or self.static
-        n, sh, ig = static.n_params[m], self.n_sharded[m], self.n_ignored[m]
-        parts = [f"{n} parameters: {sh} sharded", f"{ig} ignored", f"{n - sh - ig} unmanaged"]
-        if self.sig[m] == MIXED_SIG and sh:
-            # calls that shard something here: those opened inside this subtree, and the enclosing one
-            end = self.tree.modules[m].subtree_end
-            units = [ul.index for ul in self.layout.units if ul.params and any(m <= x < end for x in ul.modules)]
-            enclosing = self.layout.module_unit[m]
-            if enclosing >= 0 and enclosing not in units and sh > sum(len(self.layout.units[u].params) for u in units):
-                units.insert(0, enclosing)
-            if len(units) > 1:
-                names = [self.layout.units[u].unit.name for u in units[:4]]
-                more = f" and {len(units) - 4} more" if len(units) > 4 else ""
-                parts.append(f"sharded by {len(units)} calls ({', '.join(names)}{more})")
-        return ", ".join(parts)
-
-    def lora_state(self, m: int, static: StaticStats | None = None) -> str | None:
-        static = static or self.static
-        total = static.n_lora[m]
-        if not total:
-            return None
-        ign = self.lora_ignored[m]
-        return "ignored" if ign == total else ("kept" if ign == 0 else "partly ignored")
 
 
 class TreeView:
@@ -302,6 +36,8 @@ class TreeView:
         self.filter_text = ""
         self.filter_status = ""
         self.filter_role = ""
+        self.filter_names: frozenset | None = None  # a finding's names (filter_to_names)
+        self.filter_label = ""
         self.rank = 0
         self.truncated = 0  # matches left out of a filtered view
         self.matches = 0  # modules and parameters the filter matches (all of them, shown or not)
@@ -316,7 +52,7 @@ class TreeView:
             if target.startswith("m") and target[1:].isdigit():
                 return int(target[1:])
             if target.startswith("g") and "_" in target:
-                self.folding.group(target)
+                self.folding.run(target)
                 return target
             if target in self.tree.module_index:
                 return self.tree.module_index[target]
@@ -350,12 +86,12 @@ class TreeView:
         node = chain
         start = tree.module_index[fqn] if not target_is_param else owner
         # the target's own group (it is a member of a folded run)
-        gid = self.folding.group_containing(start)
+        gid = self.folding.run_containing(start)
         if gid:
             self.expanded.add(gid)
         while node >= 0:
             self.expanded.add(node)
-            gid = self.folding.group_containing(node)
+            gid = self.folding.run_containing(node)
             if gid:
                 self.expanded.add(gid)
             node = tree.modules[node].parent
@@ -364,61 +100,70 @@ class TreeView:
     # -- filters ---------------------------------------------------------------------------
     @property
     def filtering(self) -> bool:
-        return bool(self.filter_text or self.filter_status or self.filter_role)
+        return bool(self.filter_text or self.filter_status or self.filter_role or self.filter_names is not None)
 
     def set_filter(self, text=None, status=None, role=None) -> None:
+        """The filter controls (they replace a filter to a finding's names)."""
+        if status is not None and status not in STATUS_FILTERS:
+            raise ValueError(f"status filter {status!r}: expected one of {STATUS_FILTERS}")
+        if role is not None and role not in ROLE_FILTERS:
+            raise ValueError(f"role filter {role!r}: expected one of {ROLE_FILTERS}")
         if text is not None:
             self.filter_text = str(text).strip()
         if status is not None:
-            if status not in STATUS_FILTERS:
-                raise ValueError(f"status filter {status!r}: expected one of {STATUS_FILTERS}")
             self.filter_status = status
         if role is not None:
-            if role not in ROLE_FILTERS:
-                raise ValueError(f"role filter {role!r}: expected one of {ROLE_FILTERS}")
             self.filter_role = role
+        self.filter_names, self.filter_label = None, ""
+
+    def filter_to_names(self, names, label: str) -> None:
+        """Show only these modules and parameters (a finding's names), with their ancestors."""
+        self.filter_text = self.filter_status = self.filter_role = ""
+        self.filter_names, self.filter_label = frozenset(names), label
+
+    def _module_matches(self, m: int, stats: ModuleStats) -> bool:
+        info, status = self.tree.modules[m], self.filter_status
+        if self.filter_role or status in ("sharded", "ignored", "unmanaged") or m == 0:
+            return False  # parameter filters match parameters only
+        if self.filter_names is not None and info.fqn not in self.filter_names:
+            return False
+        if self.filter_text and self.filter_text.lower() not in info.fqn.lower():
+            return False
+        if status == "unit":
+            return stats.own_unit[m] >= 0
+        if status == "mixed":
+            return stats.sig[m] == MIXED_SIG and stats.own_unit[m] < 0
+        return True
+
+    def _param_matches(self, m: int, p: int, stats: ModuleStats) -> bool:
+        pi, status = self.tree.params[p], self.filter_status
+        if status in ("unit", "mixed"):
+            return False  # module filters match modules only
+        name = next((f for f in pi.fqns if f.rpartition(".")[0] == self.tree.modules[m].fqn), pi.fqn)
+        if self.filter_names is not None and not self.filter_names.intersection(pi.fqns):
+            return False
+        if self.filter_text and self.filter_text.lower() not in name.lower():
+            return False
+        if self.filter_role and pi.role != self.filter_role:
+            return False
+        return not status or stats.layout.param_status[p] == status
 
     def _matches(self, stats: ModuleStats) -> tuple[set[int], set[tuple[int, int]]]:
         """Modules and (module, parameter) pairs that match, plus their ancestors (capped)."""
-        tree, text = self.tree, self.filter_text.lower()
-        status, role = self.filter_status, self.filter_role
-        lay = stats.layout
         mods: set[int] = set()
         params: set[tuple[int, int]] = set()
         hits = 0
-        limit = MAX_FILTER_ROWS
         self.truncated = 0
-        module_status = status in ("unit", "mixed")
-        param_status = status in ("sharded", "ignored", "unmanaged")
-        for info in tree.modules:
-            if not role and not param_status:
-                ok = (not text or text in info.fqn.lower()) and (
-                    not status
-                    or (status == "unit" and stats.own_unit[info.index] >= 0)
-                    or (status == "mixed" and stats.sig[info.index] == MIXED_SIG and stats.own_unit[info.index] < 0)
-                )
-                if ok and info.index != 0:
-                    if hits >= limit:
-                        self.truncated += 1
-                    else:
-                        hits += 1
-                        self._add_path(info.index, mods)
-            if module_status:
-                continue
-            for p in info.params:
-                pi = tree.params[p]
-                name = next((f for f in pi.fqns if f.rpartition(".")[0] == info.fqn), pi.fqn)
-                if text and text not in name.lower():
-                    continue
-                if role and pi.role != role:
-                    continue
-                if param_status and lay.param_status[p] != status:
-                    continue
-                if hits >= limit:
+        for info in self.tree.modules:
+            found = [None] if self._module_matches(info.index, stats) else []
+            found += [p for p in info.params if self._param_matches(info.index, p, stats)]
+            for p in found:
+                if hits >= MAX_FILTER_ROWS:
                     self.truncated += 1
                     continue
                 hits += 1
-                params.add((info.index, p))
+                if p is not None:
+                    params.add((info.index, p))
                 self._add_path(info.index, mods)
         self.matches = hits + self.truncated
         return mods, params
@@ -452,7 +197,7 @@ class TreeView:
             else:
                 out.append((item, depth + 1, item))
                 if item in self.expanded:
-                    for c in self.folding.groups[item].members:
+                    for c in self.folding.runs[item].members:
                         self._walk(c, depth + 2, out)
 
     def _walk_filtered(self, m: int, depth: int, mods: set[int], params: set, out) -> None:
@@ -469,7 +214,7 @@ class TreeView:
         cache = self.__dict__.setdefault("_in_block", {})
         if m not in cache:
             parent = self.tree.modules[m].parent
-            cache[m] = parent >= 0 and (self.folding.group_containing(m) is not None or self.in_block(parent))
+            cache[m] = parent >= 0 and (self.folding.run_containing(m) is not None or self.in_block(parent))
         return cache[m]
 
     def expandable(self, m: int) -> bool:
@@ -484,7 +229,7 @@ class TreeView:
         row = {
             "kind": "module",
             "depth": depth,
-            "name": _last(info.fqn) if info.fqn else "(root)",
+            "name": last_name(info.fqn) if info.fqn else "(root)",
             "fqn": info.fqn,
             "type": info.type_name,
             "numel": static.numel[m],
@@ -513,7 +258,7 @@ class TreeView:
         return row
 
     def group_row(self, gid: str, depth: int, stats: ModuleStats) -> dict:
-        g = self.folding.group(gid)
+        g = self.folding.run(gid)
         static = self.static
         members = g.members
         n_units = sum(1 for c in members if stats.own_unit[c] >= 0)
@@ -572,7 +317,7 @@ class TreeView:
         return {
             "kind": "param",
             "depth": depth,
-            "name": _last(fqn),
+            "name": last_name(fqn),
             "fqn": fqn,
             "canonical": pi.fqn,
             "shape": list(pi.shape),

@@ -1,0 +1,142 @@
+"""Inputs of the Inspector that must never fail silently (issue 19), checked without a browser:
+a preset keeps the checkpointing, junk device memory is refused with a message, a sequence past the
+model's positions is warned about, the plan's name counts the user's edits (and is the name the CLI
+gives the same plan), messages clear, and a finding's long list can be opened in the tree.
+The same inputs are driven in the page by tests/browser/test_inspector_layout.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.cli import main as cli_main
+from shardviz.widget import Inspector
+
+L0 = "base_model.model.model.layers.0"
+L1 = "base_model.model.model.layers.1"
+Q0 = L0 + ".self_attn.q_proj"
+MESH = sv.Mesh(shard=4)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+@pytest.fixture
+def ins(model):
+    return Inspector(model, mesh=MESH)
+
+
+def block_run(ins) -> str:
+    ins.reveal(Q0)
+    order, rows = ins.controller.rows()
+    return next(rid for rid in order if rows[rid]["kind"] == "group")
+
+
+def test_a_preset_keeps_the_checkpointing(model, ins):
+    assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
+    assert ins.plan.name == sv.Plan.auto(model, checkpoint="blocks").name == "auto (LoRA sharded, blocks checkpointed)"
+    peak = ins.summary["peak"]
+    assert ins.handle_action("apply_preset", {"name": "auto-ignored"})["ok"]
+    want = sv.Plan.auto(model, lora="ignored", checkpoint="blocks")
+    assert ins.plan == want and ins.plan.name == want.name  # the name Plan.auto and the CLI give it
+    assert set(ins.plan.checkpoint) == {L0, L1} and ins.summary["n_checkpointed"] == 2
+    assert "keeps your checkpointing (every block)" in ins.messages[-1]["text"]
+    assert ins.handle_action("undo", {})["ok"] and ins.summary["peak"] == peak
+    # some modules checkpointed: kept too, and the name says the preset was edited once
+    ins.controller.uncheckpoint([L1])
+    assert ins.handle_action("apply_preset", {"name": "root-only"})["ok"]
+    assert ins.plan.checkpoint == (L0,) and [u.modules for u in ins.plan.units] == [("",)]
+    assert ins.plan.name == "root only, edited: 1 change"
+    assert ins.controls["preset"] == ""  # an edited plan: choosing any preset in the menu applies it
+
+
+def test_junk_device_memory_is_refused_with_a_message(ins):
+    for text, want in (("80", 80 * 1024**3), ("80GiB", 80 * 1024**3), ("96 GB", 96 * 10**9), ("", None)):
+        assert ins.handle_action("set_mesh", {"device_memory": text})["ok"], text
+        assert ins.mesh.device_memory == want, text
+    assert ins.handle_action("set_mesh", {"device_memory": "80GiB"})["ok"]
+    for junk in ("abc", "0", "-3", "80 parsecs"):
+        ack = ins.handle_action("set_mesh", {"device_memory": junk})
+        assert not ack["ok"] and ack["error"].startswith(f"device memory {junk!r}"), ack
+        assert ins.mesh.device_memory == 80 * 1024**3 and ins.controls["device_gib"] == 80  # nothing changed
+        assert ins.messages[-1]["level"] == "error" and "leave it empty for no limit" in ins.messages[-1]["text"]
+    assert ins.summary["use"] is not None  # the percentage and the verdict stay
+
+
+def test_a_sequence_past_the_models_positions_is_warned_about(model, ins):
+    assert model.config.max_position_embeddings == 256
+    assert ins.handle_action("set_training", {"seq_len": 128})["ok"] and ins.controls["seq_len_note"] is None
+    assert ins.handle_action("set_training", {"seq_len": 10**9})["ok"]
+    note = ins.controls["seq_len_note"]
+    assert "1,000,000,000" in note and "max_position_embeddings (256)" in note
+    assert Inspector(sv.ModelTree(model), mesh=MESH).controls["seq_len_note"] is None  # no config: nothing to say
+
+
+def test_the_edit_count_is_the_users_actions(model, ins):
+    assert ins.handle_action("ignore_lora", {"module_fqn": L0})["ok"]
+    assert len(ins.plan.ignored) == 14 and ins.plan.name == "auto (LoRA sharded), edited: 1 change"  # one action
+    assert ins.handle_action("toggle_checkpoint", {"fqn": L0})["ok"]
+    assert ins.plan.name == "auto (LoRA sharded), edited: 2 changes"
+    assert ins.handle_action("toggle_unit", {"fqn": Q0})["ok"]
+    assert ins.plan.name == "auto (LoRA sharded), edited: 3 changes"
+    assert ins.handle_action("undo", {})["ok"] and ins.plan.name.endswith("edited: 2 changes")
+    assert ins.handle_action("toggle_checkpoint", {"fqn": L0})["ok"]  # back as in the preset: no longer an edit
+    assert ins.plan.name == "auto (LoRA sharded), edited: 1 change"
+    assert ins.handle_action("apply_to_many", {"targets": block_run(ins), "action": "unignore_lora"})["ok"]
+    assert ins.plan.name == "auto (LoRA sharded)"  # equal to the preset again
+    # checkpointing every block is one action, and a known plan
+    assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
+    assert ins.plan.name == "auto (LoRA sharded, blocks checkpointed)"
+    assert ins.handle_action("toggle_checkpoint", {"fqn": L1})["ok"]
+    assert ins.plan.name == "auto (LoRA sharded, blocks checkpointed), edited: 1 change"
+
+
+def test_the_same_plan_has_the_same_name_in_the_widget_the_export_and_the_cli(model, ins, tmp_path):
+    ins.apply_preset("auto-ignored")
+    ins.checkpoint_blocks()
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", "write", "zoo:tiny_llama_lora", "--layout", "ignored", "--checkpoint", "blocks", "-o", str(out)]) == 0
+    cli_plan = sv.Plan.from_json(out.read_text())
+    assert cli_plan == ins.plan and cli_plan.name == ins.plan.name == ins.summary["plan_name"]
+    assert ins.plan.name in ins.controller.export_code()
+    assert json.loads(ins.plan.to_json())["name"] == cli_plan.name
+
+
+def test_messages_name_the_field_and_clear(ins):
+    ack = ins.handle_action("set_mesh", {"world": 0, "replicate": 1})
+    assert not ack["ok"] and ack["error"].startswith("world size 0") and "replicate" not in ack["error"]
+    ack = ins.handle_action("set_mesh", {"world": 8, "replicate": 0})
+    assert not ack["ok"] and ack["error"].startswith("HSDP replicate 0")
+    assert [m["level"] for m in ins.messages] == ["error", "error"]
+    assert ins.handle_action("set_mesh", {"world": 8, "replicate": 1})["ok"]
+    assert ins.messages == []  # a change that happens clears the messages about earlier input
+    ins.handle_action("set_rank", {"rank": 99})
+    assert ins.messages and ins.handle_action("dismiss_messages", {})["ok"] and ins.messages == []
+
+
+def test_a_findings_long_list_opens_in_the_tree(model, monkeypatch):
+    import shardviz.checks
+
+    monkeypatch.setattr(shardviz.checks, "MAX_FQNS", 5)
+    ins = Inspector(model, plan=sv.Plan.auto(model, lora="ignored"), mesh=MESH)
+    f = next(f for f in ins.findings if f["code"] == "SV102")
+    assert len(f["fqns"]) == 5 and f["n_fqns"] == 28
+    assert ins.handle_action("filter_finding", {"code": "SV102"})["ok"]
+    _order, rows = ins.controller.rows()
+    shown = {r["fqn"] for r in rows.values() if r["kind"] == "param"}
+    assert len(shown) == 28 and all(".lora_" in q for q in shown)
+    assert ins.controller.view.filter_label == "SV102: 28 names"
+    assert ins.handle_action("set_filter", {"text": ""})["ok"] and not ins.controller.view.filtering
+    assert not ins.handle_action("filter_finding", {"code": "SV999"})["ok"]
+
+
+def test_finding_counts_read_as_words(model):
+    ins = Inspector(model, plan=sv.Plan.auto(model, lora="ignored"), mesh=MESH)
+    counts = ins.summary["findings"]
+    assert ins.summary["findings_text"] == {k: f"{n} {k}{'' if n == 1 else 's'}" for k, n in counts.items()}
+    assert ins.summary["findings_text"]["warning"] == "1 warning"
