@@ -43,7 +43,7 @@ from .fsdp import (
     supports_ignored_params,
 )
 from . import export_runtime
-from .plan import Plan, Unit, as_plan
+from .plan import Plan, Unit, as_plan, refuse_selective
 from .tree import as_tree
 
 _PUBLIC_DTENSOR = (2, 5)  # torch.distributed.tensor became public in 2.5 (2.4: torch.distributed._tensor)
@@ -139,6 +139,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     plan = as_plan(plan)
     if plan.checkpoint:
         Plan(checkpoint=plan.checkpoint).validate(tree)  # names, root, nesting: a ValueError naming the module
+        refuse_selective(plan, "export_code")  # TODO(issue 18): write the selective policy
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
