@@ -9,14 +9,16 @@ from .fixes import fix_plan
 from .format import fmt  # any table for reading: sv.fmt(a.memory)
 from .fsdp import Mesh
 from .plan import Plan, Unit
+from .search import Search, search
 from .tree import ModelTree
 from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
 from .load import load_model
 from .oracle import verify
 
 __all__ = [
-    "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
-    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "sweep", "verify", "zoo",
+    "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
+    "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "search", "sweep", "verify",
+    "zoo",
 ]
 __version__ = "0.1.0"
 

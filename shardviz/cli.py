@@ -5,6 +5,8 @@
                     [-o apply_fsdp.py] [--force]
     shardviz plan write MODEL --layout L [--checkpoint blocks] -o plan.json [--force]
     shardviz plan read PLAN.json [--model MODEL --world-size N [--replicate R] [--torch X.Y]]
+    shardviz plan search MODEL --world-size N (--device H100 | --device-memory 80GiB)
+                    [--batch-size B --seq-len S] [--global-batch G] [--top K] -o plan.json [--force]
     shardviz report MODEL --layout L --world-size N [--replicate R] [--device-memory 80GiB]
                     [--optimizer adamw] [--param-dtype D] [--reduce-dtype D]
                     [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
@@ -177,11 +179,11 @@ def make_training(args, base=None):
     from .cost import Training
 
     kwargs = {}
-    for key in ("optimizer", "param_dtype", "reduce_dtype", "batch_size", "seq_len"):
+    for key in ("optimizer", "param_dtype", "reduce_dtype", "batch_size", "seq_len", "global_batch"):
         value = getattr(args, key, None)
         if value is not None:
             kwargs[key] = int(value) if key == "optimizer" and str(value).isdigit() else value
-    if "seq_len" in kwargs and "batch_size" not in kwargs:
+    if "seq_len" in kwargs and "batch_size" not in kwargs and "global_batch" not in kwargs:
         raise CliError("--seq-len needs --batch-size (the micro-batch each rank trains on)")
     if not kwargs:
         return base
@@ -295,6 +297,53 @@ def cmd_plan_read(args) -> int:
     return EXIT_REFUSED if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
+def cmd_plan_search(args) -> int:
+    """Print the search's table (best first) and write the best plan; nothing fits: exit 1, nothing written."""
+    from .search import search
+
+    mesh = make_mesh(args.world_size, 1)
+    mesh = _search_mesh(mesh, args.device, args.device_memory)
+    training = make_training(args)
+    _, tree = build_model(args)
+    try:
+        s = search(tree, mesh=mesh, training=training)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    import pandas as pd
+
+    with pd.option_context("display.max_colwidth", 120, "display.width", 250):
+        print(s.formatted().head(args.top).to_string(), file=sys.stdout)
+    print(f"shardviz: {s.n_candidates} plans, {s.n_analysed} analyses; {s.note}", file=sys.stderr)
+    if s.best is None:
+        print(f"shardviz: error: {s.table.why.iloc[0].split('. This row')[0]}; nothing written", file=sys.stderr)
+        return EXIT_REFUSED
+    emit(s.best.to_json() + "\n", args.output, args.force)
+    t = s.best_training
+    print(f"shardviz: best: {s.table.name.iloc[0]} (mesh {s.best_mesh}"
+          + (f"; --replicate {s.best_mesh.replicate}" if s.best_mesh.is_hsdp else "")
+          + (f"; micro-batch {t.batch_size} x {s.table.grad_accum.iloc[0]} accumulation" if t is not None else "")
+          + ")" + (f"; wrote {args.output}" if args.output not in (None, "-") else ""), file=sys.stderr)
+    return EXIT_OK
+
+
+def _search_mesh(mesh, device, device_memory):
+    from dataclasses import fields
+
+    if device is not None:
+        if "device" not in {f.name for f in fields(mesh)}:
+            raise CliError(f"--device {device}: this shardviz has no device table yet (sv.Mesh(device=...)); "
+                           "give --device-memory instead")
+        mesh = replace(mesh, device=device)
+    if device_memory is not None:
+        try:
+            mesh = replace(mesh, device_memory=device_memory)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    if mesh.device_memory is None:
+        raise CliError("plan search needs --device or --device-memory: what fits depends on it")
+    return mesh
+
+
 def cmd_report(args) -> int:
     from .plan import LORA_LAYOUTS, Plan
     from .report import render_report
@@ -354,6 +403,23 @@ def _add_mesh_args(p, required=True) -> None:
 DTYPE_CHOICES = ("float32", "bfloat16", "float16", "float64")
 
 
+def _add_search_parser(plan_sub) -> None:
+    q = plan_sub.add_parser("search", help="try the plans a user would consider; print them best first, write the best")
+    _add_model_args(q)
+    q.add_argument("--world-size", type=int, required=True, help="total ranks (the HSDP split is searched)")
+    q.add_argument("--device", help="a device of the table, e.g. H100 (its memory is the limit)")
+    q.add_argument("--device-memory", help="e.g. 80GiB: the limit a plan must fit in")
+    q.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
+    _add_precision_args(q)
+    q.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
+    q.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
+    q.add_argument("--global-batch", type=int, help="sequences per optimizer step over all ranks: searches micro-batch x accumulation")
+    q.add_argument("--top", type=int, default=20, help="rows of the table to print (default 20)")
+    q.add_argument("-o", "--output", help="output file for the best plan (default: stdout)")
+    q.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    q.set_defaults(func=cmd_plan_search)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .plan import LORA_LAYOUTS
 
@@ -381,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-o", "--output", help="output file (default: stdout)")
     w.add_argument("--force", action="store_true", help="overwrite an existing output file")
     w.set_defaults(func=cmd_plan_write)
+    _add_search_parser(plan_sub)
     r = plan_sub.add_parser("read", help="validate a plan JSON file; with --model, analyse it")
     r.add_argument("file")
     _add_model_args(r, model_required=False)

@@ -50,7 +50,7 @@ from .fsdp import (
     release_label,
     supports_ignored_params,
 )
-from .plan import Plan, Unit, as_plan
+from .plan import Plan, Unit, as_plan, refuse_selective
 from .tree import as_tree
 
 
@@ -206,6 +206,7 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     plan = as_plan(plan)
     if plan.checkpoint:
         Plan(checkpoint=plan.checkpoint).validate(tree)  # names, root, nesting: a ValueError naming the module
+        refuse_selective(plan, "export_code")  # TODO(issue 18): write the selective policy
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")

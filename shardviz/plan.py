@@ -11,13 +11,15 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence, Union
 
+from .finding import Finding, PlanError
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
 SCHEMA_VERSION = 1
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_LAYOUTS = ("sharded", "ignored", "separate")
-CHECKPOINT_PRESETS = (None, "blocks")
+CHECKPOINT_PRESETS = (None, "blocks", "every k", "selective")  # "every k": "every 2", "every 3", ...
+CHECKPOINT_POLICIES = ("full", "selective")
 
 
 def closest_hint(name: str, candidates: Iterable[str], n: int = 3) -> str:
@@ -26,6 +28,72 @@ def closest_hint(name: str, candidates: Iterable[str], n: int = 3) -> str:
     return f" Closest existing names: {', '.join(repr(m) for m in matches)}." if matches else ""
 
 
+
+class Checkpoints(tuple):
+    """The modules a plan checkpoints: a tuple of module FQNs (iterating, ``in``, ``len`` and
+    comparing with a tuple of names work as before), each with its policy: ``"full"`` (torch's
+    ``checkpoint_wrapper``) or ``"selective"`` (op-level selective checkpointing inside it).
+
+    Built from a list/tuple of names (every one ``"full"``), a mapping name -> policy, or another
+    ``Checkpoints``. Equal to a plain tuple of names only when every policy is ``"full"``."""
+
+    policies: tuple[str, ...]
+
+    def __new__(cls, entries=()):
+        if isinstance(entries, Checkpoints):
+            return entries
+        if isinstance(entries, str):
+            entries = [entries]
+        pairs = entries.items() if hasattr(entries, "items") else ((name, "full") for name in entries)
+        merged: dict[str, str] = {}
+        for name, policy in pairs:
+            if not isinstance(name, str):
+                raise ValueError(f"checkpoint entries must be module FQNs (str), got {name!r}")
+            if policy not in CHECKPOINT_POLICIES:
+                raise ValueError(f"checkpoint[{name!r}]: policy {policy!r} is not one of {CHECKPOINT_POLICIES}")
+            merged.setdefault(name, policy)  # the first entry of a repeated name wins, as before
+        self = super().__new__(cls, merged)
+        self.policies = tuple(merged.values())
+        return self
+
+    def policy(self, name: str) -> str:
+        """``"full"`` or ``"selective"``; KeyError for a module that is not checkpointed."""
+        for n, p in zip(self, self.policies):
+            if n == name:
+                return p
+        raise KeyError(f"checkpoint: module {name!r} is not checkpointed")
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(zip(self, self.policies))
+
+    @property
+    def selective(self) -> tuple[str, ...]:
+        """The modules checkpointed with the selective policy."""
+        return tuple(n for n, p in zip(self, self.policies) if p == "selective")
+
+    def to_obj(self):
+        """JSON: a list of names when every policy is "full" (schema v1 as before), else a mapping."""
+        return dict(self.items()) if self.selective else list(self)
+
+    def __eq__(self, other):
+        if isinstance(other, Checkpoints):
+            return tuple(self) == tuple(other) and self.policies == other.policies
+        if isinstance(other, tuple):
+            return not self.selective and tuple(self) == other
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash(tuple(self)) if not self.selective else hash((tuple(self), self.policies))
+
+    def __reduce__(self):
+        return (Checkpoints, (dict(self.items()),))
+
+    def __repr__(self):
+        return repr(tuple(self)) if not self.selective else f"Checkpoints({dict(self.items())!r})"
 
 
 @dataclass(frozen=True)
@@ -108,16 +176,18 @@ class Unit:
 @dataclass(frozen=True)
 class Plan:
     """``units``: one entry per ``fully_shard`` call; ``ignored``: parameter FQNs kept out of FSDP;
-    ``checkpoint``: module FQNs wrapped in torch's ``checkpoint_wrapper`` (full activation
-    checkpointing) before any ``fully_shard`` call, as torchtitan does."""
+    ``checkpoint``: modules wrapped in torch's ``checkpoint_wrapper`` before any ``fully_shard``
+    call, as torchtitan does: a list of FQNs (full activation checkpointing) or a mapping
+    FQN -> ``"full"`` | ``"selective"``; stored as ``Checkpoints`` (a tuple of the FQNs that also
+    knows each one's policy)."""
 
     units: tuple[Unit, ...] = ()
     ignored: tuple[str, ...] = ()
     name: str = field(default="", compare=False)
-    checkpoint: tuple[str, ...] = ()
+    checkpoint: Checkpoints = Checkpoints()
 
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
-                 checkpoint: Iterable[str] = ()):
+                 checkpoint: Iterable[str] | dict = ()):
         if isinstance(units, (str, Unit)):
             units = [units]
         parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
@@ -136,12 +206,7 @@ class Plan:
                         "a module can be passed to fully_shard once"
                     )
                 seen[m] = i
-        if isinstance(checkpoint, str):
-            checkpoint = [checkpoint]
-        checkpoint = tuple(dict.fromkeys(checkpoint))
-        for name_ in checkpoint:
-            if not isinstance(name_, str):
-                raise ValueError(f"checkpoint entries must be module FQNs (str), got {name_!r}")
+        checkpoint = Checkpoints(checkpoint)
         object.__setattr__(self, "units", parsed)
         object.__setattr__(self, "ignored", ignored)
         object.__setattr__(self, "name", name)
@@ -182,13 +247,17 @@ class Plan:
         drop = set(fqns)
         return Plan(self.units, [f for f in self.ignored if f not in drop], self.name, self.checkpoint)
 
-    def with_checkpoint(self, fqns: Iterable[str]) -> "Plan":
-        """Also wrap these modules in ``checkpoint_wrapper``."""
-        return Plan(self.units, self.ignored, self.name, self.checkpoint + tuple(fqns))
+    def with_checkpoint(self, fqns: Iterable[str] | dict, policy: str = "full") -> "Plan":
+        """Also wrap these modules in ``checkpoint_wrapper`` with ``policy`` (a mapping gives each
+        its own); a module already checkpointed takes the new policy."""
+        added = Checkpoints(fqns if hasattr(fqns, "items") else {f: policy for f in ([fqns] if isinstance(fqns, str) else fqns)})
+        merged = dict(self.checkpoint.items())
+        merged.update(added.items())
+        return Plan(self.units, self.ignored, self.name, merged)
 
     def without_checkpoint(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
-        return Plan(self.units, self.ignored, self.name, [f for f in self.checkpoint if f not in drop])
+        return Plan(self.units, self.ignored, self.name, {f: p for f, p in self.checkpoint.items() if f not in drop})
 
     # -- validation against a model ------------------------------------------
     def validate(self, model_or_tree) -> ModelTree:
@@ -238,7 +307,7 @@ class Plan:
             "name": self.name,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
-            **({"checkpoint": list(self.checkpoint)} if self.checkpoint else {}),
+            **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -271,8 +340,13 @@ class Plan:
         if not isinstance(name, str):
             raise ValueError("plan JSON: field 'name' must be a string")
         checkpoint = obj.get("checkpoint", [])
-        if not isinstance(checkpoint, list) or not all(isinstance(x, str) for x in checkpoint):
-            raise ValueError("plan JSON: field 'checkpoint' must be a list of module FQNs")
+        if not isinstance(checkpoint, (list, dict)) or not all(isinstance(x, str) for x in checkpoint):
+            raise ValueError("plan JSON: field 'checkpoint' must be a list of module FQNs or an object "
+                             f"module FQN -> policy, one of {CHECKPOINT_POLICIES}")
+        try:
+            checkpoint = Checkpoints(checkpoint)
+        except ValueError as exc:
+            raise ValueError(f"plan JSON: field {exc}") from None
         return cls(units, ignored, name, checkpoint)
 
     # -- presets -------------------------------------------------------------
@@ -282,20 +356,58 @@ class Plan:
 
         ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
         parameter in ``ignored``; "separate" gives each LoRA adapter module its own call.
-        ``checkpoint``: None, or "blocks" to wrap every block in ``checkpoint_wrapper``.
+        ``checkpoint``: None; "blocks" wraps every block in ``checkpoint_wrapper``; "every k"
+        (``"every 2"``, ...) every k-th block, as torchtitan's "selective layer" option does
+        (its 1-based block counter: blocks k-1, 2k-1, ... counting from 0); "selective" every
+        block with the "selective" policy (torchtitan's "selective op").
         """
         from .presets import auto_plan
 
         if lora not in LORA_LAYOUTS:
             raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
-        if checkpoint not in CHECKPOINT_PRESETS:
-            raise ValueError(f"checkpoint={checkpoint!r}: expected one of {CHECKPOINT_PRESETS}")
+        checkpoint_preset(checkpoint)  # a bad value fails before the walk
         return auto_plan(as_tree(model), lora, checkpoint)
 
     def __repr__(self) -> str:
         label = f"{self.name!r}, " if self.name else ""
-        ckpt = f", {len(self.checkpoint)} checkpointed" if self.checkpoint else ""
+        n_sel = len(self.checkpoint.selective)
+        ckpt = (f", {len(self.checkpoint)} checkpointed" + (f" ({n_sel} selective)" if n_sel else "")
+                if self.checkpoint else "")
         return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt})"
+
+
+def checkpoint_preset(checkpoint: str | None) -> tuple[str, int] | None:
+    """``Plan.auto``'s ``checkpoint`` -> (policy, k): every k-th block with that policy; None: none."""
+    if checkpoint is None:
+        return None
+    expected = "expected None, 'blocks', 'every k' (k a positive int, e.g. 'every 2') or 'selective'"
+    if not isinstance(checkpoint, str):
+        raise ValueError(f"checkpoint={checkpoint!r}: {expected}")
+    words = checkpoint.split()
+    if checkpoint == "blocks":
+        return "full", 1
+    if checkpoint == "selective":
+        return "selective", 1
+    if len(words) == 2 and words[0] == "every":
+        if not words[1].isdigit() or int(words[1]) < 1:
+            raise ValueError(f"checkpoint={checkpoint!r}: k in 'every k' must be a positive int "
+                             "(checkpoint every k-th block, torchtitan's selective layer option); "
+                             f"got {words[1]!r}")
+        return "full", int(words[1])
+    raise ValueError(f"checkpoint={checkpoint!r}: {expected}")
+
+
+def refuse_selective(plan: Plan, what: str) -> None:
+    """``PlanError`` naming the modules of ``plan`` checkpointed selectively, where ``what`` (the
+    activation measurement, the exported code) cannot do that policy yet: never a silent "full"."""
+    selective = plan.checkpoint.selective
+    if selective:
+        raise PlanError([Finding(
+            "SV114", "error",
+            f"{what} does not do selective activation checkpointing yet (issue 18): "
+            f"{len(selective)} module(s) have checkpoint policy 'selective', e.g. {selective[0]!r}",
+            fqns=selective, fix="checkpoint these modules in full (policy 'full', or Plan.auto(..., checkpoint='blocks'))",
+        )])
 
 
 def as_plan(plan) -> Plan:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .fsdp import Layout, Mesh, children_with_params, subtree_numel
-from .plan import Plan, Unit
+from .plan import Plan, Unit, checkpoint_preset
 from .tree import ModelTree
 
 
@@ -81,9 +81,7 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
     if not tree.modules[0].bare_container:
         units.append(Unit(""))
     plan = _join_shared_calls(tree, Plan(units, ignored, name=f"auto (LoRA {lora})"))
-    if checkpoint == "blocks":  # full activation checkpointing of every block, as torchtitan does
-        plan = Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, blocks checkpointed)", [fqn(b) for b in blocks])
-    return plan
+    return checkpointed(plan, [fqn(b) for b in blocks], lora, checkpoint)
 
 
 def _embeddings_and_head(tree: ModelTree, blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -123,7 +121,22 @@ def _join_shared_calls(tree: ModelTree, plan: Plan) -> Plan:
         if joined == plan:
             break
         plan = joined
-    return plan
+def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | None) -> Plan:
+    """``plan`` with the blocks checkpointed as ``Plan.auto(checkpoint=...)`` says: every block in
+    full ("blocks"), every k-th in full ("every k": torchtitan's selective layer option counts
+    blocks from 1 and wraps those where count % k == 0), every block selectively ("selective")."""
+    preset = checkpoint_preset(checkpoint)
+    if preset is None:
+        return plan
+    policy, k = preset
+    chosen = {b: policy for i, b in enumerate(blocks) if (i + 1) % k == 0}
+    what = ("blocks checkpointed" if k == 1 else f"every {_ordinal(k)} block checkpointed") + (
+        " selectively" if policy == "selective" else "")
+    return Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, {what})", chosen)
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
 def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:

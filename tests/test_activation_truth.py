@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import shardviz as sv
-from torch_truth import fake_run, tiny_lora
+from torch_truth import fake_run, tiny_llama, tiny_lora
 
 TOLERANCE = 0.05
 BATCH, SEQ, VOCAB = 2, 256, 512
@@ -57,6 +57,7 @@ def mixtral(seed: int = 0):
 
 
 LLAMA_LORA = functools.partial(tiny_lora, vocab=VOCAB)
+LLAMA4 = functools.partial(tiny_llama, vocab=VOCAB, layers=4)  # 4 blocks: "every 2" wraps blocks 1 and 3
 
 
 def auto(lora="sharded", checkpoint=None):
@@ -67,6 +68,7 @@ def auto(lora="sharded", checkpoint=None):
 CASES = {
     "llama-lora-sharded": (LLAMA_LORA, auto("sharded"), FSDP8, step(), 0, False),
     "llama-lora-sharded-ckpt": (LLAMA_LORA, auto("sharded", "blocks"), FSDP8, step(), 0, False),
+    "llama4-every2-ckpt": (LLAMA4, auto(checkpoint="every 2"), FSDP8, step(), 0, False),
     "llama-lora-ignored-hsdp": (LLAMA_LORA, auto("ignored"), HSDP, step(), 5, False),
     "llama-lora-ignored-hsdp-ckpt": (LLAMA_LORA, auto("ignored", "blocks"), HSDP, step(), 5, False),
     "llama-lora-ignored-bf16": (LLAMA_LORA, auto("ignored"), FSDP8, step(param_dtype="bfloat16"), 0, True),

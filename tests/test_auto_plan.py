@@ -117,3 +117,32 @@ def test_a_container_model_gets_no_root_call():
     """torch refuses fully_shard on a ModuleList/ModuleDict without forward, the model itself included."""
     plan = sv.Plan.auto(MODELS["modulelist-root"]())
     assert [u.modules for u in plan.units] == [("0",), ("1.0",)]
+
+
+# -- checkpoint presets (issue 18) -----------------------------------------------------------------
+def test_every_k_checkpoints_blocks_as_torchtitan_counts_them():
+    """torchtitan's selective layer option counts blocks from 1 and wraps those where count % k == 0."""
+    model = Decoder([Attn() for _ in range(6)])
+    names = lambda c: list(sv.Plan.auto(model, checkpoint=c).checkpoint)  # noqa: E731
+    assert names("blocks") == [f"layers.{i}" for i in range(6)] == names("every 1")
+    assert names("every 2") == ["layers.1", "layers.3", "layers.5"]
+    assert names("every 3") == ["layers.2", "layers.5"]
+    assert names("every 7") == []
+    plan = sv.Plan.auto(model, checkpoint="every 2")
+    assert plan.name == "auto (LoRA sharded, every 2nd block checkpointed)"
+    assert set(plan.checkpoint.policies) == {"full"}
+    sel = sv.Plan.auto(model, checkpoint="selective")
+    assert sel.checkpoint.items() == [(f"layers.{i}", "selective") for i in range(6)]
+    assert sel.name == "auto (LoRA sharded, blocks checkpointed selectively)"
+
+
+@pytest.mark.parametrize("bad,pattern", [
+    ("every 0", "k in 'every k' must be a positive int.*got '0'"),
+    ("every x", "k in 'every k' must be a positive int.*got 'x'"),
+    ("every -2", "got '-2'"),
+    ("layers", r"checkpoint='layers': expected None, 'blocks', 'every k'"),
+    (2, "checkpoint=2: expected"),
+])
+def test_checkpoint_preset_junk_is_named(bad, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sv.Plan.auto(Decoder([Attn()]), checkpoint=bad)

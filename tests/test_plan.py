@@ -125,3 +125,66 @@ def test_tied_embedding_joins_head_group_in_preset():
 def test_auto_rejects_unknown_layout():
     with pytest.raises(ValueError, match="lora='whole'"):
         sv.Plan.auto(Tied(), lora="whole")
+
+
+# -- checkpointing policies (issue 18) -----------------------------------------------------------
+def test_checkpoint_mapping_keeps_policies_and_a_list_means_full():
+    listed = sv.Plan([""], checkpoint=["a", "b"])
+    mapped = sv.Plan([""], checkpoint={"a": "full", "b": "selective"})
+    assert listed.checkpoint == ("a", "b") and listed.checkpoint.policies == ("full", "full")
+    assert list(mapped.checkpoint) == ["a", "b"] and "b" in mapped.checkpoint and len(mapped.checkpoint) == 2
+    assert mapped.checkpoint.policy("b") == "selective" and mapped.checkpoint.selective == ("b",)
+    assert mapped.checkpoint != ("a", "b") and mapped != listed  # a policy is part of the plan
+    assert sv.Plan([""], checkpoint={"a": "full", "b": "full"}) == listed
+    assert len({listed, mapped, sv.Plan([""], checkpoint=("a", "b"))}) == 2  # hashable, equal plans hash alike
+    assert copy.deepcopy(mapped) == mapped and copy.deepcopy(mapped).checkpoint.selective == ("b",)
+
+
+def test_checkpoint_edits_keep_and_change_policies():
+    plan = sv.Plan([""], checkpoint={"a": "selective"})
+    more = plan.with_checkpoint(["b"])
+    assert more.checkpoint.items() == [("a", "selective"), ("b", "full")]
+    assert more.with_checkpoint(["a"], policy="full").checkpoint.policy("a") == "full"
+    assert more.without_checkpoint(["b"]) == plan and plan.checkpoint.policy("a") == "selective"
+    assert sv.Plan(plan.units, plan.ignored, "renamed", plan.checkpoint) == plan  # callers that rebuild keep it
+
+
+@pytest.mark.parametrize("checkpoint,pattern", [
+    ({"a": "partial"}, r"checkpoint\['a'\]: policy 'partial' is not one of \('full', 'selective'\)"),
+    ({"a": None}, r"checkpoint\['a'\]: policy None"),
+    ([3], "checkpoint entries must be module FQNs"),
+])
+def test_bad_checkpoint_policies_are_named(checkpoint, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sv.Plan([""], checkpoint=checkpoint)
+
+
+def test_checkpoint_json_writes_a_mapping_only_for_selective():
+    full = sv.Plan(["a", ""], checkpoint=["a"])
+    assert full.to_dict()["checkpoint"] == ["a"]  # schema v1 as before
+    mixed = sv.Plan(["a", "b", ""], checkpoint={"a": "full", "b": "selective"})
+    assert mixed.to_dict()["checkpoint"] == {"a": "full", "b": "selective"}
+    assert sv.Plan.from_json(mixed.to_json()) == mixed and sv.Plan.from_json(full.to_json()) == full
+    old = '{"schema": "shardviz.plan", "version": 1, "units": ["a", ""], "ignored": [], "checkpoint": ["a"]}'
+    assert sv.Plan.from_json(old) == full
+    bad = '{"schema": "shardviz.plan", "version": 1, "units": [""], "checkpoint": {"a": "some"}}'
+    with pytest.raises(ValueError, match=r"plan JSON: field checkpoint\['a'\]: policy 'some'"):
+        sv.Plan.from_json(bad)
+    with pytest.raises(ValueError, match="field 'checkpoint' must be a list of module FQNs or an object"):
+        sv.Plan.from_json('{"schema": "shardviz.plan", "version": 1, "units": [""], "checkpoint": "a"}')
+
+
+def test_selective_checkpointing_is_refused_where_not_measured_yet():
+    from shardviz import zoo
+
+    model = zoo.tiny_llama_lora()
+    plan = sv.Plan.auto(model, checkpoint="selective")
+    block = plan.checkpoint[0]
+    a = sv.analyze(model, plan, sv.Mesh(2), sv.Training(batch_size=1, seq_len=16))
+    assert not a.errors  # the plan itself is fine for the FSDP rules
+    with pytest.raises(sv.PlanError, match=f"SV114.*selective.*{block}") as info:
+        a.memory  # noqa: B018 - never silently measured as "full"
+    assert info.value.findings[0].fqns == plan.checkpoint.selective
+    with pytest.raises(sv.PlanError, match="export_code does not do selective"):
+        sv.export_code(model, plan, mesh=sv.Mesh(2))
+    assert sv.analyze(model, plan, sv.Mesh(2)).memory.peak.max() > 0  # no batch: no activations to measure

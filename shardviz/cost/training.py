@@ -47,6 +47,8 @@ class Training:
     example_inputs: for models that are not Hugging Face language models, a callable
         ``fn(batch_size, seq_len) -> (args, kwargs)`` giving one micro-batch; the loss is
         ``out.loss`` if present, else the sum of the output.
+    global_batch: sequences per optimizer step over all data-parallel ranks (``sv.search`` then
+        tries every micro-batch and accumulation that give it); None: not fixed.
     """
 
     optimizer: str | int = "adamw"
@@ -61,6 +63,7 @@ class Training:
     batch_size: int | None = None
     seq_len: int = 2048
     example_inputs: object = None
+    global_batch: int | None = None
 
     def __post_init__(self):
         opt = self.optimizer
@@ -84,12 +87,12 @@ class Training:
         object.__setattr__(self, "sync_outside_fsdp", bool(self.sync_outside_fsdp))
         object.__setattr__(self, "fused", bool(self.fused))
         object.__setattr__(self, "capturable", bool(self.capturable))
-        for key in ("batch_size", "seq_len"):
+        for key in ("batch_size", "seq_len", "global_batch"):
             value = getattr(self, key)
-            if key == "batch_size" and value is None:
+            if key != "seq_len" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Training.{key} must be a positive int{' or None' if key == 'batch_size' else ''}, got {value!r}")
+                raise ValueError(f"Training.{key} must be a positive int{' or None' if key != 'seq_len' else ''}, got {value!r}")
         if self.example_inputs is not None and not callable(self.example_inputs):
             raise ValueError("Training.example_inputs must be a callable fn(batch_size, seq_len) -> (args, kwargs)")
 

@@ -1,0 +1,538 @@
+"""``sv.search``: the fastest plan that fits, among the plans a user would otherwise try by hand.
+
+Candidates: LoRA ignored / sharded / separate (when the model has LoRA); checkpointing of every
+block, every 2nd, every 3rd, none (and "selective" once the activation measurement does it);
+``reshard_after_forward`` as torch sets it, ``False``, or an int (one node's ranks) when the shard
+group spans nodes; every HSDP split of the world size; CPU offload; and, with
+``Training(global_batch=...)``, every micro-batch and accumulation that give that batch.
+
+Every candidate that could fit is analysed by ``analyze``: activations are measured by torch once
+per LoRA layout x checkpointing x micro-batch (the analysis' profile cache), and shared by every
+mesh, reshard and offload option. Candidates that cannot fit are not analysed (pruned), each with
+its reason:
+
+- the model state alone (parameters, gradients, optimizer states, FSDP buffers: ``analyze``
+  without a batch) is over the device: activations are never measured for it;
+- a plan with every block checkpointed (or one of the partial policies) is already over the device
+  on the same layout, mesh and options: the blocks checkpointed with fewer blocks are a subset, so
+  more activations are alive at every moment;
+- a micro-batch larger than one with which nothing fits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields, replace
+
+import pandas as pd
+
+from .analysis import Analysis, analyze
+from .cost import Training
+from .finding import PlanError
+from .format import format_bytes
+from .fsdp import Mesh
+from .plan import LORA_LAYOUTS, Plan, Unit
+from .tree import ModelTree, as_tree
+
+# Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
+CHECKPOINTS = ("blocks", "every 2", "every 3", "selective", None)
+DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
+HOST_GBPS = 25.0  # host <-> device copies of CPU offload (PCIe 4.0 x16), for _step_time_estimate only
+_TRAINING_FIELDS = {f.name for f in fields(Training)}
+COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "why", "lora", "checkpoint",
+           "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan the search tries: a preset, its options, the mesh split and the micro-batch."""
+
+    lora: str = "sharded"
+    checkpoint: str | None = None
+    reshard: bool | int | None = None  # None: torch's default (True, the root False)
+    replicate: int = 1
+    offload: bool = False
+    batch_size: int | None = None
+    grad_accum: int = 1
+
+    def name(self, world: int, has_lora: bool, vary_batch: bool) -> str:
+        parts = [f"LoRA {self.lora}"] if has_lora else []
+        parts.append({None: "no checkpointing", "blocks": "checkpoint every block",
+                      "selective": "selective checkpointing"}.get(self.checkpoint, f"checkpoint {self.checkpoint}"))
+        if self.reshard is False:
+            parts.append("no reshard after forward")
+        elif self.reshard is not None:
+            parts.append(f"reshard to {self.reshard} ranks")
+        parts.append(f"HSDP {self.replicate}x{world // self.replicate}" if self.replicate > 1 else f"FSDP {world}")
+        if self.offload:
+            parts.append("CPU offload")
+        if vary_batch:
+            parts.append(f"micro-batch {self.batch_size} x {self.grad_accum}")
+        return ", ".join(parts)
+
+    @property
+    def state_key(self) -> tuple:
+        return (self.lora, self.reshard, self.replicate, self.offload)
+
+
+# ---------------------------------------------------------------------------
+# Step time
+# ---------------------------------------------------------------------------
+def _step_time_estimate(a: Analysis, grad_accum: int = 1) -> dict:
+    """TODO(issue 18): a temporary step time until ``Analysis.step`` exists (the lead replaces this
+    one function): the communication time of ``a.comm`` (collectives one after another, no overlap,
+    no compute), plus, with CPU offload, the host-device copies (parameters in forward and backward,
+    gradients back) at ``HOST_GBPS``; once per micro-batch."""
+    comm = float(a.comm.attrs.get("time_per_step_s", float("nan")))
+    step = (comm + _offload_copy_s(a)) * grad_accum
+    t = a.training
+    tokens = (t.batch_size or 0) * t.seq_len * grad_accum
+    return {"step_time_s": step, "tokens_per_s": tokens / step if step > 0 else float("inf")}
+
+
+def _offload_copy_s(a: Analysis) -> float:
+    """CPU offload: the sharded parameters copied to the device in forward and in backward, the
+    gradients back, at ``HOST_GBPS`` (part of the stand-in ``_step_time_estimate``)."""
+    mem = a.memory
+    return (2 * int(mem.cpu_params.max()) + int(mem.cpu_grads.max())) / (HOST_GBPS * 1e9)
+
+
+def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
+    """step_time_s (one optimizer step) and tokens_per_s (per rank): ``a.step`` when the analysis
+    has it, else ``_step_time_estimate``."""
+    step = getattr(a, "step", None)
+    if step is None:
+        return _step_time_estimate(a, grad_accum)
+    scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
+    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"])}
+
+
+def _time_parts(a: Analysis) -> dict:
+    """Seconds per step by what takes them (collectives by kind and group, offload copies): what
+    ``why`` names when a plan is slower than the one above it."""
+    c = a.comm
+    out: dict = {}
+    if len(c):
+        across = c["group_size"].to_numpy() > a.mesh.ranks_per_node
+        seconds = (c["time_s"] * c["count"]).to_numpy()
+        for kind, size, far, sec in zip(c["collective"], c["group_size"], across, seconds):
+            key = f"{kind.replace('_', '-')}s over {size} ranks {'across nodes' if far else 'inside a node'}"
+            out[key] = out.get(key, 0.0) + float(sec)
+    if getattr(a, "step", None) is None and _offload_copy_s(a) > 0:
+        out["CPU offload copies"] = _offload_copy_s(a)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Running the candidates
+# ---------------------------------------------------------------------------
+class _Runner:
+    """Analyses candidates, keeping what prunes the rest."""
+
+    def __init__(self, tree: ModelTree, mesh: Mesh, training: Training):
+        self.tree, self.mesh, self.training = tree, mesh, training
+        self.limit = mesh.device_memory
+        self.has_lora = any(p.role == "lora" for p in tree.params)
+        self._auto: dict = {}
+        self._state: dict = {}
+        self.over: dict = {}  # (state key, batch, checkpoint) -> peak over the device
+        self.act_over: dict = {}  # (lora, batch, checkpoint) -> activations alone over the device
+        self.n_analysed = 0
+        self.unmeasured: set = set()  # checkpoint policies the activation measurement refuses (SV114)
+        self.lean_offload = True
+
+    def plan(self, c: Candidate) -> Plan:
+        key = (c.lora, c.checkpoint)
+        if key not in self._auto:
+            self._auto[key] = Plan.auto(self.tree, lora=c.lora, checkpoint=c.checkpoint)
+        auto = self._auto[key]
+        if c.reshard is None and not c.offload:
+            return auto
+        units = [Unit(u.modules, u.reshard_after_forward if u.modules == ("",) or c.reshard is None else c.reshard,
+                      u.param_dtype, u.reduce_dtype, u.offload or c.offload) for u in auto.units]
+        return auto.with_units(units)
+
+    def mesh_for(self, c: Candidate, world: int | None = None) -> Mesh:
+        world = world or self.mesh.world
+        return replace(self.mesh, shard=world // c.replicate, replicate=c.replicate)
+
+    def training_for(self, c: Candidate, with_batch: bool = True) -> Training:
+        kw = {"batch_size": c.batch_size if with_batch else None, "offload": False}
+        if "grad_accum" in _TRAINING_FIELDS:
+            kw["grad_accum"] = c.grad_accum
+        return replace(self.training, **kw)
+
+    def analysis(self, c: Candidate, world: int | None = None, with_batch: bool = True) -> Analysis:
+        self.n_analysed += 1
+        return analyze(self.tree, self.plan(c), self.mesh_for(c, world), self.training_for(c, with_batch))
+
+    def lean_state(self, lora: str) -> int:
+        """The model-state peak (no activations) of the layout with the options that hold least."""
+        if lora not in self._state:
+            lean = Candidate(lora, None, None, 1, self.lean_offload)
+            self._state[lora] = int(self.analysis(lean, with_batch=False).memory.peak.max())
+        return self._state[lora]
+
+    def holds_less(self, strong: str | None, weak: str | None) -> bool:
+        """Plans checkpointed as ``strong`` hold fewer activations than as ``weak`` at every moment:
+        every block ``weak`` checkpoints is checkpointed by ``strong`` at least as fully, or both
+        checkpoint in full and ``strong`` checkpoints at least as many blocks of each kind."""
+        if strong == weak:
+            return False
+        a, b = self.plan(Candidate(checkpoint=strong)).checkpoint, self.plan(Candidate(checkpoint=weak)).checkpoint
+        if all(n in a and a.policy(n) in ("full", p) for n, p in b.items()):
+            return True
+        if a.selective or b.selective:
+            return False
+        kinds = lambda ck: Counter(self.tree.modules[self.tree.module_index[n]].type_name for n in ck)  # noqa: E731
+        ka, kb = kinds(a), kinds(b)
+        return all(ka[k] >= n for k, n in kb.items())
+
+    def pruned_by(self, c: Candidate) -> str | None:
+        """Why ``c`` cannot fit without analysing it, or None."""
+        gib, less = format_bytes(self.limit), "(checkpoints less: not analysed)"
+        act = self.act_over.get((c.lora, c.batch_size, c.checkpoint))
+        if act is not None:  # the same activations whatever the mesh and options
+            return f"over {gib}: the activations alone are {format_bytes(act)} (measured on another mesh or option)"
+        for (lora, batch, ckpt), act in self.act_over.items():
+            if lora == c.lora and batch == c.batch_size and self.holds_less(ckpt, c.checkpoint):
+                return f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)} {less}"
+        for (state, batch, ckpt), peak in self.over.items():
+            if state == c.state_key and (batch or 0) <= (c.batch_size or 0) and (ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)):
+                return f"over {gib}: {format_bytes(peak)} with {_ckpt_words(ckpt)}, micro-batch {batch} {less}"
+        state = self.lean_state(c.lora)
+        if state > self.limit:
+            return (f"over {gib}: the model state alone is {format_bytes(state)} with the leanest options "
+                    "(activations not measured)")
+        return None
+
+    def evaluate(self, c: Candidate) -> dict | None:
+        """The candidate's row (None: a policy the measurement cannot do yet)."""
+        if c.checkpoint in self.unmeasured:
+            return None
+        reason = self.pruned_by(c)
+        if reason is not None:
+            return {"analysed": False, "fits": False, "peak": None, "why": reason}
+        try:
+            a = self.analysis(c)
+            peak = int(a.memory.peak.max())
+        except PlanError as exc:
+            if any(f.code == "SV114" for f in exc.findings):
+                self.unmeasured.add(c.checkpoint)
+                return None
+            return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
+        fits = peak <= self.limit
+        if not fits:
+            self.over[(c.state_key, c.batch_size, c.checkpoint)] = peak
+        profile = a.activation_profile
+        if profile is not None and profile.peak[0] > self.limit:
+            self.act_over[(c.lora, c.batch_size, c.checkpoint)] = int(profile.peak[0])
+        return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
+                "parts": _time_parts(a), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
+
+
+def _ckpt_words(checkpoint: str | None) -> str:
+    return {None: "no checkpointing", "blocks": "every block checkpointed",
+            "selective": "selective checkpointing"}.get(checkpoint, f"checkpoint={checkpoint!r}")
+
+
+# ---------------------------------------------------------------------------
+# The candidates
+# ---------------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _micro_batches(mesh: Mesh, training: Training) -> list[tuple[int | None, int]]:
+    """(micro-batch, accumulation) pairs, smallest micro-batch first."""
+    if training.global_batch is None:
+        return [(training.batch_size, 1)]
+    per_rank, rest = divmod(training.global_batch, mesh.world)
+    if rest:
+        raise ValueError(f"Training.global_batch={training.global_batch} is not a multiple of the world size "
+                         f"{mesh.world}: every rank trains whole sequences")
+    return [(b, per_rank // b) for b in _divisors(per_rank)]
+
+
+def _reshards(mesh: Mesh, replicate: int) -> list[bool | int | None]:
+    shard, node = mesh.world // replicate, mesh.ranks_per_node
+    return [None, False] + ([node] if shard > node and shard % node == 0 else [])
+
+
+def _distinct_checkpoints(runner: _Runner) -> list[str | None]:
+    """The checkpoint presets that checkpoint different blocks ("every 3" of 2 blocks is none), in
+    the order of ``CHECKPOINTS``; of two that agree, the plainer name stays (none, then blocks)."""
+    seen: dict = {}
+    for ckpt in (None, "blocks") + tuple(c for c in CHECKPOINTS if c not in (None, "blocks")):
+        key = runner.plan(Candidate(checkpoint=ckpt)).checkpoint
+        seen.setdefault(key, ckpt)
+    return [c for c in CHECKPOINTS if c in seen.values()]
+
+
+def candidates(runner: _Runner, offload=(False, True)) -> list[Candidate]:
+    """Every candidate, in the order pruning needs: micro-batch, then checkpointing, most first."""
+    layouts = LORA_LAYOUTS if runner.has_lora else ("sharded",)
+    with_batch = runner.training.batch_size is not None or runner.training.global_batch is not None
+    checkpoints = _distinct_checkpoints(runner) if with_batch else (None,)
+    out = []
+    for batch, accum in _micro_batches(runner.mesh, runner.training):
+        for ckpt in checkpoints:
+            for lora in layouts:
+                for replicate in _divisors(runner.mesh.world):
+                    for reshard in _reshards(runner.mesh, replicate):
+                        out += [Candidate(lora, ckpt, reshard, replicate, off, batch, accum) for off in offload]
+    return out
+
+
+def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]]:
+    """Rows for every candidate; a micro-batch larger than one with which nothing fits is pruned."""
+    rows: list = []
+    nowhere: int | None = None  # the smallest micro-batch with which nothing fits
+    for i, c in enumerate(cands):
+        if nowhere is not None and c.batch_size is not None and c.batch_size > nowhere:
+            rows.append((c, {"analysed": False, "fits": False, "peak": None,
+                             "why": f"over {format_bytes(runner.limit)}: micro-batch {nowhere} fits with no plan"}))
+            continue
+        row = runner.evaluate(c)
+        if row is not None:
+            rows.append((c, row))
+        last_of_batch = i + 1 == len(cands) or cands[i + 1].batch_size != c.batch_size
+        if last_of_batch and c.batch_size is not None and not any(
+                r["fits"] for cc, r in rows if cc.batch_size == c.batch_size):
+            nowhere = c.batch_size if nowhere is None else nowhere
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Ranking and the reasons
+# ---------------------------------------------------------------------------
+def _rank_key(limit: int):
+    def key(item):
+        c, r = item
+        if r["fits"]:
+            return (0, float(f"{r['step_time_s']:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
+        over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
+        return (1 if r["analysed"] else 2, over, 0, c.offload, 0, 0)
+    return key
+
+
+def _slower_because(r: dict, above: dict) -> str:
+    """What costs a fitting row its time against the fitting row above it."""
+    dt = r["step_time_s"] - above["step_time_s"]
+    deltas = {k: r["parts"].get(k, 0.0) - above["parts"].get(k, 0.0) for k in set(r["parts"]) | set(above["parts"])}
+    more = [f"recomputation of {r['recompute']} blocks"] if r["recompute"] > above["recompute"] else []
+    tie = 1e-9 + 1e-6 * above["step_time_s"]
+    if deltas and max(deltas.values()) > tie:
+        label, sec = max(deltas.items(), key=lambda kv: kv[1])
+        more.insert(0, f"{label} (+{_seconds(sec)})")
+    if dt > tie:
+        return f"{_seconds(dt)} slower: " + ("; ".join(more) or "slower collectives")
+    return "as fast; " + _tie_reason(r, above)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.2f} s" if s >= 0.01 else f"{s * 1e3:.2f} ms" if s >= 1e-5 else f"{s * 1e6:.2f} us"
+
+
+def _tie_reason(r: dict, above: dict) -> str:
+    if r["recompute"] > above["recompute"]:
+        return f"recomputes {r['recompute']} blocks (the row above {above['recompute']})"
+    if r.get("offload") and not above.get("offload"):
+        return "CPU offload copies every parameter and gradient between host and device"
+    if r["calls"] > above["calls"]:
+        return f"{r['calls']} fully_shard calls (the row above {above['calls']}): more collectives to launch"
+    if r["peak"] > above["peak"]:
+        return f"peak {format_bytes(r['peak'] - above['peak'])} higher"
+    return "equal on every count (listed in search order)"
+
+
+def _why(r: dict, above: dict | None, limit: int) -> str:
+    if not r["analysed"]:
+        return r["why"]
+    if not r["fits"]:
+        return f"over {format_bytes(limit)} by {format_bytes(r['peak'] - limit)}"
+    if above is None:
+        return "fastest that fits"
+    return _slower_because(r, above)
+
+
+# ---------------------------------------------------------------------------
+# When nothing fits
+# ---------------------------------------------------------------------------
+def _lean(runner: _Runner, batch: int | None) -> Candidate:
+    """The candidate with the least memory: LoRA sharded, every block checkpointed, CPU offload."""
+    ckpt = "blocks" if batch is not None else None
+    return Candidate("sharded", ckpt, None, 1, True, batch, 1)
+
+
+def _fits(runner: _Runner, c: Candidate, world: int | None = None) -> int | None:
+    """The peak of ``c`` (on ``world`` ranks) when it fits, else None."""
+    try:
+        peak = int(runner.analysis(c, world).memory.peak.max())
+    except PlanError:
+        return None
+    return peak if peak <= runner.limit else None
+
+
+def _smaller_batch(runner: _Runner, lean: Candidate) -> str:
+    b = lean.batch_size // 2
+    while b >= 1 and _fits(runner, replace(lean, batch_size=b)) is None:
+        b //= 2
+    if b < 1:
+        return "not even micro-batch 1 fits"
+    return f"micro-batch {b} fits ({lean.name(runner.mesh.world, runner.has_lora, False)})"
+
+
+def _more_ranks(runner: _Runner, lean: Candidate, max_factor: int) -> str:
+    lean = replace(lean, offload=False)  # an offloaded peak hardly shrinks with more ranks: this one does
+    world = runner.mesh.world * 2
+    while world <= runner.mesh.world * max_factor and _fits(runner, lean, world) is None:
+        world *= 2
+    if world > runner.mesh.world * max_factor:
+        return f"not even {world // 2} ranks fit"
+    return f"{world} ranks fit ({lean.name(world, runner.has_lora, False)}" + (
+        f", micro-batch {lean.batch_size})" if lean.batch_size else ")")
+
+
+def what_would_fit(runner: _Runner, rows: list, max_factor: int = 64) -> str:
+    """Nothing fits: say so, and name the smallest world size or micro-batch that would (world
+    sizes doubling up to ``max_factor`` times the mesh's)."""
+    batch = min((c.batch_size for c, _ in rows if c.batch_size is not None), default=None)
+    lean = _lean(runner, batch)
+    head = f"nothing fits in {format_bytes(runner.limit)} on {runner.mesh.world} ranks"
+    a = runner.analysis(lean)
+    act = a.activation_profile.peak[0] if a.activation_profile is not None else 0
+    hints = []
+    if act > runner.limit:  # the activations alone: more ranks do not shrink them
+        hints.append(f"the activations alone are {format_bytes(act)} ({lean.name(runner.mesh.world, runner.has_lora, False)}"
+                     f", micro-batch {batch}), more ranks do not help")
+    else:
+        hints.append(_more_ranks(runner, lean, max_factor))
+    if batch is not None and batch > 1:
+        hints.append(_smaller_batch(runner, lean))
+    return head + ": " + "; ".join(hints)
+
+
+# ---------------------------------------------------------------------------
+# The result
+# ---------------------------------------------------------------------------
+class Search:
+    """What ``sv.search`` found. ``table``: one row per plan, best first; ``best``: the plan to run
+    (None when nothing fits), ``best_mesh`` (the HSDP split), ``best_training`` (None unless the
+    micro-batch or offloading changed); ``note``: what the search assumed, or why nothing fits."""
+
+    def __init__(self, rows: list, runner: _Runner, note: str, n_candidates: int, nothing_fits: str = ""):
+        self._rows, self._runner = rows, runner
+        self.note, self.n_candidates, self.n_analysed = note, n_candidates, runner.n_analysed
+        self.device_memory = runner.limit
+        world, vary = runner.mesh.world, runner.training.global_batch is not None
+        records, above = [], None
+        for c, r in rows:
+            why = _why(r, above if r["fits"] else None, runner.limit)
+            if r["fits"]:
+                above = r
+            records.append({
+                "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
+                "margin": None if r["peak"] is None else runner.limit - r["peak"],
+                "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "why": why,
+                "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
+                "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // c.replicate,
+                "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r["analysed"],
+            })
+        self.table = pd.DataFrame(records, columns=COLUMNS)
+        if nothing_fits:
+            self.table.loc[0, "why"] = f"{nothing_fits}. This row: {self.table.loc[0, 'why']}"
+
+    @property
+    def fits(self) -> bool:
+        return bool(len(self.table)) and bool(self.table.fits.iloc[0])
+
+    def candidate(self, i: int = 0) -> tuple[Plan, Mesh, Training]:
+        """Row ``i``'s plan, mesh and training, ready for ``sv.analyze``."""
+        c = self._rows[i][0]
+        return self._runner.plan(c), self._runner.mesh_for(c), self._runner.training_for(c)
+
+    @property
+    def best(self) -> Plan | None:
+        if not self.fits:
+            return None
+        plan = self.candidate(0)[0]
+        return Plan(plan.units, plan.ignored, f"search: {self.table.name.iloc[0]}", plan.checkpoint)
+
+    @property
+    def best_mesh(self) -> Mesh | None:
+        return self.candidate(0)[1] if self.fits else None
+
+    @property
+    def best_training(self) -> Training | None:
+        if not self.fits:
+            return None
+        training = self.candidate(0)[2]
+        return training if training != self._runner.training else None
+
+    def formatted(self) -> pd.DataFrame:
+        """The table with sizes and times written for people (the CLI prints it)."""
+        t = self.table
+        size = lambda v: "" if v is None or v != v else format_bytes(v)  # noqa: E731
+        return pd.DataFrame({
+            "name": t.name, "fits": t.fits.map({True: "yes", False: "no"}),
+            "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
+            "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3f}"),
+            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"), "why": t.why})
+
+    def figure(self):
+        """Peak against step time of every analysed plan, the device memory drawn across."""
+        import plotly.graph_objects as go
+
+        t = self.table[self.table.analysed]
+        fig = go.Figure()
+        for fits, rows in t.groupby("fits"):
+            fig.add_trace(go.Scatter(x=rows.step_time_s, y=rows.peak / 2**30, mode="markers", text=rows.name,
+                                     name="fits" if fits else "does not fit",
+                                     hovertemplate="%{text}<br>%{x:.3f} s, %{y:.2f} GiB<extra></extra>"))
+        fig.add_hline(y=self.device_memory / 2**30, line_dash="dash", annotation_text="device memory")
+        fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak per rank (GiB)", height=420,
+                          legend_orientation="h")
+        return fig
+
+    def __repr__(self) -> str:
+        best = self.table.name.iloc[0] if self.fits else "nothing fits"
+        return f"<shardviz.Search {self.n_candidates} plans, {self.n_analysed} analyses: {best}>"
+
+
+def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True)) -> Search:
+    """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
+
+    ``mesh``: the world size, device memory (required: what "fits" means), ranks per node and
+    bandwidths (the README table's 450 / 50 GB/s when absent); ``training``: the optimizer, dtypes
+    and micro-batch; with ``global_batch`` the micro-batch and accumulation are searched too.
+    """
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"search: mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
+    if mesh.device_memory is None:
+        raise ValueError("search: Mesh.device_memory is needed to tell what fits, e.g. sv.Mesh(64, device_memory='80GiB')")
+    training = training if training is not None else Training()
+    if not isinstance(training, Training):
+        raise ValueError(f"search: training must be a shardviz.Training, got {type(training).__name__}")
+    notes = []
+    if mesh.intra_node_gbps is None or mesh.inter_node_gbps is None:
+        mesh = replace(mesh, intra_node_gbps=mesh.intra_node_gbps or DEFAULT_GBPS[0],
+                       inter_node_gbps=mesh.inter_node_gbps or DEFAULT_GBPS[1])
+        notes.append(f"links assumed: {mesh.intra_node_gbps:g} GB/s inside a node of {mesh.ranks_per_node}, "
+                     f"{mesh.inter_node_gbps:g} GB/s across nodes")
+    if not hasattr(Analysis, "step"):
+        notes.append(f"step_time_s: the collectives one after another plus CPU offload copies at {HOST_GBPS:g} GB/s, "
+                     "no compute (a stand-in until the step-time model)")
+    tree = as_tree(model)
+    if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
+        raise ValueError("search: activations are measured by running the model: pass the nn.Module")
+    runner = _Runner(tree, mesh, training)
+    runner.lean_offload = any(offload)
+    cands = candidates(runner, offload)
+    rows = sorted(_run(runner, cands), key=_rank_key(runner.limit))
+    for c, r in rows:
+        r["offload"] = c.offload
+    if runner.unmeasured:
+        notes.append("selective checkpointing not tried: the activation measurement does not do it yet (SV114)")
+    nothing = what_would_fit(runner, rows) if rows and not rows[0][1]["fits"] else ""
+    return Search(rows, runner, "; ".join(([nothing] if nothing else []) + notes), len(cands), nothing)
