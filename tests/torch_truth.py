@@ -9,10 +9,11 @@
   activations, temporaries and inputs taken out, taken at every op rather than at the moment
   activations peak. The same goes for the post-forward shards of an int
   ``reshard_after_forward``, which the tracker files under Activation.
-- Collectives: a ``TorchDispatchMode`` sees every c10d op (``_allgather_base_``,
-  ``_reduce_scatter_base_``, ``allreduce_``; the same ops ``CommDebugMode`` counts) and records
-  kind, tensor bytes (all-gather output, reduce-scatter input, all-reduce tensor), dtype and the
-  process group's size. The FSDP call that issued it is read from the ``FSDPParamGroup`` whose
+- Collectives: a ``TorchDispatchMode`` logs every ``torch.ops.c10d`` op (FSDP2 issues
+  ``_allgather_base_``, ``_reduce_scatter_base_``, ``allreduce_``; the same ops ``CommDebugMode``
+  counts) and records kind, tensor bytes (all-gather output, reduce-scatter input, all-reduce
+  tensor), dtype and the process group's size. Any other c10d op is logged under its own name, a
+  kind ``a.comm`` does not have, and ``comm_mismatches`` fails on it. The FSDP call that issued it is read from the ``FSDPParamGroup`` whose
   ``unshard``/``post_backward`` is running.
 
 Works under torch's fake process group (any world size, one process) and under gloo with real
@@ -163,15 +164,42 @@ def _label_fsdp_calls(labels: dict):
         FSDPParamGroup.unshard, FSDPParamGroup.post_backward = orig_unshard, orig_post
 
 
-def _collective_recorder():
-    from torch.utils._python_dispatch import TorchDispatchMode
+# c10d op -> (kind as a.comm names it, the argument whose bytes a.comm counts, the process-group argument)
+_KNOWN_C10D = {
+    "_allgather_base_": ("all_gather", 0, 2),  # (output, input, pg, ...): the output
+    "allgather_": ("all_gather", 0, 2),  # ([[outputs]], [inputs], pg, ...)
+    "allgather_into_tensor_coalesced_": ("all_gather", 0, 2),  # ([outputs], [inputs], pg, ...)
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 2),  # (output, input, pg, op, ...): the input
+    "reduce_scatter_": ("reduce_scatter", 1, 2),  # ([outputs], [[inputs]], pg, op, ...)
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 2),  # ([outputs], [inputs], pg, op, ...)
+    "allreduce_": ("all_reduce", 0, 1),  # ([tensors], pg, op, ...)
+    "allreduce_coalesced_": ("all_reduce", 0, 1),  # ([tensors], pg, op, ...)
+}
 
-    c10d = torch.ops.c10d
-    kinds = {
-        c10d._allgather_base_.default: ("all_gather", 0, 2),  # (output, input, pg, ...)
-        c10d._reduce_scatter_base_.default: ("reduce_scatter", 1, 2),  # (output, input, pg, op, ...)
-        c10d.allreduce_.default: ("all_reduce", 0, 1),  # ([tensors], pg, op, ...)
-    }
+
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _tensors(y)]
+    return []
+
+
+def _group_size(args) -> int | None:
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return dist.ProcessGroup.unbox(a).size()
+            except Exception:  # another script object (a Work, a ReduceOp)
+                continue
+    return None
+
+
+def _collective_recorder():
+    """Logs every ``torch.ops.c10d`` op a step dispatches, not only the kinds shardviz predicts: a
+    kind the prediction lacks (a broadcast, an all-to-all, a barrier) is logged under its op name
+    and ``comm_mismatches`` fails on it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
@@ -179,16 +207,15 @@ def _collective_recorder():
             self.log: list[dict] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kind = kinds.get(func)
-            if kind is not None:
-                name, t_arg, pg_arg = kind
-                t = args[t_arg]
-                if isinstance(t, (list, tuple)):
-                    t = t[0]
-                pg = dist.ProcessGroup.unbox(args[pg_arg])
+            if func.namespace == "c10d":
+                op = func._schema.name.split("::", 1)[1]
+                name, t_arg, pg_arg = _KNOWN_C10D.get(op, (op, 0, None))
+                tensors = _tensors(args[t_arg]) if len(args) > t_arg else []
+                size = _group_size(args[pg_arg:pg_arg + 1] if pg_arg is not None else args)
                 self.log.append({"unit": _CURRENT[0], "collective": name, "phase": _PHASE[0],
-                                 "group_size": pg.size(), "dtype": str(t.dtype).replace("torch.", ""),
-                                 "bytes": t.numel() * t.element_size()})
+                                 "group_size": size if size is not None else 0,
+                                 "dtype": str(tensors[0].dtype).replace("torch.", "") if tensors else "",
+                                 "bytes": sum(t.numel() * t.element_size() for t in tensors)})
             return func(*args, **(kwargs or {}))
 
     return Recorder()
@@ -513,6 +540,10 @@ def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
             predicted[_call_key(r.unit, r.collective, r.phase, r.group_size, r.dtype, r.bytes)] += 1
         else:
             predicted_total[(r.unit, r.collective, r.phase, int(r.group_size), str(r.dtype))] += r.bytes * r.count
+    kinds = set(analysis.comm.collective)
+    issued = Counter(c["collective"] for c in truth.collectives)
+    out = [f"torch issued {n} x {k!r}, a kind the prediction does not have ({sorted(kinds)})"
+           for k, n in sorted(issued.items()) if k not in kinds]
     seen, seen_total = Counter(), Counter()
     for c in truth.collectives:
         key = _call_key(c["unit"], c["collective"], c["phase"], c["group_size"], c["dtype"], c["bytes"])
@@ -520,7 +551,7 @@ def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
             seen[key] += 1
         else:
             seen_total[key[:5]] += key[5]
-    out = [f"predicted but not issued: {k} x{n - seen[k]}" for k, n in predicted.items() if n > seen[k]]
+    out += [f"predicted but not issued: {k} x{n - seen[k]}" for k, n in predicted.items() if n > seen[k]]
     for k in set(seen_total) | set(predicted_total):
         if seen_total[k] != predicted_total[k]:
             out.append(f"torch issued {k} totalling {seen_total[k]} bytes, predicted {predicted_total[k]}")
