@@ -3,6 +3,7 @@
 #
 #   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab,hf] + kernelspec
 #   ./scripts/setup.sh --browser   ... and Debian's chromium + chromium-driver (browser tests)
+#   ./scripts/setup.sh --node      ... and Debian's nodejs when `node` is missing (tests/test_widget_protocol_js.py)
 #
 # Quiet when all is well; on failure it prints the failing step's full log and exits non-zero.
 # A re-run is cheap: pip is skipped while pyproject.toml and this script are unchanged and
@@ -14,10 +15,12 @@ SELF="$ROOT/scripts/$(basename "${BASH_SOURCE[0]}")"
 cd "$ROOT"
 
 WANT_BROWSER=0
+WANT_NODE=0
 for arg in "$@"; do
   case "$arg" in
     --browser) WANT_BROWSER=1 ;;
-    -h|--help) sed -n '2,9p' "$SELF"; exit 0 ;;
+    --node) WANT_NODE=1 ;;
+    -h|--help) sed -n '2,10p' "$SELF"; exit 0 ;;
     *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -103,6 +106,15 @@ if [ "$WANT_BROWSER" -eq 1 ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/
   step "apt-get install chromium" as_root env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends chromium chromium-driver fonts-liberation
   [ -x /usr/bin/chromium ] || { echo "setup.sh: /usr/bin/chromium still missing" >&2; exit 1; }
+fi
+
+# 6. node for the front end's protocol check (CI fails that test without it).
+if [ "$WANT_NODE" -eq 1 ] && ! command -v node >/dev/null 2>&1; then
+  echo "setup.sh: installing nodejs (apt)"
+  step "apt-get update" as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  step "apt-get install nodejs" as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends nodejs
+  command -v node >/dev/null 2>&1 || { echo "setup.sh: node still missing" >&2; exit 1; }
 fi
 
 exit 0

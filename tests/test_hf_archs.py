@@ -19,12 +19,50 @@ import shardviz as sv
 from hf_archs import ISSUE_TYPES, Unbuildable, add_lora, build, check, sample_types
 
 N_TYPES = 80  # a deterministic sample of CONFIG_MAPPING (the issue's types first)
-MIN_BUILT = 70  # issue 9 asks for 60; 75 of the 80 build with transformers 5.24
 MESHES = (sv.Mesh(4), sv.Mesh(3, replicate=2))
+
+# The sets below are pinned for one transformers release (the sample itself follows CONFIG_MAPPING).
+# With another release installed the tests skip, saying so: re-pin them from a run's output.
+TRANSFORMERS = "5.24.0"
+# 75 of the 80 sampled types build (issue 9 asks for 60).
+BUILT = frozenset({
+    "albert", "arcee", "big_bird", "blip", "blt", "bridgetower",
+    "clap", "clip", "clip_vision_model", "cosmos3_edge_vision", "data2vec-audio", "deepseek_v3",
+    "doge", "edgetam_video", "encoder-decoder", "exaone", "fastspeech2_conformer_with_hifigan", "fsmt",
+    "fun_asr_nano_encoder", "funnel", "git", "glm4v_text", "glm_moe_dsa", "gpt-sw3",
+    "gpt2", "granite_docling", "granitemoe_swa", "higgs_audio_v2", "hy_v3", "idefics3",
+    "inkling2_vision", "jais2", "jamba", "kosmos-2.5", "levit", "lilt",
+    "longformer", "mask2former", "mimo_v2_flash", "minimax_m3_vl", "mixtral", "mllama",
+    "modernvbert", "mpt", "muse_spark_text", "nemotron3_5_asr", "neucodec", "olmo_hybrid",
+    "omniasr", "owlvit", "paddleocr_vl", "phi3", "poolformer", "prophetnet",
+    "qwen2_audio", "qwen3_5_moe_vision", "qwen3_vl_moe", "recurrent_gemma", "rt_detr", "sam3_lite_text",
+    "sam_vision_model", "sew-d", "speech_to_text", "swin2sr", "textnet", "trocr",
+    "unlimited_ocr", "videomae", "vit_msn", "wav2vec2", "wavlm", "xlm",
+    "zamba", "zamba2", "zaya",
+})
+# What does not build from a small config offline, and the error's type (the rest of it is printed).
+UNBUILDABLE = {
+    "aya_vision": "ValueError",
+    "cohere_compass": "KeyError",
+    "detr": "ImportError",
+    "gemma3n_vision": "ImportError",
+    "pe_audio_video_encoder": "ImportError",
+    "poolformer+lora": "no nn.Linear for LoRA",
+    "textnet+lora": "no nn.Linear for LoRA",
+}
+
+
+def pinned_release():
+    import transformers
+
+    if transformers.__version__ != TRANSFORMERS:
+        pytest.skip(f"the built and measured sets are pinned for transformers {TRANSFORMERS}, "
+                    f"{transformers.__version__} is installed: re-pin BUILT, UNBUILDABLE and NOT_MEASURED")
 
 
 @pytest.mark.slow
 def test_auto_plan_on_hf_architectures():
+    pinned_release()
     types = sample_types(N_TYPES)
     built, unbuildable, failures, times = [], {}, {}, {}
     for model_type in types:
@@ -57,12 +95,14 @@ def test_auto_plan_on_hf_architectures():
     for label, why in sorted(unbuildable.items()):
         print(f"  {label}: {why}")
     assert not failures, json.dumps(failures, indent=1)[:20000]
-    assert len(built) >= MIN_BUILT, f"only {len(built)} built: {unbuildable}"
     assert set(ISSUE_TYPES) <= set(built), f"issue 9's architectures must build: {set(ISSUE_TYPES) - set(built)}"
-    assert len(unbuildable) <= 20, unbuildable
+    assert set(built) == BUILT, f"newly built: {set(built) - BUILT}; no longer built: {BUILT - set(built)}"
+    assert {label: why.split(":")[0] for label, why in unbuildable.items()} == UNBUILDABLE, unbuildable
 
 
-MIN_MEASURED = 24  # of the 27 causal LMs in the sample, 24 measure with checkpointed blocks (transformers 5.24: not BLT, GIT, XLM)
+# Of the 27 causal LMs in the sample, 24 measure with checkpointed blocks; these 3 fail today, each
+# with one ValueError (issue 20 asks h1 to make them measure: shrink this set when they do).
+NOT_MEASURED = {"blt", "git", "xlm"}
 
 
 @pytest.mark.slow
@@ -72,6 +112,7 @@ def test_activations_on_hf_causal_lms():
     the forward cannot run on the cut copy); what cannot run says so in one ValueError."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    pinned_release()
     measured, failed = [], {}
     for model_type in sample_types(N_TYPES):
         if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -89,4 +130,5 @@ def test_activations_on_hf_causal_lms():
             assert "could not be measured" in str(exc), (model_type, exc)
             failed[model_type] = str(exc)[:200]
     print(f"\n{len(measured)} causal LMs measured; not measurable: {failed}")
-    assert len(measured) >= MIN_MEASURED, failed
+    assert set(failed) == NOT_MEASURED, failed
+    assert len(measured) == 24, measured

@@ -2,6 +2,7 @@
 project: ``ignored_params`` before 2.7) in ``analyze``, the report, the widget and the CLI."""
 
 import pytest
+import torch
 
 import shardviz as sv
 from shardviz import zoo
@@ -10,6 +11,12 @@ from shardviz.report import render_report
 from shardviz.widget import Inspector
 
 MESH = sv.Mesh(4)
+
+
+def has_ignored_params(version: str) -> bool:
+    """``fully_shard(ignored_params=...)`` exists from torch 2.7 (pyproject allows torch >= 2.6)."""
+    major, minor = (int(x) for x in version.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 7)
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +34,22 @@ def codes(findings):
 
 
 @pytest.mark.parametrize("version,sv101", [("2.4", True), ("2.5", True), ("2.6", True), ("2.7", False),
-                                           ("2.13.0", False), (None, False)])
+                                           ("2.13.0", False),
+                                           # no target: the installed torch's release decides
+                                           (None, not has_ignored_params(torch.__version__))])
 def test_analyze_follows_the_target(model, plan, version, sv101):
     a = sv.analyze(model, plan, MESH, torch_version=version)
     assert ("SV101" in codes(a.findings)) == sv101
     assert a.torch_version == version
+
+
+@pytest.mark.parametrize("installed", ["2.6.0+cu124", "2.7.1", "2.13.0+cpu"])
+def test_no_target_means_the_installed_release(model, plan, installed, monkeypatch):
+    """pyproject allows torch >= 2.6: with no target, SV101 appears exactly when the installed
+    release lacks ``ignored_params``."""
+    monkeypatch.setattr(torch, "__version__", installed)
+    a = sv.analyze(model, plan, MESH)
+    assert ("SV101" in codes(a.findings)) == (not has_ignored_params(installed))
 
 
 def test_bad_version_is_refused_at_once(model, plan):
@@ -65,8 +83,9 @@ def test_cli_plan_read_and_export_show_sv101_for_a_2_6_target(tmp_path, capsys):
 
 
 def test_widget_findings_follow_the_export_target(model, plan):
+    installed_sv101 = not has_ignored_params(torch.__version__)
     ins = Inspector(model, plan=plan, mesh=MESH)
-    assert "SV101" not in codes(ins.view.findings)
+    assert ("SV101" in codes(ins.view.findings)) == installed_sv101
     ins.view.torch_version = "2.6"  # the export panel's release picker
     assert "SV101" in codes(ins.view.findings)
     assert ins.view.findings == ins.controller.findings
@@ -75,4 +94,4 @@ def test_widget_findings_follow_the_export_target(model, plan):
     ins.controller.set_mesh(world=2)
     assert ins.mesh.world == 2 and "SV101" in codes(ins.view.findings)
     ins.view.torch_version = ""  # back to the installed torch
-    assert "SV101" not in codes(ins.view.findings)
+    assert ("SV101" in codes(ins.view.findings)) == installed_sv101
