@@ -55,6 +55,9 @@ class UnitTime:
     ``reduce_scatter_s=None``: the unit has no gradient (no reduce-scatter); ``all_reduce_s=None``:
     no HSDP all-reduce. ``h2d_s`` / ``d2h_s``: CPU offload's copies (parameters to the device
     before each all-gather, the gradient shard to the host after the reduction).
+    ``backward_hook=False``: the unit's output needs no gradient (a frozen embedding that runs
+    first), so torch registers no pre-backward for it: it computes nothing in backward, an
+    all-gather prefetched for it is dropped, its post-backward runs at the end of backward.
     """
 
     name: str
@@ -68,6 +71,7 @@ class UnitTime:
     reshard_after_forward: bool = True
     h2d_s: float = 0.0
     d2h_s: float = 0.0
+    backward_hook: bool = True
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -76,8 +80,9 @@ class UnitTime:
         for f in fields(self):
             if f.name.endswith("_s"):
                 _check_seconds(owner, f.name, getattr(self, f.name), f.name in ("reduce_scatter_s", "all_reduce_s"))
-        if not isinstance(self.reshard_after_forward, bool):
-            raise ValueError(f"{owner}.reshard_after_forward must be a bool, got {self.reshard_after_forward!r}")
+        for key in ("reshard_after_forward", "backward_hook"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{owner}.{key} must be a bool, got {getattr(self, key)!r}")
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,8 @@ def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
 
 def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> None:
     for k, unit in enumerate(order):
+        if not unit.backward_hook:
+            continue
         issue_at = sim.now  # pre-backward: runs as the GPU reaches this unit
         if unit.reshard_after_forward:
             sim.all_gather(unit, "backward", issue_at)
@@ -272,8 +279,10 @@ def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> 
         sim.compute(unit, "backward", "backward", unit.backward_s)
         if unit is not root:
             _post_backward(sim, unit)
-    if root is not None:
-        _post_backward(sim, root)  # the root's input needs no gradient: its post-backward comes last
+    # post-backwards torch runs from its final callback: the root's (its input needs no gradient),
+    # then those of units that never got a pre-backward
+    for unit in ([root] if root is not None else []) + [u for u in order if not u.backward_hook and u is not root]:
+        _post_backward(sim, unit)
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
 
