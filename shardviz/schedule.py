@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
 
@@ -98,9 +99,9 @@ class StepExtras:
         _check_seconds("StepExtras", "optimizer_s", self.optimizer_s)
 
 
-@dataclass(frozen=True)
-class Event:
-    """One bar of the timeline: ``exposed_s`` is how long the compute stream waited on it."""
+class Event(NamedTuple):
+    """One bar of the timeline: ``exposed_s`` is how long the compute stream waited on it.
+    (A NamedTuple: a 70B step has hundreds of events, made on every change of plan.)"""
 
     stream: str
     unit: str | None
@@ -367,6 +368,42 @@ def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dic
         slot = per_unit.setdefault(row.unit, {})
         slot[key] = slot.get(key, 0.0) + seconds
     return per_unit, ignored
+
+
+def unit_times(names, *, flops: dict, comm_s: dict, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+               dtype: str = "bfloat16", reshard_after_forward: dict | None = None,
+               backward_hook: dict | None = None) -> list[UnitTime]:
+    """``UnitTime`` rows for ``names`` (forward order) from FLOPs and collective seconds.
+
+    ``flops``: name -> {"forward", "backward", "recompute"} FLOPs per rank and step (missing: 0);
+    ``comm_s``: the first value of ``comm_seconds`` (a unit without a reduce-scatter there has no
+    gradient); ``reshard_after_forward`` / ``backward_hook``: name -> bool (default True; pass False
+    for the root, whose ``reshard_after_forward=None`` means False)."""
+    rows = []
+    for name in names:
+        f, c = flops.get(name, {}), comm_s.get(name, {})
+        rows.append(UnitTime(
+            name,
+            forward_s=compute_seconds(f.get("forward", 0.0), device, efficiency, dtype),
+            backward_s=compute_seconds(f.get("backward", 0.0), device, efficiency, dtype),
+            recompute_s=compute_seconds(f.get("recompute", 0.0), device, efficiency, dtype),
+            all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
+            all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
+            reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
+            reshard_after_forward=(reshard_after_forward or {}).get(name, True),
+            backward_hook=(backward_hook or {}).get(name, True)))
+    return rows
+
+
+def step_summary(schedule: Schedule, *, tokens: int, flops: float, model_flops: float, peak_flops: float) -> dict:
+    """``a.step``: the schedule's times with tokens/s (per rank) and MFU/HFU.
+    ``tokens``: per rank and step; ``flops`` with recomputation, ``model_flops`` without."""
+    t = schedule.step_time_s
+    return {"step_time_s": t, "tokens_per_s": tokens / t if t > 0 else float("nan"),
+            "mfu": mfu(model_flops, t, peak_flops) if t > 0 else float("nan"),
+            "hfu": hfu(flops, t, peak_flops) if t > 0 else float("nan"),
+            "exposed_comm_s": schedule.exposed_comm_s, "compute_s": schedule.compute_s,
+            "flops": flops, "model_flops": model_flops}
 
 
 def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:

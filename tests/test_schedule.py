@@ -12,7 +12,8 @@ import pytest
 
 from shardviz.devices import DEVICES, Efficiency
 from shardviz.schedule import (StepExtras, UnitTime, collective_seconds, comm_seconds, compute_seconds, hfu, mfu,
-                               optimizer_seconds, schedule_step, transformer_flops_per_token)
+                               optimizer_seconds, schedule_step, step_summary, transformer_flops_per_token,
+                               unit_times)
 
 
 def unit(name, **kw):
@@ -232,3 +233,24 @@ def test_mfu_and_hfu_as_torchtitan_and_megatron_define_them():
     assert hfu(2e15, 2.0, 1e15) == 1.0
     with pytest.raises(ValueError, match="step_time_s"):
         mfu(1.0, 0.0, 1e15)
+
+
+def test_unit_times_and_step_summary_glue_flops_and_comm_into_a_step():
+    h100 = DEVICES["H100"]
+    eff = Efficiency(matmul=0.5, collective_bus=0.8)
+    flops = {"A": {"forward": 989e12, "backward": 2 * 989e12}, "B": {"forward": 989e12, "backward": 2 * 989e12,
+                                                                     "recompute": 989e12}}
+    comm = {"A": {"all_gather_forward_s": 1.0, "all_gather_backward_s": 1.0, "reduce_scatter_s": 1.0},
+            "B": {"all_gather_forward_s": 1.0, "all_gather_backward_s": 1.0}}
+    rows = unit_times(["A", "B"], flops=flops, comm_s=comm, device=h100, efficiency=eff,
+                      reshard_after_forward={"B": False})
+    a, b = rows
+    assert (a.forward_s, a.backward_s, a.recompute_s) == pytest.approx((2.0, 4.0, 0.0))
+    assert b.recompute_s == pytest.approx(2.0) and b.reduce_scatter_s is None and not b.reshard_after_forward
+    s = schedule_step(rows)
+    # forward: A's all-gather [0, 1] exposed, A [1, 3], B's all-gather [1, 2], B [3, 5]; backward: B (no
+    # all-gather) recompute + backward [5, 11] with A's prefetch [5, 6]; A [11, 15], its reduce-scatter [15, 16]
+    assert s.step_time_s == pytest.approx(16.0) and s.exposed_comm_s == pytest.approx(2.0)
+    summary = step_summary(s, tokens=16384, flops=8 * 989e12, model_flops=6 * 989e12, peak_flops=989e12)
+    assert summary["tokens_per_s"] == pytest.approx(1024.0)
+    assert summary["mfu"] == pytest.approx(6 / 16) and summary["hfu"] == pytest.approx(8 / 16)
