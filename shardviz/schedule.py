@@ -232,20 +232,30 @@ def _forward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> N
     for unit in order:
         issue_at = previous_start  # the CPU is one unit ahead: this hook runs while the GPU computes the previous unit
         sim.all_gather(unit, "forward", issue_at)
+        sim.wait(sim.gathers[(unit.name, "forward")])
+        sim.issued.append(("forward", unit.name))  # FSDPParamGroup.pre_forward has returned
+        # explicit targets: FSDPState._pre_forward issues them after the group's pre-forward
         for target in sim.targets(sim.forward_prefetch.get(unit.name, ()), unit.name, "forward"):
             sim.all_gather(target, "forward", issue_at)
-        sim.wait(sim.gathers[(unit.name, "forward")])
-        sim.issued.append(("forward", unit.name))
         previous_start = sim.compute(unit, "forward", "forward", 0.0 if unit is root else unit.forward_s)
     if root is not None:
         sim.compute(root, "forward", "forward", root.forward_s)  # norm and LM head, after the blocks
 
 
-def _backward_targets(sim: _Simulator, order: list[UnitTime], k: int) -> list[UnitTime]:
-    unit = order[k]
-    if unit.name in sim.backward_prefetch:
-        return sim.targets(sim.backward_prefetch[unit.name], unit.name, "backward")
-    return [order[k + 1]] if k + 1 < len(order) else []
+def _pre_backward(sim: _Simulator, order: list[UnitTime], k: int) -> None:
+    """``FSDPState._pre_backward``: the group's pre-backward (own all-gather, wait, the default
+    one-ahead prefetch unless the unit has an explicit list), then the explicit targets."""
+    unit, issue_at = order[k], sim.now  # runs as the GPU reaches this unit
+    explicit = unit.name in sim.backward_prefetch
+    if unit.reshard_after_forward:
+        sim.all_gather(unit, "backward", issue_at)
+    sim.wait(sim.gathers.get((unit.name, "backward")))
+    if not explicit and k + 1 < len(order) and order[k + 1].reshard_after_forward:
+        sim.all_gather(order[k + 1], "backward", issue_at)
+    sim.issued.append(("backward", unit.name))
+    for target in sim.targets(sim.backward_prefetch.get(unit.name, ()), unit.name, "backward"):
+        if target.reshard_after_forward:
+            sim.all_gather(target, "backward", issue_at)
 
 
 def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
@@ -266,14 +276,7 @@ def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> 
     for k, unit in enumerate(order):
         if not unit.backward_hook:
             continue
-        issue_at = sim.now  # pre-backward: runs as the GPU reaches this unit
-        if unit.reshard_after_forward:
-            sim.all_gather(unit, "backward", issue_at)
-        for target in _backward_targets(sim, order, k):
-            if target.reshard_after_forward:
-                sim.all_gather(target, "backward", issue_at)
-        sim.wait(sim.gathers.get((unit.name, "backward")))
-        sim.issued.append(("backward", unit.name))
+        _pre_backward(sim, order, k)
         if unit.recompute_s > 0:
             sim.issued.append(("recompute", unit.name))
             sim.compute(unit, "recompute", "backward", unit.recompute_s)

@@ -7,7 +7,9 @@ process group (world 4). We record, in the order the CPU runs them:
 - ``("forward", unit)`` when a call's pre-forward returns (its compute starts);
 - ``("backward", unit)`` when a call's pre-backward returns;
 - ``("recompute", unit)`` when a checkpointed block's forward runs again during backward.
-That sequence (not wall times) must equal ``Schedule.issue_order`` of the model given the same plan.
+That sequence (not wall times) must equal ``Schedule.issue_order`` of the model given the same plan,
+for eight cases: the default plan, reshard_after_forward=False, LoRA ignored, checkpointed blocks,
+blocks + root, HSDP 2x2, and torch's explicit forward / backward prefetch.
 """
 
 from __future__ import annotations
@@ -107,11 +109,20 @@ def _recompute_marks(model: nn.Module, plan: sv.Plan, phase: list, log: list) ->
     return handles
 
 
-def torch_issue_order(plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(WORLD)) -> list[tuple[str, str]]:
+def _set_prefetch(model: nn.Module, prefetch: dict) -> None:
+    """torch's explicit prefetch: ``{"forward": {owner: [targets]}, "backward": {...}}`` (module FQNs)."""
+    for owner, targets in prefetch.get("forward", {}).items():
+        model.get_submodule(owner).set_modules_to_forward_prefetch([model.get_submodule(t) for t in targets])
+    for owner, targets in prefetch.get("backward", {}).items():
+        model.get_submodule(owner).set_modules_to_backward_prefetch([model.get_submodule(t) for t in targets])
+
+
+def torch_issue_order(plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(WORLD), prefetch: dict | None = None) -> list[tuple[str, str]]:
     """One real step (after a warm-up step) of the tiny Llama + LoRA under ``plan`` on ``mesh``."""
     model = zoo.tiny_llama_lora()
     with fake_process_group(0, mesh.world):
         apply_plan(model, plan, device_mesh(mesh), training=sv.Training())
+        _set_prefetch(model, prefetch or {})
         ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
         labels = _group_labels(model, plan)
         log: list = []
@@ -134,7 +145,8 @@ def torch_issue_order(plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(WORLD)) -> list[tup
     return log
 
 
-def model_issue_order(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(WORLD)) -> list[tuple[str, str]]:
+def model_issue_order(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(WORLD),
+                      prefetch: dict | None = None) -> list[tuple[str, str]]:
     """The same step as the model sees it: the plan's calls that manage parameters, in forward order."""
     a = sv.analyze(model, plan, mesh)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
@@ -143,7 +155,9 @@ def model_issue_order(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(W
     rows = [_unit_time(model, plan, sharded, u, mesh.is_hsdp) for u in units]
     # a call on the whole model that manages parameters encloses the others (the model's ``root``)
     root = next((r for r, u in zip(rows, units) if u.modules == ("",)), None)
-    return list(schedule_step([r for r in rows if r is not root], root=root).issue_order)
+    prefetch = prefetch or {}  # single-module units: a unit's name is its module's FQN
+    return list(schedule_step([r for r in rows if r is not root], root=root, forward_prefetch=prefetch.get("forward"),
+                              backward_prefetch=prefetch.get("backward")).issue_order)
 
 
 def _unit_time(model: nn.Module, plan: sv.Plan, sharded, unit, hsdp: bool) -> UnitTime:
@@ -176,16 +190,20 @@ def _plans():
 
 
 MESHES = {"HSDP 2x2": sv.Mesh(shard=2, replicate=2)}
-
-
+_L = "base_model.model.model."
+PREFETCH = {
+    "explicit forward prefetch": {"forward": {_L + "embed_tokens": [_L + "layers.0", _L + "layers.1"]}},
+    "explicit backward prefetch": {"backward": {_L + "layers.1": [_L + "layers.0", _L + "embed_tokens"]}},
+}
 PLANS = _plans()
+PLANS.update({name: PLANS["default"] for name in PREFETCH})
 
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_the_model_issues_hooks_and_collectives_in_torch_order(name):
-    plan, mesh = PLANS[name], MESHES.get(name, sv.Mesh(WORLD))
-    truth = torch_issue_order(plan, mesh)
-    predicted = model_issue_order(zoo.tiny_llama_lora(), plan, mesh)
+    plan, mesh, prefetch = PLANS[name], MESHES.get(name, sv.Mesh(WORLD)), PREFETCH.get(name)
+    truth = torch_issue_order(plan, mesh, prefetch)
+    predicted = model_issue_order(zoo.tiny_llama_lora(), plan, mesh, prefetch)
     assert predicted == truth, "\n".join(f"{p!s:60} {t!s}" for p, t in zip(predicted + [None] * len(truth), truth))
 
 
