@@ -26,6 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .devices import Device, as_device
 from .finding import Finding, PlanError
 from .plan import Plan, Unit, closest_hint
 from .tree import ModelTree
@@ -53,21 +54,37 @@ class Mesh:
 
     Global rank r sits at (r // shard, r % shard), as ``init_device_mesh(..., (replicate, shard))`` lays it out.
     Bandwidths (GB/s per rank, one direction) are optional and only feed the time estimate.
+    ``device`` (a name from ``shardviz.devices.DEVICES`` or an ``sv.Device``) fills
+    ``device_memory``, the bandwidths and ``ranks_per_node`` (its GPUs per node) where they are not
+    given; fields given explicitly win over the device's row. Without a device: 8 ranks per node.
     """
 
     shard: int
     replicate: int = 1
     device_memory: int | str | None = None
-    ranks_per_node: int = 8
+    ranks_per_node: int | None = None
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
+    device: str | Device | None = None
 
     def __post_init__(self):
+        self._fill_from_device()
         for key in ("shard", "replicate", "ranks_per_node"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
         object.__setattr__(self, "device_memory", parse_bytes(self.device_memory))
+
+    def _fill_from_device(self) -> None:
+        device = as_device(self.device)
+        object.__setattr__(self, "device", device)
+        defaults = {"ranks_per_node": 8}
+        if device is not None:
+            defaults = {"device_memory": device.memory, "ranks_per_node": device.gpus_per_node,
+                        "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps}
+        for key, value in defaults.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
 
     @property
     def world(self) -> int:

@@ -1,0 +1,172 @@
+"""Accelerators as the step-time model sees them: memory, peak dense FLOPS, bandwidths.
+
+Bottom layer: imports nothing from shardviz. Every figure of ``DEVICES`` comes from a public
+vendor datasheet named in ``docs/step-time.md`` (and in each row's ``source``). Figures are
+*peaks*; what a step achieves is a fraction of them, ``Efficiency``, whose defaults are named,
+documented and meant to be replaced by the user's own measurement.
+
+Units: ``memory`` in bytes; TFLOPS dense (no 2:4 sparsity); bandwidths in GB/s (1e9 bytes/s),
+one direction, per GPU, the same convention as ``Mesh.intra_node_gbps`` / ``inter_node_gbps``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, fields
+
+GiB = 1024**3
+MiB = 1024**2
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+               "kib": 1024, "mib": MiB, "gib": GiB, "tib": 1024**4}
+
+
+def _size_bytes(value, field_name: str) -> int:
+    """80e9, "80GB" or "80GiB" -> bytes; anything else is a ValueError naming the field."""
+    if isinstance(value, bool):
+        raise ValueError(f"Device.{field_name} must be a size in bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"Device.{field_name}={value!r}: expected bytes or a size such as '80GiB'")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def _check_positive(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator. ``sv.Device(name=..., memory="96GiB", bf16_tflops=..., ...)`` for anything
+    not in ``DEVICES``; every figure must be positive."""
+
+    name: str
+    memory: int | str
+    bf16_tflops: float
+    fp16_tflops: float
+    fp32_tflops: float
+    hbm_gbps: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    gpus_per_node: int = 8
+    source: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Device.name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "memory", _size_bytes(self.memory, "memory"))
+        for key in ("memory", "bf16_tflops", "fp16_tflops", "fp32_tflops", "hbm_gbps",
+                    "intra_node_gbps", "inter_node_gbps", "gpus_per_node"):
+            _check_positive("Device", key, getattr(self, key))
+        if not isinstance(self.gpus_per_node, int):
+            raise ValueError(f"Device.gpus_per_node must be a positive int, got {self.gpus_per_node!r}")
+
+    def peak_flops(self, dtype: str = "bfloat16") -> float:
+        """Peak dense FLOP/s of the tensor cores in ``dtype`` (bfloat16, float16 or float32)."""
+        key = {"bfloat16": "bf16_tflops", "bf16": "bf16_tflops", "float16": "fp16_tflops",
+               "fp16": "fp16_tflops", "half": "fp16_tflops", "float32": "fp32_tflops",
+               "fp32": "fp32_tflops", "float": "fp32_tflops"}.get(str(dtype).replace("torch.", ""))
+        if key is None:
+            raise ValueError(f"dtype={dtype!r}: expected bfloat16, float16 or float32")
+        return getattr(self, key) * 1e12
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of the peaks (0 < x <= 1). Defaults and their sources: docs/step-time.md.
+
+    - ``matmul``: FLOPs of the step / (time computing x peak dense FLOPS): matmuls, attention and
+      the memory-bound kernels between them together;
+    - ``collective_bus``: NCCL bus bandwidth / link bandwidth (what nccl-tests calls busbw);
+    - ``hbm``: bytes moved / (time x HBM bandwidth), for the optimizer step.
+    """
+
+    matmul: float = 0.5
+    collective_bus: float = 0.8
+    hbm: float = 0.8
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _check_positive("Efficiency", f.name, value)
+            if value > 1:
+                raise ValueError(f"Efficiency.{f.name} is a fraction of the peak, at most 1, got {value!r}")
+
+
+DEFAULT_EFFICIENCY = Efficiency()
+
+# Memory the fits verdict keeps out of ``device_memory`` (docs/step-time.md, "Memory reserve"):
+# the CUDA context with lazy module loading (PyTorch PR 86509 measured 287 MB; cuBLAS/cuDNN
+# workspaces on top) and NCCL's communicator buffers (NCCL_BUFFSIZE = 4 MiB per channel and peer).
+CUDA_CONTEXT_BYTES = 512 * MiB
+NCCL_BUFFER_BYTES = 512 * MiB
+MEMORY_RESERVE_BYTES = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+
+
+def usable_memory(device_memory: int, reserve: int = MEMORY_RESERVE_BYTES) -> int:
+    """What tensors may use of ``device_memory`` bytes once the CUDA context and NCCL are set up."""
+    if device_memory is None or device_memory <= 0:
+        raise ValueError(f"device_memory must be a positive number of bytes, got {device_memory!r}")
+    if reserve < 0:
+        raise ValueError(f"reserve must be >= 0 bytes, got {reserve!r}")
+    return max(int(device_memory) - int(reserve), 0)
+
+
+# Sources (full URLs and the page each figure is read from in docs/step-time.md).
+_NV_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+_NV_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_NV_H200 = "https://www.nvidia.com/en-us/data-center/h200/"
+_NV_B200 = "https://www.nvidia.com/en-us/data-center/hgx/"
+_AMD_MI300X = "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"
+_NV_L40S = "https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"
+_AWS_A10G = "https://aws.amazon.com/ec2/instance-types/g5/"
+_NV_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("A100-40GB", 40 * GiB, 312, 312, 19.5, 1555, 300, 25, 8, _NV_A100),
+    Device("A100-80GB", 80 * GiB, 312, 312, 19.5, 2039, 300, 25, 8, _NV_A100),
+    Device("H100", 80 * GiB, 989, 989, 67, 3350, 450, 50, 8, _NV_H100),
+    Device("H100-PCIe", 80 * GiB, 756, 756, 51, 2000, 64, 25, 8, _NV_H100),
+    Device("H200", 141 * GiB, 989, 989, 67, 4800, 450, 50, 8, _NV_H200),
+    Device("B200", 180 * GiB, 2250, 2250, 80, 8000, 900, 50, 8, _NV_B200),
+    Device("MI300X", 192 * GiB, 1307.4, 1307.4, 163.4, 5300, 448, 50, 8, _AMD_MI300X),
+    Device("L40S", 48 * GiB, 362.05, 362.05, 91.6, 864, 32, 12.5, 8, _NV_L40S),
+    Device("A10G", 24 * GiB, 70, 70, 35, 600, 32, 1.5625, 8, _AWS_A10G),
+    Device("RTX-4090", 24 * GiB, 165.2, 165.2, 82.6, 1008, 32, 1.5625, 8, _NV_ADA),
+)}
+
+_ALIASES = {"H100-SXM": "H100", "H100-SXM5": "H100", "H200-SXM": "H200", "A100": "A100-80GB",
+            "A100-SXM-80GB": "A100-80GB", "A100-SXM-40GB": "A100-40GB", "RTX4090": "RTX-4090",
+            "4090": "RTX-4090", "MI300": "MI300X"}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip()).upper()
+
+
+def device_by_name(name: str) -> Device:
+    """The ``DEVICES`` row called ``name`` (case, spaces and underscores ignored; a few aliases such
+    as "H100-SXM"). Unknown: a ValueError listing the known names and the closest one."""
+    if not isinstance(name, str):
+        raise ValueError(f"device must be a name from {sorted(DEVICES)} or an sv.Device, got {name!r}")
+    table = {_key(k): v for k, v in DEVICES.items()}
+    table.update({_key(alias): DEVICES[target] for alias, target in _ALIASES.items()})
+    found = table.get(_key(name))
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(_key(name), list(table), n=1, cutoff=0.0)
+    hint = f"; closest: {table[close[0]].name!r}" if close else ""
+    raise ValueError(f"unknown device {name!r}: known devices are {', '.join(DEVICES)}{hint} "
+                     "(or pass sv.Device(...) with your own figures)")
+
+
+def as_device(device) -> Device | None:
+    """None, a ``Device`` or a name from ``DEVICES`` -> a ``Device`` (or None)."""
+    if device is None or isinstance(device, Device):
+        return device
+    return device_by_name(device)

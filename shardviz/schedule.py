@@ -1,0 +1,431 @@
+"""One training step as FSDP2 schedules it: a compute stream, communication streams, overlap.
+
+A pure model with explicit inputs (seconds per unit, in forward order); see docs/step-time.md.
+It mirrors torch 2.13 (``torch/distributed/fsdp/_fully_shard``):
+
+- streams (``_fsdp_param_group.FSDPCommContext``): compute on the default stream; all-gather
+  (with its copy-in), reduce-scatter and all-reduce (HSDP) on their own streams;
+- forward (``FSDPParamGroup.pre_forward``): a unit's all-gather is issued by its pre-forward hook,
+  which the CPU reaches while the GPU still computes the previous unit (implicit prefetch);
+  explicit ``set_modules_to_forward_prefetch`` targets are issued by the same hook
+  (``FSDPState._pre_forward``); compute waits for its unit's all-gather (``wait_for_unshard``);
+- backward (``pre_backward``, ``_backward_prefetch``): a unit's own all-gather if it was not
+  prefetched, then the next unit in reverse post-forward order is prefetched (one ahead, or the
+  explicit ``set_modules_to_backward_prefetch`` list); ``reshard_after_forward=False`` units
+  need no backward all-gather (``unshard`` returns when already unsharded);
+- ``post_backward``: the compute stream first waits for the previous reduce-scatter still in
+  flight (``reduce_scatter_states``, ``max_input_buffers = 1``), then the unit's reduce-scatter
+  waits for the compute stream (``foreach_reduce``: ``reduce_scatter_stream.wait_stream``), so
+  each reduce-scatter overlaps the next unit's backward; HSDP's all-reduce follows its
+  reduce-scatter on the all-reduce stream; CPU offload copies the gradient shard to the host after;
+- end of backward (``_root_post_backward_final_callback``, ``finalize_backward``): the compute
+  stream waits for every reduction; then the one all-reduce of ignored parameters' gradients
+  (the exported code's, exposed) and the optimizer step.
+
+The root call (the one on the whole model) encloses every other unit: its all-gather is issued
+first, its forward compute (norm, LM head) runs after the blocks, its backward compute before
+theirs, and its post-backward (reduce-scatter) comes last.
+
+Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
+backward hook as the GPU gets there; collectives on different streams do not slow each other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import NamedTuple
+
+from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
+
+COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
+STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
+
+
+def _check_seconds(owner: str, name: str, value, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{owner}.{name} must be seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class UnitTime:
+    """One ``fully_shard`` call's seconds in one step (per rank, one micro-batch).
+
+    ``reduce_scatter_s=None``: the unit has no gradient (no reduce-scatter); ``all_reduce_s=None``:
+    no HSDP all-reduce. ``h2d_s`` / ``d2h_s``: CPU offload's copies (parameters to the device
+    before each all-gather, the gradient shard to the host after the reduction).
+    ``backward_hook=False``: the unit's output needs no gradient (a frozen embedding that runs
+    first), so torch registers no pre-backward for it: it computes nothing in backward, an
+    all-gather prefetched for it is dropped, its post-backward runs at the end of backward.
+    """
+
+    name: str
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    all_gather_forward_s: float = 0.0
+    all_gather_backward_s: float = 0.0
+    reduce_scatter_s: float | None = None
+    all_reduce_s: float | None = None
+    reshard_after_forward: bool = True
+    h2d_s: float = 0.0
+    d2h_s: float = 0.0
+    backward_hook: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise ValueError(f"UnitTime.name must be a string, got {self.name!r}")
+        owner = f"UnitTime({self.name!r})"
+        for f in fields(self):
+            if f.name.endswith("_s"):
+                _check_seconds(owner, f.name, getattr(self, f.name), f.name in ("reduce_scatter_s", "all_reduce_s"))
+        for key in ("reshard_after_forward", "backward_hook"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{owner}.{key} must be a bool, got {getattr(self, key)!r}")
+
+
+@dataclass(frozen=True)
+class StepExtras:
+    """What a step does besides the units: the all-reduce of ignored parameters' gradients after
+    backward (None: there is none) and the optimizer step (``optimizer_seconds``)."""
+
+    ignored_all_reduce_s: float | None = None
+    optimizer_s: float = 0.0
+
+    def __post_init__(self):
+        _check_seconds("StepExtras", "ignored_all_reduce_s", self.ignored_all_reduce_s, optional=True)
+        _check_seconds("StepExtras", "optimizer_s", self.optimizer_s)
+
+
+class Event(NamedTuple):
+    """One bar of the timeline: ``exposed_s`` is how long the compute stream waited on it.
+    (A NamedTuple: a 70B step has hundreds of events, made on every change of plan.)"""
+
+    stream: str
+    unit: str | None
+    kind: str
+    phase: str
+    start_s: float
+    end_s: float
+    exposed_s: float = 0.0
+
+    @property
+    def exposed(self) -> bool:
+        return self.exposed_s > 0
+
+    def as_dict(self) -> dict:
+        return {"stream": self.stream, "unit": self.unit, "kind": self.kind, "phase": self.phase,
+                "start_s": self.start_s, "end_s": self.end_s, "exposed": self.exposed, "exposed_s": self.exposed_s}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The model's answer: events on their streams, the order the CPU issues them, the step."""
+
+    units: tuple[UnitTime, ...]
+    events: tuple[Event, ...]
+    issue_order: tuple[tuple[str, str | None], ...]
+    step_time_s: float
+    exposed_comm_s: float
+    compute_s: float
+
+    @property
+    def step(self) -> dict:
+        return {"step_time_s": self.step_time_s, "exposed_comm_s": self.exposed_comm_s, "compute_s": self.compute_s}
+
+    def rows(self) -> list[dict]:
+        """One row per unit (root first, then forward order): seconds as the model used them."""
+        exposed: dict = {}
+        for e in self.events:
+            exposed[e.unit] = exposed.get(e.unit, 0.0) + e.exposed_s
+        issued = {(e.unit, e.kind, e.phase) for e in self.events}
+        return [{
+            "unit": u.name, "forward_s": u.forward_s, "backward_s": u.backward_s, "recompute_s": u.recompute_s,
+            "all_gather_forward_s": u.all_gather_forward_s,
+            "all_gather_backward_s": u.all_gather_backward_s if (u.name, ALL_GATHER, "backward") in issued else 0.0,
+            "reduce_scatter_s": u.reduce_scatter_s or 0.0, "all_reduce_s": u.all_reduce_s or 0.0,
+            "exposed_comm_s": exposed.get(u.name, 0.0),
+        } for u in self.units]
+
+    def table(self):
+        """``rows()`` as a pandas DataFrame (what ``a.time`` shows)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+    def timeline(self) -> list[dict]:
+        """The events as plain dicts, in start order: the payload a chart draws."""
+        return [e.as_dict() for e in sorted(self.events, key=lambda e: (e.start_s, STREAMS.index(e.stream)))]
+
+
+@dataclass
+class _Bar:
+    stream: str
+    unit: str | None
+    kind: str
+    phase: str
+    start_s: float
+    end_s: float
+    exposed_s: float = 0.0
+
+
+@dataclass
+class _Simulator:
+    """Walks the hooks in the order the CPU runs them; keeps each stream's next free time."""
+
+    units: dict
+    forward_prefetch: dict
+    backward_prefetch: dict
+    now: float = 0.0  # the compute stream's next free time
+    free: dict = field(default_factory=lambda: {s: 0.0 for s in STREAMS})
+    bars: list = field(default_factory=list)
+    issued: list = field(default_factory=list)
+    gathers: dict = field(default_factory=dict)  # (unit, phase) -> its all-gather bar
+    pending_rs: _Bar | None = None
+    reductions: list = field(default_factory=list)
+
+    def comm(self, stream: str, unit: UnitTime | None, kind: str, phase: str, ready: float, seconds: float) -> _Bar:
+        start = max(ready, self.free[stream])
+        bar = _Bar(stream, unit.name if unit else None, kind, phase, start, start + seconds)
+        self.free[stream] = bar.end_s
+        self.bars.append(bar)
+        self.issued.append((kind, bar.unit))
+        return bar
+
+    def compute(self, unit: UnitTime | None, kind: str, phase: str, seconds: float) -> float:
+        start = self.now
+        if seconds > 0:
+            self.bars.append(_Bar(COMPUTE, unit.name if unit else None, kind, phase, start, start + seconds))
+        self.now = start + seconds
+        return start
+
+    def wait(self, *bars: _Bar | None) -> None:
+        """The compute stream waits for ``bars``; each second it idles is exposed on the bar it waits for."""
+        for bar in sorted((b for b in bars if b is not None), key=lambda b: b.end_s):
+            if bar.end_s > self.now:
+                bar.exposed_s += bar.end_s - self.now
+                self.now = bar.end_s
+
+    def all_gather(self, unit: UnitTime, phase: str, issue_at: float) -> None:
+        """``FSDPParamGroup.unshard``: a no-op when already issued (prefetched) in this phase."""
+        if (unit.name, phase) in self.gathers:
+            return
+        ready = issue_at
+        if unit.h2d_s > 0:
+            ready = self.comm(ALL_GATHER, unit, "h2d", phase, issue_at, unit.h2d_s).end_s
+        seconds = unit.all_gather_forward_s if phase == "forward" else unit.all_gather_backward_s
+        self.gathers[(unit.name, phase)] = self.comm(ALL_GATHER, unit, ALL_GATHER, phase, ready, seconds)
+
+    def targets(self, names, owner: str, phase: str) -> list[UnitTime]:
+        out = []
+        for name in names:
+            if name not in self.units:
+                raise ValueError(f"{phase}_prefetch of unit {owner!r} names {name!r}, which is not a unit")
+            out.append(self.units[name])
+        return out
+
+
+def _forward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> None:
+    previous_start = 0.0
+    for unit in order:
+        issue_at = previous_start  # the CPU is one unit ahead: this hook runs while the GPU computes the previous unit
+        sim.all_gather(unit, "forward", issue_at)
+        sim.wait(sim.gathers[(unit.name, "forward")])
+        sim.issued.append(("forward", unit.name))  # FSDPParamGroup.pre_forward has returned
+        # explicit targets: FSDPState._pre_forward issues them after the group's pre-forward
+        for target in sim.targets(sim.forward_prefetch.get(unit.name, ()), unit.name, "forward"):
+            sim.all_gather(target, "forward", issue_at)
+        previous_start = sim.compute(unit, "forward", "forward", 0.0 if unit is root else unit.forward_s)
+    if root is not None:
+        sim.compute(root, "forward", "forward", root.forward_s)  # norm and LM head, after the blocks
+
+
+def _pre_backward(sim: _Simulator, order: list[UnitTime], k: int) -> None:
+    """``FSDPState._pre_backward``: the group's pre-backward (own all-gather, wait, the default
+    one-ahead prefetch unless the unit has an explicit list), then the explicit targets."""
+    unit, issue_at = order[k], sim.now  # runs as the GPU reaches this unit
+    explicit = unit.name in sim.backward_prefetch
+    if unit.reshard_after_forward:
+        sim.all_gather(unit, "backward", issue_at)
+    sim.wait(sim.gathers.get((unit.name, "backward")))
+    if not explicit and k + 1 < len(order) and order[k + 1].reshard_after_forward:
+        sim.all_gather(order[k + 1], "backward", issue_at)
+    sim.issued.append(("backward", unit.name))
+    for target in sim.targets(sim.backward_prefetch.get(unit.name, ()), unit.name, "backward"):
+        if target.reshard_after_forward:
+            sim.all_gather(target, "backward", issue_at)
+
+
+def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
+    sim.wait(sim.pending_rs)  # the previous reduce-scatter still in flight (one input buffer kept)
+    sim.pending_rs = None
+    if unit.reduce_scatter_s is None:
+        return
+    rs = sim.comm(REDUCE_SCATTER, unit, REDUCE_SCATTER, "backward", sim.now, unit.reduce_scatter_s)
+    sim.pending_rs, last = rs, rs
+    if unit.all_reduce_s is not None:
+        last = sim.comm(ALL_REDUCE, unit, ALL_REDUCE, "backward", rs.end_s, unit.all_reduce_s)
+    if unit.d2h_s > 0:
+        last = sim.comm(last.stream, unit, "d2h", "backward", last.end_s, unit.d2h_s)
+    sim.reductions.append(last)
+
+
+def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> None:
+    for k, unit in enumerate(order):
+        if not unit.backward_hook:
+            continue
+        _pre_backward(sim, order, k)
+        if unit.recompute_s > 0:
+            sim.issued.append(("recompute", unit.name))
+            sim.compute(unit, "recompute", "backward", unit.recompute_s)
+        sim.compute(unit, "backward", "backward", unit.backward_s)
+        if unit is not root:
+            _post_backward(sim, unit)
+    # post-backwards torch runs from its final callback: the root's (its input needs no gradient),
+    # then those of units that never got a pre-backward
+    for unit in ([root] if root is not None else []) + [u for u in order if not u.backward_hook and u is not root]:
+        _post_backward(sim, unit)
+    sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
+
+
+def _step_end(sim: _Simulator, extras: StepExtras) -> None:
+    if extras.ignored_all_reduce_s is not None:
+        bar = sim.comm(ALL_REDUCE, None, "ignored_all_reduce", "backward", sim.now, extras.ignored_all_reduce_s)
+        sim.wait(bar)
+    if extras.optimizer_s > 0:
+        sim.issued.append(("optimizer", None))
+        sim.compute(None, "optimizer", "step", extras.optimizer_s)
+
+
+def _check_units(units, root) -> list[UnitTime]:
+    units = list(units)
+    everything = units + ([root] if root is not None else [])
+    for u in everything:
+        if not isinstance(u, UnitTime):
+            raise ValueError(f"units must be UnitTime rows, got {u!r}")
+    names = [u.name for u in everything]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"units: {duplicates} appear more than once")
+    return units
+
+
+def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
+                  forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> Schedule:
+    """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
+    on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
+    of the units its hook prefetches, when the plan sets them (torch's explicit prefetch)."""
+    units = _check_units(units, root)
+    extras = extras if extras is not None else StepExtras()
+    every = ([root] if root is not None else []) + units
+    sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}))
+    _forward(sim, every, root)
+    _backward(sim, ([root] if root is not None else []) + units[::-1], root)
+    _step_end(sim, extras)
+    events = tuple(Event(b.stream, b.unit, b.kind, b.phase, b.start_s, b.end_s, b.exposed_s) for b in sim.bars)
+    compute_s = sum(e.end_s - e.start_s for e in events if e.stream == COMPUTE)
+    return Schedule(tuple(every), events, tuple(sim.issued), sim.now, sum(e.exposed_s for e in events), compute_s)
+
+
+# ---------------------------------------------------------------------------
+# Seconds from FLOPs and bytes, and the utilisation figures
+# ---------------------------------------------------------------------------
+def compute_seconds(flops: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                    dtype: str = "bfloat16") -> float:
+    """FLOPs / (peak dense FLOP/s in ``dtype`` x ``efficiency.matmul``)."""
+    _check_seconds("compute_seconds", "flops", flops)
+    return float(flops) / (device.peak_flops(dtype) * efficiency.matmul)
+
+
+def collective_seconds(sent_bytes: float, gbps: float, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """Bytes each rank sends / (link GB/s x ``efficiency.collective_bus``)."""
+    _check_seconds("collective_seconds", "sent_bytes", sent_bytes)
+    if not gbps or not math.isfinite(gbps) or gbps <= 0:
+        raise ValueError(f"collective_seconds: gbps must be a positive bandwidth, got {gbps!r}")
+    return float(sent_bytes) / (gbps * 1e9 * efficiency.collective_bus)
+
+
+def optimizer_seconds(bytes_moved: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """The optimizer step is memory-bound: bytes read and written / (HBM GB/s x ``efficiency.hbm``)."""
+    _check_seconds("optimizer_seconds", "bytes_moved", bytes_moved)
+    return float(bytes_moved) / (device.hbm_gbps * 1e9 * efficiency.hbm)
+
+
+def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dict, float | None]:
+    """A comm table (``a.comm``: ``time_s`` per call at the link bandwidth, ``count`` per step) ->
+    ({unit: {"all_gather_forward_s", "all_gather_backward_s", "reduce_scatter_s", "all_reduce_s"}},
+    seconds of the ignored parameters' all-reduce or None), at ``efficiency.collective_bus``."""
+    per_unit: dict = {}
+    ignored = None
+    for row in comm.itertuples(index=False):
+        seconds = float(row.time_s) * int(row.count) / efficiency.collective_bus
+        if math.isnan(seconds):
+            raise ValueError(f"comm table: no bandwidth for the {row.collective} of {row.unit!r} over the "
+                             f"{row.group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")
+        if row.unit is None or (isinstance(row.unit, float) and math.isnan(row.unit)):  # pandas may hold None as NaN
+            ignored = (ignored or 0.0) + seconds
+            continue
+        key = {"all_gather": f"all_gather_{row.phase}_s"}.get(row.collective, f"{row.collective}_s")
+        slot = per_unit.setdefault(row.unit, {})
+        slot[key] = slot.get(key, 0.0) + seconds
+    return per_unit, ignored
+
+
+def unit_times(names, *, flops: dict, comm_s: dict, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+               dtype: str = "bfloat16", reshard_after_forward: dict | None = None,
+               backward_hook: dict | None = None) -> list[UnitTime]:
+    """``UnitTime`` rows for ``names`` (forward order) from FLOPs and collective seconds.
+
+    ``flops``: name -> {"forward", "backward", "recompute"} FLOPs per rank and step (missing: 0);
+    ``comm_s``: the first value of ``comm_seconds`` (a unit without a reduce-scatter there has no
+    gradient); ``reshard_after_forward`` / ``backward_hook``: name -> bool (default True; pass False
+    for the root, whose ``reshard_after_forward=None`` means False)."""
+    rows = []
+    for name in names:
+        f, c = flops.get(name, {}), comm_s.get(name, {})
+        rows.append(UnitTime(
+            name,
+            forward_s=compute_seconds(f.get("forward", 0.0), device, efficiency, dtype),
+            backward_s=compute_seconds(f.get("backward", 0.0), device, efficiency, dtype),
+            recompute_s=compute_seconds(f.get("recompute", 0.0), device, efficiency, dtype),
+            all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
+            all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
+            reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
+            reshard_after_forward=(reshard_after_forward or {}).get(name, True),
+            backward_hook=(backward_hook or {}).get(name, True)))
+    return rows
+
+
+def step_summary(schedule: Schedule, *, tokens: int, flops: float, model_flops: float, peak_flops: float) -> dict:
+    """``a.step``: the schedule's times with tokens/s (per rank) and MFU/HFU.
+    ``tokens``: per rank and step; ``flops`` with recomputation, ``model_flops`` without."""
+    t = schedule.step_time_s
+    return {"step_time_s": t, "tokens_per_s": tokens / t if t > 0 else float("nan"),
+            "mfu": mfu(model_flops, t, peak_flops) if t > 0 else float("nan"),
+            "hfu": hfu(flops, t, peak_flops) if t > 0 else float("nan"),
+            "exposed_comm_s": schedule.exposed_comm_s, "compute_s": schedule.compute_s,
+            "flops": flops, "model_flops": model_flops}
+
+
+def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
+    """torchtitan's ``get_num_flop_per_token``: 6 N + 12 l h q t (forward + backward, no recomputation)."""
+    return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+
+
+def mfu(model_flops: float, step_time_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: FLOPs the model needs (no recomputation) / (step time x peak)."""
+    return _utilisation(model_flops, step_time_s, peak_flops)
+
+
+def hfu(hardware_flops: float, step_time_s: float, peak_flops: float) -> float:
+    """Hardware FLOPs utilisation: FLOPs executed, recomputation included / (step time x peak)."""
+    return _utilisation(hardware_flops, step_time_s, peak_flops)
+
+
+def _utilisation(flops: float, step_time_s: float, peak_flops: float) -> float:
+    for name, value in (("step_time_s", step_time_s), ("peak_flops", peak_flops)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    return float(flops) / (float(step_time_s) * float(peak_flops))

@@ -1,0 +1,257 @@
+"""One test per overlap rule of shardviz.schedule against hand-built schedules.
+
+Every expected time below is worked out by hand from the rule named in the test (docs/step-time.md),
+on three units A, B, C in forward order with round seconds, not read back from the code.
+Base case: forward 2 s, backward 4 s, all-gather 1 s (forward and backward), reduce-scatter 1.5 s.
+"""
+
+import math
+
+import pandas as pd
+import pytest
+
+from shardviz.devices import DEVICES, Efficiency
+from shardviz.schedule import (StepExtras, UnitTime, collective_seconds, comm_seconds, compute_seconds, hfu, mfu,
+                               optimizer_seconds, schedule_step, step_summary, transformer_flops_per_token,
+                               unit_times)
+
+
+def unit(name, **kw):
+    base = dict(forward_s=2.0, backward_s=4.0, all_gather_forward_s=1.0, all_gather_backward_s=1.0, reduce_scatter_s=1.5)
+    base.update(kw)
+    return UnitTime(name, **base)
+
+
+def three(**per_unit):
+    return [unit(n, **per_unit.get(n, {})) for n in "ABC"]
+
+
+def bar(schedule, unit_name, kind, phase=None):
+    found = [e for e in schedule.events if e.unit == unit_name and e.kind == kind and (phase is None or e.phase == phase)]
+    assert len(found) == 1, (unit_name, kind, phase, found)
+    return found[0]
+
+
+def span(event):
+    return (event.start_s, event.end_s)
+
+
+def test_first_all_gather_is_exposed_and_the_next_overlaps_the_previous_compute():
+    s = schedule_step(three())
+    # A's all-gather [0, 1] has nothing to hide behind; A computes [1, 3]
+    assert span(bar(s, "A", "all_gather", "forward")) == (0, 1) and bar(s, "A", "all_gather", "forward").exposed_s == 1
+    assert span(bar(s, "A", "forward")) == (1, 3)
+    # B's pre-forward runs while A computes: its all-gather [1, 2] is hidden by A's [1, 3]
+    assert span(bar(s, "B", "all_gather", "forward")) == (1, 2) and not bar(s, "B", "all_gather", "forward").exposed
+    assert span(bar(s, "B", "forward")) == (3, 5)
+    assert span(bar(s, "C", "all_gather", "forward")) == (3, 4) and span(bar(s, "C", "forward")) == (5, 7)
+
+
+def test_a_forward_all_gather_longer_than_the_previous_compute_shows_the_difference():
+    s = schedule_step(three(B={"all_gather_forward_s": 3.0}))
+    # B's all-gather [1, 4] outlasts A's compute [1, 3]: B starts at 4, 1 s exposed on B
+    assert span(bar(s, "B", "all_gather", "forward")) == (1, 4)
+    assert bar(s, "B", "all_gather", "forward").exposed_s == 1
+    assert span(bar(s, "B", "forward")) == (4, 6)
+    # C's all-gather queues behind B's on the one all-gather stream: [4, 5], hidden by B's compute
+    assert span(bar(s, "C", "all_gather", "forward")) == (4, 5) and span(bar(s, "C", "forward")) == (6, 8)
+
+
+def test_backward_all_gathers_are_prefetched_one_ahead_in_reverse_order():
+    s = schedule_step(three())
+    # backward starts at 7 with C: its own all-gather [7, 8] is exposed, B's is prefetched right behind it
+    assert span(bar(s, "C", "all_gather", "backward")) == (7, 8) and bar(s, "C", "all_gather", "backward").exposed_s == 1
+    assert span(bar(s, "B", "all_gather", "backward")) == (8, 9)
+    assert span(bar(s, "C", "backward")) == (8, 12)
+    # B's pre-backward (at 12) prefetches A: [12, 13], hidden by B's backward [12, 16]
+    assert span(bar(s, "A", "all_gather", "backward")) == (12, 13) and span(bar(s, "B", "backward")) == (12, 16)
+    assert [k for k in s.issue_order if k[0] in ("all_gather", "backward")][3:] == [
+        ("all_gather", "C"), ("all_gather", "B"), ("backward", "C"), ("all_gather", "A"), ("backward", "B"),
+        ("backward", "A")]
+
+
+def test_each_reduce_scatter_overlaps_the_next_backward_and_the_last_is_exposed():
+    s = schedule_step(three())
+    assert span(bar(s, "C", "reduce_scatter")) == (12, 13.5)  # under B's backward [12, 16]
+    assert span(bar(s, "B", "reduce_scatter")) == (16, 17.5)  # under A's backward [16, 20]
+    assert not bar(s, "C", "reduce_scatter").exposed and not bar(s, "B", "reduce_scatter").exposed
+    assert span(bar(s, "A", "reduce_scatter")) == (20, 21.5) and bar(s, "A", "reduce_scatter").exposed_s == 1.5
+    # exposed: A's first all-gather 1 + C's backward all-gather 1 + A's reduce-scatter 1.5
+    assert s.step_time_s == 21.5 and s.exposed_comm_s == 3.5 and s.compute_s == 18
+
+
+def test_a_reduce_scatter_longer_than_the_next_backward_holds_the_compute_stream():
+    s = schedule_step(three(A={"reduce_scatter_s": 5.0}, B={"reduce_scatter_s": 5.0}, C={"reduce_scatter_s": 5.0}))
+    # C's [12, 17] outlasts B's backward [12, 16]: B's post-backward waits until 17 (1 s on C)
+    assert span(bar(s, "C", "reduce_scatter")) == (12, 17) and bar(s, "C", "reduce_scatter").exposed_s == 1
+    assert span(bar(s, "B", "reduce_scatter")) == (17, 22)
+    assert span(bar(s, "A", "backward")) == (17, 21)
+    assert bar(s, "B", "reduce_scatter").exposed_s == 1  # A's post-backward waits 21 -> 22
+    assert span(bar(s, "A", "reduce_scatter")) == (22, 27) and bar(s, "A", "reduce_scatter").exposed_s == 5
+    assert s.step_time_s == 27
+
+
+def test_reshard_after_forward_false_saves_the_backward_all_gather():
+    s = schedule_step(three(C={"reshard_after_forward": False}))
+    assert not [e for e in s.events if e.unit == "C" and e.kind == "all_gather" and e.phase == "backward"]
+    # C's backward starts at 7 with nothing to wait for; B's prefetch [7, 8] hides under it
+    assert span(bar(s, "C", "backward")) == (7, 11)
+    assert span(bar(s, "B", "all_gather", "backward")) == (7, 8)
+    assert s.step_time_s == 20.5  # one exposed second less than the base case (21.5)
+    rows = s.table().set_index("unit")
+    assert rows.loc["C", "all_gather_backward_s"] == 0 and rows.loc["B", "all_gather_backward_s"] == 1
+
+
+def test_hsdp_all_reduce_follows_each_reduce_scatter_and_the_last_is_exposed():
+    s = schedule_step(three(A={"all_reduce_s": 2.0}, B={"all_reduce_s": 2.0}, C={"all_reduce_s": 2.0}))
+    assert span(bar(s, "C", "all_reduce")) == (13.5, 15.5)  # after C's reduce-scatter [12, 13.5]
+    assert span(bar(s, "B", "all_reduce")) == (17.5, 19.5)
+    assert span(bar(s, "A", "all_reduce")) == (21.5, 23.5)
+    # the compute stream waits for every reduction at the end of backward: A's 1.5 + 2 exposed
+    assert s.step_time_s == 23.5
+    assert bar(s, "A", "reduce_scatter").exposed_s == 1.5 and bar(s, "A", "all_reduce").exposed_s == 2
+    assert not bar(s, "B", "all_reduce").exposed
+
+
+def test_the_ignored_parameters_all_reduce_and_the_optimizer_come_after_backward_exposed():
+    s = schedule_step(three(), extras=StepExtras(ignored_all_reduce_s=0.5, optimizer_s=2.0))
+    ar = bar(s, None, "ignored_all_reduce")
+    assert span(ar) == (21.5, 22.0) and ar.exposed_s == 0.5
+    assert span(bar(s, None, "optimizer")) == (22.0, 24.0)
+    assert s.step_time_s == 24.0 and s.exposed_comm_s == 4.0
+
+
+def test_recomputation_runs_before_the_backward_of_a_checkpointed_unit():
+    s = schedule_step(three(B={"recompute_s": 2.0}))
+    # B: recompute [12, 14], then backward [14, 18]; A's backward follows at 18
+    assert span(bar(s, "B", "recompute")) == (12, 14) and span(bar(s, "B", "backward")) == (14, 18)
+    assert span(bar(s, "A", "backward")) == (18, 22)
+    assert s.issue_order.index(("recompute", "B")) == s.issue_order.index(("backward", "B")) + 1
+
+
+def test_explicit_forward_prefetch_issues_the_targets_from_the_owner_hook():
+    s = schedule_step(three(A={"all_gather_forward_s": 1.0}), forward_prefetch={"A": ["B", "C"]})
+    # A's hook at 0 issues A, B, C back to back on the all-gather stream
+    assert [span(bar(s, n, "all_gather", "forward")) for n in "ABC"] == [(0, 1), (1, 2), (2, 3)]
+    # torch issues explicit targets after the group's own pre-forward has returned
+    assert s.issue_order[:4] == (("all_gather", "A"), ("forward", "A"), ("all_gather", "B"), ("all_gather", "C"))
+
+
+def test_explicit_backward_prefetch_replaces_the_default():
+    s = schedule_step(three(), backward_prefetch={"C": ["B", "A"]})
+    # C's hook at 7: C [7, 8], then B [8, 9] and A [9, 10]; B's own hook then prefetches nothing new
+    assert [span(bar(s, n, "all_gather", "backward")) for n in "CBA"] == [(7, 8), (8, 9), (9, 10)]
+    with pytest.raises(ValueError, match="'Z', which is not a unit"):
+        schedule_step(three(), backward_prefetch={"C": ["Z"]})
+
+
+def test_cpu_offload_copies_parameters_in_before_each_all_gather_and_gradients_out_after():
+    s = schedule_step(three(A={"h2d_s": 0.5, "d2h_s": 0.25}))
+    assert span(bar(s, "A", "h2d", "forward")) == (0, 0.5)
+    assert span(bar(s, "A", "all_gather", "forward")) == (0.5, 1.5)
+    assert span(bar(s, "A", "reduce_scatter")) == (20.5, 22.0)
+    assert span(bar(s, "A", "d2h")) == (22.0, 22.25)
+    assert s.step_time_s == 22.25  # the compute stream waits for the copy-out too
+
+
+def test_a_unit_without_gradients_has_no_reduce_scatter_but_still_waits_for_the_previous_one():
+    s = schedule_step(three(B={"reduce_scatter_s": None}))
+    assert not [e for e in s.events if e.unit == "B" and e.kind == "reduce_scatter"]
+    assert span(bar(s, "A", "reduce_scatter")) == (20, 21.5)
+
+
+def test_the_root_gathers_first_computes_its_head_last_and_reduces_last():
+    root = UnitTime("", forward_s=1.0, backward_s=2.0, all_gather_forward_s=1.0, reduce_scatter_s=0.5,
+                    reshard_after_forward=False)
+    s = schedule_step(three(), root=root)
+    # root all-gather [0, 1] exposed; A's all-gather queues [1, 2] and is exposed too (root's head has no compute)
+    assert span(bar(s, "", "all_gather", "forward")) == (0, 1)
+    assert span(bar(s, "A", "all_gather", "forward")) == (1, 2) and bar(s, "A", "all_gather", "forward").exposed_s == 1
+    assert span(bar(s, "", "forward")) == (8, 9)  # after C's forward [6, 8]
+    # backward: root first (no all-gather, reshard False), prefetching C [9, 10] under it
+    assert span(bar(s, "", "backward")) == (9, 11) and span(bar(s, "C", "all_gather", "backward")) == (9, 10)
+    # C [11, 15], B [15, 19], A [19, 23]; A's reduce-scatter [23, 24.5]; the root's post-backward comes
+    # last: it waits for A's reduce-scatter (1.5 s exposed), then its own [24.5, 25] (exposed)
+    assert span(bar(s, "A", "reduce_scatter")) == (23, 24.5) and bar(s, "A", "reduce_scatter").exposed_s == 1.5
+    assert span(bar(s, "", "reduce_scatter")) == (24.5, 25.0) and bar(s, "", "reduce_scatter").exposed_s == 0.5
+    assert s.step_time_s == 25.0
+    assert s.issue_order[-1] == ("reduce_scatter", "")
+    assert list(s.table().unit) == ["", "A", "B", "C"]
+
+
+def test_rows_and_timeline_payload():
+    s = schedule_step(three())
+    t = s.table()
+    assert list(t.unit) == ["A", "B", "C"]
+    assert set(t.columns) >= {"forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
+                              "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"}
+    assert t.exposed_comm_s.sum() == s.exposed_comm_s
+    line = s.timeline()
+    assert [e["start_s"] for e in line] == sorted(e["start_s"] for e in line)
+    assert set(line[0]) == {"stream", "unit", "kind", "phase", "start_s", "end_s", "exposed", "exposed_s"}
+
+
+@pytest.mark.parametrize("field,value", [("forward_s", -1.0), ("all_gather_backward_s", float("nan")),
+                                         ("reduce_scatter_s", -0.1), ("backward_s", "1s")])
+def test_bad_seconds_name_the_field_and_unit(field, value):
+    with pytest.raises(ValueError, match=rf"UnitTime\('A'\)\.{field} "):
+        UnitTime("A", **{field: value})
+
+
+def test_duplicate_units_are_refused():
+    with pytest.raises(ValueError, match=r"\['A'\]"):
+        schedule_step([unit("A"), unit("A")])
+
+
+def test_seconds_from_flops_bytes_and_bandwidth():
+    h100 = DEVICES["H100"]
+    eff = Efficiency(matmul=0.5, collective_bus=0.8, hbm=0.8)
+    assert compute_seconds(989e12, h100, eff) == pytest.approx(2.0)
+    assert collective_seconds(360e9, 450, eff) == pytest.approx(1.0)
+    assert optimizer_seconds(3350e9 * 0.8, h100, eff) == pytest.approx(1.0)
+
+
+def test_comm_seconds_reads_a_comm_table():
+    comm = pd.DataFrame({
+        "unit": ["A", "A", "A", None], "collective": ["all_gather", "all_gather", "reduce_scatter", "all_reduce"],
+        "phase": ["forward", "backward", "backward", "backward"], "group": ["shard"] * 3 + ["world"],
+        "count": [1, 1, 1, 1], "time_s": [0.8, 0.8, 1.6, 0.4]})
+    per_unit, ignored = comm_seconds(comm, Efficiency(collective_bus=0.8))
+    assert per_unit["A"] == pytest.approx({"all_gather_forward_s": 1.0, "all_gather_backward_s": 1.0,
+                                           "reduce_scatter_s": 2.0})
+    assert ignored == pytest.approx(0.5)
+    comm.loc[0, "time_s"] = math.nan
+    with pytest.raises(ValueError, match="no bandwidth"):
+        comm_seconds(comm)
+
+
+def test_mfu_and_hfu_as_torchtitan_and_megatron_define_them():
+    # Llama 3 8B, seq 8192: 6 N + 12 l h q t per token
+    per_token = transformer_flops_per_token(8.03e9, 32, 32, 128, 8192)
+    assert per_token == pytest.approx(6 * 8.03e9 + 12 * 32 * 32 * 128 * 8192)
+    # one rank, 2 x 8192 tokens per step in 2.0 s on a 989 TFLOPS part
+    assert mfu(per_token * 16384, 2.0, 989e12) == pytest.approx(per_token * 8192 / 989e12)
+    assert hfu(2e15, 2.0, 1e15) == 1.0
+    with pytest.raises(ValueError, match="step_time_s"):
+        mfu(1.0, 0.0, 1e15)
+
+
+def test_unit_times_and_step_summary_glue_flops_and_comm_into_a_step():
+    h100 = DEVICES["H100"]
+    eff = Efficiency(matmul=0.5, collective_bus=0.8)
+    flops = {"A": {"forward": 989e12, "backward": 2 * 989e12}, "B": {"forward": 989e12, "backward": 2 * 989e12,
+                                                                     "recompute": 989e12}}
+    comm = {"A": {"all_gather_forward_s": 1.0, "all_gather_backward_s": 1.0, "reduce_scatter_s": 1.0},
+            "B": {"all_gather_forward_s": 1.0, "all_gather_backward_s": 1.0}}
+    rows = unit_times(["A", "B"], flops=flops, comm_s=comm, device=h100, efficiency=eff,
+                      reshard_after_forward={"B": False})
+    a, b = rows
+    assert (a.forward_s, a.backward_s, a.recompute_s) == pytest.approx((2.0, 4.0, 0.0))
+    assert b.recompute_s == pytest.approx(2.0) and b.reduce_scatter_s is None and not b.reshard_after_forward
+    s = schedule_step(rows)
+    # forward: A's all-gather [0, 1] exposed, A [1, 3], B's all-gather [1, 2], B [3, 5]; backward: B (no
+    # all-gather) recompute + backward [5, 11] with A's prefetch [5, 6]; A [11, 15], its reduce-scatter [15, 16]
+    assert s.step_time_s == pytest.approx(16.0) and s.exposed_comm_s == pytest.approx(2.0)
+    summary = step_summary(s, tokens=16384, flops=8 * 989e12, model_flops=6 * 989e12, peak_flops=989e12)
+    assert summary["tokens_per_s"] == pytest.approx(1024.0)
+    assert summary["mfu"] == pytest.approx(6 / 16) and summary["hfu"] == pytest.approx(8 / 16)
