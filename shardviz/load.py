@@ -221,6 +221,10 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         # The model has no name_or_path (it was built from a config, not downloaded): not the user's concern.
         warnings.filterwarnings("ignore", message=".*base_model_name_or_path. was renamed.*")
+        # peft warns that a tied layer in the adapter (modules_to_save on a tied embedding) may complicate
+        # merging or converting the weights later: the model is built as the user trains it, on meta, and
+        # shardviz neither merges nor converts, so the warning says nothing about this model's sharding.
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True. and a tied layer is part of the adapter.*")
         with torch.device("meta"):
             try:
                 model = cls._from_config(hf_config, **kwargs)

@@ -67,6 +67,18 @@ def test_adapter_is_peft_own_and_trainable(no_network):
     assert sv.verify(t5, sv.Plan.auto(t5, lora="ignored"), mesh=sv.Mesh(4)).empty
 
 
+def test_loading_prints_no_warning():
+    """peft's tie_word_embeddings warning (a tied embedding in modules_to_save) concerns merging the
+    weights later, not this meta model: the user sees nothing (issue 19)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sv.load_model(QWEN / "config.json", adapter=QWEN_LORA / "adapter_config.json")
+    said = [str(w.message) for w in caught if not issubclass(w.category, DeprecationWarning)]
+    assert not [s for s in said if "tie_word_embeddings" in s], said
+
+
 def test_several_adapters(tmp_path):
     second = tmp_path / "narrow"
     second.mkdir()
