@@ -52,6 +52,8 @@ def is_config_path(spec: str) -> bool:
 
 def load_model(spec: str, lora: bool = True, adapter=None, dtype=None):
     """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
+    from torch import nn
+
     if adapter and not is_config_path(spec):
         raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
     if dtype and not is_config_path(spec):
@@ -70,13 +72,6 @@ def load_model(spec: str, lora: bool = True, adapter=None, dtype=None):
             return load_config_model(spec, adapter=adapter or None, dtype=dtype)
         except (ValueError, ImportError) as exc:
             raise CliError(str(exc)) from None
-    return _factory_model(spec)
-
-
-def _factory_model(spec: str):
-    """``package.module:factory`` (or ``:attribute``) -> the nn.Module it is or builds."""
-    from torch import nn
-
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
