@@ -183,7 +183,8 @@ def _param_groups(a):
 
 def params_section(a) -> str:
     """Every parameter, grouped by the call that owns it; each group opens on demand."""
-    groups = "".join(_folded(summary, html_table(rows.drop(columns=["unit"]))) for summary, rows in _param_groups(a))
+    groups = "".join(_folded(summary, html_table(rows.drop(columns=["unit"]), {"fqn": "parameter"}))
+                     for summary, rows in _param_groups(a))
     counts = a.params["status"].value_counts()
     summary = (f"{format_count(len(a.params))} parameters: "
                + ", ".join(f"{format_count(counts.get(s, 0))} {s}" for s in ("sharded", "ignored", "unmanaged"))
