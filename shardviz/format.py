@@ -92,7 +92,7 @@ COLUMNS = {
     "unsharded_bytes": ("unsharded", "bytes"), "padded_unsharded_bytes": ("unsharded, padded", "bytes"),
     "padded_shard_bytes": ("shard per rank, padded", "bytes"),
     # a.params
-    "fqn": ("parameter", "name"), "aliases": ("also named", "names"), "shape": ("shape", "shape"),
+    "fqn": ("name", "name"), "aliases": ("also named", "names"), "shape": ("shape", "shape"),
     "requires_grad": ("trainable", "bool"), "role": ("role", "text"), "status": ("status", "text"),
     "shard_shape": ("shard shape", "shape"), "shard_bytes": ("shard per rank", "bytes"),
     "padding_numel": ("padding elements", "count"),

@@ -28,6 +28,7 @@ WIDGET = Path(__file__).parent / "widget"
 #: A table longer than this, or code longer than ``FOLD_CODE_LINES``, opens on demand.
 FOLD_ROWS = 30
 FOLD_CODE_LINES = 120
+MEMORY_ROWS_SHOWN = 16
 
 _CSS = """
 :root { color-scheme: light dark; --fg:#1f2328; --bg:#fff; --muted:#59636e; --line:#d1d9e0; --err:#cf222e; --warn:#9a6700; --info:#0969da;
@@ -129,8 +130,11 @@ def memory_section(a, payload: dict) -> str:
     bars = sorted(payload.get("bars", []), key=lambda b: -b["peak"])
     rows = pd.DataFrame([{"ranks": b["label"], **{c: mem.at[b["first"], c] for c in MEMORY_COLUMNS if c in mem.columns},
                           "peak_at": _peak_at(b, a.units["unit"].tolist())} for b in bars])
-    return ("<h3>Memory per rank (worst ranks first; ranks with the same numbers share a row)</h3>"
-            + html_table(rows, {"ranks": "ranks", "peak_at": "peak in"}))
+    headers = {"ranks": "ranks", "peak_at": "peak in"}
+    shown = html_table(rows.head(MEMORY_ROWS_SHOWN), headers)
+    if len(rows) > MEMORY_ROWS_SHOWN:
+        shown += _folded(f"all {format_count(len(rows))} groups of ranks (open)", html_table(rows, headers))
+    return "<h3>Memory per rank (worst ranks first; ranks with the same numbers share a row)</h3>" + shown
 
 
 def traffic_section(a, traffic: dict) -> str:
@@ -180,7 +184,8 @@ def _param_groups(a):
 
 def params_section(a) -> str:
     """Every parameter, grouped by the call that owns it; each group opens on demand."""
-    groups = "".join(_folded(summary, html_table(rows.drop(columns=["unit"]))) for summary, rows in _param_groups(a))
+    groups = "".join(_folded(summary, html_table(rows.drop(columns=["unit"]), {"fqn": "parameter"}))
+                     for summary, rows in _param_groups(a))
     counts = a.params["status"].value_counts()
     summary = (f"{format_count(len(a.params))} parameters: "
                + ", ".join(f"{format_count(counts.get(s, 0))} {s}" for s in ("sharded", "ignored", "unmanaged"))
