@@ -121,6 +121,9 @@ def _join_shared_calls(tree: ModelTree, plan: Plan) -> Plan:
         if joined == plan:
             break
         plan = joined
+    return plan
+
+
 def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | None) -> Plan:
     """``plan`` with the blocks checkpointed as ``Plan.auto(checkpoint=...)`` says: every block in
     full ("blocks"), every k-th in full ("every k": torchtitan's selective layer option counts
