@@ -5,6 +5,7 @@ from .checks import fix_plan
 from .codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
+from .devices import Device, Efficiency
 from .finding import Finding, PlanError
 from .fsdp import Mesh
 from .plan import Plan, Unit
@@ -16,6 +17,7 @@ __all__ = [
     "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Sweep",
     "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "load_model", "sweep", "verify", "zoo",
 ]
+__all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
 __version__ = "0.1.0"
 
 

@@ -130,3 +130,8 @@ def test_default_efficiency_uses_a_measured_matmul_fraction_where_one_is_publish
     assert set(MEASURED_MATMUL_EFFICIENCY) <= set(DEVICES)
     custom = dataclasses.replace(DEVICES["H100"], name="mine")
     assert default_efficiency(custom) == DEFAULT_EFFICIENCY
+
+
+def test_the_public_names():
+    assert sv.Device is Device and sv.Efficiency is Efficiency
+    assert {"Device", "Efficiency"} <= set(sv.__all__)
