@@ -4,6 +4,7 @@ from .analysis import Analysis, analyze
 from .codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
+from .devices import Device, Efficiency
 from .finding import Finding, PlanError
 from .fixes import fix_plan
 from .format import fmt  # any table for reading: sv.fmt(a.memory)
@@ -20,6 +21,7 @@ __all__ = [
     "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "search", "sweep", "verify",
     "zoo",
 ]
+__all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
 __version__ = "0.1.0"
 
 
