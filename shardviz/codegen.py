@@ -53,6 +53,7 @@ from .fsdp import (
     supports_ignored_params,
 )
 from .plan import Plan, Unit, as_plan
+from .presets import named_plan
 from .tree import as_tree
 
 
@@ -205,7 +206,7 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     from .checks import release_findings
 
     tree = as_tree(model)
-    plan = as_plan(plan)
+    plan = named_plan(tree, as_plan(plan))  # the name the widget and the CLI give the same plan
     if plan.checkpoint:
         Plan(checkpoint=plan.checkpoint).validate(tree)  # names, root, nesting: a ValueError naming the module
     mesh = mesh if mesh is not None else Mesh(shard=8)
