@@ -156,6 +156,29 @@ class Analysis:
         return profile.table(names)
 
     @cached_property
+    def flops(self) -> pd.DataFrame:
+        """FLOPs of one training step on one rank (one micro-batch), counted by torch's
+        ``FlopCounterMode`` in the pass that measures the activations: one row per call in forward
+        order with its modules' own FLOPs (a nested call's are its own): unit, forward_flops,
+        backward_flops, recompute_flops (checkpointed modules' forward again in backward); a last
+        row with unit None for what runs outside every call, if anything. Empty without
+        ``Training.batch_size``: there is no step to count."""
+        from .activations import FLOP_COLUMNS, unit_flops
+
+        profile = self.activation_profile
+        rows = unit_flops(profile, self.plan.units) if profile is not None else []
+        return pd.DataFrame(rows, columns=FLOP_COLUMNS)
+
+    @property
+    def flop_totals(self) -> dict[str, int]:
+        """``flops``: the step's FLOPs (one rank, one micro-batch) with recomputation,
+        ``model_flops``: without it; zeros without ``Training.batch_size``."""
+        profile = self.activation_profile
+        if profile is None:
+            return {"flops": 0, "model_flops": 0}
+        return {"flops": profile.flops, "model_flops": profile.model_flops}
+
+    @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
         return run_checks(self)
