@@ -367,19 +367,22 @@ def batch(model: nn.Module, training: sv.Training, seed: int = 1234) -> torch.Te
 
 
 def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int,
-             own_batch: bool = False) -> StepTruth:
+             own_batch: bool = False, apply=None) -> StepTruth:
     """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
     then one under the memory tracker (last: it leaves grouped calls' hooks broken).
     ``own_batch``: every rank trains on its own batch (seed 1234 + rank), else all on one.
 
     Needs an initialised process group of ``mesh.world`` ranks (fake or gloo). With
     ``training.sync_outside_fsdp`` the plan is applied by the exported code (``exported_apply``),
-    otherwise by the oracle's ``apply_plan``.
+    otherwise by the oracle's ``apply_plan``; ``apply(model, device_mesh)`` replaces both (calls
+    written by hand; ``plan`` then only names them).
     """
     from shardviz.oracle import device_mesh
 
     dmesh = device_mesh(mesh)
-    if training.sync_outside_fsdp:
+    if apply is not None:
+        apply(model, dmesh)
+    elif training.sync_outside_fsdp:
         exported_apply(model, plan, mesh, training)(model, dmesh)
     else:
         apply_plan(model, plan, dmesh, training=training)
@@ -443,11 +446,16 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     return truth
 
 
-def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int) -> StepTruth:
-    """``run_step`` on one rank of torch's fake process group (collectives are no-ops)."""
+def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int, apply=None,
+             inspect=None) -> StepTruth:
+    """``run_step`` on one rank of torch's fake process group (collectives are no-ops);
+    ``inspect(model)`` runs on the trained model before the process group goes."""
     model = build()
     with fake_process_group(rank, mesh.world):
-        return run_step(model, plan, mesh, training, rank)
+        truth = run_step(model, plan, mesh, training, rank, apply=apply)
+        if inspect is not None:
+            inspect(model)
+        return truth
 
 
 # ---------------------------------------------------------------------------
@@ -598,4 +606,58 @@ def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
     for k in set(seen_total) | set(predicted_total):
         if seen_total[k] != predicted_total[k]:
             out.append(f"torch issued {k} totalling {seen_total[k]} bytes, predicted {predicted_total[k]}")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The peak breakdown (a.peak_breakdown(), drawn by the widget, the report and compare) against the
+# tracker's categories at its peak
+# ---------------------------------------------------------------------------
+# shardviz kind(s) -> FSDPMemTracker categories. Whole parameters (ignored or under no call) are
+# handed to the tracker as Unsharded Param (see run_step), so they share that category with FSDP's
+# unsharded parameters; gradients are sharded or unsharded; FSDP's buffers are the all-gather and
+# reduce-scatter ones; CPU-only runs keep Adam's step scalars (cpu_optimizer) with the states.
+BREAKDOWN_TO_TRACKER = {
+    ("sharded params",): ("Sharded Param",),
+    ("whole params", "unsharded params"): ("Unsharded Param",),
+    ("buffers",): ("Buffer",),
+    ("optimizer states", "cpu optimizer"): ("OptState",),
+    ("gradients",): ("Sharded Grad", "Unsharded Grad"),
+    ("communication buffers",): ("All Gather", "Reduce Scatter"),
+}
+ACTIVATION_KINDS = (("activations", "temporaries"), ("Activation", "Temp", "Inputs"))
+
+
+def breakdown_mismatches(analysis, truth: StepTruth, rank: int, activations: bool, slack: int = 0,
+                         post_forward_shards: bool = False) -> list[str]:
+    """Each kind of ``analysis.peak_breakdown(rank)`` against the tracker's categories at its peak:
+    the state peak's snapshot (``activations=False``: shardviz then has no activations or
+    temporaries there) or the peak of everything (``activations=True``: activations and
+    temporaries together within ``slack`` bytes, the case's pinned deviation). The harness files an
+    int ``reshard_after_forward``'s post-forward shards under Sharded Param, shardviz under
+    unsharded params: with ``post_forward_shards`` all parameters are compared together."""
+    ours = dict(analysis.peak_breakdown(rank))
+    mapped = {k for kinds in (*BREAKDOWN_TO_TRACKER, ACTIVATION_KINDS[0]) for k in kinds} - {"cpu optimizer"}
+    assert set(ours) == mapped, f"kinds without a tracker category: {sorted(set(ours) ^ mapped)}"
+    row = analysis.memory.iloc[rank]
+    assert sum(ours.values()) == int(row.peak)  # the breakdown is the peak
+    ours["cpu optimizer"] = int(row.cpu_optimizer)
+    snap = truth.peak_snap if activations else truth.state_peak_snap
+    pairs = dict(BREAKDOWN_TO_TRACKER)
+    if post_forward_shards:
+        del pairs[("sharded params",)], pairs[("whole params", "unsharded params")]
+        pairs[("sharded params", "whole params", "unsharded params")] = ("Sharded Param", "Unsharded Param")
+    out = []
+    for kinds, categories in pairs.items():
+        p, t = sum(ours[k] for k in kinds), sum(snap.get(c, 0) for c in categories)
+        if p != t:
+            out.append(f"rank {rank} {' + '.join(kinds)}: predicted {p}, torch {' + '.join(categories)} {t}")
+    kinds, categories = ACTIVATION_KINDS
+    p = sum(ours[k] for k in kinds)
+    if activations:
+        t = sum(snap.get(c, 0) for c in categories)
+        if p - t != slack:
+            out.append(f"rank {rank} activations + temporaries: predicted {p}, torch {t} ({p - t:+d}, pinned {slack:+d})")
+    elif p:
+        out.append(f"rank {rank}: no batch, yet the breakdown has {p} bytes of activations and temporaries")
     return out
