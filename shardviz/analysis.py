@@ -31,9 +31,15 @@ class Analysis:
         # The release the plan will run on: the findings follow it (None: the installed torch).
         self.torch_version = torch_version
         self.training = training if training is not None else Training()
-        # the module itself, held only when activations are measured (by running it)
-        self.model = (model if model is not None else tree.model) if self.training.with_activations else None
         self.layout = Layout(tree, plan, mesh)
+        # the module itself, held only when it is run: to measure activations, or to see the order its
+        # modules run in when calls are nested (their gradients interleave by it, cost.walk)
+        self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
+
+    def _runs_a_step(self) -> bool:
+        from .cost import calls_with_nested_calls
+
+        return self.training.with_activations or bool(calls_with_nested_calls(self.layout, self.tree.modules))
 
     # -- the engine's answers ----------------------------------------------------
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
@@ -91,7 +97,7 @@ class Analysis:
         """The cost model (``cost.CostModel``): built once, from the layout and the activation levels."""
         from .cost import cost_model
 
-        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels())
+        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels(), self.run_order)
 
     @cached_property
     def memory(self) -> pd.DataFrame:
@@ -127,6 +133,23 @@ class Analysis:
         without ``Training.batch_size``. Cached across analyses of the same model and shapes."""
         if not self.training.with_activations:
             return None
+        return self._measured_step(self.training.batch_size, self.training.seq_len)
+
+    @cached_property
+    def run_order(self) -> tuple[str, ...] | None:
+        """Module names in the order a training step first runs them, when one is measured: with
+        activations, or (a step of batch 1) when calls are nested; None: registration order."""
+        from .cost import first_run_order
+
+        profile = self.activation_profile
+        if profile is None and self.model is not None:
+            try:
+                profile = self._measured_step(1, min(self.training.seq_len, 32))
+            except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
+                return None
+        return None if profile is None else first_run_order(profile.timeline)
+
+    def _measured_step(self, batch_size: int, seq_len: int):
         from .activations import measure_activations
 
         model = self.model
@@ -137,14 +160,14 @@ class Analysis:
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
-        key = (t.batch_size, t.seq_len, t.param_dtype, whole, frozenset(self.plan.checkpoint), t.example_inputs)
+        key = (batch_size, seq_len, t.param_dtype, whole, frozenset(self.plan.checkpoint), t.example_inputs)
         # measure_activations caches too, but building its key costs ~7 ms on 70B: this one keeps a
         # toggle that changes none of these inputs within the 20 ms target
         profiles = _PROFILES.setdefault(self.tree, {})
         if key not in profiles:
             if len(profiles) > 32:
                 profiles.clear()
-            profiles[key] = measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype,
+            profiles[key] = measure_activations(model, batch_size, seq_len, param_dtype=t.param_dtype,
                                                 whole_params=whole, checkpoint=self.plan.checkpoint,
                                                 example_inputs=t.example_inputs, tree=self.tree)
         return profiles[key]
