@@ -140,6 +140,7 @@ class _Runner:
         self.n_analysed = 0
         self.unmeasured: set = set()  # checkpoint policies the activation measurement refuses (SV114)
         self.lean_offload = True
+        self.fitting: dict = {}  # analysed candidate -> fits
 
     def plan(self, c: Candidate) -> Plan:
         key = (c.lora, c.checkpoint)
@@ -188,15 +189,33 @@ class _Runner:
         ka, kb = kinds(a), kinds(b)
         return all(ka[k] >= n for k, n in kb.items())
 
+    def bound_others(self, c: Candidate, profile) -> None:
+        """From one measurement, the activations other checkpoint presets save for backward at least:
+        every block's saved bytes, plain or checkpointed (``saved_plain`` / ``saved_checkpointed``,
+        both measured for the repeated blocks), are all alive when backward starts."""
+        rows = [profile.at(b) for b in profile.blocks]
+        if any(r.saved_plain is None or r.saved_checkpointed is None for r in rows):
+            return
+        for ckpt in CHECKPOINTS:
+            key = (c.lora, c.batch_size, ckpt)
+            if ckpt == c.checkpoint or key in self.act_over:
+                continue
+            plan = self.plan(Candidate(checkpoint=ckpt)).checkpoint
+            if plan.selective:
+                continue
+            saved = sum(r.saved_checkpointed if b in plan else r.saved_plain for b, r in zip(profile.blocks, rows))
+            if saved > self.limit:
+                self.act_over[key] = (saved, f"at least: every block's saved bytes, measured with {_ckpt_words(c.checkpoint)}")
+
     def pruned_by(self, c: Candidate) -> str | None:
         """Why ``c`` cannot fit without analysing it, or None."""
         gib, less = format_bytes(self.limit), "(checkpoints less: not analysed)"
         act = self.act_over.get((c.lora, c.batch_size, c.checkpoint))
         if act is not None:  # the same activations whatever the mesh and options
-            return f"over {gib}: the activations alone are {format_bytes(act)} (measured on another mesh or option)"
-        for (lora, batch, ckpt), act in self.act_over.items():
+            return f"over {gib}: the activations alone are {format_bytes(act[0])} ({act[1]}; not analysed)"
+        for (lora, batch, ckpt), (act, how) in self.act_over.items():
             if lora == c.lora and batch == c.batch_size and self.holds_less(ckpt, c.checkpoint):
-                return f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)} {less}"
+                return f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)} ({how}) {less}"
         for (state, batch, ckpt), peak in self.over.items():
             if state == c.state_key and (batch or 0) <= (c.batch_size or 0) and (ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)):
                 return f"over {gib}: {format_bytes(peak)} with {_ckpt_words(ckpt)}, micro-batch {batch} {less}"
@@ -210,6 +229,10 @@ class _Runner:
         """The candidate's row (None: a policy the measurement cannot do yet)."""
         if c.checkpoint in self.unmeasured:
             return None
+        if c.offload and self.fitting.get(replace(c, offload=False)):
+            return {"analysed": False, "fits": True, "peak": None, "why": (
+                "fits, slower than the same plan without CPU offload, which fits too: offloading only lowers the "
+                "peak and adds host-device copies (not analysed)")}
         reason = self.pruned_by(c)
         if reason is not None:
             return {"analysed": False, "fits": False, "peak": None, "why": reason}
@@ -221,12 +244,14 @@ class _Runner:
                 self.unmeasured.add(c.checkpoint)
                 return None
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
-        fits = peak <= self.limit
+        fits = self.fitting[c] = peak <= self.limit
         if not fits:
             self.over[(c.state_key, c.batch_size, c.checkpoint)] = peak
         profile = a.activation_profile
         if profile is not None and profile.peak[0] > self.limit:
-            self.act_over[(c.lora, c.batch_size, c.checkpoint)] = int(profile.peak[0])
+            self.act_over[(c.lora, c.batch_size, c.checkpoint)] = (int(profile.peak[0]), "measured")
+        if profile is not None:
+            self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
                 "parts": _time_parts(a), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
 
@@ -309,10 +334,12 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
 def _rank_key(limit: int):
     def key(item):
         c, r = item
-        if r["fits"]:
+        if r["fits"] and r["analysed"]:
             return (0, float(f"{r['step_time_s']:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
+        if r["fits"]:
+            return (1, 0.0, 0, 0, 0, 0)
         over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
-        return (1 if r["analysed"] else 2, over, 0, c.offload, 0, 0)
+        return (2 if r["analysed"] else 3, over, 0, c.offload, 0, 0)
     return key
 
 
@@ -429,7 +456,7 @@ class Search:
         records, above = [], None
         for c, r in rows:
             why = _why(r, above if r["fits"] else None, runner.limit)
-            if r["fits"]:
+            if r["fits"] and r["analysed"]:
                 above = r
             records.append({
                 "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
