@@ -113,10 +113,10 @@ def _time_parts(a: Analysis) -> dict:
     c = a.comm
     out: dict = {}
     if len(c):
-        across = c["group_size"].to_numpy() > a.mesh.ranks_per_node
         seconds = (c["time_s"] * c["count"]).to_numpy()
-        for kind, size, far, sec in zip(c["collective"], c["group_size"], across, seconds):
-            key = f"{kind.replace('_', '-')}s over {size} ranks {'across nodes' if far else 'inside a node'}"
+        for kind, group, size, sec in zip(c["collective"], c["group"], c["group_size"], seconds):
+            where = f"over all {size} ranks" if group == "world" else f"in {group.replace('_', '-')} groups of {size} ranks"
+            key = f"{kind.replace('_', '-')}s {where}"
             out[key] = out.get(key, 0.0) + float(sec)
     if getattr(a, "step", None) is None and _offload_copy_s(a) > 0:
         out["CPU offload copies"] = _offload_copy_s(a)
@@ -141,6 +141,7 @@ class _Runner:
         self.unmeasured: set = set()  # checkpoint policies the activation measurement refuses (SV114)
         self.lean_offload = True
         self.fitting: dict = {}  # analysed candidate -> fits
+        self._holds_less: dict = {}
 
     def plan(self, c: Candidate) -> Plan:
         key = (c.lora, c.checkpoint)
@@ -175,11 +176,16 @@ class _Runner:
         return self._state[lora]
 
     def holds_less(self, strong: str | None, weak: str | None) -> bool:
-        """Plans checkpointed as ``strong`` hold fewer activations than as ``weak`` at every moment:
-        every block ``weak`` checkpoints is checkpointed by ``strong`` at least as fully, or both
-        checkpoint in full and ``strong`` checkpoints at least as many blocks of each kind."""
-        if strong == weak:
-            return False
+        """Plans checkpointed as ``strong`` hold fewer activations than as ``weak``: every block
+        ``weak`` checkpoints is checkpointed by ``strong`` at least as fully (fewer at every moment),
+        or both checkpoint in full and ``strong`` checkpoints at least as many blocks of each kind
+        (blocks of one kind save the same bytes: fewer are alive when backward starts, where the
+        activations peak)."""
+        if (strong, weak) not in self._holds_less:
+            self._holds_less[(strong, weak)] = strong != weak and self._compare_checkpoints(strong, weak)
+        return self._holds_less[(strong, weak)]
+
+    def _compare_checkpoints(self, strong: str | None, weak: str | None) -> bool:
         a, b = self.plan(Candidate(checkpoint=strong)).checkpoint, self.plan(Candidate(checkpoint=weak)).checkpoint
         if all(n in a and a.policy(n) in ("full", p) for n, p in b.items()):
             return True
