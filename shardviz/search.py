@@ -451,8 +451,9 @@ def what_would_fit(runner: _Runner, rows: list, max_factor: int = 64) -> str:
 # ---------------------------------------------------------------------------
 class Search:
     """What ``sv.search`` found. ``table``: one row per plan, best first; ``best``: the plan to run
-    (None when nothing fits), ``best_mesh`` (the HSDP split), ``best_training`` (None unless the
-    micro-batch or offloading changed); ``note``: what the search assumed, or why nothing fits."""
+    (None when nothing fits), ``best_mesh`` (the HSDP split), ``best_training`` (the micro-batch
+    chosen with ``Training(global_batch=...)``, or offloading turned off; else None) and
+    ``best_grad_accum``; ``note``: what the search assumed, or why nothing fits."""
 
     def __init__(self, rows: list, runner: _Runner, note: str, n_candidates: int, nothing_fits: str = ""):
         self._rows, self._runner = rows, runner
@@ -501,7 +502,13 @@ class Search:
         if not self.fits:
             return None
         training = self.candidate(0)[2]
-        return training if training != self._runner.training else None
+        chosen = self._runner.training.global_batch is not None  # the micro-batch was searched: say which
+        return training if chosen or training != self._runner.training else None
+
+    @property
+    def best_grad_accum(self) -> int | None:
+        """Micro-batches per optimizer step of the best plan (1 without ``Training.global_batch``)."""
+        return int(self.table.grad_accum.iloc[0]) if self.fits else None
 
     def formatted(self) -> pd.DataFrame:
         """The table with sizes and times written for people (the CLI prints it)."""

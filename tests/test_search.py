@@ -120,7 +120,7 @@ def test_global_batch_searches_micro_batch_and_accumulation():
     assert set(zip(s.table.batch_size, s.table.grad_accum)) == {(1, 2), (2, 1)}
     assert s.fits and s.best_training is not None
     b = s.best_training.batch_size
-    assert b * s.table.grad_accum.iloc[0] == BATCH
+    assert b * s.best_grad_accum == BATCH == b * s.table.grad_accum.iloc[0]
     a = sv.analyze(m, s.best, s.best_mesh, s.best_training)
     assert int(a.memory.peak.max()) <= s.device_memory
 
