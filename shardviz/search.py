@@ -195,6 +195,12 @@ class _Runner:
         ka, kb = kinds(a), kinds(b)
         return all(ka[k] >= n for k, n in kb.items())
 
+    def holds_less_than(self, c: Candidate, batch: int | None, ckpt: str | None) -> bool:
+        """A plan with micro-batch ``batch`` and checkpointing ``ckpt`` holds no more activations than ``c``."""
+        if (batch or 0) > (c.batch_size or 0):
+            return False
+        return ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)
+
     def bound_others(self, c: Candidate, profile) -> None:
         """From one measurement, the activations other checkpoint presets save for backward at least:
         every block's saved bytes, plain or checkpointed (``saved_plain`` / ``saved_checkpointed``,
@@ -220,10 +226,11 @@ class _Runner:
         if act is not None:  # the same activations whatever the mesh and options
             return f"over {gib}: the activations alone are {format_bytes(act[0])} ({act[1]}; not analysed)"
         for (lora, batch, ckpt), (act, how) in self.act_over.items():
-            if lora == c.lora and batch == c.batch_size and self.holds_less(ckpt, c.checkpoint):
-                return f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)} ({how}) {less}"
+            if lora == c.lora and self.holds_less_than(c, batch, ckpt):
+                return (f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)}, "
+                        f"micro-batch {batch} ({how}) {less}")
         for (state, batch, ckpt), peak in self.over.items():
-            if state == c.state_key and (batch or 0) <= (c.batch_size or 0) and (ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)):
+            if state == c.state_key and self.holds_less_than(c, batch, ckpt):
                 return f"over {gib}: {format_bytes(peak)} with {_ckpt_words(ckpt)}, micro-batch {batch} {less}"
         state = self.lean_state(c.lora)
         if state > self.limit:
