@@ -388,8 +388,19 @@ def _add_model_args(p, model_required=True) -> None:
 
 
 def _add_checkpoint_arg(p) -> None:
-    p.add_argument("--checkpoint", choices=["blocks"],
-                   help="wrap every block in torch's checkpoint_wrapper before fully_shard (Plan.auto(checkpoint='blocks'))")
+    p.add_argument("--checkpoint", type=_checkpoint_preset, metavar="{blocks,'every K',selective}",
+                   help="wrap every block (or every K-th: 'every 2') in torch's checkpoint_wrapper before fully_shard "
+                        "(Plan.auto(checkpoint=...))")
+
+
+def _checkpoint_preset(value: str) -> str:
+    from .plan import checkpoint_preset
+
+    try:
+        checkpoint_preset(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _add_precision_args(p) -> None:
