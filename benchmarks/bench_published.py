@@ -24,7 +24,7 @@ warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
 from shardviz import zoo  # noqa: E402
-from shardviz.devices import DEVICES  # noqa: E402
+from shardviz.devices import DEVICES, default_efficiency  # noqa: E402
 
 # Grand Teton's H100s (rows 1-2): HBM2e 96 GB at 2.4 TB/s, 500 W; the SXM peak is kept, as torchtitan's MFU does
 TETON = dataclasses.replace(DEVICES["H100"], name="H100 (Grand Teton, 500 W)", memory="96GB", hbm_gbps=2400)
@@ -71,7 +71,8 @@ def predict(row) -> dict:
     plan = sv.Plan.auto(model, checkpoint=checkpoint)
     training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=batch, seq_len=seq)
     t0 = time.perf_counter()
-    a = sv.analyze(model, plan, sv.Mesh(shard=ranks, device=device), training)
+    efficiency = default_efficiency("H100" if device is TETON else device)  # Grand Teton: the H100's
+    a = sv.analyze(model, plan, sv.Mesh(shard=ranks, device=device, efficiency=efficiency), training)
     step = a.step
     return {"row": n, "model": name, "device": a.mesh.device.name, "ranks": ranks, "batch": f"{batch} x {seq}",
             "checkpoint": checkpoint or "none", "published": published, "published_mfu": published_mfu,

@@ -21,6 +21,7 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
+from shardviz.format import worst_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "comparison.md"
@@ -47,7 +48,7 @@ def rows():
             for lora in LAYOUTS:
                 a = sv.analyze(tree, sv.Plan.auto(tree, lora=lora), mesh, TRAINING)
                 mem, comm = a.memory, a.comm
-                worst = int(mem["peak"].idxmax())
+                worst = worst_rank(mem)
                 yield {
                     "model": label,
                     "trainable": trainable,
@@ -83,7 +84,7 @@ def fit_rows():
             for checkpoint in (None, "blocks"):
                 a = sv.analyze(tree, sv.Plan.auto(tree, lora=lora, checkpoint=checkpoint), mesh, training)
                 mem = a.memory
-                worst = int(mem["peak"].to_numpy().argmax())
+                worst = worst_rank(mem)
                 yield {
                     "model": label, "ranks": ranks, "LoRA": lora, "checkpoint": checkpoint or "none",
                     "state": int(mem.at[worst, "peak"] - mem.at[worst, "activations"]) if mem.at[worst, "activations"] else None,

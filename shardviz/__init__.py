@@ -4,7 +4,7 @@ from .analysis import Analysis, analyze
 from .codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
 from .cost import Training
-from .devices import DEVICES, Device, Efficiency
+from .devices import Device, Efficiency
 from .finding import Finding, PlanError
 from .fixes import fix_plan
 from .format import fmt  # any table for reading: sv.fmt(a.memory)
@@ -17,10 +17,11 @@ from .load import load_model
 from .oracle import verify
 
 __all__ = [
-    "Analysis", "Comparison", "DEVICES", "Device", "Efficiency", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
+    "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
     "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "search", "sweep", "verify",
     "zoo",
 ]
+__all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
 __version__ = "0.1.0"
 
 

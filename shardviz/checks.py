@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from .finding import Finding
 from .fixes import split_unit
-from .format import format_bytes
+from .format import format_bytes, worst_rank
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
 from .presets import find_blocks
 
@@ -366,7 +366,7 @@ def check_memory(analysis) -> list[Finding]:
     if limit is None:
         return []
     mem = analysis.memory
-    worst = int(mem["peak"].to_numpy().argmax())
+    worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
     peak = int(mem.at[worst, "peak"])
     if peak <= limit:
         return []

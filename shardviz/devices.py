@@ -100,6 +100,21 @@ class Efficiency:
 
 DEFAULT_EFFICIENCY = Efficiency()
 
+# Achieved compute fraction where a published training benchmark gives one for the part, taken
+# from runs that are not among the ones docs/step-time.md predicts: the median HFU (FLOPs executed,
+# recomputation included, over time x peak) of llm-foundry's MPT benchmarks of 7B-70B models
+# (FSDP, bf16, flash attention; scripts/train/benchmarking/README.md): H100 0.48 over 22 runs,
+# A100-80GB 0.72 over 13. HFU includes exposed communication, so these are lower bounds.
+MEASURED_MATMUL_EFFICIENCY = {"A100-40GB": 0.72, "A100-80GB": 0.72, "H100": 0.48, "H100-PCIe": 0.48, "H200": 0.48}
+
+
+def default_efficiency(device) -> Efficiency:
+    """``DEFAULT_EFFICIENCY`` with the measured matmul efficiency of ``device`` (a ``Device`` or a
+    name) where ``MEASURED_MATMUL_EFFICIENCY`` has one; a user's own ``Efficiency`` always wins."""
+    name = device.name if isinstance(device, Device) else device_by_name(device).name
+    matmul = MEASURED_MATMUL_EFFICIENCY.get(name, DEFAULT_EFFICIENCY.matmul)
+    return Efficiency(matmul=matmul, collective_bus=DEFAULT_EFFICIENCY.collective_bus, hbm=DEFAULT_EFFICIENCY.hbm)
+
 # Memory the fits verdict keeps out of ``device_memory`` (docs/step-time.md, "Memory reserve"):
 # the CUDA context with lazy module loading (PyTorch PR 86509 measured 287 MB; cuBLAS/cuDNN
 # workspaces on top) and NCCL's communicator buffers (NCCL_BUFFSIZE = 4 MiB per channel and peer).

@@ -58,7 +58,7 @@ class Mesh:
     ``device_memory``, the bandwidths and ``ranks_per_node`` (its GPUs per node) where they are not
     given; fields given explicitly win over the device's row. Without a device: 8 ranks per node.
     ``efficiency`` (an ``sv.Efficiency``): the fractions of the device's peaks a step achieves, for
-    the step time (None: ``devices.DEFAULT_EFFICIENCY``).
+    the step time (None: ``devices.default_efficiency(device)``, measured where known).
     """
 
     shard: int

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from .format import format_duration
-from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from .devices import Device, Efficiency, default_efficiency
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, compute_seconds,
                        optimizer_seconds, schedule_step)
 
@@ -167,7 +167,7 @@ def step_time(a) -> StepTime:
     if reason:
         return _unavailable(reason, k)
     device: Device = a.mesh.device
-    eff = getattr(a.mesh, "efficiency", None) or DEFAULT_EFFICIENCY
+    eff = getattr(a.mesh, "efficiency", None) or default_efficiency(device)
     dtype = compute_dtype(a)
     try:
         comm_s, ignored_s = comm_seconds(a.comm, eff)

@@ -119,3 +119,19 @@ def test_comm_table_uses_the_device_bandwidths():
     assert (comm.time_s == comm.sent_bytes / 450e9).all()
     explicit = sv.analyze(model, plan, sv.Mesh(shard=8, intra_node_gbps=450, inter_node_gbps=50)).comm
     assert comm.time_s.tolist() == explicit.time_s.tolist()
+
+
+def test_default_efficiency_uses_a_measured_matmul_fraction_where_one_is_published():
+    from shardviz.devices import DEFAULT_EFFICIENCY, MEASURED_MATMUL_EFFICIENCY, default_efficiency
+
+    assert default_efficiency("A100-80GB").matmul == 0.72
+    assert default_efficiency(DEVICES["H100"]).matmul == 0.48
+    assert default_efficiency("B200") == DEFAULT_EFFICIENCY  # nothing published: the generic default
+    assert set(MEASURED_MATMUL_EFFICIENCY) <= set(DEVICES)
+    custom = dataclasses.replace(DEVICES["H100"], name="mine")
+    assert default_efficiency(custom) == DEFAULT_EFFICIENCY
+
+
+def test_the_public_names():
+    assert sv.Device is Device and sv.Efficiency is Efficiency
+    assert {"Device", "Efficiency"} <= set(sv.__all__)

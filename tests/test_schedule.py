@@ -255,3 +255,36 @@ def test_unit_times_and_step_summary_glue_flops_and_comm_into_a_step():
     summary = step_summary(s, tokens=16384, flops=8 * 989e12, model_flops=6 * 989e12, peak_flops=989e12)
     assert summary["tokens_per_s"] == pytest.approx(1024.0)
     assert summary["mfu"] == pytest.approx(6 / 16) and summary["hfu"] == pytest.approx(8 / 16)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_invariants_on_random_steps(seed):
+    """Whatever the seconds: one thing at a time per stream, compute never starts before the
+    all-gather it needs, a reduction never before its backward, and idle compute = exposed."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    units = [UnitTime(f"u{i}", forward_s=rng.uniform(0, 3), backward_s=rng.uniform(0, 6),
+                      recompute_s=rng.choice([0.0, rng.uniform(0, 3)]), all_gather_forward_s=rng.uniform(0, 4),
+                      all_gather_backward_s=rng.uniform(0, 4), reduce_scatter_s=rng.choice([None, rng.uniform(0, 5)]),
+                      all_reduce_s=rng.choice([None, rng.uniform(0, 3)]), reshard_after_forward=rng.random() < 0.7,
+                      h2d_s=rng.choice([0.0, rng.uniform(0, 1)]))
+             for i in range(n)]
+    root = UnitTime("root", forward_s=1, backward_s=2, all_gather_forward_s=rng.uniform(0, 2),
+                    reshard_after_forward=False) if rng.random() < 0.5 else None
+    s = schedule_step(units, root=root, extras=StepExtras(ignored_all_reduce_s=rng.choice([None, 0.3]), optimizer_s=0.5))
+    assert s.step_time_s == pytest.approx(s.compute_s + s.exposed_comm_s)
+    for stream in ("compute", "all_gather", "reduce_scatter", "all_reduce"):
+        bars = sorted((e for e in s.events if e.stream == stream), key=lambda e: e.start_s)
+        for a, b in zip(bars, bars[1:]):
+            assert b.start_s >= a.end_s - 1e-12, (stream, a, b)
+    for e in s.events:
+        if e.kind in ("forward", "backward", "recompute") and e.unit is not None:
+            gathers = [g for g in s.events if g.unit == e.unit and g.kind == "all_gather" and g.phase == e.phase]
+            assert all(g.end_s <= e.start_s + 1e-12 for g in gathers), e
+        if e.kind == "reduce_scatter":
+            done = max(c.end_s for c in s.events if c.unit == e.unit and c.kind == "backward" or
+                       (c.unit == e.unit and c.kind == "recompute"))
+            assert e.start_s >= done - 1e-12
+    assert all(e.end_s <= s.step_time_s + 1e-12 for e in s.events)
