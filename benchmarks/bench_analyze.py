@@ -119,6 +119,39 @@ def bench_activations(name: str = "llama3_70b", world: int = 64, batch: int = 1,
           f"{a.memory.activations.max() / 2**30:.2f} GiB")
 
 
+def bench_step(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: int = 8192) -> None:
+    """The time to add the step-time model (a.step: schedule + FLOPs + comm + optimizer, issue 17 targets: under
+    10 % of the activation measurement cold, under 20 ms for a change of plan) on a cached tree, H100s."""
+    from shardviz.activations import clear_cache
+
+    tree = sv.ModelTree(zoo.build(name, lora=True))
+    mesh = sv.Mesh(world, device="H100")
+    training = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=batch, seq_len=seq)
+    plan = sv.Plan.auto(tree, lora="sharded")
+    clear_cache()
+    t0 = time.perf_counter()
+    a = sv.analyze(tree, plan, mesh, training)
+    a.memory, a.comm  # noqa: B018 - the activation measurement and the tables the step reads
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    step = a.step
+    cold_step = time.perf_counter() - t0
+    block = plan.units[1].modules[0]
+
+    def changed():
+        b = sv.analyze(tree, plan.without_unit(block), mesh, training)
+        b.memory, b.comm  # noqa: B018
+        t0 = time.perf_counter()
+        b.step  # noqa: B018
+        return time.perf_counter() - t0
+
+    change = min(changed() for _ in range(5))
+    print(f"\nstep time: {name}+LoRA, {world} x H100, batch {batch}, seq {seq}: cold analyze with activations "
+          f"{cold:.2f} s, then a.step {cold_step * 1e3:.1f} ms ({100 * cold_step / cold:.1f} % of it, target < 10 %); "
+          f"change of plan: a.step {change * 1e3:.1f} ms (target < 20 ms); step {step['step_time_s']:.2f} s, "
+          f"{step['tokens_per_s']:,.0f} tokens/s per rank, MFU {100 * step['mfu']:.1f} %")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["llama3_70b", "largest_moe"])
@@ -140,6 +173,7 @@ def main():
           "one unit is removed or added (target <= 20 ms on 70B)")
     if not args.no_activations:
         bench_activations()
+        bench_step()
 
 
 if __name__ == "__main__":

@@ -202,6 +202,37 @@ class Analysis:
         return {"flops": profile.flops, "model_flops": profile.model_flops}
 
     @cached_property
+    def step_time(self):
+        """The step as FSDP2 schedules it (``steptime.StepTime``), computed once: ``time``, ``step``
+        and ``timeline()`` read it. Needs ``Mesh(device=...)`` and ``Training(batch_size=...)``."""
+        from .steptime import step_time
+
+        return step_time(self)
+
+    @property
+    def time(self) -> pd.DataFrame:
+        """One row per call (the root first, then forward order), seconds per rank of the micro-batch
+        that reduces: forward, backward, recompute, all-gathers, reduce-scatter, all-reduce, and the
+        exposed communication (the compute stream waiting on it). Empty, with ``attrs["reason"]``,
+        without a device or a micro-batch."""
+        return self.step_time.table
+
+    @property
+    def step(self) -> dict:
+        """step_time_s (one optimizer step, every micro-batch), tokens_per_s (per rank), mfu, hfu,
+        exposed_comm_s, compute_s, flops and model_flops (per rank, one micro-batch), grad_accum,
+        step_time_sync_every_s (reducing on every micro-batch), device, dtype; ``reason`` (and None
+        figures) when there is no step to time (docs/step-time.md)."""
+        return self.step_time.step
+
+    def timeline(self):
+        """The step as a plotly figure: compute and communication streams, unit by unit, exposed
+        communication in red (``views.timeline_payload``, the payload the report and the Inspector draw)."""
+        from .steptime import timeline_figure, timeline_payload
+
+        return timeline_figure(timeline_payload(self))
+
+    @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
         return run_checks(self)

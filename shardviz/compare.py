@@ -21,6 +21,8 @@ from .tree import as_tree
 from .views import DEFAULT_TRAINING
 
 MEMORY_PARTS = ("params", "grads", "optimizer")
+#: What ``Sweep.figure(y=...)`` plots besides memory and traffic: axis title, scale.
+STEP_METRICS = {"tokens_per_s": ("tokens/s per rank", 1), "step_time_s": ("step time (s)", 1), "mfu": ("MFU (%)", 100)}
 
 
 def summarize(a: Analysis) -> dict:
@@ -39,6 +41,9 @@ def summarize(a: Analysis) -> dict:
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         row[f"n_{kind}"] = int(comm.loc[comm.collective == kind, "count"].sum()) if len(comm) else 0
     row["time_per_step_s"] = comm.attrs.get("time_per_step_s", float("nan"))
+    step = a.step  # None figures without a device or a micro-batch (a.step["reason"])
+    for key in ("step_time_s", "tokens_per_s", "mfu"):
+        row[key] = step[key]
     findings = a.findings
     row["errors"] = sum(f.severity == "error" for f in findings)
     row["warnings"] = sum(f.severity == "warning" for f in findings)
@@ -194,7 +199,12 @@ class Sweep:
 
         return chart("lines", self.lines_payload(metric))
 
-    def figure(self):
+    def figure(self, y: str | None = None):
+        """Peak memory and bytes sent per rank against world size; ``y="tokens_per_s"`` (or
+        "step_time_s", "mfu"): that column of ``table`` instead (needs ``Mesh(device=...)`` and a
+        micro-batch, else the points are missing)."""
+        if y is not None:
+            return self._metric_figure(y)
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -214,6 +224,21 @@ class Sweep:
             fig.add_hline(y=limit / pdiv, line_dash="dash", annotation_text="device memory", row=1, col=1)
         fig.update_xaxes(type="log", title_text="world size", dtick=0.30103)
         fig.update_layout(height=420, legend_orientation="h", title=views.training_text(self.training))
+        return fig
+
+    def _metric_figure(self, y: str):
+        import plotly.graph_objects as go
+
+        if y not in STEP_METRICS:
+            raise ValueError(f"Sweep.figure: y={y!r}: expected one of {list(STEP_METRICS)}")
+        fig = go.Figure()
+        for i, (layout, rows) in enumerate(self.table.groupby("layout", sort=False)):
+            values = [None if v is None else float(v) * STEP_METRICS[y][1] for v in rows[y]]
+            fig.add_trace(go.Scatter(x=rows.world, y=values, name=layout, mode="lines+markers",
+                                     line_color=f"hsl({(i * 137) % 360},60%,45%)"))
+        fig.update_xaxes(type="log", title_text="world size", dtick=0.30103)
+        fig.update_layout(height=420, legend_orientation="h", yaxis_title=STEP_METRICS[y][0],
+                          title=views.training_text(self.training))
         return fig
 
     def __repr__(self) -> str:

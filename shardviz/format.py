@@ -42,6 +42,15 @@ def format_seconds(s) -> str:
     return f"{s:.3f} s"
 
 
+def format_duration(s) -> str:
+    """A step's part: ``1.234`` -> ``"1.234 s"``, ``0.0123`` -> ``"12.30 ms"``, ``4e-6`` -> ``"4.0 µs"``."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "–"
+    if s >= 0.1 or s == 0:
+        return f"{s:.3f} s"
+    return f"{s * 1e3:.2f} ms" if s >= 1e-4 else f"{s * 1e6:.1f} µs"
+
+
 def format_percent(fraction: float) -> str:
     """``0.0004`` -> ``"<0.1%"``, ``0.054`` -> ``"5.4%"``, ``0.54`` -> ``"54%"``."""
     pct = 100 * fraction
@@ -108,6 +117,12 @@ COLUMNS = {
     "collectives_per_step": ("collectives per step", "count"), "n_all_gather": ("all-gathers", "count"),
     "n_reduce_scatter": ("reduce-scatters", "count"), "n_all_reduce": ("all-reduces", "count"),
     "time_per_step_s": ("comm time per step", "seconds"), "errors": ("errors", "count"),
+    "step_time_s": ("step time", "duration"), "tokens_per_s": ("tokens/s per rank", "rate"), "mfu": ("MFU", "percent"),
+    # a.time
+    "forward_s": ("forward", "duration"), "backward_s": ("backward", "duration"),
+    "recompute_s": ("recompute", "duration"), "all_gather_forward_s": ("all-gather, forward", "duration"),
+    "all_gather_backward_s": ("all-gather, backward", "duration"), "reduce_scatter_s": ("reduce-scatter", "duration"),
+    "all_reduce_s": ("all-reduce", "duration"), "exposed_comm_s": ("exposed communication", "duration"),
     "warnings": ("warnings", "count"), "findings": ("findings", "codes"),
 }
 #: What a missing value reads as, per kind (a number torch cannot give without more input).
@@ -124,6 +139,12 @@ def format_value(kind: str, v) -> str:
         return format_count(v)
     if kind == "seconds":
         return format_seconds(v)
+    if kind == "duration":
+        return format_duration(v)
+    if kind == "rate":
+        return f"{v:,.0f}"
+    if kind == "percent":
+        return f"{100 * v:.1f}%"
     if kind == "shape":
         return format_shape(v)
     if kind in ("bool", "fits"):
@@ -154,7 +175,7 @@ def fmt(table) -> pd.DataFrame:
     out = pd.DataFrame(index=table.index.copy())
     for col in table.columns:
         kind = column_kind(table, col)
-        number = kind in ("bytes", "count", "seconds", "shape")
+        number = kind in ("bytes", "count", "seconds", "duration", "rate", "shape")
         out[COLUMNS.get(col, (col,))[0]] = [
             format_value(kind, v).replace(" ", "\u00a0") if number and not _missing(v) else format_value(kind, v)
             for v in table[col]]

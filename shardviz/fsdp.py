@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .devices import Device, as_device
+from .devices import Device, Efficiency, as_device
 from .finding import Finding, PlanError
 from .plan import Plan, Unit, closest_hint
 from .tree import ModelTree
@@ -57,6 +57,8 @@ class Mesh:
     ``device`` (a name from ``shardviz.devices.DEVICES`` or an ``sv.Device``) fills
     ``device_memory``, the bandwidths and ``ranks_per_node`` (its GPUs per node) where they are not
     given; fields given explicitly win over the device's row. Without a device: 8 ranks per node.
+    ``efficiency`` (an ``sv.Efficiency``): the fractions of the device's peaks a step achieves, for
+    the step time (None: ``devices.default_efficiency(device)``, measured where known).
     """
 
     shard: int
@@ -66,9 +68,13 @@ class Mesh:
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
     device: str | Device | None = None
+    efficiency: Efficiency | None = None
 
     def __post_init__(self):
         self._fill_from_device()
+        if self.efficiency is not None and not isinstance(self.efficiency, Efficiency):
+            raise ValueError(f"Mesh.efficiency must be an sv.Efficiency(matmul=..., collective_bus=..., hbm=...), "
+                             f"got {self.efficiency!r}")
         for key in ("shard", "replicate", "ranks_per_node"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

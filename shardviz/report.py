@@ -244,8 +244,8 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     training = views.DEFAULT_TRAINING if training is None else training
     a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
     title = title or f"shardviz report: {a.tree.root_type}"
-    memory, traffic = views.memory_payload(a), views.traffic_payload(a)
-    charts = [_chart("memory", memory), _chart("traffic", traffic)]
+    memory, traffic, timeline = views.memory_payload(a), views.traffic_payload(a), views.timeline_payload(a)
+    charts = [_chart("memory", memory), _chart("traffic", traffic), _chart("timeline", timeline)]
     comparison_html = ""
     if compare_with:
         from .compare import compare
@@ -262,8 +262,9 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <title>{_esc(title)}</title><style>{css}</style></head><body>
 <h1>{_esc(title)}</h1>
 <p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}. Generated {stamp}.</p>
+<p class="sub sv-step">{_esc(views.step_text(a.step))}</p>
 {findings_section(a.findings)}
-<h2>Memory and traffic</h2><div class="charts">{"".join(charts)}</div>
+<h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>
 {memory_section(a, memory)}
 {traffic_section(a, traffic)}
 {comparison_html}

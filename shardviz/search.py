@@ -101,7 +101,7 @@ def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
     """step_time_s (one optimizer step) and tokens_per_s (per rank): ``a.step`` when the analysis
     has it, else ``_step_time_estimate``."""
     step = getattr(a, "step", None)
-    if step is None:
+    if step is None or step.get("step_time_s") is None:  # no device or no micro-batch: a.step["reason"]
         return _step_time_estimate(a, grad_accum)
     scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
     return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"])}

@@ -14,6 +14,8 @@ import os
 
 from .cost import BREAKDOWN, Training
 from .format import byte_unit, format_bytes, format_percent, worst_rank
+# the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
+from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
 
 #: The training every view assumes when none is given (the Inspector, ``compare`` and ``sweep``,
 #: the report and the command line's report): the README table's, AdamW with bf16 parameters and

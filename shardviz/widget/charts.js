@@ -359,6 +359,64 @@ function drawLines(el, p) {
 function drawChart(el, kind, payload, title) {
   if (kind === "memory") drawMemory(el, payload, title);
   else if (kind === "traffic") drawTraffic(el, payload);
+  else if (kind === "timeline") drawTimeline(el, payload, title);
   else if (kind === "lines") drawLines(el, title ? { ...payload, title: `${title}: ${payload.title}` } : payload);
   else el.replaceChildren(h("div", { class: "sv-muted", text: `unknown chart ${kind}` }));
+}
+
+// the step's timeline (views.timeline_payload): one lane per stream, a bar per event; the compute
+// stream's waits on communication (exposed) drawn in red on the compute lane
+const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c6", all_gather: "sv-c1", reduce_scatter: "sv-c4", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
+function fmtSeconds(x) {
+  if (x >= 0.1 || x === 0) return `${x.toFixed(3)} s`;
+  return x >= 1e-4 ? `${(x * 1e3).toFixed(2)} ms` : `${(x * 1e6).toFixed(1)} µs`;
+}
+function drawTimeline(el, p, title = "One step, stream by stream") {
+  el.replaceChildren(h("div", { class: "sv-chart-title", text: title }));
+  if (!p || !p.available) {
+    el.append(h("div", { class: "sv-muted sv-timeline-none", text: (p && p.reason) || "no step time" }));
+    return;
+  }
+  const streams = p.streams || [];
+  const events = p.events || [];
+  const labels = p.labels || {};
+  const W = 520, laneH = 26, padL = 96, padR = 12, padT = 6, padB = 30;
+  const H = padT + streams.length * laneH + padB;
+  const end = p.step_time_s || 1;
+  const xOf = (t) => padL + ((W - padL - padR) * t) / end;
+  const svg = s("svg", { class: "sv-svg sv-timeline-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "step timeline" });
+  streams.forEach((st, i) => {
+    const y = padT + i * laneH;
+    svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + laneH / 2 + 4, "text-anchor": "end", text: st.replace("_", "-") }));
+    svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y + laneH, y2: y + laneH }));
+  });
+  const step = niceStep(end);
+  for (let t = 0; t <= end * 1.0001; t += step) {
+    svg.append(s("text", { class: "sv-axis", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtSeconds(t) }));
+  }
+  for (const e of events) {
+    const lane = streams.indexOf(e.stream);
+    const y = padT + lane * laneH + 4;
+    const x0 = xOf(e.start_s);
+    const w = Math.max(0.4, xOf(e.end_s) - x0);
+    const name = e.unit ? labels[e.unit] || e.unit : "step";
+    const rect = s("rect", { class: `sv-seg sv-tl-event ${TL_CLASS[e.kind] || "sv-c7"}${e.exposed ? " sv-tl-exposed" : ""}`, x: x0, y, width: w, height: laneH - 8, "data-kind": e.kind, "data-unit": e.unit || "", "data-start": e.start_s, "data-end": e.end_s });
+    rect.append(s("title", { text: `${name} · ${e.kind.replace(/_/g, " ")} (${e.phase}): ${fmtSeconds(e.end_s - e.start_s)}${e.exposed ? ` · compute waits ${fmtSeconds(e.exposed_s)} for it` : ""}` }));
+    svg.append(rect);
+    if (e.exposed) {
+      const yc = padT + streams.indexOf("compute") * laneH + 4;
+      const wait = s("rect", { class: "sv-tl-wait", x: xOf(e.end_s - e.exposed_s), y: yc, width: Math.max(0.6, xOf(e.end_s) - xOf(e.end_s - e.exposed_s)), height: laneH - 8, fill: "#d62728", "data-exposed": e.exposed_s });
+      wait.append(s("title", { text: `compute waits ${fmtSeconds(e.exposed_s)} for the ${e.kind.replace(/_/g, " ")} of ${name}` }));
+      svg.append(wait);
+    }
+  }
+  el.append(svg);
+  const kinds = [...new Set(events.map((e) => e.kind))];
+  el.append(
+    h("div", { class: "sv-legend" },
+      kinds.map((k) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${TL_CLASS[k] || "sv-c7"}` }), k.replace(/_/g, " "))),
+      h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch", style: "background:#d62728" }), "exposed (compute waits)")),
+    h("div", { class: "sv-chart-note sv-timeline-summary", text: p.summary || "" }),
+  );
+  if (p.note) el.append(h("div", { class: "sv-chart-note", text: p.note }));
 }

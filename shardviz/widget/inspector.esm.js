@@ -701,9 +701,11 @@ function treeComponent(ctx) {
 function chartsPanel(ctx) {
   const memoryEl = h("div", { class: "sv-memory" });
   const trafficEl = h("div", { class: "sv-traffic" });
-  const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl);
+  const timelineEl = h("div", { class: "sv-timeline" });
+  const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl, timelineEl);
   return {
     el,
+    renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
     renderMemory: () => drawMemory(memoryEl, ctx.model.get("memory") || {}),
     renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
   };
@@ -1086,6 +1088,7 @@ function render({ model, el }) {
     ["change:messages", messages.render],
     ["change:memory", charts.renderMemory],
     ["change:traffic", charts.renderTraffic],
+    ["change:timeline", charts.renderTimeline],
     ["change:findings", findings.render],
     ["change:comparison", () => (compare.render(), renderSummary())],
     ["change:code", exporter.renderCode],
@@ -1100,6 +1103,7 @@ function render({ model, el }) {
   messages.render();
   charts.renderMemory();
   charts.renderTraffic();
+  charts.renderTimeline();
   findings.render();
   compare.render();
   exporter.renderCode();

@@ -53,7 +53,7 @@ PYTHON_API = (
     "save_code", "verify", "overwrite_plan_file", "plan_file_status", "pin", "unpin", "pinned_comparison",
     "dismiss_messages",
 )
-PYTHON_PROPERTIES = ("can_undo", "can_redo", "tree", "memory", "traffic", "findings", "stats", "pinned",
+PYTHON_PROPERTIES = ("can_undo", "can_redo", "tree", "memory", "traffic", "timeline", "findings", "stats", "pinned",
                      "comparison", "timings", "messages", "revision")
 
 
@@ -83,6 +83,7 @@ class Inspector(anywidget.AnyWidget):
     summary = traitlets.Dict().tag(sync=True)
     memory = traitlets.Dict().tag(sync=True)
     traffic = traitlets.Dict().tag(sync=True)
+    timeline = traitlets.Dict().tag(sync=True)
     findings = traitlets.List().tag(sync=True)
     comparison = traitlets.Dict({"pinned": False}).tag(sync=True)
     code = traitlets.Dict().tag(sync=True)
@@ -233,6 +234,7 @@ class Inspector(anywidget.AnyWidget):
         with self.hold_sync():
             self.memory = {**st.memory, "revision": rev}
             self.traffic = {**st.traffic, "revision": rev}
+            self.timeline = {**st.timeline, "revision": rev}
             self.summary = self._summary()
             self.controls = self._controls()
         self._push_rows(reset=initial)

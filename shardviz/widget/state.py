@@ -207,6 +207,11 @@ class InspectorState(PlanActions):
         return self._lazy("traffic", lambda: views.traffic_payload(self.analysis))
 
     @property
+    def timeline(self) -> dict:
+        """The step's timeline (``views.timeline_payload``): why there is none without a device or a batch."""
+        return self._lazy("timeline", lambda: views.timeline_payload(self.analysis))
+
+    @property
     def findings(self) -> list[dict]:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
         return self._lazy("findings", lambda: views.findings_payload(self.analysis))

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 
-from ..views import int_or_zero, memory_figure, memory_payload, traffic_figure, traffic_payload, training_text
+from ..views import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
+                     training_text)
 
 __all__ = ["COMPARISON_ROWS", "MAX_DIFF_SHOWN", "comparison_payload", "findings_payload", "memory_figure",
-           "memory_payload", "traffic_figure", "traffic_payload", "training_text"]
+           "memory_payload", "timeline_payload", "traffic_figure", "traffic_payload", "training_text"]
 
 
 def findings_payload(analysis) -> list[dict]:

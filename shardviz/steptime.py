@@ -1,0 +1,294 @@
+"""The step time of one analysis: FSDP2's schedule (``schedule.py``) fed by torch's FLOP count
+(``a.flops``), the comm table (``a.comm``), the mesh's device and efficiencies, the optimizer
+step's bytes and CPU offload's copies. Computed once here; ``Analysis.time``, ``Analysis.step``,
+``Analysis.timeline()`` and every view read it (docs/step-time.md, "From an analysis").
+
+It reads the analysis it is given (duck-typed, like ``checks``), never imports it. Without a
+device (``Mesh(device=...)``) or without a micro-batch (``Training(batch_size=...)``) there is
+no step to time: ``step["step_time_s"]`` is None and ``step["reason"]`` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .format import format_duration
+from .devices import Device, Efficiency, default_efficiency
+from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, compute_seconds,
+                       optimizer_seconds, schedule_step)
+
+OUTSIDE = "(outside FSDP)"
+TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
+                "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
+STEP_KEYS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "exposed_comm_s", "compute_s", "flops", "model_flops",
+             "grad_accum", "step_time_sync_every_s", "tokens_per_s_sync_every", "device", "dtype", "reason")
+
+#: Host <-> device copies of CPU offload (GB/s, one direction, per GPU): the PCIe link of each
+#: ``DEVICES`` row (Gen4 x16: 32, Gen5 x16: 64, the datasheets of docs/step-time.md); other devices: 32.
+HOST_LINK_GBPS = {"A100-40GB": 32.0, "A100-80GB": 32.0, "H100": 64.0, "H100-PCIe": 64.0, "H200": 64.0,
+                  "B200": 64.0, "MI300X": 64.0, "L40S": 32.0, "A10G": 32.0, "RTX-4090": 32.0}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """``schedule``: the schedule of the micro-batch that synchronises (the last one), or None;
+    ``step``: what ``a.step`` shows; ``assumptions``: what the figures rest on, in words."""
+
+    schedule: Schedule | None
+    step: dict
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def table(self):
+        import pandas as pd
+
+        if self.schedule is None:
+            df = pd.DataFrame(columns=TIME_COLUMNS)
+        else:
+            df = pd.DataFrame(self.schedule.rows(), columns=TIME_COLUMNS)
+        df.attrs["reason"] = self.step["reason"]
+        return df
+
+
+def _unavailable(reason: str, grad_accum: int = 1) -> StepTime:
+    step = {k: None for k in STEP_KEYS}
+    step.update(reason=reason, grad_accum=grad_accum)
+    return StepTime(None, step)
+
+
+def compute_dtype(a) -> str:
+    """The dtype the matmuls run in: the training's ``param_dtype``, else the most common
+    parameter dtype (by elements)."""
+    if a.training.param_dtype:
+        return a.training.param_dtype
+    counts: dict = {}
+    for p in a.tree.params:
+        name = str(p.dtype).replace("torch.", "")
+        counts[name] = counts.get(name, 0) + p.numel
+    best = max(counts, key=counts.get) if counts else "float32"
+    return best if best in ("bfloat16", "float16", "float32") else "float32"
+
+
+def _needs_grad(a) -> set:
+    """Every module prefix that holds a trainable parameter (its output then needs a gradient)."""
+    out = set()
+    for p in a.tree.params:
+        if p.requires_grad:
+            for fqn in p.fqns:
+                parts = fqn.split(".")
+                out.update(".".join(parts[:i]) for i in range(len(parts)))
+    return out
+
+
+def _unit_flops(a) -> tuple[list[str], dict, dict]:
+    """Forward order of the units, FLOPs per unit, and the totals, from ``a.flops``."""
+    order, flops = [], {}
+    for row in a.flops.itertuples(index=False):
+        name = OUTSIDE if row.unit is None or (isinstance(row.unit, float) and math.isnan(row.unit)) else row.unit
+        order.append(name)
+        flops[name] = {"forward": float(row.forward_flops), "backward": float(row.backward_flops),
+                       "recompute": float(row.recompute_flops)}
+    totals = {"flops": sum(sum(f.values()) for f in flops.values()),
+              "model_flops": sum(f["forward"] + f["backward"] for f in flops.values())}
+    return order, flops, totals
+
+
+def _offload_copies(a, name: str, unit_row, eff: Efficiency, device: Device) -> tuple[float, float]:
+    """CPU offload: the unit's sharded parameters to the device before each all-gather, its
+    gradient shard back to the host after the reduction (bytes over the PCIe link)."""
+    gbps = HOST_LINK_GBPS.get(device.name, 32.0) * 1e9 * eff.hbm
+    shard = float(unit_row["padded_shard_bytes"])
+    numel = float(unit_row["numel"]) or 1.0
+    return shard / gbps, shard * float(unit_row["trainable_numel"]) / numel / gbps
+
+
+def _unit_times(a, order, flops, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
+    units = a.units.set_index("unit")
+    roots = set(units.index[units["is_root"]]) if len(units) else set()
+    offloaded = {u.name for u in a.plan.units if a.training.unit_defaults(u).offload}
+    grad_modules = _needs_grad(a)
+    plan_modules = {u.name: u.modules for u in a.plan.units}
+    seen_grad, root, rows = False, None, []
+    for name in order + [n for n in units.index if n not in order]:
+        f, c = flops.get(name, {}), comm_s.get(name, {})
+        is_root = name in roots
+        if not is_root:
+            seen_grad = seen_grad or any(m in grad_modules for m in plan_modules.get(name, ()))
+        h2d = d2h = 0.0
+        if name in offloaded:
+            h2d, d2h = _offload_copies(a, name, units.loc[name], eff, device)
+        unit = UnitTime(
+            name, forward_s=compute_seconds(f.get("forward", 0.0), device, eff, dtype),
+            backward_s=compute_seconds(f.get("backward", 0.0), device, eff, dtype),
+            recompute_s=compute_seconds(f.get("recompute", 0.0), device, eff, dtype),
+            all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
+            all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
+            reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
+            reshard_after_forward="all_gather_backward_s" in c, h2d_s=h2d,
+            d2h_s=d2h if c.get("reduce_scatter_s") is not None else 0.0,
+            backward_hook=True if is_root or name == OUTSIDE else seen_grad)
+        if is_root:
+            root = unit
+        else:
+            rows.append(unit)
+    return root, rows
+
+
+def optimizer_bytes(a) -> int:
+    """Bytes the optimizer step reads and writes on the worst rank: the trainable shards (read and
+    written), their gradients (read), the optimizer states (read and written)."""
+    mem = a.memory
+    worst = mem.loc[mem["peak"].idxmax()]
+    return int(3 * int(worst["grads"]) + 2 * int(worst["optimizer"]))
+
+
+def _no_sync(u: UnitTime) -> UnitTime:
+    """The unit in a micro-batch under ``set_requires_gradient_sync(False)``: no reduction."""
+    from dataclasses import replace
+
+    return replace(u, reduce_scatter_s=None, all_reduce_s=None, d2h_s=0.0)
+
+
+def _why_not(a) -> str | None:
+    if a.mesh.device is None:
+        return "no device: give sv.Mesh(..., device='H100') (or an sv.Device) to time the step"
+    if not a.training.with_activations:
+        return "no micro-batch: give sv.Training(batch_size=..., seq_len=...) to count the step's FLOPs"
+    if not hasattr(a, "flops"):
+        return "FLOPs are not counted in this build (Analysis.flops is missing)"
+    return None
+
+
+def step_time(a) -> StepTime:
+    """The step of analysis ``a`` as FSDP2 schedules it (see the module docstring)."""
+    k = int(getattr(a.training, "grad_accum", 1) or 1)
+    reason = _why_not(a)
+    if reason:
+        return _unavailable(reason, k)
+    device: Device = a.mesh.device
+    eff = getattr(a.mesh, "efficiency", None) or default_efficiency(device)
+    dtype = compute_dtype(a)
+    try:
+        comm_s, ignored_s = comm_seconds(a.comm, eff)
+    except ValueError as e:
+        return _unavailable(str(e), k)
+    order, flops, totals = _unit_flops(a)
+    root, units = _unit_times(a, order, flops, comm_s, device, eff, dtype)
+    offload = a.training.offload
+    opt_s = 0.0 if offload else optimizer_seconds(optimizer_bytes(a), device, eff)
+    last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s))
+    quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None) if k > 1 else last
+    every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
+    step_s = (k - 1) * quiet.step_time_s + last.step_time_s
+    every_s = (k - 1) * every.step_time_s + last.step_time_s
+    tokens = a.training.batch_size * a.training.seq_len * k
+    peak = device.peak_flops(dtype)
+    step = {
+        "step_time_s": step_s, "tokens_per_s": tokens / step_s,
+        "mfu": totals["model_flops"] * k / (step_s * peak), "hfu": totals["flops"] * k / (step_s * peak),
+        "exposed_comm_s": (k - 1) * quiet.exposed_comm_s + last.exposed_comm_s,
+        "compute_s": (k - 1) * quiet.compute_s + last.compute_s,
+        "flops": totals["flops"], "model_flops": totals["model_flops"], "grad_accum": k,
+        "step_time_sync_every_s": every_s, "tokens_per_s_sync_every": tokens / every_s,
+        "device": device.name, "dtype": dtype, "reason": None,
+    }
+    notes = [f"{device.name}: {peak / 1e12:g} TFLOPS {dtype} peak x matmul efficiency {eff.matmul:g}; collectives "
+             f"at the link bandwidth x {eff.collective_bus:g}; optimizer over HBM at {device.hbm_gbps:g} GB/s x {eff.hbm:g}"]
+    if offload:
+        notes.append("CPU offload: the optimizer step runs on the host and is not timed")
+    if k > 1:
+        notes.append(f"{k} micro-batches, the first {k - 1} under set_requires_gradient_sync(False) (no reduction)")
+    return StepTime(last, step, tuple(notes))
+
+
+# ---------------------------------------------------------------------------
+# The timeline: one payload every view draws (views.timeline_payload re-exports it)
+# ---------------------------------------------------------------------------
+def timeline_payload(a) -> dict:
+    """The step's events as plain data, in start order: the payload ``a.timeline()``, the report
+    and the Inspector draw. ``available`` False carries the ``reason``."""
+    try:
+        st = a.step_time
+    except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
+        return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
+    if st.schedule is None:
+        return {"available": False, "reason": st.step["reason"]}
+    sched, step = st.schedule, st.step
+    events = sched.timeline()
+    k = step["grad_accum"]
+    note = (f"the last of {k} micro-batches (the one that reduces); the step is {step['step_time_s']:.3f} s"
+            if k > 1 else "")
+    return {
+        "available": True, "streams": list(STREAMS), "events": events,
+        "step_time_s": sched.step_time_s, "exposed_comm_s": sched.exposed_comm_s, "compute_s": sched.compute_s,
+        "summary": step_text(step), "note": note, "assumptions": list(st.assumptions),
+        "units": [u.name for u in sched.units], "labels": _short_names([u.name for u in sched.units]),
+    }
+
+
+def _short_names(names: list[str]) -> dict:
+    """Unit names without the dotted prefix they all share (``layers.0``, not ``base_model.model.model.layers.0``)."""
+    dotted = [n.split(".") for n in names if "." in n and not n.startswith(("[", "<", "("))]
+    prefix = 0
+    if len(dotted) > 1:
+        while all(len(d) > prefix + 1 and d[prefix] == dotted[0][prefix] for d in dotted):
+            prefix += 1
+    out = {}
+    for n in names:
+        if n.startswith("["):
+            out[n] = "[" + ", ".join(m.split(".")[-1] for m in n.strip("[]").split(", ")) + "]"
+        elif "." in n and prefix:
+            out[n] = ".".join(n.split(".")[prefix:])
+        else:
+            out[n] = n
+    return out
+
+
+def step_text(step: dict) -> str:
+    """One line: step time, tokens/s per rank, MFU, exposed communication (or why there is none)."""
+    if step.get("step_time_s") is None:
+        return f"step time: {step.get('reason')}"
+    return (f"step {format_duration(step['step_time_s'])} · {step['tokens_per_s']:,.0f} tokens/s per rank · "
+            f"MFU {100 * step['mfu']:.1f}% · exposed communication {format_duration(step['exposed_comm_s'])}"
+            f" ({step['device']})")
+
+
+_COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "recompute": "#b279a2", "optimizer": "#54a24b",
+            "all_gather": "#72b7b2", "reduce_scatter": "#e45756", "all_reduce": "#eeca3b",
+            "ignored_all_reduce": "#eeca3b", "h2d": "#9d755d", "d2h": "#9d755d"}
+
+
+def timeline_figure(payload: dict):
+    """``timeline_payload`` as a plotly figure: one lane per stream, a bar per event, the compute
+    stream's waits (exposed communication) in red."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    if not payload.get("available"):
+        fig.add_annotation(text=payload.get("reason", "no step time"), showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+        return fig.update_layout(height=200)
+    lanes = {s: s.replace("_", "-") for s in payload["streams"]}
+    by_kind: dict = {}
+    for e in payload["events"]:
+        by_kind.setdefault(e["kind"], []).append(e)
+    for kind, evs in by_kind.items():
+        fig.add_trace(go.Bar(
+            y=[lanes[e["stream"]] for e in evs], x=[e["end_s"] - e["start_s"] for e in evs],
+            base=[e["start_s"] for e in evs], orientation="h", name=kind.replace("_", " "),
+            marker_color=_COLOURS.get(kind, "#999"),
+            hovertext=[f"{e['unit'] or 'step'} · {e['kind']} ({e['phase']}): {1e3 * (e['end_s'] - e['start_s']):.2f} ms"
+                       + (f", compute waits {1e3 * e['exposed_s']:.2f} ms" if e["exposed"] else "") for e in evs],
+            hoverinfo="text"))
+    waits = [e for e in payload["events"] if e["exposed"]]
+    if waits:
+        fig.add_trace(go.Bar(y=[lanes[COMPUTE]] * len(waits), x=[e["exposed_s"] for e in waits],
+                             base=[e["end_s"] - e["exposed_s"] for e in waits], orientation="h",
+                             name="exposed communication (compute waits)", marker_color="#d62728",
+                             marker_pattern_shape="/", hoverinfo="text",
+                             hovertext=[f"waits {1e3 * e['exposed_s']:.2f} ms for {e['kind']} of {e['unit']}" for e in waits]))
+    fig.update_yaxes(categoryorder="array", categoryarray=[lanes[s] for s in reversed(payload["streams"])])
+    fig.update_layout(barmode="overlay", height=320, title=payload["summary"], xaxis_title="seconds",
+                      legend_orientation="h")
+    return fig

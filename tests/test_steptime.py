@@ -1,0 +1,226 @@
+"""The step time of an analysis (shardviz.steptime): a.time, a.step, the timeline payload, the
+comparison columns. The schedule's rules are tested on their own in test_schedule.py; here the
+wiring: which FLOPs, which collectives, which flags reach the schedule, and what every view shows.
+
+FLOPs are fixed round numbers (``FLOPS`` below, through a patched ``Analysis.flops``) so the
+expected seconds are worked out by hand; one test reads torch's own count when it exists.
+"""
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import pytest
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.analysis import Analysis
+from shardviz.devices import Device, Efficiency
+from shardviz.schedule import StepExtras, UnitTime, schedule_step
+from shardviz.steptime import OUTSIDE, TIME_COLUMNS, timeline_payload
+
+# 1 TFLOPS bf16, every efficiency 1: a unit's compute seconds are its FLOPs / 1e12
+ROUND = Device("round", "80GiB", 1, 1, 1, hbm_gbps=100, intra_node_gbps=10, inter_node_gbps=1)
+EXACT = Efficiency(matmul=1.0, collective_bus=1.0, hbm=1.0)
+TRAINING = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=32)
+
+
+@dataclass(frozen=True)
+class Accumulating(sv.Training):
+    """A training with ``grad_accum`` (the field h7 adds to sv.Training) for these tests."""
+
+    grad_accum: int = 1
+
+
+def fixed_flops(self) -> pd.DataFrame:
+    """Forward 1e9 FLOPs per call in forward order (the root 2e9: norm and head), backward twice,
+    recomputation equal to the forward for checkpointed blocks."""
+    rows = []
+    order = self.units.sort_values("order", ascending=False)  # bottom-up order reversed: forward order
+    for u in order.itertuples():
+        f = 2e9 if u.is_root else 1e9
+        ckpt = any(m in (self.plan.checkpoint or {}) for m in u.modules)
+        rows.append({"unit": u.unit, "forward_flops": f, "backward_flops": 2 * f, "recompute_flops": f if ckpt else 0.0})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def flops(monkeypatch):
+    monkeypatch.setattr(Analysis, "flops", property(fixed_flops), raising=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+def analysis(model, lora="sharded", training=TRAINING, **plan_kw):
+    mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
+    return sv.analyze(model, sv.Plan.auto(model, lora=lora, **plan_kw), mesh, training)
+
+
+def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
+    """The schedule's inputs worked out from the tables, rule by rule (not through steptime)."""
+    comm = a.comm
+    sec = {}
+    for r in comm.itertuples():
+        key = (r.unit, r.collective if r.collective != "all_gather" else f"all_gather_{r.phase}")
+        sec[key] = sec.get(key, 0.0) + r.time_s * r.count  # efficiency 1
+    flops = fixed_flops(a)
+    root, units, seen_grad = None, [], False
+    trainable = {m for p in a.tree.params if p.requires_grad for f in p.fqns
+                 for m in (".".join(f.split(".")[:i]) for i in range(len(f.split("."))))}
+    for row in flops.itertuples():
+        u = a.units.set_index("unit").loc[row.unit]
+        if not u.is_root:
+            seen_grad = seen_grad or any(m in trainable for m in u.modules)
+        ut = UnitTime(row.unit, forward_s=row.forward_flops / 1e12, backward_s=row.backward_flops / 1e12,
+                      recompute_s=row.recompute_flops / 1e12,
+                      all_gather_forward_s=sec.get((row.unit, "all_gather_forward"), 0.0),
+                      all_gather_backward_s=sec.get((row.unit, "all_gather_backward"), 0.0),
+                      reduce_scatter_s=sec.get((row.unit, "reduce_scatter")),
+                      all_reduce_s=sec.get((row.unit, "all_reduce")),
+                      reshard_after_forward=(row.unit, "all_gather_backward") in sec,
+                      backward_hook=bool(u.is_root or seen_grad))
+        if u.is_root:
+            root = ut
+        else:
+            units.append(ut)
+    worst = a.memory.loc[a.memory.peak.idxmax()]
+    optimizer_s = (3 * worst.grads + 2 * worst.optimizer) / 100e9
+    ignored = sec.get((None, "all_reduce"))
+    return root, units, StepExtras(ignored, optimizer_s)
+
+
+@pytest.mark.parametrize("lora, plan_kw", [("sharded", {}), ("ignored", {}), ("sharded", {"checkpoint": "blocks"})])
+def test_a_time_equals_the_hand_built_schedule(model, flops, lora, plan_kw):
+    a = analysis(model, lora, **plan_kw)
+    root, units, extras = hand_built(a)
+    expected = schedule_step(units, root=root, extras=extras)
+    assert list(a.time.columns) == TIME_COLUMNS
+    pd.testing.assert_frame_equal(a.time, pd.DataFrame(expected.rows(), columns=TIME_COLUMNS), check_exact=False)
+    assert a.step["step_time_s"] == pytest.approx(expected.step_time_s)
+    assert a.step["exposed_comm_s"] == pytest.approx(expected.exposed_comm_s)
+    # the embedding is frozen and runs first: no pre-backward for it
+    assert not [u for u in units if "embed" in u.name][0].backward_hook
+    if lora == "ignored":
+        assert extras.ignored_all_reduce_s > 0  # the adapters' one all-reduce, exposed at the end
+    if plan_kw:  # both blocks recomputed in backward
+        assert a.time.recompute_s.sum() == pytest.approx(2 * 1e9 / 1e12)
+
+
+def test_step_flops_are_the_sum_of_a_flops_and_mfu_follows(model, flops):
+    a = analysis(model)
+    f = a.flops
+    assert a.step["flops"] == f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum()
+    assert a.step["model_flops"] == f.forward_flops.sum() + f.backward_flops.sum()
+    tokens = TRAINING.batch_size * TRAINING.seq_len
+    assert a.step["tokens_per_s"] == pytest.approx(tokens / a.step["step_time_s"])
+    assert a.step["mfu"] == pytest.approx(a.step["model_flops"] / (a.step["step_time_s"] * 1e12))
+    assert a.step["hfu"] >= a.step["mfu"]
+    assert a.step["compute_s"] + a.step["exposed_comm_s"] == pytest.approx(a.step["step_time_s"])
+
+
+def test_step_flops_equal_torchs_count(model):
+    if "flops" not in Analysis.__dict__:
+        pytest.skip("Analysis.flops (torch's FLOP count) not in this build")
+    a = analysis(model)
+    f = a.flops
+    assert a.step["flops"] == pytest.approx(float(f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum()))
+    assert a.step["flops"] > 0 and a.step["step_time_s"] > 0
+
+
+def test_gradient_accumulation_reduces_on_the_last_micro_batch_only(model, flops):
+    one = analysis(model)
+    k = 4
+    a = one.what_if(training=Accumulating(**{f: getattr(TRAINING, f) for f in TRAINING.__dataclass_fields__}, grad_accum=k))
+    root, units, extras = hand_built(one)
+    quiet = schedule_step([replace(u, reduce_scatter_s=None, all_reduce_s=None) for u in units],
+                          root=replace(root, reduce_scatter_s=None, all_reduce_s=None))
+    every = schedule_step(units, root=root, extras=StepExtras(extras.ignored_all_reduce_s, 0.0))
+    last = one.step["step_time_s"]
+    assert a.step["grad_accum"] == k
+    assert a.step["step_time_s"] == pytest.approx((k - 1) * quiet.step_time_s + last)
+    assert a.step["step_time_sync_every_s"] == pytest.approx((k - 1) * every.step_time_s + last)
+    assert a.step["step_time_sync_every_s"] > a.step["step_time_s"]
+    assert a.step["tokens_per_s"] == pytest.approx(k * TRAINING.batch_size * TRAINING.seq_len / a.step["step_time_s"])
+    assert a.step["flops"] == one.step["flops"]  # per micro-batch
+
+
+def test_without_a_device_or_a_batch_the_step_says_why(model, flops):
+    no_device = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
+    no_batch = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), sv.Training())
+    for a, word in ((no_device, "device"), (no_batch, "batch")):
+        assert a.step["step_time_s"] is None and a.step["mfu"] is None
+        assert word in a.step["reason"]
+        assert a.time.empty and list(a.time.columns) == TIME_COLUMNS and word in a.time.attrs["reason"]
+        p = timeline_payload(a)
+        assert p == {"available": False, "reason": a.step["reason"]}
+        assert "step time:" in sv.views.step_text(a.step)
+
+
+def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
+    a = analysis(model, "ignored")
+    p = sv.views.timeline_payload(a)
+    assert p["available"] and p["streams"] == ["compute", "all_gather", "reduce_scatter", "all_reduce"]
+    events = p["events"]
+    starts = [e["start_s"] for e in events]
+    assert starts == sorted(starts)
+    assert all(e["end_s"] >= e["start_s"] >= 0 for e in events)
+    assert max(e["end_s"] for e in events) == pytest.approx(p["step_time_s"])
+    exposed = [e for e in events if e["exposed"]]
+    assert exposed and all(e["exposed_s"] > 0 and e["stream"] != "compute" for e in exposed)
+    assert sum(e["exposed_s"] for e in events) == pytest.approx(a.step["exposed_comm_s"])
+    assert any(e["kind"] == "ignored_all_reduce" and e["exposed"] for e in events)
+    # the compute stream never runs two things at once
+    compute = [e for e in events if e["stream"] == "compute"]
+    assert all(x["end_s"] <= y["start_s"] + 1e-12 for x, y in zip(compute, compute[1:]))
+    assert set(p["labels"]) == set(p["units"]) and p["labels"]["base_model.model.model.layers.0"] == "layers.0"
+    fig = a.timeline()
+    assert any("exposed" in (t.name or "") for t in fig.data)
+    assert fig.layout.title.text == p["summary"]
+
+
+def test_comparison_and_sweep_gain_step_time_tokens_and_mfu(model, flops):
+    mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
+    plans = {x: sv.Plan.auto(model, lora=x) for x in ("ignored", "sharded")}
+    c = sv.compare(model, plans, mesh=mesh, training=TRAINING)
+    for name, a in c.analyses.items():
+        for key in ("step_time_s", "tokens_per_s", "mfu"):
+            assert c.table.loc[name, key] == a.step[key]
+    shown = sv.fmt(c.table)
+    assert {"step time", "tokens/s per rank", "MFU"} <= set(shown.columns)
+    s = sv.sweep(model, plans, world_sizes=[2, 4], mesh=mesh, training=TRAINING)
+    assert s.table.tokens_per_s.notna().all()
+    fig = s.figure(y="tokens_per_s")
+    assert len(fig.data) == 2 and fig.layout.yaxis.title.text == "tokens/s per rank"
+    with pytest.raises(ValueError, match="tokens_per_s"):
+        s.figure(y="speed")
+
+
+def test_the_report_states_the_step_and_draws_the_timeline(model, flops):
+    from shardviz.report import render_report
+
+    mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
+    html = render_report(model, sv.Plan.auto(model), mesh, TRAINING)
+    a = sv.analyze(model, sv.Plan.auto(model), mesh, TRAINING)
+    assert sv.views.step_text(a.step).replace("·", "&middot;") in html or sv.views.step_text(a.step) in html
+    assert 'data-kind="timeline"' in html
+
+
+def test_mesh_efficiency_must_be_an_efficiency():
+    with pytest.raises(ValueError, match="Mesh.efficiency"):
+        sv.Mesh(4, device="H100", efficiency=0.5)
+    assert sv.Mesh(4, efficiency=Efficiency(matmul=0.4)).efficiency.matmul == 0.4
+
+
+def test_outside_row_without_a_root_is_timed(model, monkeypatch):
+    """FLOPs outside every call (a plan without a root) are a unit of their own, with no collectives."""
+    def flops_with_outside(self):
+        df = fixed_flops(self)
+        return pd.concat([df, pd.DataFrame([{"unit": None, "forward_flops": 5e8, "backward_flops": 1e9,
+                                             "recompute_flops": 0.0}])], ignore_index=True)
+
+    monkeypatch.setattr(Analysis, "flops", property(flops_with_outside), raising=False)
+    a = analysis(model)
+    row = a.time.set_index("unit").loc[OUTSIDE]
+    assert row.forward_s == pytest.approx(5e8 / 1e12) and row.all_gather_forward_s == 0
