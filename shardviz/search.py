@@ -524,7 +524,7 @@ class Search:
         return pd.DataFrame({
             "name": t.name, "fits": t.fits.map({True: "yes", False: "no"}),
             "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
-            "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3f}"),
+            "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
             "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"), "why": t.why})
 
     def figure(self):
