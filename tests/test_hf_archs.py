@@ -57,7 +57,7 @@ def pinned_release():
 
     if transformers.__version__ != TRANSFORMERS:
         pytest.skip(f"the built and measured sets are pinned for transformers {TRANSFORMERS}, "
-                    f"{transformers.__version__} is installed: re-pin BUILT, UNBUILDABLE and NOT_MEASURED")
+                    f"{transformers.__version__} is installed: re-pin BUILT, UNBUILDABLE and NOT_MEASURABLE")
 
 
 @pytest.mark.slow
