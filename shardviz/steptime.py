@@ -11,6 +11,7 @@ no step to time: ``step["step_time_s"]`` is None and ``step["reason"]`` says why
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 from .format import format_duration
@@ -70,15 +71,22 @@ def compute_dtype(a) -> str:
     return best if best in ("bfloat16", "float16", "float32") else "float32"
 
 
-def _needs_grad(a) -> set:
-    """Every module prefix that holds a trainable parameter (its output then needs a gradient)."""
-    out = set()
-    for p in a.tree.params:
-        if p.requires_grad:
-            for fqn in p.fqns:
-                parts = fqn.split(".")
-                out.update(".".join(parts[:i]) for i in range(len(parts)))
-    return out
+_NEEDS_GRAD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _needs_grad(tree) -> frozenset:
+    """Every module prefix that holds a trainable parameter (its output then needs a gradient);
+    computed once per tree (a change of plan keeps it)."""
+    found = _NEEDS_GRAD.get(tree)
+    if found is None:
+        out = set()
+        for p in tree.params:
+            if p.requires_grad:
+                for fqn in p.fqns:
+                    parts = fqn.split(".")
+                    out.update(".".join(parts[:i]) for i in range(len(parts)))
+        found = _NEEDS_GRAD[tree] = frozenset(out)
+    return found
 
 
 def _unit_flops(a) -> tuple[list[str], dict, dict]:
@@ -94,30 +102,41 @@ def _unit_flops(a) -> tuple[list[str], dict, dict]:
     return order, flops, totals
 
 
-def _offload_copies(a, name: str, unit_row, eff: Efficiency, device: Device) -> tuple[float, float]:
+def _enclosing(units: dict) -> str | None:
+    """The call that encloses every other one (the root: ``""``, or one module above all the
+    others), whose forward compute runs after theirs; None when there is none."""
+    for name, u in units.items():
+        if len(u.modules) != 1:
+            continue
+        m = u.modules[0]
+        if all(other is u or all(x == m or x.startswith(m + ".") or m == "" for x in other.modules)
+               for other in units.values()):
+            return name
+    return None
+
+
+def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[float, float]:
     """CPU offload: the unit's sharded parameters to the device before each all-gather, its
     gradient shard back to the host after the reduction (bytes over the PCIe link)."""
     gbps = HOST_LINK_GBPS.get(device.name, 32.0) * 1e9 * eff.hbm
-    shard = float(unit_row["padded_shard_bytes"])
-    numel = float(unit_row["numel"]) or 1.0
-    return shard / gbps, shard * float(unit_row["trainable_numel"]) / numel / gbps
+    shard = float(numbers["padded_shard_bytes"])
+    return shard / gbps, shard * float(numbers["trainable_numel"]) / (float(numbers["numel"]) or 1.0) / gbps
 
 
 def _unit_times(a, order, flops, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
-    units = a.units.set_index("unit")
-    roots = set(units.index[units["is_root"]]) if len(units) else set()
-    offloaded = {u.name for u in a.plan.units if a.training.unit_defaults(u).offload}
-    grad_modules = _needs_grad(a)
-    plan_modules = {u.name: u.modules for u in a.plan.units}
+    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
+    units = {u.name: u for u in a.plan.units}
+    offloaded = {name for name, u in units.items() if a.training.unit_defaults(u).offload}
+    numbers = {ul.unit.name: n for ul, n in zip(a.layout.units, a.layout.unit_numbers)} if offloaded else {}
+    grad_modules = _needs_grad(a.tree)
+    root_name = _enclosing(units)
     seen_grad, root, rows = False, None, []
-    for name in order + [n for n in units.index if n not in order]:
+    for name in order + [n for n in units if n not in order]:
         f, c = flops.get(name, {}), comm_s.get(name, {})
-        is_root = name in roots
+        is_root = name == root_name
         if not is_root:
-            seen_grad = seen_grad or any(m in grad_modules for m in plan_modules.get(name, ()))
-        h2d = d2h = 0.0
-        if name in offloaded:
-            h2d, d2h = _offload_copies(a, name, units.loc[name], eff, device)
+            seen_grad = seen_grad or any(m in grad_modules for m in (units[name].modules if name in units else ()))
+        h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
         unit = UnitTime(
             name, forward_s=compute_seconds(f.get("forward", 0.0), device, eff, dtype),
             backward_s=compute_seconds(f.get("backward", 0.0), device, eff, dtype),
@@ -254,9 +273,10 @@ def step_text(step: dict) -> str:
             f" ({step['device']})")
 
 
+# the chart palette of widget/inspector.css, kind by kind as charts.js's TL_CLASS; red only for the waits
 _COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "recompute": "#b279a2", "optimizer": "#54a24b",
-            "all_gather": "#72b7b2", "reduce_scatter": "#e45756", "all_reduce": "#eeca3b",
-            "ignored_all_reduce": "#eeca3b", "h2d": "#9d755d", "d2h": "#9d755d"}
+            "all_gather": "#72b7b2", "reduce_scatter": "#eeca3b", "all_reduce": "#9d755d",
+            "ignored_all_reduce": "#9d755d", "h2d": "#bab0ac", "d2h": "#bab0ac"}
 
 
 def timeline_figure(payload: dict):

@@ -35,9 +35,10 @@ def fixed_flops(self) -> pd.DataFrame:
     """Forward 1e9 FLOPs per call in forward order (the root 2e9: norm and head), backward twice,
     recomputation equal to the forward for checkpointed blocks."""
     rows = []
-    order = self.units.sort_values("order", ascending=False)  # bottom-up order reversed: forward order
+    first = [min(self.tree.module_index[m] for m in u.modules) for u in self.units.itertuples()]
+    order = self.units.assign(first=first).sort_values("first")  # module order: forward order for Llama
     for u in order.itertuples():
-        f = 2e9 if u.is_root else 1e9
+        f = 2e9 if tuple(u.modules) in (("",), ("base_model.model",)) else 1e9
         ckpt = any(m in (self.plan.checkpoint or {}) for m in u.modules)
         rows.append({"unit": u.unit, "forward_flops": f, "backward_flops": 2 * f, "recompute_flops": f if ckpt else 0.0})
     return pd.DataFrame(rows)
@@ -53,9 +54,13 @@ def model():
     return zoo.tiny_llama_lora()
 
 
-def analysis(model, lora="sharded", training=TRAINING, **plan_kw):
+def analysis(model, lora="sharded", training=TRAINING, no_root=False, **plan_kw):
     mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
-    return sv.analyze(model, sv.Plan.auto(model, lora=lora, **plan_kw), mesh, training)
+    plan = sv.Plan.auto(model, lora=lora, **plan_kw)
+    if no_root:  # the call enclosing the others is on base_model.model (no call on the whole model)
+        plan = sv.Plan([u for u in plan.units if len(u.modules) == 1 and u.modules != ("",)]
+                       + [sv.Unit("base_model.model")], plan.ignored)
+    return sv.analyze(model, plan, mesh, training)
 
 
 def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
@@ -71,7 +76,8 @@ def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
                  for m in (".".join(f.split(".")[:i]) for i in range(len(f.split("."))))}
     for row in flops.itertuples():
         u = a.units.set_index("unit").loc[row.unit]
-        if not u.is_root:
+        is_root = tuple(u.modules) in (("",), ("base_model.model",))  # the call enclosing every other one
+        if not is_root:
             seen_grad = seen_grad or any(m in trainable for m in u.modules)
         ut = UnitTime(row.unit, forward_s=row.forward_flops / 1e12, backward_s=row.backward_flops / 1e12,
                       recompute_s=row.recompute_flops / 1e12,
@@ -80,8 +86,8 @@ def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
                       reduce_scatter_s=sec.get((row.unit, "reduce_scatter")),
                       all_reduce_s=sec.get((row.unit, "all_reduce")),
                       reshard_after_forward=(row.unit, "all_gather_backward") in sec,
-                      backward_hook=bool(u.is_root or seen_grad))
-        if u.is_root:
+                      backward_hook=bool(is_root or seen_grad))
+        if is_root:
             root = ut
         else:
             units.append(ut)
@@ -91,7 +97,8 @@ def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
     return root, units, StepExtras(ignored, optimizer_s)
 
 
-@pytest.mark.parametrize("lora, plan_kw", [("sharded", {}), ("ignored", {}), ("sharded", {"checkpoint": "blocks"})])
+@pytest.mark.parametrize("lora, plan_kw", [("sharded", {}), ("ignored", {}), ("sharded", {"checkpoint": "blocks"}),
+                                           ("sharded", {"no_root": True})])
 def test_a_time_equals_the_hand_built_schedule(model, flops, lora, plan_kw):
     a = analysis(model, lora, **plan_kw)
     root, units, extras = hand_built(a)
@@ -104,7 +111,9 @@ def test_a_time_equals_the_hand_built_schedule(model, flops, lora, plan_kw):
     assert not [u for u in units if "embed" in u.name][0].backward_hook
     if lora == "ignored":
         assert extras.ignored_all_reduce_s > 0  # the adapters' one all-reduce, exposed at the end
-    if plan_kw:  # both blocks recomputed in backward
+    if plan_kw.get("no_root"):
+        assert root.name == a.time.unit[0] == "base_model.model"
+    elif plan_kw:  # both blocks recomputed in backward
         assert a.time.recompute_s.sum() == pytest.approx(2 * 1e9 / 1e12)
 
 
