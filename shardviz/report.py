@@ -163,6 +163,15 @@ def comparison_section(c) -> str:
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
+def time_section(a) -> str:
+    """Seconds per call of the step (``a.time``) and what they rest on; nothing without a step time."""
+    if a.step["step_time_s"] is None:
+        return ""
+    notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in a.step_time.assumptions)
+    return ("<h2>Step time by call</h2>" + f'<p class="note">{_esc(views.step_text(a.step))}</p>' + notes
+            + _table_or_fold(a.time, "calls timed (open)"))
+
+
 def units_section(a) -> str:
     units = a.units.drop(columns=["modules"])
     return "<h2>fully_shard calls (bottom-up)</h2>" + _table_or_fold(units, "fully_shard calls (open)")
@@ -267,6 +276,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>
 {memory_section(a, memory)}
 {traffic_section(a, traffic)}
+{time_section(a)}
 {comparison_html}
 {units_section(a)}
 {code_section(a, plan, mesh, training, torch_version)}

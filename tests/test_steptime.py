@@ -214,6 +214,9 @@ def test_the_report_states_the_step_and_draws_the_timeline(model, flops):
     a = sv.analyze(model, sv.Plan.auto(model), mesh, TRAINING)
     assert sv.views.step_text(a.step).replace("·", "&middot;") in html or sv.views.step_text(a.step) in html
     assert 'data-kind="timeline"' in html
+    assert "Step time by call" in html and "matmul efficiency" in html  # a.time and its assumptions
+    no_device = render_report(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
+    assert "Step time by call" not in no_device and "no device" in no_device
 
 
 def test_mesh_efficiency_must_be_an_efficiency():
