@@ -28,9 +28,15 @@ class Analysis:
         # The release the plan will run on: the findings follow it (None: the installed torch).
         self.torch_version = torch_version
         self.training = training if training is not None else Training()
-        # the module itself, held only when activations are measured (by running it)
-        self.model = (model if model is not None else tree.model) if self.training.with_activations else None
         self.layout = Layout(tree, plan, mesh)
+        # the module itself, held only when it is run: to measure activations, or to see the order its
+        # modules run in when calls are nested (their gradients interleave by it, cost.walk)
+        self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
+
+    def _runs_a_step(self) -> bool:
+        from .cost import calls_with_nested_calls
+
+        return self.training.with_activations or bool(calls_with_nested_calls(self.layout, self.tree.modules))
 
     def what_if(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None) -> "Analysis":
         """The same model with another plan, mesh or training (the memory check prices its fixes so)."""
@@ -93,7 +99,7 @@ class Analysis:
         """The cost model (``cost.CostModel``): built once, from the layout and the activation levels."""
         from .cost import cost_model
 
-        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels())
+        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels(), self.run_order)
 
     @cached_property
     def memory(self) -> pd.DataFrame:
@@ -129,6 +135,23 @@ class Analysis:
         without ``Training.batch_size``. Cached across analyses (in ``activations``' one cache)."""
         if not self.training.with_activations:
             return None
+        return self._measured_step(self.training.batch_size, self.training.seq_len)
+
+    @cached_property
+    def run_order(self) -> tuple[str, ...] | None:
+        """Module names in the order a training step first runs them, when one is measured: with
+        activations, or (a step of batch 1) when calls are nested; None: registration order."""
+        from .cost import first_run_order
+
+        profile = self.activation_profile
+        if profile is None and self.model is not None:
+            try:
+                profile = self._measured_step(1, min(self.training.seq_len, 32))
+            except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
+                return None
+        return None if profile is None else first_run_order(profile.timeline)
+
+    def _measured_step(self, batch_size: int, seq_len: int):
         from .activations import measure_activations
         from .plan import refuse_selective
 
@@ -141,7 +164,7 @@ class Analysis:
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
-        return measure_activations(model, t.batch_size, t.seq_len, param_dtype=t.param_dtype, whole_params=whole,
+        return measure_activations(model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole,
                                    checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree)
 
     @cached_property
@@ -154,6 +177,29 @@ class Analysis:
                                          "saved_checkpointed"])
         names = list(dict.fromkeys([u.modules for u in self.plan.units] + [(b,) for b in profile.blocks]))
         return profile.table(names)
+
+    @cached_property
+    def flops(self) -> pd.DataFrame:
+        """FLOPs of one training step on one rank (one micro-batch), counted by torch's
+        ``FlopCounterMode`` in the pass that measures the activations: one row per call in forward
+        order with its modules' own FLOPs (a nested call's are its own): unit, forward_flops,
+        backward_flops, recompute_flops (checkpointed modules' forward again in backward); a last
+        row with unit None for what runs outside every call, if anything. Empty without
+        ``Training.batch_size``: there is no step to count."""
+        from .activations import FLOP_COLUMNS, unit_flops
+
+        profile = self.activation_profile
+        rows = unit_flops(profile, self.plan.units) if profile is not None else []
+        return pd.DataFrame(rows, columns=FLOP_COLUMNS)
+
+    @property
+    def flop_totals(self) -> dict[str, int]:
+        """``flops``: the step's FLOPs (one rank, one micro-batch) with recomputation,
+        ``model_flops``: without it; zeros without ``Training.batch_size``."""
+        profile = self.activation_profile
+        if profile is None:
+            return {"flops": 0, "model_flops": 0}
+        return {"flops": profile.flops, "model_flops": profile.model_flops}
 
     @cached_property
     def step_time(self):

@@ -155,6 +155,7 @@ def build_model(args):
 
 def build_plan(tree, args):
     from .plan import Plan
+    from .presets import named_plan
 
     checkpoint = getattr(args, "checkpoint", None)
     if args.plan and args.layout:
@@ -169,7 +170,7 @@ def build_plan(tree, args):
         plan.validate(tree)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
-    return plan
+    return named_plan(tree, plan)  # the name the widget and the export give the same plan
 
 
 def make_training(args, base=None):
@@ -270,25 +271,29 @@ def cmd_plan_write(args) -> int:
 
 
 def cmd_plan_read(args) -> int:
+    from .analysis import analyze
+    from .checks import run_checks
+    from .presets import named_plan
+
     plan = read_plan(args.file)
+    tree = version = mesh = None
+    if args.model is not None:
+        version = check_version(args.torch)
+        mesh = make_mesh(args.world_size, args.replicate)
+        _, tree = build_model(args)
+        try:
+            plan.validate(tree)
+        except ValueError as exc:
+            raise CliError(f"plan does not fit the model: {exc}") from None
+        plan = named_plan(tree, plan)  # the name the widget and the export give the same plan
     out = sys.stdout
     print(f"plan {plan.name or '(unnamed)'}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored parameters",
           file=out)
     for unit in plan.units:
         options = unit.options()
         print(f"  fully_shard {unit.name}" + (f"  {options}" if options else ""), file=out)
-    if args.model is None:
+    if tree is None:
         return EXIT_OK
-    from .analysis import analyze
-    from .checks import run_checks
-
-    version = check_version(args.torch)
-    mesh = make_mesh(args.world_size, args.replicate)
-    _, tree = build_model(args)
-    try:
-        plan.validate(tree)
-    except ValueError as exc:
-        raise CliError(f"plan does not fit the model: {exc}") from None
     analysis = analyze(tree, plan, mesh, strict=False, torch_version=version)
     print(analysis.summary(), file=out)
     findings = run_checks(analysis, torch_version=version)
@@ -383,8 +388,19 @@ def _add_model_args(p, model_required=True) -> None:
 
 
 def _add_checkpoint_arg(p) -> None:
-    p.add_argument("--checkpoint", choices=["blocks"],
-                   help="wrap every block in torch's checkpoint_wrapper before fully_shard (Plan.auto(checkpoint='blocks'))")
+    p.add_argument("--checkpoint", type=_checkpoint_preset, metavar="{blocks,'every K',selective}",
+                   help="wrap every block (or every K-th: 'every 2') in torch's checkpoint_wrapper before fully_shard "
+                        "(Plan.auto(checkpoint=...))")
+
+
+def _checkpoint_preset(value: str) -> str:
+    from .plan import checkpoint_preset
+
+    try:
+        checkpoint_preset(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _add_precision_args(p) -> None:

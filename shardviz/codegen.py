@@ -38,6 +38,8 @@ from . import export_runtime
 from .analysis import Analysis
 from .finding import PlanError
 from .fsdp import (
+    DTENSOR_PATHS,
+    FSDP_PATHS,
     GROUPED_CALL,
     IGNORED_PARAMS,
     MIN_TORCH,
@@ -51,6 +53,7 @@ from .fsdp import (
     supports_ignored_params,
 )
 from .plan import Plan, Unit, as_plan, refuse_selective
+from .presets import named_plan
 from .tree import as_tree
 
 
@@ -203,7 +206,7 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     from .checks import release_findings
 
     tree = as_tree(model)
-    plan = as_plan(plan)
+    plan = named_plan(tree, as_plan(plan))  # the name the widget and the CLI give the same plan
     if plan.checkpoint:
         Plan(checkpoint=plan.checkpoint).validate(tree)  # names, root, nesting: a ValueError naming the module
         refuse_selective(plan, "export_code")  # TODO(issue 18): write the selective policy
@@ -288,16 +291,7 @@ def _imports(ex: _Export) -> list[str]:
 
 def _imports_detected(ex: _Export) -> list[str]:
     """The imports when the release is detected at run time: one branch per place torch kept them."""
-    lines = [
-        f"if _RELEASE >= {PUBLIC_FSDP!r}:  # public path since {release_label(PUBLIC_FSDP)}",
-        f"    from {fully_shard_module_path(release_label(PUBLIC_FSDP))} import {ex.fsdp_names}",
-        f"else:  # torch {release_label(MIN_TORCH)} and {release_label((PUBLIC_FSDP[0], PUBLIC_FSDP[1] - 1))}",
-        f"    from {fully_shard_module_path(release_label(MIN_TORCH))} import {ex.fsdp_names}",
-        f"if _RELEASE >= {PUBLIC_DTENSOR!r}:",
-        f"    from {dtensor_module_path(release_label(PUBLIC_DTENSOR))} import DTensor",
-        "else:",
-        f"    from {dtensor_module_path(release_label(MIN_TORCH))} import DTensor",
-    ]
+    lines = _import_by_release(FSDP_PATHS, ex.fsdp_names, ex.need) + _import_by_release(DTENSOR_PATHS, "DTensor", ex.need)
     if not ex.ignored:
         return lines
     return lines + [
@@ -312,6 +306,22 @@ def _imports_detected(ex: _Export) -> list[str]:
         "    except (TypeError, ValueError):",
         f"        return _RELEASE >= {IGNORED_PARAMS!r}",
     ]
+
+
+def _import_by_release(paths: dict, names: str, need: tuple[int, int]) -> list[str]:
+    """``from <path> import <names>`` for every release the code accepts (``need`` on): one branch per
+    place torch kept them since ``need``, none for releases the code refuses anyway."""
+    oldest = paths[max(r for r in paths if r <= need)]
+    moves = sorted((r for r in paths if r > need), reverse=True)
+    if not moves:
+        return [f"from {oldest} import {names}"]
+    lines = []
+    for i, release in enumerate(moves):
+        lines += [f"{'elif' if i else 'if'} _RELEASE >= {release!r}:  # since torch {release_label(release)}",
+                  f"    from {paths[release]} import {names}"]
+    before = [release_label((need[0], minor)) for minor in range(need[1], moves[-1][1])]
+    return lines + [f"else:  # torch {' and '.join(before) if len(before) <= 2 else before[0] + ' to ' + before[-1]}",
+                    f"    from {oldest} import {names}"]
 
 
 def _names_tuple(comment: str, variable: str, names) -> list[str]:
@@ -359,8 +369,7 @@ def _apply_fsdp(ex: _Export) -> list[str]:
                   "    modules.update(_apply_checkpointing(model, CHECKPOINT))"]
     opening, indent, call_kw = _keep_out_ignored(ex)
     lines += opening
-    lines += [f"{indent}fully_shard({_call_target(unit, bool(ex.checkpoint))}, {', '.join([call_kw] + _unit_kwargs(unit))})"
-              for unit in ex.units]
+    lines += _calls(ex.units, indent, call_kw, resolved=bool(ex.checkpoint))
     if not ex.units:
         lines.append(f"{indent}pass  # the plan has no fully_shard call")
     return lines + ["    _replicate_unsharded(model, mesh)", "    return model"]
@@ -384,6 +393,40 @@ def _keep_out_ignored(ex: _Export) -> tuple[list[str], str, str]:
         "        hide = _hidden_from_fully_shard(model, ignored)",
         "    with hide:",
     ], "        ", "mesh=mesh, **keep_out"
+
+
+#: Consecutive single-module calls with the same options are written as one loop over their names
+#: from this many on (24 decoder blocks: one loop, not 24 calls); two calls read as well spelled out.
+LOOP_FROM = 3
+
+
+def _calls(units: list[Unit], indent: str, call_kw: str, resolved: bool) -> list[str]:
+    """The fully_shard calls, bottom-up; a run of ``LOOP_FROM`` or more calls that share their options
+    becomes ``for name in (...): fully_shard(<module name>, ...)``."""
+    lines = []
+    for run in _same_option_runs(units):
+        kwargs = ", ".join([call_kw] + _unit_kwargs(run[0]))
+        if len(run) < LOOP_FROM:
+            lines += [f"{indent}fully_shard({_call_target(u, resolved)}, {kwargs})" for u in run]
+            continue
+        by_name = "modules[name]" if resolved else "model.get_submodule(name)"
+        lines += ([f"{indent}for name in ("] + [f"{indent}    {_lit(u.modules[0])}," for u in run]
+                  + [f"{indent}):", f"{indent}    fully_shard({by_name}, {kwargs})"])
+    return lines
+
+
+def _same_option_runs(units: list[Unit]) -> list[list[Unit]]:
+    """Consecutive units of one module each (not the root) with the same options, in order; every other
+    unit is a run of its own."""
+    runs: list[list[Unit]] = []
+    for unit in units:
+        loopable = not unit.is_grouped and unit.modules != ("",)
+        if runs and loopable and runs[-1][-1].modules != ("",) and not runs[-1][-1].is_grouped \
+                and _unit_kwargs(runs[-1][-1]) == _unit_kwargs(unit):
+            runs[-1].append(unit)
+        else:
+            runs.append([unit])
+    return runs
 
 
 def _call_target(unit: Unit, resolved: bool) -> str:

@@ -5,10 +5,11 @@ engine's ownership rule) and joined into one call."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 
 from .fsdp import Layout, Mesh, children_with_params, subtree_numel
-from .plan import Plan, Unit, checkpoint_preset
+from .plan import LORA_LAYOUTS, Plan, Unit, checkpoint_preset
 from .tree import ModelTree
 
 
@@ -157,3 +158,38 @@ def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
     merged = replace(plan.units[keep[0]], modules=joined)
     units = [merged if i == keep[0] else u for i, u in enumerate(plan.units) if i not in calls or i == keep[0]]
     return plan.with_units(units)
+
+
+#: The checkpointing presets a plan is recognised by ("every k" stands for k = 2, torchtitan's default).
+NAMED_CHECKPOINTS = (None, "blocks", "every 2", "selective")
+
+_PRESETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tree -> {name: Plan}
+
+
+def preset_plans(tree: ModelTree) -> dict[str, Plan]:
+    """Every preset of this model by its name: ``Plan.auto`` for each LoRA layout, with and without
+    checkpointed blocks, then the root alone and no calls. Computed once per tree."""
+    if tree not in _PRESETS:
+        plans = []
+        for checkpoint in NAMED_CHECKPOINTS:
+            for lora in LORA_LAYOUTS:
+                try:
+                    plans.append(auto_plan(tree, lora, checkpoint))
+                except ValueError:  # a model no per-block preset fits (calls that cannot go bottom-up)
+                    continue
+        plans += [Plan([""], name="root only"), Plan([], name="no calls")]
+        _PRESETS[tree] = {p.name: p for p in plans}
+    return _PRESETS[tree]
+
+
+def named_plan(tree: ModelTree, plan: Plan) -> Plan:
+    """``plan`` under the name it goes by everywhere (widget, export, CLI): a preset's name when it
+    equals that preset (its own name when that is one of them: without LoRA the three layouts are one
+    plan), else its own name."""
+    presets = preset_plans(tree)
+    if presets.get(plan.name) == plan:
+        return plan
+    for name, preset in presets.items():
+        if preset == plan:
+            return Plan(plan.units, plan.ignored, name, plan.checkpoint)
+    return plan

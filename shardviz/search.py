@@ -113,10 +113,10 @@ def _time_parts(a: Analysis) -> dict:
     c = a.comm
     out: dict = {}
     if len(c):
-        across = c["group_size"].to_numpy() > a.mesh.ranks_per_node
         seconds = (c["time_s"] * c["count"]).to_numpy()
-        for kind, size, far, sec in zip(c["collective"], c["group_size"], across, seconds):
-            key = f"{kind.replace('_', '-')}s over {size} ranks {'across nodes' if far else 'inside a node'}"
+        for kind, group, size, sec in zip(c["collective"], c["group"], c["group_size"], seconds):
+            where = f"over all {size} ranks" if group == "world" else f"in {group.replace('_', '-')} groups of {size} ranks"
+            key = f"{kind.replace('_', '-')}s {where}"
             out[key] = out.get(key, 0.0) + float(sec)
     if getattr(a, "step", None) is None and _offload_copy_s(a) > 0:
         out["CPU offload copies"] = _offload_copy_s(a)
@@ -140,6 +140,8 @@ class _Runner:
         self.n_analysed = 0
         self.unmeasured: set = set()  # checkpoint policies the activation measurement refuses (SV114)
         self.lean_offload = True
+        self.fitting: dict = {}  # analysed candidate -> fits
+        self._holds_less: dict = {}
 
     def plan(self, c: Candidate) -> Plan:
         key = (c.lora, c.checkpoint)
@@ -174,11 +176,16 @@ class _Runner:
         return self._state[lora]
 
     def holds_less(self, strong: str | None, weak: str | None) -> bool:
-        """Plans checkpointed as ``strong`` hold fewer activations than as ``weak`` at every moment:
-        every block ``weak`` checkpoints is checkpointed by ``strong`` at least as fully, or both
-        checkpoint in full and ``strong`` checkpoints at least as many blocks of each kind."""
-        if strong == weak:
-            return False
+        """Plans checkpointed as ``strong`` hold fewer activations than as ``weak``: every block
+        ``weak`` checkpoints is checkpointed by ``strong`` at least as fully (fewer at every moment),
+        or both checkpoint in full and ``strong`` checkpoints at least as many blocks of each kind
+        (blocks of one kind save the same bytes: fewer are alive when backward starts, where the
+        activations peak)."""
+        if (strong, weak) not in self._holds_less:
+            self._holds_less[(strong, weak)] = strong != weak and self._compare_checkpoints(strong, weak)
+        return self._holds_less[(strong, weak)]
+
+    def _compare_checkpoints(self, strong: str | None, weak: str | None) -> bool:
         a, b = self.plan(Candidate(checkpoint=strong)).checkpoint, self.plan(Candidate(checkpoint=weak)).checkpoint
         if all(n in a and a.policy(n) in ("full", p) for n, p in b.items()):
             return True
@@ -188,17 +195,42 @@ class _Runner:
         ka, kb = kinds(a), kinds(b)
         return all(ka[k] >= n for k, n in kb.items())
 
+    def holds_less_than(self, c: Candidate, batch: int | None, ckpt: str | None) -> bool:
+        """A plan with micro-batch ``batch`` and checkpointing ``ckpt`` holds no more activations than ``c``."""
+        if (batch or 0) > (c.batch_size or 0):
+            return False
+        return ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)
+
+    def bound_others(self, c: Candidate, profile) -> None:
+        """From one measurement, the activations other checkpoint presets save for backward at least:
+        every block's saved bytes, plain or checkpointed (``saved_plain`` / ``saved_checkpointed``,
+        both measured for the repeated blocks), are all alive when backward starts."""
+        rows = [profile.at(b) for b in profile.blocks]
+        if any(r.saved_plain is None or r.saved_checkpointed is None for r in rows):
+            return
+        for ckpt in CHECKPOINTS:
+            key = (c.lora, c.batch_size, ckpt)
+            if ckpt == c.checkpoint or key in self.act_over:
+                continue
+            plan = self.plan(Candidate(checkpoint=ckpt)).checkpoint
+            if plan.selective:
+                continue
+            saved = sum(r.saved_checkpointed if b in plan else r.saved_plain for b, r in zip(profile.blocks, rows))
+            if saved > self.limit:
+                self.act_over[key] = (saved, f"at least: every block's saved bytes, measured with {_ckpt_words(c.checkpoint)}")
+
     def pruned_by(self, c: Candidate) -> str | None:
         """Why ``c`` cannot fit without analysing it, or None."""
         gib, less = format_bytes(self.limit), "(checkpoints less: not analysed)"
         act = self.act_over.get((c.lora, c.batch_size, c.checkpoint))
         if act is not None:  # the same activations whatever the mesh and options
-            return f"over {gib}: the activations alone are {format_bytes(act)} (measured on another mesh or option)"
-        for (lora, batch, ckpt), act in self.act_over.items():
-            if lora == c.lora and batch == c.batch_size and self.holds_less(ckpt, c.checkpoint):
-                return f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)} {less}"
+            return f"over {gib}: the activations alone are {format_bytes(act[0])} ({act[1]}; not analysed)"
+        for (lora, batch, ckpt), (act, how) in self.act_over.items():
+            if lora == c.lora and self.holds_less_than(c, batch, ckpt):
+                return (f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)}, "
+                        f"micro-batch {batch} ({how}) {less}")
         for (state, batch, ckpt), peak in self.over.items():
-            if state == c.state_key and (batch or 0) <= (c.batch_size or 0) and (ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)):
+            if state == c.state_key and self.holds_less_than(c, batch, ckpt):
                 return f"over {gib}: {format_bytes(peak)} with {_ckpt_words(ckpt)}, micro-batch {batch} {less}"
         state = self.lean_state(c.lora)
         if state > self.limit:
@@ -210,6 +242,10 @@ class _Runner:
         """The candidate's row (None: a policy the measurement cannot do yet)."""
         if c.checkpoint in self.unmeasured:
             return None
+        if c.offload and self.fitting.get(replace(c, offload=False)):
+            return {"analysed": False, "fits": True, "peak": None, "why": (
+                "fits, slower than the same plan without CPU offload, which fits too: offloading only lowers the "
+                "peak and adds host-device copies (not analysed)")}
         reason = self.pruned_by(c)
         if reason is not None:
             return {"analysed": False, "fits": False, "peak": None, "why": reason}
@@ -221,12 +257,14 @@ class _Runner:
                 self.unmeasured.add(c.checkpoint)
                 return None
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
-        fits = peak <= self.limit
+        fits = self.fitting[c] = peak <= self.limit
         if not fits:
             self.over[(c.state_key, c.batch_size, c.checkpoint)] = peak
         profile = a.activation_profile
         if profile is not None and profile.peak[0] > self.limit:
-            self.act_over[(c.lora, c.batch_size, c.checkpoint)] = int(profile.peak[0])
+            self.act_over[(c.lora, c.batch_size, c.checkpoint)] = (int(profile.peak[0]), "measured")
+        if profile is not None:
+            self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
                 "parts": _time_parts(a), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
 
@@ -309,10 +347,12 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
 def _rank_key(limit: int):
     def key(item):
         c, r = item
-        if r["fits"]:
+        if r["fits"] and r["analysed"]:
             return (0, float(f"{r['step_time_s']:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
+        if r["fits"]:
+            return (1, 0.0, 0, 0, 0, 0)
         over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
-        return (1 if r["analysed"] else 2, over, 0, c.offload, 0, 0)
+        return (2 if r["analysed"] else 3, over, 0, c.offload, 0, 0)
     return key
 
 
@@ -418,8 +458,9 @@ def what_would_fit(runner: _Runner, rows: list, max_factor: int = 64) -> str:
 # ---------------------------------------------------------------------------
 class Search:
     """What ``sv.search`` found. ``table``: one row per plan, best first; ``best``: the plan to run
-    (None when nothing fits), ``best_mesh`` (the HSDP split), ``best_training`` (None unless the
-    micro-batch or offloading changed); ``note``: what the search assumed, or why nothing fits."""
+    (None when nothing fits), ``best_mesh`` (the HSDP split), ``best_training`` (the micro-batch
+    chosen with ``Training(global_batch=...)``, or offloading turned off; else None) and
+    ``best_grad_accum``; ``note``: what the search assumed, or why nothing fits."""
 
     def __init__(self, rows: list, runner: _Runner, note: str, n_candidates: int, nothing_fits: str = ""):
         self._rows, self._runner = rows, runner
@@ -429,7 +470,7 @@ class Search:
         records, above = [], None
         for c, r in rows:
             why = _why(r, above if r["fits"] else None, runner.limit)
-            if r["fits"]:
+            if r["fits"] and r["analysed"]:
                 above = r
             records.append({
                 "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
@@ -468,7 +509,13 @@ class Search:
         if not self.fits:
             return None
         training = self.candidate(0)[2]
-        return training if training != self._runner.training else None
+        chosen = self._runner.training.global_batch is not None  # the micro-batch was searched: say which
+        return training if chosen or training != self._runner.training else None
+
+    @property
+    def best_grad_accum(self) -> int | None:
+        """Micro-batches per optimizer step of the best plan (1 without ``Training.global_batch``)."""
+        return int(self.table.grad_accum.iloc[0]) if self.fits else None
 
     def formatted(self) -> pd.DataFrame:
         """The table with sizes and times written for people (the CLI prints it)."""
@@ -477,7 +524,7 @@ class Search:
         return pd.DataFrame({
             "name": t.name, "fits": t.fits.map({True: "yes", False: "no"}),
             "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
-            "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3f}"),
+            "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
             "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"), "why": t.why})
 
     def figure(self):

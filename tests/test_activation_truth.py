@@ -4,7 +4,10 @@ Small real models (Llama + LoRA, Qwen2 + LoRA, GPT-2, Mixtral: a few layers, a b
 long enough that activations dominate the peak) train one steady-state step with torch's
 ``fully_shard`` (and ``checkpoint_wrapper`` where the plan checkpoints) under ``FSDPMemTracker``.
 The tracker's largest Total over the step (parameters, gradients, optimizer states, FSDP buffers,
-activations, temporaries, inputs) must equal ``a.memory.peak`` within 5 %. See ``torch_truth.py``.
+activations, temporaries, inputs) must equal ``a.memory.peak`` plus nothing but the deviation
+measured and pinned for each case (``DEVIATION``: 0 bytes where shardviz is exact, at most +0.9 %),
+and ``a.peak_breakdown()`` must match the tracker's categories at that peak: the model state to the
+byte, activations and temporaries by the same pinned deviation. See ``torch_truth.py``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ import pytest
 import torch
 
 import shardviz as sv
-from torch_truth import fake_run, tiny_llama, tiny_lora
+from torch_truth import breakdown_mismatches, fake_run, tiny_llama, tiny_lora
 
-TOLERANCE = 0.05
 BATCH, SEQ, VOCAB = 2, 256, 512
 FSDP8 = sv.Mesh(shard=8)
 HSDP = sv.Mesh(shard=4, replicate=2)
@@ -83,6 +85,34 @@ CASES = {
 }
 
 
+# predicted peak - torch's, in bytes, measured with torch 2.13 / transformers 5.24 (deterministic
+# under the fake process group). Every deviation is in activations and temporaries. Without
+# checkpointing: +2 KiB (Llama, Qwen2), +6 KiB (Mixtral), GPT-2 exact; checkpointed blocks: exact
+# except GPT-2 (+0.52 %) and Mixtral (+0.87 %), the largest, docs/cost-model.md's "within 0.9 %".
+DEVIATION = {
+    "llama-lora-sharded": 2048,
+    "llama-lora-sharded-ckpt": 0,
+    "llama-lora-ignored-hsdp": 2048,
+    "llama-lora-ignored-hsdp-ckpt": 0,
+    "llama-lora-ignored-bf16": 2048,
+    "llama-lora-sharded-bf16-ckpt": 0,
+    "qwen2-lora-sharded": 2048,
+    "qwen2-lora-ignored-ckpt-hsdp": 0,
+    "gpt2-full": 0,
+    "gpt2-full-ckpt": 66240,
+    "mixtral-full": 6144,
+    "mixtral-full-ckpt": 55744,
+    # h8's case in main ("every 2": blocks 1 and 3 of 4 checkpointed), measured with main's code
+    "llama4-every2-ckpt": 4096,
+}
+
+
+def deviation(name: str) -> int:
+    if name not in DEVIATION:
+        pytest.fail(f"{name}: measure its deviation from torch's peak and pin it in DEVIATION")
+    return DEVIATION[name]
+
+
 @functools.lru_cache(maxsize=None)
 def _case(name):
     build, make_plan, mesh, training, rank, _ = CASES[name]
@@ -91,17 +121,52 @@ def _case(name):
     return build, plan, mesh, training, rank, sv.analyze(model, plan, mesh, training)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if c[-1] else []) for n, c in CASES.items()])
+@functools.lru_cache(maxsize=None)
+def _truth(name):
+    build, plan, mesh, training, rank, _ = _case(name)
+    return fake_run(build, plan, mesh, training, rank)
+
+
+# Where shardviz's peak is a different moment of the step than torch's, the totals are near (the
+# pinned deviation) but the kinds alive then are not: the breakdown test fails on these, measured.
+BREAKDOWN_OFF = {
+    "gpt2-full-ckpt": "shardviz's peak holds 331520 B of unsharded params and 25504 B of gradients, torch's "
+                      "199936 B and 90848 B (activations + temporaries equal: 11679752 B); its peak is "
+                      "another moment of the backward",
+    "mixtral-full-ckpt": "shardviz's peak holds 16928 B of gradients, 772864 B of FSDP buffers and 4427800 B of "
+                         "activations + temporaries, torch's 96608 B, 772608 B and 4292632 B (+135168 B where the "
+                         "total is +55744 B); its peak is another moment of the backward",
+}
+
+
+def _marks(name, slow):
+    return [pytest.mark.slow] if slow else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n, c[-1])) for n, c in CASES.items()])
 def test_peak_with_activations_matches_torch(name):
     build, plan, mesh, training, rank, analysis = _case(name)
-    truth = fake_run(build, plan, mesh, training, rank)
+    truth = _truth(name)
     row = analysis.memory.iloc[rank]
     predicted = int(row.peak + row.cpu_optimizer)  # a CPU-only run keeps Adam's step scalars with the states
     torch_peak = truth.peak_snap["Total"]
     assert row.activations > 0.5 * row.peak, "the case should be dominated by activations"
-    assert abs(predicted / torch_peak - 1) <= TOLERANCE, (
-        f"predicted {predicted} ({sv.cost.format_bytes(predicted)}), torch {torch_peak}: "
-        f"{predicted / torch_peak - 1:+.1%}; predicted {analysis.peak_breakdown(rank)}; torch {truth.peak_snap}")
+    assert predicted - torch_peak == deviation(name), (
+        f"predicted {predicted}, torch {torch_peak}: {predicted - torch_peak:+d} B ({predicted / torch_peak - 1:+.3%}), "
+        f"pinned {deviation(name):+d}; predicted {analysis.peak_breakdown(rank)}; torch {truth.peak_snap}")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=_marks(n, c[-1]) + ([pytest.mark.xfail(strict=True, reason=BREAKDOWN_OFF[n])]
+                                             if n in BREAKDOWN_OFF else []))
+    for n, c in CASES.items()])
+def test_peak_breakdown_with_activations_matches_torch(name):
+    """``a.peak_breakdown()`` against the tracker's categories at its peak: the model state to the
+    byte, activations and temporaries by the case's pinned deviation."""
+    *_, rank, analysis = _case(name)
+    truth = _truth(name)
+    problems = breakdown_mismatches(analysis, truth, rank, activations=True, slack=deviation(name))
+    assert not problems, "\n".join(problems) + f"\npredicted {analysis.peak_breakdown(rank)}\ntorch {truth.peak_snap}"
 
 
 @pytest.mark.parametrize("plain, checkpointed", [

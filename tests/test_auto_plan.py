@@ -146,3 +146,13 @@ def test_every_k_checkpoints_blocks_as_torchtitan_counts_them():
 def test_checkpoint_preset_junk_is_named(bad, pattern):
     with pytest.raises(ValueError, match=pattern):
         sv.Plan.auto(Decoder([Attn()]), checkpoint=bad)
+
+
+def test_the_cli_takes_the_same_checkpoint_presets(capsys):
+    from shardviz.cli import main
+
+    assert main(["plan", "write", "zoo:tiny_llama_lora", "--checkpoint", "every 2"]) == 0
+    plan = sv.Plan.from_json(capsys.readouterr().out)
+    assert list(plan.checkpoint) == ["base_model.model.model.layers.1"] and "every 2nd block" in plan.name
+    assert main(["plan", "write", "zoo:tiny_llama_lora", "--checkpoint", "every x"]) == 2
+    assert "k in 'every k' must be a positive int" in capsys.readouterr().err

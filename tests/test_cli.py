@@ -91,7 +91,7 @@ def test_export_to_stdout_from_a_factory(factory, capsys):
     code, out, err = run(["export", f"{factory}:make", "--world-size", "2", "-q"], capsys)
     assert code == 0 and err == ""
     assert "def apply_fsdp(model, mesh=None):" in out
-    assert 'model.get_submodule("layers.0")' in out
+    assert '"layers.0",' in out and "fully_shard(model.get_submodule(name), mesh=mesh)" in out  # the blocks, one loop
     code, out, _ = run(["export", f"{factory}:instance", "--world-size", "2", "-q"], capsys)
     assert code == 0 and "apply_fsdp" in out  # an nn.Module attribute works too
 

@@ -63,6 +63,38 @@ def apply_under_fake_pg(code: str, model: nn.Module, mesh: sv.Mesh, rank: int, c
         return check(model, module) if check else None
 
 
+def fully_shard_targets(code: str) -> list[tuple[str, ...]]:
+    """The modules of every fully_shard call in the order the code makes them, loops unrolled."""
+    out = []
+
+    def name_of(node):
+        if isinstance(node, ast.Name):  # ``model``: the root
+            return ""
+        if isinstance(node, ast.Subscript):  # ``modules["x"]``
+            return node.slice.value
+        return node.args[0].value  # ``model.get_submodule("x")``
+
+    def visit(statements, loop_names=None):
+        for node in statements:
+            if isinstance(node, ast.For):
+                visit(node.body, [e.value for e in node.iter.elts])
+            elif isinstance(node, ast.With):
+                visit(node.body, loop_names)
+            elif isinstance(node, ast.Expr) and getattr(getattr(node.value, "func", None), "id", "") == "fully_shard":
+                target = node.value.args[0]
+                uses_loop = isinstance(target, (ast.Call, ast.Subscript)) and any(
+                    isinstance(n, ast.Name) and n.id == "name" for n in ast.walk(target))
+                if uses_loop:
+                    out.extend((n,) for n in loop_names)
+                else:
+                    items = target.elts if isinstance(target, ast.List) else [target]
+                    out.append(tuple(name_of(i) for i in items))
+
+    (apply_fsdp,) = [n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef) and n.name == "apply_fsdp"]
+    visit(apply_fsdp.body)
+    return out
+
+
 def tiny_plans(model):
     """LoRA ignored / sharded, and a plan with no grouped call (torch 2.4 cannot group)."""
     ignored = sv.Plan.auto(model, lora="ignored")
@@ -148,16 +180,14 @@ def test_modules_addressed_by_literals_bottom_up(tiny):
     plan = tiny_plans(tiny)["ignored"]
     code = sv.export_code(tiny, plan, mesh=sv.Mesh(4), torch_version="2.13")
     tree = ast.parse(code)
-    targets = []
+    # a name is a string literal, or the variable of a loop over a tuple of string literals
+    loop_names = {n.target.id for n in ast.walk(tree) if isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple)
+                  and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.iter.elts)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get_submodule":
             (arg,) = node.args
-            assert isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "fully_shard":
-            target = node.args[0]
-            items = target.elts if isinstance(target, ast.List) else [target]
-            targets.append(tuple("" if isinstance(i, ast.Name) else i.args[0].value for i in items))
+            assert (isinstance(arg, ast.Constant) and isinstance(arg.value, str)) or getattr(arg, "id", None) in loop_names
+    targets = fully_shard_targets(code)
     layout = sv.analyze(tiny, plan, sv.Mesh(4)).layout
     assert targets == [plan.units[u].modules for u in layout.order]
     assert targets[-1] == ("",)  # the root last

@@ -3,8 +3,9 @@
 Each case builds a real tiny Llama (+ peft LoRA), applies the plan with torch's ``fully_shard`` on
 one rank of an 8-rank fake world (FSDP 8, or HSDP 2x4), and trains: forward, backward, optimizer
 step. ``FSDPMemTracker`` gives the sharded parameter, sharded gradient and optimizer-state bytes
-(which must equal the prediction to the byte) and the state peak (within 10 %); a dispatch mode
-records every collective, which must equal ``a.comm`` call by call. See ``torch_truth.py``.
+and the state peak, which must equal the prediction to the byte (the peak: but for the one
+deviation ``PEAK_OFFSET`` pins to its byte); a dispatch mode records every collective, which must
+equal ``a.comm`` call by call. See ``torch_truth.py``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,25 @@ UNEVEN = functools.partial(tiny_lora, r=6, vocab=100)  # 100 rows and r=6 do not
 BF16_BASE = functools.partial(tiny_lora, dtype=torch.bfloat16)  # bf16 base + fp32 LoRA: uint8 all-gathers
 FULL = functools.partial(tiny_llama, vocab=100)  # full fine-tuning, uneven embeddings
 
+def gpt2_lora():
+    """GPT-2 with peft LoRA on its Conv1D layers (``c_attn``, ``c_proj``, ``c_fc``), base frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(tiny_gpt2(), LoraConfig(r=8, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True))
+
+
+def auto_with_nested(inner, lora):
+    """The auto plan (its grouped call ``[wte, ln_f, lm_head]`` included) plus a call on ``inner``
+    of every block, nested in the block's call."""
+
+    def make(model):
+        plan = sv.Plan.auto(model, lora=lora)
+        blocks = [m for m, _ in model.named_modules() if m.rpartition(".")[2].isdigit() and m.rpartition(".")[0].endswith(".h")]
+        return sv.Plan([f"{b}.{inner}" for b in blocks] + list(plan.units), ignored=plan.ignored)
+
+    return make
+
+
 # name: (model builder, plan maker, mesh, training, ranks, slow)
 CASES = {
     "lora-sharded": (tiny_lora, auto("sharded"), FSDP8, sv.Training(), (0, 7), False),
@@ -106,12 +126,15 @@ CASES = {
     "adam-uneven": (UNEVEN, auto("sharded"), FSDP8, sv.Training(optimizer="adam"), (0, 7), True),
     "gpt2-nested-attn": (tiny_gpt2, nested("attn"), FSDP8, sv.Training(), (0,), False),
     "mixtral-nested-experts": (tiny_mixtral, nested("mlp.experts"), FSDP8, sv.Training(), (0,), False),
+    "gpt2-lora-nested-attn": (gpt2_lora, auto_with_nested("attn", "sharded"), sv.Mesh(shard=4), sv.Training(), (0, 3), False),
+    "gpt2-lora-ignored-nested-attn": (gpt2_lora, auto_with_nested("attn", "ignored"), sv.Mesh(shard=4), sv.Training(), (0,), True),
     "fused-adamw": (tiny_lora, auto("ignored"), FSDP8, sv.Training(fused=True), (0,), True),
 }
-# The peak equals torch's to the byte except where docs/cost-model.md (Limits) says why not:
-# module order stands in for execution order (Mixtral's norms are registered after the MoE block:
-# +512 bytes), no reduce-scatter op for a shard group of one rank (+4 %).
-NOT_EXACT = {"mixtral-nested-experts", "hsdp-shard-1"}
+# The peak equals torch's to the byte except where docs/cost-model.md (Validation) says why not,
+# by exactly this many bytes (predicted - torch): a shard group of one rank issues no
+# reduce-scatter op, so the tracker never re-files the reduce-scatter input that foreach_reduce
+# allocates (one block's LoRA gradients, 8192 fp32) from Temp: +4.07 %.
+PEAK_OFFSET = {"hsdp-shard-1": 32768}
 
 
 def _params():
@@ -133,7 +156,7 @@ def _case(name):
 def test_step_matches_torch(name, rank):
     build, plan, mesh, training, analysis = _case(name)
     truth = fake_run(build, plan, mesh, training, rank)
-    problems = memory_mismatches(analysis, truth, exact_peak=name not in NOT_EXACT) + comm_mismatches(analysis, truth)
+    problems = memory_mismatches(analysis, truth, peak_offset=PEAK_OFFSET.get(name, 0)) + comm_mismatches(analysis, truth)
     assert not problems, "\n".join(problems)
 
 

@@ -20,9 +20,11 @@ Works under torch's fake process group (any world size, one process) and under g
 processes (``gloo_run``, forked, so the children skip the imports).
 
 Note: ``FSDPMemTracker`` re-registers forward hooks per module, which breaks grouped calls
-(``fully_shard([a, b])`` is then all-gathered once per module). It also fails to remove its
-hook from all but one module of a group, so the tracked step must be the last one: one step runs
-under the collective recorder, untouched, and the step after it under the tracker.
+(``fully_shard([a, b])`` is then all-gathered and resharded once per module, and its
+post-backward fires after its last module's backward, not where torch's hooks put it). The
+harness registers the tracker's wrappers as FSDP registers its own hooks
+(``_instrument_keeping_groups``), so the tracked step is the step torch runs, and puts FSDP's
+hooks back afterwards. Collectives are still recorded in the step before, with no tracker.
 """
 
 from __future__ import annotations
@@ -245,6 +247,12 @@ def _state_tracker(model, optimizer):
             self.state_peak: dict = {}
             self.state_peak_snap: dict = {}
 
+        def _instrument_fsdp_module(self):
+            _instrument_keeping_groups(self, R)
+
+        def _deregister_module_and_optimizer_hooks(self):
+            _restore_hooks(self)
+
         def _update_peak_stats(self, peak_state):
             super()._update_peak_stats(peak_state)
             for dev, snap in self._curr_mem_snap.items():
@@ -254,6 +262,74 @@ def _state_tracker(model, optimizer):
                     self.state_peak_snap[dev] = {str(k.value) if hasattr(k, "value") else k: v for k, v in snap.items()}
 
     return StateTracker(model, optimizer), R
+
+
+def _fsdp_states(root: nn.Module) -> list[tuple]:
+    """(FSDP state, its first module) of every call with parameters under ``root``, once each."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out, seen = [], set()
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            if state._fsdp_param_group is not None and id(state) not in seen:
+                seen.add(id(state))
+                out.append((state, module))
+    return out
+
+
+def _forward_hooks(state, pre, post):
+    """Register ``pre``/``post`` as FSDP does (``FSDPState.__init__``): on the module, or for a
+    grouped call once for the group (pre-forward at its first module, post-forward when its
+    last module returns)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
+
+    modules = state._modules
+    if len(modules) == 1:
+        state._pre_forward_hook_handle = modules[0].register_forward_pre_hook(pre, prepend=True, with_kwargs=True)
+        state._post_forward_hook_handle = modules[0].register_forward_hook(post, prepend=False)
+    else:
+        handle = _register_group_forward_hooks(modules, pre, post, state._modules_to_run_forward,
+                                               state._cast_output_dtype)
+        state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+
+
+def _instrument_keeping_groups(tracker, R):
+    """``FSDPMemTracker._instrument_fsdp_module`` with the same wrappers, registered as FSDP
+    registers its own hooks. The tracker's version puts a full pre/post-forward hook on every
+    module of a grouped call, so the tracked step would not be the step torch runs: the group is
+    all-gathered and resharded once per module, and its post-backward fires after its last
+    module's backward instead of where torch's own hooks put it."""
+    from torch.distributed._tools.fsdp2_mem_tracker import _SavedFSDPMethods
+
+    for state, module in _fsdp_states(tracker._root_mod):
+        group = state._fsdp_param_group
+        state._pre_forward_hook_handle.remove()
+        state._post_forward_hook_handle.remove()
+        tracker._instrument_fsdp_sharded_params_grads(group)
+        _forward_hooks(state, tracker._fsdp_state_pre_forward(module, state._pre_forward),
+                       tracker._fsdp_state_post_forward(module, state._post_forward))
+        tracker._fsdp_mod_to_saved_methods[module] = _SavedFSDPMethods(group.pre_backward, group.post_backward)
+        group.pre_backward = tracker._fsdp_param_group_pre_backward(module, group.pre_backward)
+        group.post_backward = tracker._fsdp_param_group_post_backward(module, group.post_backward)
+    for buffer in tracker._root_mod.buffers():
+        tracker._update_and_maybe_create_winfos(buffer, R.BUFFER)
+
+
+def _restore_hooks(tracker):
+    """Undo ``_instrument_keeping_groups``: FSDP's own hooks back, grouped calls grouped."""
+    for module, saved in tracker._fsdp_mod_to_saved_methods.items():
+        state = module._get_fsdp_state()
+        state._pre_forward_hook_handle.remove()
+        state._post_forward_hook_handle.remove()
+        _forward_hooks(state, state._pre_forward, state._post_forward)
+        state._fsdp_param_group.pre_backward = saved.pre_backward
+        state._fsdp_param_group.post_backward = saved.post_backward
+    tracker._fsdp_mod_to_saved_methods.clear()
+    if tracker._optimizer_hook_handles is not None:
+        for handle in tracker._optimizer_hook_handles:
+            handle.remove()
+        tracker._optimizer_hook_handles = None
 
 
 @contextlib.contextmanager
@@ -367,19 +443,22 @@ def batch(model: nn.Module, training: sv.Training, seed: int = 1234) -> torch.Te
 
 
 def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int,
-             own_batch: bool = False) -> StepTruth:
+             own_batch: bool = False, apply=None) -> StepTruth:
     """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
     then one under the memory tracker (last: it leaves grouped calls' hooks broken).
     ``own_batch``: every rank trains on its own batch (seed 1234 + rank), else all on one.
 
     Needs an initialised process group of ``mesh.world`` ranks (fake or gloo). With
     ``training.sync_outside_fsdp`` the plan is applied by the exported code (``exported_apply``),
-    otherwise by the oracle's ``apply_plan``.
+    otherwise by the oracle's ``apply_plan``; ``apply(model, device_mesh)`` replaces both (calls
+    written by hand; ``plan`` then only names them).
     """
     from shardviz.oracle import device_mesh
 
     dmesh = device_mesh(mesh)
-    if training.sync_outside_fsdp:
+    if apply is not None:
+        apply(model, dmesh)
+    elif training.sync_outside_fsdp:
         exported_apply(model, plan, mesh, training)(model, dmesh)
     else:
         apply_plan(model, plan, dmesh, training=training)
@@ -443,11 +522,16 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     return truth
 
 
-def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int) -> StepTruth:
-    """``run_step`` on one rank of torch's fake process group (collectives are no-ops)."""
+def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int, apply=None,
+             inspect=None) -> StepTruth:
+    """``run_step`` on one rank of torch's fake process group (collectives are no-ops);
+    ``inspect(model)`` runs on the trained model before the process group goes."""
     model = build()
     with fake_process_group(rank, mesh.world):
-        return run_step(model, plan, mesh, training, rank)
+        truth = run_step(model, plan, mesh, training, rank, apply=apply)
+        if inspect is not None:
+            inspect(model)
+        return truth
 
 
 # ---------------------------------------------------------------------------
@@ -540,10 +624,12 @@ def reference_params(build, training: sv.Training, world: int) -> dict:
 PEAK_TOLERANCE = 0.10
 
 
-def memory_mismatches(analysis, truth: StepTruth, exact_peak: bool = True, peak_slack: int = 0) -> list[str]:
-    """Every byte-exact column that differs from torch, and the peak when it differs (by more than
-    ``peak_slack`` bytes; by more than ``PEAK_TOLERANCE`` with ``exact_peak=False``, for the cases
-    docs/cost-model.md lists as limits).
+def memory_mismatches(analysis, truth: StepTruth, exact_peak: bool = True, peak_offset: int = 0,
+                      peak_slack: int = 0) -> list[str]:
+    """Every byte-exact column that differs from torch, and the peak when it is not torch's plus
+    exactly ``peak_offset`` bytes (the deviations docs/cost-model.md lists as limits), give or take
+    ``peak_slack`` bytes (real processes free collective buffers at varying moments), or with
+    ``exact_peak=False`` when it differs by more than ``PEAK_TOLERANCE``.
 
     On a CPU-only run every tensor lives on the CPU, so the tracker's optimizer states include
     Adam's ``step`` scalars that the prediction files under ``cpu_optimizer``.
@@ -559,10 +645,10 @@ def memory_mismatches(analysis, truth: StepTruth, exact_peak: bool = True, peak_
     }
     out = [f"rank {truth.rank} {k}: predicted {p}, torch {t}" for k, (p, t) in pairs.items() if int(p) != int(t)]
     peak = int(row.peak + row.cpu_optimizer)
-    if abs(peak - truth.state_peak) > peak_slack if exact_peak else abs(peak / truth.state_peak - 1) > PEAK_TOLERANCE:
-        out.append(f"rank {truth.rank} peak: predicted {peak}, torch {truth.state_peak} "
-                   f"({peak - truth.state_peak:+d} B, {peak / truth.state_peak - 1:+.1%}); "
-                   f"torch at its peak: {truth.state_peak_snap}")
+    if abs(peak - truth.state_peak - peak_offset) > peak_slack if exact_peak else abs(peak / truth.state_peak - 1) > PEAK_TOLERANCE:
+        expected = f" (expected torch's {peak_offset:+d} bytes)" if peak_offset else ""
+        out.append(f"rank {truth.rank} peak: predicted {peak}, torch {truth.state_peak}{expected} "
+                   f"({peak - truth.state_peak:+d} B, {peak / truth.state_peak - 1:+.1%}); torch at its peak: {truth.state_peak_snap}")
     return out
 
 
@@ -598,4 +684,58 @@ def comm_mismatches(analysis, truth: StepTruth) -> list[str]:
     for k in set(seen_total) | set(predicted_total):
         if seen_total[k] != predicted_total[k]:
             out.append(f"torch issued {k} totalling {seen_total[k]} bytes, predicted {predicted_total[k]}")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The peak breakdown (a.peak_breakdown(), drawn by the widget, the report and compare) against the
+# tracker's categories at its peak
+# ---------------------------------------------------------------------------
+# shardviz kind(s) -> FSDPMemTracker categories. Whole parameters (ignored or under no call) are
+# handed to the tracker as Unsharded Param (see run_step), so they share that category with FSDP's
+# unsharded parameters; gradients are sharded or unsharded; FSDP's buffers are the all-gather and
+# reduce-scatter ones; CPU-only runs keep Adam's step scalars (cpu_optimizer) with the states.
+BREAKDOWN_TO_TRACKER = {
+    ("sharded params",): ("Sharded Param",),
+    ("whole params", "unsharded params"): ("Unsharded Param",),
+    ("buffers",): ("Buffer",),
+    ("optimizer states", "cpu optimizer"): ("OptState",),
+    ("gradients",): ("Sharded Grad", "Unsharded Grad"),
+    ("communication buffers",): ("All Gather", "Reduce Scatter"),
+}
+ACTIVATION_KINDS = (("activations", "temporaries"), ("Activation", "Temp", "Inputs"))
+
+
+def breakdown_mismatches(analysis, truth: StepTruth, rank: int, activations: bool, slack: int = 0,
+                         post_forward_shards: bool = False) -> list[str]:
+    """Each kind of ``analysis.peak_breakdown(rank)`` against the tracker's categories at its peak:
+    the state peak's snapshot (``activations=False``: shardviz then has no activations or
+    temporaries there) or the peak of everything (``activations=True``: activations and
+    temporaries together within ``slack`` bytes, the case's pinned deviation). The harness files an
+    int ``reshard_after_forward``'s post-forward shards under Sharded Param, shardviz under
+    unsharded params: with ``post_forward_shards`` all parameters are compared together."""
+    ours = dict(analysis.peak_breakdown(rank))
+    mapped = {k for kinds in (*BREAKDOWN_TO_TRACKER, ACTIVATION_KINDS[0]) for k in kinds} - {"cpu optimizer"}
+    assert set(ours) == mapped, f"kinds without a tracker category: {sorted(set(ours) ^ mapped)}"
+    row = analysis.memory.iloc[rank]
+    assert sum(ours.values()) == int(row.peak)  # the breakdown is the peak
+    ours["cpu optimizer"] = int(row.cpu_optimizer)
+    snap = truth.peak_snap if activations else truth.state_peak_snap
+    pairs = dict(BREAKDOWN_TO_TRACKER)
+    if post_forward_shards:
+        del pairs[("sharded params",)], pairs[("whole params", "unsharded params")]
+        pairs[("sharded params", "whole params", "unsharded params")] = ("Sharded Param", "Unsharded Param")
+    out = []
+    for kinds, categories in pairs.items():
+        p, t = sum(ours[k] for k in kinds), sum(snap.get(c, 0) for c in categories)
+        if p != t:
+            out.append(f"rank {rank} {' + '.join(kinds)}: predicted {p}, torch {' + '.join(categories)} {t}")
+    kinds, categories = ACTIVATION_KINDS
+    p = sum(ours[k] for k in kinds)
+    if activations:
+        t = sum(snap.get(c, 0) for c in categories)
+        if p - t != slack:
+            out.append(f"rank {rank} activations + temporaries: predicted {p}, torch {t} ({p - t:+d}, pinned {slack:+d})")
+    elif p:
+        out.append(f"rank {rank}: no batch, yet the breakdown has {p} bytes of activations and temporaries")
     return out

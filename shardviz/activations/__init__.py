@@ -36,13 +36,18 @@ the output object dropped, ``loss.backward()``; other modules ``example_inputs(b
 The model copy is put in train mode. See ``docs/activations.md`` for the assumptions (attention
 kernel, MoE routing).
 
+The same pass counts the step's FLOPs with torch's ``FlopCounterMode`` (forward, backward,
+recomputation), attributed to modules and spliced over the blocks like the levels (``flops``).
+
 Modules: ``profile`` (the results), ``recorder`` (MemTracker's categorisation, our timeline),
 ``patches`` (where fake tensors trip over model code), ``reduced`` (the copy), ``splice`` (the
-copy's timeline into the full model's), ``stats`` (the numbers per module), ``measure`` (the entry
-point and its cache).
+copy's timeline into the full model's), ``stats`` (the numbers per module), ``flops`` (FLOPs per
+module and per unit), ``measure`` (the entry point and its cache).
 """
 
+from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_flops
 from .measure import clear_cache, measure_activations
 from .profile import ActivationProfile, Event, ModuleActivations
 
-__all__ = ["ActivationProfile", "Event", "ModuleActivations", "clear_cache", "measure_activations"]
+__all__ = ["FLOP_COLUMNS", "ActivationProfile", "Event", "ModuleActivations", "ModuleFlops", "clear_cache",
+           "flop_formulas", "measure_activations", "unit_flops"]

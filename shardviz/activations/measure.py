@@ -12,11 +12,12 @@ from torch import nn
 
 from ..presets import find_blocks
 from ..tree import ModelTree, as_tree
+from .flops import flop_counter, module_flops
 from .patches import fake_friendly, hf_plain_batches, moe_shape, routing_mode
 from .profile import ActivationProfile, Event, strip_wrapper
 from .reduced import ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
-from .stats import module_stats
+from .stats import event_index, last_in_subtree, module_stats
 
 
 # ---------------------------------------------------------------------------
@@ -57,15 +58,19 @@ def _forward(model, example_inputs, batch_size, seq_len):
     return model(input_ids=ids, labels=ids, use_cache=False)
 
 
-def _run_step(reduced, example_inputs, batch_size, seq_len, recorder, routing) -> None:
-    """The user's ordinary step: forward, loss, the output dropped, ``loss.backward()``."""
-    with recorder, hf_plain_batches(), fake_friendly(recorder), routing:
-        out = _forward(reduced, example_inputs, batch_size, seq_len)
+def _run_step(reduced, request, recorder, routing, counter) -> None:
+    """The user's ordinary step: forward, loss, the output dropped, ``loss.backward()``. Modes from
+    the first to see an op: the recorder (it sees the ops as the model issues them), the FLOP
+    counter (what it decomposes to count stays below the recorder), the routing mode (it answers
+    what fake tensors cannot run, after the counter has counted it)."""
+    with routing, counter, recorder, hf_plain_batches(), fake_friendly(recorder):
+        out = _forward(reduced, request.example_inputs, request.batch_size, request.seq_len)
         loss = _loss_of(out)
         del out
         if loss.requires_grad:
             loss.backward()
         del loss
+        recorder.finish()
 
 
 # ---------------------------------------------------------------------------
@@ -200,13 +205,13 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     reduced, keys, block_keys = build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mode)
-    recorder = Recorder(keys, block_keys)
+    counter = flop_counter()
+    recorder = Recorder(keys, block_keys, counter)
     # Categorise the copy's parameters as parameters and their gradients as gradients (not ours).
     handles = recorder.track_params(reduced)
     try:
         with fake_mode:
-            _run_step(reduced, request.example_inputs, request.batch_size, request.seq_len, recorder,
-                      routing_mode(moe))
+            _run_step(reduced, request, recorder, routing_mode(moe), counter)
     finally:
         for h in handles:
             h.remove()
@@ -245,14 +250,16 @@ def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
 def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Measurement, moe):
     """The full model's profile from a measurement of its copy."""
     timeline = splice(measurement.events, lists)
-    modules, peak = module_stats(timeline, set(request.checkpoint), block_saved(measurement.events, lists))
+    idx = event_index(timeline)
+    ends = last_in_subtree(idx)
+    modules, peak = module_stats(timeline, idx, ends, set(request.checkpoint), block_saved(measurement.events, lists))
     pdt = request.param_dtype
     return ActivationProfile(
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
         attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention),
-        measured_blocks=sum(len(lp.reps) for lp in lists),
+        measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )
 

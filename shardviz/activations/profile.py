@@ -25,6 +25,7 @@ class Event(NamedTuple):
     phase: ``"fw"`` or ``"bw"``.
     level: activation bytes alive at the event (a change of level while splicing).
     peak: highest level since the previous event (a change against the previous level while splicing).
+    flops: FLOPs of the operations since the previous event (``FlopCounterMode``'s count).
     """
 
     kind: str
@@ -32,6 +33,7 @@ class Event(NamedTuple):
     phase: str
     level: int
     peak: int
+    flops: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class ActivationProfile:
     attention: the attention kernels torch ran (aten op names), e.g.
         ``_scaled_dot_product_flash_attention_for_cpu``.
     assumptions: notes on what the numbers assume (MoE routing, kernels).
+    module_flops: fqn -> ``ModuleFlops`` (forward, backward, recompute) of the module's own
+        operations, counted by torch's ``FlopCounterMode`` in the same pass (``""``: the root and
+        whatever ran outside every module, e.g. the loss).
     """
 
     batch_size: int
@@ -95,12 +100,23 @@ class ActivationProfile:
     attention: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     measured_blocks: int = 0  # block copies the reduced model ran
+    module_flops: dict = field(default_factory=dict, repr=False)
     _types: dict[str, str] = field(default_factory=dict, repr=False)
     _depths: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def peak_bytes(self) -> int:
         return self.peak[0]
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of the step (one micro-batch on one rank), recomputation included."""
+        return sum(sum(f) for f in self.module_flops.values())
+
+    @property
+    def model_flops(self) -> int:
+        """FLOPs of the step without the recomputation of checkpointed modules."""
+        return sum(f.forward + f.backward for f in self.module_flops.values())
 
     def at(self, fqn: str) -> ModuleActivations:
         """The numbers around module ``fqn`` (``""`` = the root); KeyError if it never ran."""

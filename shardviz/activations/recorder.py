@@ -35,8 +35,10 @@ class Recorder(MemTracker):
     """``MemTracker`` whose module hooks append ``Event``s to a flat timeline instead of
     deep-copying per-module snapshots, and whose per-op peak update is O(1)."""
 
-    def __init__(self, keys: dict[int, object], block_keys: set):
+    def __init__(self, keys: dict[int, object], block_keys: set, flop_counter=None):
         super().__init__()
+        self.flop_counter = flop_counter  # a FlopCounterMode running in the same pass, or None
+        self._flops_seen = 0
         self.keys = keys  # id(module) -> key
         self.block_keys = block_keys
         self.events: list[Event] = []
@@ -85,8 +87,23 @@ class Recorder(MemTracker):
             pending, self._pending = self._pending, None
             before = self.events[-1].level
             self.events.append(Event("gap", pending.key, "fw", before - pending.freed, before))
-        self.events.append(Event(kind, key, phase, lvl, max(self._seg_peak, lvl)))
+        self.events.append(Event(kind, key, phase, lvl, max(self._seg_peak, lvl), self._flops_since()))
         self._seg_peak = lvl
+
+    def finish(self) -> None:
+        """After the step: the FLOPs since the last event (the first block's last weight gradients,
+        whose module events torch never fires when its inputs need no gradient) go to that event."""
+        if self.events:
+            last = self.events[-1]
+            self.events[-1] = last._replace(flops=last.flops + self._flops_since())
+
+    def _flops_since(self) -> int:
+        """FLOPs counted since the previous event."""
+        if self.flop_counter is None:
+            return 0
+        total = self.flop_counter.get_total_flops()
+        done, self._flops_seen = total - self._flops_seen, total
+        return done
 
     def _winfo_ids(self, args) -> set[int]:
         ids = set()

@@ -113,7 +113,7 @@ def _without_lead(run: list[Event], li: int, r: int) -> list[Event]:
     events before the rep's first own change carry no change, the outside ones among them go."""
     mine = [k for k, ev in enumerate(run) if _is_block_event(ev, li) and ev.key[1] == r]
     lead = next((k for k in mine[1:] if run[k].level != 0 or run[k].peak != 0), len(run))
-    return [ev._replace(level=0, peak=0) for ev in run[:lead] if isinstance(ev.key, tuple)] + run[lead:]
+    return [ev._replace(level=0, peak=0, flops=0) for ev in run[:lead] if isinstance(ev.key, tuple)] + run[lead:]
 
 
 def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Event:
@@ -165,18 +165,21 @@ def _outside(evs: list[Event]) -> list[Event]:
 
 
 def _absolute(result: list[Event]) -> list[Event]:
-    """Changes back to absolute levels; dropped events (key None) carry their change forward."""
-    timeline, level, carry_peak = [], 0, None
+    """Changes back to absolute levels; dropped events (key None) carry their change and their
+    FLOPs forward (trailing ones go to the last event)."""
+    timeline, level, carry_peak, carry_flops = [], 0, None, 0
     for ev in result:
         peak = level + ev.peak
         if carry_peak is not None:
             peak = max(peak, carry_peak)
         level += ev.level
         if ev.key is None:
-            carry_peak = peak
+            carry_peak, carry_flops = peak, carry_flops + ev.flops
             continue
-        carry_peak = None
-        timeline.append(ev._replace(level=level, peak=peak))
+        timeline.append(ev._replace(level=level, peak=peak, flops=ev.flops + carry_flops))
+        carry_peak, carry_flops = None, 0
+    if carry_flops and timeline:
+        timeline[-1] = timeline[-1]._replace(flops=timeline[-1].flops + carry_flops)
     return timeline
 
 

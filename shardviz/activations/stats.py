@@ -84,11 +84,10 @@ def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> ModuleA
                              plain, ckpt, is_ck)
 
 
-def module_stats(timeline: list[Event], checkpointed: set[str], block_saved: dict[str, tuple]):
-    """({fqn: ModuleActivations}, (peak bytes, phase, innermost module running then))."""
+def module_stats(timeline: list[Event], idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
+    """({fqn: ModuleActivations}, (peak bytes, phase, innermost module running then)); ``idx``
+    and ``ends``: ``event_index`` and ``last_in_subtree`` of the timeline."""
     lv = _Levels(timeline)
-    idx = event_index(timeline)
-    ends = last_in_subtree(idx)
     out = {fqn: _module_row(fqn, d, lv, ends, checkpointed, block_saved) for fqn, d in idx.items()}
     n = len(timeline)
     if not n:

@@ -8,6 +8,7 @@ O(parameters).
 
 - ``training``: ``Training`` (optimizer, policies, micro-batch);
 - ``params``: per-parameter arrays, sharded and whole parameters;
+- ``walk``: the order modules run in, which places every hook;
 - ``units``: one ``UnitCost`` per call, and where its hooks run;
 - ``state``: resident state, optimizer states, the exported gradient averaging;
 - ``levels``: activation levels around each call (``Analysis`` passes them in);
@@ -17,11 +18,11 @@ O(parameters).
 """
 
 from ..format import format_bytes, worst_rank
-from .levels import ActivationLevels, NoActivations
+from .levels import ActivationLevels, NoActivations, first_run_order
 from .model import CostModel, cost_model
 from .tables import BREAKDOWN, comm_table, memory_table, peak_breakdown
 from .training import OPTIMIZERS, Training
-from .units import UnitCost
+from .units import UnitCost, calls_with_nested_calls
 
 __all__ = ["BREAKDOWN", "OPTIMIZERS", "ActivationLevels", "CostModel", "NoActivations", "Training", "UnitCost",
-           "comm_table", "cost_model", "format_bytes", "memory_table", "peak_breakdown", "worst_rank"]
+           "calls_with_nested_calls", "comm_table", "cost_model", "first_run_order", "format_bytes", "memory_table", "peak_breakdown", "worst_rank"]

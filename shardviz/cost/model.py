@@ -12,6 +12,7 @@ from .simulation import StepResult, simulate_step
 from .state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
 from .training import Training
 from .units import UnitCost, root_post_forwards, unit_costs
+from .walk import execution_walk
 
 
 @dataclass(frozen=True)
@@ -34,17 +35,19 @@ class CostModel:
         return resident + self.resident.grads + self.optimizer.step_temporaries > resident + self.step.peak
 
 
-def cost_model(tree, layout, mesh, training: Training, levels) -> CostModel:
+def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -> CostModel:
     """The cost model of ``layout`` (``fsdp.Layout`` of ``tree``) on ``mesh``; ``levels``: the
-    activation levels of the step (``cost.levels``)."""
+    activation levels of the step (``cost.levels``); ``run_order``: module names in the order a
+    measured step first ran them (None: registration order, ``cost.walk``)."""
     S = mesh.shard
     arr = tree_arrays(tree)
+    walk = execution_walk(tree, run_order)
     policies = [training.unit_defaults(ul.unit) for ul in layout.units]
     sh = sharded_params(arr, layout, policies, S)
     whole = whole_params(arr, layout, sh)
-    units = unit_costs(arr, layout, tree.modules, policies, sh, whole, S, training.with_activations)
+    units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations)
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
-    step = simulate_step(units, root_post_forwards(layout, tree.modules), whole.unmanaged_grads, averaging, levels,
+    step = simulate_step(units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
                          S, mesh.replicate)
     return CostModel(mesh, training, units, resident_state(arr, sh, whole, units, S),
                      optimizer_state(training, arr, sh, whole, S), averaging, step)

@@ -49,7 +49,6 @@ class TreeArrays:
     trainable: np.ndarray
     owner: np.ndarray  # preorder index of the first module that registers it
     buffer_bytes: int
-    first_trainable: int  # preorder index of the first module holding a trainable parameter
 
 
 _TREE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -69,8 +68,7 @@ def tree_arrays(tree) -> TreeArrays:
     trainable = np.array([p.requires_grad for p in params], dtype=bool)
     owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
     buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
-    first = int(owner[trainable].min()) if trainable.any() else tree.n_modules
-    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, first)
+    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers)
     _TREE_CACHE[tree] = arrays
     return arrays
 

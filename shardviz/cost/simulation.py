@@ -241,7 +241,7 @@ class StepSimulation:
                 continue  # no pre-backward hook: nothing after it needed a gradient
             events.append(BackwardEvent(u.post_forward, BackwardKind.PRE_BACKWARD, k))
             for part in u.grads_at or ():
-                events.append(BackwardEvent(Position.gradients(part.module), BackwardKind.GRADIENTS, k, part))
+                events.append(BackwardEvent(part.position, BackwardKind.GRADIENTS, k, part))
             if u.in_grad:
                 events.append(BackwardEvent(u.pre_forward, BackwardKind.POST_BACKWARD, k))
         events.sort(key=BackwardEvent.order, reverse=True)

@@ -11,6 +11,7 @@ import numpy as np
 
 from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
 from .training import itemsize
+from .walk import Walk
 
 
 class Edge(IntEnum):
@@ -29,22 +30,23 @@ class Position(NamedTuple):
     inner_first: int = 0  # LEAVE: minus the depth, so that the inner of two modules ending together leaves first
 
     @classmethod
-    def enter(cls, module) -> "Position":
-        return cls(module.index, Edge.ENTER)
+    def enter(cls, walk: Walk, m: int) -> "Position":
+        return cls(walk.enter[m], Edge.ENTER)
 
     @classmethod
-    def leave(cls, module) -> "Position":
-        return cls(module.subtree_end, Edge.LEAVE, -module.depth)
+    def leave(cls, walk: Walk, m: int) -> "Position":
+        return cls(walk.end[m], Edge.LEAVE, -walk.depth[m])
 
     @classmethod
-    def gradients(cls, module_index: int) -> "Position":
-        return cls(module_index, Edge.GRADIENTS)
+    def gradients(cls, walk: Walk, m: int) -> "Position":
+        return cls(walk.enter[m], Edge.GRADIENTS)
 
 
 class GradientsAt(NamedTuple):
     """Part of a call's gradients: those of the parameters one module owns."""
 
-    module: int  # preorder index of the owning module
+    module: int  # tree index of the owning module
+    position: Position  # where autograd computes them
     unsharded: int  # unsharded gradient bytes (param dtype)
     whole: int  # gradients of trainable whole parameters
 
@@ -68,7 +70,7 @@ class UnitCost:
     cast: bool  # reduce dtype differs from the original: the sharded gradients are a new buffer
     unsharded_grads: int  # what autograd computes for the unsharded parameters (unpadded, param dtype)
     whole_grads: int  # gradients of trainable whole parameters under this call
-    first: int  # preorder index of its first module
+    first: int  # tree index of its first module (registration order: the final callback's)
     pre_forward: Position  # its pre-forward (first module entered)
     post_forward: Position  # its post-forward (last module left)
     out_grad: bool  # gets a pre-backward hook: its output needs a gradient
@@ -81,9 +83,20 @@ class UnitCost:
     grads_at: tuple[GradientsAt, ...] | None = None
 
 
-def last_module(modules, indices):
+def first_module(walk: Walk, indices) -> int:
+    """The module whose start begins the call: the first one forward enters."""
+    return min(indices, key=lambda m: walk.enter[m])
+
+
+def last_module(walk: Walk, indices) -> int:
     """The module whose return ends the call: the last subtree to end, the outermost on a tie."""
-    return max((modules[m] for m in indices), key=lambda m: (m.subtree_end, -m.depth))
+    return max(indices, key=lambda m: (walk.end[m], -walk.depth[m]))
+
+
+def first_trainable(arr, walk: Walk) -> int:
+    """Where forward enters the first module holding a trainable parameter (past the end: none)."""
+    owners = arr.owner[arr.trainable]
+    return min((walk.enter[o] for o in owners.tolist()), default=len(walk.enter))
 
 
 def roots(layout, modules) -> list[int]:
@@ -108,13 +121,14 @@ def roots(layout, modules) -> list[int]:
     return root_of
 
 
-def root_post_forwards(layout, modules) -> list[tuple[Position, int]]:
+def root_post_forwards(layout, walk: Walk) -> list[tuple[Position, int]]:
     """(post-forward position, plan unit index) of every root call: ``FSDPState._post_forward``
     of a root frees its context's last all-gather output."""
-    return [(Position.leave(last_module(modules, ul.modules)), ul.index) for ul in layout.units if ul.is_root]
+    return [(Position.leave(walk, last_module(walk, ul.modules)), ul.index) for ul in layout.units if ul.is_root]
 
 
-def _calls_with_nested_calls(layout, modules) -> set[int]:
+def calls_with_nested_calls(layout, modules) -> set[int]:
+    """Plan unit indices of the calls with other calls nested inside them."""
     calls = set()
     for ul in layout.units:
         for m in ul.modules:
@@ -125,13 +139,13 @@ def _calls_with_nested_calls(layout, modules) -> set[int]:
     return calls
 
 
-def gradient_positions(arr, layout, modules, sh: ShardedParams, whole: WholeParams,
+def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whole: WholeParams,
                        every_call: bool) -> dict[int, tuple[GradientsAt, ...]]:
     """Per call, its gradients by the module that owns the parameters, where backward needs to see
     them appear one module at a time: in a call with other calls nested inside it (their backward
     runs in between), and in every call when activations are counted (``every_call``: each
     gradient appears while its module's backward runs, at that module's activation level)."""
-    calls = None if every_call else _calls_with_nested_calls(layout, modules)
+    calls = None if every_call else calls_with_nested_calls(layout, modules)
     if calls is not None and not calls:
         return {}
     trained = sh.trainable
@@ -151,7 +165,7 @@ def gradient_positions(arr, layout, modules, sh: ShardedParams, whole: WholePara
     wg_at = sum_per_unit(inverse, wg[keep], len(pairs))
     out: dict[int, list] = {}
     for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
-        out.setdefault(u, []).append(GradientsAt(module, a, b))
+        out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
     return {u: tuple(v) for u, v in out.items()}
 
 
@@ -212,30 +226,30 @@ def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
                 sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig)
 
 
-def unit_costs(arr, layout, modules, policies, sh: ShardedParams, whole: WholeParams, shard: int,
+def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
                with_activations: bool) -> list[UnitCost]:
     """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
     group, no buffers, no collectives)."""
     sums = _per_unit(sh, policies, shard)
     root_of = roots(layout, modules)
-    grads_at = gradient_positions(arr, layout, modules, sh, whole, every_call=with_activations)
+    grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
+    trainable_from = first_trainable(arr, walk)
     out = []
     for ul in layout.units:
         i = ul.index
         if not sums.n_params[i]:
             continue
-        first = modules[min(ul.modules)]
-        last = last_module(modules, ul.modules)
+        first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
         out.append(UnitCost(
             unit=i, name=ul.unit.name, reshard=ul.reshard_after_forward, offload=policies[i].offload,
             gather=int(sums.gather[i]), staged=int(sums.staged[i]), gather_dtype=sums.gather_dtype[i],
             **_reduction(sums, i, policies[i], shard),
             unsharded_grads=int(sums.unsharded_grads[i]), whole_grads=int(whole.grads_per_unit[i]),
-            first=first.index, pre_forward=Position.enter(first), post_forward=Position.leave(last),
+            first=min(ul.modules), pre_forward=Position.enter(walk, first), post_forward=Position.leave(walk, last),
             # autograd: a call's output needs a gradient when a trainable parameter ran before it
             # ends (FSDPState._register_pre_backward_hook), its input when one ran before it starts
-            # (FSDPParamGroup._register_post_backward_hook); module order stands in for data flow
-            out_grad=arr.first_trainable < last.subtree_end, in_grad=arr.first_trainable < first.index,
+            # (FSDPParamGroup._register_post_backward_hook); the order modules run stands in for data flow
+            out_grad=trainable_from < walk.end[last], in_grad=trainable_from < walk.enter[first],
             root=root_of[i], modules=tuple(ul.modules), grads_at=grads_at.get(i),
         ))
     return out

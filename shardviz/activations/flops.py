@@ -1,0 +1,162 @@
+"""FLOPs of the step: counted by torch's ``FlopCounterMode`` in the pass that measures the
+activations, attributed to the module running when each op ran, spliced over the blocks with the
+levels, then summed per module and per ``fully_shard`` call (unit)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .profile import Event
+
+_OPENS = {"pre_fw": "forward", "pre_bw": "backward", "pre_rc": "recompute"}
+_CLOSES = {"post_fw": "forward", "post_bw": "backward", "post_rc": "recompute"}
+
+
+class ModuleFlops(NamedTuple):
+    """FLOPs of one module's own operations (its submodules' are theirs) in one step: its forward,
+    its backward, and the forward recomputed in backward when it is checkpointed."""
+
+    forward: int = 0
+    backward: int = 0
+    recompute: int = 0
+
+
+def _raw(formula):
+    """One of torch's registered (shape-wrapped) formulas, for ``custom_mapping`` as it is."""
+    def count(*args, **kwargs):
+        return formula(*args, **kwargs)
+    count._get_raw = True
+    return count
+
+
+def _grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """``_grouped_mm`` (MoE experts): torch has no formula. Every output row of every group is a
+    dot product over the contracted size: 2 x a's elements x b's last size, for 2-D/3-D operands
+    alike (2-D x 2-D, the weight gradient, contracts over the ragged token dimension)."""
+    numel = 1
+    for s in a_shape:
+        numel *= s
+    return 2 * numel * b_shape[-1]
+
+
+def flop_formulas() -> dict:
+    """``FlopCounterMode(custom_mapping=...)``: the ops torch's registry misses on the CPU the
+    measurement runs on. The CPU flash attention counts as torch counts flash attention (the
+    same formula: what a GPU runs); ``_grouped_mm`` by ``_grouped_mm_flop``."""
+    import torch
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    out = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _raw(flop_registry[aten._scaled_dot_product_flash_attention]),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            _raw(flop_registry[aten._scaled_dot_product_flash_attention_backward]),
+    }
+    if hasattr(aten, "_grouped_mm"):
+        out[aten._grouped_mm] = _grouped_mm_flop
+    return out
+
+
+class _GlobalOnly:
+    """In place of ``FlopCounterMode``'s module tracker: every count goes to "Global" only. The
+    tracker's backward hooks hold gradients until all of a module's have arrived, which would
+    change the memory measured in the same pass; the events attribute FLOPs to modules instead."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def flop_counter():
+    """torch's ``FlopCounterMode`` with ``flop_formulas``, silent, counting the step's total."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
+    counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
+def _spans(timeline: list[Event], ends: dict[str, int]) -> list[tuple[int, int, str, str]]:
+    """(open, close, fqn, phase) of every module's forward, backward and recomputation, each close
+    matched with the latest open of the same module and kind. Opens left unmatched are instants,
+    not spans (the next block's first events, spliced at the end of a run with no change); a
+    backward torch never closes (none of the module's inputs requires grad) ends with its subtree."""
+    opened: dict[tuple[str, str], list[int]] = {}
+    spans = []
+    for j, ev in enumerate(timeline):
+        if ev.kind in _OPENS:
+            opened.setdefault((ev.key, _OPENS[ev.kind]), []).append(j)
+        elif ev.kind in _CLOSES and opened.get((ev.key, _CLOSES[ev.kind])):
+            spans.append((opened[(ev.key, _CLOSES[ev.kind])].pop(), j, ev.key, _CLOSES[ev.kind]))
+    closed = {span[2] for span in spans if span[3] == "backward"}
+    for (fqn, phase), starts in opened.items():
+        if phase == "backward" and starts and fqn not in closed:
+            spans.append((starts[-1], ends.get(fqn, starts[-1]), fqn, phase))
+    return [s for s in spans if s[1] > s[0]]  # an instant holds no operation
+
+
+def module_flops(timeline: list[Event], ends: dict[str, int]) -> dict[str, ModuleFlops]:
+    """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module). The FLOPs an
+    event carries ran since the previous event: they belong to the innermost (shortest) span
+    running then, in its phase (torch opens a module's backward and its parent's at one instant:
+    the order they open in does not say which is inside)."""
+    opens: dict[int, list] = {}
+    closes: dict[int, list] = {}
+    for span in _spans(timeline, ends):
+        opens.setdefault(span[0], []).append(span)
+        closes.setdefault(span[1], []).append(span)
+    totals: dict[tuple[str, str], int] = {}
+    running: list[tuple] = []
+    for j, ev in enumerate(timeline):
+        if ev.flops:
+            inner = min(running, key=lambda span: span[1] - span[0], default=None)
+            owner = inner[2:] if inner else ("", "backward" if ev.phase == "bw" else "forward")
+            totals[owner] = totals.get(owner, 0) + ev.flops
+        for span in closes.get(j, ()):
+            running.remove(span)
+        running.extend(opens.get(j, ()))
+    out: dict[str, ModuleFlops] = {}
+    for (fqn, phase), n in totals.items():
+        f = out.get(fqn, ModuleFlops())
+        out[fqn] = f._replace(**{phase: getattr(f, phase) + n})
+    return out
+
+
+def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:
+    """The unit whose module is ``fqn`` or its nearest ancestor (None: outside every unit)."""
+    parts = fqn.split(".") if fqn else []
+    for k in range(len(parts), -1, -1):
+        u = unit_modules.get(".".join(parts[:k]))
+        if u is not None:
+            return u
+    return None
+
+
+FLOP_COLUMNS = ("unit", "forward_flops", "backward_flops", "recompute_flops")
+
+
+def unit_flops(profile, units) -> list[dict]:
+    """One row per unit (``sv.Unit``s: ``name``, ``modules``) in forward order, its modules' own
+    FLOPs summed (a nested unit's are its own): unit, forward_flops, backward_flops,
+    recompute_flops; a last row with unit None for FLOPs outside every unit, if any."""
+    unit_modules = {m: i for i, u in enumerate(units) for m in u.modules}
+    sums = [[0, 0, 0] for _ in units]
+    outside = [0, 0, 0]
+    for fqn, f in profile.module_flops.items():
+        u = unit_of(fqn, unit_modules)
+        row = sums[u] if u is not None else outside
+        for k, n in enumerate(f):
+            row[k] += n
+    first = {}
+    for j, ev in enumerate(profile.timeline):
+        if ev.kind == "pre_fw" and ev.key in unit_modules:
+            first.setdefault(unit_modules[ev.key], j)
+    order = sorted(range(len(units)), key=lambda i: first.get(i, len(profile.timeline)))
+    rows = [(units[i].name, *sums[i]) for i in order]
+    if any(outside):
+        rows.append((None, *outside))
+    return [dict(zip(FLOP_COLUMNS, r)) for r in rows]
