@@ -91,12 +91,12 @@ def _needs_grad(tree) -> frozenset:
 
 def _unit_flops(a) -> tuple[list[str], dict, dict]:
     """Forward order of the units, FLOPs per unit, and the totals, from ``a.flops``."""
-    order, flops = [], {}
-    for row in a.flops.itertuples(index=False):
-        name = OUTSIDE if row.unit is None or (isinstance(row.unit, float) and math.isnan(row.unit)) else row.unit
+    order, flops, table = [], {}, a.flops
+    columns = [table[c].tolist() for c in ("unit", "forward_flops", "backward_flops", "recompute_flops")]
+    for unit, forward, backward, recompute in zip(*columns):
+        name = OUTSIDE if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
         order.append(name)
-        flops[name] = {"forward": float(row.forward_flops), "backward": float(row.backward_flops),
-                       "recompute": float(row.recompute_flops)}
+        flops[name] = {"forward": float(forward), "backward": float(backward), "recompute": float(recompute)}
     totals = {"flops": sum(sum(f.values()) for f in flops.values()),
               "model_flops": sum(f["forward"] + f["backward"] for f in flops.values())}
     return order, flops, totals
@@ -158,8 +158,8 @@ def optimizer_bytes(a) -> int:
     """Bytes the optimizer step reads and writes on the worst rank: the trainable shards (read and
     written), their gradients (read), the optimizer states (read and written)."""
     mem = a.memory
-    worst = mem.loc[mem["peak"].idxmax()]
-    return int(3 * int(worst["grads"]) + 2 * int(worst["optimizer"]))
+    worst = int(mem["peak"].to_numpy().argmax())
+    return int(3 * int(mem["grads"].to_numpy()[worst]) + 2 * int(mem["optimizer"].to_numpy()[worst]))
 
 
 def _no_sync(u: UnitTime) -> UnitTime:
