@@ -23,7 +23,8 @@ OUTSIDE = "(outside FSDP)"
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
 STEP_KEYS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "exposed_comm_s", "compute_s", "flops", "model_flops",
-             "grad_accum", "step_time_sync_every_s", "tokens_per_s_sync_every", "device", "dtype", "reason")
+             "grad_accum", "step_time_sync_every_s", "tokens_per_s_sync_every", "step_time_sync_last_s",
+             "tokens_per_s_sync_last", "device", "dtype", "reason")
 
 #: Host <-> device copies of CPU offload (GB/s, one direction, per GPU): the PCIe link of each
 #: ``DEVICES`` row (Gen4 x16: 32, Gen5 x16: 64, the datasheets of docs/step-time.md); other devices: 32.
@@ -197,27 +198,34 @@ def step_time(a) -> StepTime:
     offload = a.training.offload
     opt_s = 0.0 if offload else optimizer_seconds(optimizer_bytes(a), device, eff)
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s))
-    quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None) if k > 1 else last
+    # the exported averager of ignored gradients runs at the end of every backward, synced or not
+    quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None,
+                          extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
     every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
-    step_s = (k - 1) * quiet.step_time_s + last.step_time_s
+    sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s
+    sync_every = bool(getattr(a.training, "sync_every_microbatch", False))
+    step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
     tokens = a.training.batch_size * a.training.seq_len * k
     peak = device.peak_flops(dtype)
     step = {
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,
         "mfu": totals["model_flops"] * k / (step_s * peak), "hfu": totals["flops"] * k / (step_s * peak),
-        "exposed_comm_s": (k - 1) * quiet.exposed_comm_s + last.exposed_comm_s,
-        "compute_s": (k - 1) * quiet.compute_s + last.compute_s,
+        "exposed_comm_s": (k - 1) * between.exposed_comm_s + last.exposed_comm_s,
+        "compute_s": (k - 1) * between.compute_s + last.compute_s,
         "flops": totals["flops"], "model_flops": totals["model_flops"], "grad_accum": k,
         "step_time_sync_every_s": every_s, "tokens_per_s_sync_every": tokens / every_s,
+        "step_time_sync_last_s": sync_last_s, "tokens_per_s_sync_last": tokens / sync_last_s,
         "device": device.name, "dtype": dtype, "reason": None,
     }
     notes = [f"{device.name}: {peak / 1e12:g} TFLOPS {dtype} peak x matmul efficiency {eff.matmul:g}; collectives "
              f"at the link bandwidth x {eff.collective_bus:g}; optimizer over HBM at {device.hbm_gbps:g} GB/s x {eff.hbm:g}"]
     if offload:
         notes.append("CPU offload: the optimizer step runs on the host and is not timed")
-    if k > 1:
+    if k > 1 and not sync_every:
         notes.append(f"{k} micro-batches, the first {k - 1} under set_requires_gradient_sync(False) (no reduction)")
+    elif k > 1:
+        notes.append(f"{k} micro-batches, each one reducing (sync_every_microbatch)")
     return StepTime(last, step, tuple(notes))
 
 
