@@ -170,6 +170,20 @@ def _no_sync(u: UnitTime) -> UnitTime:
     return replace(u, reduce_scatter_s=None, all_reduce_s=None, d2h_s=0.0)
 
 
+def _one_micro_batch(comm, k: int, training):
+    """The comm table of one micro-batch. Every row is issued once per micro-batch (all-gathers,
+    the averager of ignored gradients) or once per reducing micro-batch (reduce-scatter, HSDP
+    all-reduce); a table that counts them over the whole step (``count`` k or the number of
+    reducing micro-batches) is divided back."""
+    if k <= 1:
+        return comm
+    syncs = k if getattr(training, "sync_every_microbatch", False) else 1
+    per = [k if (c == "all_gather" or u is None or u != u) else syncs
+           for c, u in zip(comm["collective"].tolist(), comm["unit"].tolist())]
+    counts = [n // d if n >= d and n % d == 0 else n for n, d in zip(comm["count"].tolist(), per)]
+    return comm.assign(count=counts)
+
+
 def _why_not(a) -> str | None:
     if a.mesh.device is None:
         return "no device: give sv.Mesh(..., device='H100') (or an sv.Device) to time the step"
@@ -190,7 +204,7 @@ def step_time(a) -> StepTime:
     eff = getattr(a.mesh, "efficiency", None) or default_efficiency(device)
     dtype = compute_dtype(a)
     try:
-        comm_s, ignored_s = comm_seconds(a.comm, eff)
+        comm_s, ignored_s = comm_seconds(_one_micro_batch(a.comm, k, a.training), eff)
     except ValueError as e:
         return _unavailable(str(e), k)
     order, flops, totals = _unit_flops(a)

@@ -245,3 +245,17 @@ def test_outside_row_without_a_root_is_timed(model, monkeypatch):
     a = analysis(model)
     row = a.time.set_index("unit").loc[OUTSIDE]
     assert row.forward_s == pytest.approx(5e8 / 1e12) and row.all_gather_forward_s == 0
+
+
+def test_a_comm_table_counted_over_the_step_is_read_per_micro_batch():
+    """h7's accumulation may count a step's collectives over its k micro-batches: read back per micro-batch."""
+    from shardviz.steptime import _one_micro_batch
+
+    comm = pd.DataFrame({"unit": ["b", "b", "b", None], "collective": ["all_gather", "all_gather", "reduce_scatter",
+                                                                       "all_reduce"],
+                         "phase": ["forward", "backward", "backward", "backward"], "count": [4, 4, 1, 4]})
+    last = Accumulating(grad_accum=4)
+    assert _one_micro_batch(comm, 4, last)["count"].tolist() == [1, 1, 1, 1]
+    every = Accumulating(grad_accum=4, sync_every_microbatch=True)
+    assert _one_micro_batch(comm.assign(count=[4, 4, 4, 4]), 4, every)["count"].tolist() == [1, 1, 1, 1]
+    assert _one_micro_batch(comm.assign(count=[1, 1, 1, 1]), 4, last)["count"].tolist() == [1, 1, 1, 1]  # per micro-batch already
