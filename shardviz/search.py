@@ -567,9 +567,9 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
                        inter_node_gbps=mesh.inter_node_gbps or DEFAULT_GBPS[1])
         notes.append(f"links assumed: {mesh.intra_node_gbps:g} GB/s inside a node of {mesh.ranks_per_node}, "
                      f"{mesh.inter_node_gbps:g} GB/s across nodes")
-    if not hasattr(Analysis, "step"):
+    if mesh.device is None or training.batch_size is None:  # a.step has no time: the stand-in
         notes.append(f"step_time_s: the collectives one after another plus CPU offload copies at {HOST_GBPS:g} GB/s, "
-                     "no compute (a stand-in until the step-time model)")
+                     "no compute (give Mesh(device=...) and Training(batch_size=...) for FSDP2's step time, a.step)")
     tree = as_tree(model)
     if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
         raise ValueError("search: activations are measured by running the model: pass the nn.Module")

@@ -366,7 +366,8 @@ function drawChart(el, kind, payload, title) {
 
 // the step's timeline (views.timeline_payload): one lane per stream, a bar per event; the compute
 // stream's waits on communication (exposed) drawn in red on the compute lane
-const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c6", all_gather: "sv-c1", reduce_scatter: "sv-c4", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
+// the same colours as steptime.timeline_figure (plotly); red is kept for the waits
+const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c4", all_gather: "sv-c6", reduce_scatter: "sv-c7", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
 function fmtSeconds(x) {
   if (x >= 0.1 || x === 0) return `${x.toFixed(3)} s`;
   return x >= 1e-4 ? `${(x * 1e3).toFixed(2)} ms` : `${(x * 1e6).toFixed(1)} µs`;

@@ -54,8 +54,10 @@ def test_report_opens_offline_with_charts(tmp_path, chromium_browser, world):
 
     context, page, requests, errors = open_offline(chromium_browser, path)
     charts = page.locator(".sv-report-chart")
-    assert charts.count() == 3  # memory per rank, traffic, layouts compared
-    assert [charts.nth(i).get_attribute("data-kind") for i in range(3)] == ["memory", "traffic", "memory"]
+    assert charts.count() == 4  # memory per rank, traffic, layouts compared, the step timeline
+    assert [charts.nth(i).get_attribute("data-kind") for i in range(4)] == ["memory", "traffic", "memory", "timeline"]
+    # no device given: the timeline says why instead of drawing invented times
+    assert "no device" in charts.nth(3).locator(".sv-timeline-none").inner_text()
     for i in range(3):
         assert charts.nth(i).locator("rect.sv-seg").count() > 0  # bars drawn, not just axes
     # one unit per chart, picked for the chart (a tiny model reads KiB, never "500μ GiB")
