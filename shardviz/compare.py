@@ -83,7 +83,7 @@ class Comparison:
 
     def memory_payload(self) -> dict:
         """The memory chart's data with one bar per layout (the Inspector's format: ``views.memory_payload``)."""
-        from .widget.views import PART_HELP, PEAK_PARTS, limit_use
+        from .widget.views import PART_HELP, PEAK_PARTS, limit_use, training_text
 
         t, b = self.table, self.breakdown
         limit = next(iter(self.analyses.values())).mesh.device_memory if self.analyses else None
@@ -99,7 +99,9 @@ class Comparison:
                          "optimizer": int(t.at[name, "optimizer"])})
         top = max((bar["peak"] for bar in bars), default=0)
         return {"available": True, "categories": [{"key": k, "label": k, "help": PART_HELP[k]} for k in PEAK_PARTS],
-                "bars": bars, "limit": limit, "max_peak": top, "use": limit_use(top, limit), "n_ranks": len(bars)}
+                "bars": bars, "limit": limit, "max_peak": top, "use": limit_use(top, limit), "n_ranks": len(bars),
+                # one bar per layout: the chart notes each one's peak, and the training they all assume
+                "by_layout": True, "training": training_text(next(iter(self.analyses.values())).training) if self.analyses else ""}
 
     def chart(self):
         """The memory chart of the layouts, drawn like the Inspector's (SVG, follows JupyterLab's theme)."""

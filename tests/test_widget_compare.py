@@ -171,3 +171,13 @@ def test_diff_names_fit_a_narrow_table(model, st):
     for d in st.comparison["diff"]:
         assert d["fqn"].startswith(L0 + ".") and d["fqn"] == f"{L0}.{d['fqn_short']}"
         assert (d["where_a"], d["where_b"]) == ("sharded in layers.0", "ignored")
+
+
+def test_compare_chart_notes_every_layout_and_its_training(model):
+    """sv.compare(...).chart(): one bar per layout, so the chart notes each layout's peak (not only the
+    worst one's) and says which training the numbers assume."""
+    cmp = sv.compare(model, {f"LoRA {x}": sv.Plan.auto(model, lora=x) for x in ("ignored", "sharded")}, mesh=MESH,
+                     training=DEFAULT_TRAINING)
+    payload = cmp.memory_payload()
+    assert payload["by_layout"] is True and [b["label"] for b in payload["bars"]] == ["LoRA ignored", "LoRA sharded"]
+    assert payload["training"] == views.training_text(DEFAULT_TRAINING) == "AdamW · bf16 params · fp32 reduce · no batch (model state only)"

@@ -173,7 +173,8 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   memoryEl.dataset.revision = String(mem.revision);
   memoryEl.dataset.peak = String(mem.max_peak);
   memoryEl.append(svg);
-  // legend = breakdown of the worst bar
+  // legend: the breakdown of the worst bar; with one bar per layout (sv.compare) each bar has its
+  // own numbers, so the legend names the parts and a note per layout gives its peak
   const worst = bars.reduce((a, b) => (a && a.peak >= b.peak ? a : b), null);
   if (worst) {
     const legend = h("div", { class: "sv-legend" });
@@ -184,18 +185,20 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
           { class: "sv-legend-item", "data-cat": c.key, title: c.help || c.label },
           h("span", { class: `sv-swatch ${CAT_CLASS[c.key] || ""}` }),
           `${c.label} `,
-          h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
+          mem.by_layout ? null : h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
         ),
       );
     }
-    memoryEl.append(
-      legend,
-      h("div", {
-        class: "sv-chart-note sv-peak-moment",
-        text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` of ${worst.unit}` : ""}${worst.module && worst.module !== worst.unit ? `, activations peak at ${worst.module}` : ""} · after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
-      }),
-    );
+    memoryEl.append(legend, ...(mem.by_layout ? bars : [worst]).map(peakMoment));
+    if (mem.training) memoryEl.append(h("div", { class: "sv-chart-note sv-chart-training", text: `training: ${mem.training}` }));
   }
+}
+
+function peakMoment(b) {
+  return h("div", {
+    class: "sv-chart-note sv-peak-moment",
+    text: `${b.label}: peak ${fmtBytes(b.peak)} in ${b.phase || "?"}${b.unit ? ` of ${b.unit}` : ""}${b.module && b.module !== b.unit ? `, activations peak at ${b.module}` : ""} · after the step: params ${fmtBytes(b.params)}, grads ${fmtBytes(b.grads)}, optimizer ${fmtBytes(b.optimizer)}`,
+  });
 }
 
 function drawTraffic(trafficEl, tr) {

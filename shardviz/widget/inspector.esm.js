@@ -281,13 +281,10 @@ function wireControls(ctx, ctl, showState) {
     send("checkpoint_blocks", { on: c.n_blocks_checkpointed < c.n_blocks });
   });
   ctl.rank.addEventListener("change", () => send("set_rank", { rank: intOrNull(ctl.rank) ?? 0 }, onRefused));
-  const sendMesh = () =>
-    send(
-      "set_mesh",
-      { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0, device_memory: ctl.device.value.trim() },
-      onRefused,
-    );
-  for (const c of [ctl.world, ctl.replicate, ctl.device]) c.addEventListener("change", sendMesh);
+  // each field sends only itself: a shown value ("89.41 GiB") is never sent back rounded
+  const sendRanks = () => send("set_mesh", { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0 }, onRefused);
+  for (const c of [ctl.world, ctl.replicate]) c.addEventListener("change", sendRanks);
+  ctl.device.addEventListener("change", () => send("set_mesh", { device_memory: ctl.device.value.trim() }, onRefused));
   const sendTraining = () =>
     send(
       "set_training",
@@ -316,7 +313,7 @@ function showControls(ctl, c) {
   ctl.replicate.value = String(c.replicate);
   ctl.rank.value = String(c.rank);
   ctl.rank.max = String(c.world - 1);
-  ctl.device.value = text(c.device_gib);
+  ctl.device.value = c.device_text || "";
   ctl.paramDtype.value = c.param_dtype;
   ctl.reduceDtype.value = c.reduce_dtype;
   ctl.optimizer.value = c.optimizer;
@@ -444,6 +441,14 @@ function badge(b) {
 
 function actionBtn(label, cls, title, onclick) {
   return h("button", { class: `sv-btn sv-act ${cls}`, text: label, title, onclick });
+}
+
+// an on/off action: one label, the state shown by its colour (sv-on) and aria-pressed, so the
+// actions column keeps one width
+function toggleBtn(label, on, cls, title, onclick) {
+  const b = actionBtn(label, `${cls}${on ? " sv-on" : ""}`, title, onclick);
+  b.setAttribute("aria-pressed", String(!!on));
+  return b;
 }
 
 // reshard_after_forward of a call; the choices come from Python (controls.raf_choices): the ints
@@ -585,7 +590,7 @@ function moduleActions(send, r, choices) {
   }
   if (r.can_checkpoint) {
     const title = r.checkpointed ? "checkpointed (checkpoint_wrapper): click to keep its activations instead" : "wrap in checkpoint_wrapper: recompute its activations in backward";
-    out.push(actionBtn(r.checkpointed ? "✓ ckpt" : "ckpt", `sv-act-ckpt${r.checkpointed ? " sv-on" : ""}`, title, () => send("toggle_checkpoint", { fqn })));
+    out.push(toggleBtn("ckpt", r.checkpointed, "sv-act-ckpt", title, () => send("toggle_checkpoint", { fqn })));
   }
   if (r.n_lora > 0) {
     out.push(
@@ -607,7 +612,7 @@ function groupActions(send, id, r, choices) {
   );
   const allCk = r.n_checkpointed === r.count;
   const ckTitle = allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`;
-  out.push(actionBtn(allCk ? "✓ ckpt" : "ckpt", `sv-act-ckpt${allCk ? " sv-on" : ""}`, ckTitle, many(allCk ? "uncheckpoint" : "checkpoint")));
+  out.push(toggleBtn("ckpt", allCk, "sv-act-ckpt", ckTitle, many(allCk ? "uncheckpoint" : "checkpoint")));
   if (r.n_units > 0) {
     const mixed = r.rar === null || r.rar === undefined;
     out.push(rarSelect(choices, r.rar ?? "default", (v) => many("set_reshard_after_forward", { value: v })(), mixed));
@@ -640,12 +645,29 @@ function fitName(el) {
   const room = el.parentElement.clientWidth - (el.offsetLeft - el.parentElement.offsetLeft) - 4;
   const style = getComputedStyle(el);
   measureCanvas.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
-  if (room <= 0 || measureCanvas.measureText(full).width <= room) return;
+  if (room <= 0 || measureCanvas.measureText(full).width <= room) {
+    el.textContent = full;
+    delete el.dataset.shortened;
+    return;
+  }
   let keep = full.length - 1;
   const cut = (k) => `${full.slice(0, Math.ceil(k * 0.4))}…${full.slice(full.length - Math.floor(k * 0.6))}`;
   while (keep > 2 && measureCanvas.measureText(cut(keep)).width > room) keep -= 1;
   el.textContent = cut(keep);
   el.dataset.shortened = "1";
+}
+
+// Redraw (and fit the names again) when the widget gets wider or narrower (the file browser opened
+// or closed) and when the theme changes, which can change the font but not the size.
+function watchWidthAndTheme(el, redraw) {
+  const resized = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(redraw);
+  if (resized) resized.observe(el);
+  const themed = new MutationObserver(() => setTimeout(redraw, 150));
+  themed.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-name", "data-jp-theme-light"] });
+  return () => {
+    if (resized) resized.disconnect();
+    themed.disconnect();
+  };
 }
 
 function treeComponent(ctx) {
@@ -691,6 +713,7 @@ function treeComponent(ctx) {
     });
   }
   scroller.addEventListener("scroll", queue, { passive: true });
+  const unwatch = watchWidthAndTheme(scroller, queue);
 
   function onRows(msg) {
     if (msg.reset) rowsById.clear();
@@ -720,6 +743,7 @@ function treeComponent(ctx) {
   }
   const dispose = () => {
     disposed = true;
+    unwatch();
   };
   return { el, onRows, onReveal, queue, showFilter: filters.show, dispose };
 }
@@ -977,8 +1001,7 @@ function verifyView(v) {
   return out;
 }
 
-function exportPanel(ctx) {
-  const { model, send } = ctx;
+function exportToolbar(model, send) {
   const versionSel = selectOf(
     "sv-torch-version",
     "target torch release",
@@ -986,11 +1009,20 @@ function exportPanel(ctx) {
   );
   versionSel.value = model.get("torch_version") || "";
   versionSel.addEventListener("change", () => send("set_torch_version", { version: versionSel.value }));
-  const copyBtn = h("button", { class: "sv-btn sv-copy", text: "copy" });
   const pathInput = h("input", { class: "sv-save-path", type: "text", value: "fsdp_plan.py", "aria-label": "file to save the code to" });
   keepKeysFromLab(pathInput);
-  const saveBtn = h("button", { class: "sv-btn sv-save", text: "save" });
-  const verifyBtn = h("button", { class: "sv-btn sv-verify", text: "verify with torch" });
+  return {
+    versionSel,
+    pathInput,
+    copyBtn: h("button", { class: "sv-btn sv-copy", text: "copy" }),
+    saveBtn: h("button", { class: "sv-btn sv-save", text: "save" }),
+    verifyBtn: h("button", { class: "sv-btn sv-verify", text: "verify with torch" }),
+  };
+}
+
+function exportPanel(ctx) {
+  const { model, send } = ctx;
+  const { versionSel, pathInput, copyBtn, saveBtn, verifyBtn } = exportToolbar(model, send);
   const status = h("div", { class: "sv-export-status" });
   const verifyEl = h("div", { class: "sv-verify-result" });
   const codeEl = h("pre", { class: "sv-code" }, h("code", {}));
