@@ -51,3 +51,19 @@ def test_declared_dependencies():
     hf = {re.split(r"[<>=!\[ ]", d)[0] for d in project["optional-dependencies"]["hf"]}
     assert hf == {"transformers", "peft"}
     assert "ruff" in {re.split(r"[<>=!\[ ]", d)[0] for d in project["optional-dependencies"]["test"]}
+
+
+def test_package_data_ships_the_front_end():
+    """The widget's front end (charts.js, front/*.js, inspector.css) is package data: every file of it
+    matches a glob of pyproject's package-data, or the wheel's Inspector would have no front end."""
+    from fnmatch import fnmatch
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["shardviz"]
+    package = ROOT / "shardviz"
+    shipped = [p.relative_to(package).as_posix() for p in (package / "widget").rglob("*") if p.suffix in (".js", ".css")]
+    assert "widget/front/inspector.js" in shipped and "widget/inspector.css" in shipped
+    assert [f for f in shipped if not any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)] == []

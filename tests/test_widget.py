@@ -19,6 +19,7 @@ import shardviz as sv
 from shardviz import zoo
 from shardviz import views
 from shardviz.widget import Inspector, InspectorState
+from shardviz.widget.inspector import FRONT_FILES
 from shardviz.widget import views as widget_views
 from shardviz.widget.tree_view import MAX_FILTER_ROWS, Folding
 
@@ -793,7 +794,7 @@ def test_protocol_is_defined_once_and_checked_in_python():
     for name in protocol.ACTIONS:
         assert hasattr(InspectorState, name) or name in ("set_tab", "set_torch_version"), name
     # the front end reads the schema from the trait: no list of names of its own
-    esm = (Path(sv.__file__).parent / "widget" / "inspector.esm.js").read_text()
+    esm = _front_end()
     assert "FRONT_END_ACTIONS" not in esm and 'model.get("protocol")' in esm
     assert "model.set(" not in esm and "save_changes" not in esm  # Python writes every trait
 
@@ -845,7 +846,7 @@ def test_exported_code_is_highlighted_in_python_once(ins):
     assert code["html"] == python_html(code["text"]) and code["n_lines"] == len(code["text"].splitlines())
     assert html.unescape(re.sub(r"<[^>]+>", "", code["html"])) == code["text"]  # every character, escaped
     assert code["html"].count('<span class="sv-tok-kw">') > 10
-    esm = (Path(sv.__file__).parent / "widget" / "inspector.esm.js").read_text()
+    esm = _front_end()
     assert "TOKEN_RE" not in esm and "PY_KEYWORDS" not in esm and "c.html" in esm
     assert python_html("def f(): pass") in report._highlight("def f(): pass")
 
@@ -883,11 +884,25 @@ def test_python_api_and_figures(model, ins):
 # ---------------------------------------------------------------------------------------------
 # the shipped front end
 # ---------------------------------------------------------------------------------------------
+def _front_end() -> str:
+    """The front end's files (widget/front/), in the order inspector.py concatenates them."""
+    front = Path(sv.__file__).parent / "widget" / "front"
+    return "\n".join((front / name).read_text() for name in FRONT_FILES)
+
+
 def test_front_end_files_ship_and_fetch_nothing():
     here = Path(sv.__file__).parent / "widget"
-    esm = (here / "inspector.esm.js").read_text()
+    # every file of front/ is concatenated, each once, each under 600 lines, each saying what it holds
+    assert sorted(p.name for p in (here / "front").glob("*.js")) == sorted(FRONT_FILES)
+    assert not (here / "inspector.esm.js").exists()
+    for name in FRONT_FILES:
+        text = (here / "front" / name).read_text()
+        assert text.startswith("// ") and len(text.splitlines()) <= 600, name
+        assert ("export default" in text) == (name == FRONT_FILES[-1]), name
+    esm = _front_end()
     css = (here / "inspector.css").read_text()
     assert "export default" in esm and "function render" in esm
+    assert esm.rstrip().endswith("export default { render };")
     # no imports, no URLs: nothing is fetched at run time (no CDN)
     assert not re.search(r"^\s*import\s", esm, re.MULTILINE)
     assert not re.search(r"\bimport\(", esm)

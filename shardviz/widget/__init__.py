@@ -8,8 +8,8 @@
 - ``views``: the chart and findings payloads, read from ``sv.analyze``, and plotly figures;
 - ``planfile``: the atomically saved, restorable plan file;
 - ``protocol``: the message schema both halves check;
-- ``inspector.Inspector``: one anywidget, controls included (``charts.js`` + ``inspector.esm.js``,
-  ``inspector.css``: shipped files, no build step, no network);
+- ``inspector.Inspector``: one anywidget, controls included (``charts.js`` + ``front/*.js``,
+  one file per component, ``inspector.css``: shipped files, no build step, no network);
 - ``chart.Chart``: one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
 """
 

@@ -1,5 +1,5 @@
 // shardviz charts: one drawing of each chart, shared by the Inspector (concatenated in front of
-// inspector.esm.js) and the standalone HTML report (inlined in a <script>). Plain functions, no
+// the files of front/) and the standalone HTML report (inlined in a <script>). Plain functions, no
 // imports, nothing fetched. They draw the payloads Python computes (shardviz/widget/views.py:
 // memory_payload, traffic_payload, comparison rows); they never compute a number of their own.
 // Colours and text follow JupyterLab's theme variables (light and dark), with fallbacks.

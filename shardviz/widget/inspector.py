@@ -1,10 +1,11 @@
 """``sv.Inspector``: the Jupyter widget, one anywidget.
 
-The front end (``charts.js`` + ``inspector.esm.js`` + ``inspector.css``, shipped in the package:
-no build step, nothing fetched at run time) draws the controls, the module tree, the memory and
-traffic charts (SVG, the same drawing code as the HTML report), the findings, A vs B and the
-export. Every number comes from ``InspectorState`` (``state.py``), which takes them from
-``sv.analyze``; the front end formats them and sends back what the user did.
+The front end (``charts.js`` and the files of ``front/``, concatenated in the order
+``FRONT_FILES`` into one ES module, and ``inspector.css``; shipped in the package: no build step,
+nothing fetched at run time) draws the controls, the module tree, the memory and traffic charts
+(SVG, the same drawing code as the HTML report), the findings, A vs B and the export. Every
+number comes from ``InspectorState`` (``state.py``), which takes them from ``sv.analyze``; the
+front end formats them and sends back what the user did.
 
 One set of traits, written only by Python:
 
@@ -58,9 +59,19 @@ PYTHON_PROPERTIES = ("can_undo", "can_redo", "tree", "memory", "traffic", "timel
                      "comparison", "timings", "messages", "revision")
 
 
+#: The front end's files (``front/``), one per component, concatenated in this order into one ES
+#: module after ``charts.js``: they share top-level names; ``inspector.js`` (``render``,
+#: ``export default``) comes last.
+FRONT_FILES = (
+    "base.js", "summary.js", "controls.js", "tree_rows.js", "tree.js", "compare.js", "findings.js", "export.js",
+    "inspector.js",
+)
+
+
 def _read_esm() -> str:
     # charts.js is the report's chart code too: one drawing of each chart
-    return (HERE / "charts.js").read_text() + "\n" + (HERE / "inspector.esm.js").read_text()
+    front = "\n".join((HERE / "front" / name).read_text() for name in FRONT_FILES)
+    return (HERE / "charts.js").read_text() + "\n" + front
 
 
 class Inspector(anywidget.AnyWidget):

@@ -2,7 +2,7 @@
 
 Defined here once. Python checks every message it receives against it (``check_action``); the
 front end receives the same table as the ``protocol`` trait and checks every message before it
-sends it (``inspector.esm.js``: ``send``), so a name or argument that one side does not know is
+sends it (``front/base.js``: ``send``), so a name or argument that one side does not know is
 refused on both sides (tests/test_widget_protocol_js.py runs both checks on the same messages).
 
 Front end -> Python:
@@ -93,7 +93,7 @@ def _kind_ok(value, kind: str) -> bool:
 def check_action(action, args) -> str | None:
     """None when ``{"action": action, "args": args}`` follows the schema, else why not.
 
-    The front end's ``checkAction`` (inspector.esm.js) gives the same verdict for the same message.
+    The front end's ``checkAction`` (front/base.js) gives the same verdict for the same message.
     """
     if action not in ACTIONS:
         return f"unknown action {action!r}"

@@ -1,0 +1,154 @@
+// controls.js: the mesh, training, rank and history controls, drawn from the "controls" trait.
+// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
+// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+
+// ---------------------------------------------------------------------------------------------
+// controls: drawn here, state from the "controls" trait; every edit is an action
+// ---------------------------------------------------------------------------------------------
+function controlInputs() {
+  const numberInput = (cls, attrs = {}) => h("input", { class: `sv-input ${cls}`, type: "number", ...attrs });
+  return {
+    preset: h("select", { class: "sv-preset", "aria-label": "preset", title: "choosing a preset replaces the plan's calls and ignored parameters (undo goes back); the checkpointing stays" }),
+    undo: h("button", { class: "sv-btn sv-undo", text: "↶ undo", title: "undo the last change of plan, mesh or training" }),
+    redo: h("button", { class: "sv-btn sv-redo", text: "↷ redo" }),
+    ckptBlocks: h("button", { class: "sv-btn sv-ckpt-blocks", text: "checkpoint all blocks" }),
+    rank: numberInput("sv-rank", { min: 0, "aria-label": "rank" }),
+    world: numberInput("sv-world", { min: 1, "aria-label": "world size" }),
+    replicate: numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" }),
+    device: h("input", { class: "sv-input sv-device", type: "text", inputmode: "decimal", placeholder: "no limit", "aria-label": "device memory in GiB" }),
+    paramDtype: h("select", { class: "sv-param-dtype", "aria-label": "param dtype" }),
+    reduceDtype: h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" }),
+    optimizer: h("select", { class: "sv-optimizer", "aria-label": "optimizer" }),
+    offload: h("input", { class: "sv-offload", type: "checkbox", "aria-label": "CPU offload" }),
+    batch: numberInput("sv-batch", { min: 1, placeholder: "none", "aria-label": "batch size" }),
+    seq: numberInput("sv-seq", { min: 1, "aria-label": "sequence length" }),
+    seqNote: h("span", { class: "sv-field-note sv-seq-note" }),
+  };
+}
+
+function controlsLayout(ctl) {
+  const field = (label, input, title) => h("label", { class: "sv-field", title }, h("span", { class: "sv-field-label", text: label }), input);
+  return h(
+    "div",
+    { class: "sv-controls" },
+    h(
+      "div",
+      { class: "sv-controls-row" },
+      field("preset", ctl.preset),
+      ctl.undo,
+      ctl.redo,
+      ctl.ckptBlocks,
+      field("rank", ctl.rank, "the rank whose local shard shapes the tree shows"),
+    ),
+    h(
+      "div",
+      { class: "sv-controls-row" },
+      field("world size", ctl.world),
+      field("HSDP replicate", ctl.replicate, "HSDP: copies of the sharded model (shard size = world / replicate)"),
+      field("device GiB", ctl.device, "device memory per rank: a number of GiB, or a size with its unit (80GiB, 96GB); empty: no limit"),
+      field("param dtype", ctl.paramDtype, "MixedPrecisionPolicy(param_dtype): the dtype parameters are all-gathered and computed in"),
+      field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
+      field("optimizer", ctl.optimizer),
+      field("CPU offload", ctl.offload),
+      field("batch", ctl.batch, "micro-batch per rank; empty: the peak counts the model state only (no activations)"),
+      field("seq len", ctl.seq, "tokens per sample"),
+      ctl.seqNote,
+    ),
+  );
+}
+
+function wireControls(ctx, ctl, showState) {
+  const { send, model } = ctx;
+  const intOrNull = (el) => (el.value.trim() === "" ? null : Math.round(Number(el.value)));
+  const onRefused = (ack) => {
+    if (!ack.ok) showState(); // refused: the control shows the current state again
+  };
+  ctl.preset.addEventListener("change", () => {
+    if (ctl.preset.value) send("apply_preset", { name: ctl.preset.value }, onRefused);
+  });
+  ctl.undo.addEventListener("click", () => send("undo"));
+  ctl.redo.addEventListener("click", () => send("redo"));
+  ctl.ckptBlocks.addEventListener("click", () => {
+    const c = model.get("controls") || {};
+    send("checkpoint_blocks", { on: c.n_blocks_checkpointed < c.n_blocks });
+  });
+  ctl.rank.addEventListener("change", () => send("set_rank", { rank: intOrNull(ctl.rank) ?? 0 }, onRefused));
+  // each field sends only itself: a shown value ("89.41 GiB") is never sent back rounded
+  const sendRanks = () => send("set_mesh", { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0 }, onRefused);
+  for (const c of [ctl.world, ctl.replicate]) c.addEventListener("change", sendRanks);
+  ctl.device.addEventListener("change", () => send("set_mesh", { device_memory: ctl.device.value.trim() }, onRefused));
+  const sendTraining = () =>
+    send(
+      "set_training",
+      {
+        optimizer: ctl.optimizer.value,
+        param_dtype: ctl.paramDtype.value || null,
+        reduce_dtype: ctl.reduceDtype.value || null,
+        offload: ctl.offload.checked,
+        batch_size: intOrNull(ctl.batch),
+        seq_len: intOrNull(ctl.seq) ?? 0,
+      },
+      onRefused,
+    );
+  for (const c of [ctl.paramDtype, ctl.reduceDtype, ctl.optimizer, ctl.offload, ctl.batch, ctl.seq]) c.addEventListener("change", sendTraining);
+  for (const c of Object.values(ctl)) if (c.tagName === "INPUT") keepKeysFromLab(c);
+}
+
+function showControls(ctl, c) {
+  fillSelect(ctl.preset, c.presets || []);
+  ctl.preset.value = c.preset || ""; // the plan's own preset, or "custom or edited plan"
+  fillSelect(ctl.paramDtype, c.dtypes || []);
+  fillSelect(ctl.reduceDtype, c.dtypes || []);
+  fillSelect(ctl.optimizer, c.optimizers || []);
+  const text = (v) => (v === null || v === undefined ? "" : String(v));
+  ctl.world.value = String(c.world);
+  ctl.replicate.value = String(c.replicate);
+  ctl.rank.value = String(c.rank);
+  ctl.rank.max = String(c.world - 1);
+  ctl.device.value = c.device_text || "";
+  ctl.paramDtype.value = c.param_dtype;
+  ctl.reduceDtype.value = c.reduce_dtype;
+  ctl.optimizer.value = c.optimizer;
+  ctl.offload.checked = !!c.offload;
+  ctl.batch.value = text(c.batch_size);
+  ctl.seq.value = text(c.seq_len);
+  ctl.seq.classList.toggle("sv-warn-input", !!c.seq_len_note);
+  ctl.seqNote.textContent = c.seq_len_note ? "⚠ above the model's positions" : "";
+  ctl.seqNote.title = c.seq_len_note || "";
+  ctl.undo.disabled = !c.can_undo;
+  ctl.redo.disabled = !c.can_redo;
+  showCheckpointBlocks(ctl.ckptBlocks, c);
+}
+
+function showCheckpointBlocks(btn, c) {
+  btn.hidden = !c.n_blocks;
+  const all = c.n_blocks && c.n_blocks_checkpointed === c.n_blocks;
+  btn.textContent = all ? `uncheckpoint all ${c.n_blocks} blocks` : `checkpoint all ${c.n_blocks} blocks`;
+  btn.title = c.batch_size
+    ? "wrap every repeated block in checkpoint_wrapper: its activations are recomputed in backward"
+    : "wrap every repeated block in checkpoint_wrapper (activations count once a batch size is given)";
+  btn.classList.toggle("sv-on", !!all);
+}
+
+function controlsComponent(ctx, { onRafChoices }) {
+  const ctl = controlInputs();
+  const el = controlsLayout(ctl);
+  function showState() {
+    const c = ctx.model.get("controls") || {};
+    if (c.world === undefined) return;
+    showControls(ctl, c);
+    el.dataset.revision = String(c.revision);
+  }
+  wireControls(ctx, ctl, showState);
+  let rafKey = "";
+  function render() {
+    showState();
+    // the rows' reshard_after_forward menus list controls.raf_choices: redraw them only when those change
+    const key = JSON.stringify((ctx.model.get("controls") || {}).raf_choices || []);
+    if (key !== rafKey) {
+      rafKey = key;
+      onRafChoices();
+    }
+  }
+  return { el, render };
+}

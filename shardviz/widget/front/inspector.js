@@ -1,0 +1,123 @@
+// inspector.js: the charts panel, the tabs, and render (the anywidget entry point), which builds
+// the components and wires the traits and messages to them. Last: it holds `export default`.
+// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
+// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+
+// ---------------------------------------------------------------------------------------------
+// charts: charts.js draws them (the report uses the same functions)
+// ---------------------------------------------------------------------------------------------
+function chartsPanel(ctx) {
+  const memoryEl = h("div", { class: "sv-memory" });
+  const trafficEl = h("div", { class: "sv-traffic" });
+  const timelineEl = h("div", { class: "sv-timeline" });
+  const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl, timelineEl);
+  return {
+    el,
+    renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
+    renderMemory: () => drawMemory(memoryEl, ctx.model.get("memory") || {}),
+    renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// tabs: the panels under the tree, and the pin buttons of A vs B
+// ---------------------------------------------------------------------------------------------
+const TABS = [
+  ["charts", "Memory & traffic"],
+  ["compare", "A vs B"],
+  ["findings", "Findings"],
+  ["export", "Export"],
+];
+
+function tabsComponent(ctx) {
+  const buttons = TABS.map(([key, label]) => h("button", { class: "sv-tab", "data-tab": key, text: label, onclick: () => open(key) }));
+  const pin = h("button", {
+    class: "sv-btn sv-pin",
+    text: "pin as A",
+    title: "keep the current plan, mesh and training as A; the A vs B tab then compares it with every later change (B)",
+    onclick: () => ctx.send("pin"),
+  });
+  const unpin = h("button", { class: "sv-btn sv-unpin", text: "unpin A", title: "forget A", hidden: true, onclick: () => ctx.send("unpin") });
+  const el = h("div", { class: "sv-tabs" }, h("div", { class: "sv-tablist", role: "tablist" }, buttons), h("span", { class: "sv-pin-box" }, pin, unpin));
+  let panels = [];
+  function show(key) {
+    for (const b of buttons) b.classList.toggle("sv-active", b.dataset.tab === key);
+    for (const p of panels) p.hidden = p.dataset.panel !== key;
+    ctx.root.dataset.tab = key;
+  }
+  function open(key) {
+    show(key);
+    ctx.send("set_tab", { tab: key });
+  }
+  const tabButton = (key) => buttons.find((b) => b.dataset.tab === key);
+  const setPanels = (list) => (panels = list);
+  return { el, show, open, tabButton, setPanels, pinButtons: { pin, unpin } };
+}
+
+// ---------------------------------------------------------------------------------------------
+// render: build the components, then wire the traits and messages to them
+// ---------------------------------------------------------------------------------------------
+function render({ model, el }) {
+  const ctx = makeContext(model);
+  const tabs = tabsComponent(ctx);
+  const summary = summaryComponent(ctx, { openCompare: () => tabs.open("compare") });
+  const messages = messagesComponent(ctx);
+  ctx.onLocalError = messages.localError;
+  const tree = treeComponent(ctx);
+  const controls = controlsComponent(ctx, { onRafChoices: tree.queue });
+  const charts = chartsPanel(ctx);
+  const compare = comparePanel(ctx, { pinButtons: tabs.pinButtons, setTabLabel: (text) => (tabs.tabButton("compare").textContent = text) });
+  const findings = findingsPanel(ctx, { tabButton: tabs.tabButton });
+  const exporter = exportPanel(ctx);
+  tabs.setPanels([charts.el, compare.el, findings.el, exporter.el]);
+  const views = h("div", { class: "sv-views" }, tabs.el, charts.el, compare.el, findings.el, exporter.el);
+  ctx.root = h("div", { class: "sv-inspector" }, summary.el, controls.el, messages.el, tree.el, views);
+  el.append(ctx.root);
+
+  const renderSummary = () => {
+    summary.render();
+    tree.showFilter((model.get("summary") || {}).filter || {});
+  };
+  const onCustom = (msg) => {
+    if (!msg || typeof msg !== "object") return;
+    if (msg.type === "rows") tree.onRows(msg);
+    else if (msg.type === "reveal") tree.onReveal(msg.id);
+    else if (msg.type === "ack") ctx.onAck(msg);
+  };
+  const handlers = [
+    ["msg:custom", onCustom],
+    ["change:summary", () => (renderSummary(), messages.render())],
+    ["change:controls", controls.render],
+    ["change:messages", messages.render],
+    ["change:memory", charts.renderMemory],
+    ["change:traffic", charts.renderTraffic],
+    ["change:timeline", charts.renderTimeline],
+    ["change:findings", findings.render],
+    ["change:comparison", () => (compare.render(), renderSummary())],
+    ["change:code", exporter.renderCode],
+    ["change:verify_result", exporter.renderVerify],
+    ["change:tab", () => tabs.show(model.get("tab"))],
+    ["change:torch_version", exporter.showVersion],
+  ];
+  for (const [ev, fn] of handlers) model.on(ev, fn);
+
+  renderSummary();
+  controls.render();
+  messages.render();
+  charts.renderMemory();
+  charts.renderTraffic();
+  charts.renderTimeline();
+  findings.render();
+  compare.render();
+  exporter.renderCode();
+  exporter.renderVerify();
+  tabs.show(model.get("tab") || "charts");
+  model.send({ type: "hello", req: 0 });
+
+  return () => {
+    tree.dispose();
+    for (const [ev, fn] of handlers) model.off(ev, fn);
+  };
+}
+
+export default { render };

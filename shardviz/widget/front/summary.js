@@ -1,0 +1,120 @@
+// summary.js: the summary line (model, mesh, training, plan, peak, findings, A vs B, plan file)
+// and the messages (errors and notes).
+// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
+// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+
+// ---------------------------------------------------------------------------------------------
+// summary: model, mesh, training, the plan's name, the peak, the findings' counts
+// ---------------------------------------------------------------------------------------------
+function summaryComponent(ctx, { openCompare }) {
+  const el = h("div", { class: "sv-summary" });
+  function render() {
+    const sm = ctx.model.get("summary") || {};
+    el.replaceChildren();
+    if (!sm.model) return;
+    el.append(
+      h("span", { class: "sv-sum-model", text: `${sm.model}` }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
+      h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
+      h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
+      planItem(sm),
+      peakItem(sm),
+      findingsItem(sm),
+    );
+    const pinned = pinnedItem(ctx.model.get("comparison") || {}, openCompare);
+    if (pinned) el.append(pinned);
+    if (sm.plan_file) el.append(planFileItem(sm.plan_file));
+    ctx.root.dataset.revision = String(sm.revision);
+  }
+  return { el, render };
+}
+
+function planItem(sm) {
+  return h(
+    "span",
+    { class: "sv-sum-item sv-sum-plan", title: "the plan's name: the preset it started from, and how many edits since" },
+    h("b", { class: "sv-plan-name", text: sm.plan_name || "custom plan" }),
+    `: ${sm.n_units} calls · ${sm.n_ignored} ignored${sm.n_checkpointed ? ` · ${sm.n_checkpointed} checkpointed` : ""}`,
+  );
+}
+
+function peakItem(sm) {
+  const over = !!(sm.use && sm.use.over);
+  return h(
+    "span",
+    { class: `sv-sum-item sv-sum-peak ${over ? "sv-over" : ""}`, "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank})` },
+    `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
+    sm.use ? ` · ${sm.use.percent_text} of ${fmtBytes(sm.limit)}` : "",
+  );
+}
+
+function findingsItem(sm) {
+  const f = sm.findings_text;
+  if (!f) return h("span", { class: "sv-sum-item sv-muted", text: "checking…" });
+  return h(
+    "span",
+    { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
+    h("span", { class: "sv-sev sv-sev-error", text: f.error }),
+    " ",
+    h("span", { class: "sv-sev sv-sev-warning", text: f.warning }),
+  );
+}
+
+function pinnedItem(cmp, openCompare) {
+  const peak = cmp.pinned && cmp.available ? (cmp.rows || []).find((r) => r.key === "peak") : null;
+  if (!peak) return null;
+  return h("a", {
+    class: "sv-sum-item sv-sum-pinned",
+    href: "#",
+    title: "A is pinned: open the A vs B tab",
+    text: `A vs B: peak ${fmtDelta(peak.delta, "bytes")}, ${cmp.n_diff} params differ`,
+    onclick: (e) => {
+      e.preventDefault();
+      openCompare();
+    },
+  });
+}
+
+function planFileItem(pf) {
+  return h("span", {
+    class: `sv-sum-item sv-planfile ${pf.autosave ? "" : "sv-over"}`,
+    title: pf.path,
+    text: pf.autosave ? `autosave → ${pf.path.split("/").pop()}` : "autosave OFF",
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// messages: the latest errors and notes, and a plan file that stopped saving
+// ---------------------------------------------------------------------------------------------
+function messagesComponent(ctx) {
+  const el = h("div", { class: "sv-messages" });
+  function render() {
+    const msgs = ctx.model.get("messages") || [];
+    const pf = (ctx.model.get("summary") || {}).plan_file;
+    el.replaceChildren();
+    if (pf && !pf.autosave && pf.problem) {
+      el.append(
+        h(
+          "div",
+          { class: "sv-msg sv-msg-error sv-planfile-problem" },
+          h("span", { text: pf.problem }),
+          h("button", { class: "sv-btn sv-overwrite-planfile", text: "overwrite the plan file with the current plan", onclick: () => ctx.send("overwrite_plan_file") }),
+        ),
+      );
+    }
+    const recent = msgs.filter((m) => !(pf && pf.problem && m.text === pf.problem)).slice(-2);
+    for (const m of recent) {
+      const box = h(
+        "div",
+        { class: `sv-msg sv-msg-${m.level}`, "data-id": m.id },
+        h("span", { text: m.text }),
+        h("button", { class: "sv-msg-close", text: "×", title: "dismiss", onclick: () => (box.remove(), ctx.send("dismiss_messages")) }),
+      );
+      el.append(box);
+    }
+  }
+  function localError(text) {
+    el.append(h("div", { class: "sv-msg sv-msg-error sv-local-error" }, h("span", { text })));
+  }
+  return { el, render, localError };
+}
