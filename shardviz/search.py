@@ -17,6 +17,11 @@ its reason:
   on the same layout, mesh and options: the blocks checkpointed with fewer blocks are a subset, so
   more activations are alive at every moment;
 - a micro-batch larger than one with which nothing fits.
+
+The plans that fit are ranked by ``a.step["step_time_s"]`` (the step model, ``steptime.py``: the
+mesh needs a ``device``); ``why`` names the parts of the step that make a plan slower than the one
+above it (recomputation, exposed collectives, offload copies, the optimizer). Without a device there
+is no step time: the search says so in ``note`` and ranks by the collectives' seconds instead.
 """
 
 from __future__ import annotations
@@ -37,9 +42,8 @@ from .tree import ModelTree, as_tree
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
 CHECKPOINTS = ("blocks", "every 2", "every 3", "selective", None)
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
-HOST_GBPS = 25.0  # host <-> device copies of CPU offload (PCIe 4.0 x16), for _step_time_estimate only
 _TRAINING_FIELDS = {f.name for f in fields(Training)}
-COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "why", "lora", "checkpoint",
+COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora", "checkpoint",
            "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed"]
 
 
@@ -76,50 +80,52 @@ class Candidate:
 
 
 # ---------------------------------------------------------------------------
-# Step time
+# Step time: a.step (the step model of steptime.py), or the collectives when there is no device
 # ---------------------------------------------------------------------------
-def _step_time_estimate(a: Analysis, grad_accum: int = 1) -> dict:
-    """TODO(issue 18): a temporary step time until ``Analysis.step`` exists (the lead replaces this
-    one function): the communication time of ``a.comm`` (collectives one after another, no overlap,
-    no compute), plus, with CPU offload, the host-device copies (parameters in forward and backward,
-    gradients back) at ``HOST_GBPS``; once per micro-batch."""
-    comm = float(a.comm.attrs.get("time_per_step_s", float("nan")))
-    step = (comm + _offload_copy_s(a)) * grad_accum
-    t = a.training
-    tokens = (t.batch_size or 0) * t.seq_len * grad_accum
-    return {"step_time_s": step, "tokens_per_s": tokens / step if step > 0 else float("inf")}
-
-
-def _offload_copy_s(a: Analysis) -> float:
-    """CPU offload: the sharded parameters copied to the device in forward and in backward, the
-    gradients back, at ``HOST_GBPS`` (part of the stand-in ``_step_time_estimate``)."""
-    mem = a.memory
-    return (2 * int(mem.cpu_params.max()) + int(mem.cpu_grads.max())) / (HOST_GBPS * 1e9)
-
-
 def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
-    """step_time_s (one optimizer step) and tokens_per_s (per rank): ``a.step`` when the analysis
-    has it, else ``_step_time_estimate``."""
-    step = getattr(a, "step", None)
-    if step is None or step.get("step_time_s") is None:  # no device or no micro-batch: a.step["reason"]
-        return _step_time_estimate(a, grad_accum)
+    """step_time_s (one optimizer step: ``grad_accum`` micro-batches), tokens_per_s (per rank) and
+    mfu from ``a.step``; None with ``reason`` when ``a.step`` has no time (no device, no micro-batch)."""
+    step = a.step
+    if step.get("step_time_s") is None:
+        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "reason": step.get("reason")}
     scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
-    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"])}
+    # without Training.grad_accum the micro-batches repeat one step: the same tokens per second
+    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"]),
+            "mfu": float(step["mfu"]), "reason": None}
 
 
-def _time_parts(a: Analysis) -> dict:
-    """Seconds per step by what takes them (collectives by kind and group, offload copies): what
-    ``why`` names when a plan is slower than the one above it."""
-    c = a.comm
+def _where(kind: str, mesh: Mesh) -> str:
+    if kind == "all_reduce":
+        return f"across {mesh.replicate} replicas"
+    return f"at {mesh.shard} ranks" if not mesh.is_hsdp else f"in shard groups of {mesh.shard} ranks"
+
+
+def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
+    """Seconds per step by what takes them, from the step model's schedule: compute-stream work by
+    kind (recomputation named with its blocks), communication only where the compute stream waits
+    for it (exposed). What ``why`` names when a plan is slower than the one above it. Empty
+    without a step time; with the collectives one after another (``a.comm``) then."""
+    sched = a.step_time.schedule
     out: dict = {}
-    if len(c):
-        seconds = (c["time_s"] * c["count"]).to_numpy()
-        for kind, group, size, sec in zip(c["collective"], c["group"], c["group_size"], seconds):
-            where = f"over all {size} ranks" if group == "world" else f"in {group.replace('_', '-')} groups of {size} ranks"
-            key = f"{kind.replace('_', '-')}s {where}"
-            out[key] = out.get(key, 0.0) + float(sec)
-    if getattr(a, "step", None) is None and _offload_copy_s(a) > 0:
-        out["CPU offload copies"] = _offload_copy_s(a)
+    if sched is None:
+        c = a.comm
+        if len(c):
+            out["collectives (one after another, a.comm)"] = float((c["time_s"] * c["count"]).sum())
+        return out
+    n_ckpt = len(a.plan.checkpoint)
+    labels = {"forward": "compute", "backward": "compute", "optimizer": "the optimizer step",
+              "recompute": f"recomputation of {n_ckpt} blocks", "h2d": "CPU offload copies", "d2h": "CPU offload copies",
+              "ignored_all_reduce": f"the ignored parameters' all-reduce over {a.mesh.world} ranks"}
+    for e in sched.timeline():
+        kind = e["kind"]
+        if e["stream"] == "compute":
+            sec = e["end_s"] - e["start_s"]
+        else:
+            sec = e["exposed_s"]
+        if sec <= 0:
+            continue
+        label = labels.get(kind) or f"exposed {kind.replace('_', '-')}s {_where(kind, a.mesh)}"
+        out[label] = out.get(label, 0.0) + sec * grad_accum
     return out
 
 
@@ -266,7 +272,8 @@ class _Runner:
         if profile is not None:
             self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
-                "parts": _time_parts(a), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
+                "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
+                "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
 
 
 def _ckpt_words(checkpoint: str | None) -> str:
@@ -345,10 +352,13 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
 # Ranking and the reasons
 # ---------------------------------------------------------------------------
 def _rank_key(limit: int):
+    """Fitting plans by step time (without one: by the collectives' seconds, then recomputation),
+    ties to less recomputation, no offload, fewer calls, the larger margin; then the plans over."""
     def key(item):
         c, r = item
         if r["fits"] and r["analysed"]:
-            return (0, float(f"{r['step_time_s']:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
+            t = r["step_time_s"] if r["step_time_s"] is not None else r["comm_s"]
+            return (0, float(f"{t:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
         if r["fits"]:
             return (1, 0.0, 0, 0, 0, 0)
         over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
@@ -357,17 +367,23 @@ def _rank_key(limit: int):
 
 
 def _slower_because(r: dict, above: dict) -> str:
-    """What costs a fitting row its time against the fitting row above it."""
-    dt = r["step_time_s"] - above["step_time_s"]
+    """What costs a fitting row its time against the fitting row above it: the part of the step
+    (``_time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
+    timed = r["step_time_s"] is not None and above["step_time_s"] is not None
+    t, t_above = (r["step_time_s"], above["step_time_s"]) if timed else (r["comm_s"], above["comm_s"])
+    dt = t - t_above
     deltas = {k: r["parts"].get(k, 0.0) - above["parts"].get(k, 0.0) for k in set(r["parts"]) | set(above["parts"])}
-    more = [f"recomputation of {r['recompute']} blocks"] if r["recompute"] > above["recompute"] else []
-    tie = 1e-9 + 1e-6 * above["step_time_s"]
-    if deltas and max(deltas.values()) > tie:
-        label, sec = max(deltas.items(), key=lambda kv: kv[1])
-        more.insert(0, f"{label} (+{_seconds(sec)})")
-    if dt > tie:
-        return f"{_seconds(dt)} slower: " + ("; ".join(more) or "slower collectives")
-    return "as fast; " + _tie_reason(r, above)
+    tie = 1e-9 + 1e-6 * t_above
+    if dt <= tie:
+        return "as fast; " + _tie_reason(r, above)
+    grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
+    reasons = ", ".join(f"{label} +{_seconds(sec)}" for sec, label in grown) or "slower collectives"
+    shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -tie)[:1]
+    if shrunk and grown and grown[0][0] > dt + tie:  # the growth is partly paid back elsewhere: say where
+        reasons += "; " + ", ".join(f"{label} -{_seconds(-sec)}" for sec, label in shrunk)
+    if not timed:
+        return f"{_seconds(dt)} more collectives (no step time: {r['reason']}): {reasons}"
+    return f"{_seconds(dt)} slower: {reasons}"
 
 
 def _seconds(s: float) -> str:
@@ -475,7 +491,8 @@ class Search:
             records.append({
                 "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
                 "margin": None if r["peak"] is None else runner.limit - r["peak"],
-                "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "why": why,
+                "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"),
+                "why": why,
                 "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
                 "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // c.replicate,
                 "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r["analysed"],
@@ -525,7 +542,8 @@ class Search:
             "name": t.name, "fits": t.fits.map({True: "yes", False: "no"}),
             "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
             "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
-            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"), "why": t.why})
+            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"),
+            "mfu": t.mfu.map(lambda v: "" if v is None or v != v else f"{100 * v:.1f}%"), "why": t.why})
 
     def figure(self):
         """Peak against step time of every analysed plan, the device memory drawn across."""
@@ -567,9 +585,6 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
                        inter_node_gbps=mesh.inter_node_gbps or DEFAULT_GBPS[1])
         notes.append(f"links assumed: {mesh.intra_node_gbps:g} GB/s inside a node of {mesh.ranks_per_node}, "
                      f"{mesh.inter_node_gbps:g} GB/s across nodes")
-    if not hasattr(Analysis, "step"):
-        notes.append(f"step_time_s: the collectives one after another plus CPU offload copies at {HOST_GBPS:g} GB/s, "
-                     "no compute (a stand-in until the step-time model)")
     tree = as_tree(model)
     if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
         raise ValueError("search: activations are measured by running the model: pass the nn.Module")
@@ -579,6 +594,11 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     rows = sorted(_run(runner, cands), key=_rank_key(runner.limit))
     for c, r in rows:
         r["offload"] = c.offload
+    untimed = next((r["reason"] for _, r in rows if r["analysed"] and r.get("reason")), None)
+    if untimed:
+        notes.append(f"no step time ({untimed}): the plans that fit are ranked by their collectives' seconds per "
+                     "step instead (a.comm, one after another, no compute), then less recomputation, then the "
+                     "larger margin; step_time_s and tokens_per_s are empty")
     if runner.unmeasured:
         notes.append("selective checkpointing not tried: the activation measurement does not do it yet (SV114)")
     nothing = what_would_fit(runner, rows) if rows and not rows[0][1]["fits"] else ""

@@ -16,7 +16,7 @@ from shardviz import zoo
 from shardviz.search import step_numbers
 
 BATCH, SEQ = 2, 256
-MESH = sv.Mesh(8)
+MESH = sv.Mesh(8, device="H100")
 TRAINING = sv.Training(batch_size=BATCH, seq_len=SEQ)
 
 
@@ -131,7 +131,7 @@ def test_figure_and_formatted_table():
     assert any(shape.type == "line" for shape in fig.layout.shapes)  # the device limit
     assert {tr.name for tr in fig.data} <= {"fits", "does not fit"}
     f = s.formatted()
-    assert list(f.columns) == ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "why"]
+    assert list(f.columns) == ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why"]
     assert f.fits.iloc[0] == "yes" and f.peak.iloc[0].endswith("iB")
 
 
@@ -180,3 +180,27 @@ def test_llama3_8b_lora_search_fits():
     assert s.fits and s.n_candidates >= 200
     a = sv.analyze(m, s.best, s.best_mesh, s.best_training or training)
     assert int(a.memory.peak.max()) <= s.device_memory
+
+
+def test_the_reasons_come_from_the_step_model():
+    s = found("roomy")
+    t = s.table
+    assert s.fits and t.step_time_s.notna().all() == t.analysed.all()
+    a = sv.analyze(model(), s.best, s.best_mesh, s.best_training or TRAINING)
+    assert t.step_time_s.iloc[0] == pytest.approx(a.step["step_time_s"])  # a.step itself, not an estimate
+    assert t.tokens_per_s.iloc[0] == pytest.approx(a.step["tokens_per_s"]) and t.mfu.iloc[0] == pytest.approx(a.step["mfu"])
+    # with room for everything the fastest does not recompute; a checkpointed plan says what it costs
+    assert t.checkpoint.isna().iloc[0]
+    blocks = len(sv.Plan.auto(model(), checkpoint="blocks").checkpoint)
+    fit = t[t.fits & t.analysed]
+    assert fit.why.str.contains(rf"s slower: recomputation of {blocks} blocks \+").any()
+    assert fit.why.str.contains(r"s slower: .*exposed (?:all-gathers|reduce-scatters)").any()
+
+
+def test_without_a_device_the_search_says_how_it_ranks():
+    limit = limits()["between"]
+    s = sv.search(model(), mesh=sv.Mesh(8, device_memory=limit), training=TRAINING, offload=(False,))
+    assert s.fits and "no step time (no device" in s.note and "collectives' seconds" in s.note
+    assert s.table.step_time_s.isna().all() and s.table.why.iloc[0] == "fastest that fits"
+    a = sv.analyze(model(), s.best, s.best_mesh, TRAINING)
+    assert int(a.memory.peak.max()) <= limit
