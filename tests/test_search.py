@@ -204,3 +204,37 @@ def test_without_a_device_the_search_says_how_it_ranks():
     assert s.table.step_time_s.isna().all() and s.table.why.iloc[0] == "fastest that fits"
     a = sv.analyze(model(), s.best, s.best_mesh, TRAINING)
     assert int(a.memory.peak.max()) <= limit
+
+
+def test_sv201_prices_each_fix_with_the_step_model():
+    from shardviz.checks import CHECKPOINT_FIXES, memory_fixes
+    from shardviz.search import CHECKPOINTS
+
+    assert CHECKPOINTS[:len(CHECKPOINT_FIXES)] == CHECKPOINT_FIXES  # the search's checkpointing, shared
+    limit = limits()["between"]  # nothing fits without checkpointing
+    plan = sv.Plan.auto(model(), lora="sharded")
+    a = sv.analyze(model(), plan, replace(MESH, device_memory=limit), TRAINING)
+    fixes = memory_fixes(a)
+    assert fixes and all(f.peak <= limit and f.cost_s is not None for f in fixes)
+    plain = [f for f in fixes if not f.hardware]
+    assert [f.cost_s for f in plain] == sorted(f.cost_s for f in plain)  # cheapest first, by time
+    assert fixes[-1].hardware or not any(f.hardware for f in fixes)  # more ranks last
+    ckpt = next(f for f in fixes if f.text.startswith("checkpoint every block"))
+    fixed = sv.analyze(model(), plan.with_checkpoint(plan_blocks()), a.mesh, TRAINING)
+    assert ckpt.step_time_s == pytest.approx(fixed.step["step_time_s"])
+    assert ckpt.cost_s == pytest.approx(fixed.step["step_time_s"] - a.step["step_time_s"]) and ckpt.cost_s > 0
+    finding = next(f for f in a.findings if f.code == "SV201")
+    assert finding.fix.startswith("cheapest fix: ") and "for the same tokens, +" in finding.fix
+
+
+def plan_blocks() -> list[str]:
+    return list(sv.Plan.auto(model(), checkpoint="blocks").checkpoint)
+
+
+def test_explain_says_what_was_chosen_and_why():
+    s = found("between")
+    text = s.explain()
+    best = s.table.iloc[0]
+    assert text.startswith(f"Run {best['name']}: peak {sv.cost.format_bytes(best.peak)}")
+    assert f"{best.tokens_per_s:,.0f} tokens/s per rank" in text and f"MFU {100 * best.mfu:.1f}%" in text
+    assert "Checkpointing is needed" in text and s.table.why.iloc[1] in text

@@ -27,22 +27,23 @@ is no step time: the search says so in ``note`` and ranks by the collectives' se
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from .analysis import Analysis, analyze
-from .cost import Training
-from .finding import PlanError
-from .format import format_bytes
-from .fsdp import Mesh
-from .plan import LORA_LAYOUTS, Plan, Unit
-from .tree import ModelTree, as_tree
+from ..analysis import Analysis, analyze
+from ..checks import CHECKPOINT_FIXES
+from ..cost import Training
+from ..finding import PlanError
+from ..format import format_bytes
+from ..fsdp import Mesh
+from ..plan import LORA_LAYOUTS, Plan, Unit
+from ..tree import ModelTree, as_tree
+from .rank import _TRAINING_FIELDS, _rank_key, _time_parts, _why, explain, step_numbers
 
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
-CHECKPOINTS = ("blocks", "every 2", "every 3", "selective", None)
+CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
-_TRAINING_FIELDS = {f.name for f in fields(Training)}
 COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora", "checkpoint",
            "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed"]
 
@@ -77,56 +78,6 @@ class Candidate:
     @property
     def state_key(self) -> tuple:
         return (self.lora, self.reshard, self.replicate, self.offload)
-
-
-# ---------------------------------------------------------------------------
-# Step time: a.step (the step model of steptime.py), or the collectives when there is no device
-# ---------------------------------------------------------------------------
-def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
-    """step_time_s (one optimizer step: ``grad_accum`` micro-batches), tokens_per_s (per rank) and
-    mfu from ``a.step``; None with ``reason`` when ``a.step`` has no time (no device, no micro-batch)."""
-    step = a.step
-    if step.get("step_time_s") is None:
-        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "reason": step.get("reason")}
-    scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
-    # without Training.grad_accum the micro-batches repeat one step: the same tokens per second
-    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"]),
-            "mfu": float(step["mfu"]), "reason": None}
-
-
-def _where(kind: str, mesh: Mesh) -> str:
-    if kind == "all_reduce":
-        return f"across {mesh.replicate} replicas"
-    return f"at {mesh.shard} ranks" if not mesh.is_hsdp else f"in shard groups of {mesh.shard} ranks"
-
-
-def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
-    """Seconds per step by what takes them, from the step model's schedule: compute-stream work by
-    kind (recomputation named with its blocks), communication only where the compute stream waits
-    for it (exposed). What ``why`` names when a plan is slower than the one above it. Empty
-    without a step time; with the collectives one after another (``a.comm``) then."""
-    sched = a.step_time.schedule
-    out: dict = {}
-    if sched is None:
-        c = a.comm
-        if len(c):
-            out["collectives (one after another, a.comm)"] = float((c["time_s"] * c["count"]).sum())
-        return out
-    n_ckpt = len(a.plan.checkpoint)
-    labels = {"forward": "compute", "backward": "compute", "optimizer": "the optimizer step",
-              "recompute": f"recomputation of {n_ckpt} blocks", "h2d": "CPU offload copies", "d2h": "CPU offload copies",
-              "ignored_all_reduce": f"the ignored parameters' all-reduce over {a.mesh.world} ranks"}
-    for e in sched.timeline():
-        kind = e["kind"]
-        if e["stream"] == "compute":
-            sec = e["end_s"] - e["start_s"]
-        else:
-            sec = e["exposed_s"]
-        if sec <= 0:
-            continue
-        label = labels.get(kind) or f"exposed {kind.replace('_', '-')}s {_where(kind, a.mesh)}"
-        out[label] = out.get(label, 0.0) + sec * grad_accum
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -349,70 +300,6 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
 
 
 # ---------------------------------------------------------------------------
-# Ranking and the reasons
-# ---------------------------------------------------------------------------
-def _rank_key(limit: int):
-    """Fitting plans by step time (without one: by the collectives' seconds, then recomputation),
-    ties to less recomputation, no offload, fewer calls, the larger margin; then the plans over."""
-    def key(item):
-        c, r = item
-        if r["fits"] and r["analysed"]:
-            t = r["step_time_s"] if r["step_time_s"] is not None else r["comm_s"]
-            return (0, float(f"{t:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
-        if r["fits"]:
-            return (1, 0.0, 0, 0, 0, 0)
-        over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
-        return (2 if r["analysed"] else 3, over, 0, c.offload, 0, 0)
-    return key
-
-
-def _slower_because(r: dict, above: dict) -> str:
-    """What costs a fitting row its time against the fitting row above it: the part of the step
-    (``_time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
-    timed = r["step_time_s"] is not None and above["step_time_s"] is not None
-    t, t_above = (r["step_time_s"], above["step_time_s"]) if timed else (r["comm_s"], above["comm_s"])
-    dt = t - t_above
-    deltas = {k: r["parts"].get(k, 0.0) - above["parts"].get(k, 0.0) for k in set(r["parts"]) | set(above["parts"])}
-    tie = 1e-9 + 1e-6 * t_above
-    if dt <= tie:
-        return "as fast; " + _tie_reason(r, above)
-    grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
-    reasons = ", ".join(f"{label} +{_seconds(sec)}" for sec, label in grown) or "slower collectives"
-    shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -tie)[:1]
-    if shrunk and grown and grown[0][0] > dt + tie:  # the growth is partly paid back elsewhere: say where
-        reasons += "; " + ", ".join(f"{label} -{_seconds(-sec)}" for sec, label in shrunk)
-    if not timed:
-        return f"{_seconds(dt)} more collectives (no step time: {r['reason']}): {reasons}"
-    return f"{_seconds(dt)} slower: {reasons}"
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.2f} s" if s >= 0.01 else f"{s * 1e3:.2f} ms" if s >= 1e-5 else f"{s * 1e6:.2f} us"
-
-
-def _tie_reason(r: dict, above: dict) -> str:
-    if r["recompute"] > above["recompute"]:
-        return f"recomputes {r['recompute']} blocks (the row above {above['recompute']})"
-    if r.get("offload") and not above.get("offload"):
-        return "CPU offload copies every parameter and gradient between host and device"
-    if r["calls"] > above["calls"]:
-        return f"{r['calls']} fully_shard calls (the row above {above['calls']}): more collectives to launch"
-    if r["peak"] > above["peak"]:
-        return f"peak {format_bytes(r['peak'] - above['peak'])} higher"
-    return "equal on every count (listed in search order)"
-
-
-def _why(r: dict, above: dict | None, limit: int) -> str:
-    if not r["analysed"]:
-        return r["why"]
-    if not r["fits"]:
-        return f"over {format_bytes(limit)} by {format_bytes(r['peak'] - limit)}"
-    if above is None:
-        return "fastest that fits"
-    return _slower_because(r, above)
-
-
-# ---------------------------------------------------------------------------
 # When nothing fits
 # ---------------------------------------------------------------------------
 def _lean(runner: _Runner, batch: int | None) -> Candidate:
@@ -544,6 +431,10 @@ class Search:
             "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
             "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"),
             "mfu": t.mfu.map(lambda v: "" if v is None or v != v else f"{100 * v:.1f}%"), "why": t.why})
+
+    def explain(self) -> str:
+        """What was chosen and why, in sentences (the notebook and the CLI print it)."""
+        return explain(self.table, self.device_memory, self.note if not self.fits else "")
 
     def figure(self):
         """Peak against step time of every analysed plan, the device memory drawn across."""
