@@ -161,7 +161,7 @@ def test_cli_plan_search_writes_the_best_plan(tmp_path, capsys):
     rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", limit,
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "-o", str(out)])
     printed = capsys.readouterr()
-    assert rc == 0 and "fastest that fits" in printed.out
+    assert rc == 0 and "fastest that fits" in printed.out and "shardviz: Run LoRA" in printed.err
     plan = sv.Plan.from_json(out.read_text())
     assert plan == found("between").best
     has_devices = "device" in {f.name for f in fields(sv.Mesh)}
@@ -238,3 +238,18 @@ def test_explain_says_what_was_chosen_and_why():
     assert text.startswith(f"Run {best['name']}: peak {sv.cost.format_bytes(best.peak)}")
     assert f"{best.tokens_per_s:,.0f} tokens/s per rank" in text and f"MFU {100 * best.mfu:.1f}%" in text
     assert "Checkpointing is needed" in text and s.table.why.iloc[1] in text
+
+
+@pytest.mark.slow
+def test_readme_what_should_i_run_table_is_up_to_date():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_search", root / "benchmarks" / "bench_search.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    readme = (root / "README.md").read_text()
+    fresh = bench.readme_markdown(list(bench.readme_rows()))
+    assert bench.splice_readme(readme, fresh) == readme, (
+        "the README's What should I run table is stale: run .venv/bin/python benchmarks/bench_search.py --readme")

@@ -224,7 +224,8 @@ class _Runner:
             self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
                 "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
-                "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
+                "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units),
+                "mesh": a.mesh}
 
 
 def _ckpt_words(checkpoint: str | None) -> str:

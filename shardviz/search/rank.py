@@ -30,16 +30,16 @@ def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
 
 
 def _where(kind: str, mesh: Mesh) -> str:
-    if kind == "all_reduce":
+    if kind == "all-reduces":
         return f"across {mesh.replicate} replicas"
     return f"at {mesh.shard} ranks" if not mesh.is_hsdp else f"in shard groups of {mesh.shard} ranks"
 
 
 def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
     """Seconds per step by what takes them, from the step model's schedule: compute-stream work by
-    kind (recomputation named with its blocks), communication only where the compute stream waits
-    for it (exposed). What ``why`` names when a plan is slower than the one above it. Empty
-    without a step time; with the collectives one after another (``a.comm``) then."""
+    kind, communication only where the compute stream waits for it (exposed). What ``why`` names
+    when a plan is slower than the one above it (``_label`` writes a part for a row). Without a
+    step time: the collectives one after another (``a.comm``)."""
     sched = a.step_time.schedule
     out: dict = {}
     if sched is None:
@@ -47,21 +47,26 @@ def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
         if len(c):
             out["collectives (one after another, a.comm)"] = float((c["time_s"] * c["count"]).sum())
         return out
-    n_ckpt = len(a.plan.checkpoint)
     labels = {"forward": "compute", "backward": "compute", "optimizer": "the optimizer step",
-              "recompute": f"recomputation of {n_ckpt} blocks", "h2d": "CPU offload copies", "d2h": "CPU offload copies",
-              "ignored_all_reduce": f"the ignored parameters' all-reduce over {a.mesh.world} ranks"}
+              "recompute": "recomputation", "h2d": "CPU offload copies", "d2h": "CPU offload copies",
+              "ignored_all_reduce": "the ignored parameters' all-reduce"}
     for e in sched.timeline():
-        kind = e["kind"]
-        if e["stream"] == "compute":
-            sec = e["end_s"] - e["start_s"]
-        else:
-            sec = e["exposed_s"]
-        if sec <= 0:
-            continue
-        label = labels.get(kind) or f"exposed {kind.replace('_', '-')}s {_where(kind, a.mesh)}"
-        out[label] = out.get(label, 0.0) + sec * grad_accum
+        sec = e["end_s"] - e["start_s"] if e["stream"] == "compute" else e["exposed_s"]
+        if sec > 0:
+            label = labels.get(e["kind"]) or f"exposed {e['kind'].replace('_', '-')}s"
+            out[label] = out.get(label, 0.0) + sec * grad_accum
     return out
+
+
+def _label(part: str, r: dict) -> str:
+    """A part of the step as ``why`` says it for row ``r`` (its blocks, its group sizes)."""
+    if part == "recomputation":
+        return f"recomputation of {r['recompute']} blocks"
+    if part == "the ignored parameters' all-reduce":
+        return f"{part} over {r['mesh'].world} ranks"
+    if part.startswith("exposed "):
+        return f"{part} {_where(part.split()[-1], r['mesh'])}"
+    return part
 
 
 # ---------------------------------------------------------------------------
@@ -93,10 +98,10 @@ def _slower_because(r: dict, above: dict) -> str:
     if dt <= tie:
         return "as fast; " + _tie_reason(r, above)
     grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
-    reasons = ", ".join(f"{label} +{_seconds(sec)}" for sec, label in grown) or "slower collectives"
+    reasons = ", ".join(f"{_label(label, r)} +{_seconds(sec)}" for sec, label in grown) or "slower collectives"
     shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -tie)[:1]
     if shrunk and grown and grown[0][0] > dt + tie:  # the growth is partly paid back elsewhere: say where
-        reasons += "; " + ", ".join(f"{label} -{_seconds(-sec)}" for sec, label in shrunk)
+        reasons += "; " + ", ".join(f"{_label(label, r)} -{_seconds(-sec)}" for sec, label in shrunk)
     if not timed:
         return f"{_seconds(dt)} more collectives (no step time: {r['reason']}): {reasons}"
     return f"{_seconds(dt)} slower: {reasons}"
