@@ -124,7 +124,8 @@ def bench_step(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: i
     10 % of the activation measurement cold, under 20 ms for a change of plan) on a cached tree, H100s."""
     from shardviz.activations import clear_cache
 
-    tree = sv.ModelTree(zoo.build(name, lora=True))
+    model = zoo.build(name, lora=True)  # kept alive: the activations are measured by running it
+    tree = sv.ModelTree(model)
     mesh = sv.Mesh(world, device="H100")
     training = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=batch, seq_len=seq)
     plan = sv.Plan.auto(tree, lora="sharded")

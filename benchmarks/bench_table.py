@@ -69,7 +69,8 @@ def rows():
 
 
 # Does it fit? Llama-3.1-70B + LoRA, one sequence of 8192 tokens per rank, activations measured.
-FIT_MODEL, FIT_BATCH, FIT_SEQ, DEVICE = ("Llama-3.1-70B + LoRA", zoo.llama3_70b), 1, 8192, "80GiB"
+# On H100s (sv.Mesh(device="H100"): 80 GiB, 450 GB/s NVLink, 50 GB/s per GPU across nodes): the step time too.
+FIT_MODEL, FIT_BATCH, FIT_SEQ, DEVICE = ("Llama-3.1-70B + LoRA", zoo.llama3_70b), 1, 8192, "H100"
 
 
 def fit_rows():
@@ -79,7 +80,7 @@ def fit_rows():
     training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32",
                            batch_size=FIT_BATCH, seq_len=FIT_SEQ)
     for ranks in RANKS:
-        mesh = sv.Mesh(shard=ranks, device_memory=DEVICE, ranks_per_node=RANKS_PER_NODE)
+        mesh = sv.Mesh(shard=ranks, device=DEVICE)
         for lora in ("ignored", "sharded"):
             for checkpoint in (None, "blocks"):
                 a = sv.analyze(tree, sv.Plan.auto(tree, lora=lora, checkpoint=checkpoint), mesh, training)
@@ -93,27 +94,33 @@ def fit_rows():
                     "where": f"{mem.at[worst, 'peak_phase']}" + (f" ({mem.at[worst, 'peak_module'] or '<root>'})"
                                                                   if mem.at[worst, "peak_module"] is not None else ""),
                     "fits": bool(mem.at[worst, "peak"] <= mesh.device_memory),
+                    **{k: a.step[k] for k in ("step_time_s", "tokens_per_s", "mfu", "exposed_comm_s")},
                 }
 
 
 def fit_markdown(table: list[dict]) -> list[str]:
     lines = [
         "",
-        f"### Does it fit? {FIT_MODEL[0]}, batch {FIT_BATCH} x sequence {FIT_SEQ} per rank, {DEVICE} per GPU",
+        f"### Does it fit, and how fast? {FIT_MODEL[0]}, batch {FIT_BATCH} x sequence {FIT_SEQ} per rank, {DEVICE}",
         "",
         "The same plans with `sv.Training(batch_size=1, seq_len=8192)`: the peak now includes the activations "
         "and temporaries of one training step, measured by torch (a real forward and backward under "
         "`FakeTensorMode`, see docs/activations.md), with and without `checkpoint_wrapper` on every block "
         "(`sv.Plan.auto(model, lora=..., checkpoint='blocks')`). *activations*: the activation bytes alive at the "
-        "peak; *rest*: everything else alive then (parameters, gradients, optimizer states, FSDP buffers).",
+        "peak; *rest*: everything else alive then (parameters, gradients, optimizer states, FSDP buffers). "
+        f"On `sv.Mesh(shard=..., device=\"{DEVICE}\")` (80 GiB; 450 GB/s inside a node of 8, 50 GB/s per GPU across "
+        "nodes): *step*, *tokens/s* (per GPU) and *MFU* are `a.step`: torch's FLOP count of the step, FSDP2's "
+        "overlap of compute and collectives, the optimizer step, at the default efficiencies (docs/step-time.md); "
+        "*exposed*: the communication compute waits for.",
         "",
-        "| model | ranks | LoRA | checkpoint | rest | activations | peak | peak in | fits |",
-        "|---|---:|---|---|---:|---:|---:|---|---|",
+        "| model | ranks | LoRA | checkpoint | rest | activations | peak | peak in | fits | step | tokens/s | MFU | exposed |",
+        "|---|---:|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in table:
         rest = r["peak"] - r["activations"]
         lines.append(f"| {r['model']} | {r['ranks']} | {r['LoRA']} | {r['checkpoint']} | {gib(rest)} | "
-                     f"{gib(r['activations'])} | {gib(r['peak'])} | {r['where']} | {'yes' if r['fits'] else 'no'} |")
+                     f"{gib(r['activations'])} | {gib(r['peak'])} | {r['where']} | {'yes' if r['fits'] else 'no'} | "
+                     f"{r['step_time_s']:.2f} s | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f} % | {r['exposed_comm_s']:.2f} s |")
     return lines
 
 
@@ -158,7 +165,8 @@ def markdown(table: list[dict], fits: list[dict] | None = None) -> str:
     ]
     if fits:
         lines += fit_markdown(fits)
-        lines += ["", "<sub>Columns: `a.memory` (activations, peak, peak_phase, peak_module) on the worst rank.</sub>"]
+        lines += ["", "<sub>Columns: `a.memory` (activations, peak, peak_phase, peak_module) on the worst rank; "
+                  "`a.step` (step_time_s, tokens_per_s, mfu, exposed_comm_s).</sub>"]
     lines.append("")
     return "\n".join(lines)
 

@@ -104,7 +104,8 @@ class Comparison:
         top = max((bar["peak"] for bar in bars), default=0)
         return {"available": True, "categories": views.categories(), "bars": bars, "limit": limit,
                 "max_peak": top, "use": views.limit_use(top, limit), "n_ranks": len(bars),
-                "training": views.training_text(self.training)}
+                "training": views.training_text(self.training),
+                "by_layout": True}  # one bar per layout: the chart notes each one's peak
 
     def chart(self):
         """The memory chart of the layouts, drawn like the Inspector's (SVG, follows JupyterLab's theme)."""

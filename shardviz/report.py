@@ -38,7 +38,7 @@ _CSS = """
   --jp-layout-color0:#0d1117; --jp-layout-color1:#161b22; --jp-layout-color2:#21262d; --jp-ui-font-color0:#fff; --jp-ui-font-color1:rgba(255,255,255,.87);
   --jp-ui-font-color2:rgba(255,255,255,.6); --jp-border-color1:#3d444d; --jp-border-color2:#30363d; } }
 body { font: 14px/1.45 system-ui, sans-serif; color: var(--fg); background: var(--bg); margin: 2rem auto; max-width: 1200px; padding: 0 1rem; }
-h1 { margin-bottom: .2rem } .sub { color: var(--muted) }
+h1 { margin-bottom: .2rem } .sub, .step { color: var(--muted) }
 .scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: .5rem 0 1.5rem; font-size: 13px; }
 th, td { border-bottom: 1px solid var(--line); padding: .25rem .6rem; text-align: right; vertical-align: top;
@@ -163,6 +163,15 @@ def comparison_section(c) -> str:
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
+def time_section(a) -> str:
+    """Seconds per call of the step (``a.time``) and what they rest on; nothing without a step time."""
+    if a.step["step_time_s"] is None:
+        return ""
+    notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in a.step_time.assumptions)
+    return ("<h2>Step time by call</h2>" + f'<p class="note">{_esc(views.step_text(a.step))}</p>' + notes
+            + _table_or_fold(a.time, "calls timed (open)"))
+
+
 def units_section(a) -> str:
     units = a.units.drop(columns=["modules"])
     return "<h2>fully_shard calls (bottom-up)</h2>" + _table_or_fold(units, "fully_shard calls (open)")
@@ -245,7 +254,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
     title = title or f"shardviz report: {a.tree.root_type}"
     memory, traffic, timeline = views.memory_payload(a), views.traffic_payload(a), views.timeline_payload(a)
-    charts = [_chart("memory", memory), _chart("traffic", traffic), _chart("timeline", timeline)]
+    charts = [_chart("memory", memory), _chart("traffic", traffic)]
     comparison_html = ""
     if compare_with:
         from .compare import compare
@@ -253,6 +262,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
         c = compare(a.tree, compare_with, mesh=mesh, training=training)
         charts.append(_chart("memory", c.memory_payload(), c.chart_title()))
         comparison_html = comparison_section(c)
+    charts.append(_chart("timeline", timeline))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     script = (WIDGET / "charts.js").read_text() + _DRAW
     css = _CSS + (WIDGET / "inspector.css").read_text()
@@ -262,11 +272,12 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <title>{_esc(title)}</title><style>{css}</style></head><body>
 <h1>{_esc(title)}</h1>
 <p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}. Generated {stamp}.</p>
-<p class="sub sv-step">{_esc(views.step_text(a.step))}</p>
+<p class="step">{_esc(views.step_text(a.step))}</p>
 {findings_section(a.findings)}
 <h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>
 {memory_section(a, memory)}
 {traffic_section(a, traffic)}
+{time_section(a)}
 {comparison_html}
 {units_section(a)}
 {code_section(a, plan, mesh, training, torch_version)}

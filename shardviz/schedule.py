@@ -359,16 +359,18 @@ def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dic
     seconds of the ignored parameters' all-reduce or None), at ``efficiency.collective_bus``."""
     per_unit: dict = {}
     ignored = None
-    for row in comm.itertuples(index=False):
-        seconds = float(row.time_s) * int(row.count) / efficiency.collective_bus
+    # plain lists, not itertuples: a 70B plan's table is read on every change of plan
+    columns = [comm[c].tolist() for c in ("unit", "collective", "phase", "group", "time_s", "count")]
+    for unit, collective, phase, group, time_s, count in zip(*columns):
+        seconds = float(time_s) * int(count) / efficiency.collective_bus
         if math.isnan(seconds):
-            raise ValueError(f"comm table: no bandwidth for the {row.collective} of {row.unit!r} over the "
-                             f"{row.group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")
-        if row.unit is None or (isinstance(row.unit, float) and math.isnan(row.unit)):  # pandas may hold None as NaN
+            raise ValueError(f"comm table: no bandwidth for the {collective} of {unit!r} over the "
+                             f"{group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")
+        if unit is None or (isinstance(unit, float) and math.isnan(unit)):  # pandas may hold None as NaN
             ignored = (ignored or 0.0) + seconds
             continue
-        key = {"all_gather": f"all_gather_{row.phase}_s"}.get(row.collective, f"{row.collective}_s")
-        slot = per_unit.setdefault(row.unit, {})
+        key = f"all_gather_{phase}_s" if collective == "all_gather" else f"{collective}_s"
+        slot = per_unit.setdefault(unit, {})
         slot[key] = slot.get(key, 0.0) + seconds
     return per_unit, ignored
 

@@ -11,6 +11,7 @@ no step to time: ``step["step_time_s"]`` is None and ``step["reason"]`` says why
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 from .format import format_duration
@@ -22,7 +23,8 @@ OUTSIDE = "(outside FSDP)"
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
 STEP_KEYS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "exposed_comm_s", "compute_s", "flops", "model_flops",
-             "grad_accum", "step_time_sync_every_s", "tokens_per_s_sync_every", "device", "dtype", "reason")
+             "grad_accum", "step_time_sync_every_s", "tokens_per_s_sync_every", "step_time_sync_last_s",
+             "tokens_per_s_sync_last", "device", "dtype", "reason")
 
 #: Host <-> device copies of CPU offload (GB/s, one direction, per GPU): the PCIe link of each
 #: ``DEVICES`` row (Gen4 x16: 32, Gen5 x16: 64, the datasheets of docs/step-time.md); other devices: 32.
@@ -70,54 +72,72 @@ def compute_dtype(a) -> str:
     return best if best in ("bfloat16", "float16", "float32") else "float32"
 
 
-def _needs_grad(a) -> set:
-    """Every module prefix that holds a trainable parameter (its output then needs a gradient)."""
-    out = set()
-    for p in a.tree.params:
-        if p.requires_grad:
-            for fqn in p.fqns:
-                parts = fqn.split(".")
-                out.update(".".join(parts[:i]) for i in range(len(parts)))
-    return out
+_NEEDS_GRAD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _needs_grad(tree) -> frozenset:
+    """Every module prefix that holds a trainable parameter (its output then needs a gradient);
+    computed once per tree (a change of plan keeps it)."""
+    found = _NEEDS_GRAD.get(tree)
+    if found is None:
+        out = set()
+        for p in tree.params:
+            if p.requires_grad:
+                for fqn in p.fqns:
+                    parts = fqn.split(".")
+                    out.update(".".join(parts[:i]) for i in range(len(parts)))
+        found = _NEEDS_GRAD[tree] = frozenset(out)
+    return found
 
 
 def _unit_flops(a) -> tuple[list[str], dict, dict]:
     """Forward order of the units, FLOPs per unit, and the totals, from ``a.flops``."""
-    order, flops = [], {}
-    for row in a.flops.itertuples(index=False):
-        name = OUTSIDE if row.unit is None or (isinstance(row.unit, float) and math.isnan(row.unit)) else row.unit
+    order, flops, table = [], {}, a.flops
+    columns = [table[c].tolist() for c in ("unit", "forward_flops", "backward_flops", "recompute_flops")]
+    for unit, forward, backward, recompute in zip(*columns):
+        name = OUTSIDE if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
         order.append(name)
-        flops[name] = {"forward": float(row.forward_flops), "backward": float(row.backward_flops),
-                       "recompute": float(row.recompute_flops)}
+        flops[name] = {"forward": float(forward), "backward": float(backward), "recompute": float(recompute)}
     totals = {"flops": sum(sum(f.values()) for f in flops.values()),
               "model_flops": sum(f["forward"] + f["backward"] for f in flops.values())}
     return order, flops, totals
 
 
-def _offload_copies(a, name: str, unit_row, eff: Efficiency, device: Device) -> tuple[float, float]:
+def _enclosing(units: dict) -> str | None:
+    """The call that encloses every other one (the root: ``""``, or one module above all the
+    others), whose forward compute runs after theirs; None when there is none."""
+    for name, u in units.items():
+        if len(u.modules) != 1:
+            continue
+        m = u.modules[0]
+        if all(other is u or all(x == m or x.startswith(m + ".") or m == "" for x in other.modules)
+               for other in units.values()):
+            return name
+    return None
+
+
+def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[float, float]:
     """CPU offload: the unit's sharded parameters to the device before each all-gather, its
     gradient shard back to the host after the reduction (bytes over the PCIe link)."""
     gbps = HOST_LINK_GBPS.get(device.name, 32.0) * 1e9 * eff.hbm
-    shard = float(unit_row["padded_shard_bytes"])
-    numel = float(unit_row["numel"]) or 1.0
-    return shard / gbps, shard * float(unit_row["trainable_numel"]) / numel / gbps
+    shard = float(numbers["padded_shard_bytes"])
+    return shard / gbps, shard * float(numbers["trainable_numel"]) / (float(numbers["numel"]) or 1.0) / gbps
 
 
 def _unit_times(a, order, flops, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
-    units = a.units.set_index("unit")
-    roots = set(units.index[units["is_root"]]) if len(units) else set()
-    offloaded = {u.name for u in a.plan.units if a.training.unit_defaults(u).offload}
-    grad_modules = _needs_grad(a)
-    plan_modules = {u.name: u.modules for u in a.plan.units}
+    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
+    units = {u.name: u for u in a.plan.units}
+    offloaded = {name for name, u in units.items() if a.training.unit_defaults(u).offload}
+    numbers = {ul.unit.name: n for ul, n in zip(a.layout.units, a.layout.unit_numbers)} if offloaded else {}
+    grad_modules = _needs_grad(a.tree)
+    root_name = _enclosing(units)
     seen_grad, root, rows = False, None, []
-    for name in order + [n for n in units.index if n not in order]:
+    for name in order + [n for n in units if n not in order]:
         f, c = flops.get(name, {}), comm_s.get(name, {})
-        is_root = name in roots
+        is_root = name == root_name
         if not is_root:
-            seen_grad = seen_grad or any(m in grad_modules for m in plan_modules.get(name, ()))
-        h2d = d2h = 0.0
-        if name in offloaded:
-            h2d, d2h = _offload_copies(a, name, units.loc[name], eff, device)
+            seen_grad = seen_grad or any(m in grad_modules for m in (units[name].modules if name in units else ()))
+        h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
         unit = UnitTime(
             name, forward_s=compute_seconds(f.get("forward", 0.0), device, eff, dtype),
             backward_s=compute_seconds(f.get("backward", 0.0), device, eff, dtype),
@@ -139,8 +159,8 @@ def optimizer_bytes(a) -> int:
     """Bytes the optimizer step reads and writes on the worst rank: the trainable shards (read and
     written), their gradients (read), the optimizer states (read and written)."""
     mem = a.memory
-    worst = mem.loc[mem["peak"].idxmax()]
-    return int(3 * int(worst["grads"]) + 2 * int(worst["optimizer"]))
+    worst = int(mem["peak"].to_numpy().argmax())
+    return int(3 * int(mem["grads"].to_numpy()[worst]) + 2 * int(mem["optimizer"].to_numpy()[worst]))
 
 
 def _no_sync(u: UnitTime) -> UnitTime:
@@ -148,6 +168,20 @@ def _no_sync(u: UnitTime) -> UnitTime:
     from dataclasses import replace
 
     return replace(u, reduce_scatter_s=None, all_reduce_s=None, d2h_s=0.0)
+
+
+def _one_micro_batch(comm, k: int, training):
+    """The comm table of one micro-batch. Every row is issued once per micro-batch (all-gathers,
+    the averager of ignored gradients) or once per reducing micro-batch (reduce-scatter, HSDP
+    all-reduce); a table that counts them over the whole step (``count`` k or the number of
+    reducing micro-batches) is divided back."""
+    if k <= 1:
+        return comm
+    syncs = k if getattr(training, "sync_every_microbatch", False) else 1
+    per = [k if (c == "all_gather" or u is None or u != u) else syncs
+           for c, u in zip(comm["collective"].tolist(), comm["unit"].tolist())]
+    counts = [n // d if n >= d and n % d == 0 else n for n, d in zip(comm["count"].tolist(), per)]
+    return comm.assign(count=counts)
 
 
 def _why_not(a) -> str | None:
@@ -170,7 +204,7 @@ def step_time(a) -> StepTime:
     eff = getattr(a.mesh, "efficiency", None) or default_efficiency(device)
     dtype = compute_dtype(a)
     try:
-        comm_s, ignored_s = comm_seconds(a.comm, eff)
+        comm_s, ignored_s = comm_seconds(_one_micro_batch(a.comm, k, a.training), eff)
     except ValueError as e:
         return _unavailable(str(e), k)
     order, flops, totals = _unit_flops(a)
@@ -178,27 +212,34 @@ def step_time(a) -> StepTime:
     offload = a.training.offload
     opt_s = 0.0 if offload else optimizer_seconds(optimizer_bytes(a), device, eff)
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s))
-    quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None) if k > 1 else last
+    # the exported averager of ignored gradients runs at the end of every backward, synced or not
+    quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None,
+                          extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
     every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
-    step_s = (k - 1) * quiet.step_time_s + last.step_time_s
+    sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s
+    sync_every = bool(getattr(a.training, "sync_every_microbatch", False))
+    step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
     tokens = a.training.batch_size * a.training.seq_len * k
     peak = device.peak_flops(dtype)
     step = {
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,
         "mfu": totals["model_flops"] * k / (step_s * peak), "hfu": totals["flops"] * k / (step_s * peak),
-        "exposed_comm_s": (k - 1) * quiet.exposed_comm_s + last.exposed_comm_s,
-        "compute_s": (k - 1) * quiet.compute_s + last.compute_s,
+        "exposed_comm_s": (k - 1) * between.exposed_comm_s + last.exposed_comm_s,
+        "compute_s": (k - 1) * between.compute_s + last.compute_s,
         "flops": totals["flops"], "model_flops": totals["model_flops"], "grad_accum": k,
         "step_time_sync_every_s": every_s, "tokens_per_s_sync_every": tokens / every_s,
+        "step_time_sync_last_s": sync_last_s, "tokens_per_s_sync_last": tokens / sync_last_s,
         "device": device.name, "dtype": dtype, "reason": None,
     }
     notes = [f"{device.name}: {peak / 1e12:g} TFLOPS {dtype} peak x matmul efficiency {eff.matmul:g}; collectives "
              f"at the link bandwidth x {eff.collective_bus:g}; optimizer over HBM at {device.hbm_gbps:g} GB/s x {eff.hbm:g}"]
     if offload:
         notes.append("CPU offload: the optimizer step runs on the host and is not timed")
-    if k > 1:
+    if k > 1 and not sync_every:
         notes.append(f"{k} micro-batches, the first {k - 1} under set_requires_gradient_sync(False) (no reduction)")
+    elif k > 1:
+        notes.append(f"{k} micro-batches, each one reducing (sync_every_microbatch)")
     return StepTime(last, step, tuple(notes))
 
 
@@ -254,9 +295,10 @@ def step_text(step: dict) -> str:
             f" ({step['device']})")
 
 
+# the chart palette of widget/inspector.css, kind by kind as charts.js's TL_CLASS; red only for the waits
 _COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "recompute": "#b279a2", "optimizer": "#54a24b",
-            "all_gather": "#72b7b2", "reduce_scatter": "#e45756", "all_reduce": "#eeca3b",
-            "ignored_all_reduce": "#eeca3b", "h2d": "#9d755d", "d2h": "#9d755d"}
+            "all_gather": "#72b7b2", "reduce_scatter": "#eeca3b", "all_reduce": "#9d755d",
+            "ignored_all_reduce": "#9d755d", "h2d": "#bab0ac", "d2h": "#bab0ac"}
 
 
 def timeline_figure(payload: dict):

@@ -78,6 +78,178 @@ def _looks_like_lora(name: str) -> bool:
     return any(marker in part for part in name.split(".") for marker in LORA_NAME_MARKERS)
 
 
+class _Walk:
+    """The one-pass, meta-safe walk of an ``nn.Module``: modules in DFS preorder, unique parameters.
+
+    One iterative DFS over ``_modules`` / ``_parameters`` / ``_buffers`` (no named_modules, no second
+    pass for peft): children in registration order, as torch's own traversal; a module reached twice
+    is walked once, like fully_shard's ``_get_managed_modules``, and recorded as an alias.
+    """
+
+    def __init__(self, modules: list[ModuleInfo], module_index: dict[str, int]):
+        self.modules = modules
+        self.module_index = module_index
+        self.tuner_type = _tuner_layer_type()
+        self.lora_ids: set[int] = set()  # ids of parameters held by peft's adapter layers
+        self.param_slot: dict[int, int] = {}  # id(param) -> index
+        self.param_names: list[list[str]] = []
+        self.param_owners: list[list[int]] = []
+        self.param_objs: list[nn.Parameter] = []  # keeps ids valid during the walk
+        self.module_slot: dict[int, int] = {}  # id(module) -> index
+        self.shared_again: list[tuple[str, int]] = []  # (other name, module index) of a module reached twice
+        self.is_tuner: dict[type, bool] = {}  # isinstance on peft's ABC is slow: once per class
+        self.bare: dict[type, bool] = {}  # per class: a ModuleList / ModuleDict without a forward of its own
+
+    def run(self, model: nn.Module) -> None:
+        """Walk ``model``. ``in_adapter``: the module is one of peft's adapter holders (``lora_A``,
+        ``lora_B``, ``lora_embedding_A``, DoRA's ``lora_magnitude_vector``, ...) or lies below one,
+        so every parameter it registers is an adapter parameter."""
+        stack: list[tuple[nn.Module, str, int, int, bool]] = [(model, "", -1, 0, False)]
+        pop, push = stack.pop, stack.append
+        module_slot, add_module, holders_of, tuner_type = self.module_slot, self._add_module, self._holders, self.tuner_type
+        while stack:
+            module, fqn, parent, depth, in_adapter = pop()
+            seen = module_slot.get(id(module))
+            if seen is not None:
+                self._reached_again(fqn, seen)
+                continue
+            prefix = fqn + "." if fqn else ""
+            index = add_module(module, fqn, prefix, parent, depth, in_adapter)
+            kids = module._modules
+            if not kids:
+                continue
+            holders = () if in_adapter or tuner_type is None else holders_of(module)
+            for name, child in reversed(kids.items()):
+                if child is not None:
+                    push((child, prefix + name, index, depth + 1, in_adapter or name in holders))
+
+    def _reached_again(self, fqn: str, index: int) -> None:
+        info = self.modules[index]
+        info.aliases = info.aliases + (fqn,)
+        self.module_index[fqn] = index
+        self.shared_again.append((fqn, index))
+
+    def _add_module(self, module: nn.Module, fqn: str, prefix: str, parent: int, depth: int, in_adapter: bool) -> int:
+        """Record ``module`` (its parameters and buffers) at the next preorder index and return it."""
+        modules = self.modules
+        index = len(modules)
+        self.module_slot[id(module)] = index
+        own = self._own_params(module._parameters, prefix, index, in_adapter)
+        buffer_bytes, n_buffers = _buffer_stats(module._buffers) if module._buffers else (0, 0)
+        cls = type(module)
+        container = self.bare.get(cls)
+        if container is None:
+            container = self.bare[cls] = issubclass(cls, (nn.ModuleList, nn.ModuleDict)) and cls.forward is nn.Module.forward
+        modules.append(ModuleInfo(index, fqn, cls.__name__, parent, depth, [], own, buffer_bytes, n_buffers,
+                                  bare_container=container))
+        self.module_index[fqn] = index
+        if parent >= 0:
+            modules[parent].children.append(index)
+        return index
+
+    def _own_params(self, registered: dict, prefix: str, index: int, in_adapter: bool) -> tuple[int, ...]:
+        """Slots of the parameters module ``index`` registers directly; a parameter met before
+        (tied) gains the name, and the module as an owner."""
+        own: list[int] = []
+        param_slot, param_names, param_owners = self.param_slot, self.param_names, self.param_owners
+        for pname, p in registered.items():
+            if p is None:
+                continue
+            slot = param_slot.get(id(p))
+            if slot is None:
+                slot = param_slot[id(p)] = len(self.param_objs)
+                self.param_objs.append(p)
+                param_names.append([prefix + pname])
+                param_owners.append([index])
+                own.append(slot)
+            else:
+                param_names[slot].append(prefix + pname)
+                if index not in param_owners[slot]:
+                    param_owners[slot].append(index)
+                    own.append(slot)
+            if in_adapter:
+                self.lora_ids.add(id(p))
+        return tuple(own)
+
+    def _holders(self, module: nn.Module):
+        """Names of ``module``'s children that hold adapter weights, when it is one of peft's layers."""
+        cls = type(module)
+        tuner = self.is_tuner.get(cls)
+        if tuner is None:
+            tuner = self.is_tuner[cls] = issubclass(cls, self.tuner_type)
+        return _adapter_holders(module, self.lora_ids) if tuner else ()
+
+    def alias_subtrees(self) -> None:
+        """A module reached along a second path (Zamba's shared block): its whole subtree, modules and
+        parameters, is reachable under that name too, as named_parameters(remove_duplicate=False) lists.
+        Needs the subtree extents."""
+        modules, param_names = self.modules, self.param_names
+        for alias, index in self.shared_again:
+            base = modules[index].fqn
+            for m in range(index, modules[index].subtree_end):
+                info = modules[m]
+                if m != index:
+                    self.module_index.setdefault(alias + info.fqn[len(base):], m)
+                for slot in info.params:
+                    names = param_names[slot]
+                    for name in list(names):
+                        if name.startswith(base + ".") and alias + name[len(base):] not in names:
+                            names.append(alias + name[len(base):])
+
+    def params(self, param_index: dict[str, int]) -> list[ParamInfo]:
+        """The unique parameters, each with its role, every name entered in ``param_index``.
+
+        Roles come from peft's adapter layers when the walk met any, else from names."""
+        by_names = self.tuner_type is None or not self.lora_ids
+        lora_ids, param_names, param_owners = self.lora_ids, self.param_names, self.param_owners
+        out = []
+        for slot, p in enumerate(self.param_objs):
+            names = tuple(param_names[slot])
+            if by_names:
+                role = "lora" if any(_looks_like_lora(n) for n in names) else "base"
+            else:
+                role = "lora" if id(p) in lora_ids else "base"
+            out.append(ParamInfo(slot, names, tuple(p.shape), p.dtype, bool(p.requires_grad), role,
+                                 tuple(param_owners[slot]), contiguous=bool(p.is_contiguous())))
+            for n in names:
+                param_index[n] = slot
+        return out
+
+
+def _buffer_stats(buffers: dict) -> tuple[int, int]:
+    """(bytes, count) of a module's registered, non-None buffers."""
+    nbytes = count = 0
+    for b in buffers.values():
+        if b is not None:
+            count += 1
+            nbytes += b.numel() * b.element_size()
+    return nbytes, count
+
+
+def _set_subtree_ends(modules: list[ModuleInfo]) -> None:
+    """With preorder numbering a subtree is a contiguous range ending where the last child's subtree ends."""
+    for info in reversed(modules):
+        info.subtree_end = modules[info.children[-1]].subtree_end if info.children else info.index + 1
+
+
+def _adapter_holders(layer, lora_ids: set[int]) -> frozenset[str]:
+    """Names of ``layer``'s child modules that hold adapter weights (peft's ``adapter_layer_names``).
+
+    A holder that is not a registered child (a plain dict of parameters) has its parameters'
+    ids added to ``lora_ids`` directly."""
+    names = []
+    for attr in getattr(layer, "adapter_layer_names", ()):
+        if attr in layer._modules:
+            names.append(attr)
+            continue
+        holder = getattr(layer, attr, None)
+        if isinstance(holder, nn.Module):
+            lora_ids.update(id(p) for p in holder.parameters())
+        elif isinstance(holder, dict):
+            lora_ids.update(id(p) for p in holder.values() if isinstance(p, torch.Tensor))
+    return frozenset(names)
+
+
 class ModelTree:
     """A snapshot of a module tree: modules in DFS preorder, unique parameters."""
 
@@ -87,143 +259,14 @@ class ModelTree:
         self.root_type = type(model).__name__
         self._model = weakref.ref(model)  # activations are measured by running it (never kept alive here)
         self.modules: list[ModuleInfo] = []
-        self.params: list[ParamInfo] = []
         self.module_index: dict[str, int] = {}
         self.param_index: dict[str, int] = {}  # every alias -> parameter index
-
-        tuner_type = _tuner_layer_type()
-        lora_ids: set[int] = set()  # ids of parameters held by peft's adapter layers
-        param_slot: dict[int, int] = {}  # id(param) -> index
-        param_names: list[list[str]] = []
-        param_owners: list[list[int]] = []
-        param_objs: list[nn.Parameter] = []  # keeps ids valid during the walk
-        module_slot: dict[int, int] = {}
-        modules, module_index = self.modules, self.module_index
-        is_tuner: dict[type, bool] = {}  # isinstance on peft's ABC is slow: once per class
-
-        # One iterative DFS over ``_modules`` / ``_parameters`` / ``_buffers`` (no named_modules,
-        # no second pass for peft): children in registration order, as torch's own traversal;
-        # a module reached twice is walked once, like fully_shard's ``_get_managed_modules``.
-        # ``in_adapter``: the module is one of peft's adapter holders (``lora_A``, ``lora_B``,
-        # ``lora_embedding_A``, DoRA's ``lora_magnitude_vector``, ...) or lies below one, so
-        # every parameter it registers is an adapter parameter.
-        stack: list[tuple[nn.Module, str, int, int, bool]] = [(model, "", -1, 0, False)]
-        pop, push = stack.pop, stack.append
-        shared_again: list[tuple[str, int]] = []  # (other name, module index) of a module reached twice
-        bare: dict[type, bool] = {}  # per class: a ModuleList / ModuleDict without a forward of its own
-        while stack:
-            module, fqn, parent, depth, in_adapter = pop()
-            slot_of_module = module_slot.get(id(module))
-            if slot_of_module is not None:
-                info = modules[slot_of_module]
-                info.aliases = info.aliases + (fqn,)
-                module_index[fqn] = slot_of_module
-                shared_again.append((fqn, slot_of_module))
-                continue
-            index = len(modules)
-            module_slot[id(module)] = index
-            prefix = fqn + "." if fqn else ""
-            own: list[int] = []
-            for pname, p in module._parameters.items():
-                if p is None:
-                    continue
-                slot = param_slot.get(id(p))
-                if slot is None:
-                    slot = len(param_objs)
-                    param_slot[id(p)] = slot
-                    param_objs.append(p)
-                    param_names.append([prefix + pname])
-                    param_owners.append([index])
-                    own.append(slot)
-                else:
-                    param_names[slot].append(prefix + pname)
-                    if index not in param_owners[slot]:
-                        param_owners[slot].append(index)
-                        own.append(slot)
-                if in_adapter:
-                    lora_ids.add(id(p))
-            buffer_bytes = n_buffers = 0
-            if module._buffers:
-                for b in module._buffers.values():
-                    if b is not None:
-                        n_buffers += 1
-                        buffer_bytes += b.numel() * b.element_size()
-            cls = type(module)
-            container = bare.get(cls)
-            if container is None:
-                container = bare[cls] = issubclass(cls, (nn.ModuleList, nn.ModuleDict)) and cls.forward is nn.Module.forward
-            info = ModuleInfo(index, fqn, cls.__name__, parent, depth, [], tuple(own), buffer_bytes, n_buffers,
-                              bare_container=container)
-            modules.append(info)
-            module_index[fqn] = index
-            if parent >= 0:
-                modules[parent].children.append(index)
-            kids = module._modules
-            if not kids:
-                continue
-            holders = ()
-            if tuner_type is not None and not in_adapter:
-                cls = type(module)
-                tuner = is_tuner.get(cls)
-                if tuner is None:
-                    tuner = is_tuner[cls] = issubclass(cls, tuner_type)
-                if tuner:
-                    holders = self._adapter_holders(module, lora_ids)
-            for name, child in reversed(kids.items()):
-                if child is not None:
-                    push((child, prefix + name, index, depth + 1, in_adapter or name in holders))
-
-        self.parents = [info.parent for info in modules]
-        # Subtree extents: with preorder numbering a subtree is a contiguous range ending where
-        # the last child's subtree ends.
-        for info in reversed(modules):
-            info.subtree_end = modules[info.children[-1]].subtree_end if info.children else info.index + 1
-
-        # A module reached along a second path (Zamba's shared block): its whole subtree, modules and
-        # parameters, is reachable under that name too, as named_parameters(remove_duplicate=False) lists.
-        for alias, index in shared_again:
-            base = self.modules[index].fqn
-            for m in range(index, self.modules[index].subtree_end):
-                info = self.modules[m]
-                if m != index:
-                    self.module_index.setdefault(alias + info.fqn[len(base):], m)
-                for slot in info.params:
-                    for name in list(param_names[slot]):
-                        if name.startswith(base + ".") and alias + name[len(base):] not in param_names[slot]:
-                            param_names[slot].append(alias + name[len(base):])
-
-        by_names = tuner_type is None or not lora_ids
-        param_index = self.param_index
-        for slot, p in enumerate(param_objs):
-            names = tuple(param_names[slot])
-            if by_names:
-                role = "lora" if any(_looks_like_lora(n) for n in names) else "base"
-            else:
-                role = "lora" if id(p) in lora_ids else "base"
-            self.params.append(
-                ParamInfo(slot, names, tuple(p.shape), p.dtype, bool(p.requires_grad), role,
-                          tuple(param_owners[slot]), contiguous=bool(p.is_contiguous()))
-            )
-            for n in names:
-                param_index[n] = slot
-
-    @staticmethod
-    def _adapter_holders(layer, lora_ids: set[int]) -> frozenset[str]:
-        """Names of ``layer``'s child modules that hold adapter weights (peft's ``adapter_layer_names``).
-
-        A holder that is not a registered child (a plain dict of parameters) has its parameters'
-        ids added to ``lora_ids`` directly."""
-        names = []
-        for attr in getattr(layer, "adapter_layer_names", ()):
-            if attr in layer._modules:
-                names.append(attr)
-                continue
-            holder = getattr(layer, attr, None)
-            if isinstance(holder, nn.Module):
-                lora_ids.update(id(p) for p in holder.parameters())
-            elif isinstance(holder, dict):
-                lora_ids.update(id(p) for p in holder.values() if isinstance(p, torch.Tensor))
-        return frozenset(names)
+        walk = _Walk(self.modules, self.module_index)
+        walk.run(model)
+        self.parents = [info.parent for info in self.modules]
+        _set_subtree_ends(self.modules)
+        walk.alias_subtrees()
+        self.params: list[ParamInfo] = walk.params(self.param_index)
 
     @property
     def model(self) -> nn.Module | None:

@@ -129,6 +129,15 @@ CASES = {
     "gpt2-lora-nested-attn": (gpt2_lora, auto_with_nested("attn", "sharded"), sv.Mesh(shard=4), sv.Training(), (0, 3), False),
     "gpt2-lora-ignored-nested-attn": (gpt2_lora, auto_with_nested("attn", "ignored"), sv.Mesh(shard=4), sv.Training(), (0,), True),
     "fused-adamw": (tiny_lora, auto("ignored"), FSDP8, sv.Training(fused=True), (0,), True),
+    # gradient accumulation: no sync but on the last micro-batch (unsharded gradients kept), kept in
+    # fp32 when they are bf16 (the reduce dtype), synced on every micro-batch, with whole gradients
+    "grad-accum-3": (tiny_lora, auto("sharded"), FSDP8, sv.Training(grad_accum=3), (0,), False),
+    "grad-accum-bf16-hsdp": (tiny_lora, auto("sharded"), HSDP, sv.Training(param_dtype="bfloat16", reduce_dtype="float32",
+                                                                          grad_accum=2), (5,), False),
+    "grad-accum-sync-every": (tiny_lora, auto("sharded"), FSDP8, sv.Training(grad_accum=3, sync_every_microbatch=True),
+                              (0,), False),
+    "grad-accum-ignored": (tiny_lora, auto("ignored"), FSDP8, sv.Training(grad_accum=2), (0,), True),
+    "grad-accum-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, sv.Training(grad_accum=4), (7,), True),
 }
 # The peak equals torch's to the byte except where docs/cost-model.md (Validation) says why not,
 # by exactly this many bytes (predicted - torch): a shard group of one rank issues no

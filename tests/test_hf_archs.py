@@ -57,7 +57,7 @@ def pinned_release():
 
     if transformers.__version__ != TRANSFORMERS:
         pytest.skip(f"the built and measured sets are pinned for transformers {TRANSFORMERS}, "
-                    f"{transformers.__version__} is installed: re-pin BUILT, UNBUILDABLE and NOT_MEASURED")
+                    f"{transformers.__version__} is installed: re-pin BUILT, UNBUILDABLE and NOT_MEASURABLE")
 
 
 @pytest.mark.slow
@@ -100,9 +100,19 @@ def test_auto_plan_on_hf_architectures():
     assert {label: why.split(":")[0] for label, why in unbuildable.items()} == UNBUILDABLE, unbuildable
 
 
-# Of the 27 causal LMs in the sample, 24 measure with checkpointed blocks; these 3 fail today, each
-# with one ValueError (issue 20 asks h1 to make them measure: shrink this set when they do).
-NOT_MEASURED = {"blt", "git", "xlm"}
+# Of the 27 causal LMs in the sample, 24 measure with checkpointed blocks (transformers 5.24)
+#: The causal LMs of the sample whose step cannot be measured, each for a reason of its own step.
+NOT_MEASURABLE = {
+    # patch boundaries come from the entropy model's values: torch.distributions checks the logits'
+    # values, and past that, shapes fake tensors cannot size (a boolean selection viewed by its count)
+    "blt": "Categorical",
+    # a text-only step with labels fails in transformers itself: the loss skips image tokens first
+    # (with an image in Training.example_inputs it measures: test_git_measures_with_an_image)
+    "git": "Expected input batch_size (0)",
+    # the real step fails too: XLM always builds a key/value cache, and the checkpointed blocks'
+    # recomputation appends to it (keys twice as long as the mask)
+    "xlm": "The expanded size of the tensor",
+}
 
 
 @pytest.mark.slow
@@ -130,5 +140,27 @@ def test_activations_on_hf_causal_lms():
             assert "could not be measured" in str(exc), (model_type, exc)
             failed[model_type] = str(exc)[:200]
     print(f"\n{len(measured)} causal LMs measured; not measurable: {failed}")
-    assert set(failed) == NOT_MEASURED, failed
     assert len(measured) == 24, measured
+    assert set(failed) == set(NOT_MEASURABLE), failed
+    for model_type, why in NOT_MEASURABLE.items():
+        assert why in failed[model_type], (model_type, failed[model_type])
+
+
+@pytest.mark.slow
+def test_git_measures_with_an_image():
+    """GIT's training step is image + text: given pixel_values, its activations measure."""
+    import torch
+
+    model = build("git")
+    vision = model.config.vision_config
+
+    def inputs(batch, seq):
+        ids = torch.zeros((batch, seq), dtype=torch.long)
+        pixels = torch.zeros((batch, vision.num_channels, vision.image_size, vision.image_size))
+        return (), {"input_ids": ids, "labels": ids, "pixel_values": pixels, "use_cache": False}
+
+    training = sv.Training(batch_size=1, seq_len=32, example_inputs=inputs)
+    a = sv.analyze(model, sv.Plan.auto(model, checkpoint="blocks"), sv.Mesh(4), training)
+    assert int(a.memory.activations.max()) > 0
+    assert a.flop_totals["flops"] > a.flop_totals["model_flops"] > 0  # checkpointed blocks recompute
+

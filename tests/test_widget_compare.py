@@ -161,3 +161,23 @@ def test_widget_pin_and_unpin_actions(model):
     assert ins.handle_action("unpin", {})["ok"]
     assert ins.view.comparison["pinned"] is False and ins.view.summary["pinned"] is False
     assert not ins.handle_action("pin", {"fqn": L0})["ok"]  # pin takes no argument
+
+
+def test_diff_names_fit_a_narrow_table(model, st):
+    """The diff lists each parameter without the prefix all listed names share, and each side as the
+    tree's badges say it ("sharded in layers.0"); the full names stay for hover and reveal."""
+    st.pin()
+    st.ignore_lora(L0)
+    for d in st.comparison["diff"]:
+        assert d["fqn"].startswith(L0 + ".") and d["fqn"] == f"{L0}.{d['fqn_short']}"
+        assert (d["where_a"], d["where_b"]) == ("sharded in layers.0", "ignored")
+
+
+def test_compare_chart_notes_every_layout_and_its_training(model):
+    """sv.compare(...).chart(): one bar per layout, so the chart notes each layout's peak (not only the
+    worst one's) and says which training the numbers assume."""
+    cmp = sv.compare(model, {f"LoRA {x}": sv.Plan.auto(model, lora=x) for x in ("ignored", "sharded")}, mesh=MESH,
+                     training=DEFAULT_TRAINING)
+    payload = cmp.memory_payload()
+    assert payload["by_layout"] is True and [b["label"] for b in payload["bars"]] == ["LoRA ignored", "LoRA sharded"]
+    assert payload["training"] == views.training_text(DEFAULT_TRAINING) == "AdamW · bf16 params · fp32 reduce · no batch (model state only)"

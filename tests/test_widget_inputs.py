@@ -59,7 +59,9 @@ def test_junk_device_memory_is_refused_with_a_message(ins):
     for text, want in (("80", 80 * 1024**3), ("80GiB", 80 * 1024**3), ("96 GB", 96 * 10**9), ("", None)):
         assert ins.handle_action("set_mesh", {"device_memory": text})["ok"], text
         assert ins.mesh.device_memory == want, text
-    assert ins.handle_action("set_mesh", {"device_memory": "80GiB"})["ok"]
+    assert ins.handle_action("set_mesh", {"device_memory": "200KiB"})["ok"]
+    assert ins.controls["device_text"] == "200.00 KiB"  # the field shows the size, never "0" GiB
+    assert ins.handle_action("set_mesh", {"device_memory": "80GiB"})["ok"] and ins.controls["device_text"] == "80"
     for junk in ("abc", "0", "-3", "80 parsecs"):
         ack = ins.handle_action("set_mesh", {"device_memory": junk})
         assert not ack["ok"] and ack["error"].startswith(f"device memory {junk!r}"), ack

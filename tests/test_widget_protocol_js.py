@@ -32,6 +32,10 @@ CASES = [
     ("ignore", {"fqns": "x"}),
     ("checkpoint_blocks", {"on": True}),
     ("save_code", {"path": "x.py", "overwrite": False}),
+    ("set_mesh", {"device_memory": "80GiB"}),
+    ("set_mesh", {"device_memory": 80}),
+    ("filter_finding", {}),
+    ("dismiss_messages", {}),
 ]
 
 
@@ -53,4 +57,4 @@ console.log(JSON.stringify(cases.map(([a, args]) => checkAction(protocol, a, arg
     js = json.loads(out)
     py = [protocol.check_action(a, args) for a, args in CASES]
     assert [x is None for x in js] == [x is None for x in py], list(zip(CASES, js, py))
-    assert py.count(None) == 9  # the cases above: 9 well-formed messages, 8 refused
+    assert py.count(None) == 11  # the cases above: 11 well-formed messages, 10 refused

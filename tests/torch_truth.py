@@ -23,7 +23,7 @@ Note: ``FSDPMemTracker`` re-registers forward hooks per module, which breaks gro
 (``fully_shard([a, b])`` is then all-gathered and resharded once per module, and its
 post-backward fires after its last module's backward, not where torch's hooks put it). The
 harness registers the tracker's wrappers as FSDP registers its own hooks
-(``_instrument_keeping_groups``), so the tracked step is the step torch runs, and puts FSDP's
+(``truth_tracker``), so the tracked step is the step torch runs, and puts FSDP's
 hooks back afterwards. Collectives are still recorded in the step before, with no tracker.
 """
 
@@ -41,6 +41,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz.oracle import apply_plan, fake_process_group
+from truth_tracker import see_post_forward_shards, state_tracker, unsharded_params, unsharded_storages
 
 SEQ = 16
 BATCH = 2
@@ -224,135 +225,6 @@ def _collective_recorder():
 
 
 # ---------------------------------------------------------------------------
-# Memory tracker that also reports the peak of state (non-activation) memory
-# ---------------------------------------------------------------------------
-def _state_tracker(model, optimizer):
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType as R, _FSDPState
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.utils.weak import WeakIdKeyDictionary
-
-    state_kinds = (R.SHARDED_PARAM, R.UNSHARDED_PARAM, R.BUFFER, R.SHARDED_GRAD, R.UNSHARDED_GRAD,
-                   R.ALL_GATHER, R.REDUCE_SCATTER, R.OPT)
-
-    class StateTracker(FSDPMemTracker):
-        def __init__(self, mod, optm):
-            # FSDPMemTracker.__init__ minus its assertion that ``mod`` is an FSDP module: the
-            # instrumentation walks ``mod.modules()``, so a plan with several FSDP roots (no call
-            # on the model itself) is tracked the same way
-            MemTracker.__init__(self)
-            self._root_mod, self._optm = mod, optm
-            self._fsdp_mod_to_saved_methods = WeakIdKeyDictionary()
-            self._fsdp_state = _FSDPState.PRE_FW
-            self._ref_class = R
-            self.state_peak: dict = {}
-            self.state_peak_snap: dict = {}
-
-        def _instrument_fsdp_module(self):
-            _instrument_keeping_groups(self, R)
-
-        def _deregister_module_and_optimizer_hooks(self):
-            _restore_hooks(self)
-
-        def _update_peak_stats(self, peak_state):
-            super()._update_peak_stats(peak_state)
-            for dev, snap in self._curr_mem_snap.items():
-                x = sum(snap.get(k, 0) for k in state_kinds)
-                if x > self.state_peak.get(dev, 0):
-                    self.state_peak[dev] = x
-                    self.state_peak_snap[dev] = {str(k.value) if hasattr(k, "value") else k: v for k, v in snap.items()}
-
-    return StateTracker(model, optimizer), R
-
-
-def _fsdp_states(root: nn.Module) -> list[tuple]:
-    """(FSDP state, its first module) of every call with parameters under ``root``, once each."""
-    from torch.distributed.fsdp import FSDPModule
-
-    out, seen = [], set()
-    for module in root.modules():
-        if isinstance(module, FSDPModule):
-            state = module._get_fsdp_state()
-            if state._fsdp_param_group is not None and id(state) not in seen:
-                seen.add(id(state))
-                out.append((state, module))
-    return out
-
-
-def _forward_hooks(state, pre, post):
-    """Register ``pre``/``post`` as FSDP does (``FSDPState.__init__``): on the module, or for a
-    grouped call once for the group (pre-forward at its first module, post-forward when its
-    last module returns)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
-
-    modules = state._modules
-    if len(modules) == 1:
-        state._pre_forward_hook_handle = modules[0].register_forward_pre_hook(pre, prepend=True, with_kwargs=True)
-        state._post_forward_hook_handle = modules[0].register_forward_hook(post, prepend=False)
-    else:
-        handle = _register_group_forward_hooks(modules, pre, post, state._modules_to_run_forward,
-                                               state._cast_output_dtype)
-        state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
-
-
-def _instrument_keeping_groups(tracker, R):
-    """``FSDPMemTracker._instrument_fsdp_module`` with the same wrappers, registered as FSDP
-    registers its own hooks. The tracker's version puts a full pre/post-forward hook on every
-    module of a grouped call, so the tracked step would not be the step torch runs: the group is
-    all-gathered and resharded once per module, and its post-backward fires after its last
-    module's backward instead of where torch's own hooks put it."""
-    from torch.distributed._tools.fsdp2_mem_tracker import _SavedFSDPMethods
-
-    for state, module in _fsdp_states(tracker._root_mod):
-        group = state._fsdp_param_group
-        state._pre_forward_hook_handle.remove()
-        state._post_forward_hook_handle.remove()
-        tracker._instrument_fsdp_sharded_params_grads(group)
-        _forward_hooks(state, tracker._fsdp_state_pre_forward(module, state._pre_forward),
-                       tracker._fsdp_state_post_forward(module, state._post_forward))
-        tracker._fsdp_mod_to_saved_methods[module] = _SavedFSDPMethods(group.pre_backward, group.post_backward)
-        group.pre_backward = tracker._fsdp_param_group_pre_backward(module, group.pre_backward)
-        group.post_backward = tracker._fsdp_param_group_post_backward(module, group.post_backward)
-    for buffer in tracker._root_mod.buffers():
-        tracker._update_and_maybe_create_winfos(buffer, R.BUFFER)
-
-
-def _restore_hooks(tracker):
-    """Undo ``_instrument_keeping_groups``: FSDP's own hooks back, grouped calls grouped."""
-    for module, saved in tracker._fsdp_mod_to_saved_methods.items():
-        state = module._get_fsdp_state()
-        state._pre_forward_hook_handle.remove()
-        state._post_forward_hook_handle.remove()
-        _forward_hooks(state, state._pre_forward, state._post_forward)
-        state._fsdp_param_group.pre_backward = saved.pre_backward
-        state._fsdp_param_group.post_backward = saved.post_backward
-    tracker._fsdp_mod_to_saved_methods.clear()
-    if tracker._optimizer_hook_handles is not None:
-        for handle in tracker._optimizer_hook_handles:
-            handle.remove()
-        tracker._optimizer_hook_handles = None
-
-
-@contextlib.contextmanager
-def _see_post_forward_shards(tracker, R):
-    """An int ``reshard_after_forward`` keeps a clone of the all-gather output's slice after
-    forward (``FSDPParam.to_sharded_post_forward``); the tracker leaves that clone under
-    Activation. Categorise it as the (smaller-world) sharded parameter it is."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
-
-    orig = FSDPParam.to_sharded_post_forward
-
-    def inner(self):
-        orig(self)
-        tracker._update_and_maybe_create_winfos(self._sharded_post_forward_param_data, R.SHARDED_PARAM)
-
-    FSDPParam.to_sharded_post_forward = inner
-    try:
-        yield
-    finally:
-        FSDPParam.to_sharded_post_forward = orig
-
-
-# ---------------------------------------------------------------------------
 # One measured run
 # ---------------------------------------------------------------------------
 @dataclass
@@ -408,19 +280,13 @@ def _outside_params(model: nn.Module, state_names: dict) -> list[tuple[str, nn.P
     return out
 
 
-def _unsharded_params(model: nn.Module) -> list:
-    """The unsharded parameters of every trainable ``FSDPParam`` (what autograd accumulates into)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+def _set_gradient_sync(model: nn.Module, sync: bool) -> None:
+    """``set_requires_gradient_sync`` on every FSDP call (a plan may have several roots)."""
+    from torch.distributed.fsdp import FSDPModule
 
-    out, seen = [], set()
     for module in model.modules():
-        state = _get_module_fsdp_state(module)
-        for group in getattr(state, "_fsdp_param_groups", ()) if state is not None else ():
-            for fp in group.fsdp_params:
-                if id(fp) not in seen and fp.sharded_param.requires_grad:
-                    seen.add(id(fp))
-                    out.append(fp._unsharded_param)
-    return out
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(sync, recurse=False)
 
 
 def exported_apply(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training):
@@ -468,12 +334,17 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     ids = batch(model, training, 1234 + rank if own_batch else 1234)
     truth = StepTruth(rank)
 
-    def step():
-        _PHASE[0] = "forward"
-        # a training step: no key/value cache (what sv measures; see docs/activations.md, use_cache)
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        _PHASE[0] = "backward"
-        loss.backward()
+    def step(between_microbatches=None):
+        k = training.grad_accum  # micro-batches; without sync but on the last unless told otherwise
+        for i in range(k):
+            _set_gradient_sync(model, training.sync_every_microbatch or i == k - 1)
+            if i and between_microbatches is not None:
+                between_microbatches()
+            _PHASE[0] = "forward"
+            # a training step: no key/value cache (what sv measures; see docs/activations.md, use_cache)
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            _PHASE[0] = "backward"
+            loss.backward()
         _PHASE[0] = "optimizer"
         optimizer.step()
         return float(loss.detach())
@@ -488,10 +359,12 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
         truth.collectives = recorder.log
         optimizer.zero_grad()
 
-        tracker, R = _state_tracker(model, optimizer)
-        with tracker, _see_post_forward_shards(tracker, R):
+        tracker, R = state_tracker(model, optimizer)
+        with tracker, see_post_forward_shards(tracker, R):
             for _, p, _ in outside:  # what FSDPMemTracker does not instrument
                 tracker._update_and_maybe_create_winfos(p, R.UNSHARDED_PARAM)
+            for t in unsharded_storages(model):  # what it files too late (see truth_tracker.unsharded_storages)
+                tracker._update_and_maybe_create_winfos(t, R.UNSHARDED_PARAM)
 
             def grad_hook(q):
                 tracker._update_and_maybe_create_winfos(q.grad, R.UNSHARDED_GRAD)
@@ -500,9 +373,9 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
             # The tracker files an unsharded gradient under Temp until its call's post-backward; a
             # call with calls nested inside it holds part of them across the nested calls' backward.
             # File each as the gradient it is the moment autograd accumulates it.
-            hooks += [p.register_post_accumulate_grad_hook(grad_hook) for p in _unsharded_params(model)]
+            hooks += [p.register_post_accumulate_grad_hook(grad_hook) for p in unsharded_params(model)]
             start = tracker.get_tracker_snapshot("current")
-            step()
+            step(between_microbatches=tracker.reset_mod_stats)  # it refuses a second forward otherwise
             end = tracker.get_tracker_snapshot("current")
         for h in hooks:
             h.remove()

@@ -48,6 +48,6 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations)
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
     step = simulate_step(units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
-                         S, mesh.replicate)
+                         S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)
     return CostModel(mesh, training, units, resident_state(arr, sh, whole, units, S),
                      optimizer_state(training, arr, sh, whole, S), averaging, step)

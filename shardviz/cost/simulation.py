@@ -92,6 +92,24 @@ class Collective(NamedTuple):
     count: int = 1
 
 
+class Microbatch(NamedTuple):
+    """One kind of micro-batch of a step (``Training.grad_accum``)."""
+
+    first: bool  # the first after zero_grad(): no gradient exists yet
+    sync: bool  # its backward reduce-scatters (set_requires_gradient_sync(True))
+
+
+def microbatches(grad_accum: int, sync_every: bool) -> list[Microbatch]:
+    """The distinct micro-batches of one step: the first, one standing for the middle ones (they
+    start from the same state), the last, which syncs."""
+    kinds = [Microbatch(True, grad_accum == 1 or sync_every)]
+    if grad_accum > 2:
+        kinds.append(Microbatch(False, sync_every))
+    if grad_accum > 1:
+        kinds.append(Microbatch(False, True))
+    return kinds
+
+
 @dataclass(frozen=True)
 class StepResult:
     peak: int  # transient bytes (on top of the resident state) of the largest moment; -1: none
@@ -111,8 +129,10 @@ class Held:
     prefetched: dict[int, int] = field(default_factory=dict)
     reduce_scatter_input: int = 0  # the last one, kept until the next post-backward
     gradients: int = 0  # sharded and whole gradients so far
-    unsharded_grads_of: dict[int, int] = field(default_factory=dict)  # per call, waiting for its post-backward
-    unsharded_grads: int = 0  # their sum
+    unsharded_grads_of: dict[int, int] = field(default_factory=dict)  # per call, computed in this backward
+    # per call, kept from earlier micro-batches without gradient sync (Training.grad_accum)
+    accumulated_grads_of: dict[int, int] = field(default_factory=dict)
+    unsharded_grads: int = 0  # the sum of both
 
     @property
     def prefetched_bytes(self) -> int:
@@ -121,6 +141,15 @@ class Held:
     def add_unsharded_grads(self, k: int, nbytes: int) -> None:
         self.unsharded_grads_of[k] = self.unsharded_grads_of.get(k, 0) + nbytes
         self.unsharded_grads += nbytes
+
+    def all_gradients(self) -> int:
+        return self.gradients + self.unsharded_grads
+
+    def end_backward(self) -> None:
+        """``FSDPState._root_post_backward_final_callback``: the last reduce-scatter input and
+        prefetched all-gathers nobody copied out are dropped (``finalize_backward``)."""
+        self.reduce_scatter_input = 0
+        self.prefetched.clear()
 
 
 class StepSimulation:
@@ -132,8 +161,10 @@ class StepSimulation:
     (``cost.levels``)."""
 
     def __init__(self, units: list[UnitCost], root_posts, unmanaged_grads: int, averaging, levels,
-                 shard: int, replicate: int):
+                 shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False):
         self.units = units
+        self.grad_accum, self.sync_every = grad_accum, sync_every
+        self.mb = Microbatch(True, True)
         self.root_posts = root_posts
         self.unmanaged_grads = unmanaged_grads
         self.averaging = averaging
@@ -146,9 +177,18 @@ class StepSimulation:
         self.held = Held()
 
     def run(self) -> StepResult:
-        self.forward()
-        self.backward()
-        return StepResult(self.peak, self.moment, tuple(self.collectives))
+        for mb in microbatches(self.grad_accum, self.sync_every):
+            self.mb, self.collectives = mb, []
+            self.forward()
+            self.backward()
+        return StepResult(self.peak, self.moment, tuple(self.step_collectives()))
+
+    def step_collectives(self) -> list[Collective]:
+        """The last micro-batch's collectives, counted over the step: the all-gathers run in every
+        micro-batch, the reduce-scatters (and HSDP all-reduces) in those that sync."""
+        k = self.grad_accum
+        syncs = k if self.sync_every else 1
+        return [c._replace(count=k if c.collective == "all_gather" else syncs) for c in self.collectives]
 
     def observe(self, phase: str, k, *, act=(0, None), **alive) -> None:
         level, module = act
@@ -174,7 +214,7 @@ class StepSimulation:
         # without a root call): the activations' own peak with what is held then
         h = self.held
         self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers)
+                     communication_buffers=h.forward_gathers, gradients=h.all_gradients())
 
     def pre_forward(self, k: int) -> None:
         """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out)."""
@@ -182,11 +222,12 @@ class StepSimulation:
         ag = u.gather if self.S > 1 else 0
         act = self.act.enter("forward", u.modules)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers + ag + u.staged)
-        # the previous all-gather output of this context is freed after this copy-out
-        h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
+                     communication_buffers=h.forward_gathers + ag + u.staged, gradients=h.all_gradients())
+        # copy-out; the previous all-gather output of this context is freed after it (wait_for_unshard
+        # drops comm_ctx.all_gather_state first, but its local prev_all_gather_state holds it until it returns)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
-                     communication_buffers=h.forward_gathers + ag)
+                     communication_buffers=h.forward_gathers + ag, gradients=h.all_gradients())
+        h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
         if self.S > 1:
             self.collectives.append(Collective(k, "all_gather", "forward", "shard", self.S))
         h.unsharded_params += u.gather
@@ -195,7 +236,7 @@ class StepSimulation:
         self.state[k] = UnitState.UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded
         self.observe("forward", k, act=self.act.during("forward", u.modules), unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers)
+                     communication_buffers=h.forward_gathers, gradients=h.all_gradients())
 
     def post_forward(self, k: int) -> None:
         """``FSDPParamGroup.post_forward``: reshard() (to the smaller post-forward mesh for an int)."""
@@ -206,7 +247,8 @@ class StepSimulation:
         elif u.reshard is not False:
             shard = u.gather // u.reshard
             self.observe("forward", k, act=self.act.leave("forward", u.modules),
-                         unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers)
+                         unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers,
+                         gradients=h.all_gradients())
             h.unsharded_params += shard - u.gather
             self.state[k] = UnitState.POST_FORWARD_SHARD
 
@@ -219,7 +261,7 @@ class StepSimulation:
     def backward_alive(self) -> dict:
         h = self.held
         return dict(unsharded_params=h.unsharded_params, communication_buffers=h.prefetched_bytes + h.reduce_scatter_input,
-                    gradients=h.gradients + h.unsharded_grads)
+                    gradients=h.all_gradients())
 
     def prefetch_order(self) -> list[int]:
         """The call before each in its context's post-forward order (``comm_ctx.post_forward_order``),
@@ -258,14 +300,16 @@ class StepSimulation:
                 self.gradients(event.index, part.unsharded, part.whole, part.module)
             else:
                 self.post_backward(event.index)
-        self.held.gradients += self.unmanaged_grads
+        if self.mb.first:  # later micro-batches accumulate into them in place
+            self.held.gradients += self.unmanaged_grads
         # FSDPState._root_post_backward_final_callback: post_backward for every call not done yet,
         # in the root's named_modules order
         units = self.units
         for k in sorted((k for k, u in enumerate(units) if not (u.out_grad and u.in_grad)), key=lambda k: units[k].first):
             self.post_backward(k)
+        self.held.end_backward()
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
-            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.gradients,
+            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.all_gradients(),
                          communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
 
     def unshard(self, k: int, act) -> None:
@@ -308,6 +352,7 @@ class StepSimulation:
         """Autograd computes (part of) a call's gradients while it is unsharded: those of the
         parameters ``module`` owns during that module's backward, or all of them at once."""
         h = self.held
+        unsharded, whole = self.new_gradients(k, unsharded, whole)
         if module is None:  # the call's backward at once: its peak with all its gradients
             h.add_unsharded_grads(k, unsharded)
             h.gradients += whole
@@ -320,35 +365,75 @@ class StepSimulation:
         h.gradients += whole
         self.observe("backward", k, act=self.act.after_backward(module), **self.backward_alive())
 
-    def post_backward(self, k: int) -> None:
-        """``FSDPParamGroup.post_backward``: reshard, then reduce-scatter (and all-reduce on HSDP)."""
+    def new_gradients(self, k: int, unsharded: int, whole: int) -> tuple[int, int]:
+        """The gradient bytes a backward allocates. After the first micro-batch, autograd adds into
+        gradients that exist (whole ones, and unsharded ones kept without sync): the new gradient
+        is an autograd temporary then, not counted. Kept ones converted to the reduce dtype are no
+        longer the parameters' ``.grad``: autograd allocates a fresh one."""
+        if self.mb.first:
+            return unsharded, whole
+        kept = not self.sync_every and not self.units[k].converts_grads
+        return (0 if kept else unsharded), 0
+
+    def reshard_after_backward(self, k: int) -> None:
         u, h = self.units[k], self.held
         if self.state[k] is UnitState.UNSHARDED:
             h.unsharded_params -= u.gather
         elif self.state[k] is UnitState.POST_FORWARD_SHARD:
             h.unsharded_params -= u.gather // u.reshard
         self.state[k] = UnitState.SHARDED
+
+    def keep_gradients(self, k: int) -> None:
+        """``post_backward`` without gradient sync: reshard, keep the unsharded gradients (cast to
+        the reduce dtype: ``to_accumulated_grad_if_needed``, or added into those already cast:
+        ``accumulate_unsharded_grad_if_needed``)."""
+        u, h = self.units[k], self.held
+        self.reshard_after_backward(k)
+        fresh = h.unsharded_grads_of.pop(k, 0)
+        if not u.converts_grads:
+            h.accumulated_grads_of[k] = h.accumulated_grads_of.get(k, 0) + fresh
+            return
+        if k not in h.accumulated_grads_of:  # the cast copy, while the gradients it copies exist
+            h.accumulated_grads_of[k] = u.accumulated_grads
+            h.unsharded_grads += u.accumulated_grads
+            self.observe("backward", k, act=self.act.leave("backward", u.modules), **self.backward_alive())
+        h.unsharded_grads -= fresh
+
+    def post_backward(self, k: int) -> None:
+        """``FSDPParamGroup.post_backward``: reshard, then reduce-scatter (and all-reduce on HSDP)."""
+        u, h = self.units[k], self.held
+        if not self.mb.sync:
+            self.keep_gradients(k)
+            return
+        self.reshard_after_backward(k)
         h.reduce_scatter_input = 0  # the previous reduce-scatter input is waited on and dropped first
-        ug = h.unsharded_grads_of.pop(k, 0)
+        fresh = h.unsharded_grads_of.pop(k, 0)
+        if u.converts_grads and k in h.accumulated_grads_of:  # added into the kept ones, then freed
+            h.unsharded_grads -= fresh
+            fresh = 0
+        ug = fresh + h.accumulated_grads_of.pop(k, 0)
         if not u.trainable:
             h.unsharded_grads -= ug
             return
         act = self.act.leave("backward", u.modules)
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.gradients + h.unsharded_grads)
+                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.all_gradients())
         h.unsharded_grads -= ug
         device_grads = 0 if u.offload else u.sharded_grads
         cast_copy = device_grads if u.cast else 0
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
                      communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
-                     gradients=h.gradients + h.unsharded_grads + cast_copy)
+                     gradients=h.all_gradients() + cast_copy)
         if self.S > 1:
             self.collectives.append(Collective(k, "reduce_scatter", "backward", "shard", self.S))
         if self.R > 1:
             self.collectives.append(Collective(k, "all_reduce", "backward", "replicate", self.R))
-        h.gradients += device_grads
+        if self.mb.first or not self.sync_every:  # else foreach_reduce adds into the sharded gradients
+            h.gradients += device_grads
         h.reduce_scatter_input = u.rs_input
 
 
-def simulate_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate) -> StepResult:
-    return StepSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate).run()
+def simulate_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
+                  grad_accum=1, sync_every=False) -> StepResult:
+    return StepSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
+                          grad_accum, sync_every).run()

@@ -89,7 +89,9 @@ def _collective_rows(costs: CostModel) -> list[tuple]:
         rows.append((u.name, c.collective, c.phase, c.group, c.group_size, c.count, dtype, nbytes))
     avg = costs.averaging
     if avg is not None:
-        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world, 1, avg.dtype, avg.bytes))
+        # the exported averager runs at the end of every backward, each micro-batch's
+        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world, costs.training.grad_accum, avg.dtype,
+                     avg.bytes))
     return rows
 
 

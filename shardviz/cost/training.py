@@ -49,6 +49,13 @@ class Training:
         ``out.loss`` if present, else the sum of the output.
     global_batch: sequences per optimizer step over all data-parallel ranks (``sv.search`` then
         tries every micro-batch and accumulation that give it); None: not fixed.
+    grad_accum: micro-batches per optimizer step (gradient accumulation). FSDP2 skips the
+        reduce-scatter on all but the last (``set_requires_gradient_sync(False)``), so every
+        call's unsharded gradients stay alive from the first micro-batch's backward until the
+        last one's (in the reduce dtype when it differs from the gradients').
+    sync_every_microbatch: with ``grad_accum > 1``, reduce-scatter on every micro-batch instead
+        (``set_requires_gradient_sync(True)`` throughout): the sharded gradients accumulate, the
+        unsharded ones are freed each time, at the cost of one reduce-scatter per micro-batch.
     """
 
     optimizer: str | int = "adamw"
@@ -64,6 +71,8 @@ class Training:
     seq_len: int = 2048
     example_inputs: object = None
     global_batch: int | None = None
+    grad_accum: int = 1
+    sync_every_microbatch: bool = False
 
     def __post_init__(self):
         opt = self.optimizer
@@ -95,6 +104,14 @@ class Training:
                 raise ValueError(f"Training.{key} must be a positive int{' or None' if key != 'seq_len' else ''}, got {value!r}")
         if self.example_inputs is not None and not callable(self.example_inputs):
             raise ValueError("Training.example_inputs must be a callable fn(batch_size, seq_len) -> (args, kwargs)")
+        self._check_accumulation()
+
+    def _check_accumulation(self) -> None:
+        k = self.grad_accum
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"Training.grad_accum must be an int >= 1 (micro-batches per optimizer step), got {k!r}")
+        if not isinstance(self.sync_every_microbatch, bool):
+            raise ValueError(f"Training.sync_every_microbatch must be True or False, got {self.sync_every_microbatch!r}")
 
     @property
     def n_states(self) -> int:

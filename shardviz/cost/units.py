@@ -69,6 +69,10 @@ class UnitCost:
     sharded_grads: int  # padded, original dtype
     cast: bool  # reduce dtype differs from the original: the sharded gradients are a new buffer
     unsharded_grads: int  # what autograd computes for the unsharded parameters (unpadded, param dtype)
+    # kept from one micro-batch to the next without gradient sync: the unsharded gradients, cast to
+    # the reduce dtype when it differs from theirs (FSDPParam.to_accumulated_grad_if_needed)
+    accumulated_grads: int
+    converts_grads: bool  # that cast happens: the accumulated gradients are a second buffer
     whole_grads: int  # gradients of trainable whole parameters under this call
     first: int  # tree index of its first module (registration order: the final callback's)
     pre_forward: Position  # its pre-forward (first module entered)
@@ -177,6 +181,7 @@ class _PerUnit:
     gather: np.ndarray  # all-gather output bytes
     staged: np.ndarray  # all-gather input staged before the collective
     padded_trainable: np.ndarray  # padded shard elements of trainable parameters
+    trainable_numel: np.ndarray
     unsharded_grads: np.ndarray
     has_trainable: np.ndarray
     gather_dtype: list[str]  # one dtype, or uint8 when the inputs differ (foreach_all_gather)
@@ -204,6 +209,7 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
         gather=sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard,
         staged=sum_per_unit(u, staged, n_units),
         padded_trainable=sum_per_unit(u, sh.padded * tr, n_units),
+        trainable_numel=sum_per_unit(u, sh.numel * tr, n_units),
         unsharded_grads=sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units),
         has_trainable=sum_per_unit(u, tr, n_units) > 0,
         gather_dtype=[names[row.argmax()] if row.sum() == 1 else "uint8" for row in gathered],
@@ -215,15 +221,19 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
 def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
     """The reduce-scatter of call ``i`` (``foreach_reduce``), or none without trainable parameters."""
     if not sums.has_trainable[i]:
-        return dict(trainable=False, reduce_dtype="", rs_input=0, rs_output=0, sharded_grads=0, cast=False)
+        return dict(trainable=False, reduce_dtype="", rs_input=0, rs_output=0, sharded_grads=0, cast=False,
+                    accumulated_grads=0, converts_grads=False)
     orig = sums.trained_dtype[i]
     # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce then
     # reduces in the gradient's dtype, the param dtype
     pol = policy
     rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else sums.trained_pd[i]
     output = int(sums.padded_trainable[i]) * itemsize(rd)
+    converts = rd != sums.trained_pd[i]
+    accumulated = int(sums.trainable_numel[i]) * itemsize(rd) if converts else int(sums.unsharded_grads[i])
     return dict(trainable=True, reduce_dtype=rd, rs_input=output * shard, rs_output=output,
-                sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig)
+                sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig,
+                accumulated_grads=accumulated, converts_grads=converts)
 
 
 def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,

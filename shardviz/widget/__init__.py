@@ -1,7 +1,8 @@
 """The Jupyter widget: ``sv.Inspector(model)``.
 
 - ``state.InspectorState``: every action as a plain Python method (no browser needed): history,
-  analysis and views; its plan edits in ``plan_actions``, the plan's name after edits in ``plan_names``;
+  analysis and views; its plan edits in ``plan_actions``, the plan's name after edits in ``plan_names``,
+  what the typed fields accept in ``inputs``;
 - ``tree_view``: expansion, filters and the visible rows, over ``folding`` (repeated blocks as one
   row) and ``module_stats`` (per-module sizes, bytes and badges);
 - ``views``: the chart and findings payloads, read from ``sv.analyze``, and plotly figures;

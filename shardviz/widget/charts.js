@@ -87,6 +87,13 @@ function niceStep(max, ticks = 5) {
   return 10 * mag;
 }
 
+// one byte unit per axis, following the largest value (a 10^9-token sequence reads in PiB, not
+// "15000000 GiB")
+function axisUnit(top) {
+  for (const [div, name] of [[1024 ** 5, "PiB"], [1024 ** 4, "TiB"], [GIB, "GiB"], [1024 ** 2, "MiB"]]) if (top >= div) return [div, name];
+  return [1024, "KiB"];
+}
+
 // ---------------------------------------------------------------------------------------------
 
 function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
@@ -108,8 +115,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   // a limit far above every bar would squash them flat: then it is named, not drawn
   const limitOnScale = limit && limit <= 4 * (mem.max_peak || 0);
   const top = Math.max(mem.max_peak || 0, limitOnScale ? limit : 0) * 1.08 || 1;
-  // axis unit: GiB, or MiB/KiB for small models
-  const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
+  const unit = axisUnit(top);
   const stepG = niceStep(top / unit[0]);
   const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
   const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
@@ -161,12 +167,14 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   if (limitOnScale) {
     const y = yOf(limit);
     svg.append(s("line", { class: `sv-limit${use && use.over ? " sv-over" : ""}`, x1: padL, x2: W - padR, y1: y, y2: y }));
-    svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: y - 4, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
+    // the label sits in the band above the plot, never on the bars it describes
+    svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
   }
   memoryEl.dataset.revision = String(mem.revision);
   memoryEl.dataset.peak = String(mem.max_peak);
   memoryEl.append(svg);
-  // legend = breakdown of the worst bar
+  // legend: the breakdown of the worst bar; with one bar per layout (sv.compare) each bar has its
+  // own numbers, so the legend names the parts and a note per layout gives its peak
   const worst = bars.reduce((a, b) => (a && a.peak >= b.peak ? a : b), null);
   if (worst) {
     const legend = h("div", { class: "sv-legend" });
@@ -177,18 +185,20 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
           { class: "sv-legend-item", "data-cat": c.key, title: c.help || c.label },
           h("span", { class: `sv-swatch ${CAT_CLASS[c.key] || ""}` }),
           `${c.label} `,
-          h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
+          mem.by_layout ? null : h("b", { text: fmtBytes(worst.parts[c.key] || 0) }),
         ),
       );
     }
-    memoryEl.append(
-      legend,
-      h("div", {
-        class: "sv-chart-note sv-peak-moment",
-        text: `${worst.label}: peak ${fmtBytes(worst.peak)} in ${worst.phase || "?"}${worst.unit ? ` of ${worst.unit}` : ""}${worst.module && worst.module !== worst.unit ? `, activations peak at ${worst.module}` : ""} · after the step: params ${fmtBytes(worst.params)}, grads ${fmtBytes(worst.grads)}, optimizer ${fmtBytes(worst.optimizer)}`,
-      }),
-    );
+    memoryEl.append(legend, ...(mem.by_layout ? bars : [worst]).map(peakMoment));
+    if (mem.training) memoryEl.append(h("div", { class: "sv-chart-note sv-chart-training", text: `training: ${mem.training}` }));
   }
+}
+
+function peakMoment(b) {
+  return h("div", {
+    class: "sv-chart-note sv-peak-moment",
+    text: `${b.label}: peak ${fmtBytes(b.peak)} in ${b.phase || "?"}${b.unit ? ` of ${b.unit}` : ""}${b.module && b.module !== b.unit ? `, activations peak at ${b.module}` : ""} · after the step: params ${fmtBytes(b.params)}, grads ${fmtBytes(b.grads)}, optimizer ${fmtBytes(b.optimizer)}`,
+  });
 }
 
 function drawTraffic(trafficEl, tr) {
@@ -318,7 +328,7 @@ function drawLines(el, p) {
   const limitOnScale = limit && limit <= 4 * ymax; // far above every point: named, not drawn
   const top = Math.max(ymax, limitOnScale ? limit : 0) * 1.08;
   const W = 520, H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
-  const unit = top >= GIB ? [GIB, "GiB"] : top >= 1024 ** 2 ? [1024 ** 2, "MiB"] : [1024, "KiB"];
+  const unit = axisUnit(top);
   const lx = (x) => Math.log2(x);
   const x0 = lx(xs[0] || 1), x1 = lx(xs[xs.length - 1] || 2);
   const xOf = (x) => padL + ((W - padL - padR) * (lx(x) - x0)) / Math.max(x1 - x0, 1);
@@ -347,7 +357,7 @@ function drawLines(el, p) {
   if (limitOnScale) {
     const y = yOf(limit);
     svg.append(s("line", { class: "sv-limit", x1: padL, x2: W - padR, y1: y, y2: y }));
-    svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: y - 4, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
+    svg.append(s("text", { class: "sv-limit-label", x: W - padR, y: padT - 8, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
   } else if (limit) {
     svg.append(s("text", { class: "sv-limit-label sv-limit-off", x: W - padR, y: padT - 8, "text-anchor": "end", text: p.limit_text || `device ${fmtBytes(limit)}` }));
   }
@@ -366,7 +376,8 @@ function drawChart(el, kind, payload, title) {
 
 // the step's timeline (views.timeline_payload): one lane per stream, a bar per event; the compute
 // stream's waits on communication (exposed) drawn in red on the compute lane
-const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c6", all_gather: "sv-c1", reduce_scatter: "sv-c4", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
+// the same colours as steptime.timeline_figure (plotly); red is kept for the waits
+const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c4", all_gather: "sv-c6", reduce_scatter: "sv-c7", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
 function fmtSeconds(x) {
   if (x >= 0.1 || x === 0) return `${x.toFixed(3)} s`;
   return x >= 1e-4 ? `${(x * 1e3).toFixed(2)} ms` : `${(x * 1e6).toFixed(1)} µs`;

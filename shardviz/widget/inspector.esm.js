@@ -140,14 +140,14 @@ function peakItem(sm) {
 }
 
 function findingsItem(sm) {
-  const f = sm.findings;
+  const f = sm.findings_text;
   if (!f) return h("span", { class: "sv-sum-item sv-muted", text: "checking…" });
   return h(
     "span",
     { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
-    h("span", { class: "sv-sev sv-sev-error", text: `${f.error} errors` }),
+    h("span", { class: "sv-sev sv-sev-error", text: f.error }),
     " ",
-    h("span", { class: "sv-sev sv-sev-warning", text: `${f.warning} warnings` }),
+    h("span", { class: "sv-sev sv-sev-warning", text: f.warning }),
   );
 }
 
@@ -197,9 +197,9 @@ function messagesComponent(ctx) {
     for (const m of recent) {
       const box = h(
         "div",
-        { class: `sv-msg sv-msg-${m.level}` },
+        { class: `sv-msg sv-msg-${m.level}`, "data-id": m.id },
         h("span", { text: m.text }),
-        h("button", { class: "sv-msg-close", text: "×", title: "dismiss", onclick: () => box.remove() }),
+        h("button", { class: "sv-msg-close", text: "×", title: "dismiss", onclick: () => (box.remove(), ctx.send("dismiss_messages")) }),
       );
       el.append(box);
     }
@@ -216,21 +216,21 @@ function messagesComponent(ctx) {
 function controlInputs() {
   const numberInput = (cls, attrs = {}) => h("input", { class: `sv-input ${cls}`, type: "number", ...attrs });
   return {
-    preset: h("select", { class: "sv-preset", "aria-label": "preset" }),
-    apply: h("button", { class: "sv-btn sv-apply-preset", text: "apply preset", title: "replace the plan with the preset (undoable)" }),
+    preset: h("select", { class: "sv-preset", "aria-label": "preset", title: "choosing a preset replaces the plan's calls and ignored parameters (undo goes back); the checkpointing stays" }),
     undo: h("button", { class: "sv-btn sv-undo", text: "↶ undo", title: "undo the last change of plan, mesh or training" }),
     redo: h("button", { class: "sv-btn sv-redo", text: "↷ redo" }),
     ckptBlocks: h("button", { class: "sv-btn sv-ckpt-blocks", text: "checkpoint all blocks" }),
     rank: numberInput("sv-rank", { min: 0, "aria-label": "rank" }),
     world: numberInput("sv-world", { min: 1, "aria-label": "world size" }),
     replicate: numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" }),
-    device: numberInput("sv-device", { min: 0, step: "any", placeholder: "no limit", "aria-label": "device memory in GiB" }),
+    device: h("input", { class: "sv-input sv-device", type: "text", inputmode: "decimal", placeholder: "no limit", "aria-label": "device memory in GiB" }),
     paramDtype: h("select", { class: "sv-param-dtype", "aria-label": "param dtype" }),
     reduceDtype: h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" }),
     optimizer: h("select", { class: "sv-optimizer", "aria-label": "optimizer" }),
     offload: h("input", { class: "sv-offload", type: "checkbox", "aria-label": "CPU offload" }),
     batch: numberInput("sv-batch", { min: 1, placeholder: "none", "aria-label": "batch size" }),
     seq: numberInput("sv-seq", { min: 1, "aria-label": "sequence length" }),
+    seqNote: h("span", { class: "sv-field-note sv-seq-note" }),
   };
 }
 
@@ -243,7 +243,6 @@ function controlsLayout(ctl) {
       "div",
       { class: "sv-controls-row" },
       field("preset", ctl.preset),
-      ctl.apply,
       ctl.undo,
       ctl.redo,
       ctl.ckptBlocks,
@@ -254,13 +253,14 @@ function controlsLayout(ctl) {
       { class: "sv-controls-row" },
       field("world size", ctl.world),
       field("HSDP replicate", ctl.replicate, "HSDP: copies of the sharded model (shard size = world / replicate)"),
-      field("device GiB", ctl.device, "device memory per rank in GiB (empty: no limit)"),
+      field("device GiB", ctl.device, "device memory per rank: a number of GiB, or a size with its unit (80GiB, 96GB); empty: no limit"),
       field("param dtype", ctl.paramDtype, "MixedPrecisionPolicy(param_dtype): the dtype parameters are all-gathered and computed in"),
       field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
       field("optimizer", ctl.optimizer),
       field("CPU offload", ctl.offload),
       field("batch", ctl.batch, "micro-batch per rank; empty: the peak counts the model state only (no activations)"),
       field("seq len", ctl.seq, "tokens per sample"),
+      ctl.seqNote,
     ),
   );
 }
@@ -271,7 +271,9 @@ function wireControls(ctx, ctl, showState) {
   const onRefused = (ack) => {
     if (!ack.ok) showState(); // refused: the control shows the current state again
   };
-  ctl.apply.addEventListener("click", () => send("apply_preset", { name: ctl.preset.value }));
+  ctl.preset.addEventListener("change", () => {
+    if (ctl.preset.value) send("apply_preset", { name: ctl.preset.value }, onRefused);
+  });
   ctl.undo.addEventListener("click", () => send("undo"));
   ctl.redo.addEventListener("click", () => send("redo"));
   ctl.ckptBlocks.addEventListener("click", () => {
@@ -279,13 +281,10 @@ function wireControls(ctx, ctl, showState) {
     send("checkpoint_blocks", { on: c.n_blocks_checkpointed < c.n_blocks });
   });
   ctl.rank.addEventListener("change", () => send("set_rank", { rank: intOrNull(ctl.rank) ?? 0 }, onRefused));
-  const sendMesh = () =>
-    send(
-      "set_mesh",
-      { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0, device_gib: ctl.device.value.trim() === "" ? null : Number(ctl.device.value) },
-      onRefused,
-    );
-  for (const c of [ctl.world, ctl.replicate, ctl.device]) c.addEventListener("change", sendMesh);
+  // each field sends only itself: a shown value ("89.41 GiB") is never sent back rounded
+  const sendRanks = () => send("set_mesh", { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0 }, onRefused);
+  for (const c of [ctl.world, ctl.replicate]) c.addEventListener("change", sendRanks);
+  ctl.device.addEventListener("change", () => send("set_mesh", { device_memory: ctl.device.value.trim() }, onRefused));
   const sendTraining = () =>
     send(
       "set_training",
@@ -305,7 +304,7 @@ function wireControls(ctx, ctl, showState) {
 
 function showControls(ctl, c) {
   fillSelect(ctl.preset, c.presets || []);
-  if (c.preset && c.preset !== ctl.preset.dataset.shown) ctl.preset.value = ctl.preset.dataset.shown = c.preset; // the plan's own preset
+  ctl.preset.value = c.preset || ""; // the plan's own preset, or "custom or edited plan"
   fillSelect(ctl.paramDtype, c.dtypes || []);
   fillSelect(ctl.reduceDtype, c.dtypes || []);
   fillSelect(ctl.optimizer, c.optimizers || []);
@@ -314,13 +313,16 @@ function showControls(ctl, c) {
   ctl.replicate.value = String(c.replicate);
   ctl.rank.value = String(c.rank);
   ctl.rank.max = String(c.world - 1);
-  ctl.device.value = text(c.device_gib);
+  ctl.device.value = c.device_text || "";
   ctl.paramDtype.value = c.param_dtype;
   ctl.reduceDtype.value = c.reduce_dtype;
   ctl.optimizer.value = c.optimizer;
   ctl.offload.checked = !!c.offload;
   ctl.batch.value = text(c.batch_size);
   ctl.seq.value = text(c.seq_len);
+  ctl.seq.classList.toggle("sv-warn-input", !!c.seq_len_note);
+  ctl.seqNote.textContent = c.seq_len_note ? "⚠ above the model's positions" : "";
+  ctl.seqNote.title = c.seq_len_note || "";
   ctl.undo.disabled = !c.can_undo;
   ctl.redo.disabled = !c.can_redo;
   showCheckpointBlocks(ctl.ckptBlocks, c);
@@ -402,14 +404,19 @@ function treeFilters(ctx) {
     status.value = fl.status || "";
     role.value = fl.role || "";
   }
+  const clear = h("button", { class: "sv-btn sv-filter-clear", text: "clear", title: "show the whole tree again", hidden: true, onclick: () => ctx.send("set_filter", { text: "", status: "", role: "" }) });
+  el.append(clear);
   function showMatches(msg) {
     note.textContent =
       msg.filtering && msg.matches === 0
         ? "nothing matches this filter: no module or parameter has this name, status and role"
         : msg.truncated
           ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
-          : "";
+          : msg.filter_label
+            ? `showing ${msg.filter_label}`
+            : "";
     note.dataset.matches = msg.filtering ? String(msg.matches) : "";
+    clear.hidden = !msg.filtering;
   }
   return { el, show, showMatches };
 }
@@ -434,6 +441,14 @@ function badge(b) {
 
 function actionBtn(label, cls, title, onclick) {
   return h("button", { class: `sv-btn sv-act ${cls}`, text: label, title, onclick });
+}
+
+// an on/off action: one label, the state shown by its colour (sv-on) and aria-pressed, so the
+// actions column keeps one width
+function toggleBtn(label, on, cls, title, onclick) {
+  const b = actionBtn(label, `${cls}${on ? " sv-on" : ""}`, title, onclick);
+  b.setAttribute("aria-pressed", String(!!on));
+  return b;
 }
 
 // reshard_after_forward of a call; the choices come from Python (controls.raf_choices): the ints
@@ -483,10 +498,11 @@ function buildRow(ctx, id, r, flashed) {
     "data-fqn": r.kind === "group" ? null : r.fqn,
     "data-group": r.kind === "group" ? r.name : null,
     "data-badge": r.badge.kind,
+    "data-depth": r.depth,
     role: "row",
   });
-  const indent = r.depth * 6; // deep names keep room at 1280 px (the full name is the tooltip)
-  const name = h("span", { class: "sv-col-name", style: `padding-left:${indent}px`, title: rowTip(r) }, caretOf(ctx, id, r));
+  // the indent per level is CSS (--sv-indent: less in a narrow widget); the full name is the tooltip
+  const name = h("span", { class: "sv-col-name", style: `--depth:${r.depth}`, title: rowTip(r) }, caretOf(ctx, id, r));
   const actions = h("span", { class: "sv-col-actions" });
   const choices = (ctx.model.get("controls") || {}).raf_choices || ["default", "true", "false"];
   const cells = r.kind === "module" ? moduleCells(r) : r.kind === "group" ? groupCells(r) : paramCells(r);
@@ -523,7 +539,7 @@ function moduleCells(r) {
 
 function groupCells(r) {
   return {
-    name: [h("span", { class: "sv-name sv-group-label", text: r.label })],
+    name: [h("span", { class: "sv-name sv-group-label", text: r.name }), h("span", { class: "sv-group-kind", text: ` · ${r.count} × ${r.type}` })],
     middle: [
       h("span", { class: "sv-col-type", text: `${r.count} × ${r.type}`, title: r.type }),
       h("span", { class: "sv-col-size", text: fmtCount(r.numel) }),
@@ -574,12 +590,12 @@ function moduleActions(send, r, choices) {
   }
   if (r.can_checkpoint) {
     const title = r.checkpointed ? "checkpointed (checkpoint_wrapper): click to keep its activations instead" : "wrap in checkpoint_wrapper: recompute its activations in backward";
-    out.push(actionBtn(r.checkpointed ? "✓ ckpt" : "ckpt", `sv-act-ckpt${r.checkpointed ? " sv-on" : ""}`, title, () => send("toggle_checkpoint", { fqn })));
+    out.push(toggleBtn("ckpt", r.checkpointed, "sv-act-ckpt", title, () => send("toggle_checkpoint", { fqn })));
   }
   if (r.n_lora > 0) {
     out.push(
       r.lora === "ignored"
-        ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", "give the LoRA parameters under this module back to FSDP", () => send("unignore_lora", { module_fqn: fqn }))
+        ? actionBtn("un-ignore LoRA", "sv-act-lora sv-act-unignore-lora", "stop ignoring the LoRA parameters under this module: give them back to FSDP", () => send("unignore_lora", { module_fqn: fqn }))
         : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the ${r.n_lora} LoRA parameters under this module`, () => send("ignore_lora", { module_fqn: fqn })),
     );
   }
@@ -596,7 +612,7 @@ function groupActions(send, id, r, choices) {
   );
   const allCk = r.n_checkpointed === r.count;
   const ckTitle = allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`;
-  out.push(actionBtn(allCk ? "✓ ckpt" : "ckpt", `sv-act-ckpt${allCk ? " sv-on" : ""}`, ckTitle, many(allCk ? "uncheckpoint" : "checkpoint")));
+  out.push(toggleBtn("ckpt", allCk, "sv-act-ckpt", ckTitle, many(allCk ? "uncheckpoint" : "checkpoint")));
   if (r.n_units > 0) {
     const mixed = r.rar === null || r.rar === undefined;
     out.push(rarSelect(choices, r.rar ?? "default", (v) => many("set_reshard_after_forward", { value: v })(), mixed));
@@ -604,7 +620,7 @@ function groupActions(send, id, r, choices) {
   if (r.n_lora > 0) {
     out.push(
       r.lora === "ignored"
-        ? actionBtn("keep LoRA", "sv-act-lora sv-act-unignore-lora", `give the LoRA parameters of all ${r.count} blocks back to FSDP`, many("unignore_lora"))
+        ? actionBtn("un-ignore LoRA", "sv-act-lora sv-act-unignore-lora", `stop ignoring the LoRA parameters of all ${r.count} blocks: give them back to FSDP`, many("unignore_lora"))
         : actionBtn("ignore LoRA", "sv-act-lora sv-act-ignore-lora", `ignore the LoRA parameters of all ${r.count} blocks`, many("ignore_lora")),
     );
   }
@@ -618,6 +634,40 @@ function paramActions(send, r) {
       ? actionBtn("un-ignore", "sv-act-ignore sv-act-unignore", "give this parameter back to FSDP", toggle)
       : actionBtn("ignore", "sv-act-ignore", "keep this parameter out of FSDP (ignored_params)", toggle),
   ];
+}
+
+// A name wider than its cell loses its middle, not its end: siblings differ at either end
+// ("lora_embedding_A" / "lora_embedding_B", "input_layernorm" / "post_attention_layernorm").
+const measureCanvas = document.createElement("canvas").getContext("2d");
+function fitName(el) {
+  const full = el.dataset.full || el.textContent;
+  el.dataset.full = full;
+  const room = el.parentElement.clientWidth - (el.offsetLeft - el.parentElement.offsetLeft) - 4;
+  const style = getComputedStyle(el);
+  measureCanvas.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  if (room <= 0 || measureCanvas.measureText(full).width <= room) {
+    el.textContent = full;
+    delete el.dataset.shortened;
+    return;
+  }
+  let keep = full.length - 1;
+  const cut = (k) => `${full.slice(0, Math.ceil(k * 0.4))}…${full.slice(full.length - Math.floor(k * 0.6))}`;
+  while (keep > 2 && measureCanvas.measureText(cut(keep)).width > room) keep -= 1;
+  el.textContent = cut(keep);
+  el.dataset.shortened = "1";
+}
+
+// Redraw (and fit the names again) when the widget gets wider or narrower (the file browser opened
+// or closed) and when the theme changes, which can change the font but not the size.
+function watchWidthAndTheme(el, redraw) {
+  const resized = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(redraw);
+  if (resized) resized.observe(el);
+  const themed = new MutationObserver(() => setTimeout(redraw, 150));
+  themed.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-name", "data-jp-theme-light"] });
+  return () => {
+    if (resized) resized.disconnect();
+    themed.disconnect();
+  };
 }
 
 function treeComponent(ctx) {
@@ -651,6 +701,7 @@ function treeComponent(ctx) {
       frag.append(row);
     }
     rowsLayer.replaceChildren(frag);
+    for (const n of rowsLayer.querySelectorAll(".sv-name")) fitName(n);
     el.dataset.rows = String(order.length);
   }
   function queue() {
@@ -662,6 +713,7 @@ function treeComponent(ctx) {
     });
   }
   scroller.addEventListener("scroll", queue, { passive: true });
+  const unwatch = watchWidthAndTheme(scroller, queue);
 
   function onRows(msg) {
     if (msg.reset) rowsById.clear();
@@ -691,6 +743,7 @@ function treeComponent(ctx) {
   }
   const dispose = () => {
     disposed = true;
+    unwatch();
   };
   return { el, onRows, onReveal, queue, showFilter: filters.show, dispose };
 }
@@ -803,15 +856,15 @@ function compareDiff(send, c) {
   );
   if (!diff.length) return box;
   const table = h("table", { class: "sv-cmp-diff-table" }, h("tr", {}, h("th", { text: "parameter" }), h("th", { text: "A" }), h("th", { text: "B" })));
-  const where = (st, unit) => `${st}${unit ? ` in ${unit}` : ""}`;
+  const full = (st, unit) => `${st}${unit ? ` in ${unit}` : ""}`;
   for (const d of diff) {
     table.append(
       h(
         "tr",
         { class: "sv-cmp-diff-row", "data-fqn": d.fqn },
-        h("td", {}, revealLink(send, d.fqn, d.fqn, "reveal in the tree")),
-        h("td", { class: "sv-cmp-diff-a", text: where(d.status_a, d.unit_a) }),
-        h("td", { class: "sv-cmp-diff-b", text: where(d.status_b, d.unit_b) }),
+        h("td", {}, revealLink(send, d.fqn, d.fqn_short, `${d.fqn}: reveal in the tree`)),
+        h("td", { class: "sv-cmp-diff-a", text: d.where_a, title: full(d.status_a, d.unit_a) }),
+        h("td", { class: "sv-cmp-diff-b", text: d.where_b, title: full(d.status_b, d.unit_b) }),
       ),
     );
   }
@@ -873,7 +926,18 @@ function findingItem(send, f) {
   const where = h("div", { class: "sv-finding-fqns" }, f.fqns.slice(0, 4).map((q) => revealLink(send, q, q || "<root>")));
   const listed = Math.min(4, f.fqns.length);
   if (f.n_fqns > listed) {
-    where.append(h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${(f.n_fqns - listed).toLocaleString()} more` }));
+    where.append(
+      h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${(f.n_fqns - listed).toLocaleString()} more` }),
+      h("button", {
+        class: "sv-btn sv-finding-filter",
+        text: `show all ${f.n_fqns.toLocaleString()} in the tree`,
+        title: "filter the tree to every name this finding is about",
+        onclick: (e) => {
+          e.stopPropagation();
+          send("filter_finding", { code: f.code });
+        },
+      }),
+    );
   }
   item.append(where);
   return item;
@@ -939,8 +1003,7 @@ function verifyView(v) {
   return out;
 }
 
-function exportPanel(ctx) {
-  const { model, send } = ctx;
+function exportToolbar(model, send) {
   const versionSel = selectOf(
     "sv-torch-version",
     "target torch release",
@@ -948,11 +1011,20 @@ function exportPanel(ctx) {
   );
   versionSel.value = model.get("torch_version") || "";
   versionSel.addEventListener("change", () => send("set_torch_version", { version: versionSel.value }));
-  const copyBtn = h("button", { class: "sv-btn sv-copy", text: "copy" });
   const pathInput = h("input", { class: "sv-save-path", type: "text", value: "fsdp_plan.py", "aria-label": "file to save the code to" });
   keepKeysFromLab(pathInput);
-  const saveBtn = h("button", { class: "sv-btn sv-save", text: "save" });
-  const verifyBtn = h("button", { class: "sv-btn sv-verify", text: "verify with torch" });
+  return {
+    versionSel,
+    pathInput,
+    copyBtn: h("button", { class: "sv-btn sv-copy", text: "copy" }),
+    saveBtn: h("button", { class: "sv-btn sv-save", text: "save" }),
+    verifyBtn: h("button", { class: "sv-btn sv-verify", text: "verify with torch" }),
+  };
+}
+
+function exportPanel(ctx) {
+  const { model, send } = ctx;
+  const { versionSel, pathInput, copyBtn, saveBtn, verifyBtn } = exportToolbar(model, send);
   const status = h("div", { class: "sv-export-status" });
   const verifyEl = h("div", { class: "sv-verify-result" });
   const codeEl = h("pre", { class: "sv-code" }, h("code", {}));

@@ -29,6 +29,7 @@ from pathlib import Path
 import anywidget
 import traitlets
 
+from ..format import format_bytes
 from ..fsdp import Mesh
 from ..highlight import python_html
 from . import protocol, views
@@ -163,6 +164,8 @@ class Inspector(anywidget.AnyWidget):
             "shard": shard,
             "rank": st.view.rank,
             "device_gib": round(mesh.device_memory / GIB, 3) if mesh.device_memory else None,
+            # what the field shows: GiB as typed, or the size with its unit when it is not whole GiB
+            "device_text": _device_text(mesh.device_memory),
             "optimizer": str(getattr(tr, "optimizer", "adamw")),
             "param_dtype": getattr(tr, "param_dtype", None) or "",
             "reduce_dtype": getattr(tr, "reduce_dtype", None) or "",
@@ -400,6 +403,13 @@ class Inspector(anywidget.AnyWidget):
         if action in ("apply_to_many", "apply_to_type") and kw.get("value", 0) is None:
             del kw["value"]
         return getattr(st, action)(**kw)
+
+
+def _device_text(size: int | None) -> str:
+    if not size:
+        return ""
+    gib = size / GIB
+    return f"{gib:g}" if gib >= 1 and round(gib, 3) == gib else format_bytes(size)
 
 
 def _severity_text(counts: dict | None) -> dict | None:

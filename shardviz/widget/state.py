@@ -219,7 +219,8 @@ class InspectorState(PlanActions):
     @property
     def comparison(self) -> dict:
         """The A vs B view's data (``views.comparison_payload``); ``{"pinned": False}`` until ``pin()``."""
-        return self._lazy("comparison", lambda: views.comparison_payload(self.pinned_comparison(), self.pinned, self.current))
+        return self._lazy("comparison", lambda: shortened_diff(
+            views.comparison_payload(self.pinned_comparison(), self.pinned, self.current)))
 
     def pinned_comparison(self) -> Comparison | None:
         """``sv.Comparison`` of the pinned state ("A") and the current one ("B"); None when nothing is pinned.
@@ -466,3 +467,30 @@ class InspectorState(PlanActions):
         if pf is None:
             return None
         return {"path": str(pf.path), "autosave": pf.writable, "problem": pf.problem, "saves": pf.saves}
+
+
+def shortened_diff(payload: dict) -> dict:
+    """The A vs B diff with names a narrow table can show: each parameter without the dotted
+    prefix every listed name shares ("self_attn.q_proj.lora_A.default.weight"), and each side
+    as "sharded in layers.0"; the full names stay for the tooltip and for reveal."""
+    diff = payload.get("diff") or []
+    if not diff:
+        return payload
+    parts = [d["fqn"].split(".") for d in diff]
+    k = 0
+    while all(len(p) > k + 3 for p in parts) and len({p[k] for p in parts}) == 1:
+        k += 1  # a shared part, and every name keeps at least its last three
+    for d, p in zip(diff, parts):
+        d["fqn_short"] = ".".join(p[k:])
+        for side in ("a", "b"):
+            unit = d[f"unit_{side}"]
+            d[f"where_{side}"] = d[f"status_{side}"] + (f" in {short_unit_label(unit)}" if unit else "")
+    return payload
+
+
+def short_unit_label(name: str) -> str:
+    """A call's name as the tree's badges show it: "layers.0" for "base_model.model.model.layers.0"."""
+    if not name or name.startswith("["):
+        return name or "<root>"
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]

@@ -61,3 +61,89 @@ def saved_plan(server, plan_file: str, until=None, timeout: float = 20):
                 return plan
         time.sleep(0.1)
     return plan
+
+
+# What must never happen to the page at any width (issue 19), read from the rendered widget:
+# a box that scrolls sideways, a button or menu whose text is cut or that sits past the edge,
+# a name cut without a mark or two siblings whose names read the same, the A vs B table over its
+# charts, a chart label cut by its chart, and a limit label drawn over bars, points or values.
+LAYOUT_PROBLEMS_JS = r"""
+(root) => {
+  const bad = [];
+  const box = (e) => e.getBoundingClientRect();
+  const visible = (e) => e.offsetParent !== null && !e.closest('[hidden]');
+  const overlap = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  for (const e of root.querySelectorAll('.sv-tree, .sv-scroller, .sv-cmp-tablebox, .sv-cmp-diff-scroll, .sv-panel, .sv-inspector')) {
+    if (visible(e) && e.scrollWidth > e.clientWidth + 1) bad.push(`${e.className} scrolls sideways: ${e.scrollWidth} > ${e.clientWidth}`);
+  }
+  const sc = root.querySelector('.sv-scroller');
+  const edge = box(sc).left + sc.clientWidth;
+  for (const b of root.querySelectorAll('button, select')) {
+    if (!visible(b)) continue;
+    if (b.scrollWidth > b.clientWidth + 1) bad.push(`"${b.textContent.slice(0, 30)}" cut: ${b.scrollWidth} > ${b.clientWidth}`);
+    if (b.tagName === 'SELECT' && b.selectedIndex >= 0) {
+      const st = getComputedStyle(b);
+      const cv = document.createElement('canvas').getContext('2d');
+      cv.font = `${st.fontWeight} ${st.fontSize} ${st.fontFamily}`;
+      const room = b.clientWidth - parseFloat(st.paddingLeft) - parseFloat(st.paddingRight) - 20;
+      const text = b.options[b.selectedIndex].text;
+      if (cv.measureText(text).width > room + 0.5) bad.push(`select "${text}" cut: ${cv.measureText(text).width.toFixed(0)} > ${room}`);
+    }
+    const inTree = b.closest('.sv-rows');
+    if (inTree && box(b).right > edge + 1) bad.push(`"${b.textContent.slice(0, 30)}" past the tree's edge`);
+    if (box(b).right > box(root).right + 1) bad.push(`"${b.textContent.slice(0, 30)}" past the widget's edge`);
+  }
+  const rows = [...root.querySelectorAll('.sv-rows .sv-row')].sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top));
+  const stack = [];
+  const kids = new Map();
+  for (const r of rows) {
+    const d = Number(r.dataset.depth);
+    while (stack.length && Number(stack[stack.length - 1].dataset.depth) >= d) stack.pop();
+    const parent = stack.length ? stack[stack.length - 1].dataset.id : '';
+    const name = r.querySelector('.sv-name');
+    if (!kids.has(parent)) kids.set(parent, []);
+    kids.get(parent).push([name.textContent, name.dataset.full || name.textContent]);
+    if (name.scrollWidth > name.clientWidth + 1) bad.push(`${r.dataset.id} name "${name.textContent}" cut without a mark`);
+    for (const t of r.querySelectorAll('.sv-col-name .sv-tag')) {
+      if (box(t).right > box(t.parentElement).right + 1) bad.push(`${r.dataset.id} tag "${t.textContent}" cut`);
+    }
+    for (const c of r.querySelectorAll('.sv-col-size, .sv-col-status, .sv-badge, .sv-col-local, .sv-col-bytes')) {
+      if (c.scrollWidth > c.clientWidth + 1) bad.push(`${r.dataset.id} ${c.className}: "${c.textContent}" cut`);
+    }
+    stack.push(r);
+  }
+  for (const [parent, names] of kids) {
+    const seen = new Map();
+    for (const [shown, full] of names) {
+      if (seen.has(shown) && seen.get(shown) !== full) bad.push(`under ${parent}: "${full}" and "${seen.get(shown)}" both read "${shown}"`);
+      seen.set(shown, full);
+    }
+  }
+  const grid = root.querySelector('.sv-cmp-grid');
+  if (grid && visible(grid)) {
+    const t = box(root.querySelector('.sv-cmp-table'));
+    const c = box(root.querySelector('.sv-cmp-charts'));
+    if (overlap(t, c)) bad.push(`A vs B table and charts overlap`);
+    if (t.right > box(grid).right + 1) bad.push(`A vs B table past its box: ${t.right} > ${box(grid).right}`);
+  }
+  for (const svg of root.querySelectorAll('svg')) {
+    if (!visible(svg)) continue;
+    const s = box(svg);
+    for (const t of svg.querySelectorAll('text')) {
+      const b = box(t);
+      if (b.width && (b.left < s.left - 1 || b.right > s.right + 1)) bad.push(`"${t.textContent}" cut by its chart`);
+    }
+    for (const lab of svg.querySelectorAll('text.sv-limit-label')) {
+      for (const d of svg.querySelectorAll('rect.sv-seg, circle.sv-dot, text.sv-peak-label, text.sv-bar-label')) {
+        if (overlap(box(lab), box(d))) { bad.push(`"${lab.textContent}" drawn over data`); break; }
+      }
+    }
+  }
+  return bad;
+}
+"""
+
+
+def layout_problems(widget) -> list[str]:
+    """Every layout problem of the widget as it is drawn now (empty: none)."""
+    return widget.evaluate(LAYOUT_PROBLEMS_JS)

@@ -131,7 +131,7 @@ def test_ignore_lora_under_a_block_changes_badges(lab_server, lab_page, model):
     expect(weight.locator(".sv-act-ignore")).to_have_text("un-ignore")
     expect(row(widget, Q0)).to_have_attribute("data-badge", "mixed")  # base sharded, LoRA ignored
     expect(row(widget, Q0 + ".base_layer")).to_have_attribute("data-badge", "in")
-    expect(block.locator(".sv-act-lora")).to_have_text("keep LoRA")
+    expect(block.locator(".sv-act-lora")).to_have_text("un-ignore LoRA")
     expect(block).to_have_attribute("data-badge", "unit")
 
     want = sv.Plan.auto(model)

@@ -1,15 +1,14 @@
 """What a user reads in the Inspector (issue 11), read in a real JupyterLab at 1280 px wide, light
 and dark. Every number on the page is checked against ``sv.analyze`` (or the plan file) computed
 here, in the test process; every label against what it must say. README screenshots are retaken
-here (docs/img/inspector.png)."""
+here (docs/img/inspector.png), in a run with SHARDVIZ_SCREENSHOTS=1 only."""
 
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
-from helpers import REPO_ROOT, make_notebook, open_and_run_notebook, save_screenshot
+from helpers import make_notebook, open_and_run_notebook, retake_readme_image, save_screenshot
 from inspector_page import expand, open_block, row, saved_plan
 from playwright.sync_api import expect
 
@@ -93,9 +92,8 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     expect(widget.locator(".sv-header .sv-col-size")).to_have_text("elements")
 
     # a preset from the controls, then LoRA given back: the plan's name follows
-    widget.locator(".sv-preset").select_option("auto-ignored")
     r0 = rev(widget)
-    widget.locator(".sv-apply-preset").click()
+    widget.locator(".sv-preset").select_option("auto-ignored")  # choosing a preset applies it
     settle(widget, r0)
     expect(widget.locator(".sv-plan-name")).to_have_text("auto (LoRA ignored)")
 
@@ -254,5 +252,5 @@ def test_llama70b_shapes_and_statuses_are_not_cut(lab_server, shared_lab_page):
     scroller.evaluate("el => { el.scrollTop = 0; }")
     page.wait_for_timeout(200)
     shot = save_screenshot(widget, "inspector_70b_1280")
-    shutil.copyfile(shot, REPO_ROOT / "docs" / "img" / "inspector.png")
+    retake_readme_image(shot, "inspector.png")  # with SHARDVIZ_SCREENSHOTS=1 only
     page.set_viewport_size({"width": 1280, "height": 900})

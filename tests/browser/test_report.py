@@ -4,9 +4,7 @@ request leaves the file; the 70B+LoRA report's tables read at 1,280 px.
 The README's screenshot (docs/img/report.png) is retaken only in a run that asks for it
 (``SHARDVIZ_SCREENSHOTS=1``), so an ordinary test run leaves tracked files alone."""
 
-import os
 import re
-import shutil
 import warnings
 
 import helpers
@@ -17,7 +15,6 @@ from shardviz import zoo
 from shardviz.cli import main as cli_main
 from shardviz.report import write_report
 
-RETAKE_SCREENSHOTS = os.environ.get("SHARDVIZ_SCREENSHOTS") == "1"
 
 
 def open_offline(browser, path, dark=False, width=1300):
@@ -54,8 +51,10 @@ def test_report_opens_offline_with_charts(tmp_path, chromium_browser, world):
 
     context, page, requests, errors = open_offline(chromium_browser, path)
     charts = page.locator(".sv-report-chart")
-    assert charts.count() == 3  # memory per rank, traffic, layouts compared
-    assert [charts.nth(i).get_attribute("data-kind") for i in range(3)] == ["memory", "traffic", "memory"]
+    assert charts.count() == 4  # memory per rank, traffic, layouts compared, the step timeline
+    assert [charts.nth(i).get_attribute("data-kind") for i in range(4)] == ["memory", "traffic", "memory", "timeline"]
+    # no device given: the timeline says why instead of drawing invented times
+    assert "no device" in charts.nth(3).locator(".sv-timeline-none").inner_text()
     for i in range(3):
         assert charts.nth(i).locator("rect.sv-seg").count() > 0  # bars drawn, not just axes
     # one unit per chart, picked for the chart (a tiny model reads KiB, never "500μ GiB")
@@ -87,8 +86,8 @@ def test_report_opens_offline_with_charts(tmp_path, chromium_browser, world):
     # nothing wider than the page
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     shot = helpers.save_screenshot(page, f"report-{world}", full_page=False)
-    if world == 8 and RETAKE_SCREENSHOTS:
-        shutil.copyfile(shot, helpers.REPO_ROOT / "docs" / "img" / "report.png")  # the README's screenshot
+    if world == 8:
+        helpers.retake_readme_image(shot, "report.png")  # the README's screenshot, with SHARDVIZ_SCREENSHOTS=1
     outside = [u for u in requests if not u.startswith("file://")]
     assert outside == [] and errors == []
     assert requests == [path.as_uri()]  # the file itself and nothing else

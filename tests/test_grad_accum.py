@@ -1,0 +1,76 @@
+"""``Training(grad_accum=k)``: what gradient accumulation adds to the peak and to the collectives.
+
+The bytes themselves are checked against torch in ``test_cost_truth.py`` (the ``grad-accum-*``
+cases: a real accumulated step under the fake process group); these are the rules around them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import shardviz as sv
+from torch_truth import tiny_lora
+
+FSDP8 = sv.Mesh(shard=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_lora()
+
+
+def _analyze(model, lora="sharded", **training):
+    return sv.analyze(model, sv.Plan.auto(model, lora=lora), FSDP8, sv.Training(**training))
+
+
+@pytest.mark.parametrize("field, value", [("grad_accum", 0), ("grad_accum", 2.0), ("grad_accum", True),
+                                          ("grad_accum", "4"), ("sync_every_microbatch", "yes")])
+def test_bad_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"Training.{field}"):
+        sv.Training(**{field: value})
+
+
+def test_one_micro_batch_is_the_plain_step(model):
+    plain, one = _analyze(model), _analyze(model, grad_accum=1)
+    assert plain.memory.equals(one.memory) and plain.comm.equals(one.comm)
+
+
+def test_kept_unsharded_gradients_are_in_the_peak(model):
+    plain, accumulated = _analyze(model), _analyze(model, grad_accum=4)
+    kept = sum(u.accumulated_grads for u in accumulated.costs.units)
+    assert kept > 0
+    # the largest moment of a later micro-batch's forward holds every call's unsharded gradients
+    assert accumulated.memory.peak.max() == plain.memory.peak.max() + kept
+    assert accumulated.peak_breakdown()["gradients"] == kept
+    # what stays after the step does not change: the sharded gradients of the last micro-batch
+    assert (accumulated.memory.grads == plain.memory.grads).all()
+
+
+def test_bf16_gradients_are_kept_in_the_reduce_dtype(model):
+    bf16 = dict(param_dtype="bfloat16", reduce_dtype="float32")
+    blocks = [u for u in _analyze(model, grad_accum=2, **bf16).costs.units if u.trainable]
+    assert all(u.converts_grads and u.accumulated_grads == 2 * u.unsharded_grads for u in blocks)
+    same = [u for u in _analyze(model, grad_accum=2, param_dtype="bfloat16").costs.units if u.trainable]
+    assert all(not u.converts_grads and u.accumulated_grads == u.unsharded_grads for u in same)
+
+
+def test_collectives_count_per_micro_batch(model):
+    plain = _analyze(model).comm
+    for sync_every, reduce_count in ((False, 1), (True, 3)):
+        comm = _analyze(model, grad_accum=3, sync_every_microbatch=sync_every).comm
+        assert comm.drop(columns="count").equals(plain.drop(columns="count"))
+        gathers = comm.collective == "all_gather"
+        assert set(comm[gathers]["count"]) == {3} and set(comm[~gathers]["count"]) == {reduce_count}
+
+
+def test_sync_every_micro_batch_keeps_sharded_gradients_instead(model):
+    no_sync = _analyze(model, grad_accum=3)
+    every = _analyze(model, grad_accum=3, sync_every_microbatch=True)
+    assert every.memory.peak.max() < no_sync.memory.peak.max()
+    assert every.peak_breakdown()["gradients"] >= every.memory.grads_sharded.max()
+
+
+def test_whole_gradients_are_averaged_every_micro_batch(model):
+    comm = _analyze(model, lora="ignored", grad_accum=2).comm
+    average = comm[comm.unit.isna()]
+    assert len(average) == 1 and average.iloc[0]["count"] == 2
