@@ -6,7 +6,8 @@ stable: tests, users and the widget grep for them. ``fixes.fix_plan(analysis, fi
 finding's fix into a new plan when the fix is a change of plan.
 
 Below ``analysis`` in the layers: every check reads the analysis it is given and never imports
-``Analysis``; SV201 prices its fixes with ``analysis.what_if(...)``.
+``Analysis``; SV201 prices its fixes with ``analysis.what_if(...)``: their peak, and the time each
+costs from the fixed analysis' ``a.step``.
 
 | code  | severity | what |
 |-------|----------|------|
@@ -28,11 +29,13 @@ Below ``analysis`` in the layers: every check reads the analysis it is given and
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from .finding import Finding
 from .fixes import split_unit
-from .format import format_bytes, worst_rank
+from .format import format_bytes, format_duration, worst_rank
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
+from .plan import checkpoint_preset
 from .presets import find_blocks
 
 #: SV107 fires when padding is more than this fraction of the bytes each rank allocates for shards.
@@ -310,53 +313,123 @@ def check_use_cache(analysis) -> list[Finding]:
     )]
 
 
-def _peak_with(analysis, plan=None, mesh=None, training=None) -> int:
-    """The worst rank's peak if the plan, mesh or training were changed (same model)."""
-    return int(analysis.what_if(plan=plan, mesh=mesh, training=training).memory["peak"].max())
+#: The checkpointing SV201 tries, most first (a policy is tried only when the one before it fits:
+#: it checkpoints fewer blocks, so it holds more). ``sv.search`` tries the same ones (``search.CHECKPOINTS``).
+CHECKPOINT_FIXES = ("blocks", "every 2", "every 3")
 
 
-def memory_fixes(analysis) -> list[tuple[str, int]]:
-    """Changes that bring the peak under ``device_memory``, cheapest first, each with its new peak.
+class MemoryFix(NamedTuple):
+    """A change that brings the peak under ``device_memory``: what to do, the new peak, and what it
+    costs in time (``a.step`` of the changed analysis): ``step_time_s`` for the same tokens per rank
+    as the plan's own step, ``cost_s`` its difference from the plan's own; None without a step time
+    (no device or no micro-batch). ``hardware``: the fix adds ranks rather than time."""
 
-    Cheapest means least extra work per step: shard the LoRA adapters instead of ignoring them
-    (their memory divides by the ranks, a reduce-scatter per block replaces one all-reduce), then
-    checkpoint every block (one more forward per step), then a smaller micro-batch (more steps for
-    the same tokens), then more ranks (more hardware). Each is tried with ``analyze`` itself.
+    text: str
+    peak: int
+    step_time_s: float | None = None
+    cost_s: float | None = None
+    hardware: bool = False
+
+
+def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, **change) -> MemoryFix:
+    """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
+    ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
+    a = analysis.what_if(**change)
+    peak = int(a.memory["peak"].max())
+    new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
+    if new is None or own is None:
+        return MemoryFix(text, peak, hardware=hardware)
+    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware)
+
+
+def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
+    """The blocks ``Plan.auto(checkpoint=preset)`` checkpoints (every k-th, counted from 1), less those covered."""
+    _, k = checkpoint_preset(preset)
+    return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
+
+
+def _checkpoint_fixes(analysis, limit: int) -> list[MemoryFix]:
+    """Every block checkpointed, then every 2nd, every 3rd (``CHECKPOINT_FIXES``) while they fit."""
+    tree, plan = analysis.tree, analysis.plan
+    blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
+    covered = {b for b in blocks if b in plan.checkpoint or any(
+        tree.is_inside(tree.module_index[b], tree.module_index[c]) or tree.is_inside(tree.module_index[c], tree.module_index[b])
+        for c in plan.checkpoint)}
+    out = []
+    for preset in CHECKPOINT_FIXES:
+        more = _every_kth(tree, blocks, preset, covered)
+        if not more:
+            continue
+        what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
+        fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
+                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
+        if fix.peak > limit:
+            break  # fewer blocks checkpointed hold more: none of the rest fits
+        out.append(fix)
+    return out
+
+
+def _batch_fix(analysis, limit: int) -> list[MemoryFix]:
+    """The largest smaller micro-batch (halving) that fits, with accumulation for the same tokens."""
+    training = analysis.training
+    batch = training.batch_size // 2
+    while batch >= 1:
+        k = training.batch_size // batch
+        accum = {"grad_accum": k * training.grad_accum} if hasattr(training, "grad_accum") else {}
+        fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
+                                f"per step (gradient accumulation) for the same tokens",
+                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum))
+        if fix.peak <= limit:
+            return [fix]
+        batch //= 2
+    return []
+
+
+def memory_fixes(analysis) -> list[MemoryFix]:
+    """Changes that bring the peak under ``device_memory``, cheapest first, each with its new peak
+    and the time it costs (``MemoryFix``), each tried with ``analyze`` itself (``Analysis.what_if``).
+
+    The changes are those ``sv.search`` tries, one at a time: shard the LoRA adapters instead of
+    ignoring them, checkpoint every block / every 2nd / every 3rd (``CHECKPOINT_FIXES``), a smaller
+    micro-batch with accumulation, CPU offload; then more ranks (more hardware, always last).
+    Cheapest: the smallest ``cost_s`` (the step's seconds for the same tokens, from ``a.step``);
+    without a step time (no device or no micro-batch), the order above, fewest blocks checkpointed first.
     """
     limit, plan, training, mesh = analysis.mesh.device_memory, analysis.plan, analysis.training, analysis.mesh
     tree = analysis.tree
     out = []
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
     if lora_ignored:
-        peak = _peak_with(analysis, plan=plan.without_ignored(lora_ignored))
-        if peak <= limit:
-            out.append(("shard the LoRA adapters with their blocks instead of ignoring them "
-                        "(sv.Plan.auto(model, lora='sharded'))", peak))
-    blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
-    missing = [b for b in blocks if b not in plan.checkpoint and not any(
-        tree.is_inside(tree.module_index[b], tree.module_index[c]) or tree.is_inside(tree.module_index[c], tree.module_index[b])
-        for c in plan.checkpoint)]
-    if training.with_activations and missing:
-        peak = _peak_with(analysis, plan=plan.with_checkpoint(missing))
-        if peak <= limit:
-            out.append((f"checkpoint every block (Plan(checkpoint=[...]) or sv.Plan.auto(model, checkpoint='blocks'): "
-                        f"{len(missing)} more)", peak))
-    if training.with_activations and training.batch_size > 1:
-        batch = training.batch_size // 2
-        while batch >= 1:
-            peak = _peak_with(analysis, training=replace(training, batch_size=batch))
-            if peak <= limit:
-                out.append((f"a micro-batch of {batch} (Training(batch_size={batch})), with gradient accumulation "
-                            f"for the same tokens per step", peak))
-                break
-            batch //= 2
+        out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
+                                     "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored)))
+    if training.with_activations:
+        out += _checkpoint_fixes(analysis, limit)[::-1]
+        if training.batch_size > 1:
+            out += _batch_fix(analysis, limit)
+    if not training.offload:
+        out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
+                                     "(Training(offload=True); the optimizer step then runs on the host, not timed)",
+                           training=replace(training, offload=True)))
+    out = [f for f in out if f.peak <= limit]
+    if out and all(f.cost_s is not None for f in out):
+        out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
-        peak = _peak_with(analysis, mesh=bigger)
-        if peak <= limit:
-            out.append((f"shard over {bigger.shard} ranks instead of {mesh.shard}", peak))
+        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger)
+        if fix.peak <= limit:
+            out.append(fix)
             break
     return out
+
+
+def _fix_text(fix: MemoryFix) -> str:
+    """One fix for the finding: what to do, the new peak, and what it costs per step."""
+    if fix.cost_s is None:
+        return f"{fix.text} (peak {format_bytes(fix.peak)})"
+    sign = "+" if fix.cost_s >= 0 else "-"
+    per = "per rank" if fix.hardware else "for the same tokens"
+    return (f"{fix.text} (peak {format_bytes(fix.peak)}; step {format_duration(fix.step_time_s)} {per}, "
+            f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
 def check_memory(analysis) -> list[Finding]:
@@ -382,12 +455,12 @@ def check_memory(analysis) -> list[Finding]:
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
     fixes = memory_fixes(analysis)
     if fixes:
-        fix = f"cheapest fix: {fixes[0][0]} (peak {format_bytes(fixes[0][1])})"
+        fix = f"cheapest fix: {_fix_text(fixes[0])}"
         if len(fixes) > 1:
-            fix += "; also: " + "; ".join(f"{text} (peak {format_bytes(p)})" for text, p in fixes[1:])
+            fix += "; also: " + "; ".join(_fix_text(f) for f in fixes[1:])
     else:
-        fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, 8x the ranks makes it fit; "
-               "offload to CPU (Training(offload=True)) or use a larger device")
+        fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
+               "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")
     return [Finding(
         "SV201", "error",
         f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "

@@ -328,6 +328,7 @@ def cmd_plan_search(args) -> int:
           + (f"; --replicate {s.best_mesh.replicate}" if s.best_mesh.is_hsdp else "")
           + (f"; micro-batch {t.batch_size} x {s.table.grad_accum.iloc[0]} accumulation" if t is not None else "")
           + ")" + (f"; wrote {args.output}" if args.output not in (None, "-") else ""), file=sys.stderr)
+    print(f"shardviz: {s.explain()}", file=sys.stderr)
     return EXIT_OK
 
 

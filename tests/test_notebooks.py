@@ -9,9 +9,10 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
-def test_three_notebooks_are_shipped_without_outputs():
+def test_the_notebooks_are_shipped_without_outputs():
     assert [p.name for p in NOTEBOOKS] == [
-        "01_quickstart.ipynb", "02_lora_ignored_vs_sharded.ipynb", "03_export_and_verify.ipynb"]
+        "01_quickstart.ipynb", "02_lora_ignored_vs_sharded.ipynb", "03_export_and_verify.ipynb",
+        "04_what_should_i_run.ipynb"]
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:

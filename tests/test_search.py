@@ -16,7 +16,7 @@ from shardviz import zoo
 from shardviz.search import step_numbers
 
 BATCH, SEQ = 2, 256
-MESH = sv.Mesh(8)
+MESH = sv.Mesh(8, device="H100")
 TRAINING = sv.Training(batch_size=BATCH, seq_len=SEQ)
 
 
@@ -131,7 +131,7 @@ def test_figure_and_formatted_table():
     assert any(shape.type == "line" for shape in fig.layout.shapes)  # the device limit
     assert {tr.name for tr in fig.data} <= {"fits", "does not fit"}
     f = s.formatted()
-    assert list(f.columns) == ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "why"]
+    assert list(f.columns) == ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why"]
     assert f.fits.iloc[0] == "yes" and f.peak.iloc[0].endswith("iB")
 
 
@@ -161,7 +161,7 @@ def test_cli_plan_search_writes_the_best_plan(tmp_path, capsys):
     rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", limit,
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "-o", str(out)])
     printed = capsys.readouterr()
-    assert rc == 0 and "fastest that fits" in printed.out
+    assert rc == 0 and "fastest that fits" in printed.out and "shardviz: Run LoRA" in printed.err
     plan = sv.Plan.from_json(out.read_text())
     assert plan == found("between").best
     has_devices = "device" in {f.name for f in fields(sv.Mesh)}
@@ -180,3 +180,76 @@ def test_llama3_8b_lora_search_fits():
     assert s.fits and s.n_candidates >= 200
     a = sv.analyze(m, s.best, s.best_mesh, s.best_training or training)
     assert int(a.memory.peak.max()) <= s.device_memory
+
+
+def test_the_reasons_come_from_the_step_model():
+    s = found("roomy")
+    t = s.table
+    assert s.fits and t.step_time_s.notna().all() == t.analysed.all()
+    a = sv.analyze(model(), s.best, s.best_mesh, s.best_training or TRAINING)
+    assert t.step_time_s.iloc[0] == pytest.approx(a.step["step_time_s"])  # a.step itself, not an estimate
+    assert t.tokens_per_s.iloc[0] == pytest.approx(a.step["tokens_per_s"]) and t.mfu.iloc[0] == pytest.approx(a.step["mfu"])
+    # with room for everything the fastest does not recompute; a checkpointed plan says what it costs
+    assert t.checkpoint.isna().iloc[0]
+    blocks = len(sv.Plan.auto(model(), checkpoint="blocks").checkpoint)
+    fit = t[t.fits & t.analysed]
+    assert fit.why.str.contains(rf"s slower: recomputation of {blocks} blocks \+").any()
+    assert fit.why.str.contains(r"s slower: .*exposed (?:all-gathers|reduce-scatters)").any()
+
+
+def test_without_a_device_the_search_says_how_it_ranks():
+    limit = limits()["between"]
+    s = sv.search(model(), mesh=sv.Mesh(8, device_memory=limit), training=TRAINING, offload=(False,))
+    assert s.fits and "no step time (no device" in s.note and "collectives' seconds" in s.note
+    assert s.table.step_time_s.isna().all() and s.table.why.iloc[0] == "fastest that fits"
+    a = sv.analyze(model(), s.best, s.best_mesh, TRAINING)
+    assert int(a.memory.peak.max()) <= limit
+
+
+def test_sv201_prices_each_fix_with_the_step_model():
+    from shardviz.checks import CHECKPOINT_FIXES, memory_fixes
+    from shardviz.search import CHECKPOINTS
+
+    assert CHECKPOINTS[:len(CHECKPOINT_FIXES)] == CHECKPOINT_FIXES  # the search's checkpointing, shared
+    limit = limits()["between"]  # nothing fits without checkpointing
+    plan = sv.Plan.auto(model(), lora="sharded")
+    a = sv.analyze(model(), plan, replace(MESH, device_memory=limit), TRAINING)
+    fixes = memory_fixes(a)
+    assert fixes and all(f.peak <= limit and f.cost_s is not None for f in fixes)
+    plain = [f for f in fixes if not f.hardware]
+    assert [f.cost_s for f in plain] == sorted(f.cost_s for f in plain)  # cheapest first, by time
+    assert fixes[-1].hardware or not any(f.hardware for f in fixes)  # more ranks last
+    ckpt = next(f for f in fixes if f.text.startswith("checkpoint every block"))
+    fixed = sv.analyze(model(), plan.with_checkpoint(plan_blocks()), a.mesh, TRAINING)
+    assert ckpt.step_time_s == pytest.approx(fixed.step["step_time_s"])
+    assert ckpt.cost_s == pytest.approx(fixed.step["step_time_s"] - a.step["step_time_s"]) and ckpt.cost_s > 0
+    finding = next(f for f in a.findings if f.code == "SV201")
+    assert finding.fix.startswith("cheapest fix: ") and "for the same tokens, +" in finding.fix
+
+
+def plan_blocks() -> list[str]:
+    return list(sv.Plan.auto(model(), checkpoint="blocks").checkpoint)
+
+
+def test_explain_says_what_was_chosen_and_why():
+    s = found("between")
+    text = s.explain()
+    best = s.table.iloc[0]
+    assert text.startswith(f"Run {best['name']}: peak {sv.cost.format_bytes(best.peak)}")
+    assert f"{best.tokens_per_s:,.0f} tokens/s per rank" in text and f"MFU {100 * best.mfu:.1f}%" in text
+    assert "Checkpointing is needed" in text and s.table.why.iloc[1] in text
+
+
+@pytest.mark.slow
+def test_readme_what_should_i_run_table_is_up_to_date():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_search", root / "benchmarks" / "bench_search.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    readme = (root / "README.md").read_text()
+    fresh = bench.readme_markdown(list(bench.readme_rows()))
+    assert bench.splice_readme(readme, fresh) == readme, (
+        "the README's What should I run table is stale: run .venv/bin/python benchmarks/bench_search.py --readme")

@@ -17,29 +17,34 @@ its reason:
   on the same layout, mesh and options: the blocks checkpointed with fewer blocks are a subset, so
   more activations are alive at every moment;
 - a micro-batch larger than one with which nothing fits.
+
+The plans that fit are ranked by ``a.step["step_time_s"]`` (the step model, ``steptime.py``: the
+mesh needs a ``device``); ``why`` names the parts of the step that make a plan slower than the one
+above it (recomputation, exposed collectives, offload copies, the optimizer). Without a device there
+is no step time: the search says so in ``note`` and ranks by the collectives' seconds instead.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from .analysis import Analysis, analyze
-from .cost import Training
-from .finding import PlanError
-from .format import format_bytes
-from .fsdp import Mesh
-from .plan import LORA_LAYOUTS, Plan, Unit
-from .tree import ModelTree, as_tree
+from ..analysis import Analysis, analyze
+from ..checks import CHECKPOINT_FIXES
+from ..cost import Training
+from ..finding import PlanError
+from ..format import format_bytes
+from ..fsdp import Mesh
+from ..plan import LORA_LAYOUTS, Plan, Unit
+from ..tree import ModelTree, as_tree
+from .rank import _TRAINING_FIELDS, _rank_key, _time_parts, _why, explain, step_numbers
 
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
-CHECKPOINTS = ("blocks", "every 2", "every 3", "selective", None)
+CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
-HOST_GBPS = 25.0  # host <-> device copies of CPU offload (PCIe 4.0 x16), for _step_time_estimate only
-_TRAINING_FIELDS = {f.name for f in fields(Training)}
-COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "why", "lora", "checkpoint",
+COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora", "checkpoint",
            "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed"]
 
 
@@ -73,54 +78,6 @@ class Candidate:
     @property
     def state_key(self) -> tuple:
         return (self.lora, self.reshard, self.replicate, self.offload)
-
-
-# ---------------------------------------------------------------------------
-# Step time
-# ---------------------------------------------------------------------------
-def _step_time_estimate(a: Analysis, grad_accum: int = 1) -> dict:
-    """TODO(issue 18): a temporary step time until ``Analysis.step`` exists (the lead replaces this
-    one function): the communication time of ``a.comm`` (collectives one after another, no overlap,
-    no compute), plus, with CPU offload, the host-device copies (parameters in forward and backward,
-    gradients back) at ``HOST_GBPS``; once per micro-batch."""
-    comm = float(a.comm.attrs.get("time_per_step_s", float("nan")))
-    step = (comm + _offload_copy_s(a)) * grad_accum
-    t = a.training
-    tokens = (t.batch_size or 0) * t.seq_len * grad_accum
-    return {"step_time_s": step, "tokens_per_s": tokens / step if step > 0 else float("inf")}
-
-
-def _offload_copy_s(a: Analysis) -> float:
-    """CPU offload: the sharded parameters copied to the device in forward and in backward, the
-    gradients back, at ``HOST_GBPS`` (part of the stand-in ``_step_time_estimate``)."""
-    mem = a.memory
-    return (2 * int(mem.cpu_params.max()) + int(mem.cpu_grads.max())) / (HOST_GBPS * 1e9)
-
-
-def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
-    """step_time_s (one optimizer step) and tokens_per_s (per rank): ``a.step`` when the analysis
-    has it, else ``_step_time_estimate``."""
-    step = getattr(a, "step", None)
-    if step is None or step.get("step_time_s") is None:  # no device or no micro-batch: a.step["reason"]
-        return _step_time_estimate(a, grad_accum)
-    scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
-    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"])}
-
-
-def _time_parts(a: Analysis) -> dict:
-    """Seconds per step by what takes them (collectives by kind and group, offload copies): what
-    ``why`` names when a plan is slower than the one above it."""
-    c = a.comm
-    out: dict = {}
-    if len(c):
-        seconds = (c["time_s"] * c["count"]).to_numpy()
-        for kind, group, size, sec in zip(c["collective"], c["group"], c["group_size"], seconds):
-            where = f"over all {size} ranks" if group == "world" else f"in {group.replace('_', '-')} groups of {size} ranks"
-            key = f"{kind.replace('_', '-')}s {where}"
-            out[key] = out.get(key, 0.0) + float(sec)
-    if getattr(a, "step", None) is None and _offload_copy_s(a) > 0:
-        out["CPU offload copies"] = _offload_copy_s(a)
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -266,7 +223,9 @@ class _Runner:
         if profile is not None:
             self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
-                "parts": _time_parts(a), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units)}
+                "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
+                "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units),
+                "mesh": a.mesh}
 
 
 def _ckpt_words(checkpoint: str | None) -> str:
@@ -284,7 +243,7 @@ def _divisors(n: int) -> list[int]:
 def _micro_batches(mesh: Mesh, training: Training) -> list[tuple[int | None, int]]:
     """(micro-batch, accumulation) pairs, smallest micro-batch first."""
     if training.global_batch is None:
-        return [(training.batch_size, 1)]
+        return [(training.batch_size, getattr(training, "grad_accum", 1))]
     per_rank, rest = divmod(training.global_batch, mesh.world)
     if rest:
         raise ValueError(f"Training.global_batch={training.global_batch} is not a multiple of the world size "
@@ -339,61 +298,6 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
                 r["fits"] for cc, r in rows if cc.batch_size == c.batch_size):
             nowhere = c.batch_size if nowhere is None else nowhere
     return rows
-
-
-# ---------------------------------------------------------------------------
-# Ranking and the reasons
-# ---------------------------------------------------------------------------
-def _rank_key(limit: int):
-    def key(item):
-        c, r = item
-        if r["fits"] and r["analysed"]:
-            return (0, float(f"{r['step_time_s']:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
-        if r["fits"]:
-            return (1, 0.0, 0, 0, 0, 0)
-        over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
-        return (2 if r["analysed"] else 3, over, 0, c.offload, 0, 0)
-    return key
-
-
-def _slower_because(r: dict, above: dict) -> str:
-    """What costs a fitting row its time against the fitting row above it."""
-    dt = r["step_time_s"] - above["step_time_s"]
-    deltas = {k: r["parts"].get(k, 0.0) - above["parts"].get(k, 0.0) for k in set(r["parts"]) | set(above["parts"])}
-    more = [f"recomputation of {r['recompute']} blocks"] if r["recompute"] > above["recompute"] else []
-    tie = 1e-9 + 1e-6 * above["step_time_s"]
-    if deltas and max(deltas.values()) > tie:
-        label, sec = max(deltas.items(), key=lambda kv: kv[1])
-        more.insert(0, f"{label} (+{_seconds(sec)})")
-    if dt > tie:
-        return f"{_seconds(dt)} slower: " + ("; ".join(more) or "slower collectives")
-    return "as fast; " + _tie_reason(r, above)
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.2f} s" if s >= 0.01 else f"{s * 1e3:.2f} ms" if s >= 1e-5 else f"{s * 1e6:.2f} us"
-
-
-def _tie_reason(r: dict, above: dict) -> str:
-    if r["recompute"] > above["recompute"]:
-        return f"recomputes {r['recompute']} blocks (the row above {above['recompute']})"
-    if r.get("offload") and not above.get("offload"):
-        return "CPU offload copies every parameter and gradient between host and device"
-    if r["calls"] > above["calls"]:
-        return f"{r['calls']} fully_shard calls (the row above {above['calls']}): more collectives to launch"
-    if r["peak"] > above["peak"]:
-        return f"peak {format_bytes(r['peak'] - above['peak'])} higher"
-    return "equal on every count (listed in search order)"
-
-
-def _why(r: dict, above: dict | None, limit: int) -> str:
-    if not r["analysed"]:
-        return r["why"]
-    if not r["fits"]:
-        return f"over {format_bytes(limit)} by {format_bytes(r['peak'] - limit)}"
-    if above is None:
-        return "fastest that fits"
-    return _slower_because(r, above)
 
 
 # ---------------------------------------------------------------------------
@@ -475,7 +379,8 @@ class Search:
             records.append({
                 "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
                 "margin": None if r["peak"] is None else runner.limit - r["peak"],
-                "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "why": why,
+                "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"),
+                "why": why,
                 "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
                 "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // c.replicate,
                 "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r["analysed"],
@@ -525,7 +430,12 @@ class Search:
             "name": t.name, "fits": t.fits.map({True: "yes", False: "no"}),
             "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
             "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
-            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"), "why": t.why})
+            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"),
+            "mfu": t.mfu.map(lambda v: "" if v is None or v != v else f"{100 * v:.1f}%"), "why": t.why})
+
+    def explain(self) -> str:
+        """What was chosen and why, in sentences (the notebook and the CLI print it)."""
+        return explain(self.table, self.device_memory, self.note if not self.fits else "")
 
     def figure(self):
         """Peak against step time of every analysed plan, the device memory drawn across."""
@@ -567,9 +477,6 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
                        inter_node_gbps=mesh.inter_node_gbps or DEFAULT_GBPS[1])
         notes.append(f"links assumed: {mesh.intra_node_gbps:g} GB/s inside a node of {mesh.ranks_per_node}, "
                      f"{mesh.inter_node_gbps:g} GB/s across nodes")
-    if mesh.device is None or training.batch_size is None:  # a.step has no time: the stand-in
-        notes.append(f"step_time_s: the collectives one after another plus CPU offload copies at {HOST_GBPS:g} GB/s, "
-                     "no compute (give Mesh(device=...) and Training(batch_size=...) for FSDP2's step time, a.step)")
     tree = as_tree(model)
     if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
         raise ValueError("search: activations are measured by running the model: pass the nn.Module")
@@ -579,6 +486,11 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     rows = sorted(_run(runner, cands), key=_rank_key(runner.limit))
     for c, r in rows:
         r["offload"] = c.offload
+    untimed = next((r["reason"] for _, r in rows if r["analysed"] and r.get("reason")), None)
+    if untimed:
+        notes.append(f"no step time ({untimed}): the plans that fit are ranked by their collectives' seconds per "
+                     "step instead (a.comm, one after another, no compute), then less recomputation, then the "
+                     "larger margin; step_time_s and tokens_per_s are empty")
     if runner.unmeasured:
         notes.append("selective checkpointing not tried: the activation measurement does not do it yet (SV114)")
     nothing = what_would_fit(runner, rows) if rows and not rows[0][1]["fits"] else ""

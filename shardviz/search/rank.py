@@ -1,0 +1,164 @@
+"""The search's step numbers and reasons: ``step_numbers`` (``a.step``), the parts of the step a
+plan spends its time on (``_time_parts``), the order of the table (``_rank_key``) and each row's
+``why`` against the row above it."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..analysis import Analysis
+from ..cost import Training
+from ..format import format_bytes, format_duration
+from ..fsdp import Mesh
+
+_TRAINING_FIELDS = {f.name for f in fields(Training)}
+
+
+# ---------------------------------------------------------------------------
+# Step time: a.step (the step model of steptime.py), or the collectives when there is no device
+# ---------------------------------------------------------------------------
+def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
+    """step_time_s (one optimizer step: ``grad_accum`` micro-batches), tokens_per_s (per rank) and
+    mfu from ``a.step``; None with ``reason`` when ``a.step`` has no time (no device, no micro-batch)."""
+    step = a.step
+    if step.get("step_time_s") is None:
+        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "reason": step.get("reason")}
+    scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
+    # without Training.grad_accum the micro-batches repeat one step: the same tokens per second
+    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"]),
+            "mfu": float(step["mfu"]), "reason": None}
+
+
+def _where(kind: str, mesh: Mesh) -> str:
+    if kind == "all-reduces":
+        return f"across {mesh.replicate} replicas"
+    return f"at {mesh.shard} ranks" if not mesh.is_hsdp else f"in shard groups of {mesh.shard} ranks"
+
+
+def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
+    """Seconds per step by what takes them, from the step model's schedule: compute-stream work by
+    kind, communication only where the compute stream waits for it (exposed). What ``why`` names
+    when a plan is slower than the one above it (``_label`` writes a part for a row). Without a
+    step time: the collectives one after another (``a.comm``)."""
+    sched = a.step_time.schedule
+    out: dict = {}
+    if sched is None:
+        c = a.comm
+        if len(c):
+            out["collectives (one after another, a.comm)"] = float((c["time_s"] * c["count"]).sum())
+        return out
+    labels = {"forward": "compute", "backward": "compute", "optimizer": "the optimizer step",
+              "recompute": "recomputation", "h2d": "CPU offload copies", "d2h": "CPU offload copies",
+              "ignored_all_reduce": "the ignored parameters' all-reduce"}
+    for e in sched.timeline():
+        sec = e["end_s"] - e["start_s"] if e["stream"] == "compute" else e["exposed_s"]
+        if sec > 0:
+            label = labels.get(e["kind"]) or f"exposed {e['kind'].replace('_', '-')}s"
+            out[label] = out.get(label, 0.0) + sec * grad_accum
+    return out
+
+
+def _label(part: str, r: dict) -> str:
+    """A part of the step as ``why`` says it for row ``r`` (its blocks, its group sizes)."""
+    if part == "recomputation":
+        return f"recomputation of {r['recompute']} blocks"
+    if part == "the ignored parameters' all-reduce":
+        return f"{part} over {r['mesh'].world} ranks"
+    if part.startswith("exposed "):
+        return f"{part} {_where(part.split()[-1], r['mesh'])}"
+    return part
+
+
+# ---------------------------------------------------------------------------
+# Ranking and the reasons
+# ---------------------------------------------------------------------------
+def _rank_key(limit: int):
+    """Fitting plans by step time (without one: by the collectives' seconds, then recomputation),
+    ties to less recomputation, no offload, fewer calls, the larger margin; then the plans over."""
+    def key(item):
+        c, r = item
+        if r["fits"] and r["analysed"]:
+            t = r["step_time_s"] if r["step_time_s"] is not None else r["comm_s"]
+            return (0, float(f"{t:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
+        if r["fits"]:
+            return (1, 0.0, 0, 0, 0, 0)
+        over = (r["peak"] if r["peak"] is not None else 1 << 62) - limit
+        return (2 if r["analysed"] else 3, over, 0, c.offload, 0, 0)
+    return key
+
+
+def _slower_because(r: dict, above: dict) -> str:
+    """What costs a fitting row its time against the fitting row above it: the part of the step
+    (``_time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
+    timed = r["step_time_s"] is not None and above["step_time_s"] is not None
+    t, t_above = (r["step_time_s"], above["step_time_s"]) if timed else (r["comm_s"], above["comm_s"])
+    dt = t - t_above
+    deltas = {k: r["parts"].get(k, 0.0) - above["parts"].get(k, 0.0) for k in set(r["parts"]) | set(above["parts"])}
+    tie = 1e-9 + 1e-6 * t_above
+    if dt <= tie:
+        return "as fast; " + _tie_reason(r, above)
+    grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
+    reasons = ", ".join(f"{_label(label, r)} +{_seconds(sec)}" for sec, label in grown) or "slower collectives"
+    shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -tie)[:1]
+    if shrunk and grown and grown[0][0] > dt + tie:  # the growth is partly paid back elsewhere: say where
+        reasons += "; " + ", ".join(f"{_label(label, r)} -{_seconds(-sec)}" for sec, label in shrunk)
+    if not timed:
+        return f"{_seconds(dt)} more collectives (no step time: {r['reason']}): {reasons}"
+    return f"{_seconds(dt)} slower: {reasons}"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.2f} s" if s >= 0.01 else f"{s * 1e3:.2f} ms" if s >= 1e-5 else f"{s * 1e6:.2f} us"
+
+
+def _tie_reason(r: dict, above: dict) -> str:
+    if r["recompute"] > above["recompute"]:
+        return f"recomputes {r['recompute']} blocks (the row above {above['recompute']})"
+    if r.get("offload") and not above.get("offload"):
+        return "CPU offload copies every parameter and gradient between host and device"
+    if r["calls"] > above["calls"]:
+        return f"{r['calls']} fully_shard calls (the row above {above['calls']}): more collectives to launch"
+    if r["peak"] > above["peak"]:
+        return f"peak {format_bytes(r['peak'] - above['peak'])} higher"
+    return "equal on every count (listed in search order)"
+
+
+def _why(r: dict, above: dict | None, limit: int) -> str:
+    if not r["analysed"]:
+        return r["why"]
+    if not r["fits"]:
+        return f"over {format_bytes(limit)} by {format_bytes(r['peak'] - limit)}"
+    if above is None:
+        return "fastest that fits"
+    return _slower_because(r, above)
+
+
+
+
+# ---------------------------------------------------------------------------
+# The choice in words
+# ---------------------------------------------------------------------------
+def explain(table, device_memory: int, note: str = "") -> str:
+    """What ``sv.search`` chose and why, in sentences, every number read from its ``table``."""
+    if not len(table) or not table.fits.iloc[0]:
+        return f"Nothing fits. {note}".strip()
+    best = table.iloc[0]
+    timed = best.step_time_s == best.step_time_s and best.step_time_s is not None
+    when = (f", a step of {format_duration(best.step_time_s)} ({best.tokens_per_s:,.0f} tokens/s per rank, "
+            f"MFU {100 * best.mfu:.1f}%)" if timed else "")
+    out = [f"Run {best['name']}: peak {format_bytes(best.peak)} of {format_bytes(device_memory)} "
+           f"({format_bytes(best.margin)} to spare){when}."]
+    fit = table[table.fits & table.analysed]
+    if len(fit) > 1:
+        out.append(f"It is the fastest of {len(fit)} plans that fit; the next, {fit['name'].iloc[1]}, is {fit.why.iloc[1]}.")
+    plain = table[table.analysed & table.checkpoint.isna()]
+    if best.checkpoint is not None and best.checkpoint == best.checkpoint:
+        if len(plain) and not plain.fits.any():
+            out.append(f"Checkpointing is needed: without it the leanest plan, {plain['name'].iloc[0]}, is "
+                       f"{plain.why.iloc[0]}.")
+        elif not len(plain):
+            out.append("Checkpointing is needed: no plan without it could fit (pruned before measuring).")
+    over = int((~table.fits).sum())
+    if over:
+        out.append(f"{over} of {len(table)} plans do not fit.")
+    return " ".join(out)
