@@ -20,7 +20,10 @@ The exported module defines ``apply_fsdp(model, mesh=None)``. After it, an ordin
   the module picks the path and the technique when it runs, so it works on 2.4 and later;
 - the plan's ``checkpoint`` modules are wrapped in torch's ``checkpoint_wrapper`` before any
   ``fully_shard`` call; every module is resolved before wrapping (wrapping renames what lies
-  below a block), and ``fully_shard`` is applied to the wrapper, as torchtitan does.
+  below a block), and ``fully_shard`` is applied to the wrapper, as torchtitan does. Modules with
+  the "selective" policy get torchtitan's "selective op" policy as the wrapper's ``context_fn``
+  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``, public since torch 2.4), the
+  function the activation measurement wraps them with.
 
 The helpers the exported module needs at run time live in ``export_runtime.py``, a real module the
 tests import; their source is copied into every export, which therefore needs only torch.
@@ -52,7 +55,7 @@ from .fsdp import (
     release_label,
     supports_ignored_params,
 )
-from .plan import Plan, Unit, as_plan, refuse_selective
+from .plan import Plan, Unit, as_plan
 from .presets import named_plan
 from .tree import as_tree
 
@@ -105,6 +108,8 @@ RUNTIME_ALWAYS = ("_mesh_device", "_dp_groups", "_common_dtype", "_broadcast", "
                   "optimizer_param_groups", "_replicate_unsharded")
 RUNTIME_HIDE = "_hidden_from_fully_shard"
 RUNTIME_CHECKPOINT = "_apply_checkpointing"
+RUNTIME_CHECKPOINT_WRAP = "_checkpoint_wrapped"
+RUNTIME_SELECTIVE = ("_sac_save_ops", "_selective_checkpoint_context")
 
 
 @lru_cache(maxsize=None)
@@ -146,6 +151,10 @@ class _Export:
     @property
     def checkpoint(self) -> list[str]:
         return list(self.plan.checkpoint)
+
+    @property
+    def selective(self) -> list[str]:
+        return list(self.plan.checkpoint.selective)
 
     @property
     def label(self) -> str:
@@ -209,7 +218,6 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     plan = named_plan(tree, as_plan(plan))  # the name the widget and the CLI give the same plan
     if plan.checkpoint:
         Plan(checkpoint=plan.checkpoint).validate(tree)  # names, root, nesting: a ValueError naming the module
-        refuse_selective(plan, "export_code")  # TODO(issue 18): write the selective policy
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
@@ -224,6 +232,15 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     if training is not None and hasattr(training, "unit_defaults"):
         units = [training.unit_defaults(u) for u in units]
     return _Export(tree.root_type, plan, mesh, units, release)
+
+
+def _checkpoint_sentence(ex: _Export) -> str:
+    n, n_sel = len(ex.checkpoint), len(ex.selective)
+    if not n_sel:
+        return f"{n} modules wrapped in checkpoint_wrapper first (full activation checkpointing). "
+    full = f"{n - n_sel} in full, " if n > n_sel else ""
+    return (f"{n} modules wrapped in checkpoint_wrapper first ({full}{n_sel} with selective activation "
+            "checkpointing: torchtitan's selective op policy). ")
 
 
 def _header(ex: _Export) -> list[str]:
@@ -241,8 +258,7 @@ def _header(ex: _Export) -> list[str]:
         f"(init_device_mesh shape {mesh.shape}); target {ex.target}. "
         f"{len(ex.units)} fully_shard calls, bottom-up; "
         + (f"{len(ignored)} ignored parameters, kept out {technique}. " if ignored else "no ignored parameters. ")
-        + (f"{len(checkpoint)} modules wrapped in checkpoint_wrapper first (full activation checkpointing). "
-           if checkpoint else "")
+        + (_checkpoint_sentence(ex) if checkpoint else "")
         + "Parameters FSDP does not shard are moved to the mesh's device, broadcast from the first rank, "
         f"and have their gradients averaged over all {mesh.world} data-parallel ranks in one all-reduce "
         "per backward."
@@ -338,13 +354,18 @@ def _constants(ex: _Export) -> list[str]:
     if ex.checkpoint:
         lines += _names_tuple("Wrapped in checkpoint_wrapper before any fully_shard call; fully_shard then takes the wrapper.",
                               "CHECKPOINT", ex.checkpoint)
+        if ex.selective:
+            lines += _names_tuple("Of those, checkpointed selectively (torchtitan's selective op policy, "
+                                  "_selective_checkpoint_context).", "SELECTIVE", ex.selective)
         lines += _names_tuple("Every module a fully_shard call takes, resolved by name before wrapping renames them.",
                               "MODULES", dict.fromkeys(m for u in ex.units for m in u.modules if m))
     return lines + ["", ""]
 
 
 def _runtime_names(ex: _Export) -> tuple[str, ...]:
-    return RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if ex.hides else ()) + ((RUNTIME_CHECKPOINT,) if ex.checkpoint else ())
+    checkpoint = (RUNTIME_CHECKPOINT_WRAP, RUNTIME_CHECKPOINT) if ex.checkpoint else ()
+    return (RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if ex.hides else ()) + checkpoint
+            + (RUNTIME_SELECTIVE if ex.selective else ()))
 
 
 def _apply_fsdp(ex: _Export) -> list[str]:
@@ -366,7 +387,8 @@ def _apply_fsdp(ex: _Export) -> list[str]:
         lines.append("    ignored = {model.get_parameter(name) for name in IGNORED}")
     if ex.checkpoint:
         lines += ["    modules = {name: model.get_submodule(name) for name in MODULES}",
-                  "    modules.update(_apply_checkpointing(model, CHECKPOINT))"]
+                  "    modules.update(_apply_checkpointing(model, CHECKPOINT"
+                  + (", dict.fromkeys(SELECTIVE, _selective_checkpoint_context)))" if ex.selective else "))")]
     opening, indent, call_kw = _keep_out_ignored(ex)
     lines += opening
     lines += _calls(ex.units, indent, call_kw, resolved=bool(ex.checkpoint))

@@ -42,18 +42,91 @@ def _hidden_from_fully_shard(model, params):
             module._parameters[name] = param
 
 
-def _apply_checkpointing(model, names):
-    """Wrap each named module in torch's ``checkpoint_wrapper`` (full activation checkpointing), in place.
-
-    Wrapping renames everything below a module (``<name>._checkpoint_wrapped_module.<rest>``), so
-    every module and its parent are resolved first, then wrapped. Returns ``{name: wrapper}``:
-    ``fully_shard`` is applied to the wrapper, as torchtitan does.
+def _sac_save_ops():
+    """The ops whose outputs torchtitan's "selective op" checkpointing saves (``_op_sac_save_list``,
+    torchtitan/models/llama3/infra/parallelize.py), those this torch release has; plus the CPU
+    flash-attention kernel, the CPU's counterpart of the CUDA kernels listed (CUDA never runs it).
     """
+    aten = torch.ops.aten
+    names = [
+        (aten, "mm"),
+        (aten, "_scaled_dot_product_efficient_attention"),
+        (aten, "_scaled_dot_product_flash_attention"),
+        (aten, "_scaled_dot_product_cudnn_attention"),
+        (aten, "_scaled_dot_product_attention_math"),
+        (aten, "_scaled_dot_product_fused_attention_overrideable"),
+        (aten, "_scaled_dot_product_flash_attention_for_cpu"),
+        (torch.ops._c10d_functional, "reduce_scatter_tensor"),
+        (aten, "max"),
+    ]
+    ops = set()
+    for namespace, name in names:
+        packet = getattr(namespace, name, None)
+        if packet is not None:
+            ops.add(packet.default)
+    flex = getattr(getattr(torch, "_higher_order_ops", None), "flex_attention", None)
+    if flex is not None:
+        ops.add(flex)
+    return ops
+
+
+def _selective_checkpoint_context():
+    """``context_fn`` of a selectively checkpointed module: torchtitan's "selective op" policy
+    (``_apply_op_sac`` in torchtitan/distributed/activation_checkpoint.py). The outputs of the ops
+    in ``_sac_save_ops`` are saved, except every second ``mm`` (counted per call, in forward and
+    in recomputation alike); every other op is recomputed in backward."""
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        create_selective_checkpoint_contexts,
+    )
+
+    save = _sac_save_ops()
+    mm = torch.ops.aten.mm.default
+    mm_count = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if (
+            func == torch.ops.aten._to_copy.default
+            and "cuda" in str(args[0].device)
+            and str(kwargs.get("device")) == "cpu"
+        ):
+            return CheckpointPolicy.MUST_SAVE  # offloading to the CPU
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == mm:
+            mm_count[mode] += 1
+        if func in save and not (func == mm and mm_count[mode] % 2 == 0):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _checkpoint_wrapped(module, context_fn=None):
+    """``module`` in torch's ``checkpoint_wrapper`` (non-reentrant): full activation checkpointing,
+    or with ``context_fn=_selective_checkpoint_context`` selective (what it does not save is
+    recomputed in backward)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         checkpoint_wrapper,
     )
 
+    if context_fn is None:
+        return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    return checkpoint_wrapper(
+        module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=context_fn
+    )
+
+
+def _apply_checkpointing(model, names, context_fns=None):
+    """Wrap each named module in torch's ``checkpoint_wrapper`` (``_checkpoint_wrapped``), in
+    place: full activation checkpointing, or selective for a name ``context_fns`` maps to
+    ``_selective_checkpoint_context``.
+
+    Wrapping renames everything below a module (``<name>._checkpoint_wrapped_module.<rest>``), so
+    every module and its parent are resolved first, then wrapped. Returns ``{name: wrapper}``:
+    ``fully_shard`` is applied to the wrapper, as torchtitan does.
+    """
+    context_fns = context_fns or {}
     targets = []
     for name in names:
         parent_name, _, attr = name.rpartition(".")
@@ -62,9 +135,7 @@ def _apply_checkpointing(model, names):
         )
     wrappers = {}
     for name, parent, attr, module in targets:
-        wrapper = checkpoint_wrapper(
-            module, checkpoint_impl=CheckpointImpl.NO_REENTRANT
-        )
+        wrapper = _checkpoint_wrapped(module, context_fns.get(name))
         parent.register_module(attr, wrapper)
         wrappers[name] = wrapper
     return wrappers

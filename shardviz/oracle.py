@@ -71,14 +71,17 @@ def fully_shard_kwargs(unit, torch_mod) -> dict:
 
 
 def apply_checkpointing(model: nn.Module, fqns) -> dict:
-    """Wrap each module in torch's ``checkpoint_wrapper`` (full activation checkpointing) in its
+    """Wrap each module in torch's ``checkpoint_wrapper`` (full activation checkpointing, or the
+    exported selective policy for the modules a ``Plan.checkpoint`` maps to "selective") in its
     parent's slot; returns {fqn: wrapper}. Modules are found before any is wrapped."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from .export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
 
-    found = [(f, model.get_submodule(f.rpartition(".")[0]), f.rpartition(".")[2], model.get_submodule(f)) for f in fqns]
+    pairs = fqns.items() if hasattr(fqns, "items") else [(f, "full") for f in fqns]
+    found = [(f, p, model.get_submodule(f.rpartition(".")[0]), f.rpartition(".")[2], model.get_submodule(f))
+             for f, p in pairs]
     wrappers = {}
-    for fqn, parent, name, module in found:
-        wrappers[fqn] = checkpoint_wrapper(module)
+    for fqn, policy, parent, name, module in found:
+        wrappers[fqn] = _checkpoint_wrapped(module, _selective_checkpoint_context if policy == "selective" else None)
         parent.register_module(name, wrappers[fqn])
     return wrappers
 

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence, Union
 
-from .finding import Finding, PlanError
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
@@ -395,19 +394,6 @@ def checkpoint_preset(checkpoint: str | None) -> tuple[str, int] | None:
                              f"got {words[1]!r}")
         return "full", int(words[1])
     raise ValueError(f"checkpoint={checkpoint!r}: {expected}")
-
-
-def refuse_selective(plan: Plan, what: str) -> None:
-    """``PlanError`` naming the modules of ``plan`` checkpointed selectively, where ``what`` (the
-    activation measurement, the exported code) cannot do that policy yet: never a silent "full"."""
-    selective = plan.checkpoint.selective
-    if selective:
-        raise PlanError([Finding(
-            "SV114", "error",
-            f"{what} does not do selective activation checkpointing yet (issue 18): "
-            f"{len(selective)} module(s) have checkpoint policy 'selective', e.g. {selective[0]!r}",
-            fqns=selective, fix="checkpoint these modules in full (policy 'full', or Plan.auto(..., checkpoint='blocks'))",
-        )])
 
 
 def as_plan(plan) -> Plan:

@@ -37,14 +37,19 @@ def single_rank_gloo():
 
 def test_every_helper_is_pasted_verbatim_into_exports():
     assert black.format_str(SOURCE, mode=black.Mode()) == SOURCE  # the export is black-formatted too
-    assert set(DEFINITIONS) == set(codegen.RUNTIME_ALWAYS) | {codegen.RUNTIME_HIDE, codegen.RUNTIME_CHECKPOINT}
+    assert set(DEFINITIONS) == set(codegen.RUNTIME_ALWAYS) | {codegen.RUNTIME_HIDE, codegen.RUNTIME_CHECKPOINT,
+                                                              codegen.RUNTIME_CHECKPOINT_WRAP, *codegen.RUNTIME_SELECTIVE}
     model = zoo.tiny_llama_lora()
-    plan = sv.Plan.auto(model, lora="ignored", checkpoint="blocks")
+    blocks = sv.Plan.auto(model, lora="ignored", checkpoint="blocks").checkpoint
+    plan = sv.Plan.auto(model, lora="ignored").with_checkpoint({blocks[0]: "full", blocks[1]: "selective"})
     everything = sv.export_code(model, plan, mesh=sv.Mesh(2), torch_version="2.6")
     plain = sv.export_code(model, sv.Plan.auto(model, lora="sharded"), mesh=sv.Mesh(2), torch_version="2.7")
     for name in DEFINITIONS:
         assert codegen.runtime_source([name]) in everything, name
     assert codegen.RUNTIME_HIDE not in plain and codegen.RUNTIME_CHECKPOINT not in plain  # only what is needed
+    full_only = sv.export_code(model, sv.Plan.auto(model, checkpoint="blocks"), mesh=sv.Mesh(2), torch_version="2.7")
+    assert codegen.RUNTIME_CHECKPOINT in full_only
+    assert not any(f"def {n}(" in full_only for n in codegen.RUNTIME_SELECTIVE)
     imports = [n for n in ast.walk(ast.parse(everything)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     modules = {a.name for n in imports if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in imports if isinstance(n, ast.ImportFrom)}
@@ -93,6 +98,51 @@ def test_apply_checkpointing_recomputes_and_keeps_gradients():
     for n, p in reference.named_parameters():
         if p.requires_grad:
             torch.testing.assert_close(got[n], p.grad, rtol=0, atol=0)
+
+
+def test_selective_checkpointing_saves_every_other_mm_and_recomputes_the_rest(monkeypatch):
+    """torchtitan's selective op policy: in a block, the 1st, 3rd, ... ``mm`` outputs are saved, the
+    2nd, 4th, ... recomputed, as is every op outside the save list; the gradients those of the
+    plain model."""
+    import torch.utils.checkpoint as tc
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    model = zoo.tiny_llama_lora()
+    reference = copy.deepcopy(model)
+    names = ["base_model.model.model.layers.0", "base_model.model.model.layers.1"]
+    decisions = {"forward": [], "recompute": []}
+    original = tc.create_selective_checkpoint_contexts
+
+    def recording(policy):
+        def spy(ctx, func, *args, **kwargs):
+            out = policy(ctx, func, *args, **kwargs)
+            decisions["recompute" if ctx.is_recompute else "forward"].append((func, out))
+            return out
+
+        return original(spy)
+
+    monkeypatch.setattr(tc, "create_selective_checkpoint_contexts", recording)
+    rt._apply_checkpointing(model, names, dict.fromkeys(names[1:], rt._selective_checkpoint_context))
+    model.train()
+    reference.train()
+    batch = zoo.tiny_batch(seed=3)
+    # use_cache=False: with the config's use_cache=True, the key/value cache grows again in the
+    # recomputation and torch raises (see test_activation_truth.py, use_cache)
+    model(**batch, use_cache=False).loss.backward()
+    reference(**batch, use_cache=False).loss.backward()
+    strip = lambda n: n.replace("._checkpoint_wrapped_module", "")  # noqa: E731
+    got = {strip(n): p.grad for n, p in model.named_parameters() if p.requires_grad}
+    for n, p in reference.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(got[n], p.grad)
+    mm = torch.ops.aten.mm.default
+    mms = [d for f, d in decisions["forward"] if f == mm]
+    assert len(mms) >= 4 and mms[0::2] == [CheckpointPolicy.MUST_SAVE] * len(mms[0::2])
+    assert mms[1::2] == [CheckpointPolicy.PREFER_RECOMPUTE] * len(mms[1::2])
+    assert all(d == CheckpointPolicy.PREFER_RECOMPUTE for f, d in decisions["forward"] if f not in rt._sac_save_ops())
+    # recent torch replays the forward's decisions in the recomputation without asking the policy again
+    recomputed = [d for f, d in decisions["recompute"] if f == mm]
+    assert recomputed == mms[: len(recomputed)]
 
 
 def test_tensors_and_common_dtype():

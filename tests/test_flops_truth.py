@@ -3,7 +3,7 @@ torch's ``FlopCounterMode`` on the real step of the full model.
 
 The truth: every layer of the model (no reduced copy, no extrapolation), its parameters fake CPU
 tensors in the dtype they compute in, ``checkpoint_wrapper`` on the plan's checkpointed modules as
-the export applies it, one forward + ``loss.backward()`` on the same inputs under ``FakeTensorMode``
+the export applies it (selective ones with the export's policy as its ``context_fn``), one forward + ``loss.backward()`` on the same inputs under ``FakeTensorMode``
 and a plain ``FlopCounterMode`` with shardviz's formulas for the ops torch's registry misses on CPU
 (flash attention for CPU, ``_grouped_mm``). The step's batch is the ordinary unpadded one
 (``patches.hf_plain_batches``, as measured). Totals must match exactly; so must the recomputation
@@ -21,6 +21,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz.activations import FLOP_COLUMNS, flop_formulas, measure_activations
+from shardviz import export_runtime as rt
 from shardviz.activations.patches import hf_plain_batches
 
 BATCH, SEQ, VOCAB, LAYERS = 2, 32, 512, 5
@@ -68,10 +69,15 @@ def truth_flops(model: nn.Module, checkpoint=(), param_dtype=None) -> int:
             new = torch.empty(t.shape, dtype=dtype, device="cpu")
         memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
     step_model = copy.deepcopy(model, memo)
+    selective = set(getattr(checkpoint, "selective", ()))
     for fqn in checkpoint:
         parent, _, name = fqn.rpartition(".")
         holder = step_model.get_submodule(parent)
-        setattr(holder, name, checkpoint_wrapper(getattr(holder, name)))
+        if fqn in selective:  # the exported wrapper: torchtitan's selective op policy as its context_fn
+            wrapped = rt._checkpoint_wrapped(getattr(holder, name), rt._selective_checkpoint_context)
+        else:
+            wrapped = checkpoint_wrapper(getattr(holder, name))
+        setattr(holder, name, wrapped)
     step_model.train()
     counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
     with fake, hf_plain_batches(), counter:
@@ -110,6 +116,25 @@ def test_step_flops_match_flop_counter(kind):
     assert int(plain.flops.recompute_flops.sum()) == 0
     blocks = {u.name for u in ckpt_plan.units if set(u.modules) & set(ckpt_plan.checkpoint)}
     assert set(ckpt.flops.loc[ckpt.flops.recompute_flops > 0, "unit"]) <= blocks
+
+
+@pytest.mark.parametrize("kind", [pytest.param("llama"), pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_selective_checkpointing_flops_match_flop_counter(kind):
+    """Selective checkpointing (issue 18): the recomputation is what the policy does not save (every
+    second mm and the ops outside torchtitan's save list), as FlopCounterMode counts it on the real
+    step; less than full checkpointing recomputes."""
+    model = build(kind)
+    training = sv.Training(batch_size=BATCH, seq_len=SEQ)
+    plan = sv.Plan.auto(model, lora="sharded", checkpoint="selective")
+    a = sv.analyze(model, plan, sv.Mesh(shard=8), training)
+    want_plain = truth_flops(model)
+    want = truth_flops(model, plan.checkpoint)
+    want_full = truth_flops(model, sv.Plan.auto(model, checkpoint="blocks").checkpoint)
+    assert want_plain < want < want_full
+    assert a.flop_totals == {"flops": want, "model_flops": want_plain}
+    assert int(a.flops.recompute_flops.sum()) == want - want_plain
+    assert int(a.flops[list(FLOP_COLUMNS[1:])].to_numpy().sum()) == want
+    assert a.activation_profile.measured_blocks < 2 * LAYERS
 
 
 def test_flops_per_unit_in_forward_order_and_blocks_alike():

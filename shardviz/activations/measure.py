@@ -84,8 +84,14 @@ class _Request:
     seq_len: int
     param_dtype: torch.dtype | None
     whole: frozenset  # parameters FSDP leaves whole: they matter only under a param_dtype
-    checkpoint: frozenset
+    checkpoint: frozenset  # the checkpointed modules
     example_inputs: object
+    selective: frozenset = frozenset()  # those of them checkpointed selectively
+
+    @property
+    def policies(self) -> dict[str, str]:
+        """Checkpointed module -> "full" | "selective"."""
+        return {c: "selective" if c in self.selective else "full" for c in self.checkpoint}
 
 
 def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs) -> _Request:
@@ -94,8 +100,13 @@ def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example
         raise ValueError("batch_size and seq_len must be >= 1")
     pdt = as_dtype(param_dtype)
     whole = frozenset(whole_params) if pdt is not None else frozenset()
-    checkpoint = frozenset(strip_wrapper(c) for c in checkpoint)
-    return _Request(batch_size, seq_len, pdt, whole, checkpoint, example_inputs)
+    pairs = checkpoint.items() if hasattr(checkpoint, "items") else ((c, "full") for c in checkpoint)
+    policies = {strip_wrapper(c): policy for c, policy in pairs}
+    for c, policy in policies.items():
+        if policy not in ("full", "selective"):
+            raise ValueError(f"checkpoint[{c!r}]: policy {policy!r} is not one of ('full', 'selective')")
+    selective = frozenset(c for c, policy in policies.items() if policy == "selective")
+    return _Request(batch_size, seq_len, pdt, whole, frozenset(policies), example_inputs, selective)
 
 
 def _check_checkpoint(checkpoint: frozenset, tree: ModelTree) -> None:
@@ -218,11 +229,12 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
     return Measurement(recorder.events, tuple(sorted(recorder.attention)))
 
 
-def _outside_checkpoint(lists: list[ListPlan], tree: ModelTree, checkpoint: frozenset) -> frozenset:
-    """The checkpointed modules outside the cut block lists (the copy wraps them as they are)."""
+def _outside_checkpoint(lists: list[ListPlan], tree: ModelTree, checkpoint: dict) -> frozenset:
+    """The checkpointed modules outside the cut block lists, (fqn, policy) (the copy wraps them as
+    they are)."""
     blocks = {tree.modules[b].fqn for lp in lists for b in lp.positions}
     prefixes = tuple(b + "." for b in blocks)
-    return frozenset(c for c in checkpoint if c not in blocks and not c.startswith(prefixes))
+    return frozenset((c, p) for c, p in checkpoint.items() if c not in blocks and not c.startswith(prefixes))
 
 
 def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, policy: _DtypePolicy) -> tuple:
@@ -271,8 +283,8 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
     tree = entry.tree
     policy = _DtypePolicy(tree, request.param_dtype, request.whole)
     listed = find_blocks(tree)  # the repeated blocks, reported either way
-    lists = plan_lists(tree, listed if reduce else [], policy.compute_dtype, request.checkpoint)
-    outside_ck = _outside_checkpoint(lists, tree, request.checkpoint)
+    lists = plan_lists(tree, listed if reduce else [], policy.compute_dtype, request.policies)
+    outside_ck = _outside_checkpoint(lists, tree, request.policies)
     key = _measurement_key(tree, request, lists, outside_ck, policy)
     moe = moe_shape(model)
     with _LOCK:
@@ -312,7 +324,10 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
         e.g. ``"bfloat16"``); None keeps every parameter's own dtype.
     whole_params: FQNs of parameters FSDP does not manage (ignored or unmanaged): they keep their
         own dtype whatever ``param_dtype`` says.
-    checkpoint: FQNs of modules wrapped in ``checkpoint_wrapper`` (full activation checkpointing).
+    checkpoint: FQNs of modules wrapped in ``checkpoint_wrapper`` (full activation checkpointing),
+        or a mapping FQN -> ``"full"`` | ``"selective"`` (a ``Plan.checkpoint``): selective wraps
+        with the exported policy (``export_runtime._selective_checkpoint_context``, torchtitan's
+        "selective op").
     example_inputs: for models that are not Hugging Face ones, ``(batch, seq) -> (args, kwargs)``.
     tree: the ``ModelTree`` of ``model`` if the caller has one (saves walking a big model).
 

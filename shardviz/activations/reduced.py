@@ -10,10 +10,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
 from ..tree import ModelTree
 from .profile import strip_wrapper
 
-WHOLE_BLOCK = frozenset({""})  # a variant whose block itself is checkpointed
+# A variant's checkpointed paths: frozenset of (path inside the block, "full" | "selective").
+WHOLE_BLOCK = frozenset({("", "full")})  # a variant whose block itself is checkpointed in full
 PLAIN = frozenset()
 
 
@@ -29,14 +31,14 @@ class ListPlan:
 
     fqn: str  # the ModuleList
     positions: list[int]  # tree indices of its blocks, in order
-    variants: list[tuple]  # variant per position: (kind, checkpointed paths inside the block)
+    variants: list[tuple]  # variant per position: (kind, checkpointed (path, policy) inside the block)
     reps: list[tuple]  # rep index -> (variant, source tree index)
     pos_rep: list[int]  # position -> rep index
 
 
-def _variant(tree: ModelTree, b: int, compute_dtype, checkpoint) -> tuple:
-    """(kind, checkpointed paths) of block ``b``; a kind is (class, parameter names/shapes/compute
-    dtypes/requires_grad)."""
+def _variant(tree: ModelTree, b: int, compute_dtype, checkpoint: dict) -> tuple:
+    """(kind, checkpointed (path, policy)) of block ``b``; a kind is (class, parameter
+    names/shapes/compute dtypes/requires_grad); ``checkpoint``: fqn -> "full" | "selective"."""
     info = tree.modules[b]
     prefix = info.fqn + "."
     sig = []
@@ -44,7 +46,7 @@ def _variant(tree: ModelTree, b: int, compute_dtype, checkpoint) -> tuple:
         pi = tree.params[p]
         name = next((n for n in pi.fqns if n.startswith(prefix)), pi.fqn)
         sig.append((name[len(prefix):], pi.shape, compute_dtype(pi), pi.requires_grad))
-    ck = frozenset("" if c == info.fqn else c[len(prefix):] for c in checkpoint
+    ck = frozenset(("" if c == info.fqn else c[len(prefix):], policy) for c, policy in checkpoint.items()
                    if c == info.fqn or c.startswith(prefix))
     return (info.type_name, tuple(sig)), ck
 
@@ -75,8 +77,8 @@ def _representatives(members: list[int], variants: list[tuple]) -> tuple[list[tu
     return reps, [0] + [index[v] for v in variants[1:]]
 
 
-def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint) -> list[ListPlan]:
-    """One ``ListPlan`` per list holding ``blocks``."""
+def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: dict) -> list[ListPlan]:
+    """One ``ListPlan`` per list holding ``blocks``; ``checkpoint``: fqn -> "full" | "selective"."""
     by_list: dict[int, list[int]] = {}
     for b in blocks:
         by_list.setdefault(tree.modules[b].parent, []).append(b)
@@ -96,19 +98,25 @@ def _fake_param(p: torch.Tensor, dtype: torch.dtype, fake_mode) -> torch.Tensor:
     return t
 
 
-def _checkpoint_wrapped(module: nn.Module) -> nn.Module:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+def _wrapped(module: nn.Module, policy: str) -> nn.Module:
+    """``module`` in the export's own ``checkpoint_wrapper`` (``export_runtime``), full or selective."""
+    return _checkpoint_wrapped(module, _selective_checkpoint_context if policy == "selective" else None)
 
-    return checkpoint_wrapper(module)
 
-
-def _wrap(root: nn.Module, path: str) -> nn.Module:
-    """``root`` with its submodule ``path`` (``""``: itself) in a ``checkpoint_wrapper``."""
+def _wrap(root: nn.Module, path: str, policy: str) -> nn.Module:
+    """``root`` with its submodule ``path`` (``""``: itself) checkpoint-wrapped with ``policy``."""
     if path == "":
-        return _checkpoint_wrapped(root)
+        return _wrapped(root, policy)
     parent_path, _, name = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
-    setattr(parent, name, _checkpoint_wrapped(getattr(parent, name)))
+    setattr(parent, name, _wrapped(getattr(parent, name), policy))
+    return root
+
+
+def _wrap_all(root: nn.Module, checkpointed) -> nn.Module:
+    """``root`` with every (path, policy) of ``checkpointed`` wrapped, innermost first."""
+    for path, policy in sorted(checkpointed, key=lambda c: (-c[0].count("."), c)):
+        root = _wrap(root, path, policy)
     return root
 
 
@@ -147,7 +155,7 @@ def _fake_outside(model: nn.Module, skip: set[int], param_dtype_of, fake_mode) -
 
 def _rep_copy(model: nn.Module, fqn: str, checkpointed, memo, param_dtype_of, fake_mode) -> nn.Module:
     """A fake copy of block ``fqn`` (parameters shared with the outside stay shared), its
-    ``checkpointed`` paths wrapped, innermost first."""
+    ``checkpointed`` (path, policy) wrapped, innermost first."""
     src = model.get_submodule(fqn)
     rep_memo: dict[int, object] = {}
     for pname, p in src.named_parameters(remove_duplicate=False):
@@ -157,10 +165,7 @@ def _rep_copy(model: nn.Module, fqn: str, checkpointed, memo, param_dtype_of, fa
     for _, b in src.named_buffers(remove_duplicate=False):
         if id(b) not in rep_memo:
             rep_memo[id(b)] = _fake_param(b, b.dtype, fake_mode)
-    rep = copy.deepcopy(src, rep_memo)
-    for path in sorted(checkpointed, key=lambda s: -s.count(".")):
-        rep = _wrap(rep, path)
-    return rep
+    return _wrap_all(copy.deepcopy(src, rep_memo), checkpointed)
 
 
 def _copy_keys(reduced: nn.Module, new_lists: list[nn.ModuleList]) -> tuple[dict[int, object], set]:
@@ -192,8 +197,7 @@ def build_copy(model, tree, lists: list[ListPlan], param_dtype_of, checkpoint_ou
         new_lists.append(new)
     reduced = copy.deepcopy(model, memo)
     _allow_more_layers(reduced, [(len(lp.positions), len(new)) for lp, new in zip(lists, new_lists)])
-    for path in sorted(checkpoint_outside, key=lambda s: -s.count(".")):
-        _wrap(reduced, path)
+    _wrap_all(reduced, checkpoint_outside)
     reduced.train()
     keys, block_keys = _copy_keys(reduced, new_lists)
     return reduced, keys, block_keys
