@@ -110,6 +110,7 @@ RUNTIME_HIDE = "_hidden_from_fully_shard"
 RUNTIME_CHECKPOINT = "_apply_checkpointing"
 RUNTIME_CHECKPOINT_WRAP = "_checkpoint_wrapped"
 RUNTIME_SELECTIVE = ("_sac_save_ops", "_selective_checkpoint_context")
+RUNTIME_ACCUMULATE = "train_step"
 
 
 @lru_cache(maxsize=None)
@@ -143,6 +144,8 @@ class _Export:
     mesh: Mesh
     units: list  # in bottom-up order, the training's default policies filled in
     release: tuple[int, int] | None  # None: detected when the code runs
+    grad_accum: int = 1  # Training.grad_accum: > 1 writes train_step, the accumulation loop
+    sync_every_microbatch: bool = False
 
     @property
     def ignored(self) -> list[str]:
@@ -231,7 +234,8 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     units = [plan.units[u] for u in layout.order]
     if training is not None and hasattr(training, "unit_defaults"):
         units = [training.unit_defaults(u) for u in units]
-    return _Export(tree.root_type, plan, mesh, units, release)
+    return _Export(tree.root_type, plan, mesh, units, release, getattr(training, "grad_accum", 1),
+                   getattr(training, "sync_every_microbatch", False))
 
 
 def _checkpoint_sentence(ex: _Export) -> str:
@@ -359,13 +363,18 @@ def _constants(ex: _Export) -> list[str]:
                                   "_selective_checkpoint_context).", "SELECTIVE", ex.selective)
         lines += _names_tuple("Every module a fully_shard call takes, resolved by name before wrapping renames them.",
                               "MODULES", dict.fromkeys(m for u in ex.units for m in u.modules if m))
+    if ex.grad_accum > 1:
+        lines += ["", f"# Training(grad_accum={ex.grad_accum}): call train_step with {ex.grad_accum} micro-batches per optimizer step.",
+                  f"GRAD_ACCUM = {ex.grad_accum}",
+                  "# False: FSDP reduce-scatters on the last micro-batch only (the unsharded gradients wait until then).",
+                  f"SYNC_EVERY_MICROBATCH = {ex.sync_every_microbatch}"]
     return lines + ["", ""]
 
 
 def _runtime_names(ex: _Export) -> tuple[str, ...]:
     checkpoint = (RUNTIME_CHECKPOINT_WRAP, RUNTIME_CHECKPOINT) if ex.checkpoint else ()
     return (RUNTIME_ALWAYS + ((RUNTIME_HIDE,) if ex.hides else ()) + checkpoint
-            + (RUNTIME_SELECTIVE if ex.selective else ()))
+            + (RUNTIME_SELECTIVE if ex.selective else ()) + ((RUNTIME_ACCUMULATE,) if ex.grad_accum > 1 else ()))
 
 
 def _apply_fsdp(ex: _Export) -> list[str]:

@@ -4,7 +4,8 @@
 users paste into their training scripts needs only torch, never shardviz); the tests import this
 module and exercise each helper directly. Rules for this file: plain torch only; every definition
 is a top-level function or class, black-formatted (it is pasted as is); the module-level names
-used here (``contextlib``, ``torch``, ``dist``, ``DTensor``) are those the exported module imports.
+used here (``contextlib``, ``torch``, ``dist``, ``DTensor``) are those the exported module imports,
+and ``SYNC_EVERY_MICROBATCH`` one of the constants it writes.
 """
 
 import contextlib
@@ -16,6 +17,9 @@ try:  # torch.distributed.tensor is public from 2.5; 2.4 has torch.distributed._
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover - torch 2.4
     from torch.distributed._tensor import DTensor
+
+# An export that accumulates gradients writes the plan's own value of this constant (``train_step``).
+SYNC_EVERY_MICROBATCH = False
 
 
 @contextlib.contextmanager
@@ -285,3 +289,29 @@ def _replicate_unsharded(model, mesh):
     for p in trainable:
         p.register_post_accumulate_grad_hook(averager.queue)
     model.register_forward_hook(averager.on_forward)
+
+
+def train_step(model, optimizer, micro_batches, loss_fn):
+    """One optimizer step over ``micro_batches`` with FSDP2 gradient accumulation.
+
+    ``loss_fn(model, batch)`` returns one micro-batch's loss. FSDP reduce-scatters only on the last
+    micro-batch (``set_requires_gradient_sync(False)`` before the others, unless
+    ``SYNC_EVERY_MICROBATCH``): the unsharded gradients stay alive until then, as shardviz's peak
+    counts. Each loss is divided by the number of micro-batches, so the step equals one big batch.
+    Returns the summed loss (detached).
+    """
+    micro_batches = list(micro_batches)
+    fsdp_modules = [
+        m for m in model.modules() if hasattr(m, "set_requires_gradient_sync")
+    ]
+    total = 0.0
+    for i, batch in enumerate(micro_batches):
+        sync = SYNC_EVERY_MICROBATCH or i == len(micro_batches) - 1
+        for module in fsdp_modules:
+            module.set_requires_gradient_sync(sync, recurse=False)
+        loss = loss_fn(model, batch) / len(micro_batches)
+        loss.backward()
+        total += float(loss.detach())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total

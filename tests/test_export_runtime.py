@@ -38,7 +38,8 @@ def single_rank_gloo():
 def test_every_helper_is_pasted_verbatim_into_exports():
     assert black.format_str(SOURCE, mode=black.Mode()) == SOURCE  # the export is black-formatted too
     assert set(DEFINITIONS) == set(codegen.RUNTIME_ALWAYS) | {codegen.RUNTIME_HIDE, codegen.RUNTIME_CHECKPOINT,
-                                                              codegen.RUNTIME_CHECKPOINT_WRAP, *codegen.RUNTIME_SELECTIVE}
+                                                              codegen.RUNTIME_CHECKPOINT_WRAP, *codegen.RUNTIME_SELECTIVE,
+                                                              codegen.RUNTIME_ACCUMULATE}
     model = zoo.tiny_llama_lora()
     blocks = sv.Plan.auto(model, lora="ignored", checkpoint="blocks").checkpoint
     plan = sv.Plan.auto(model, lora="ignored").with_checkpoint({blocks[0]: "full", blocks[1]: "selective"})
