@@ -1,7 +1,7 @@
 """``sv.search``: the fastest plan that fits, among the plans a user would otherwise try by hand.
 
 Candidates: LoRA ignored / sharded / separate (when the model has LoRA); checkpointing of every
-block, every 2nd, every 3rd, none (and "selective" once the activation measurement does it);
+block, every 2nd, every 3rd, selective (torchtitan's op policy), none;
 ``reshard_after_forward`` as torch sets it, ``False``, or an int (one node's ranks) when the shard
 group spans nodes; every HSDP split of the world size; CPU offload; and, with
 ``Training(global_batch=...)``, every micro-batch and accumulation that give that batch.
@@ -95,7 +95,6 @@ class _Runner:
         self.over: dict = {}  # (state key, batch, checkpoint) -> peak over the device
         self.act_over: dict = {}  # (lora, batch, checkpoint) -> activations alone over the device
         self.n_analysed = 0
-        self.unmeasured: set = set()  # checkpoint policies the activation measurement refuses (SV114)
         self.lean_offload = True
         self.fitting: dict = {}  # analysed candidate -> fits
         self._holds_less: dict = {}
@@ -195,10 +194,8 @@ class _Runner:
                     "(activations not measured)")
         return None
 
-    def evaluate(self, c: Candidate) -> dict | None:
-        """The candidate's row (None: a policy the measurement cannot do yet)."""
-        if c.checkpoint in self.unmeasured:
-            return None
+    def evaluate(self, c: Candidate) -> dict:
+        """The candidate's row."""
         if c.offload and self.fitting.get(replace(c, offload=False)):
             return {"analysed": False, "fits": True, "peak": None, "why": (
                 "fits, slower than the same plan without CPU offload, which fits too: offloading only lowers the "
@@ -210,9 +207,6 @@ class _Runner:
             a = self.analysis(c)
             peak = int(a.memory.peak.max())
         except PlanError as exc:
-            if any(f.code == "SV114" for f in exc.findings):
-                self.unmeasured.add(c.checkpoint)
-                return None
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
         fits = self.fitting[c] = peak <= self.limit
         if not fits:
@@ -290,9 +284,7 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
             rows.append((c, {"analysed": False, "fits": False, "peak": None,
                              "why": f"over {format_bytes(runner.limit)}: micro-batch {nowhere} fits with no plan"}))
             continue
-        row = runner.evaluate(c)
-        if row is not None:
-            rows.append((c, row))
+        rows.append((c, runner.evaluate(c)))
         last_of_batch = i + 1 == len(cands) or cands[i + 1].batch_size != c.batch_size
         if last_of_batch and c.batch_size is not None and not any(
                 r["fits"] for cc, r in rows if cc.batch_size == c.batch_size):
@@ -491,7 +483,5 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
         notes.append(f"no step time ({untimed}): the plans that fit are ranked by their collectives' seconds per "
                      "step instead (a.comm, one after another, no compute), then less recomputation, then the "
                      "larger margin; step_time_s and tokens_per_s are empty")
-    if runner.unmeasured:
-        notes.append("selective checkpointing not tried: the activation measurement does not do it yet (SV114)")
     nothing = what_would_fit(runner, rows) if rows and not rows[0][1]["fits"] else ""
     return Search(rows, runner, "; ".join(([nothing] if nothing else []) + notes), len(cands), nothing)
