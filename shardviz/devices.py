@@ -16,24 +16,10 @@ import math
 import re
 from dataclasses import dataclass, fields
 
+from .format import parse_size
+
 GiB = 1024**3
 MiB = 1024**2
-
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-               "kib": 1024, "mib": MiB, "gib": GiB, "tib": 1024**4}
-
-
-def _size_bytes(value, field_name: str) -> int:
-    """80e9, "80GB" or "80GiB" -> bytes; anything else is a ValueError naming the field."""
-    if isinstance(value, bool):
-        raise ValueError(f"Device.{field_name} must be a size in bytes, got {value!r}")
-    if isinstance(value, (int, float)):
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"Device.{field_name}={value!r}: expected bytes or a size such as '80GiB'")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-
 
 def _check_positive(owner: str, name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -59,7 +45,7 @@ class Device:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Device.name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "memory", _size_bytes(self.memory, "memory"))
+        object.__setattr__(self, "memory", parse_size(self.memory, "Device.memory"))
         for key in ("memory", "bf16_tflops", "fp16_tflops", "fp32_tflops", "hbm_gbps",
                     "intra_node_gbps", "inter_node_gbps", "gpus_per_node"):
             _check_positive("Device", key, getattr(self, key))

@@ -5,10 +5,27 @@ Bottom layer: imports nothing from shardviz, so the engine, the findings and eve
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
 _BYTE_UNITS = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+# What a typed size may end with: decimal (k, kb, g, gb ...) and binary (kib, gib ...) units.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+               "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+               "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def parse_size(value, field: str) -> int:
+    """80e9, "80GB" or "80GiB" -> bytes; anything else is a ValueError naming ``field``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field} must be a size in bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"{field}={value!r}: expected bytes or a size such as '80GiB' or '80GB'")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
 def format_bytes(n: float) -> str:

@@ -28,24 +28,13 @@ import numpy as np
 
 from .devices import Device, Efficiency, as_device
 from .finding import Finding, PlanError
+from .format import parse_size
 from .plan import Plan, Unit, closest_hint
 from .tree import ModelTree
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
-
-
 def parse_bytes(value) -> int | None:
-    """80e9, "80GB" or "80GiB" -> bytes."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"device_memory={value!r}: expected bytes or a size such as '80GiB' or '80GB'")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    """80e9, "80GB" or "80GiB" -> bytes (None stays None)."""
+    return None if value is None else parse_size(value, "device_memory")
 
 
 @dataclass(frozen=True)
