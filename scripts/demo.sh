@@ -17,6 +17,7 @@ import pandas as pd
 
 import shardviz as sv
 from shardviz import zoo
+from shardviz.format import worst_rank
 
 pd.set_option("display.width", 250, "display.max_colwidth", 70, "display.max_rows", 60)
 model = zoo.llama3_8b(lora=True)
@@ -33,15 +34,18 @@ print(a.memory.loc[0, ["params", "grads", "optimizer", "peak", "peak_phase"]].to
 for f in a.findings:
     print(f)
 
-print("\nDoes it fit? Llama-3-8B + LoRA, one sequence of 8192 tokens per rank, activations measured by torch:")
+print("\nDoes it fit, and how fast? Llama-3-8B + LoRA on 8 x A100-40GB, one sequence of 8192 tokens per rank")
+print("(activations and FLOPs measured by torch; step time from FSDP2's schedule, docs/step-time.md):")
 training = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=8192)
 for checkpoint in (None, "blocks"):
     for lora in ("ignored", "sharded"):
-        b = sv.analyze(model, sv.Plan.auto(model, lora=lora, checkpoint=checkpoint), sv.Mesh(8, device_memory="40GiB"),
+        b = sv.analyze(model, sv.Plan.auto(model, lora=lora, checkpoint=checkpoint), sv.Mesh(8, device="A100-40GB"),
                        training)
-        row = b.memory.loc[int(b.memory.peak.to_numpy().argmax())]
+        row = b.memory.loc[worst_rank(b.memory)]
         verdict = "fits" if row.peak <= b.mesh.device_memory else "does not fit"
+        step = b.step
         print(f"  LoRA {lora:8s} checkpoint {str(checkpoint):6s}: peak {row.peak / 2**30:6.2f} GiB "
-              f"(activations {row.activations / 2**30:6.2f} GiB) {verdict} in 40 GiB")
+              f"(activations {row.activations / 2**30:6.2f} GiB) {verdict:12s} "
+              f"step {step['step_time_s']:.2f} s, {step['tokens_per_s']:,.0f} tokens/s per rank, MFU {step['mfu']:.0%}")
 print("\nOpen report.html in a browser (works offline).")
 PY
