@@ -43,7 +43,7 @@ def test_every_helper_is_pasted_verbatim_into_exports():
     model = zoo.tiny_llama_lora()
     blocks = sv.Plan.auto(model, lora="ignored", checkpoint="blocks").checkpoint
     plan = sv.Plan.auto(model, lora="ignored").with_checkpoint({blocks[0]: "full", blocks[1]: "selective"})
-    everything = sv.export_code(model, plan, mesh=sv.Mesh(2), torch_version="2.6")
+    everything = sv.export_code(model, plan, mesh=sv.Mesh(2), training=sv.Training(grad_accum=2), torch_version="2.6")
     plain = sv.export_code(model, sv.Plan.auto(model, lora="sharded"), mesh=sv.Mesh(2), torch_version="2.7")
     for name in DEFINITIONS:
         assert codegen.runtime_source([name]) in everything, name

@@ -6,7 +6,7 @@ FLOPs are fixed round numbers (``FLOPS`` below, through a patched ``Analysis.flo
 expected seconds are worked out by hand; one test reads torch's own count when it exists.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -22,14 +22,6 @@ from shardviz.steptime import OUTSIDE, TIME_COLUMNS, timeline_payload
 ROUND = Device("round", "80GiB", 1, 1, 1, hbm_gbps=100, intra_node_gbps=10, inter_node_gbps=1)
 EXACT = Efficiency(matmul=1.0, collective_bus=1.0, hbm=1.0)
 TRAINING = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=32)
-
-
-@dataclass(frozen=True)
-class Accumulating(sv.Training):
-    """A training with ``grad_accum`` (the field h7 adds to sv.Training) for these tests."""
-
-    grad_accum: int = 1
-    sync_every_microbatch: bool = False
 
 
 def fixed_flops(self) -> pd.DataFrame:
@@ -143,8 +135,7 @@ def test_step_flops_equal_torchs_count(model):
 def test_gradient_accumulation_reduces_on_the_last_micro_batch_only(model, flops, lora):
     one = analysis(model, lora)
     k = 4
-    fields = {f: getattr(TRAINING, f) for f in TRAINING.__dataclass_fields__}
-    a = one.what_if(training=Accumulating(**fields, grad_accum=k))
+    a = one.what_if(training=replace(TRAINING, grad_accum=k))
     root, units, extras = hand_built(one)
     # the first k-1 micro-batches: no reduce-scatter, no all-reduce across replicas; the exported
     # averager of ignored gradients still runs at the end of each backward
@@ -160,7 +151,7 @@ def test_gradient_accumulation_reduces_on_the_last_micro_batch_only(model, flops
         assert a.step["step_time_sync_every_s"] > a.step["step_time_s"]
     assert a.step["tokens_per_s"] == pytest.approx(k * TRAINING.batch_size * TRAINING.seq_len / a.step["step_time_s"])
     assert a.step["flops"] == one.step["flops"]  # per micro-batch
-    synced = one.what_if(training=Accumulating(**fields, grad_accum=k, sync_every_microbatch=True))
+    synced = one.what_if(training=replace(TRAINING, grad_accum=k, sync_every_microbatch=True))
     assert synced.step["step_time_s"] == pytest.approx(a.step["step_time_sync_every_s"])
 
 
@@ -254,8 +245,8 @@ def test_a_comm_table_counted_over_the_step_is_read_per_micro_batch():
     comm = pd.DataFrame({"unit": ["b", "b", "b", None], "collective": ["all_gather", "all_gather", "reduce_scatter",
                                                                        "all_reduce"],
                          "phase": ["forward", "backward", "backward", "backward"], "count": [4, 4, 1, 4]})
-    last = Accumulating(grad_accum=4)
+    last = sv.Training(grad_accum=4)
     assert _one_micro_batch(comm, 4, last)["count"].tolist() == [1, 1, 1, 1]
-    every = Accumulating(grad_accum=4, sync_every_microbatch=True)
+    every = sv.Training(grad_accum=4, sync_every_microbatch=True)
     assert _one_micro_batch(comm.assign(count=[4, 4, 4, 4]), 4, every)["count"].tolist() == [1, 1, 1, 1]
     assert _one_micro_batch(comm.assign(count=[1, 1, 1, 1]), 4, last)["count"].tolist() == [1, 1, 1, 1]  # per micro-batch already
