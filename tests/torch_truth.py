@@ -420,10 +420,14 @@ def _whole_params(model: nn.Module) -> dict:
     """Every parameter, whole (a collective for DTensors: every rank calls it), as a float32 numpy
     array: a tensor sent through a multiprocessing queue is shared by a file descriptor that dies
     with the worker."""
-    from torch.distributed.tensor import DTensor
-
-    return {fqn: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().numpy().copy()
-            for fqn, p in model.named_parameters()}
+    # FSDP's own unshard (its all-gather on the process group objects it holds), not
+    # DTensor.full_tensor: that resolves the mesh's groups by name, which fails in a worker forked
+    # from a pytest process that ran fake-PG tests before ("Could not resolve the process group").
+    # The worker ends right after, so nothing is resharded.
+    for m in model.modules():
+        if hasattr(m, "unshard") and hasattr(m, "reshard"):
+            m.unshard()
+    return {fqn: p.detach().float().numpy().copy() for fqn, p in model.named_parameters()}
 
 
 def _gloo_worker(rank, world, port, build, plan, mesh, training, queue):
