@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
+
 import time
 
 from playwright.sync_api import expect
@@ -16,7 +18,10 @@ def fmt_bytes(n: float) -> str:
     while abs(v) >= 1024 and i < len(units) - 1:
         v /= 1024
         i += 1
-    return f"{v:.0f} B" if i == 0 else f"{v:.2f} {units[i]}"
+    if i == 0:
+        return f"{v:.0f} B"
+    # JS toFixed rounds an exact tie (401.125) up, Python's format to even: round as JS does
+    return f"{Decimal(v).quantize(Decimal('0.01'), rounding=ROUND_HALF_UP)} {units[i]}"
 
 
 def row(widget, fqn: str):
