@@ -2,9 +2,10 @@
 
 Each row is a published torchtitan run (FSDP only, bf16 parameters, fp32 reductions, AdamW); the
 prediction is ``sv.analyze(...).step`` for the same model, ranks, device, micro-batch and
-checkpointing, with torch's FLOP count and the default efficiencies. Torchtitan's "selective op"
-checkpointing is not measured by shardviz yet (SV114): those rows are predicted without any
-recomputation and say so. Run (a few minutes: every row measures a step under FakeTensorMode):
+checkpointing (torchtitan's "selective op" is ``checkpoint="selective"``), with torch's FLOP count and
+the default efficiencies. Rows 1-2 ran on Grand Teton H100s capped at 500 W, whose peak torchtitan
+puts between the SXM's 989 and the NVL's 835 dense bf16 TFLOPS: they are predicted at both ends.
+Run (under a minute: every row measures a step under FakeTensorMode):
 
     .venv/bin/python benchmarks/bench_published.py [--rows 1 3 5]
 """
@@ -28,6 +29,8 @@ from shardviz.devices import DEVICES, default_efficiency  # noqa: E402
 
 # Grand Teton's H100s (rows 1-2): HBM2e 96 GB at 2.4 TB/s, 500 W; the SXM peak is kept, as torchtitan's MFU does
 TETON = dataclasses.replace(DEVICES["H100"], name="H100 (Grand Teton, 500 W)", memory="96GB", hbm_gbps=2400)
+# the low end of torchtitan's footnote: the H100 NVL's dense bf16 peak (835 TFLOPS, NVIDIA's H100 datasheet)
+TETON_LOW = dataclasses.replace(TETON, bf16_tflops=835, fp16_tflops=835)
 A100 = "A100-80GB"
 
 LLAMA2 = {  # config.json fields of meta-llama/Llama-2-13b-hf and Llama-2-70b-hf (shapes only, written by hand)
@@ -39,10 +42,10 @@ LLAMA2 = {  # config.json fields of meta-llama/Llama-2-13b-hf and Llama-2-70b-hf
 
 # (row, model, device, ranks, batch, seq, checkpoint, published tokens/s/GPU, published MFU or None, note)
 ROWS = [
-    (1, "llama3_8b", TETON, 8, 2, 8192, None, 5762, None, "selective op not modelled: no recomputation"),
-    (2, "llama3_8b", TETON, 128, 2, 8192, None, 5605, None, "selective op not modelled: no recomputation"),
+    (1, "llama3_8b", TETON, 8, 2, 8192, "selective", 5762, None, "selective op"),
+    (2, "llama3_8b", TETON, 128, 2, 8192, "selective", 5605, None, "selective op"),
     (3, "llama3_8b", A100, 64, 1, 8192, "every 2", 2904, 0.568, "selective layer = every 2nd block in full"),
-    (4, "llama3_8b", A100, 64, 1, 8192, None, 2973, 0.582, "selective op not modelled: no recomputation"),
+    (4, "llama3_8b", A100, 64, 1, 8192, "selective", 2973, 0.582, "selective op"),
     (5, "llama3_70b", A100, 64, 1, 8192, "blocks", 331, 0.517, ""),
     (6, "llama2_13b", A100, 64, 2, 4096, None, 2162, 0.611, ""),
     (7, "llama2_70b", A100, 64, 2, 4096, "blocks", 353, 0.505, ""),
@@ -71,14 +74,23 @@ def predict(row) -> dict:
     plan = sv.Plan.auto(model, checkpoint=checkpoint)
     training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=batch, seq_len=seq)
     t0 = time.perf_counter()
-    efficiency = default_efficiency("H100" if device is TETON else device)  # Grand Teton: the H100's
-    a = sv.analyze(model, plan, sv.Mesh(shard=ranks, device=device, efficiency=efficiency), training)
-    step = a.step
-    return {"row": n, "model": name, "device": a.mesh.device.name, "ranks": ranks, "batch": f"{batch} x {seq}",
+    step = step_on(model, plan, ranks, device, training)
+    low = step_on(model, plan, ranks, TETON_LOW, training)["tokens_per_s"] if device is TETON else None
+    return {"row": n, "model": name, "device": device if isinstance(device, str) else device.name, "ranks": ranks,
+            "batch": f"{batch} x {seq}", "predicted_low": low,
             "checkpoint": checkpoint or "none", "published": published, "published_mfu": published_mfu,
             "predicted": step["tokens_per_s"], "mfu": step["mfu"], "step_time_s": step["step_time_s"],
             "exposed_comm_s": step["exposed_comm_s"], "reason": step["reason"], "note": note,
             "seconds": time.perf_counter() - t0}
+
+
+def step_on(model, plan, ranks, device, training) -> dict:
+    efficiency = default_efficiency("H100" if device in (TETON, TETON_LOW) else device)  # Grand Teton: the H100's
+    return sv.analyze(model, plan, sv.Mesh(shard=ranks, device=device, efficiency=efficiency), training).step
+
+
+def off_by(predicted: float, published: float) -> str:
+    return f"{100 * (predicted / published - 1):+.0f} %"
 
 
 def markdown(results: list[dict]) -> str:
@@ -90,11 +102,13 @@ def markdown(results: list[dict]) -> str:
             lines.append(f"| {r['row']} | {r['model']} | {r['device']} | {r['ranks']} | {r['batch']} | {r['checkpoint']} "
                          f"| {r['published']:,} | – | – | – | – | {r['reason']} |")
             continue
-        off = r["predicted"] / r["published"] - 1
+        low = ""
+        if r["predicted_low"] is not None:
+            low = f"; at 835 TFLOPS: {r['predicted_low']:,.0f} ({off_by(r['predicted_low'], r['published'])})"
         lines.append(
             f"| {r['row']} | {r['model']} | {r['device']} | {r['ranks']} | {r['batch']} | {r['checkpoint']} "
-            f"| {r['published']:,} | {r['predicted']:,.0f} | {100 * off:+.0f} % | {100 * r['mfu']:.1f} % "
-            f"| {r['step_time_s']:.2f} s ({r['exposed_comm_s']:.3f} s) | {r['note']} |")
+            f"| {r['published']:,} | {r['predicted']:,.0f} | {off_by(r['predicted'], r['published'])} "
+            f"| {100 * r['mfu']:.1f} % | {r['step_time_s']:.2f} s ({r['exposed_comm_s']:.3f} s) | {r['note']}{low} |")
     return "\n".join(lines)
 
 
