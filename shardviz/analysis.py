@@ -145,13 +145,13 @@ class Analysis:
 
         profile = self.activation_profile
         if profile is None and self.model is not None:
-            try:
-                profile = self._measured_step(1, min(self.training.seq_len, 32))
+            try:  # the order does not depend on dtypes or checkpointing: one small step serves every plan
+                profile = self._measured_step(1, min(self.training.seq_len, 32), for_order_only=True)
             except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
                 return None
         return None if profile is None else first_run_order(profile.timeline)
 
-    def _measured_step(self, batch_size: int, seq_len: int):
+    def _measured_step(self, batch_size: int, seq_len: int, for_order_only: bool = False):
         from .activations import measure_activations
 
         model = self.model
@@ -159,6 +159,8 @@ class Analysis:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
         lay, t = self.layout, self.training
+        if for_order_only:
+            return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.tree)
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()

@@ -12,6 +12,7 @@ leaving a module are still two points of one walk.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 
@@ -31,11 +32,22 @@ def registration_walk(tree) -> Walk:
     return Walk(tuple(m.index for m in modules), tuple(m.subtree_end for m in modules), tuple(m.depth for m in modules))
 
 
+# tree -> {run_order: Walk}: every plan of one model shares its walk (a search analyses dozens)
+_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def execution_walk(tree, run_order) -> Walk:
     """The walk with children sorted by ``run_order`` (module names in the order they first ran,
-    as a measured step saw them); None: registration order."""
+    as a measured step saw them); None: registration order. Computed once per tree and order."""
     if run_order is None:
         return registration_walk(tree)
+    walks = _WALKS.setdefault(tree, {})
+    if run_order not in walks:
+        walks[run_order] = _sorted_walk(tree, run_order)
+    return walks[run_order]
+
+
+def _sorted_walk(tree, run_order) -> Walk:
     modules = tree.modules
     never = len(run_order) + len(modules)
     first_run = [never] * len(modules)
