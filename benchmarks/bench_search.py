@@ -16,7 +16,6 @@ the README's copy is stale). ``--stdout`` prints it without writing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 import warnings
@@ -25,12 +24,12 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
+from shardviz.files import splice_between  # noqa: E402
 from shardviz import activations, analysis, zoo  # noqa: E402
 
 
 def mesh_for(world: int, memory: str) -> sv.Mesh:
-    kw = {"device": "H100"} if "device" in {f.name for f in dataclasses.fields(sv.Mesh)} else {}
-    return sv.Mesh(shard=world, device_memory=memory, **kw)
+    return sv.Mesh(shard=world, device_memory=memory, device="H100")
 
 
 def cold():
@@ -86,11 +85,7 @@ def readme_markdown(rows) -> str:
 
 def splice_readme(readme: str, table: str) -> str:
     """The README with the generated table between its markers (the markers stay)."""
-    if START not in readme or END not in readme:
-        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table.strip()}\n{END}{tail}"
+    return splice_between(readme, table, START, END)
 
 
 def write_readme(stdout_only: bool) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from shardviz.files import splice_between
 import shardviz as sv
 from shardviz import zoo
 from shardviz.format import worst_rank
@@ -197,11 +198,7 @@ START, END = "<!-- comparison:start -->", "<!-- comparison:end -->"
 
 def splice_readme(readme: str, table: str) -> str:
     """The README with the generated table between its markers (the markers stay)."""
-    if START not in readme or END not in readme:
-        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table.strip()}\n{END}{tail}"
+    return splice_between(readme, table, START, END)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,13 @@ def write_text_atomic(path, text: str, *, overwrite: bool = True, parents: bool 
     except OSError:
         pass
     return target
+
+
+def splice_between(text: str, generated: str, start: str, end: str) -> str:
+    """``text`` with ``generated`` between the markers ``start`` and ``end`` (the markers stay):
+    how the benchmark scripts keep the README's generated tables true."""
+    if start not in text or end not in text:
+        raise ValueError(f"the text lacks the markers {start} ... {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{generated.strip()}\n{end}{tail}"
