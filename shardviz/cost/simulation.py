@@ -192,11 +192,10 @@ class StepSimulation:
 
     def observe(self, phase: str, k, *, act=(0, None), **alive) -> None:
         level, module = act
-        moment = Alive(activations=level, **alive)
-        x = moment.total()
+        x = level + sum(alive.values())  # Alive.total(), without building one for every moment (a search runs ~5,000 a plan)
         if x > self.peak:
             self.peak = x
-            self.moment = Moment(phase, k, moment, module)
+            self.moment = Moment(phase, k, Alive(activations=level, **alive), module)
 
     # -- forward ----------------------------------------------------------------------------------
     def forward_events(self) -> list[ForwardEvent]:
