@@ -71,7 +71,7 @@ def test_rows_equal_sv_search(searched):
     rows, t = panel["rows"], ref.table
     assert len(rows) == TOP
     for i, r in enumerate(rows):
-        assert r["index"] == i
+        assert r["index"] == i and r["number"] == str(i + 1)
         assert (r["name"], r["fits"], r["why"]) == (t.name.iloc[i], bool(t.fits.iloc[i]), t.why.iloc[i])
         assert r["peak"] == int(t.peak.iloc[i]) and r["peak_text"] == format_bytes(t.peak.iloc[i])
         assert r["step_time_s"] == float(t.step_time_s.iloc[i])

@@ -18,6 +18,7 @@ from playwright.sync_api import expect
 
 import shardviz as sv
 from shardviz import zoo
+from shardviz.format import format_bytes
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -98,7 +99,9 @@ def test_suggest_apply_the_second_row_and_undo(lab_server, shared_lab_page):
     rows = panel.locator(".sv-suggest-row")
     expect(rows).to_have_count(8)
     for i in range(8):
+        expect(rows.nth(i).locator(".sv-suggest-rank")).to_have_text(str(i + 1))
         expect(rows.nth(i).locator(".sv-suggest-name")).to_have_text(ref.table.name.iloc[i])
+        expect(rows.nth(i).locator(".sv-suggest-peak > div").first).to_have_text(format_bytes(ref.table.peak.iloc[i]))
     second = panel.locator('.sv-suggest-row[data-index="1"]')
     assert int(second.locator(".sv-suggest-peak").get_attribute("data-value")) == int(ref.table.peak.iloc[1])
 

@@ -19,7 +19,7 @@ function suggestRow(send, r, stale) {
   return h(
     "tr",
     { class: "sv-suggest-row", "data-index": r.index, "data-fits": String(r.fits), "data-current": String(r.current) },
-    h("td", { class: "sv-suggest-rank", text: `${r.index + 1}` }),
+    h("td", { class: "sv-suggest-rank", text: r.number }),
     h(
       "td",
       { class: "sv-suggest-plan" },
