@@ -449,13 +449,9 @@ class Search:
         return f"<shardviz.Search {self.n_candidates} plans, {self.n_analysed} analyses: {best}>"
 
 
-def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True)) -> Search:
-    """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
-
-    ``mesh``: the world size, device memory (required: what "fits" means), ranks per node and
-    bandwidths (the README table's 450 / 50 GB/s when absent); ``training``: the optimizer, dtypes
-    and micro-batch; with ``global_batch`` the micro-batch and accumulation are searched too.
-    """
+def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Mesh, Training, list[str]]:
+    """The search's tree, mesh (bandwidths filled in), training and the notes on what it assumed;
+    ValueError naming the field that is missing or of the wrong kind."""
     if not isinstance(mesh, Mesh):
         raise ValueError(f"search: mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
     if mesh.device_memory is None:
@@ -472,6 +468,24 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     tree = as_tree(model)
     if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
         raise ValueError("search: activations are measured by running the model: pass the nn.Module")
+    return tree, mesh, training, notes
+
+
+def count_candidates(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True)) -> int:
+    """How many plans ``search`` with these arguments tries (analysed or pruned), without analysing
+    any: what a caller shows while the search runs. Raises what ``search`` raises for bad input."""
+    tree, mesh, training, _ = _inputs(model, mesh, training)
+    return len(candidates(_Runner(tree, mesh, training), offload))
+
+
+def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True)) -> Search:
+    """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
+
+    ``mesh``: the world size, device memory (required: what "fits" means), ranks per node and
+    bandwidths (the README table's 450 / 50 GB/s when absent); ``training``: the optimizer, dtypes
+    and micro-batch; with ``global_batch`` the micro-batch and accumulation are searched too.
+    """
+    tree, mesh, training, notes = _inputs(model, mesh, training)
     runner = _Runner(tree, mesh, training)
     runner.lean_offload = any(offload)
     cands = candidates(runner, offload)

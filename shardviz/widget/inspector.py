@@ -12,7 +12,8 @@ One set of traits, written only by Python:
 - ``controls``: the mesh, training, rank and history as the controls show them, with their
   choices (presets, dtypes, optimizers, reshard_after_forward values);
 - ``summary``, ``memory``, ``traffic``, ``findings``, ``comparison`` (A vs B, once a plan is
-  pinned), ``code``, ``verify_result``, ``messages``, ``tab``, ``torch_version``;
+  pinned), ``suggestions`` (the Suggest panel: ``sv.search``'s top rows, ``suggest.py``), ``code``,
+  ``verify_result``, ``messages``, ``tab``, ``torch_version``;
 - ``protocol``: the message schema (``protocol.py``), so that both sides check every message
   against the same table.
 
@@ -53,18 +54,18 @@ PYTHON_API = (
     "apply_to_many", "apply_to_type", "apply_preset", "set_plan", "set_mesh", "set_training", "undo", "redo",
     "expand", "collapse", "collapse_all", "set_filter", "filter_finding", "set_rank", "reveal", "rows", "export_code",
     "save_code", "verify", "overwrite_plan_file", "plan_file_status", "pin", "unpin", "pinned_comparison",
-    "dismiss_messages",
+    "dismiss_messages", "suggest", "apply_suggestion",
 )
 PYTHON_PROPERTIES = ("can_undo", "can_redo", "tree", "memory", "traffic", "timeline", "findings", "stats", "pinned",
-                     "comparison", "timings", "messages", "revision")
+                     "comparison", "timings", "messages", "revision", "suggestions", "suggestion_search")
 
 
 #: The front end's files (``front/``), one per component, concatenated in this order into one ES
 #: module after ``charts.js``: they share top-level names; ``inspector.js`` (``render``,
 #: ``export default``) comes last.
 FRONT_FILES = (
-    "base.js", "summary.js", "controls.js", "tree_rows.js", "tree.js", "compare.js", "findings.js", "export.js",
-    "inspector.js",
+    "base.js", "summary.js", "controls.js", "tree_rows.js", "tree.js", "compare.js", "findings.js", "suggest.js",
+    "export.js", "inspector.js",
 )
 
 
@@ -98,6 +99,7 @@ class Inspector(anywidget.AnyWidget):
     timeline = traitlets.Dict().tag(sync=True)
     findings = traitlets.List().tag(sync=True)
     comparison = traitlets.Dict({"pinned": False}).tag(sync=True)
+    suggestions = traitlets.Dict().tag(sync=True)
     code = traitlets.Dict().tag(sync=True)
     verify_result = traitlets.Dict().tag(sync=True)
     messages = traitlets.List().tag(sync=True)
@@ -255,6 +257,7 @@ class Inspector(anywidget.AnyWidget):
         self.findings = st.findings
         with self.hold_sync():
             self.comparison = {**st.comparison, "revision": rev}
+            self.suggestions = {**st.suggestions, "revision": rev}
             self.summary = self._summary()
             self.verify_result = {}
             if self.tab == "export":
@@ -316,6 +319,8 @@ class Inspector(anywidget.AnyWidget):
             with self.hold_sync():
                 self.comparison = {**self.controller.comparison, "revision": self.controller.revision}
                 self.summary = self._summary()
+        if "suggest" in changed:  # at once, not held: "searching N plans…" shows while the search runs
+            self.suggestions = {**self.controller.suggestions, "revision": self.controller.revision}
         if "reveal" in changed:
             self._send_msg({"type": "reveal", "id": self.controller.last_reveal})
         if "messages" in changed:

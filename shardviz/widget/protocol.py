@@ -39,6 +39,7 @@ ACTIONS: dict[str, dict[str, str]] = {
     "set_mesh": {"world": "int", "replicate": "int", "device_memory": "str|null", "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
                      "offload": "bool", "batch_size": "int|null", "seq_len": "int"},
+    "apply_suggestion": {"index": "int"},  # a row of the last search: plan, HSDP split, micro-batch
     "undo": {},
     "redo": {},
     # the view (not undoable)
@@ -49,6 +50,7 @@ ACTIONS: dict[str, dict[str, str]] = {
     "set_rank": {"rank": "int"},
     "reveal": {"fqn": "str"},
     "pin": {},
+    "suggest": {"top": "int"},  # runs sv.search: the panel shows "searching N plans…" meanwhile
     "unpin": {},
     # export
     "set_tab": {"tab": "str"},
@@ -64,10 +66,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "unignore": ("fqns",), "toggle_checkpoint": ("fqn",), "apply_to_many": ("targets", "action"),
     "apply_to_type": ("type_or_fqn", "action"), "apply_preset": ("name",), "expand": ("target",),
     "set_rank": ("rank",), "reveal": ("fqn",), "filter_finding": ("code",), "set_tab": ("tab",), "set_torch_version": ("version",),
-    "save_code": ("path",),
+    "save_code": ("path",), "apply_suggestion": ("index",),
 }
 MESSAGE_TYPES = ("hello", "action")
-TABS = ("charts", "compare", "findings", "export")
+TABS = ("charts", "compare", "findings", "suggest", "export")
 
 
 def _kind_ok(value, kind: str) -> bool:

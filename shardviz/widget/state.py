@@ -12,7 +12,7 @@ is view state, like the filters: not an undo step (undo moves B, A stays where i
 
 Every change either fully happens or raises ``ValueError`` and changes nothing: the new plan is
 analysed before it becomes current. The plan edits themselves live in ``plan_actions.py`` (mixed
-in), the plan's name after edits in ``plan_names.py``.
+in), the plan's name after edits in ``plan_names.py``, the Suggest panel (``sv.search``) in ``suggest.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from . import views
 from .plan_actions import PRESETS, PlanActions
 from .plan_names import EDITED, Edit, PlanNames, base_name, plan_changes
 from .planfile import PlanFile
+from .suggest import SuggestActions
 from .tree_view import ModuleStats, TreeView
 
 __all__ = ["DEFAULT_TRAINING", "PRESETS", "InspectorState", "Snapshot", "base_name", "plan_changes"]
@@ -51,7 +52,7 @@ class Snapshot:
     edits: tuple[Edit, ...] = field(default=(), compare=False)
 
 
-class InspectorState(PlanActions):
+class InspectorState(PlanActions, SuggestActions):
     """Plan, mesh and training being inspected, with undo/redo and an optional plan file."""
 
     def __init__(self, model, plan=None, mesh: Mesh | None = None, training=None, plan_path=None):

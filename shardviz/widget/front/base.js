@@ -4,11 +4,12 @@
 //
 // The front end is the files of shardviz/widget/front/, concatenated by Python in a fixed order
 // (inspector.py: FRONT_FILES) after charts.js (the chart drawing, shared with the report) into
-// one ES module: base, summary, controls, tree_rows, tree, compare, findings, export, inspector.
+// one ES module: base, summary, controls, tree_rows, tree, compare, findings, suggest, export,
+// inspector.
 //
 // Python (shardviz/widget/inspector.py) is the single source of every number and writes every
 // trait; the front end only draws what it is sent and sends back what the user did, as actions.
-//   traits:   controls, summary, memory, traffic, findings, comparison, code, verify_result,
+//   traits:   controls, summary, memory, traffic, findings, comparison, suggestions, code, verify_result,
 //             messages, tab, torch_version, protocol (the message schema, protocol.py)
 //   messages: {type:"rows", order?, rows, reset, matches}  visible rows that changed (virtualised)
 //             {type:"reveal", id}                            scroll to a row and flash it
@@ -17,7 +18,7 @@
 //             each checked against the protocol first (checkAction) - Python checks it again.
 //
 // Layout: one top-level function per component (summary, messages, controls, tree, charts,
-// compare, findings, export, tabs), each given what it needs explicitly (the shared `ctx`:
+// compare, findings, suggest, export, tabs), each given what it needs explicitly (the shared `ctx`:
 // model and send, plus callbacks), then `render` (inspector.js, last), which builds them and
 // wires the traits to them.
 // The exported code arrives highlighted (HTML from pygments, in Python): nothing is parsed here.

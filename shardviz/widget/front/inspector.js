@@ -26,6 +26,7 @@ const TABS = [
   ["charts", "Memory & traffic"],
   ["compare", "A vs B"],
   ["findings", "Findings"],
+  ["suggest", "Suggest"],
   ["export", "Export"],
 ];
 
@@ -68,9 +69,10 @@ function render({ model, el }) {
   const charts = chartsPanel(ctx);
   const compare = comparePanel(ctx, { pinButtons: tabs.pinButtons, setTabLabel: (text) => (tabs.tabButton("compare").textContent = text) });
   const findings = findingsPanel(ctx, { tabButton: tabs.tabButton });
+  const suggest = suggestPanel(ctx);
   const exporter = exportPanel(ctx);
-  tabs.setPanels([charts.el, compare.el, findings.el, exporter.el]);
-  const views = h("div", { class: "sv-views" }, tabs.el, charts.el, compare.el, findings.el, exporter.el);
+  tabs.setPanels([charts.el, compare.el, findings.el, suggest.el, exporter.el]);
+  const views = h("div", { class: "sv-views" }, tabs.el, charts.el, compare.el, findings.el, suggest.el, exporter.el);
   ctx.root = h("div", { class: "sv-inspector" }, summary.el, controls.el, messages.el, tree.el, views);
   el.append(ctx.root);
 
@@ -94,6 +96,7 @@ function render({ model, el }) {
     ["change:timeline", charts.renderTimeline],
     ["change:findings", findings.render],
     ["change:comparison", () => (compare.render(), renderSummary())],
+    ["change:suggestions", suggest.render],
     ["change:code", exporter.renderCode],
     ["change:verify_result", exporter.renderVerify],
     ["change:tab", () => tabs.show(model.get("tab"))],
@@ -109,6 +112,7 @@ function render({ model, el }) {
   charts.renderTimeline();
   findings.render();
   compare.render();
+  suggest.render();
   exporter.renderCode();
   exporter.renderVerify();
   tabs.show(model.get("tab") || "charts");

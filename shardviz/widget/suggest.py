@@ -1,0 +1,188 @@
+"""The Inspector's "Suggest" panel: ``sv.search`` for the current model, mesh and training, its top
+rows as the panel shows them, and one click to apply a row.
+
+``SuggestActions`` is mixed into ``InspectorState``. ``suggest()`` says first how many plans it
+will try (the panel shows "searching N plans…" while the search runs), then runs ``sv.search``
+on the Inspector's tree. ``apply_suggestion(i)`` makes row ``i`` current as ONE undo step: its plan,
+and with it the HSDP split and the micro-batch the row was found with (``Search.candidate``), so
+that the numbers shown after applying are the row's. Every figure of the panel is formatted here
+(``shardviz.format``); the front end only draws the text it is sent.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from ..format import format_bytes, format_count, format_duration, format_percent
+from ..plan import Plan
+from ..search import Search, count_candidates, search
+from .views import training_text
+
+DEFAULT_TOP = 8
+NO_MEMORY = ("Suggest needs the device memory to tell what fits: type it in the device field (e.g. 80GiB), or "
+             "give sv.Mesh(..., device='H100') or sv.Mesh(..., device_memory='80GiB').")
+
+
+def search_key(mesh, training) -> tuple:
+    """What a search depends on: the mesh (any HSDP split of its world: the search tries them all),
+    the training (with ``global_batch``: any micro-batch; CPU offload is a plan option there)."""
+    vary_batch = getattr(training, "global_batch", None) is not None
+    tr = replace(training, offload=False, **({"batch_size": None, "grad_accum": 1} if vary_batch else {}))
+    return replace(mesh, shard=mesh.world, replicate=1), tr
+
+
+def _mesh_text(mesh) -> str:
+    device = f" of {mesh.device.name}" if mesh.device is not None else ""
+    memory = f", {format_bytes(mesh.device_memory)} each" if mesh.device_memory else ", no device memory"
+    return f"{mesh}{device}{memory}"
+
+
+def _batch(tr) -> str:
+    return f"{tr.batch_size} x {getattr(tr, 'grad_accum', 1)}" if tr.batch_size else "none"
+
+
+def changes_text(cur_mesh, mesh, cur_tr, tr) -> list[str]:
+    """What applying a row changes besides the plan, in words ("HSDP 4x1 (was FSDP 4 ranks)")."""
+    out = []
+    if (mesh.shard, mesh.replicate) != (cur_mesh.shard, cur_mesh.replicate):
+        out.append(f"mesh {mesh} (was {cur_mesh})")
+    if (tr.batch_size, getattr(tr, "grad_accum", 1)) != (cur_tr.batch_size, getattr(cur_tr, "grad_accum", 1)):
+        out.append(f"micro-batch x accumulation {_batch(tr)} (was {_batch(cur_tr)})")
+    if tr.offload != cur_tr.offload:
+        out.append("Training.offload off (the plan's calls offload instead)" if not tr.offload else "Training.offload on")
+    return out
+
+
+class SuggestActions:
+    """The Suggest panel's state and actions (``InspectorState`` provides tree, mesh, training,
+    analysis, plan, ``_commit``, ``_message`` and ``_notify``)."""
+
+    _search: Search | None = None
+    _search_key: tuple | None = None
+    _search_s: float = 0.0
+    _suggest_top: int = DEFAULT_TOP
+    _suggest_status: dict = {"state": "idle"}  # noqa: RUF012 - replaced, never mutated
+
+    def _set_suggest(self, status: dict) -> None:
+        self._suggest_status = status
+        self._notify({"suggest"})
+
+    def suggest(self, top: int = DEFAULT_TOP) -> Search:
+        """Run ``sv.search`` for the current model, mesh and training; the panel shows its ``top`` rows.
+
+        Raises ``ValueError`` naming what is missing (the device memory) or what the search refused;
+        the panel shows the same message."""
+        if int(top) < 1:
+            raise ValueError(f"top={top}: show at least 1 plan")
+        self._suggest_top = int(top)
+        mesh, training = self.mesh, self.training
+        try:
+            if mesh.device_memory is None:
+                raise ValueError(NO_MEMORY)
+            n = count_candidates(self.tree, mesh, training)
+        except ValueError as exc:
+            self._set_suggest({"state": "error", "error": str(exc)})
+            raise
+        self._set_suggest({"state": "running", "n_candidates": n})
+        t0 = time.perf_counter()
+        try:
+            found = search(self.tree, mesh, training)
+        except Exception as exc:
+            self._set_suggest({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
+            raise
+        self._search, self._search_key, self._search_s = found, search_key(mesh, training), time.perf_counter() - t0
+        self._set_suggest({"state": "done"})
+        return found
+
+    @property
+    def suggestion_search(self) -> Search | None:
+        """The last ``sv.search`` the panel ran (None before the first)."""
+        return self._search
+
+    def apply_suggestion(self, index: int) -> None:
+        """Make row ``index`` (0: the best) of the last search current, as one undo step: its plan,
+        HSDP split and micro-batch together; a message says what changed besides the plan."""
+        found = self._search
+        if found is None:
+            raise ValueError("no suggestions yet: run suggest() (the Suggest tab's button) first")
+        if self._search_key != search_key(self.mesh, self.training):
+            raise ValueError("the suggestions were found for another mesh or training: search again")
+        n = len(found.table)
+        if not 0 <= int(index) < n:
+            raise ValueError(f"suggestion {index}: the search has {n} rows (0 to {n - 1})")
+        plan, mesh, training = found.candidate(int(index))
+        name = found.table.name.iloc[int(index)]
+        plan = Plan(plan.units, plan.ignored, f"search: {name}", plan.checkpoint)
+        mesh = replace(self.mesh, shard=mesh.shard, replicate=mesh.replicate)  # the user's device and links stay
+        also = changes_text(self.mesh, mesh, self.training, training)
+        note = (f"suggestion {int(index) + 1} applied: {name}"
+                + (f"; also changed: {'; '.join(also)}" if also else "") + ". Undo goes back to the plan before it.")
+        if not self._commit(plan=plan, mesh=mesh, training=training, edit=False, note=note):
+            self._message("info", f"suggestion {int(index) + 1} is already the current plan")
+            self._notify({"messages"})
+
+    @property
+    def suggestions(self) -> dict:
+        """The Suggest panel's data: the search's state, what it is for, what is missing, its rows."""
+        out = {**self._suggest_status, "inputs": f"{_mesh_text(self.mesh)} · {training_text(self.training)}",
+               "missing": self._missing(), "top": self._suggest_top}
+        if out["state"] == "running":
+            out["text"] = f"searching {out['n_candidates']} plans…"
+        if self._search is not None:
+            out.update(search_payload(self._search, self._search_s, self._suggest_top, self))
+            out["stale"] = self._search_key != search_key(self.mesh, self.training)
+        return out
+
+    def _missing(self) -> list[str]:
+        """What the search cannot use: the device memory (no search) and what the step time needs."""
+        out = [NO_MEMORY] if self.mesh.device_memory is None else []
+        try:
+            reason = self.analysis.step.get("reason")
+        except Exception as exc:  # noqa: BLE001 - the panel says so rather than break the widget
+            reason = f"{type(exc).__name__}: {exc}"
+        if reason:
+            out.append(f"No step time ({reason}): the plans are ranked by their collectives' seconds per step "
+                       "instead (one after another, no compute), then by less recomputation.")
+        return out
+
+
+def search_payload(found: Search, seconds: float, top: int, state) -> dict:
+    """The rows of ``found`` the panel shows (its first ``top``), every figure formatted."""
+    t = found.table
+    rows = [_row(found, i, state) for i in range(min(top, len(t)))]
+    return {
+        "rows": rows, "n_rows": len(t), "n_candidates": found.n_candidates, "n_analysed": found.n_analysed,
+        "summary": (f"{found.n_candidates} plans tried, {found.n_analysed} analysed, in {format_duration(seconds)}; "
+                    f"the first {len(rows)} shown, best first"),
+        "explain": found.explain(), "note": found.note, "limit_text": format_bytes(found.device_memory),
+    }
+
+
+def _missing_step(row) -> tuple[str, str]:
+    """A row without a step time: a short cell text and the reason (from ``a.step``, via the note)."""
+    return ("not timed" if row.analysed else "not analysed"), (
+        "no step time for this mesh or training (see the note above)" if row.analysed else row.why)
+
+
+def _row(found: Search, i: int, state) -> dict:
+    r = found.table.iloc[i]
+    timed = r.step_time_s is not None and r.step_time_s == r.step_time_s
+    step_text, step_title = (format_duration(r.step_time_s), "") if timed else _missing_step(r)
+    plan, mesh, training = found.candidate(i)
+    peak = None if r.peak is None or r.peak != r.peak else int(r.peak)
+    return {
+        "index": i, "number": str(i + 1), "name": r["name"], "fits": bool(r.fits), "analysed": bool(r.analysed),
+        "fits_text": "fits" if r.fits else "does not fit",
+        "peak": peak, "peak_text": format_bytes(peak) if peak is not None else "not analysed",
+        "margin_text": (f"{format_bytes(abs(r.margin))} {'to spare' if r.margin >= 0 else 'over'}"
+                        if peak is not None else ""),
+        "step_time_s": float(r.step_time_s) if timed else None, "step_text": step_text, "step_title": step_title,
+        "tokens_text": f"{format_count(round(r.tokens_per_s))} tokens/s" if timed else step_text,
+        "mfu_text": f"MFU {format_percent(r.mfu)}" if timed else "",
+        "why": r.why,
+        "applies": ["plan", *changes_text(state.mesh, replace(state.mesh, shard=mesh.shard, replicate=mesh.replicate),
+                                          state.training, training)],
+        "current": (plan == state.plan and (mesh.shard, mesh.replicate) == (state.mesh.shard, state.mesh.replicate)
+                    and training == state.training),
+    }

@@ -1,0 +1,173 @@
+"""The Inspector's Suggest panel over the widget's protocol, without a browser (issue 18).
+
+The rows are checked against ``sv.search`` run here on the same model, mesh and training (a fresh
+tree, never the widget's numbers); an applied row against ``sv.analyze`` of the row's plan, mesh and
+training; undo against the state before it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.format import format_bytes, format_duration
+from shardviz.widget import Inspector
+from shardviz.widget import suggest as suggest_module
+
+MESH = sv.Mesh(4, device="H100")
+TRAINING = sv.Training(batch_size=2, seq_len=64)
+TOP = 5
+
+
+@functools.lru_cache(maxsize=None)
+def model():
+    return zoo.tiny_llama_lora()
+
+
+@functools.lru_cache(maxsize=None)
+def reference():
+    return sv.search(model(), mesh=MESH, training=TRAINING)
+
+
+class Recorder:
+    """What the front end would see: every ``suggestions`` trait value and every ack, in order."""
+
+    def __init__(self, ins: Inspector):
+        self.ins, self.states, self.acks, self.req = ins, [], [], 0
+        ins.observe(lambda c: self.states.append(dict(c["new"])), names=["suggestions"])
+        ins.send = lambda msg, buffers=None: self.acks.append(msg) if msg.get("type") == "ack" else None
+
+    def action(self, action: str, **args) -> dict:
+        self.req += 1
+        self.ins._on_msg(self.ins, {"type": "action", "action": action, "args": args, "req": self.req}, [])
+        ack = self.acks[-1]
+        assert ack["req"] == self.req
+        return ack
+
+
+@pytest.fixture(scope="module")
+def searched():
+    ins = Inspector(model(), mesh=MESH, training=TRAINING)
+    wire = Recorder(ins)
+    ack = wire.action("suggest", top=TOP)
+    assert ack["ok"], ack
+    return ins, wire
+
+
+def test_rows_equal_sv_search(searched):
+    ins, wire = searched
+    ref = reference()
+    # the front end saw "searching N plans…" before the rows, N being the search's own count
+    running = [s for s in wire.states if s.get("state") == "running"]
+    assert running and running[0]["text"] == f"searching {ref.n_candidates} plans…"
+    assert wire.states[-1]["state"] == "done"
+    panel = ins.suggestions
+    assert panel["n_candidates"] == ref.n_candidates and panel["n_rows"] == len(ref.table)
+    assert panel["missing"] == [] and not panel["stale"]
+    assert panel["explain"] == ref.explain()
+    rows, t = panel["rows"], ref.table
+    assert len(rows) == TOP
+    for i, r in enumerate(rows):
+        assert r["index"] == i and r["number"] == str(i + 1)
+        assert (r["name"], r["fits"], r["why"]) == (t.name.iloc[i], bool(t.fits.iloc[i]), t.why.iloc[i])
+        assert r["peak"] == int(t.peak.iloc[i]) and r["peak_text"] == format_bytes(t.peak.iloc[i])
+        assert r["step_time_s"] == float(t.step_time_s.iloc[i])
+        assert r["step_text"] == format_duration(t.step_time_s.iloc[i])
+        assert r["tokens_text"] == f"{round(t.tokens_per_s.iloc[i]):,} tokens/s"
+
+
+def test_apply_a_row_then_undo_and_redo(searched):
+    ins, wire = searched
+    ref = reference()
+    before = (ins.plan, ins.plan.name, ins.mesh, ins.training)
+    k = 1
+    assert wire.action("apply_suggestion", index=k)["ok"]
+    plan, mesh, training = ref.candidate(k)
+    assert ins.plan == plan and ins.plan.name == f"search: {ref.table.name.iloc[k]}"
+    assert ins.mesh == mesh and ins.training == training  # the HSDP split came with the plan, in the same step
+    a = sv.analyze(model(), plan, mesh, training)
+    assert ins.memory["max_peak"] == int(a.memory.peak.max()) == int(ref.table.peak.iloc[k])
+    assert ins.summary["peak"] == int(a.memory.peak.max())
+    panel = ins.suggestions
+    assert [r["current"] for r in panel["rows"]][k] and not panel["stale"]
+    if (mesh.shard, mesh.replicate) != (MESH.shard, MESH.replicate):
+        assert f"mesh {mesh} (was {MESH})" in ins.controller.messages[-1]["text"]
+
+    assert wire.action("undo")["ok"]
+    assert (ins.plan, ins.plan.name, ins.mesh, ins.training) == before
+    assert not ins.suggestions["rows"][k]["current"]
+    assert wire.action("redo")["ok"]
+    assert ins.plan == plan and ins.mesh == mesh
+    assert wire.action("undo")["ok"]
+    assert (ins.plan, ins.plan.name, ins.mesh, ins.training) == before
+
+
+def test_apply_is_refused_with_its_reason(searched):
+    ins, wire = searched
+    bad = wire.action("apply_suggestion", index=len(reference().table))
+    assert not bad["ok"] and f"suggestion {len(reference().table)}" in bad["error"]
+    fresh = Inspector(model(), mesh=MESH, training=TRAINING)
+    first = Recorder(fresh).action("apply_suggestion", index=0)
+    assert not first["ok"] and "no suggestions yet" in first["error"]
+    # another world size: the rows were for the old one
+    assert wire.action("set_mesh", world=8)["ok"]
+    assert ins.suggestions["stale"]
+    stale = wire.action("apply_suggestion", index=0)
+    assert not stale["ok"] and "search again" in stale["error"]
+    assert wire.action("undo")["ok"] and not ins.suggestions["stale"]
+
+
+def test_no_device_memory_names_what_is_missing():
+    ins = Inspector(model(), mesh=sv.Mesh(4), training=sv.Training())
+    wire = Recorder(ins)
+    assert any("device memory" in m for m in ins.suggestions["missing"])  # said before any click
+    ack = wire.action("suggest")
+    assert not ack["ok"] and "device memory" in ack["error"]
+    assert ins.suggestions["state"] == "error" and "device memory" in ins.suggestions["error"]
+
+
+def test_without_a_device_the_panel_says_there_is_no_step_time():
+    mesh = sv.Mesh(4, device_memory="80GiB")
+    ins = Inspector(model(), mesh=mesh, training=sv.Training())
+    assert Recorder(ins).action("suggest", top=3)["ok"]
+    panel = ins.suggestions
+    assert any(m.startswith("No step time (no device") and "ranked by their collectives" in m for m in panel["missing"])
+    ref = sv.search(model(), mesh=mesh, training=sv.Training())
+    assert [r["name"] for r in panel["rows"]] == list(ref.table.name[:3])
+    for r in panel["rows"]:
+        assert r["step_time_s"] is None and r["step_text"] in ("not timed", "not analysed") and r["tokens_text"]
+
+
+def test_a_search_that_fails_shows_its_cause(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the profile went missing")
+
+    monkeypatch.setattr(suggest_module, "search", broken)
+    ins = Inspector(model(), mesh=MESH, training=sv.Training())
+    ack = Recorder(ins).action("suggest")
+    assert not ack["ok"] and "the profile went missing" in ack["error"]
+    assert ins.suggestions["error"] == "the search failed: RuntimeError: the profile went missing"
+
+
+def test_a_row_with_another_micro_batch_applies_it_in_the_same_undo_step():
+    training = sv.Training(seq_len=64, global_batch=8, grad_accum=2, batch_size=1)  # 4 ranks: 2 sequences each
+    ins = Inspector(model(), mesh=MESH, training=training)
+    wire = Recorder(ins)
+    assert wire.action("suggest", top=40)["ok"]
+    ref = sv.search(model(), mesh=MESH, training=training)
+    rows = ins.suggestions["rows"]
+    assert [r["name"] for r in rows] == list(ref.table.name[: len(rows)])
+    k = next(r["index"] for r in rows if ref.candidate(r["index"])[2].batch_size != training.batch_size)
+    assert any(a.startswith("micro-batch x accumulation") for a in rows[k]["applies"])
+    before = (ins.plan, ins.mesh, ins.training)
+    assert wire.action("apply_suggestion", index=k)["ok"]
+    plan, mesh, tr = ref.candidate(k)
+    assert (ins.plan, ins.mesh, ins.training) == (plan, mesh, tr)
+    assert (tr.batch_size, tr.grad_accum) != (1, 2)
+    assert ins.memory["max_peak"] == int(sv.analyze(model(), plan, mesh, tr).memory.peak.max())
+    assert not ins.suggestions["stale"]  # another micro-batch of the same global batch: the same search
+    assert wire.action("undo")["ok"]
+    assert (ins.plan, ins.mesh, ins.training) == before
