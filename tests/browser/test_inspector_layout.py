@@ -63,7 +63,7 @@ def assert_clean(widget, page, name: str) -> None:
 
 
 def check_every_tab(widget, page, width: str, theme: str) -> None:
-    for tab in ("charts", "compare", "findings", "export"):
+    for tab in ("charts", "compare", "findings", "export", "suggest"):
         widget.locator(f'.sv-tab[data-tab="{tab}"]').click()
         widget.locator(".sv-views").scroll_into_view_if_needed()
         expect(widget).to_have_attribute("data-tab", tab)
