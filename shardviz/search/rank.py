@@ -98,17 +98,13 @@ def _slower_because(r: dict, above: dict) -> str:
     if dt <= tie:
         return "as fast; " + _tie_reason(r, above)
     grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
-    reasons = ", ".join(f"{_label(label, r)} +{_seconds(sec)}" for sec, label in grown) or "slower collectives"
+    reasons = ", ".join(f"{_label(label, r)} +{format_duration(sec)}" for sec, label in grown) or "slower collectives"
     shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -tie)[:1]
     if shrunk and grown and grown[0][0] > dt + tie:  # the growth is partly paid back elsewhere: say where
-        reasons += "; " + ", ".join(f"{_label(label, r)} -{_seconds(-sec)}" for sec, label in shrunk)
+        reasons += "; " + ", ".join(f"{_label(label, r)} -{format_duration(-sec)}" for sec, label in shrunk)
     if not timed:
-        return f"{_seconds(dt)} more collectives (no step time: {r['reason']}): {reasons}"
-    return f"{_seconds(dt)} slower: {reasons}"
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.2f} s" if s >= 0.01 else f"{s * 1e3:.2f} ms" if s >= 1e-5 else f"{s * 1e6:.2f} us"
+        return f"{format_duration(dt)} more collectives (no step time: {r['reason']}): {reasons}"
+    return f"{format_duration(dt)} slower: {reasons}"
 
 
 def _tie_reason(r: dict, above: dict) -> str:
