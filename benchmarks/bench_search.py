@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     fresh = zoo.build(args.model, lora=True)
     again = sv.analyze(fresh, s.best, s.best_mesh, s.best_training or training)
     peak = int(again.memory.peak.max())
-    ok = peak <= mesh.device_memory
+    ok = mesh.fit(peak).fits  # device memory less the reserve
     print(f"chosen: {s.best.name} on {s.best_mesh}; re-analysed: peak {sv.cost.format_bytes(peak)} "
           f"{'fits' if ok else 'DOES NOT FIT'} in {args.memory}")
     return 0 if ok and s.n_candidates >= 200 and search_s <= 10 * cold_s else 1

@@ -94,7 +94,7 @@ def fit_rows():
                     "peak": int(mem.at[worst, "peak"]),
                     "where": f"{mem.at[worst, 'peak_phase']}" + (f" ({mem.at[worst, 'peak_module'] or '<root>'})"
                                                                   if mem.at[worst, "peak_module"] is not None else ""),
-                    "fits": bool(mem.at[worst, "peak"] <= mesh.device_memory),
+                    "fits": mesh.fit(int(mem.at[worst, "peak"])).fits,  # less the reserve (Mesh.fit)
                     **{k: a.step[k] for k in ("step_time_s", "tokens_per_s", "mfu", "exposed_comm_s")},
                 }
 
@@ -110,7 +110,8 @@ def fit_markdown(table: list[dict]) -> list[str]:
         "(`sv.Plan.auto(model, lora=..., checkpoint='blocks')`). *activations*: the activation bytes alive at the "
         "peak; *rest*: everything else alive then (parameters, gradients, optimizer states, FSDP buffers). "
         f"On `sv.Mesh(shard=..., device=\"{DEVICE}\")` (80 GiB; 450 GB/s inside a node of 8, 50 GB/s per GPU across "
-        "nodes): *step*, *tokens/s* (per GPU) and *MFU* are `a.step`: torch's FLOP count of the step, FSDP2's "
+        f"nodes): *fits*: the peak is at most the {sv.Mesh(1, device=DEVICE).limit_text} (the reserve: the CUDA "
+        "context and NCCL's buffers, `Mesh.memory_reserve`); *step*, *tokens/s* (per GPU) and *MFU* are `a.step`: torch's FLOP count of the step, FSDP2's "
         "overlap of compute and collectives, the optimizer step, at the default efficiencies (docs/step-time.md); "
         "*exposed*: the communication compute waits for.",
         "",

@@ -42,7 +42,7 @@ for checkpoint in (None, "blocks"):
         b = sv.analyze(model, sv.Plan.auto(model, lora=lora, checkpoint=checkpoint), sv.Mesh(8, device="A100-40GB"),
                        training)
         row = b.memory.loc[worst_rank(b.memory)]
-        verdict = "fits" if row.peak <= b.mesh.device_memory else "does not fit"
+        verdict = "fits" if b.mesh.fit(row.peak).fits else "does not fit"  # device memory less the 1 GiB reserve
         step = b.step
         print(f"  LoRA {lora:8s} checkpoint {str(checkpoint):6s}: peak {row.peak / 2**30:6.2f} GiB "
               f"(activations {row.activations / 2**30:6.2f} GiB) {verdict:12s} "

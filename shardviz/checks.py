@@ -319,7 +319,7 @@ CHECKPOINT_FIXES = ("blocks", "every 2", "every 3")
 
 
 class MemoryFix(NamedTuple):
-    """A change that brings the peak under ``device_memory``: what to do, the new peak, and what it
+    """A change that brings the peak under the usable memory (``Mesh.fit``): what to do, the new peak, and what it
     costs in time (``a.step`` of the changed analysis): ``step_time_s`` for the same tokens per rank
     as the plan's own step, ``cost_s`` its difference from the plan's own; None without a step time
     (no device or no micro-batch). ``hardware``: the fix adds ranks rather than time."""
@@ -348,7 +348,12 @@ def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
 
 
-def _checkpoint_fixes(analysis, limit: int) -> list[MemoryFix]:
+def _fits(analysis, peak: int) -> bool:
+    """The one fits verdict (``Mesh.fit``: device memory less the reserve)."""
+    return analysis.mesh.fit(peak).fits
+
+
+def _checkpoint_fixes(analysis) -> list[MemoryFix]:
     """Every block checkpointed, then every 2nd, every 3rd (``CHECKPOINT_FIXES``) while they fit."""
     tree, plan = analysis.tree, analysis.plan
     blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
@@ -363,13 +368,13 @@ def _checkpoint_fixes(analysis, limit: int) -> list[MemoryFix]:
         what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
                                 f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
-        if fix.peak > limit:
+        if not _fits(analysis, fix.peak):
             break  # fewer blocks checkpointed hold more: none of the rest fits
         out.append(fix)
     return out
 
 
-def _batch_fix(analysis, limit: int) -> list[MemoryFix]:
+def _batch_fix(analysis) -> list[MemoryFix]:
     """The largest smaller micro-batch (halving) that fits, with accumulation for the same tokens."""
     training = analysis.training
     batch = training.batch_size // 2
@@ -379,14 +384,14 @@ def _batch_fix(analysis, limit: int) -> list[MemoryFix]:
         fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
                       micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum))
-        if fix.peak <= limit:
+        if _fits(analysis, fix.peak):
             return [fix]
         batch //= 2
     return []
 
 
 def memory_fixes(analysis) -> list[MemoryFix]:
-    """Changes that bring the peak under ``device_memory``, cheapest first, each with its new peak
+    """Changes that bring the peak under the usable memory (``Mesh.fit``), cheapest first, each with its new peak
     and the time it costs (``MemoryFix``), each tried with ``analyze`` itself (``Analysis.what_if``).
 
     The changes are those ``sv.search`` tries, one at a time: shard the LoRA adapters instead of
@@ -395,7 +400,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     Cheapest: the smallest ``cost_s`` (the step's seconds for the same tokens, from ``a.step``);
     without a step time (no device or no micro-batch), the order above, fewest blocks checkpointed first.
     """
-    limit, plan, training, mesh = analysis.mesh.device_memory, analysis.plan, analysis.training, analysis.mesh
+    plan, training, mesh = analysis.plan, analysis.training, analysis.mesh
     tree = analysis.tree
     out = []
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
@@ -403,20 +408,20 @@ def memory_fixes(analysis) -> list[MemoryFix]:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored)))
     if training.with_activations:
-        out += _checkpoint_fixes(analysis, limit)[::-1]
+        out += _checkpoint_fixes(analysis)[::-1]
         if training.batch_size > 1:
-            out += _batch_fix(analysis, limit)
+            out += _batch_fix(analysis)
     if not training.offload:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host, not timed)",
                            training=replace(training, offload=True)))
-    out = [f for f in out if f.peak <= limit]
+    out = [f for f in out if _fits(analysis, f.peak)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
         fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger)
-        if fix.peak <= limit:
+        if _fits(analysis, fix.peak):
             out.append(fix)
             break
     return out
@@ -433,15 +438,16 @@ def _fix_text(fix: MemoryFix) -> str:
 
 
 def check_memory(analysis) -> list[Finding]:
-    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory``; the fix is the
-    cheapest change that makes it fit (``memory_fixes``)."""
-    limit = analysis.mesh.device_memory
-    if limit is None:
+    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
+    ``Mesh.memory_reserve`` (``Mesh.fit``); the fix is the cheapest change that makes it fit
+    (``memory_fixes``)."""
+    if analysis.mesh.device_memory is None:
         return []
     mem = analysis.memory
     worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
     peak = int(mem.at[worst, "peak"])
-    if peak <= limit:
+    fit = analysis.mesh.fit(peak)
+    if fit.fits:
         return []
     rank = int(mem.at[worst, "rank"])
     parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
@@ -464,7 +470,7 @@ def check_memory(analysis) -> list[Finding]:
     return [Finding(
         "SV201", "error",
         f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "
-        f"{format_bytes(limit)} by {format_bytes(peak - limit)}{counted}; "
+        f"{fit.text} by {format_bytes(-fit.margin)}{counted}; "
         f"largest contributors: {top}; largest calls: {big}",
         tuple(m for r in units for m in r.modules),
         fix,

@@ -307,7 +307,7 @@ def cmd_plan_search(args) -> int:
     from .search import search
 
     mesh = make_mesh(args.world_size, 1)
-    mesh = _search_mesh(mesh, args.device, args.device_memory)
+    mesh = _search_mesh(mesh, args.device, args.device_memory, args.memory_reserve)
     training = make_training(args)
     _, tree = build_model(args)
     try:
@@ -332,7 +332,7 @@ def cmd_plan_search(args) -> int:
     return EXIT_OK
 
 
-def _search_mesh(mesh, device, device_memory):
+def _search_mesh(mesh, device, device_memory, memory_reserve=None):
     from dataclasses import fields
 
     if device is not None:
@@ -340,14 +340,23 @@ def _search_mesh(mesh, device, device_memory):
             raise CliError(f"--device {device}: this shardviz has no device table yet (sv.Mesh(device=...)); "
                            "give --device-memory instead")
         mesh = replace(mesh, device=device)
-    if device_memory is not None:
-        try:
-            mesh = replace(mesh, device_memory=device_memory)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
+    mesh = _with_memory(mesh, device_memory, memory_reserve)
     if mesh.device_memory is None:
         raise CliError("plan search needs --device or --device-memory: what fits depends on it")
     return mesh
+
+
+RESERVE_HELP = ("e.g. 2GiB: kept out of the device memory for the CUDA context and NCCL's buffers "
+                "(default 1 GiB, 0 allowed; docs/step-time.md)")
+
+
+def _with_memory(mesh, device_memory, memory_reserve):
+    """``--device-memory`` and ``--memory-reserve`` on the mesh (bad sizes: the mesh's error)."""
+    changes = {k: v for k, v in (("device_memory", device_memory), ("memory_reserve", memory_reserve)) if v is not None}
+    try:
+        return replace(mesh, **changes)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_report(args) -> int:
@@ -357,11 +366,7 @@ def cmd_report(args) -> int:
 
     version = check_version(args.torch)
     mesh = make_mesh(args.world_size, args.replicate)
-    if args.device_memory:
-        try:
-            mesh = replace(mesh, device_memory=args.device_memory)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
+    mesh = _with_memory(mesh, args.device_memory or None, args.memory_reserve)
     training = make_training(args, base=DEFAULT_TRAINING)
     _, tree = build_model(args)
     plan = build_plan(tree, args)
@@ -426,6 +431,7 @@ def _add_search_parser(plan_sub) -> None:
     q.add_argument("--world-size", type=int, required=True, help="total ranks (the HSDP split is searched)")
     q.add_argument("--device", help="a device of the table, e.g. H100 (its memory is the limit)")
     q.add_argument("--device-memory", help="e.g. 80GiB: the limit a plan must fit in")
+    q.add_argument("--memory-reserve", help=RESERVE_HELP)
     q.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
     _add_precision_args(q)
     q.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
@@ -479,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mesh_args(p)
     _add_checkpoint_arg(p)
     p.add_argument("--device-memory", help="e.g. 80GiB: draw the limit and flag a peak that does not fit")
+    p.add_argument("--memory-reserve", help=RESERVE_HELP)
     p.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
     _add_precision_args(p)
     p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")

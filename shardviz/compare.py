@@ -14,7 +14,7 @@ import pandas as pd
 
 from . import views
 from .analysis import Analysis, analyze
-from .format import byte_unit, fmt, format_bytes, worst_rank
+from .format import byte_unit, fmt, worst_rank
 from .fsdp import Mesh
 from .plan import as_plan
 from .tree import as_tree
@@ -34,7 +34,9 @@ def summarize(a: Analysis) -> dict:
     row["activations"] = int(worst["activations"])  # alive at the peak (0 without Training.batch_size)
     row["peak"] = int(worst["peak"])
     row["peak_rank"] = rank
-    row["fits"] = None if a.mesh.device_memory is None else bool(row["peak"] <= a.mesh.device_memory)
+    fit = a.mesh.fit(row["peak"])  # device memory less the reserve (devices.memory_fit)
+    row["fits"] = None if fit is None else bool(fit.fits)
+    row["margin"] = None if fit is None else fit.margin
     row["bytes_per_step"] = int((comm["bytes"] * comm["count"]).sum()) if len(comm) else 0
     row["sent_bytes_per_rank"] = int((comm["sent_bytes"] * comm["count"]).sum()) if len(comm) else 0
     row["collectives_per_step"] = int(comm["count"].sum()) if len(comm) else 0
@@ -97,13 +99,13 @@ class Comparison:
     def memory_payload(self) -> dict:
         """The memory chart's data with one bar per layout: each layout's worst-rank bar of
         ``views.memory_payload`` (``views.worst_bar``), labelled with the layout's name."""
-        limit = next(iter(self.analyses.values())).mesh.device_memory if self.analyses else None
+        mesh = next(iter(self.analyses.values())).mesh if self.analyses else Mesh(1)
         bars = []
         for i, (name, a) in enumerate(self.analyses.items()):
             bars.append({**views.worst_bar(a), "first": i, "last": i, "label": str(name)})
         top = max((bar["peak"] for bar in bars), default=0)
-        return {"available": True, "categories": views.categories(), "bars": bars, "limit": limit,
-                "max_peak": top, "use": views.limit_use(top, limit), "n_ranks": len(bars),
+        return {"available": True, "categories": views.categories(), "bars": bars, "limit": mesh.usable_memory,
+                "limit_text": mesh.limit_text, "max_peak": top, "use": views.limit_use(top, mesh), "n_ranks": len(bars),
                 "training": views.training_text(self.training),
                 "by_layout": True}  # one bar per layout: the chart notes each one's peak
 
@@ -126,17 +128,18 @@ class Comparison:
         t, b = self.table, self.breakdown
         mdiv, munit = byte_unit(float(t["peak"].max()) if len(t) else 0.0)
         tdiv, tunit = byte_unit(float(t["bytes_per_step"].max()) if len(t) else 0.0)
-        limit = next(iter(self.analyses.values())).mesh.device_memory
+        mesh = next(iter(self.analyses.values())).mesh
+        limit = mesh.usable_memory
         mem_title = f"Memory on the busiest rank ({munit})"
         if limit and limit > 4 * float(t["peak"].max()):
-            mem_title += f"; device {format_bytes(limit)} is off the scale"
+            mem_title += f"; {mesh.limit_text} is off the scale"
         fig = make_subplots(rows=1, cols=2, subplot_titles=(mem_title, f"Traffic per step ({tunit})"))
         names = list(t.index)
         for part in views.PEAK_PARTS:
             fig.add_trace(go.Bar(name=part, x=names, y=b[part] / mdiv), row=1, col=1)
         fig.add_trace(go.Bar(name="bytes per step", x=names, y=t["bytes_per_step"] / tdiv, showlegend=True), row=1, col=2)
         if limit and limit <= 4 * float(t["peak"].max()):
-            fig.add_hline(y=limit / mdiv, line_dash="dash", annotation_text="device memory", row=1, col=1)
+            fig.add_hline(y=limit / mdiv, line_dash="dash", annotation_text=mesh.limit_text, row=1, col=1)
         fig.update_layout(barmode="stack", height=420, legend_orientation="h", title=views.training_text(self.training),
                           paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
         return fig
@@ -170,8 +173,12 @@ def compare(model, plans, mesh: Mesh | None = None, training=None) -> Comparison
 class Sweep:
     """Per-rank memory and traffic against world size, one line per layout."""
 
-    def __init__(self, table: pd.DataFrame, device_memory: int | None, training=DEFAULT_TRAINING):
-        self.table, self.device_memory, self.training = table, device_memory, training
+    def __init__(self, table: pd.DataFrame, mesh: Mesh, training=DEFAULT_TRAINING):
+        self.table, self.mesh, self.training = table, mesh, training
+
+    @property
+    def device_memory(self) -> int | None:
+        return self.mesh.device_memory
 
     def first_fit(self) -> dict:
         """For each layout, the smallest world size whose peak fits (None if none does)."""
@@ -186,13 +193,13 @@ class Sweep:
         series = [{"name": str(layout), "x": [int(x) for x in rows.world], "y": [int(y) for y in rows[metric]]}
                   for layout, rows in self.table.groupby("layout", sort=False)]
         peak = metric == "peak"
-        limit = self.device_memory if peak else None
+        limit = self.mesh.usable_memory if peak else None
         top = max((y for q in series for y in q["y"]), default=0)
-        use = views.limit_use(top, limit)
+        use = views.limit_use(top, self.mesh) if peak else None
         what = "Peak memory per rank" if peak else "Bytes sent per rank per step"
         return {"title": f"{what} ({views.training_text(self.training)})",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,
-                "limit_text": f"device {format_bytes(limit)}" if limit else None, "use": use}
+                "limit_text": self.mesh.limit_text if limit else None, "use": use}
 
     def chart(self, metric: str = "peak"):
         """The sweep drawn like the Inspector's charts (SVG, follows JupyterLab's theme)."""
@@ -211,9 +218,9 @@ class Sweep:
 
         pdiv, punit = byte_unit(float(self.table.peak.max()) if len(self.table) else 0.0)
         sdiv, sunit = byte_unit(float(self.table.sent_bytes_per_rank.max()) if len(self.table) else 0.0)
-        limit = self.device_memory
+        limit = self.mesh.usable_memory
         on_scale = limit and limit <= 4 * float(self.table.peak.max())
-        title = f"Peak memory per rank ({punit})" + (f"; device {format_bytes(limit)} is off the scale" if limit and not on_scale else "")
+        title = f"Peak memory per rank ({punit})" + (f"; {self.mesh.limit_text} is off the scale" if limit and not on_scale else "")
         fig = make_subplots(rows=1, cols=2, subplot_titles=(title, f"Bytes sent per rank per step ({sunit})"))
         for i, (layout, rows) in enumerate(self.table.groupby("layout", sort=False)):
             color = f"hsl({(i * 137) % 360},60%,45%)"
@@ -222,7 +229,7 @@ class Sweep:
             fig.add_trace(go.Scatter(x=rows.world, y=rows.sent_bytes_per_rank / sdiv, name=layout, mode="lines+markers",
                                      line_color=color, legendgroup=layout, showlegend=False), row=1, col=2)
         if on_scale:
-            fig.add_hline(y=limit / pdiv, line_dash="dash", annotation_text="device memory", row=1, col=1)
+            fig.add_hline(y=limit / pdiv, line_dash="dash", annotation_text=self.mesh.limit_text, row=1, col=1)
         fig.update_xaxes(type="log", title_text="world size", dtick=0.30103)
         fig.update_layout(height=420, legend_orientation="h", title=views.training_text(self.training))
         return fig
@@ -263,4 +270,4 @@ def sweep(model, plans, world_sizes=(8, 16, 32, 64, 128, 256, 512), *, replicate
                 raise ValueError(f"world size {world} is not a multiple of replicate={replicate}")
             point = replace(base, shard=world // replicate, replicate=replicate)
             rows.append({"layout": name, "world": world, **summarize(analyze(tree, plan, point, training, strict=False))})
-    return Sweep(pd.DataFrame(rows), base.device_memory, training)
+    return Sweep(pd.DataFrame(rows), base, training)

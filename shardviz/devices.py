@@ -15,8 +15,9 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
-from .format import parse_size
+from .format import format_bytes, parse_size
 
 GiB = 1024**3
 MiB = 1024**2
@@ -114,8 +115,44 @@ def usable_memory(device_memory: int, reserve: int = MEMORY_RESERVE_BYTES) -> in
     if device_memory is None or device_memory <= 0:
         raise ValueError(f"device_memory must be a positive number of bytes, got {device_memory!r}")
     if reserve < 0:
-        raise ValueError(f"reserve must be >= 0 bytes, got {reserve!r}")
+        raise ValueError(f"memory_reserve must be >= 0 bytes, got {reserve!r}")
     return max(int(device_memory) - int(reserve), 0)
+
+
+def usable_text(device_memory: int, reserve: int = MEMORY_RESERVE_BYTES) -> str:
+    """The limit, short: "79.00 GiB usable" ("80.00 GiB" with no reserve)."""
+    if not reserve:
+        return format_bytes(device_memory)
+    return f"{format_bytes(usable_memory(device_memory, reserve))} usable"
+
+
+def limit_text(device_memory: int, reserve: int = MEMORY_RESERVE_BYTES) -> str:
+    """The limit as every verdict names it: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
+    if not reserve:
+        return format_bytes(device_memory)
+    return f"{usable_text(device_memory, reserve)} ({format_bytes(device_memory)} − {format_bytes(reserve)} reserve)"
+
+
+class MemoryFit(NamedTuple):
+    """The fits verdict of one peak on one device: ``fits`` when the peak is at most ``usable``
+    (``device_memory`` less ``reserve``); ``margin`` = usable − peak (negative: over by that)."""
+
+    fits: bool
+    margin: int
+    usable: int
+    device_memory: int
+    reserve: int
+    text: str  # the limit in words (``limit_text``)
+
+
+def memory_fit(peak: int, device_memory: int | None, reserve: int = MEMORY_RESERVE_BYTES) -> MemoryFit | None:
+    """Does ``peak`` bytes fit a device of ``device_memory`` bytes keeping ``reserve`` out? The one
+    fits verdict (compare, search, SV201, the charts); None when no device memory is given."""
+    if device_memory is None:
+        return None
+    usable = usable_memory(device_memory, reserve)
+    return MemoryFit(int(peak) <= usable, usable - int(peak), usable, int(device_memory), int(reserve),
+                     limit_text(device_memory, reserve))
 
 
 # Sources (full URLs and the page each figure is read from in docs/step-time.md).

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .devices import Device, Efficiency, as_device
+from .devices import MEMORY_RESERVE_BYTES, Device, Efficiency, MemoryFit, as_device, limit_text, memory_fit
 from .finding import Finding, PlanError
 from .format import parse_size
 from .plan import Plan, Unit, closest_hint
@@ -48,6 +48,9 @@ class Mesh:
     given; fields given explicitly win over the device's row. Without a device: 8 ranks per node.
     ``efficiency`` (an ``sv.Efficiency``): the fractions of the device's peaks a step achieves, for
     the step time (None: ``devices.default_efficiency(device)``, measured where known).
+    ``memory_reserve`` (bytes or a size, default ``devices.MEMORY_RESERVE_BYTES`` = 1 GiB for the
+    CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
+    verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
     """
 
     shard: int
@@ -58,6 +61,7 @@ class Mesh:
     inter_node_gbps: float | None = None
     device: str | Device | None = None
     efficiency: Efficiency | None = None
+    memory_reserve: int | str = MEMORY_RESERVE_BYTES
 
     def __post_init__(self):
         self._fill_from_device()
@@ -69,6 +73,26 @@ class Mesh:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
         object.__setattr__(self, "device_memory", parse_bytes(self.device_memory))
+        reserve = parse_size(self.memory_reserve, "Mesh.memory_reserve")
+        if reserve < 0:
+            raise ValueError(f"Mesh.memory_reserve must be >= 0 bytes, got {self.memory_reserve!r}")
+        object.__setattr__(self, "memory_reserve", reserve)
+
+    def fit(self, peak: int) -> MemoryFit | None:
+        """``devices.memory_fit``: does ``peak`` fit ``device_memory`` less ``memory_reserve``
+        (fits, margin, usable, the limit in words); None without ``device_memory``."""
+        return memory_fit(peak, self.device_memory, self.memory_reserve)
+
+    @property
+    def usable_memory(self) -> int | None:
+        """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
+        fit = self.fit(0)
+        return None if fit is None else fit.usable
+
+    @property
+    def limit_text(self) -> str | None:
+        """The limit in words: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
+        return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
 
     def _fill_from_device(self) -> None:
         device = as_device(self.device)

@@ -13,7 +13,7 @@ import math
 import os
 
 from .cost import BREAKDOWN, Training
-from .format import byte_unit, format_bytes, format_percent, worst_rank
+from .format import byte_unit, format_percent, worst_rank
 # the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
 from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
 
@@ -69,14 +69,17 @@ def categories() -> list[dict]:
     return [{"key": k, "label": k, "help": PART_HELP[k]} for k in PEAK_PARTS]
 
 
-def limit_use(peak: int | None, limit: int | None) -> dict | None:
-    """How much of the device the peak uses: the number and its words, computed here once."""
-    if not limit or peak is None:
+def limit_use(peak: int | None, mesh) -> dict | None:
+    """How much of the device the peak uses, against ``mesh``'s usable memory (``Mesh.fit``: device
+    memory less the reserve): the number and its words, computed here once."""
+    fit = None if peak is None else mesh.fit(peak)
+    if fit is None:
         return None
-    frac = peak / limit
-    text = format_percent(frac)
-    return {"fraction": frac, "percent_text": text, "over": peak > limit,
-            "text": f"peak uses {text} of {format_bytes(limit)} per device" + (" — does not fit" if peak > limit else "")}
+    frac = peak / fit.usable if fit.usable else None  # None: the reserve takes the whole device
+    text = format_percent(frac) if frac is not None else "more than 100%"
+    return {"fraction": frac, "percent_text": text, "over": not fit.fits, "limit_text": fit.text,
+            "margin": fit.margin,
+            "text": f"peak uses {text} of {fit.text} per device" + ("" if fit.fits else " — does not fit")}
 
 
 def _rank_rows(table) -> list[dict]:
@@ -132,7 +135,7 @@ def memory_payload(analysis) -> dict:
         table = analysis.memory
     except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
         return {"available": False, "reason": f"no memory estimate: {type(exc).__name__}: {exc}", "bars": [],
-                "categories": [], "limit": mesh.device_memory, "max_peak": None, "worst_rank": None,
+                "categories": [], "limit": mesh.usable_memory, "limit_text": mesh.limit_text, "max_peak": None, "worst_rank": None,
                 "use": None}
     rows = _rank_rows(table)
     worst = next((r for r in rows if r["rank"] == worst_rank(table)), None) if rows else None
@@ -142,13 +145,14 @@ def memory_payload(analysis) -> dict:
         "available": True,
         "categories": categories(),
         "bars": _rank_bars(analysis, table, rows),
-        "limit": mesh.device_memory,
+        "limit": mesh.usable_memory,  # where the line is drawn: device memory less the reserve
+        "limit_text": mesh.limit_text,
         "max_peak": max_peak,
         "worst_rank": worst["rank"] if worst else 0,
         "worst": {"rank": worst["rank"] if worst else 0,
                   **{k: worst[k] if worst else None for k in ("phase", "unit", "module")},
                   "activations": int_or_zero(acts[rows.index(worst)]) if worst and "activations" in table.columns else None},
-        "use": limit_use(max_peak, mesh.device_memory),
+        "use": limit_use(max_peak, mesh),
         "n_ranks": len(rows),
     }
 

@@ -250,3 +250,28 @@ def test_a_comm_table_counted_over_the_step_is_read_per_micro_batch():
     every = sv.Training(grad_accum=4, sync_every_microbatch=True)
     assert _one_micro_batch(comm.assign(count=[4, 4, 4, 4]), 4, every)["count"].tolist() == [1, 1, 1, 1]
     assert _one_micro_batch(comm.assign(count=[1, 1, 1, 1]), 4, last)["count"].tolist() == [1, 1, 1, 1]  # per micro-batch already
+
+
+def test_unit_flops_from_the_profile_index_equal_the_sum_module_by_module():
+    """``unit_flops`` reads subtree sums cached on the profile (a change of plan walks only its
+    calls): the same integers as giving every module's own FLOPs to its nearest call."""
+    from shardviz.activations.flops import FLOP_COLUMNS, unit_flops, unit_of
+
+    m = zoo.tiny_llama_lora()
+    training = sv.Training(batch_size=1, seq_len=32)
+    base = sv.Plan.auto(m, lora="separate", checkpoint="every 2")
+    for plan in (base, base.without_unit(base.units[1].modules[0]), sv.Plan(units=[sv.Unit(("",))])):
+        profile = sv.analyze(m, plan, sv.Mesh(8), training).activation_profile
+        calls = {mod: i for i, u in enumerate(plan.units) for mod in u.modules}
+        sums = {i: [0, 0, 0] for i in range(len(plan.units))}
+        outside = [0, 0, 0]
+        for fqn, f in profile.module_flops.items():
+            i = unit_of(fqn, calls)
+            row = outside if i is None else sums[i]
+            for k, n in enumerate(f):
+                row[k] += n
+        rows = unit_flops(profile, plan.units)
+        want = {plan.units[i].name: tuple(v) for i, v in sums.items()}
+        if any(outside):
+            want[None] = tuple(outside)
+        assert {r["unit"]: tuple(r[c] for c in FLOP_COLUMNS[1:]) for r in rows} == want

@@ -282,8 +282,9 @@ def test_set_plan_from_json(model, st):
 
 
 def test_mesh_and_training(model, st):
-    st.set_mesh(world=8, replicate=2, device_memory="256KiB")
-    assert st.mesh == sv.Mesh(shard=4, replicate=2, device_memory=256 * 1024)
+    # memory_reserve=0: the limit is the bytes given (the reserve: test_fits_verdicts_keep_the_reserve)
+    st.set_mesh(world=8, replicate=2, device_memory="256KiB", memory_reserve=0)
+    assert st.mesh == sv.Mesh(shard=4, replicate=2, device_memory=256 * 1024, memory_reserve=0)
     assert_numbers_match(model, st)
     assert st.memory["limit"] == 256 * 1024
     assert any(f["code"] == "SV201" for f in st.findings)  # the peak does not fit

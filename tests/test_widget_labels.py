@@ -92,8 +92,9 @@ def test_peak_uses_is_computed_in_python_and_only_red_when_over(model):
     st = InspectorState(model, mesh=sv.Mesh(shard=4, device_memory="80GiB"))
     use = st.memory["use"]
     assert not use["over"] and use["percent_text"] == "<0.1%"
-    assert use["text"] == "peak uses <0.1% of 80.00 GiB per device"
-    st.set_mesh(device_memory=1024**2)
+    # the limit is the usable memory: device memory less the reserve (Mesh.memory_reserve, 1 GiB by default)
+    assert use["text"] == "peak uses <0.1% of 79.00 GiB usable (80.00 GiB − 1.00 GiB reserve) per device"
+    st.set_mesh(device_memory=1024**2, memory_reserve=0)
     use = st.memory["use"]
     assert use["fraction"] == st.memory["max_peak"] / 1024**2
     st.set_mesh(device_memory=1024)

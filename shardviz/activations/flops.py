@@ -136,26 +136,62 @@ def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:
     return None
 
 
+def _ancestors(fqn: str) -> list[str]:
+    """``fqn`` and every module above it, the root ``""`` last."""
+    parts = fqn.split(".") if fqn else []
+    return [".".join(parts[:k]) for k in range(len(parts), -1, -1)]
+
+
+class FlopIndex(NamedTuple):
+    """What ``unit_flops`` needs of a profile, whatever the plan: computed once per profile
+    (``ActivationProfile.flop_index``) so that a change of plan only walks its units."""
+
+    subtree: dict  # fqn -> [forward, backward, recompute] of the module and everything under it
+    first_forward: dict  # fqn -> index in the timeline of its first forward
+    length: int  # events in the timeline
+
+
+def flop_index(profile) -> FlopIndex:
+    subtree: dict[str, list[int]] = {}
+    for fqn, f in profile.module_flops.items():
+        for above in _ancestors(fqn):
+            row = subtree.setdefault(above, [0, 0, 0])
+            for k, n in enumerate(f):
+                row[k] += n
+    first: dict[str, int] = {}
+    for j, ev in enumerate(profile.timeline):
+        if ev.kind == "pre_fw":
+            first.setdefault(ev.key, j)
+    return FlopIndex(subtree, first, len(profile.timeline))
+
+
 FLOP_COLUMNS = ("unit", "forward_flops", "backward_flops", "recompute_flops")
 
 
 def unit_flops(profile, units) -> list[dict]:
     """One row per unit (``sv.Unit``s: ``name``, ``modules``) in forward order, its modules' own
     FLOPs summed (a nested unit's are its own): unit, forward_flops, backward_flops,
-    recompute_flops; a last row with unit None for FLOPs outside every unit, if any."""
+    recompute_flops; a last row with unit None for FLOPs outside every unit, if any.
+
+    A unit module's subtree, less the subtrees of the unit modules nearest under it, is what
+    ``unit_of`` gives that unit (integer sums: the same numbers as summing module by module)."""
+    index = profile.flop_index
     unit_modules = {m: i for i, u in enumerate(units) for m in u.modules}
     sums = [[0, 0, 0] for _ in units]
-    outside = [0, 0, 0]
-    for fqn, f in profile.module_flops.items():
-        u = unit_of(fqn, unit_modules)
-        row = sums[u] if u is not None else outside
-        for k, n in enumerate(f):
-            row[k] += n
+    outside = list(index.subtree.get("", (0, 0, 0)))
+    for m, i in unit_modules.items():
+        below = index.subtree.get(m, (0, 0, 0))
+        parent = unit_of(m.rpartition(".")[0], unit_modules) if m else None
+        above = sums[parent] if parent is not None else outside
+        for k, n in enumerate(below):
+            sums[i][k] += n
+            above[k] -= n
     first = {}
-    for j, ev in enumerate(profile.timeline):
-        if ev.kind == "pre_fw" and ev.key in unit_modules:
-            first.setdefault(unit_modules[ev.key], j)
-    order = sorted(range(len(units)), key=lambda i: first.get(i, len(profile.timeline)))
+    for m, i in unit_modules.items():
+        j = index.first_forward.get(m)
+        if j is not None and j < first.get(i, index.length):
+            first[i] = j
+    order = sorted(range(len(units)), key=lambda i: first.get(i, index.length))
     rows = [(units[i].name, *sums[i]) for i in order]
     if any(outside):
         rows.append((None, *outside))

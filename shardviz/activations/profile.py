@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 WRAPPED = "_checkpoint_wrapped_module"
@@ -117,6 +118,13 @@ class ActivationProfile:
     def model_flops(self) -> int:
         """FLOPs of the step without the recomputation of checkpointed modules."""
         return sum(f.forward + f.backward for f in self.module_flops.values())
+
+    @cached_property
+    def flop_index(self):
+        """``flops.FlopIndex``: FLOPs per subtree and each module's first forward, for every plan."""
+        from .flops import flop_index
+
+        return flop_index(self)
 
     def at(self, fqn: str) -> ModuleActivations:
         """The numbers around module ``fqn`` (``""`` = the root); KeyError if it never ran."""

@@ -34,6 +34,7 @@ import pandas as pd
 from ..analysis import Analysis, analyze
 from ..checks import CHECKPOINT_FIXES
 from ..cost import Training
+from ..devices import usable_text
 from ..finding import PlanError
 from ..format import format_bytes
 from ..fsdp import Mesh
@@ -88,7 +89,8 @@ class _Runner:
 
     def __init__(self, tree: ModelTree, mesh: Mesh, training: Training):
         self.tree, self.mesh, self.training = tree, mesh, training
-        self.limit = mesh.device_memory
+        self.limit = mesh.usable_memory  # device memory less the reserve: what every verdict here uses
+        self.limit_words = usable_text(mesh.device_memory, mesh.memory_reserve)  # "79.00 GiB usable"
         self.has_lora = any(p.role == "lora" for p in tree.params)
         self._auto: dict = {}
         self._state: dict = {}
@@ -177,7 +179,7 @@ class _Runner:
 
     def pruned_by(self, c: Candidate) -> str | None:
         """Why ``c`` cannot fit without analysing it, or None."""
-        gib, less = format_bytes(self.limit), "(checkpoints less: not analysed)"
+        gib, less = self.limit_words, "(checkpoints less: not analysed)"
         act = self.act_over.get((c.lora, c.batch_size, c.checkpoint))
         if act is not None:  # the same activations whatever the mesh and options
             return f"over {gib}: the activations alone are {format_bytes(act[0])} ({act[1]}; not analysed)"
@@ -208,7 +210,7 @@ class _Runner:
             peak = int(a.memory.peak.max())
         except PlanError as exc:
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
-        fits = self.fitting[c] = peak <= self.limit
+        fits = self.fitting[c] = self.mesh.fit(peak).fits
         if not fits:
             self.over[(c.state_key, c.batch_size, c.checkpoint)] = peak
         profile = a.activation_profile
@@ -282,7 +284,7 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
     for i, c in enumerate(cands):
         if nowhere is not None and c.batch_size is not None and c.batch_size > nowhere:
             rows.append((c, {"analysed": False, "fits": False, "peak": None,
-                             "why": f"over {format_bytes(runner.limit)}: micro-batch {nowhere} fits with no plan"}))
+                             "why": f"over {runner.limit_words}: micro-batch {nowhere} fits with no plan"}))
             continue
         rows.append((c, runner.evaluate(c)))
         last_of_batch = i + 1 == len(cands) or cands[i + 1].batch_size != c.batch_size
@@ -307,7 +309,7 @@ def _fits(runner: _Runner, c: Candidate, world: int | None = None) -> int | None
         peak = int(runner.analysis(c, world).memory.peak.max())
     except PlanError:
         return None
-    return peak if peak <= runner.limit else None
+    return peak if runner.mesh.fit(peak).fits else None
 
 
 def _smaller_batch(runner: _Runner, lean: Candidate) -> str:
@@ -335,7 +337,7 @@ def what_would_fit(runner: _Runner, rows: list, max_factor: int = 64) -> str:
     sizes doubling up to ``max_factor`` times the mesh's)."""
     batch = min((c.batch_size for c, _ in rows if c.batch_size is not None), default=None)
     lean = _lean(runner, batch)
-    head = f"nothing fits in {format_bytes(runner.limit)} on {runner.mesh.world} ranks"
+    head = f"nothing fits in {runner.limit_words} on {runner.mesh.world} ranks"
     a = runner.analysis(lean)
     act = a.activation_profile.peak[0] if a.activation_profile is not None else 0
     hints = []
@@ -361,16 +363,17 @@ class Search:
     def __init__(self, rows: list, runner: _Runner, note: str, n_candidates: int, nothing_fits: str = ""):
         self._rows, self._runner = rows, runner
         self.note, self.n_candidates, self.n_analysed = note, n_candidates, runner.n_analysed
-        self.device_memory = runner.limit
+        self.device_memory, self.usable_memory = runner.mesh.device_memory, runner.limit
+        self.limit_text = runner.mesh.limit_text
         world, vary = runner.mesh.world, runner.training.global_batch is not None
         records, above = [], None
         for c, r in rows:
-            why = _why(r, above if r["fits"] else None, runner.limit)
+            why = _why(r, above if r["fits"] else None, runner.limit, runner.limit_words)
             if r["fits"] and r["analysed"]:
                 above = r
             records.append({
                 "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
-                "margin": None if r["peak"] is None else runner.limit - r["peak"],
+                "margin": None if r["peak"] is None else runner.mesh.fit(r["peak"]).margin,
                 "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"),
                 "why": why,
                 "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
@@ -427,7 +430,7 @@ class Search:
 
     def explain(self) -> str:
         """What was chosen and why, in sentences (the notebook and the CLI print it)."""
-        return explain(self.table, self.device_memory, self.note if not self.fits else "")
+        return explain(self.table, self.limit_text, self.note if not self.fits else "")
 
     def figure(self):
         """Peak against step time of every analysed plan, the device memory drawn across."""
@@ -439,7 +442,7 @@ class Search:
             fig.add_trace(go.Scatter(x=rows.step_time_s, y=rows.peak / 2**30, mode="markers", text=rows.name,
                                      name="fits" if fits else "does not fit",
                                      hovertemplate="%{text}<br>%{x:.3f} s, %{y:.2f} GiB<extra></extra>"))
-        fig.add_hline(y=self.device_memory / 2**30, line_dash="dash", annotation_text="device memory")
+        fig.add_hline(y=self.usable_memory / 2**30, line_dash="dash", annotation_text=self.limit_text)
         fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak per rank (GiB)", height=420,
                           legend_orientation="h")
         return fig

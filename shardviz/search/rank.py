@@ -119,11 +119,12 @@ def _tie_reason(r: dict, above: dict) -> str:
     return "equal on every count (listed in search order)"
 
 
-def _why(r: dict, above: dict | None, limit: int) -> str:
+def _why(r: dict, above: dict | None, limit: int, limit_words: str) -> str:
+    """``limit``: the usable memory (device memory less the reserve), ``limit_words`` it in words."""
     if not r["analysed"]:
         return r["why"]
     if not r["fits"]:
-        return f"over {format_bytes(limit)} by {format_bytes(r['peak'] - limit)}"
+        return f"over {limit_words} by {format_bytes(r['peak'] - limit)}"
     if above is None:
         return "fastest that fits"
     return _slower_because(r, above)
@@ -134,7 +135,7 @@ def _why(r: dict, above: dict | None, limit: int) -> str:
 # ---------------------------------------------------------------------------
 # The choice in words
 # ---------------------------------------------------------------------------
-def explain(table, device_memory: int, note: str = "") -> str:
+def explain(table, limit_text: str, note: str = "") -> str:
     """What ``sv.search`` chose and why, in sentences, every number read from its ``table``."""
     if not len(table) or not table.fits.iloc[0]:
         return f"Nothing fits. {note}".strip()
@@ -142,8 +143,8 @@ def explain(table, device_memory: int, note: str = "") -> str:
     timed = best.step_time_s == best.step_time_s and best.step_time_s is not None
     when = (f", a step of {format_duration(best.step_time_s)} ({best.tokens_per_s:,.0f} tokens/s per rank, "
             f"MFU {100 * best.mfu:.1f}%)" if timed else "")
-    out = [f"Run {best['name']}: peak {format_bytes(best.peak)} of {format_bytes(device_memory)} "
-           f"({format_bytes(best.margin)} to spare){when}."]
+    out = [f"Run {best['name']}: peak {format_bytes(best.peak)} of {limit_text}, "
+           f"{format_bytes(best.margin)} to spare{when}."]
     fit = table[table.fits & table.analysed]
     if len(fit) > 1:
         out.append(f"It is the fastest of {len(fit)} plans that fit; the next, {fit['name'].iloc[1]}, is {fit.why.iloc[1]}.")

@@ -162,13 +162,13 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   const use = mem.use;
   if (limit && !limitOnScale) {
     // named, not drawn: far above every bar. Red only when the peak does not fit.
-    svg.append(s("text", { class: `sv-limit-label sv-limit-off${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
+    svg.append(s("text", { class: `sv-limit-label sv-limit-off${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}` }));
   }
   if (limitOnScale) {
     const y = yOf(limit);
     svg.append(s("line", { class: `sv-limit${use && use.over ? " sv-over" : ""}`, x1: padL, x2: W - padR, y1: y, y2: y }));
     // the label sits in the band above the plot, never on the bars it describes
-    svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : `device ${fmtBytes(limit)}` }));
+    svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}` }));
   }
   memoryEl.dataset.revision = String(mem.revision);
   memoryEl.dataset.peak = String(mem.max_peak);
@@ -279,7 +279,7 @@ function fmtDelta(d, kind) {
 }
 
 // one pair of horizontal bars (A above B) per row, on one scale
-function pairedBars(title, rows, kind, limit) {
+function pairedBars(title, rows, kind, limit, limitText) {
   const W = 520;
   const labelW = 150;
   const valueW = 90;
@@ -310,9 +310,9 @@ function pairedBars(title, rows, kind, limit) {
   if (limitOnScale) {
     const x = labelW + (barW * limit) / max;
     svg.append(s("line", { class: "sv-limit", x1: x, x2: x, y1: padT - 2, y2: H }));
-    svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+    svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: limitText || `device ${fmtBytes(limit)}` }));
   } else if (limit) {
-    svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: `device ${fmtBytes(limit)}` }));
+    svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: limitText || `device ${fmtBytes(limit)}` }));
   }
   return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
 }

@@ -232,7 +232,8 @@ class Inspector(anywidget.AnyWidget):
             "peak": mem.get("max_peak"),
             "worst_rank": mem.get("worst_rank"),
             "use": mem.get("use"),
-            "limit": mesh.device_memory,
+            "limit": mesh.usable_memory,  # device memory less the reserve (Mesh.fit)
+            "limit_text": mesh.limit_text,
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
             "plan_file": st.plan_file_status(),

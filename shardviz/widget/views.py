@@ -84,7 +84,8 @@ def comparison_payload(comparison, pinned=None, current=None) -> dict:
         rows.append({"key": key, "label": label, "kind": kind, "group": group, "a": a, "b": b, "delta": b - a})
     out["rows"] = rows
     out["peak_rank"] = {"a": int_or_zero(table.at["A", "peak_rank"]), "b": int_or_zero(table.at["B", "peak_rank"])}
-    out["limit"] = {"a": pinned.mesh.device_memory, "b": current.mesh.device_memory}
+    out["limit"] = {"a": pinned.mesh.usable_memory, "b": current.mesh.usable_memory}  # less the reserve
+    out["limit_text"] = {"a": pinned.mesh.limit_text, "b": current.mesh.limit_text}
     out["findings"] = {"a": _text(table.at["A", "findings"]), "b": _text(table.at["B", "findings"])}
     shown = diff.head(MAX_DIFF_SHOWN)
     out["diff"] = [

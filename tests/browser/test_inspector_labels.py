@@ -139,7 +139,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     a = sv.analyze(model, plan, sv.Mesh(shard=4, device_memory="80GiB"),
                    sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32"))
     limit_label = widget.locator(".sv-memory .sv-limit-label")
-    expect(limit_label).to_have_text("peak uses <0.1% of 80.00 GiB per device")
+    expect(limit_label).to_have_text("peak uses <0.1% of 79.00 GiB usable (80.00 GiB − 1.00 GiB reserve) per device")
     assert "sv-over" not in (limit_label.get_attribute("class") or "")
     error_color = widget.evaluate("el => getComputedStyle(el).getPropertyValue('--sv-error').trim()")
     fill = limit_label.evaluate("el => getComputedStyle(el).fill")

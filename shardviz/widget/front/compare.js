@@ -59,7 +59,7 @@ function compareCharts(c) {
   return h(
     "div",
     { class: "sv-cmp-charts" },
-    pairedBars("memory on the busiest rank", by("memory"), "bytes", c.limit && c.limit.b),
+    pairedBars("memory on the busiest rank", by("memory"), "bytes", c.limit && c.limit.b, c.limit_text && c.limit_text.b),
     pairedBars("traffic per step", by("traffic"), "bytes", null),
     pairedBars("collectives per step", by("collectives"), "count", null),
     h(

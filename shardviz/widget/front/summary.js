@@ -44,7 +44,7 @@ function peakItem(sm) {
     "span",
     { class: `sv-sum-item sv-sum-peak ${over ? "sv-over" : ""}`, "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank})` },
     `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
-    sm.use ? ` · ${sm.use.percent_text} of ${fmtBytes(sm.limit)}` : "",
+    sm.use ? ` · ${sm.use.percent_text} of ${sm.use.limit_text || fmtBytes(sm.limit)}` : "",
   );
 }
 
