@@ -25,17 +25,18 @@ a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(shard=8,
 print(a.summary(), end="\n\n")
 cols = ["fqn", "shape", "dtype", "role", "status", "unit", "shard_shape"]
 print("Per parameter (first rows):")
-print(a.params[cols].head(12).to_string(), end="\n\n")
+print(sv.fmt(a.params[cols].head(12)).to_string(), end="\n\n")
 print("Per fully_shard call, in the order they are applied (first and last):")
 units = a.units.drop(columns=["modules"])
-print(pd.concat([units.head(3), units.tail(3)]).to_string(), end="\n\n")
-print("Memory per rank (bytes), rank 0:")
-print(a.memory.loc[0, ["params", "grads", "optimizer", "peak", "peak_phase"]].to_string(), end="\n\n")
+print(sv.fmt(pd.concat([units.head(3), units.tail(3)])).to_string(), end="\n\n")
+print("Memory per rank (model state only: no micro-batch given), first ranks:")
+print(sv.fmt(a.memory[["rank", "params", "grads", "optimizer", "peak", "peak_phase"]].head(3)).to_string(), end="\n\n")
 for f in a.findings:
     print(f)
 
 print("\nDoes it fit, and how fast? Llama-3-8B + LoRA on 8 x A100-40GB, one sequence of 8192 tokens per rank")
-print("(activations and FLOPs measured by torch; step time from FSDP2's schedule, docs/step-time.md):")
+print("(activations and FLOPs measured by torch; step time from FSDP2's schedule, docs/step-time.md;")
+print(f" fits: under {sv.Mesh(8, device='A100-40GB').limit_text}):")
 training = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=8192)
 for checkpoint in (None, "blocks"):
     for lora in ("ignored", "sharded"):
