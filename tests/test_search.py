@@ -87,11 +87,40 @@ def test_plans_that_cannot_fit_are_pruned_not_measured():
     t = s.table
     assert s.n_candidates >= 100 and s.n_analysed < s.n_candidates
     pruned = t[~t.analysed & ~t.fits]  # cannot fit: the reason, no numbers
-    assert len(pruned) and pruned.why.str.contains("checkpoints less|model state alone|activations alone").all()
+    assert len(pruned) and pruned.why.str.contains(
+        "checkpoints less|model state alone|activations alone|unsharded parameters alone").all()
     assert pruned.step_time_s.isna().all()
     slower = t[~t.analysed & t.fits]  # fit, but only by adding CPU offload to a plan that fits without it
     assert slower.offload.all() and slower.why.str.contains("without CPU offload, which fits too").all()
     assert (t.index[t.fits & t.analysed].max() < slower.index).all()  # below every analysed fitting plan
+
+
+@functools.lru_cache(maxsize=None)
+def deep_model():
+    """A Llama of 24 small blocks with LoRA, on meta: its parameters, all unsharded at once, are
+    more than a step that reshards them holds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=24, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+    with torch.device("meta"):
+        return zoo._add_lora(LlamaForCausalLM(cfg), "CAUSAL_LM", r=8, target_modules="all-linear")
+
+
+def test_plans_that_keep_unsharded_parameters_are_pruned_only_when_torch_would_not_fit_them():
+    """The floor of a plan that does not reshard after forward (``cost.unsharded_bytes``): with a
+    device that a resharding plan fills, the search prunes those that keep their unsharded
+    parameters, and every one of them, analysed, is indeed over (the analysis agrees with torch's
+    tracker, tests/test_cost_truth.py)."""
+    m, training = deep_model(), sv.Training(batch_size=1, seq_len=8, param_dtype="bfloat16")
+    limit = int(sv.analyze(m, sv.Plan.auto(m, lora="sharded", checkpoint="blocks"), MESH, training).memory.peak.max())
+    s = sv.search(m, mesh=replace(MESH, device_memory=limit), training=training, offload=(False,))
+    kept = [i for i, why in enumerate(s.table.why) if "unsharded parameters alone" in why]
+    assert kept and s.fits
+    for i in kept:
+        plan, mesh, tr = s.candidate(i)
+        assert int(sv.analyze(m, plan, mesh, tr).memory.peak.max()) > limit, s.table.name.iloc[i]
 
 
 def test_nothing_fits_names_the_micro_batch_that_would():

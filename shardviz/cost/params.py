@@ -169,3 +169,12 @@ def whole_params(arr: TreeArrays, layout, sharded: ShardedParams) -> WholeParams
     per_unit = sum_per_unit(slot, nbytes[trainable], n_units + 1)
     return WholeParams(idx, nbytes, trainable, int(nbytes.sum()), int(nbytes[trainable].sum()),
                        per_unit[:n_units], int(per_unit[n_units]))
+
+
+def unsharded_bytes(tree, layout, training) -> int:
+    """Bytes of every call's parameters unsharded at once (unpadded, in the dtype each is gathered
+    in): what a plan with ``reshard_after_forward=False`` on every call holds when forward ends,
+    since each call reshards only after its backward. A floor of that plan's peak on any mesh."""
+    policies = [training.unit_defaults(ul.unit) for ul in layout.units]
+    sh = sharded_params(tree_arrays(tree), layout, policies, 1)
+    return int((sh.numel * sh.pd_itemsize).sum())

@@ -16,6 +16,8 @@ its reason:
 - a plan with every block checkpointed (or one of the partial policies) is already over the device
   on the same layout, mesh and options: the blocks checkpointed with fewer blocks are a subset, so
   more activations are alive at every moment;
+- without resharding after forward (or resharding to k ranks), the calls' unsharded parameters
+  (or 1/k of them), all alive when forward ends, are over the device;
 - a micro-batch larger than one with which nothing fits.
 
 The plans that fit are ranked by ``a.step["step_time_s"]`` (the step model, ``steptime.py``: the
@@ -33,7 +35,7 @@ import pandas as pd
 
 from ..analysis import Analysis, analyze
 from ..checks import CHECKPOINT_FIXES
-from ..cost import Training
+from ..cost import Training, unsharded_bytes
 from ..devices import usable_text
 from ..finding import PlanError
 from ..format import format_bytes
@@ -94,6 +96,7 @@ class _Runner:
         self.has_lora = any(p.role == "lora" for p in tree.params)
         self._auto: dict = {}
         self._state: dict = {}
+        self._unsharded: dict = {}  # LoRA layout -> cost.unsharded_bytes of its calls
         self.over: dict = {}  # (state key, batch, checkpoint) -> peak over the device
         self.act_over: dict = {}  # (lora, batch, checkpoint) -> activations alone over the device
         self.n_analysed = 0
@@ -194,7 +197,24 @@ class _Runner:
         if state > self.limit:
             return (f"over {gib}: the model state alone is {format_bytes(state)} with the leanest options "
                     "(activations not measured)")
-        return None
+        return self.kept_unsharded(c)
+
+    def kept_unsharded(self, c: Candidate) -> str | None:
+        """Without resharding after forward (or resharding to k ranks), every call keeps its
+        unsharded parameters (or 1/k of them) from its forward to its backward: all are alive when
+        forward ends (``cost.unsharded_bytes``)."""
+        if c.reshard is None or c.reshard is True:
+            return None
+        if c.lora not in self._unsharded:
+            lean = Candidate(c.lora)
+            layout = analyze(self.tree, self.plan(lean), self.mesh, self.training_for(lean, with_batch=False)).layout
+            self._unsharded[c.lora] = unsharded_bytes(self.tree, layout, self.training)
+        kept = self._unsharded[c.lora] // (1 if c.reshard is False else c.reshard)
+        if kept <= self.limit:
+            return None
+        how = "no reshard after forward" if c.reshard is False else f"resharding to {c.reshard} ranks after forward"
+        return (f"over {self.limit_words}: with {how}, the calls' unsharded parameters alone are {format_bytes(kept)} "
+                "when forward ends (not analysed)")
 
     def evaluate(self, c: Candidate) -> dict:
         """The candidate's row."""
