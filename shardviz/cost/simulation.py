@@ -297,7 +297,7 @@ class StepSimulation:
                 self.pre_backward(event.index, before[event.index])
             elif event.kind == BackwardKind.GRADIENTS:
                 part = event.gradients
-                self.gradients(event.index, part.unsharded, part.whole, part.module)
+                self.gradients(event.index, part.unsharded, part.whole, part.module, part.span)
             else:
                 self.post_backward(event.index)
         if self.mb.first:  # later micro-batches accumulate into them in place
@@ -348,9 +348,10 @@ class StepSimulation:
         if u.grads_at is None:
             self.gradients(k, u.unsharded_grads, u.whole_grads)
 
-    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None) -> None:
+    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None, span=()) -> None:
         """Autograd computes (part of) a call's gradients while it is unsharded: those of the
-        parameters ``module`` owns during that module's backward, or all of them at once."""
+        parameters ``module`` owns during that module's backward (``span``: with the modules whose
+        backward runs just before it, ``GradientsAt.span``), or all of them at once."""
         h = self.held
         unsharded, whole = self.new_gradients(k, unsharded, whole)
         if module is None:  # the call's backward at once: its peak with all its gradients
@@ -360,7 +361,7 @@ class StepSimulation:
             return
         # the module's backward runs (its highest level) before its parameters' gradients are
         # accumulated; then they are, at the level its backward leaves
-        self.observe("backward", k, act=self.act.during("backward", (module,)), **self.backward_alive())
+        self.observe("backward", k, act=self.act.during("backward", span or (module,)), **self.backward_alive())
         h.add_unsharded_grads(k, unsharded)
         h.gradients += whole
         self.observe("backward", k, act=self.act.after_backward(module), **self.backward_alive())
