@@ -234,8 +234,11 @@ class StepSimulation:
         h.last_gather_of_context[u.root] = ag
         h.forward_gathers += ag
         self.state[k] = UnitState.UNSHARDED
-        # the call's own forward: its activations and temporaries while it is unsharded
-        self.observe("forward", k, act=self.act.during("forward", u.modules), unsharded_params=h.unsharded_params,
+        # the call's own forward: its activations and temporaries while it is unsharded. The root's
+        # stand for the whole forward, whose peak comes after the next call frees this all-gather
+        # output: observed at the root's post-forward instead
+        own = act if u.modules == (0,) else self.act.during("forward", u.modules)
+        self.observe("forward", k, act=own, unsharded_params=h.unsharded_params,
                      communication_buffers=h.forward_gathers, gradients=h.all_gradients())
 
     def post_forward(self, k: int) -> None:
@@ -255,6 +258,9 @@ class StepSimulation:
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
         h = self.held
+        if any(u.unit == root and u.modules == (0,) for u in self.units):  # the whole forward's peak (the loss), its context's last all-gather output still held
+            self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
+                         communication_buffers=h.forward_gathers, gradients=h.all_gradients())
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
 
     # -- backward ---------------------------------------------------------------------------------
