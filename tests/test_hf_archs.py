@@ -172,3 +172,47 @@ def test_git_measures_with_an_image():
     assert int(a.memory.activations.max()) > 0
     assert a.flop_totals["flops"] > a.flop_totals["model_flops"] > 0  # checkpointed blocks recompute
 
+
+
+def test_a_checkpointed_module_that_does_not_recompute_the_same_is_named():
+    """XLM's failure in miniature (no transformers): a block whose forward appends to state it keeps
+    (a cache) runs differently when checkpointing recomputes it, in torch's real step as in the
+    measured one: the error names the block."""
+    import torch
+    from torch import nn
+
+    class Cached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.cache = nn.Linear(8, 8), []
+
+        def forward(self, x):
+            self.cache.append(x)  # a recomputation appends again: twice as long as x
+            return self.lin(x) * torch.cat(self.cache, dim=1)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Cached(), Cached()])
+
+        def forward(self, x):
+            for b in self.blocks:
+                b.cache.clear()
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    def inputs(batch, seq):
+        return (torch.ones(batch, seq, 8),), {}
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    real = Model()  # torch's own step, blocks checkpointed as the exported code wraps them
+    real.blocks = nn.ModuleList([checkpoint_wrapper(b) for b in real.blocks])
+    with pytest.raises(torch.utils.checkpoint.CheckpointError):
+        real(*inputs(1, 4)[0]).sum().backward()
+    model = Model()
+    training = sv.Training(batch_size=1, seq_len=4, example_inputs=inputs)
+    with pytest.raises(ValueError, match=r"torch's own step fails: recomputing the checkpointed blocks\.1 "):
+        sv.analyze(model, sv.Plan.auto(model, checkpoint="blocks"), sv.Mesh(2), training).memory
+    assert int(sv.analyze(model, sv.Plan.auto(model), sv.Mesh(2), training).memory.activations.max()) > 0

@@ -263,10 +263,14 @@ class RecomputationError(ValueError):
 
 def _recomputing(events, exc: Exception) -> str | None:
     """The checkpointed module whose recomputation raised ``exc`` (torch's ``recompute_fn`` on its
-    stack): the outermost module of the last recomputation run, or None."""
+    stack, or its check that the recomputed tensors match the saved ones): the outermost module of
+    the last recomputation run, or None."""
     import traceback
 
-    if not any(f.name == "recompute_fn" for f in traceback.extract_tb(exc.__traceback__)):
+    from torch.utils.checkpoint import CheckpointError
+
+    if not isinstance(exc, CheckpointError) and not any(
+            f.name == "recompute_fn" for f in traceback.extract_tb(exc.__traceback__)):
         return None
     depth, outermost = 0, None
     for e in events:  # the post hooks run even when the forward raises: the run is closed at the end
