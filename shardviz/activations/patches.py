@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -217,7 +218,7 @@ def _blt_worst_case_patches():
     if blt is None:
         yield
         return
-    values: dict[int, torch.Tensor] = {}  # id(a fake patch-length tensor) -> its real values
+    values: dict[int, tuple] = {}  # id(a fake patch-length tensor) -> (a weak reference to it, its real values)
     orig_lengths, orig_process = blt.BltPatcher.patch_lengths_from_entropies, blt.process_patch_lengths
 
     def lengths(entropies, sequence_length, patch_size=None, threshold=None):
@@ -225,14 +226,15 @@ def _blt_worst_case_patches():
             return torch.full(entropies.shape, math.inf), sequence_length, patch_size, threshold
 
         fake, real = _real_valued(orig_lengths, entropies, worst)
-        values[id(fake)] = real
+        values[id(fake)] = (weakref.ref(fake), real)  # weak: the step frees it when the model does
         return fake
 
     def process(patch_lengths, max_patch_length):
-        if max_patch_length is None or id(patch_lengths) not in values:
+        known = values.get(id(patch_lengths), (lambda: None, None))
+        if max_patch_length is None or known[0]() is not patch_lengths:
             return orig_process(patch_lengths, max_patch_length)
-        fake, real = _real_valued(orig_process, patch_lengths, lambda: (values[id(patch_lengths)], max_patch_length))
-        values[id(fake)] = real
+        fake, real = _real_valued(orig_process, patch_lengths, lambda: (known[1], max_patch_length))
+        values[id(fake)] = (weakref.ref(fake), real)
         return fake
 
     blt.BltPatcher.patch_lengths_from_entropies = staticmethod(lengths)
