@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 import shardviz as sv
+from shardviz.activations.measure import image_prefix_inputs
 from shardviz.oracle import apply_plan, fake_process_group
 from truth_tracker import see_post_forward_shards, state_tracker, unsharded_params, unsharded_storages
 
@@ -332,6 +333,7 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     group_labels, state_labels = _unit_labels(model, plan)
     outside = _outside_params(model, state_labels)
     ids = batch(model, training, 1234 + rank if own_batch else 1234)
+    images = image_prefix_inputs(model, ids.shape[0])  # GIT's step is image + text, as sv measures it
     truth = StepTruth(rank)
 
     def step(between_microbatches=None):
@@ -342,7 +344,7 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
                 between_microbatches()
             _PHASE[0] = "forward"
             # a training step: no key/value cache (what sv measures; see docs/activations.md, use_cache)
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss = model(input_ids=ids, labels=ids, use_cache=False, **images).loss
             _PHASE[0] = "backward"
             loss.backward()
         _PHASE[0] = "optimizer"

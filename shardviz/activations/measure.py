@@ -32,6 +32,25 @@ def hf_config(model):
     return cfg if isinstance(cfg, PretrainedConfig) else None
 
 
+def image_prefix_inputs(model, batch_size: int) -> dict:
+    """``pixel_values`` for a vision-language model that conditions its text on an image prefix (GIT:
+    a forward taking ``pixel_values``, a vision config with an image size, no image token placed in
+    the text): its training step is image + text, and text alone fails in its own loss. Zeros of
+    (batch, channels, size, size) of the vision config, as transformers' model tests build them.
+    Models that place image tokens in ``input_ids`` (Llava, Qwen2-VL) measure text-only: {}."""
+    import inspect
+
+    cfg = hf_config(model)
+    vision = getattr(cfg, "vision_config", None)
+    size = getattr(vision, "image_size", None)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps forward
+    if (size is None or "pixel_values" not in inspect.signature(base.forward).parameters
+            or any(getattr(cfg, k, None) is not None for k in ("image_token_id", "image_token_index"))):
+        return {}
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    return {"pixel_values": torch.zeros((batch_size, getattr(vision, "num_channels", 3), h, w))}
+
+
 def _loss_of(out):
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
@@ -55,7 +74,7 @@ def _forward(model, example_inputs, batch_size, seq_len):
         args, kwargs = example_inputs(batch_size, seq_len)
         return model(*args, **(kwargs or {}))
     ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
-    return model(input_ids=ids, labels=ids, use_cache=False)
+    return model(input_ids=ids, labels=ids, use_cache=False, **image_prefix_inputs(model, batch_size))
 
 
 def _run_step(reduced, request, recorder, routing, counter) -> None:
@@ -223,10 +242,44 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
     try:
         with fake_mode:
             _run_step(reduced, request, recorder, routing_mode(moe), counter)
+    except Exception as exc:
+        module = _recomputing(recorder.events, exc)
+        if module is not None and not lists:  # the whole model: the user's own module failed, not the cut copy
+            raise RecomputationError(module, exc) from exc
+        raise
     finally:
         for h in handles:
             h.remove()
     return Measurement(recorder.events, tuple(sorted(recorder.attention)))
+
+
+class RecomputationError(ValueError):
+    """The step failed while backward recomputed checkpointed ``module``: torch's real step fails there too."""
+
+    def __init__(self, module: str, cause: Exception):
+        super().__init__(f"{type(cause).__name__}: {str(cause)[:300]}")
+        self.module, self.cause = module, cause
+
+
+def _recomputing(events, exc: Exception) -> str | None:
+    """The checkpointed module whose recomputation raised ``exc`` (torch's ``recompute_fn`` on its
+    stack, or its check that the recomputed tensors match the saved ones): the outermost module of
+    the last recomputation run, or None."""
+    import traceback
+
+    from torch.utils.checkpoint import CheckpointError
+
+    if not isinstance(exc, CheckpointError) and not any(
+            f.name == "recompute_fn" for f in traceback.extract_tb(exc.__traceback__)):
+        return None
+    depth, outermost = 0, None
+    for e in events:  # the post hooks run even when the forward raises: the run is closed at the end
+        if e.kind == "pre_rc":
+            outermost = e.key if depth == 0 else outermost
+            depth += 1
+        elif e.kind == "post_rc":
+            depth = max(depth - 1, 0)
+    return outermost if isinstance(outermost, str) else None
 
 
 def _outside_checkpoint(lists: list[ListPlan], tree: ModelTree, checkpoint: dict) -> frozenset:
@@ -304,6 +357,13 @@ def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) 
         first = exc
     try:
         profile = _measure(model, entry, request, reduce=False)
+    except RecomputationError as exc:
+        raise ValueError(
+            f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
+            f"{request.seq_len}: torch's own step fails: recomputing the checkpointed {exc.module} in backward "
+            f"raises {exc}. Its forward does not run the same way twice (it changes state its first run left, "
+            f"e.g. a key/value cache it appends to), so checkpoint_wrapper cannot recompute it: leave "
+            f"{exc.module} (and the blocks of its kind) unwrapped") from exc.cause
     except Exception as exc:  # noqa: BLE001
         raise ValueError(
             f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "

@@ -1,12 +1,13 @@
 """Where fake tensors trip over model code: data-dependent MoE routing, transformers' value checks on
-the batch, ``module.to(dtype)`` in forward, f-strings of 0-dim tensors. Each patch is scoped to one
-measured step."""
+the batch, ``module.to(dtype)`` in forward, f-strings of 0-dim tensors, BLT's entropy patching. Each
+patch is scoped to one measured step."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -170,10 +171,76 @@ def fake_friendly(recorder=None):
     nn.Module.to = to
     FakeTensor.__format__ = fmt
     try:
-        yield
+        with _blt_worst_case_patches(), _no_distribution_value_checks():
+            yield
     finally:
         nn.Module.to = orig
         if had_format:
             FakeTensor.__format__ = orig_format
         else:
             del FakeTensor.__format__
+
+
+@contextlib.contextmanager
+def _no_distribution_value_checks():
+    """``torch.distributions`` checks its parameters' values (``Categorical(logits=...)``, BLT's
+    entropy): fake tensors have none."""
+    from torch.distributions import Distribution
+
+    saved = Distribution._validate_args
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(saved)
+
+
+def _real_valued(fn, fake_like, real_args):
+    """``fn(*real_args())`` on real tensors (every mode off, fake tensors' included), returned as an
+    uninitialised tensor of its shape made under the step's modes (the recorder sees it allocated),
+    and its real values."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), unset_fake_temporarily():
+        real = fn(*real_args())
+    return fake_like.new_empty(real.shape, dtype=real.dtype), real
+
+
+@contextlib.contextmanager
+def _blt_worst_case_patches():
+    """BLT cuts the bytes into patches where its entropy model's next-byte entropy exceeds a
+    threshold: the global transformer's length depends on values fake tensors lack. We take the
+    worst case, every entropy above the threshold (every byte starts a patch, as an untrained
+    entropy model does), and run transformers' own patch-length functions on real small tensors
+    (batch x seq integers) of those values."""
+    blt = sys.modules.get("transformers.models.blt.modeling_blt")
+    if blt is None:
+        yield
+        return
+    values: dict[int, tuple] = {}  # id(a fake patch-length tensor) -> (a weak reference to it, its real values)
+    orig_lengths, orig_process = blt.BltPatcher.patch_lengths_from_entropies, blt.process_patch_lengths
+
+    def lengths(entropies, sequence_length, patch_size=None, threshold=None):
+        def worst():
+            return torch.full(entropies.shape, math.inf), sequence_length, patch_size, threshold
+
+        fake, real = _real_valued(orig_lengths, entropies, worst)
+        values[id(fake)] = (weakref.ref(fake), real)  # weak: the step frees it when the model does
+        return fake
+
+    def process(patch_lengths, max_patch_length):
+        known = values.get(id(patch_lengths), (lambda: None, None))
+        if max_patch_length is None or known[0]() is not patch_lengths:
+            return orig_process(patch_lengths, max_patch_length)
+        fake, real = _real_valued(orig_process, patch_lengths, lambda: (known[1], max_patch_length))
+        values[id(fake)] = (weakref.ref(fake), real)
+        return fake
+
+    blt.BltPatcher.patch_lengths_from_entropies = staticmethod(lengths)
+    blt.process_patch_lengths = process
+    try:
+        yield
+    finally:
+        blt.BltPatcher.patch_lengths_from_entropies = staticmethod(orig_lengths)
+        blt.process_patch_lengths = orig_process

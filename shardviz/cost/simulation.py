@@ -233,8 +233,11 @@ class StepSimulation:
         h.last_gather_of_context[u.root] = ag
         h.forward_gathers += ag
         self.state[k] = UnitState.UNSHARDED
-        # the call's own forward: its activations and temporaries while it is unsharded
-        self.observe("forward", k, act=self.act.during("forward", u.modules), unsharded_params=h.unsharded_params,
+        # the call's own forward: its activations and temporaries while it is unsharded. The root's
+        # stand for the whole forward, whose peak comes after the next call frees this all-gather
+        # output: observed at the root's post-forward instead
+        own = act if u.modules == (0,) else self.act.during("forward", u.modules)
+        self.observe("forward", k, act=own, unsharded_params=h.unsharded_params,
                      communication_buffers=h.forward_gathers, gradients=h.all_gradients())
 
     def post_forward(self, k: int) -> None:
@@ -254,6 +257,9 @@ class StepSimulation:
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
         h = self.held
+        if any(u.unit == root and u.modules == (0,) for u in self.units):  # the whole forward's peak (the loss), its context's last all-gather output still held
+            self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
+                         communication_buffers=h.forward_gathers, gradients=h.all_gradients())
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
 
     # -- backward ---------------------------------------------------------------------------------
@@ -296,7 +302,7 @@ class StepSimulation:
                 self.pre_backward(event.index, before[event.index])
             elif event.kind == BackwardKind.GRADIENTS:
                 part = event.gradients
-                self.gradients(event.index, part.unsharded, part.whole, part.module)
+                self.gradients(event.index, part.unsharded, part.whole, part.module, part.span)
             else:
                 self.post_backward(event.index)
         if self.mb.first:  # later micro-batches accumulate into them in place
@@ -347,9 +353,10 @@ class StepSimulation:
         if u.grads_at is None:
             self.gradients(k, u.unsharded_grads, u.whole_grads)
 
-    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None) -> None:
+    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None, span=()) -> None:
         """Autograd computes (part of) a call's gradients while it is unsharded: those of the
-        parameters ``module`` owns during that module's backward, or all of them at once."""
+        parameters ``module`` owns during that module's backward (``span``: with the modules whose
+        backward runs just before it, ``GradientsAt.span``), or all of them at once."""
         h = self.held
         unsharded, whole = self.new_gradients(k, unsharded, whole)
         if module is None:  # the call's backward at once: its peak with all its gradients
@@ -359,7 +366,7 @@ class StepSimulation:
             return
         # the module's backward runs (its highest level) before its parameters' gradients are
         # accumulated; then they are, at the level its backward leaves
-        self.observe("backward", k, act=self.act.during("backward", (module,)), **self.backward_alive())
+        self.observe("backward", k, act=self.act.during("backward", span or (module,)), **self.backward_alive())
         h.add_unsharded_grads(k, unsharded)
         h.gradients += whole
         self.observe("backward", k, act=self.act.after_backward(module), **self.backward_alive())

@@ -49,6 +49,9 @@ class GradientsAt(NamedTuple):
     position: Position  # where autograd computes them
     unsharded: int  # unsharded gradient bytes (param dtype)
     whole: int  # gradients of trainable whole parameters
+    # the modules whose backward runs after the call's previous gradients (in backward) and before these
+    # are accumulated: the module itself and those forward ran between it and the call's next owner
+    span: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,22 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     out: dict[int, list] = {}
     for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
-    return {u: tuple(v) for u, v in out.items()}
+    return {u: _with_spans(v, walk) for u, v in out.items()}
+
+
+def _with_spans(parts: list[GradientsAt], walk: Walk) -> tuple[GradientsAt, ...]:
+    """Each part with its ``span``: a module forward ran between two owners (GPT-2's activation,
+    between ``c_fc`` and ``c_proj``) runs its backward after the later owner's gradients exist and
+    before the earlier one's: its level counts with them."""
+    by_position = sorted(range(len(walk.enter)), key=walk.enter.__getitem__)
+    parts = sorted(parts, key=lambda p: walk.enter[p.module])
+    out = []
+    for part, nxt in zip(parts, parts[1:] + [None]):
+        between = [] if nxt is None else [  # not the next owner's ancestors (their backward holds it)
+            m for m in by_position[walk.enter[part.module] + 1: walk.enter[nxt.module]]
+            if walk.end[m] <= walk.enter[nxt.module]]
+        out.append(part._replace(span=(part.module, *between)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
