@@ -189,8 +189,6 @@ def _why_not(a) -> str | None:
         return "no device: give sv.Mesh(..., device='H100') (or an sv.Device) to time the step"
     if not a.training.with_activations:
         return "no micro-batch: give sv.Training(batch_size=..., seq_len=...) to count the step's FLOPs"
-    if not hasattr(a, "flops"):
-        return "FLOPs are not counted in this build (Analysis.flops is missing)"
     return None
 
 
