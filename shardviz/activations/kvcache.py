@@ -47,6 +47,13 @@ class KVRelease:
 _NOT_CACHED = object()
 
 
+def _empty_dynamic(layer) -> bool:
+    """A layer that grows by concatenation (``update`` replaces its tensors) and holds nothing yet."""
+    from transformers.cache_utils import DynamicLayer
+
+    return isinstance(layer, DynamicLayer) and not getattr(layer, "is_initialized", False)
+
+
 class CacheTracker:
     """Routes every representative's cache writes to a layer of its own and watches the cache die.
     ``block()`` answers the representative running now ((list, rep) or None); the recorder calls
@@ -55,7 +62,7 @@ class CacheTracker:
     def __init__(self, block):
         self.block = block
         self._slots: dict[tuple, int] = {}  # (id(cache), rep, layer_idx) -> the layer written
-        self._templates: dict[int, list] = {}  # id(cache) -> its layers before any write (fresh copies)
+        self._seen: set[int] = set()  # id(cache) of the caches written
         self._owner: dict[int, object] = {}  # id(storage's winfo) -> rep, for the storages caches hold
         self._made_by: dict[int, object] = {}  # id(storage's winfo) -> the rep running when it was allocated
         self._refs: list = []  # weak references to the caches (their callbacks mark the death)
@@ -64,25 +71,29 @@ class CacheTracker:
         self._freed: dict = {}
 
     def _slot(self, cache, layer_idx: int) -> int:
+        """The layer the running copy writes for ``layer_idx``: a fresh one of the same type (a
+        shallow copy of the model's own layer, which no copy writes: still empty), or the model's own
+        outside the blocks, or where that layer is not an empty key/value one (states written by
+        other methods, a static cache)."""
         rep = self.block()
-        if rep is None:
-            return layer_idx
         key = (id(cache), rep, layer_idx)
-        if key not in self._slots:
-            templates = self._templates[id(cache)]
-            if layer_idx < len(templates):
-                fresh = copy.deepcopy(templates[layer_idx])
-            else:
-                fresh = cache.layer_class_to_replicate()
-            cache.layers.append(fresh)
-            self._slots[key] = len(cache.layers) - 1
+        if rep is None or key in self._slots:
+            return self._slots.get(key, layer_idx)
+        if cache.layer_class_to_replicate is not None:
+            fresh = cache.layer_class_to_replicate()
+        elif layer_idx < len(cache.layers) and _empty_dynamic(cache.layers[layer_idx]):
+            fresh = copy.copy(cache.layers[layer_idx])
+        else:
+            self._slots[key] = layer_idx
+            return layer_idx
+        cache.layers.append(fresh)
+        self._slots[key] = len(cache.layers) - 1
         return self._slots[key]
 
     def _first_sight(self, cache) -> None:
-        if id(cache) in self._templates:
-            return
-        self._templates[id(cache)] = [copy.deepcopy(layer) for layer in cache.layers]
-        self._refs.append(weakref.ref(cache, self._died))
+        if id(cache) not in self._seen:
+            self._seen.add(id(cache))
+            self._refs.append(weakref.ref(cache, self._died))
 
     def _died(self, _ref) -> None:
         self._dying = True

@@ -307,6 +307,15 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
     return _profile(tree, request, listed, lists, measurement, moe)
 
 
+def _cache_hint(request: _Request) -> str:
+    """Why a step with the cache and checkpointing may fail in torch itself (issue 20)."""
+    if not (request.use_cache and request.checkpoint):
+        return ""
+    return ("; the step keeps the config's key/value cache (use_cache=True) with checkpointed modules, whose "
+            "recomputation appends to it again: many models' real step fails so too, set "
+            "model.config.use_cache = False for training")
+
+
 def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
     """On the reduced copy; when it cannot run (a forward that indexes per-layer lists by position,
     hybrid layer types, ...), on a fake copy of the whole model, which the assumptions then say."""
@@ -320,7 +329,8 @@ def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) 
         raise ValueError(
             f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
             f"{request.seq_len}: {type(first).__name__}: {str(first)[:300]}; pass Training(example_inputs=...) "
-            "with inputs its forward accepts, or batch_size=None for the model state alone") from exc
+            f"with inputs its forward accepts, or batch_size=None for the model state alone{_cache_hint(request)}"
+        ) from exc
     note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
     return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
 
