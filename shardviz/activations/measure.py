@@ -268,6 +268,10 @@ def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+_CACHE_NOTE = {False: (), True: ("use_cache=True (the config's): the key/value cache the forward builds is counted, "
+                                  "each block's from its forward to the cache's death",)}
+
+
 def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Measurement, moe):
     """The full model's profile from a measurement of its copy."""
     timeline = splice(measurement.events, lists, measurement.kv_release)
@@ -279,7 +283,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
-        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention),
+        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )
