@@ -3,9 +3,13 @@
 Llama-3-70B + LoRA (meta, 80 layers) at batch 1 / seq 8192, bf16 compute, LoRA kept whole in fp32:
 cold (first measurement: reduced copy, fake forward+backward under MemTracker, extrapolation),
 warm (same question again: cache), and a toggle (checkpoint a middle block: the measurement is
-reused, only the extrapolation runs), plus a fully checkpointed plan. The tree walk is timed
-apart (callers that already have a ModelTree pass it). Not a test: numbers depend on the load.
+reused, only the extrapolation runs, when the step keeps no key/value cache), plus a fully
+checkpointed plan. The zoo's configs keep ``use_cache=True`` (transformers' default), so these
+steps hold the cache (issue 20: still the reduced copy, the cache spliced per block); the same cold
+measurement with ``use_cache=False`` is timed next to it. The tree walk is timed apart (callers
+that already have a ModelTree pass it). Not a test: numbers depend on the load.
 Run: .venv/bin/python benchmarks/bench_activations.py [--model llama3_70b] [--seq 8192]
+     .venv/bin/python benchmarks/bench_activations.py --model llama3_8b --seq 2048   # issue 20's timing
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def main() -> None:
     clear_cache()
     t_cold, prof = timed(lambda: measure_activations(model, args.batch, args.seq, **kw))
     t_warm, _ = timed(lambda: measure_activations(model, args.batch, args.seq, **kw))
+    clear_cache()
+    t_no_cache, no_cache = timed(lambda: measure_activations(model, args.batch, args.seq, use_cache=False, **kw))
     middle = prof.blocks[len(prof.blocks) // 2]
     t_toggle, one = timed(lambda: measure_activations(model, args.batch, args.seq, checkpoint=[middle], **kw))
     t_all, ck = timed(lambda: measure_activations(model, args.batch, args.seq, checkpoint=prof.blocks, **kw))
@@ -49,13 +55,17 @@ def main() -> None:
     print(f"{args.model} + LoRA, batch {args.batch}, seq {args.seq}, bf16 compute, LoRA whole in fp32")
     print(f"  build (meta)            {t_build:7.2f} s   (not part of the measurement)")
     print(f"  ModelTree walk          {t_tree:7.2f} s   (skipped when the caller passes tree=)")
-    print(f"  cold measurement        {t_cold:7.2f} s   ({prof.measured_blocks} block copies run for {len(prof.blocks)} blocks)")
+    print(f"  cold measurement        {t_cold:7.2f} s   ({prof.measured_blocks} block copies run for {len(prof.blocks)} blocks, "
+          f"use_cache={model.config.use_cache}: the config's)")
+    print(f"  cold, use_cache=False   {t_no_cache:7.2f} s   ({no_cache.measured_blocks} block copies; peak "
+          f"{format_bytes(no_cache.peak_bytes)}, with the config's {format_bytes(prof.peak_bytes)})")
     print(f"  warm (cached)           {t_warm:7.3f} s")
-    print(f"  toggle one checkpoint   {t_toggle:7.3f} s   (measurement reused)")
+    print(f"  toggle one checkpoint   {t_toggle:7.3f} s   (measurement reused without a cache; with one, the "
+          "variants the plan has are run)")
     print(f"  all blocks checkpointed {t_all:7.3f} s")
     b = prof.at(middle)
     print(f"  peak activations        {format_bytes(prof.peak_bytes)} ({prof.peak[1]}, at {prof.peak[2] or 'root'})")
-    print(f"  per block saved         {format_bytes(b.saved)}, checkpointed {format_bytes(b.saved_checkpointed)}")
+    print(f"  per block saved         {format_bytes(b.saved)}, checkpointed {format_bytes(ck.at(middle).saved)}")
     print(f"  one block checkpointed  {format_bytes(one.peak_bytes)}; all {format_bytes(ck.peak_bytes)}")
     print(f"  attention kernel        {', '.join(prof.attention) or 'none seen'}")
 

@@ -32,6 +32,7 @@ class Analysis:
         # the module itself, held only when it is run: to measure activations, or to see the order its
         # modules run in when calls are nested (their gradients interleave by it, cost.walk)
         self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
+        self._use_cache: bool | None = None  # the step's use_cache (None: the model config's)
 
     def _runs_a_step(self) -> bool:
         from .cost import calls_with_nested_calls
@@ -42,6 +43,13 @@ class Analysis:
         """The same model with another plan, mesh or training (the memory check prices its fixes so)."""
         return Analysis(self.tree, plan or self.plan, mesh or self.mesh, training or self.training,
                         self.torch_version, self.model)
+
+    def without_kv_cache(self) -> "Analysis":
+        """The same analysis, the step run with ``use_cache=False`` (SV113 prices the key/value
+        cache a Hugging Face config keeps so)."""
+        other = self.what_if()
+        other._use_cache = False
+        return other
 
     # -- the engine's answers ----------------------------------------------------
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
@@ -153,11 +161,15 @@ class Analysis:
 
     def _measured_step(self, batch_size: int, seq_len: int, for_order_only: bool = False):
         from .activations import measure_activations
+        from .checks import selective_with_cache
+        from .finding import PlanError
 
         model = self.model
         if model is None:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
+        if self._use_cache is None and (refusal := selective_with_cache(self)):
+            raise PlanError(refusal)  # torch raises in that step's backward: there is no step to measure
         lay, t = self.layout, self.training
         if for_order_only:
             return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.tree)
@@ -165,7 +177,8 @@ class Analysis:
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
         return measure_activations(model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole,
-                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree)
+                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree,
+                                   use_cache=self._use_cache)
 
     @cached_property
     def activations(self) -> pd.DataFrame:

@@ -23,7 +23,7 @@ costs from the fixed analysis' ``a.step``.
 | SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
-| SV113 | warning  | checkpointed modules while the model's config keeps ``use_cache=True`` (a key/value cache per layer) |
+| SV113 | warning / error | the model's config keeps ``use_cache=True`` (a key/value cache per layer): the bytes ``use_cache=False`` saves; an error with selective checkpointing (torch raises) |
 """
 
 from __future__ import annotations
@@ -294,22 +294,65 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
     )]
 
 
-def check_use_cache(analysis) -> list[Finding]:
-    """SV113: checkpointed modules in a Hugging Face model whose config keeps ``use_cache=True``: a
-    training forward then builds a key/value cache that holds every layer's keys and values until
-    the output is dropped, which checkpointing would otherwise free (not in the measured peak)."""
-    model = analysis.tree.model
-    config = getattr(model, "config", None)
-    if not analysis.plan.checkpoint or config is None or not getattr(config, "use_cache", False):
+USE_CACHE_FIX = "set model.config.use_cache = False before training (or pass use_cache=False to the forward)"
+
+
+def _keeps_cache(analysis) -> bool:
+    """The step is a Hugging Face forward whose config keeps ``use_cache=True`` (and nobody asked
+    the analysis to run it without)."""
+    config = getattr(analysis.tree.model, "config", None)
+    return (config is not None and bool(getattr(config, "use_cache", False))
+            and getattr(analysis.training, "example_inputs", None) is None
+            and getattr(analysis, "_use_cache", None) is None)
+
+
+def selective_with_cache(analysis) -> list[Finding]:
+    """SV113 as an error: modules checkpointed selectively in a step that keeps the key/value cache.
+    The recomputation updates the cache again, so it runs other ops than the forward did, and torch's
+    selective checkpointing raises in backward (checked: tests/test_activation_truth.py)."""
+    selective = analysis.plan.checkpoint.selective
+    if not selective or not _keeps_cache(analysis):
         return []
     return [Finding(
+        "SV113", "error",
+        f"{_plural(len(selective), 'module')} checkpointed selectively while the model's config has use_cache=True: "
+        "the recomputation in backward fills the key/value cache again, and torch's selective checkpointing raises "
+        "('... invocation index ... encountered during backward but not found in storage')",
+        **_first(selective), fix=USE_CACHE_FIX,
+    )]
+
+
+def check_use_cache(analysis) -> list[Finding]:
+    """SV113: a Hugging Face model whose config keeps ``use_cache=True``: each training forward also
+    fills a key/value cache holding every layer's keys and values until the output is dropped. The
+    predicted peak counts it (the step the config runs); with a batch, the finding says how many
+    bytes ``use_cache=False`` saves (the same analysis measured without the cache). Without a batch
+    there is nothing to price: a warning only when modules are checkpointed (the cache keeps what
+    checkpointing frees). An error with selective checkpointing (``selective_with_cache``)."""
+    if not _keeps_cache(analysis):
+        return []
+    refusal = selective_with_cache(analysis)
+    if refusal or not (analysis.training.with_activations and analysis.model is not None):
+        return refusal or ([Finding(
+            "SV113", "warning",
+            f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed but the model's config has "
+            "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
+            "values alive until the loss (give Training(batch_size=...) to have it measured and priced)",
+            **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
+        )] if analysis.plan.checkpoint else [])
+    peak = int(analysis.memory["peak"].max())
+    without = int(analysis.without_kv_cache().memory["peak"].max())
+    if without >= peak:
+        return []
+    ckpt = (f" ({_plural(len(analysis.plan.checkpoint), 'module')} checkpointed: the cache keeps what they would free)"
+            if analysis.plan.checkpoint else "")
+    return [Finding(
         "SV113", "warning",
-        f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed but the model's config has "
-        "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
-        "values alive until the loss, about one hidden state per layer more than the predicted peak (which "
-        "assumes use_cache=False, see docs/activations.md)",
-        **_first(analysis.plan.checkpoint),
-        fix="set model.config.use_cache = False before training (or pass use_cache=False to the forward)",
+        "the model's config has use_cache=True: each training forward also fills a key/value cache that keeps "
+        f"every layer's keys and values alive until the output is dropped{ckpt}; the predicted peak "
+        f"({format_bytes(peak)}) counts it, use_cache=False saves {format_bytes(peak - without)} "
+        f"({peak - without:,} bytes) on the worst rank (peak {format_bytes(without)})",
+        **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
     )]
 
 

@@ -75,7 +75,7 @@ def real_step(model: nn.Module, inputs=None, seq: int = SEQ, at: bool = False):
     with tracker:
         if inputs is None:
             ids = torch.randint(0, VOCAB, (BATCH, seq))
-            out = model(input_ids=ids, labels=ids, use_cache=False)
+            out = model(input_ids=ids, labels=ids)  # the config's use_cache: what shardviz measures
         else:
             args, kwargs = inputs(BATCH, seq)
             out = model(*args, **kwargs)
@@ -185,10 +185,12 @@ def test_matches_real_step(kind):
 
 
 def test_more_layers_extrapolate():
-    """5 real layers against the same 3 measured copies: extrapolation, not a per-layer run."""
+    """5 real layers against the same 3 measured copies (2 in the config's step, which keeps the
+    key/value cache: the variants the plan has, kvcache): extrapolation, not a per-layer run."""
     model = build("llama", layers=5, lora=True)
+    assert measure_activations(model, BATCH, SEQ, use_cache=False).measured_blocks == 3
     profile = measure_activations(model, BATCH, SEQ)
-    assert profile.measured_blocks == 3
+    assert profile.measured_blocks == 2
     peak, truth = real_step(model)
     check_against_truth(profile, peak, truth)
 
@@ -232,9 +234,10 @@ def test_checkpointing_matches_real_step_and_saves_less():
     middle = blocks[1]
     assert ckpt.at(middle).checkpointed and not plain.at(middle).checkpointed
     assert ckpt.at(middle).saved * 4 < plain.at(middle).saved
-    # with and without checkpointing come from the same measured copies
-    assert plain.at(middle).saved_checkpointed == ckpt.at(middle).saved
-    assert ckpt.at(middle).saved_plain == plain.at(middle).saved
+    # without a key/value cache, with and without checkpointing come from the same measured copies
+    plain_nc, ckpt_nc = (measure_activations(model, BATCH, SEQ, checkpoint=c, use_cache=False) for c in ((), blocks))
+    assert plain_nc.at(middle).saved_checkpointed == ckpt_nc.at(middle).saved
+    assert ckpt_nc.at(middle).saved_plain == plain_nc.at(middle).saved
     assert ckpt.peak_bytes < plain.peak_bytes
     peak, truth = real_step(wrap_checkpoint(copy.deepcopy(model), blocks))
     check_against_truth(ckpt, peak, truth)
@@ -242,6 +245,7 @@ def test_checkpointing_matches_real_step_and_saves_less():
 
 def test_mixed_checkpointing_matches_and_reuses_the_measurement(monkeypatch):
     model = build("llama", layers=4, lora=True)
+    model.config.use_cache = False  # the measurement is reused only in a step without a key/value cache
     calls = []
     real = M.measure_copy
     monkeypatch.setattr(M, "measure_copy", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -253,6 +257,11 @@ def test_mixed_checkpointing_matches_and_reuses_the_measurement(monkeypatch):
     assert two.peak_bytes < one.peak_bytes < plain.peak_bytes
     peak, truth = real_step(wrap_checkpoint(copy.deepcopy(model), [plain.blocks[1]]))
     check_against_truth(one, peak, truth)
+    # the config's step keeps the cache: plain blocks around a checkpointed one (kvcache, splice)
+    model.config.use_cache = True
+    for ckpt in ([plain.blocks[1]], plain.blocks[1:3]):
+        peak, truth = real_step(wrap_checkpoint(copy.deepcopy(model), ckpt))
+        check_against_truth(measure_activations(model, BATCH, SEQ, checkpoint=ckpt), peak, truth)
 
 
 def test_submodule_checkpointing_matches_real_step():
@@ -411,9 +420,15 @@ def test_user_model_untouched():
     hooks = _hooks(model)
     layers = model.config.num_hidden_layers
     # 4 variants (first, plain, checkpointed, mlp checkpointed) for 3 layers: the copy's config says 4
+    from transformers.cache_utils import Cache
+
+    update = Cache.update
     profile = measure_activations(model, BATCH, SEQ, param_dtype="bfloat16",
-                                  checkpoint=["base_model.model.model.layers.1.mlp"])
+                                  checkpoint=["base_model.model.model.layers.1.mlp"], use_cache=False)
     assert profile.measured_blocks == 4
+    # the config's step (its key/value cache, Cache.update routed per copy while it runs)
+    measure_activations(model, BATCH, SEQ, param_dtype="bfloat16", checkpoint=["base_model.model.model.layers.1.mlp"])
+    assert Cache.update is update
     assert model.config.num_hidden_layers == layers
     assert not model.training
     assert {n: type(m) for n, m in model.named_modules()} == modules  # no checkpoint wrapper left
@@ -429,6 +444,7 @@ def test_user_model_untouched():
 
 def test_api_cache_and_table(monkeypatch):
     model = build("llama")
+    model.config.use_cache = False  # saved_checkpointed is measured alongside only without a key/value cache
     A.clear_cache()
     calls = []
     real = M.measure_copy

@@ -50,6 +50,9 @@ def build(kind: str) -> nn.Module:
 
     with torch.device("meta"):
         model = _config(kind)()
+    # the step the counter runs below (use_cache=False); with the config's cache, torch's selective
+    # checkpointing raises (SV113, issue 20)
+    model.config.use_cache = False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))

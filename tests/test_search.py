@@ -87,6 +87,10 @@ def test_plans_that_cannot_fit_are_pruned_not_measured():
     t = s.table
     assert s.n_candidates >= 100 and s.n_analysed < s.n_candidates
     pruned = t[~t.analysed & ~t.fits]  # cannot fit: the reason, no numbers
+    # the config keeps use_cache=True: torch's selective checkpointing raises in that step (SV113, issue 20)
+    refused = pruned.why.str.startswith("torch would refuse it")
+    assert (pruned[refused].checkpoint == "selective").all() and pruned[refused].why.str.contains("SV113").all()
+    pruned = pruned[~refused]
     assert len(pruned) and pruned.why.str.contains(
         "checkpoints less|model state alone|activations alone|unsharded parameters alone").all()
     assert pruned.step_time_s.isna().all()

@@ -310,7 +310,7 @@ def batch(model: nn.Module, training: sv.Training, seed: int = 1234) -> torch.Te
 
 
 def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int,
-             own_batch: bool = False, apply=None) -> StepTruth:
+             own_batch: bool = False, apply=None, use_cache: bool | None = None) -> StepTruth:
     """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
     then one under the memory tracker (last: it leaves grouped calls' hooks broken).
     ``own_batch``: every rank trains on its own batch (seed 1234 + rank), else all on one.
@@ -318,7 +318,8 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     Needs an initialised process group of ``mesh.world`` ranks (fake or gloo). With
     ``training.sync_outside_fsdp`` the plan is applied by the exported code (``exported_apply``),
     otherwise by the oracle's ``apply_plan``; ``apply(model, device_mesh)`` replaces both (calls
-    written by hand; ``plan`` then only names them).
+    written by hand; ``plan`` then only names them). ``use_cache``: passed to the forward (None:
+    the config's, the step users run).
     """
     from shardviz.oracle import device_mesh
 
@@ -343,8 +344,9 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
             if i and between_microbatches is not None:
                 between_microbatches()
             _PHASE[0] = "forward"
-            # a training step: no key/value cache (what sv measures; see docs/activations.md, use_cache)
-            loss = model(input_ids=ids, labels=ids, use_cache=False, **images).loss
+            # the step the user's config runs: with its use_cache (True by default for causal LMs, a
+            # key/value cache kept through the step), what sv measures (docs/activations.md, use_cache)
+            loss = model(input_ids=ids, labels=ids, **images, **({} if use_cache is None else {"use_cache": use_cache})).loss
             _PHASE[0] = "backward"
             loss.backward()
         _PHASE[0] = "optimizer"
@@ -398,12 +400,12 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
 
 
 def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int, apply=None,
-             inspect=None) -> StepTruth:
+             inspect=None, use_cache: bool | None = None) -> StepTruth:
     """``run_step`` on one rank of torch's fake process group (collectives are no-ops);
     ``inspect(model)`` runs on the trained model before the process group goes."""
     model = build()
     with fake_process_group(rank, mesh.world):
-        truth = run_step(model, plan, mesh, training, rank, apply=apply)
+        truth = run_step(model, plan, mesh, training, rank, apply=apply, use_cache=use_cache)
         if inspect is not None:
             inspect(model)
         return truth

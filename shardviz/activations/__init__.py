@@ -30,7 +30,8 @@ How (no formula, torch is the measurement):
    hidden state unless someone saved it), so runs do not depend on their neighbours.
 
 The step is the user's ordinary one: Hugging Face models ``loss = model(input_ids=ids,
-labels=ids, use_cache=False).loss`` (seq2seq: HF derives ``decoder_input_ids`` from the labels),
+labels=ids).loss`` with the config's ``use_cache`` (its key/value cache counted when the config keeps
+it; ``use_cache=False`` on request) (seq2seq: HF derives ``decoder_input_ids`` from the labels),
 the output object dropped, ``loss.backward()``; other modules ``example_inputs(batch, seq) ->
 (args, kwargs)``, loss = ``out.loss`` if present else the sum of the output's floating tensors.
 The model copy is put in train mode. See ``docs/activations.md`` for the assumptions (attention
@@ -40,8 +41,9 @@ The same pass counts the step's FLOPs with torch's ``FlopCounterMode`` (forward,
 recomputation), attributed to modules and spliced over the blocks like the levels (``flops``).
 
 Modules: ``profile`` (the results), ``recorder`` (MemTracker's categorisation, our timeline),
-``patches`` (where fake tensors trip over model code), ``reduced`` (the copy), ``splice`` (the
-copy's timeline into the full model's), ``stats`` (the numbers per module), ``flops`` (FLOPs per
+``patches`` (where fake tensors trip over model code), ``reduced`` (the copy), ``kvcache`` (the
+key/value cache of a step that keeps it: one cache layer per copy, its death per block), ``splice``
+(the copy's timeline into the full model's), ``stats`` (the numbers per module), ``flops`` (FLOPs per
 module and per unit), ``measure`` (the entry point and its cache).
 """
 

@@ -13,6 +13,7 @@ from torch import nn
 from ..presets import find_blocks
 from ..tree import ModelTree, as_tree
 from .flops import flop_counter, module_flops
+from .kvcache import KVRelease
 from .patches import fake_friendly, hf_plain_batches, moe_shape, routing_mode
 from .profile import ActivationProfile, Event, strip_wrapper
 from .reduced import ListPlan, as_dtype, build_copy, plan_lists
@@ -68,13 +69,19 @@ def _loss_of(out):
     return total
 
 
-def _forward(model, example_inputs, batch_size, seq_len):
+def config_use_cache(model) -> bool:
+    """Whether a Hugging Face model's forward keeps a key/value cache by default (its config's
+    ``use_cache``; False for other modules and configs without it)."""
+    return bool(getattr(hf_config(model), "use_cache", False))
+
+
+def _forward(model, request):
     """The forward of the step; its inputs die when it returns, as in a training loop's step."""
-    if example_inputs is not None:
-        args, kwargs = example_inputs(batch_size, seq_len)
+    if request.example_inputs is not None:
+        args, kwargs = request.example_inputs(request.batch_size, request.seq_len)
         return model(*args, **(kwargs or {}))
-    ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
-    return model(input_ids=ids, labels=ids, use_cache=False, **image_prefix_inputs(model, batch_size))
+    ids = torch.zeros((request.batch_size, request.seq_len), dtype=torch.long)
+    return model(input_ids=ids, labels=ids, use_cache=request.use_cache, **image_prefix_inputs(model, request.batch_size))
 
 
 def _run_step(reduced, request, recorder, routing, counter) -> None:
@@ -83,7 +90,7 @@ def _run_step(reduced, request, recorder, routing, counter) -> None:
     counter (what it decomposes to count stays below the recorder), the routing mode (it answers
     what fake tensors cannot run, after the counter has counted it)."""
     with routing, counter, recorder, hf_plain_batches(), fake_friendly(recorder):
-        out = _forward(reduced, request.example_inputs, request.batch_size, request.seq_len)
+        out = _forward(reduced, request)
         loss = _loss_of(out)
         del out
         if loss.requires_grad:
@@ -106,6 +113,7 @@ class _Request:
     checkpoint: frozenset  # the checkpointed modules
     example_inputs: object
     selective: frozenset = frozenset()  # those of them checkpointed selectively
+    use_cache: bool = False  # a Hugging Face forward's use_cache (its config's unless asked otherwise)
 
     @property
     def policies(self) -> dict[str, str]:
@@ -113,7 +121,7 @@ class _Request:
         return {c: "selective" if c in self.selective else "full" for c in self.checkpoint}
 
 
-def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs) -> _Request:
+def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs, use_cache) -> _Request:
     batch_size, seq_len = int(batch_size), int(seq_len)
     if batch_size < 1 or seq_len < 1:
         raise ValueError("batch_size and seq_len must be >= 1")
@@ -125,7 +133,7 @@ def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example
         if policy not in ("full", "selective"):
             raise ValueError(f"checkpoint[{c!r}]: policy {policy!r} is not one of ('full', 'selective')")
     selective = frozenset(c for c, policy in policies.items() if policy == "selective")
-    return _Request(batch_size, seq_len, pdt, whole, frozenset(policies), example_inputs, selective)
+    return _Request(batch_size, seq_len, pdt, whole, frozenset(policies), example_inputs, selective, bool(use_cache))
 
 
 def _check_checkpoint(checkpoint: frozenset, tree: ModelTree) -> None:
@@ -167,6 +175,7 @@ class Measurement:
 
     events: list[Event]
     attention: tuple[str, ...]
+    kv_release: KVRelease | None = None  # the key/value cache's death, when the step keeps one
 
 
 @dataclass
@@ -240,7 +249,7 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
     # Categorise the copy's parameters as parameters and their gradients as gradients (not ours).
     handles = recorder.track_params(reduced)
     try:
-        with fake_mode:
+        with fake_mode, recorder.kv.routing(recorder.winfos_of):
             _run_step(reduced, request, recorder, routing_mode(moe), counter)
     except Exception as exc:
         module = _recomputing(recorder.events, exc)
@@ -250,7 +259,7 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
     finally:
         for h in handles:
             h.remove()
-    return Measurement(recorder.events, tuple(sorted(recorder.attention)))
+    return Measurement(recorder.events, tuple(sorted(recorder.attention)), recorder.kv.release)
 
 
 class RecomputationError(ValueError):
@@ -298,7 +307,7 @@ def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, poli
                         if not any(n.startswith(prefixes) for n in pi.fqns))
     reps = tuple((lp.fqn, tuple(v for v, _ in lp.reps)) for lp in lists)
     return (request.batch_size, request.seq_len, request.param_dtype, reps, outside_ck, outside_sig,
-            request.example_inputs)
+            request.example_inputs, request.use_cache)
 
 
 def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
@@ -312,9 +321,13 @@ def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+_CACHE_NOTE = {False: (), True: ("use_cache=True (the config's): the key/value cache the forward builds is counted, "
+                                  "each block's from its forward to the cache's death",)}
+
+
 def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Measurement, moe):
     """The full model's profile from a measurement of its copy."""
-    timeline = splice(measurement.events, lists)
+    timeline = splice(measurement.events, lists, measurement.kv_release)
     idx = event_index(timeline)
     ends = last_in_subtree(idx)
     modules, peak = module_stats(timeline, idx, ends, set(request.checkpoint), block_saved(measurement.events, lists))
@@ -323,7 +336,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
-        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention),
+        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )
@@ -336,7 +349,10 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
     tree = entry.tree
     policy = _DtypePolicy(tree, request.param_dtype, request.whole)
     listed = find_blocks(tree)  # the repeated blocks, reported either way
-    lists = plan_lists(tree, listed if reduce else [], policy.compute_dtype, request.policies)
+    # a step that keeps a key/value cache runs only the variants the model has (kvcache: a
+    # checkpointed copy keeps the cache alive, which a plan without checkpointing does not)
+    lists = plan_lists(tree, listed if reduce else [], policy.compute_dtype, request.policies,
+                       toggles=not request.use_cache)
     outside_ck = _outside_checkpoint(lists, tree, request.policies)
     key = _measurement_key(tree, request, lists, outside_ck, policy)
     moe = moe_shape(model)
@@ -346,6 +362,15 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
         measurement = measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck, request, moe)
         _remember(entry.measurements, key, measurement)
     return _profile(tree, request, listed, lists, measurement, moe)
+
+
+def _cache_hint(request: _Request) -> str:
+    """Why a step with the cache and checkpointing may fail in torch itself (issue 20)."""
+    if not (request.use_cache and request.checkpoint):
+        return ""
+    return ("; the step keeps the config's key/value cache (use_cache=True) with checkpointed modules, whose "
+            "recomputation appends to it again: many models' real step fails so too, set "
+            "model.config.use_cache = False for training")
 
 
 def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
@@ -368,14 +393,15 @@ def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) 
         raise ValueError(
             f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
             f"{request.seq_len}: {type(first).__name__}: {str(first)[:300]}; pass Training(example_inputs=...) "
-            "with inputs its forward accepts, or batch_size=None for the model state alone") from exc
+            f"with inputs its forward accepts, or batch_size=None for the model state alone{_cache_hint(request)}"
+        ) from exc
     note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
     return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
 
 
 def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 2048, *,
                         param_dtype=None, whole_params=(), checkpoint=(), example_inputs=None,
-                        tree: ModelTree | None = None) -> ActivationProfile:
+                        tree: ModelTree | None = None, use_cache: bool | None = None) -> ActivationProfile:
     """Measure the activation memory of one training step of ``model`` (see the package docstring).
 
     model: the user's module (meta or real; never modified).
@@ -390,6 +416,8 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
         "selective op").
     example_inputs: for models that are not Hugging Face ones, ``(batch, seq) -> (args, kwargs)``.
     tree: the ``ModelTree`` of ``model`` if the caller has one (saves walking a big model).
+    use_cache: the ``use_cache`` a Hugging Face model's step passes; None: its config's (the step the
+        user runs: with ``use_cache=True`` the forward also keeps a key/value cache of every layer).
 
     On a copy with one block per kind, else on a fake copy of the whole model (slower, no
     extrapolation), which the profile's ``assumptions`` then say; when neither runs, a ValueError
@@ -400,7 +428,9 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
         raise TypeError(f"measure_activations needs the nn.Module, got {type(model).__name__}")
     if example_inputs is None and hf_config(model) is None:
         raise ValueError("not a Hugging Face model: pass example_inputs=(batch, seq) -> (args, kwargs)")
-    request = _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs)
+    if use_cache is None:
+        use_cache = config_use_cache(model) if example_inputs is None else False
+    request = _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs, use_cache)
     entry = _entry(model, tree)
     with _LOCK:
         profile = entry.profiles.get(request)

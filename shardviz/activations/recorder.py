@@ -13,6 +13,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.utils._pytree import tree_flatten
 
+from .kvcache import CacheTracker
 from .profile import Event
 
 ACTIVATION_KINDS = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
@@ -46,6 +47,14 @@ class Recorder(MemTracker):
         self._seg_peak = 0
         self._inputs: dict[object, set[int]] = {}
         self._pending: _PendingRelease | None = None
+        self.running = None  # (list index, rep index) of the block whose module last started, or None
+        self.kv = CacheTracker(lambda: self.running)
+
+    def winfos_of(self, tensor) -> list:
+        """MemTracker's records of the storages ``tensor`` uses (none for a non-tensor)."""
+        if not isinstance(tensor, torch.Tensor):
+            return []
+        return [w for st in get_untyped_storages(tensor) if (w := self._WINFO.get(st, (None, None))[0]) is not None]
 
     def track_params(self, module: nn.Module) -> list:
         """Categorise parameters and buffers, and the gradients of trainable parameters as
@@ -74,8 +83,15 @@ class Recorder(MemTracker):
             self.attention[name] = self.attention.get(name, 0) + 1
         return super().__torch_dispatch__(func, types, args, kwargs)
 
+    def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
+        winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+        for winfo in winfos or ():
+            self.kv.allocated(winfo)
+        return winfos
+
     def _delete_callback(self, winfo, w_st) -> None:
         super()._delete_callback(winfo, w_st)
+        self.kv.freed(winfo)
         pending = self._pending
         if pending is not None and id(winfo) in pending.winfo_ids:
             pending.freed += winfo.mem_consumed
@@ -83,6 +99,7 @@ class Recorder(MemTracker):
     def _event(self, kind: str, key) -> None:
         lvl = self.level()
         phase = "bw" if self._mod_tracker.is_bw else "fw"
+        self.kv.event(len(self.events) + (self._pending is not None))
         if self._pending is not None:
             pending, self._pending = self._pending, None
             before = self.events[-1].level
@@ -119,6 +136,7 @@ class Recorder(MemTracker):
         key = self.keys.get(id(module))
         if key is None:
             return
+        self.running = key[:2] if isinstance(key, tuple) else None
         if self._mod_tracker.is_bw:
             self._event("pre_rc", key)
             return
@@ -140,6 +158,7 @@ class Recorder(MemTracker):
     def _pre_bw_hook(self, module, args) -> None:
         key = self.keys.get(id(module)) if module is not None else None
         if key is not None:
+            self.running = key[:2] if isinstance(key, tuple) else None
             self._event("pre_bw", key)
 
     def _post_bw_hook(self, module, args) -> None:

@@ -51,13 +51,36 @@ def _variant(tree: ModelTree, b: int, compute_dtype, checkpoint: dict) -> tuple:
     return (info.type_name, tuple(sig)), ck
 
 
-def _representatives(members: list[int], variants: list[tuple]) -> tuple[list[tuple], list[int]]:
+def _cache_representatives(members: list[int], variants: list[tuple]) -> tuple[list[tuple], list[int]]:
+    """The copies of a step that keeps a key/value cache: the plan's variants only, in the order of
+    the positions around the first checkpointed one (a checkpointed block keeps the cache alive to
+    the end of its backward, so a plain block after it frees its cache at that death, a plain block
+    before it in its own backward: ``kvcache``). One copy per (variant, before / at / after it),
+    position 0 its own, the last position's last (see ``_representatives``)."""
+    star = next((p for p, v in enumerate(variants) if v[1]), None)
+    keys = [(v, 0 if star is None or p < star else (1 if p == star else 2)) for p, v in enumerate(variants)]
+    reps, index = [(variants[0], members[0])], {}
+    for p in range(1, len(variants)):
+        if keys[p] not in index:
+            index[keys[p]] = len(reps)
+            reps.append((variants[p], members[p]))
+    if len(variants) > 1 and index[keys[-1]] != len(reps) - 1:
+        moved = index[keys[-1]]
+        reps.append(reps.pop(moved))
+        index = {k: (r - (r > moved) if k != keys[-1] else len(reps) - 1) for k, r in index.items()}
+    return reps, [0] + [index[k] for k in keys[1:]]
+
+
+def _representatives(members: list[int], variants: list[tuple], toggles: bool = True) -> tuple[list[tuple], list[int]]:
     """The copies to run and position -> copy. First the variant of position 0 (the first block
     sees an input that may not require grad: frozen embeddings), then a plain and a fully
     checkpointed copy of every kind seen later (toggling block checkpointing reuses the
-    measurement), then every other variant; the last position's variant goes last, so the first
+    measurement; ``toggles=False``: ``_cache_representatives``), then every other variant; the last position's
+    variant goes last, so the first
     and last runs of the reduced timeline are the ones the full model's first and last positions
     use (see ``splice``)."""
+    if not toggles:
+        return _cache_representatives(members, variants)
     kinds: dict[tuple, int] = {}
     for v, b in zip(variants, members):
         kinds.setdefault(v[0], b)
@@ -77,15 +100,17 @@ def _representatives(members: list[int], variants: list[tuple]) -> tuple[list[tu
     return reps, [0] + [index[v] for v in variants[1:]]
 
 
-def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: dict) -> list[ListPlan]:
-    """One ``ListPlan`` per list holding ``blocks``; ``checkpoint``: fqn -> "full" | "selective"."""
+def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: dict,
+               toggles: bool = True) -> list[ListPlan]:
+    """One ``ListPlan`` per list holding ``blocks``; ``checkpoint``: fqn -> "full" | "selective";
+    ``toggles``: also a plain and a checkpointed copy of every kind (``_representatives``)."""
     by_list: dict[int, list[int]] = {}
     for b in blocks:
         by_list.setdefault(tree.modules[b].parent, []).append(b)
     plans = []
     for parent, members in by_list.items():
         variants = [_variant(tree, b, compute_dtype, checkpoint) for b in members]
-        reps, pos_rep = _representatives(members, variants)
+        reps, pos_rep = _representatives(members, variants, toggles)
         plans.append(ListPlan(tree.modules[parent].fqn, members, variants, reps, pos_rep))
     return plans
 

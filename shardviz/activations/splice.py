@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .kvcache import KVRelease
 from .profile import Event
 from .reduced import PLAIN, WHOLE_BLOCK, ListPlan
 
@@ -113,7 +114,9 @@ def _without_lead(run: list[Event], li: int, r: int) -> list[Event]:
     events before the rep's first own change carry no change, the outside ones among them go."""
     mine = [k for k, ev in enumerate(run) if _is_block_event(ev, li) and ev.key[1] == r]
     lead = next((k for k in mine[1:] if run[k].level != 0 or run[k].peak != 0), len(run))
-    return [ev._replace(level=0, peak=0, flops=0) for ev in run[:lead] if isinstance(ev.key, tuple)] + run[lead:]
+    # the outside ones keep their place (key None: dropped when the timeline is made absolute)
+    return [ev._replace(key=ev.key if isinstance(ev.key, tuple) else None, level=0, peak=0, flops=0)
+            for ev in run[:lead]] + run[lead:]
 
 
 def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Event:
@@ -138,11 +141,12 @@ def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Ev
     return ev._replace(key=fqn)
 
 
-def _region_events(region: _Region, deltas: list[Event], lp: ListPlan) -> list[Event]:
-    """The region replaced by one run per position (forward in order, backward in reverse)."""
+def _region_events(region: _Region, deltas: list[Event], lp: ListPlan) -> tuple[list[Event], list[int]]:
+    """The region replaced by one run per position (forward in order, backward in reverse), and the
+    index in the copy's timeline of each event."""
     n = len(lp.positions)
     positions = list(range(n)) if region.phase == "fw" else list(range(n - 1, -1, -1))
-    out = []
+    out, sources = [], []
     for i, pos in enumerate(positions):
         r = lp.pos_rep[pos]
         if r not in region.runs:
@@ -156,7 +160,8 @@ def _region_events(region: _Region, deltas: list[Event], lp: ListPlan) -> list[E
         if r == region.order[0] and i > 0:
             run = _without_lead(run, region.li, r)
         out.extend(_renamed(ev, region, r, names, edge) for ev in run)
-    return out
+        sources.extend(range(a, b))
+    return out, sources
 
 
 def _outside(evs: list[Event]) -> list[Event]:
@@ -183,19 +188,45 @@ def _absolute(result: list[Event]) -> list[Event]:
     return timeline
 
 
-def splice(events: list[Event], lists: list[ListPlan]) -> list[Event]:
+def _cache_kept(events: list[Event], release: KVRelease) -> list[Event]:
+    """The copy's timeline as if its key/value cache never died: from the death on, its bytes stay."""
+    freed = release.in_copy()
+    out = events[:release.event]
+    for ev in events[release.event:]:
+        out.append(ev._replace(level=ev.level + freed, peak=ev.peak + freed))
+    at = out[release.event]
+    out[release.event] = at._replace(peak=max(events[release.event].peak, at.level))
+    return out
+
+
+def _cache_dies(result: list[Event], sources: list[int], release: KVRelease, lists: list[ListPlan]) -> None:
+    """The cache's death in the full model's timeline (changes), at the last event made from the
+    copy's event that saw it (a block run is reused at every position of its representative; the
+    cache dies once, in the last one): every position's share freed."""
+    at = max((k for k, j in enumerate(sources) if j == release.event), default=len(result) - 1)
+    result[at] = result[at]._replace(level=result[at].level - release.in_model(lists))
+
+
+def splice(events: list[Event], lists: list[ListPlan], release: KVRelease | None = None) -> list[Event]:
     """The full model's timeline: the reduced timeline with each block list's forward and backward
     regions replaced by one run per position (a dropped event's level change is carried to the
-    next event, so levels stay exact)."""
-    deltas = _deltas(events)
-    result, cursor = [], 0
+    next event, so levels stay exact). ``release``: the key/value cache's death in the copy
+    (``kvcache``): the cache that every position's block filled dies at that moment instead."""
+    deltas = _deltas(events if release is None else _cache_kept(events, release))
+    result, sources, cursor = [], [], 0
     for region in _regions(events, lists):
         if region.start < cursor:
             raise RuntimeError("overlapping block runs in the measured timeline")
         result.extend(_outside(deltas[cursor:region.start]))
-        result.extend(_region_events(region, deltas, lists[region.li]))
+        sources.extend(range(cursor, region.start))
+        evs, srcs = _region_events(region, deltas, lists[region.li])
+        result.extend(evs)
+        sources.extend(srcs)
         cursor = region.stop
     result.extend(_outside(deltas[cursor:]))
+    sources.extend(range(cursor, len(deltas)))
+    if release is not None and result:
+        _cache_dies(result, sources, release, lists)
     return _absolute(result)
 
 
