@@ -13,7 +13,7 @@ import math
 import os
 
 from .cost import BREAKDOWN, Training
-from .format import byte_unit, format_percent, worst_rank
+from .format import byte_unit, format_bytes, format_percent, worst_rank
 # the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
 from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
 
@@ -77,9 +77,10 @@ def limit_use(peak: int | None, mesh) -> dict | None:
         return None
     frac = peak / fit.usable if fit.usable else None  # None: the reserve takes the whole device
     text = format_percent(frac) if frac is not None else "more than 100%"
+    words = (f"peak uses {text} of {fit.text} per device" if fit.usable else
+             f"the {format_bytes(fit.reserve)} reserve leaves nothing of {format_bytes(fit.device_memory)}")
     return {"fraction": frac, "percent_text": text, "over": not fit.fits, "limit_text": fit.text,
-            "margin": fit.margin,
-            "text": f"peak uses {text} of {fit.text} per device" + ("" if fit.fits else " — does not fit")}
+            "margin": fit.margin, "text": words + ("" if fit.fits else " — does not fit")}
 
 
 def _rank_rows(table) -> list[dict]:
@@ -309,11 +310,11 @@ def memory_figure(payload: dict):
         )
     limit = payload.get("limit")
     title = "Memory per rank at the peak"
-    if limit and limit <= 4 * float(payload.get("max_peak") or 0):
+    if limit is not None and limit <= 4 * float(payload.get("max_peak") or 0):  # 0: nothing usable
         over = bool((payload.get("use") or {}).get("over"))
         fig.add_hline(y=limit / div, line_dash="dash", line_color="#d62728" if over else "#888",
                       annotation_text=(payload.get("use") or {}).get("text", "device memory"))
-    elif limit and payload.get("use"):
+    elif limit is not None and payload.get("use"):
         title += f" ({payload['use']['text']})"  # far above the bars: named, not drawn
     fig.update_layout(barmode="stack", yaxis_title=f"{unit} per rank", title=title,
                       legend_orientation="h", margin={"t": 40, "l": 50, "r": 10, "b": 40},

@@ -66,6 +66,16 @@ def test_views_payload_draws_the_usable_memory_and_says_the_reserve():
     assert use["over"] and use["margin"] < 0 and f"− {reserve} reserve" in use["text"] and "does not fit" in use["text"]
 
 
+def test_a_reserve_as_large_as_the_device_leaves_nothing_and_says_so():
+    """A device smaller than its reserve (a user typing "200KiB"): nothing is usable; the chart still
+    draws the limit (at 0, not skipped as no limit) and its words say why, short enough for the label."""
+    m, plan, peak, _ = setting()
+    mesh = sv.Mesh(8, device_memory="200KiB")  # the default 1 GiB reserve
+    payload = views.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
+    assert payload["limit"] == 0 and payload["use"]["over"]
+    assert payload["use"]["text"] == "the 1.00 GiB reserve leaves nothing of 200.00 KiB — does not fit"
+
+
 def test_sv201_counts_the_reserve():
     m, plan, peak, mesh = setting()
     found = [f for f in sv.analyze(m, plan, mesh, TRAINING).findings if f.code == "SV201"]

@@ -107,7 +107,8 @@ def deep_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=24, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
+                      use_cache=False)  # as training sets it: selective checkpointing is then a plan torch runs
     with torch.device("meta"):
         return zoo._add_lora(LlamaForCausalLM(cfg), "CAUSAL_LM", r=8, target_modules="all-linear")
 

@@ -111,9 +111,10 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   const padR = 12;
   const padT = 22;
   const padB = 34;
+  const hasLimit = mem.limit != null; // 0 too: a reserve as large as the device leaves nothing usable
   const limit = mem.limit || 0;
   // a limit far above every bar would squash them flat: then it is named, not drawn
-  const limitOnScale = limit && limit <= 4 * (mem.max_peak || 0);
+  const limitOnScale = hasLimit && limit <= 4 * (mem.max_peak || 0);
   const top = Math.max(mem.max_peak || 0, limitOnScale ? limit : 0) * 1.08 || 1;
   const unit = axisUnit(top);
   const stepG = niceStep(top / unit[0]);
@@ -160,7 +161,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
     svg.append(g);
   });
   const use = mem.use;
-  if (limit && !limitOnScale) {
+  if (hasLimit && !limitOnScale) {
     // named, not drawn: far above every bar. Red only when the peak does not fit.
     svg.append(s("text", { class: `sv-limit-label sv-limit-off${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}` }));
   }

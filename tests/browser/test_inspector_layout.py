@@ -149,12 +149,12 @@ def test_inputs_never_fail_silently(lab_server, shared_lab_page, model):
 
     # junk device memory: refused with a message naming the field; units accepted
     field(widget, ".sv-device", "80GiB")
-    expect(widget.locator(".sv-sum-peak")).to_contain_text("of 80.00 GiB")
+    expect(widget.locator(".sv-sum-peak")).to_contain_text("of 79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)")
     widget.locator(".sv-device").fill("abc")
     widget.locator(".sv-device").press("Enter")
     expect(widget.locator(".sv-msg-error")).to_contain_text("device memory 'abc'")
     expect(widget.locator(".sv-device")).to_have_value("80")
-    expect(widget.locator(".sv-sum-peak")).to_contain_text("of 80.00 GiB")  # the verdict stays
+    expect(widget.locator(".sv-sum-peak")).to_contain_text("of 79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)")  # the verdict stays
     # a dismissed message stays gone, and the next change clears the rest
     widget.locator(".sv-msg-error .sv-msg-close").click()
     expect(widget.locator(".sv-msg-error")).to_have_count(0)
