@@ -173,14 +173,16 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     out: dict[int, list] = {}
     for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
-    return {u: _with_spans(v, walk) for u, v in out.items()}
+    by_position = [0] * len(walk.enter)  # the module forward enters at each position of the walk
+    for m, position in enumerate(walk.enter):
+        by_position[position] = m
+    return {u: _with_spans(v, walk, by_position) for u, v in out.items()}
 
 
-def _with_spans(parts: list[GradientsAt], walk: Walk) -> tuple[GradientsAt, ...]:
+def _with_spans(parts: list[GradientsAt], walk: Walk, by_position: list[int]) -> tuple[GradientsAt, ...]:
     """Each part with its ``span``: a module forward ran between two owners (GPT-2's activation,
     between ``c_fc`` and ``c_proj``) runs its backward after the later owner's gradients exist and
     before the earlier one's: its level counts with them."""
-    by_position = sorted(range(len(walk.enter)), key=walk.enter.__getitem__)
     parts = sorted(parts, key=lambda p: walk.enter[p.module])
     out = []
     for part, nxt in zip(parts, parts[1:] + [None]):

@@ -229,6 +229,7 @@ class _Runner:
             a = self.analysis(c)
             peak = int(a.memory.peak.max())
         except PlanError as exc:
+            self.n_analysed -= 1  # refused before any cost was computed: counted with the pruned
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
         fits = self.fitting[c] = self.mesh.fit(peak).fits
         if not fits:
