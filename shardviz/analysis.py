@@ -149,7 +149,6 @@ class Analysis:
     def run_order(self) -> tuple[str, ...] | None:
         """Module names in the order a training step first runs them, when one is measured: with
         activations, or (a step of batch 1) when calls are nested; None: registration order."""
-        from .cost import first_run_order
 
         profile = self.activation_profile
         if profile is None and self.model is not None:
@@ -157,7 +156,7 @@ class Analysis:
                 profile = self._measured_step(1, min(self.training.seq_len, 32), for_order_only=True)
             except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
                 return None
-        return None if profile is None else first_run_order(profile.timeline)
+        return None if profile is None else profile.run_order
 
     def _measured_step(self, batch_size: int, seq_len: int, for_order_only: bool = False):
         from .activations import measure_activations

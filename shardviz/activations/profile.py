@@ -120,6 +120,12 @@ class ActivationProfile:
         return sum(f.forward + f.backward for f in self.module_flops.values())
 
     @cached_property
+    def run_order(self) -> tuple[str, ...]:
+        """Module names in the order the step first entered them (its ``pre_fw`` events): once per
+        profile, every plan analysed with it reads the same order (``cost.walk``)."""
+        return tuple(dict.fromkeys(e[1] for e in self.timeline if e[0] == "pre_fw"))
+
+    @cached_property
     def flop_index(self):
         """``flops.FlopIndex``: FLOPs per subtree and each module's first forward, for every plan."""
         from .flops import flop_index

@@ -18,7 +18,7 @@ O(parameters).
 """
 
 from ..format import format_bytes, worst_rank
-from .levels import ActivationLevels, NoActivations, first_run_order
+from .levels import ActivationLevels, NoActivations
 from .model import CostModel, cost_model
 from .params import unsharded_bytes
 from .tables import BREAKDOWN, comm_table, memory_table, peak_breakdown
@@ -26,4 +26,4 @@ from .training import OPTIMIZERS, Training
 from .units import UnitCost, calls_with_nested_calls
 
 __all__ = ["BREAKDOWN", "OPTIMIZERS", "ActivationLevels", "CostModel", "NoActivations", "Training", "UnitCost",
-           "calls_with_nested_calls", "comm_table", "cost_model", "first_run_order", "format_bytes", "memory_table", "peak_breakdown", "unsharded_bytes", "worst_rank"]
+           "calls_with_nested_calls", "comm_table", "cost_model", "format_bytes", "memory_table", "peak_breakdown", "unsharded_bytes", "worst_rank"]

@@ -80,8 +80,3 @@ class ActivationLevels:
     def _last(self, modules):
         tree = self.tree
         return max(modules, key=lambda m: (tree.modules[m].subtree_end, -tree.modules[m].depth))
-
-
-def first_run_order(timeline) -> tuple[str, ...]:
-    """Module names in the order a measured step first entered them (its ``pre_fw`` events)."""
-    return tuple(dict.fromkeys(fqn for event, fqn, *_ in timeline if event == "pre_fw"))
