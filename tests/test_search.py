@@ -92,7 +92,7 @@ def test_plans_that_cannot_fit_are_pruned_not_measured():
     assert (pruned[refused].checkpoint == "selective").all() and pruned[refused].why.str.contains("SV113").all()
     pruned = pruned[~refused]
     assert len(pruned) and pruned.why.str.contains(
-        "checkpoints less|model state alone|activations alone|unsharded parameters alone").all()
+        "checkpoints less|model state alone|activations alone|unsharded parameters alone|replicas already").all()
     assert pruned.step_time_s.isna().all()
     slower = t[~t.analysed & t.fits]  # fit, but only by adding CPU offload to a plan that fits without it
     assert slower.offload.all() and slower.why.str.contains("without CPU offload, which fits too").all()
@@ -124,6 +124,20 @@ def test_plans_that_keep_unsharded_parameters_are_pruned_only_when_torch_would_n
     kept = [i for i, why in enumerate(s.table.why) if "unsharded parameters alone" in why]
     assert kept and s.fits
     for i in kept:
+        plan, mesh, tr = s.candidate(i)
+        assert int(sv.analyze(m, plan, mesh, tr).memory.peak.max()) > limit, s.table.name.iloc[i]
+
+
+def test_plans_pruned_for_more_replicas_are_indeed_over():
+    """A plan over the device on r replicas is pruned on every multiple of r (more replicas, smaller
+    shard groups, more per rank): on the 24-block Llama filled by its checkpointed FSDP plan, each
+    so pruned, analysed, is over."""
+    m, training = deep_model(), sv.Training(batch_size=1, seq_len=8, param_dtype="bfloat16")
+    limit = int(sv.analyze(m, sv.Plan.auto(m, lora="sharded", checkpoint="blocks"), MESH, training).memory.peak.max())
+    s = sv.search(m, mesh=replace(MESH, device_memory=limit), training=training, offload=(False,))
+    more = [i for i, why in enumerate(s.table.why) if "replicas already" in why]
+    assert more
+    for i in more:
         plan, mesh, tr = s.candidate(i)
         assert int(sv.analyze(m, plan, mesh, tr).memory.peak.max()) > limit, s.table.name.iloc[i]
 

@@ -16,6 +16,8 @@ its reason:
 - a plan with every block checkpointed (or one of the partial policies) is already over the device
   on the same layout, mesh and options: the blocks checkpointed with fewer blocks are a subset, so
   more activations are alive at every moment;
+- the same plan on fewer replicas (larger shard groups) is already over: more replicas hold more
+  per rank;
 - without resharding after forward (or resharding to k ranks), the calls' unsharded parameters
   (or 1/k of them), all alive when forward ends, are over the device;
 - a micro-batch larger than one with which nothing fits.
@@ -193,11 +195,22 @@ class _Runner:
         for (state, batch, ckpt), peak in self.over.items():
             if state == c.state_key and self.holds_less_than(c, batch, ckpt):
                 return f"over {gib}: {format_bytes(peak)} with {_ckpt_words(ckpt)}, micro-batch {batch} {less}"
+            if self.fewer_replicas(state, c) and batch == c.batch_size and ckpt == c.checkpoint:
+                return (f"over {gib}: {format_bytes(peak)} with {state[2]} replicas already; more replicas shard each "
+                        "copy over fewer ranks, so every rank holds more (not analysed)")
         state = self.lean_state(c.lora)
         if state > self.limit:
             return (f"over {gib}: the model state alone is {format_bytes(state)} with the leanest options "
                     "(activations not measured)")
         return self.kept_unsharded(c)
+
+    @staticmethod
+    def fewer_replicas(state: tuple, c: Candidate) -> bool:
+        """``state`` (a state key) is ``c``'s plan on fewer replicas of larger shard groups: its
+        sharded parameters, gradients and optimizer states per rank are a fraction of ``c``'s."""
+        lora, reshard, replicate, offload = state
+        return (lora, reshard, offload) == (c.lora, c.reshard, c.offload) and replicate < c.replicate \
+            and c.replicate % replicate == 0
 
     def kept_unsharded(self, c: Candidate) -> str | None:
         """Without resharding after forward (or resharding to k ranks), every call keeps its
