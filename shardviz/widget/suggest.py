@@ -155,7 +155,7 @@ def search_payload(found: Search, seconds: float, top: int, state) -> dict:
         "rows": rows, "n_rows": len(t), "n_candidates": found.n_candidates, "n_analysed": found.n_analysed,
         "summary": (f"{found.n_candidates} plans tried, {found.n_analysed} analysed, in {format_duration(seconds)}; "
                     f"the first {len(rows)} shown, best first"),
-        "explain": found.explain(), "note": found.note, "limit_text": format_bytes(found.device_memory),
+        "explain": found.explain(), "note": found.note, "limit_text": found.limit_text,
     }
 
 
