@@ -51,6 +51,9 @@ class Mesh:
     ``memory_reserve`` (bytes or a size, default ``devices.MEMORY_RESERVE_BYTES`` = 1 GiB for the
     CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
     verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
+    ``nics_per_node`` / ``nic_gbps``: the network cards of a node and the GB/s of each (one
+    direction); default one per GPU at ``inter_node_gbps`` (a DGX). A ring across nodes spreads over
+    the node's NICs (``node_network_gbps``; docs/step-time.md, "The links").
     """
 
     shard: int
@@ -62,6 +65,8 @@ class Mesh:
     device: str | Device | None = None
     efficiency: Efficiency | None = None
     memory_reserve: int | str = MEMORY_RESERVE_BYTES
+    nics_per_node: int | None = None
+    nic_gbps: float | None = None
 
     def __post_init__(self):
         self._fill_from_device()
@@ -72,11 +77,32 @@ class Mesh:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
+        self._check_nics()
         object.__setattr__(self, "device_memory", parse_bytes(self.device_memory))
         reserve = parse_size(self.memory_reserve, "Mesh.memory_reserve")
         if reserve < 0:
             raise ValueError(f"Mesh.memory_reserve must be >= 0 bytes, got {self.memory_reserve!r}")
         object.__setattr__(self, "memory_reserve", reserve)
+
+    def _check_nics(self) -> None:
+        nics, gbps = self.nics_per_node, self.nic_gbps
+        if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or nics < 1):
+            raise ValueError(f"Mesh.nics_per_node must be a positive int, got {nics!r}")
+        if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not gbps > 0
+                                 or gbps == float("inf")):
+            raise ValueError(f"Mesh.nic_gbps must be a positive number of GB/s, got {gbps!r}")
+        if nics is not None and gbps is None and self.inter_node_gbps is not None and self.ranks_per_node:
+            # the node's network split over the NICs given: what one GPU's share was, per NIC
+            object.__setattr__(self, "nic_gbps", self.inter_node_gbps * self.ranks_per_node / nics)
+        if nics is None:
+            object.__setattr__(self, "nics_per_node", self.ranks_per_node)
+        if self.nic_gbps is None and self.inter_node_gbps is not None:
+            object.__setattr__(self, "nic_gbps", self.inter_node_gbps * self.ranks_per_node / self.nics_per_node)
+
+    @property
+    def node_network_gbps(self) -> float | None:
+        """GB/s one node sends across nodes, all its NICs together (None: no inter-node bandwidth)."""
+        return None if self.nic_gbps is None else self.nics_per_node * self.nic_gbps
 
     def fit(self, peak: int) -> MemoryFit | None:
         """``devices.memory_fit``: does ``peak`` fit ``device_memory`` less ``memory_reserve``
