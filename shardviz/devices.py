@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .format import format_bytes, parse_size
@@ -141,7 +141,7 @@ DEFAULT_EFFICIENCY = Efficiency()
 # the H100's, per the FlashAttention-2 and -3 papers).
 _CHIP = {
     "A100": {"matmul": 0.74, "attention": 0.55},
-    "H100": {"matmul": 0.66, "attention": 0.35},
+    "H100": {"matmul": 0.53, "attention": 0.35},  # no 700 W FSDP2 run published: the 500 W fit, a lower bound
     "H100-500W": {"matmul": 0.53, "attention": 0.35},
 }
 _FAMILY = {"A100-40GB": "A100", "A100-80GB": "A100", "H100": "H100", "H100-PCIe": "H100", "H200": "H100",
@@ -287,6 +287,31 @@ def device_by_name(name: str) -> Device:
     hint = f"; closest: {table[close[0]].name!r}" if close else ""
     raise ValueError(f"unknown device {name!r}: known devices are {', '.join(DEVICES)}{hint} "
                      "(or pass sv.Device(...) with your own figures)")
+
+
+def mesh_defaults(mesh) -> dict:
+    """What ``Mesh`` fills in: the device (a ``Device``); where the fields are None, the device's
+    memory, GPUs per node and bandwidths (without one: 8 ranks per node); then the NICs: one per
+    GPU at ``inter_node_gbps`` (a DGX), or the node's network split over the ``nics_per_node`` given."""
+    device = as_device(mesh.device)
+    out = {"device": device}
+    defaults = {"ranks_per_node": 8}
+    if device is not None:
+        defaults = {"device_memory": device.memory, "ranks_per_node": device.gpus_per_node,
+                    "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps}
+    for key, value in defaults.items():
+        out[key] = value if getattr(mesh, key) is None else getattr(mesh, key)
+    nics, gbps, inter, rpn = mesh.nics_per_node, mesh.nic_gbps, out.get("inter_node_gbps", mesh.inter_node_gbps), out["ranks_per_node"]
+    if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or nics < 1):
+        raise ValueError(f"Mesh.nics_per_node must be a positive int, got {nics!r}")
+    if gbps is not None:
+        _check_positive("Mesh", "nic_gbps", gbps)
+    if isinstance(rpn, int) and not isinstance(rpn, bool) and rpn >= 1:  # else the Mesh refuses ranks_per_node
+        nics = rpn if nics is None else nics
+        if gbps is None and inter is not None:
+            gbps = inter * rpn / nics  # the node's network, per NIC
+    out.update(nics_per_node=nics, nic_gbps=gbps)
+    return out
 
 
 def as_device(device) -> Device | None:

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .devices import MEMORY_RESERVE_BYTES, Device, Efficiency, MemoryFit, as_device, limit_text, memory_fit
+from .devices import MEMORY_RESERVE_BYTES, Device, Efficiency, MemoryFit, limit_text, memory_fit, mesh_defaults
 from .finding import Finding, PlanError
 from .format import parse_size
 from .plan import Plan, Unit, closest_hint
@@ -51,9 +51,7 @@ class Mesh:
     ``memory_reserve`` (bytes or a size, default ``devices.MEMORY_RESERVE_BYTES`` = 1 GiB for the
     CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
     verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
-    ``nics_per_node`` / ``nic_gbps``: the network cards of a node and the GB/s of each (one
-    direction); default one per GPU at ``inter_node_gbps`` (a DGX). A ring across nodes spreads over
-    the node's NICs (``node_network_gbps``; docs/step-time.md, "The links").
+    ``nics_per_node`` / ``nic_gbps``: a node's NICs and GB/s each (default one per GPU at ``inter_node_gbps``).
     """
 
     shard: int
@@ -77,32 +75,15 @@ class Mesh:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
-        self._check_nics()
         object.__setattr__(self, "device_memory", parse_bytes(self.device_memory))
         reserve = parse_size(self.memory_reserve, "Mesh.memory_reserve")
         if reserve < 0:
             raise ValueError(f"Mesh.memory_reserve must be >= 0 bytes, got {self.memory_reserve!r}")
         object.__setattr__(self, "memory_reserve", reserve)
 
-    def _check_nics(self) -> None:
-        nics, gbps = self.nics_per_node, self.nic_gbps
-        if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or nics < 1):
-            raise ValueError(f"Mesh.nics_per_node must be a positive int, got {nics!r}")
-        if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not gbps > 0
-                                 or gbps == float("inf")):
-            raise ValueError(f"Mesh.nic_gbps must be a positive number of GB/s, got {gbps!r}")
-        if nics is not None and gbps is None and self.inter_node_gbps is not None and self.ranks_per_node:
-            # the node's network split over the NICs given: what one GPU's share was, per NIC
-            object.__setattr__(self, "nic_gbps", self.inter_node_gbps * self.ranks_per_node / nics)
-        if nics is None:
-            object.__setattr__(self, "nics_per_node", self.ranks_per_node)
-        if self.nic_gbps is None and self.inter_node_gbps is not None:
-            object.__setattr__(self, "nic_gbps", self.inter_node_gbps * self.ranks_per_node / self.nics_per_node)
-
     @property
     def node_network_gbps(self) -> float | None:
-        """GB/s one node sends across nodes, all its NICs together (None: no inter-node bandwidth)."""
-        return None if self.nic_gbps is None else self.nics_per_node * self.nic_gbps
+        return None if self.nic_gbps is None else self.nics_per_node * self.nic_gbps  # all of a node's NICs
 
     def fit(self, peak: int) -> MemoryFit | None:
         """``devices.memory_fit``: does ``peak`` fit ``device_memory`` less ``memory_reserve``
@@ -121,15 +102,9 @@ class Mesh:
         return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
 
     def _fill_from_device(self) -> None:
-        device = as_device(self.device)
-        object.__setattr__(self, "device", device)
-        defaults = {"ranks_per_node": 8}
-        if device is not None:
-            defaults = {"device_memory": device.memory, "ranks_per_node": device.gpus_per_node,
-                        "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps}
-        for key, value in defaults.items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
+        """The device's figures where the fields are None, then the NICs (``devices.mesh_defaults``)."""
+        for key, value in mesh_defaults(self).items():
+            object.__setattr__(self, key, value)
 
     @property
     def world(self) -> int:

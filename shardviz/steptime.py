@@ -92,17 +92,26 @@ def unit_op_costs(a) -> dict:
 PHASES = ("forward", "backward", "recompute")
 
 
-def stack(a) -> str:
-    """The stack the analysed model most likely trains with (``devices.stack_of``)."""
+def stack_for(tree) -> str:
+    """The stack the model of ``tree`` most likely trains with (``devices.stack_of``)."""
     from .activations.measure import hf_config
 
-    model = getattr(a, "model", None)
-    return stack_of(a.tree.root_type, model is not None and hf_config(model) is not None)
+    model = tree.model
+    return stack_of(tree.root_type, model is not None and hf_config(model) is not None)
+
+
+def efficiency_for(tree, mesh) -> Efficiency:
+    """The mesh's ``Efficiency``, else the preset of the model's stack on the mesh's device: what
+    every step time of that model on that mesh uses (the analysis, the search's notes)."""
+    return getattr(mesh, "efficiency", None) or default_efficiency(mesh.device, stack_for(tree))
+
+
+def stack(a) -> str:
+    return stack_for(a.tree)
 
 
 def efficiency(a) -> Efficiency:
-    """The mesh's ``Efficiency``, else the preset of the model's stack on the mesh's device."""
-    return getattr(a.mesh, "efficiency", None) or default_efficiency(a.mesh.device, stack(a))
+    return efficiency_for(a.tree, a.mesh)
 
 
 def op_seconds(cost: dict | None, device: Device, eff: Efficiency, dtype: str) -> float:

@@ -367,3 +367,29 @@ def test_the_offloaded_optimizer_step_is_the_host_adamw(model):
     assert opt[0].end_s - opt[0].start_s == pytest.approx(host_optimizer_seconds(steptime.host_step_params(a),
                                                                                  steptime.efficiency(a)))
     assert any("host's AdamW" in n for n in a.step_time.assumptions)
+
+
+@pytest.mark.slow
+def test_llama3_8b_lora_search_offloads_only_where_the_host_time_pays():
+    """Issue 27, "CPU offload looks free": the host's AdamW and the PCIe copies are timed. On 2 x RTX
+    4090 (24 GB) the plans that fit without offload must recompute blocks; offloading avoids that,
+    its host time included, and wins. On 8 x H100 a plan fits without offload and wins; the
+    offloaded twins are not even analysed (they only add host time)."""
+    model = zoo.llama3_8b(lora=True)
+    model.config.use_cache = False
+    training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=1,
+                           seq_len=4096)
+    small = sv.search(model, sv.Mesh(2, device="RTX-4090"), training)
+    table = small.table
+    assert table.offload.iloc[0] and table.fits.iloc[0]
+    plan, mesh, chosen = small.candidate(0)
+    a = sv.analyze(model, plan, mesh, chosen)
+    sched = a.step_time.schedule
+    host = sum(e.end_s - e.start_s for e in sched.events if e.kind in ("h2d", "d2h", "optimizer"))
+    assert host > 0.05 * a.step["step_time_s"]  # the host time is a real share of the step
+    not_offloaded = table[(~table.offload) & table.fits & table.analysed]
+    assert len(not_offloaded) and not_offloaded.step_time_s.min() > a.step["step_time_s"]
+    big = sv.search(model, sv.Mesh(8, device="H100"), training).table
+    assert not big.offload.iloc[0]
+    assert not big[big.offload & big.fits].analysed.any()
+    assert any("step times assume stack hf-peft" in n for n in small.note.split("; "))
