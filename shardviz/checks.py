@@ -456,7 +456,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
             out += _batch_fix(analysis)
     if not training.offload:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
-                                     "(Training(offload=True); the optimizer step then runs on the host, not timed)",
+                                     "(Training(offload=True); the optimizer step then runs on the host: its time is the host AdamW's)",
                            training=replace(training, offload=True)))
     out = [f for f in out if _fits(analysis, f.peak)]
     if out and all(f.cost_s is not None for f in out):

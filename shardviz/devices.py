@@ -14,13 +14,18 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .format import format_bytes, parse_size
 
 GiB = 1024**3
 MiB = 1024**2
+
+# CPU offload's optimizer step: PyTorch's own CPU Adam steps 1e9 parameters in 1.39 s (ZeRO-Offload,
+# Ren et al., USENIX ATC 2021, Table 3, "PT-CPU"): 0.72e9 parameters/s (docs/step-time.md, "Host time")
+HOST_ADAMW_GPARAMS_PER_S = 1 / 1.39
+
 
 def _check_positive(owner: str, name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -65,42 +70,117 @@ class Device:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of the peaks (0 < x <= 1). Defaults and their sources: docs/step-time.md.
+    """Achieved fractions of the peaks (0 < x <= 1) and what the software stack adds. Defaults,
+    presets (``Efficiency.for_stack``) and their sources: docs/step-time.md, "Efficiencies".
 
-    - ``matmul``: FLOPs of the step / (time computing x peak dense FLOPS): matmuls, attention and
-      the memory-bound kernels between them together;
+    - ``matmul``: achieved / peak dense FLOP/s of the large matmuls (compute-bound GEMMs);
     - ``collective_bus``: NCCL bus bandwidth / link bandwidth (what nccl-tests calls busbw);
-    - ``hbm``: bytes moved / (time x HBM bandwidth), for the optimizer step.
+    - ``hbm``: bytes moved / (time x HBM bandwidth): the memory-bound kernels (casts, norms,
+      dropout, softmax, the loss, small matmuls such as LoRA's) and the optimizer step;
+    - ``attention``: achieved / peak FLOP/s of the fused attention kernels (None: ``matmul``);
+    - ``kernel_us``: the least time one kernel takes, its launch included (microseconds; 0: none);
+    - ``memory_traffic``: the share of the memory-bound kernels' bytes and launches left after a
+      compiler fuses them (1: eager PyTorch, every op its own kernel);
+    - ``host_adamw_gparams_per_s``: billions of parameters one rank's CPU AdamW steps per second
+      (CPU offload's optimizer step, on the host);
+    - ``stack``: the software these figures describe, in words (said in every time's assumptions).
     """
 
     matmul: float = 0.5
     collective_bus: float = 0.8
     hbm: float = 0.8
+    attention: float | None = None
+    kernel_us: float = 0.0
+    memory_traffic: float = 1.0
+    host_adamw_gparams_per_s: float = HOST_ADAMW_GPARAMS_PER_S
+    stack: str = "generic"
 
     def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            _check_positive("Efficiency", f.name, value)
+        for name in ("matmul", "collective_bus", "hbm", "attention", "memory_traffic"):
+            value = getattr(self, name)
+            if value is None and name == "attention":
+                continue
+            _check_positive("Efficiency", name, value)
             if value > 1:
-                raise ValueError(f"Efficiency.{f.name} is a fraction of the peak, at most 1, got {value!r}")
+                raise ValueError(f"Efficiency.{name} is a fraction of the peak, at most 1, got {value!r}")
+        _check_positive("Efficiency", "host_adamw_gparams_per_s", self.host_adamw_gparams_per_s)
+        k = self.kernel_us
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
+            raise ValueError(f"Efficiency.kernel_us must be microseconds >= 0, got {k!r}")
+
+    @property
+    def attention_fraction(self) -> float:
+        return self.matmul if self.attention is None else self.attention
+
+    def describe(self) -> str:
+        """The figures in words, for the assumptions of every time."""
+        fused = f" ({self.memory_traffic:g} of eager traffic left after fusion)" if self.memory_traffic < 1 else ""
+        return (f"stack {self.stack}: matmuls at {self.matmul:g} of peak, attention at {self.attention_fraction:g}, "
+                f"memory-bound kernels at {self.hbm:g} of HBM{fused}, at least {self.kernel_us:g} us per kernel, "
+                f"collectives at {self.collective_bus:g} of the link bandwidth")
+
+    @classmethod
+    def for_stack(cls, stack: str, device=None) -> "Efficiency":
+        """The preset of ``stack`` (one of ``STACKS``) on ``device`` (a name or a ``Device``; the
+        A100 or H100 family's figures where it belongs to one, else the generic matmul 0.5)."""
+        if stack not in STACKS:
+            close = difflib.get_close_matches(str(stack), list(STACKS), n=1, cutoff=0.0)
+            raise ValueError(f"unknown stack {stack!r}: known stacks are {', '.join(STACKS)}"
+                             + (f"; closest: {close[0]!r}" if close else ""))
+        family = _family(device)
+        chip = _CHIP.get(family, {"matmul": DEFAULT_MATMUL, "attention": None})
+        return cls(**chip, **STACKS[stack], stack=stack)
 
 
+DEFAULT_MATMUL = 0.5
 DEFAULT_EFFICIENCY = Efficiency()
 
-# Achieved compute fraction where a published training benchmark gives one for the part, taken
-# from runs that are not among the ones docs/step-time.md predicts: the median HFU (FLOPs executed,
-# recomputation included, over time x peak) of llm-foundry's MPT benchmarks of 7B-70B models
-# (FSDP, bf16, flash attention; scripts/train/benchmarking/README.md): H100 0.48 over 22 runs,
-# A100-80GB 0.72 over 13. HFU includes exposed communication, so these are lower bounds.
-MEASURED_MATMUL_EFFICIENCY = {"A100-40GB": 0.72, "A100-80GB": 0.72, "H100": 0.48, "H100-PCIe": 0.48, "H200": 0.48}
+# What the part achieves, whatever the stack (docs/step-time.md, "Efficiencies": calibrated on the
+# rows of benchmarks/bench_published.py marked "calibration", checked on the others):
+# large bf16 GEMMs, and fused attention (FlashAttention-2: 50-73 % of the A100's peak, ~35 % of
+# the H100's, per the FlashAttention-2 and -3 papers).
+_CHIP = {
+    "A100": {"matmul": 0.74, "attention": 0.55},
+    "H100": {"matmul": 0.53, "attention": 0.35},  # no 700 W FSDP2 run published: the 500 W fit, a lower bound
+    "H100-500W": {"matmul": 0.53, "attention": 0.35},
+}
+_FAMILY = {"A100-40GB": "A100", "A100-80GB": "A100", "H100": "H100", "H100-PCIe": "H100", "H200": "H100",
+           "H100-500W": "H100-500W"}
+
+# What the software adds (docs/step-time.md, "Efficiencies"): per-kernel floor, fusion.
+STACKS: dict[str, dict] = {
+    # torchtitan, eager: every op its own kernel, torch's fused SDPA, no Python module overhead to speak of
+    "torchtitan-eager": {"kernel_us": 4.0, "memory_traffic": 1.0},
+    # torchtitan with torch.compile per block: inductor fuses the pointwise chains (norms, rotary, SwiGLU)
+    "torchtitan-compile": {"kernel_us": 3.0, "memory_traffic": 0.45},
+    # torchtune, eager (compile=False, its default): its own modules, as torchtitan eager
+    "torchtune": {"kernel_us": 4.0, "memory_traffic": 1.0},
+    # Hugging Face modules (Trainer / accelerate), eager: Python module overhead on every call
+    "hf": {"kernel_us": 6.0, "memory_traffic": 1.0},
+    # the same with peft adapters: each adapted projection adds dropout, two small matmuls, a scale, an add
+    "hf-peft": {"kernel_us": 8.0, "memory_traffic": 1.0},
+}
 
 
-def default_efficiency(device) -> Efficiency:
-    """``DEFAULT_EFFICIENCY`` with the measured matmul efficiency of ``device`` (a ``Device`` or a
-    name) where ``MEASURED_MATMUL_EFFICIENCY`` has one; a user's own ``Efficiency`` always wins."""
+def _family(device) -> str | None:
+    if device is None:
+        return None
     name = device.name if isinstance(device, Device) else device_by_name(device).name
-    matmul = MEASURED_MATMUL_EFFICIENCY.get(name, DEFAULT_EFFICIENCY.matmul)
-    return Efficiency(matmul=matmul, collective_bus=DEFAULT_EFFICIENCY.collective_bus, hbm=DEFAULT_EFFICIENCY.hbm)
+    return _FAMILY.get(name)
+
+
+def stack_of(root_type: str | None, hf: bool) -> str:
+    """The stack a model most likely trains with: a peft model -> "hf-peft", another Hugging Face
+    model -> "hf", anything else -> "torchtitan-eager" (plain PyTorch modules, eager)."""
+    if root_type and root_type.startswith("Peft"):
+        return "hf-peft"
+    return "hf" if hf else "torchtitan-eager"
+
+
+def default_efficiency(device, stack: str = "torchtitan-eager") -> Efficiency:
+    """``Efficiency.for_stack(stack, device)``: what a step uses when the mesh gives none; a user's
+    own ``Efficiency`` always wins."""
+    return Efficiency.for_stack(stack, device)
 
 # Memory the fits verdict keeps out of ``device_memory`` (docs/step-time.md, "Memory reserve"):
 # the CUDA context with lazy module loading (PyTorch PR 86509 measured 287 MB; cuBLAS/cuDNN
@@ -158,6 +238,7 @@ def memory_fit(peak: int, device_memory: int | None, reserve: int = MEMORY_RESER
 # Sources (full URLs and the page each figure is read from in docs/step-time.md).
 _NV_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _NV_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_TITAN_H100 = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
 _NV_H200 = "https://www.nvidia.com/en-us/data-center/h200/"
 _NV_B200 = "https://www.nvidia.com/en-us/data-center/hgx/"
 _AMD_MI300X = "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"
@@ -170,6 +251,11 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("A100-80GB", 80 * GiB, 312, 312, 19.5, 2039, 300, 25, 8, _NV_A100),
     Device("H100", 80 * GiB, 989, 989, 67, 3350, 450, 50, 8, _NV_H100),
     Device("H100-PCIe", 80 * GiB, 756, 756, 51, 2000, 64, 25, 8, _NV_H100),
+    # Meta's Grand Teton H100s: SXM with 96 GB HBM2e at 2.4 TB/s, capped at 500 W (torchtitan's
+    # benchmarks/llama3_h100_202412_torchtitan.md); the SXM datasheet's peak kept (the cap lowers
+    # the clock to somewhere between the SXM's and the NVL's peak, its value unpublished): the
+    # achieved fraction of it is this part's own (_CHIP)
+    Device("H100-500W", 96 * GiB, 989, 989, 67, 2400, 450, 50, 8, _TITAN_H100),
     Device("H200", 141 * GiB, 989, 989, 67, 4800, 450, 50, 8, _NV_H200),
     Device("B200", 180 * GiB, 2250, 2250, 80, 8000, 900, 50, 8, _NV_B200),
     Device("MI300X", 192 * GiB, 1307.4, 1307.4, 163.4, 5300, 448, 50, 8, _AMD_MI300X),
@@ -180,7 +266,7 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 
 _ALIASES = {"H100-SXM": "H100", "H100-SXM5": "H100", "H200-SXM": "H200", "A100": "A100-80GB",
             "A100-SXM-80GB": "A100-80GB", "A100-SXM-40GB": "A100-40GB", "RTX4090": "RTX-4090",
-            "4090": "RTX-4090", "MI300": "MI300X"}
+            "4090": "RTX-4090", "MI300": "MI300X", "H100-GRAND-TETON": "H100-500W"}
 
 
 def _key(name: str) -> str:
@@ -201,6 +287,31 @@ def device_by_name(name: str) -> Device:
     hint = f"; closest: {table[close[0]].name!r}" if close else ""
     raise ValueError(f"unknown device {name!r}: known devices are {', '.join(DEVICES)}{hint} "
                      "(or pass sv.Device(...) with your own figures)")
+
+
+def mesh_defaults(mesh) -> dict:
+    """What ``Mesh`` fills in: the device (a ``Device``); where the fields are None, the device's
+    memory, GPUs per node and bandwidths (without one: 8 ranks per node); then the NICs: one per
+    GPU at ``inter_node_gbps`` (a DGX), or the node's network split over the ``nics_per_node`` given."""
+    device = as_device(mesh.device)
+    out = {"device": device}
+    defaults = {"ranks_per_node": 8}
+    if device is not None:
+        defaults = {"device_memory": device.memory, "ranks_per_node": device.gpus_per_node,
+                    "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps}
+    for key, value in defaults.items():
+        out[key] = value if getattr(mesh, key) is None else getattr(mesh, key)
+    nics, gbps, inter, rpn = mesh.nics_per_node, mesh.nic_gbps, out.get("inter_node_gbps", mesh.inter_node_gbps), out["ranks_per_node"]
+    if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or nics < 1):
+        raise ValueError(f"Mesh.nics_per_node must be a positive int, got {nics!r}")
+    if gbps is not None:
+        _check_positive("Mesh", "nic_gbps", gbps)
+    if isinstance(rpn, int) and not isinstance(rpn, bool) and rpn >= 1:  # else the Mesh refuses ranks_per_node
+        nics = rpn if nics is None else nics
+        if gbps is None and inter is not None:
+            gbps = inter * rpn / nics  # the node's network, per NIC
+    out.update(nics_per_node=nics, nic_gbps=gbps)
+    return out
 
 
 def as_device(device) -> Device | None:

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .devices import MEMORY_RESERVE_BYTES, Device, Efficiency, MemoryFit, as_device, limit_text, memory_fit
+from .devices import MEMORY_RESERVE_BYTES, Device, Efficiency, MemoryFit, limit_text, memory_fit, mesh_defaults
 from .finding import Finding, PlanError
 from .format import parse_size
 from .plan import Plan, Unit, closest_hint
@@ -51,6 +51,7 @@ class Mesh:
     ``memory_reserve`` (bytes or a size, default ``devices.MEMORY_RESERVE_BYTES`` = 1 GiB for the
     CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
     verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
+    ``nics_per_node`` / ``nic_gbps``: a node's NICs and GB/s each (default one per GPU at ``inter_node_gbps``).
     """
 
     shard: int
@@ -62,6 +63,8 @@ class Mesh:
     device: str | Device | None = None
     efficiency: Efficiency | None = None
     memory_reserve: int | str = MEMORY_RESERVE_BYTES
+    nics_per_node: int | None = None
+    nic_gbps: float | None = None
 
     def __post_init__(self):
         self._fill_from_device()
@@ -77,6 +80,10 @@ class Mesh:
         if reserve < 0:
             raise ValueError(f"Mesh.memory_reserve must be >= 0 bytes, got {self.memory_reserve!r}")
         object.__setattr__(self, "memory_reserve", reserve)
+
+    @property
+    def node_network_gbps(self) -> float | None:
+        return None if self.nic_gbps is None else self.nics_per_node * self.nic_gbps  # all of a node's NICs
 
     def fit(self, peak: int) -> MemoryFit | None:
         """``devices.memory_fit``: does ``peak`` fit ``device_memory`` less ``memory_reserve``
@@ -95,15 +102,9 @@ class Mesh:
         return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
 
     def _fill_from_device(self) -> None:
-        device = as_device(self.device)
-        object.__setattr__(self, "device", device)
-        defaults = {"ranks_per_node": 8}
-        if device is not None:
-            defaults = {"device_memory": device.memory, "ranks_per_node": device.gpus_per_node,
-                        "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps}
-        for key, value in defaults.items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
+        """The device's figures where the fields are None, then the NICs (``devices.mesh_defaults``)."""
+        for key, value in mesh_defaults(self).items():
+            object.__setattr__(self, key, value)
 
     @property
     def world(self) -> int:

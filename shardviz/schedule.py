@@ -353,16 +353,25 @@ def optimizer_seconds(bytes_moved: float, device: Device, efficiency: Efficiency
     return float(bytes_moved) / (device.hbm_gbps * 1e9 * efficiency.hbm)
 
 
+def host_optimizer_seconds(params: float, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """CPU offload's optimizer step on the host: ``params`` trainable elements of one rank at
+    ``efficiency.host_adamw_gparams_per_s`` (docs/step-time.md, "Host time")."""
+    _check_seconds("host_optimizer_seconds", "params", params)
+    return float(params) / (efficiency.host_adamw_gparams_per_s * 1e9)
+
+
 def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dict, float | None]:
-    """A comm table (``a.comm``: ``time_s`` per call at the link bandwidth, ``count`` per step) ->
-    ({unit: {"all_gather_forward_s", "all_gather_backward_s", "reduce_scatter_s", "all_reduce_s"}},
-    seconds of the ignored parameters' all-reduce or None), at ``efficiency.collective_bus``."""
+    """A comm table (``a.comm``: ``time_s`` per call at the link bandwidth, ``latency_s`` per call,
+    ``count`` per step) -> ({unit: {"all_gather_forward_s", "all_gather_backward_s",
+    "reduce_scatter_s", "all_reduce_s"}}, seconds of the ignored parameters' all-reduce or None):
+    each call its latency plus its bytes at ``efficiency.collective_bus`` of the link (alpha + n / beta)."""
     per_unit: dict = {}
     ignored = None
     # plain lists, not itertuples: a 70B plan's table is read on every change of plan
     columns = [comm[c].tolist() for c in ("unit", "collective", "phase", "group", "time_s", "count")]
-    for unit, collective, phase, group, time_s, count in zip(*columns):
-        seconds = float(time_s) * int(count) / efficiency.collective_bus
+    latency = comm["latency_s"].tolist() if "latency_s" in comm else [0.0] * len(comm)
+    for unit, collective, phase, group, time_s, count, alpha in zip(*columns, latency):
+        seconds = (float(time_s) / efficiency.collective_bus + float(alpha)) * int(count)
         if math.isnan(seconds):
             raise ValueError(f"comm table: no bandwidth for the {collective} of {unit!r} over the "
                              f"{group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")

@@ -14,9 +14,10 @@ import math
 import weakref
 from dataclasses import dataclass, field
 
+from .activations import opcost
 from .format import format_duration
-from .devices import Device, Efficiency, default_efficiency
-from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, compute_seconds,
+from .devices import Device, Efficiency, default_efficiency, stack_of
+from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
 OUTSIDE = "(outside FSDP)"
@@ -53,10 +54,72 @@ class StepTime:
         return df
 
 
-def _unavailable(reason: str, grad_accum: int = 1) -> StepTime:
+def _unavailable(reason: str, grad_accum: int = 1, flops: dict | None = None) -> StepTime:
+    """No step to time; the FLOPs still, when a micro-batch was measured (they need no device)."""
     step = {k: None for k in STEP_KEYS}
-    step.update(reason=reason, grad_accum=grad_accum)
+    step.update(reason=reason, grad_accum=grad_accum, **(flops or {}))
     return StepTime(None, step)
+
+
+def _measured_flops(a) -> dict | None:
+    """The step's FLOPs where a micro-batch is measured (a step that cannot be measured has none)."""
+    if not a.training.with_activations:
+        return None
+    try:
+        totals = _unit_flops(a)[2]
+    except ValueError:  # the step itself cannot run (PlanError, a model torch cannot measure): no FLOPs either
+        return None
+    return {"flops": totals["flops"], "model_flops": totals["model_flops"]}
+
+
+def unit_op_costs(a) -> dict:
+    """unit name (``OUTSIDE`` for what runs outside every call) -> {"forward", "backward",
+    "recompute"} ``opcost`` costs of the measured step's ops; a unit measured without them (a
+    profile from before op costs) gets its FLOPs as large matmuls."""
+    from .activations import unit_costs
+
+    profile = a.activation_profile
+    costs = unit_costs(profile, a.plan.units) if profile is not None and profile.module_costs else {}
+    out = {}
+    for row in a.flops.to_dict("records"):
+        unit = row["unit"]
+        name = OUTSIDE if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
+        measured = costs.get(None if name == OUTSIDE else name)
+        out[name] = measured or {phase: opcost.flop_only(row[f"{phase}_flops"]) for phase in PHASES}
+    return out
+
+
+PHASES = ("forward", "backward", "recompute")
+
+
+def stack_for(tree) -> str:
+    """The stack the model of ``tree`` most likely trains with (``devices.stack_of``)."""
+    from .activations.measure import hf_config
+
+    model = tree.model
+    return stack_of(tree.root_type, model is not None and hf_config(model) is not None)
+
+
+def efficiency_for(tree, mesh) -> Efficiency:
+    """The mesh's ``Efficiency``, else the preset of the model's stack on the mesh's device: what
+    every step time of that model on that mesh uses (the analysis, the search's notes)."""
+    return getattr(mesh, "efficiency", None) or default_efficiency(mesh.device, stack_for(tree))
+
+
+def stack(a) -> str:
+    return stack_for(a.tree)
+
+
+def efficiency(a) -> Efficiency:
+    return efficiency_for(a.tree, a.mesh)
+
+
+def op_seconds(cost: dict | None, device: Device, eff: Efficiency, dtype: str) -> float:
+    """``opcost.seconds`` of a cost on ``device`` at ``eff``: the roofline of every op."""
+    peak = device.peak_flops(dtype)
+    return opcost.seconds(cost, matmul_flops_per_s=peak * eff.matmul, attention_flops_per_s=peak * eff.attention_fraction,
+                          bytes_per_s=device.hbm_gbps * 1e9 * eff.hbm, launch_s=eff.kernel_us * 1e-6,
+                          memory_traffic=eff.memory_traffic)
 
 
 def compute_dtype(a) -> str:
@@ -124,24 +187,43 @@ def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[flo
     return shard / gbps, shard * float(numbers["trainable_numel"]) / (float(numbers["numel"]) or 1.0) / gbps
 
 
-def _unit_times(a, order, flops, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
-    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
+def _offloaded(a) -> tuple[set, dict]:
+    """The calls CPU offload keeps on the host, and the layout's numbers of each."""
     units = {u.name: u for u in a.plan.units}
     offloaded = {name for name, u in units.items() if a.training.unit_defaults(u).offload}
     numbers = {ul.unit.name: n for ul, n in zip(a.layout.units, a.layout.unit_numbers)} if offloaded else {}
+    return offloaded, numbers
+
+
+def host_step_params(a) -> float:
+    """Trainable elements one rank's host optimizer steps under CPU offload: the trainable share of
+    each offloaded call's shard (its padded shard elements x trainable / all elements)."""
+    offloaded, numbers = _offloaded(a)
+    total = 0.0
+    for name in offloaded:
+        n = numbers[name]
+        shard_numel = float(n["padded_shard_bytes"]) / max(float(n["unsharded_bytes"]) / max(float(n["numel"]), 1.0), 1.0)
+        total += shard_numel * float(n["trainable_numel"]) / (float(n["numel"]) or 1.0)
+    return total
+
+
+def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
+    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
+    units = {u.name: u for u in a.plan.units}
+    offloaded, numbers = _offloaded(a)
     grad_modules = _needs_grad(a.tree)
     root_name = _enclosing(units)
     seen_grad, root, rows = False, None, []
     for name in order + [n for n in units if n not in order]:
-        f, c = flops.get(name, {}), comm_s.get(name, {})
+        f, c = costs.get(name, {}), comm_s.get(name, {})
         is_root = name == root_name
         if not is_root:
             seen_grad = seen_grad or any(m in grad_modules for m in (units[name].modules if name in units else ()))
         h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
         unit = UnitTime(
-            name, forward_s=compute_seconds(f.get("forward", 0.0), device, eff, dtype),
-            backward_s=compute_seconds(f.get("backward", 0.0), device, eff, dtype),
-            recompute_s=compute_seconds(f.get("recompute", 0.0), device, eff, dtype),
+            name, forward_s=op_seconds(f.get("forward"), device, eff, dtype),
+            backward_s=op_seconds(f.get("backward"), device, eff, dtype),
+            recompute_s=op_seconds(f.get("recompute"), device, eff, dtype),
             all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
             all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
             reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
@@ -197,18 +279,19 @@ def step_time(a) -> StepTime:
     k = int(getattr(a.training, "grad_accum", 1) or 1)
     reason = _why_not(a)
     if reason:
-        return _unavailable(reason, k)
+        return _unavailable(reason, k, _measured_flops(a))
     device: Device = a.mesh.device
-    eff = getattr(a.mesh, "efficiency", None) or default_efficiency(device)
+    eff = efficiency(a)
     dtype = compute_dtype(a)
     try:
         comm_s, ignored_s = comm_seconds(_one_micro_batch(a.comm, k, a.training), eff)
     except ValueError as e:
-        return _unavailable(str(e), k)
-    order, flops, totals = _unit_flops(a)
-    root, units = _unit_times(a, order, flops, comm_s, device, eff, dtype)
+        return _unavailable(str(e), k, _measured_flops(a))
+    order, _, totals = _unit_flops(a)
+    root, units = _unit_times(a, order, unit_op_costs(a), comm_s, device, eff, dtype)
     offload = a.training.offload
-    opt_s = 0.0 if offload else optimizer_seconds(optimizer_bytes(a), device, eff)
+    host_params = host_step_params(a) if offload else 0.0
+    opt_s = optimizer_seconds(optimizer_bytes(a), device, eff) if not offload else host_optimizer_seconds(host_params, eff)
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s))
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
     quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None,
@@ -230,15 +313,30 @@ def step_time(a) -> StepTime:
         "step_time_sync_last_s": sync_last_s, "tokens_per_s_sync_last": tokens / sync_last_s,
         "device": device.name, "dtype": dtype, "reason": None,
     }
-    notes = [f"{device.name}: {peak / 1e12:g} TFLOPS {dtype} peak x matmul efficiency {eff.matmul:g}; collectives "
-             f"at the link bandwidth x {eff.collective_bus:g}; optimizer over HBM at {device.hbm_gbps:g} GB/s x {eff.hbm:g}"]
-    if offload:
-        notes.append("CPU offload: the optimizer step runs on the host and is not timed")
+    return StepTime(last, step, _assumptions(a, device, eff, dtype, k, sync_every, host_params))
+
+
+def _assumptions(a, device: Device, eff: Efficiency, dtype: str, k: int, sync_every: bool, host_params: float) -> tuple:
+    """What every figure of the step rests on, in words: the device, the stack and its
+    efficiencies, the links, the host."""
+    peak = device.peak_flops(dtype) / 1e12
+    mesh = a.mesh
+    notes = [f"{device.name}: {peak:g} TFLOPS {dtype} peak, HBM {device.hbm_gbps:g} GB/s; each op timed by its roofline "
+             f"(FLOPs, bytes read and written, one kernel)",
+             eff.describe() + (" (the mesh's own)" if getattr(mesh, "efficiency", None) else
+                               f" (the preset of the stack a {a.tree.root_type} most likely trains with)"),
+             f"links: {mesh.intra_node_gbps:g} GB/s per GPU inside a node of {mesh.ranks_per_node}, "
+             f"{mesh.node_network_gbps:g} GB/s per node across nodes ({mesh.nics_per_node} NICs x {mesh.nic_gbps:g} GB/s; "
+             "a ring spreads over them), plus NCCL's ring latency per call"]
+    if a.training.offload:
+        notes.append(f"CPU offload: the host's AdamW steps {host_params / 1e9:.3g} B parameters per rank at "
+                     f"{eff.host_adamw_gparams_per_s:.3g} B/s; parameters and gradients cross PCIe at "
+                     f"{HOST_LINK_GBPS.get(device.name, 32.0):g} GB/s x {eff.hbm:g}")
     if k > 1 and not sync_every:
         notes.append(f"{k} micro-batches, the first {k - 1} under set_requires_gradient_sync(False) (no reduction)")
     elif k > 1:
         notes.append(f"{k} micro-batches, each one reducing (sync_every_microbatch)")
-    return StepTime(last, step, tuple(notes))
+    return tuple(notes)
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from torch_truth import tiny_lora
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
                   "grads_sharded", "grads_whole", "state", "peak_phase", "peak_unit", "peak_transient",
                   "cpu_params", "cpu_grads", "cpu_optimizer", "cpu_peak"}
-COMM_COLUMNS = ["unit", "collective", "phase", "group", "group_size", "count", "dtype", "bytes", "sent_bytes", "time_s"]
+COMM_COLUMNS = ["unit", "collective", "phase", "group", "group_size", "count", "dtype", "bytes", "sent_bytes", "time_s",
+                "latency_s"]
 
 
 @pytest.fixture(scope="module")

@@ -116,20 +116,99 @@ def test_comm_table_uses_the_device_bandwidths():
     model = zoo.tiny_llama_lora()
     plan = sv.Plan.auto(model, lora="sharded")
     comm = sv.analyze(model, plan, sv.Mesh(shard=8, device="H100")).comm
-    assert (comm.time_s == comm.sent_bytes / 450e9).all()
+    assert (comm.time_s == comm.sent_bytes / 450e9).all()  # bytes over the link (latency_s apart)
     explicit = sv.analyze(model, plan, sv.Mesh(shard=8, intra_node_gbps=450, inter_node_gbps=50)).comm
     assert comm.time_s.tolist() == explicit.time_s.tolist()
 
 
-def test_default_efficiency_uses_a_measured_matmul_fraction_where_one_is_published():
-    from shardviz.devices import DEFAULT_EFFICIENCY, MEASURED_MATMUL_EFFICIENCY, default_efficiency
+def test_stack_presets_take_the_parts_figures_and_the_stacks():
+    from shardviz.devices import DEFAULT_MATMUL, STACKS, default_efficiency, stack_of
 
-    assert default_efficiency("A100-80GB").matmul == 0.72
-    assert default_efficiency(DEVICES["H100"]).matmul == 0.48
-    assert default_efficiency("B200") == DEFAULT_EFFICIENCY  # nothing published: the generic default
-    assert set(MEASURED_MATMUL_EFFICIENCY) <= set(DEVICES)
-    custom = dataclasses.replace(DEVICES["H100"], name="mine")
-    assert default_efficiency(custom) == DEFAULT_EFFICIENCY
+    for stack, extra in STACKS.items():
+        eff = Efficiency.for_stack(stack, "A100-80GB")
+        assert eff.stack == stack and all(getattr(eff, k) == v for k, v in extra.items())
+        assert eff.matmul == Efficiency.for_stack(stack, "A100-40GB").matmul  # one family
+    assert Efficiency.for_stack("hf", "H200").matmul == Efficiency.for_stack("hf", "H100").matmul
+    assert Efficiency.for_stack("hf", "B200").matmul == DEFAULT_MATMUL  # nothing published: the generic figure
+    assert Efficiency.for_stack("torchtitan-compile").memory_traffic < 1  # inductor fuses the pointwise ops
+    assert default_efficiency("H100") == Efficiency.for_stack("torchtitan-eager", "H100")
+    with pytest.raises(ValueError, match="unknown stack 'hf_peft'.*closest: 'hf-peft'"):
+        Efficiency.for_stack("hf_peft")
+    assert stack_of("PeftModelForCausalLM", True) == "hf-peft"
+    assert stack_of("LlamaForCausalLM", True) == "hf" and stack_of("MyNet", False) == "torchtitan-eager"
+
+
+@pytest.mark.parametrize("field, bad", [("kernel_us", -1.0), ("memory_traffic", 1.5), ("attention", 0.0),
+                                        ("host_adamw_gparams_per_s", 0)])
+def test_efficiency_refuses_bad_stack_figures_naming_the_field(field, bad):
+    with pytest.raises(ValueError, match=f"Efficiency.{field} "):
+        Efficiency(**{field: bad})
+
+
+# ---------------------------------------------------------------------------
+# The links (issue 27): rings across nodes spread over the node's NICs; NCCL's ring latency
+# ---------------------------------------------------------------------------
+def _bandwidth(mesh, group="shard", size=None):
+    from shardviz.cost.tables import _group_bandwidth
+
+    return _group_bandwidth(mesh, group, size or mesh.shard)
+
+
+def test_a_ring_across_nodes_spreads_over_the_nodes_nics():
+    a100 = sv.Mesh(64, device="A100-80GB")  # DGX A100: 8 HDR NICs of 25 GB/s, NVLink 300 GB/s
+    assert (a100.nics_per_node, a100.nic_gbps, a100.node_network_gbps) == (8, 25, 200)
+    assert _bandwidth(a100) == 200  # the node's 8 NICs, below NVLink
+    assert _bandwidth(sv.Mesh(8, device="A100-80GB")) == 300  # one node: NVLink
+    h100 = sv.Mesh(64, device="H100")
+    assert _bandwidth(h100) == 400
+    hsdp = sv.Mesh(8, replicate=8, device="H100")  # the replicate group has one rank per node: its own NIC
+    assert _bandwidth(hsdp, "replicate", 8) == 50
+    four = sv.Mesh(64, device="H100", nics_per_node=4)  # the same network over 4 NICs
+    assert four.node_network_gbps == 400 and four.nic_gbps == 100
+    slow = sv.Mesh(64, device="H100", nics_per_node=1, nic_gbps=50)  # one 400 Gb/s NIC for 8 GPUs
+    assert _bandwidth(slow) == 50 and _bandwidth(replace_mesh(slow, nic_gbps=1000)) == 450  # capped by NVLink
+    with pytest.raises(ValueError, match="Mesh.nics_per_node"):
+        sv.Mesh(64, device="H100", nics_per_node=0)
+
+
+def replace_mesh(mesh, **kw):
+    return dataclasses.replace(mesh, **kw)
+
+
+# nccl-tests bus bandwidth across nodes, large messages, as NVIDIA's engineers state it for each system:
+# (nics per node, GB/s per NIC, published busbw GB/s, source)
+PUBLISHED_BUSBW = [
+    (4, 12.5, 48.0, "NVIDIA/nccl-tests#29: DGX-1, 4 x 100 Gb/s EDR: 48 GB/s"),
+    (8, 25.0, 8 * 24.0, "NVIDIA/nccl#412: 24 GB/s per 200 Gb/s HDR NIC inter-node, more NICs add up"),
+    (8, 50.0, 8 * 47.0, "NVIDIA/nccl-tests#290: 46-48 GB/s per 400 Gb/s NDR NIC; #309: peak 400 GB/s for 8"),
+]
+
+
+@pytest.mark.parametrize("nics, gbps, published, source", PUBLISHED_BUSBW)
+def test_the_ring_bandwidth_across_nodes_is_nccl_tests_busbw(nics, gbps, published, source):
+    """The bus bandwidth the model charges a multi-node all-gather / reduce-scatter (the ring's link
+    x collective_bus) against nccl-tests' published figure: within 20 % (collective_bus 0.8 is
+    below the two-node figures, above NVIDIA/nccl#1218's 200 GB/s all-gather on 32 nodes of 8 x 400 Gb/s)."""
+    mesh = sv.Mesh(16, device="H100", nics_per_node=nics, nic_gbps=gbps)
+    modelled = _bandwidth(mesh) * Efficiency().collective_bus
+    assert abs(modelled / published - 1) <= 0.20, (source, modelled)
+
+
+def test_each_collective_pays_nccls_ring_latency():
+    from shardviz import zoo
+    from shardviz.cost.tables import RING_BASE_US, RING_NET_STEP_US, RING_NVLINK_STEP_US, ring_latency_s
+
+    assert ring_latency_s("all_gather", 1, 1) == 0
+    assert ring_latency_s("all_gather", 8, 1) == pytest.approx((RING_BASE_US + 7 * RING_NVLINK_STEP_US) * 1e-6)
+    # 64 ranks on 8 nodes: 7 of the 63 steps cross the network; an all-reduce twice that
+    assert ring_latency_s("reduce_scatter", 64, 8) == pytest.approx(
+        (RING_BASE_US + 56 * RING_NVLINK_STEP_US + 7 * RING_NET_STEP_US) * 1e-6)
+    assert ring_latency_s("all_reduce", 64, 8) == pytest.approx(
+        (RING_BASE_US + 112 * RING_NVLINK_STEP_US + 14 * RING_NET_STEP_US) * 1e-6)
+    model = zoo.tiny_llama_lora()
+    comm = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(shard=64, device="H100")).comm
+    assert (comm.latency_s == ring_latency_s("all_gather", 64, 8)).all()  # a tiny model: latency-bound calls
+    assert (comm.latency_s > comm.time_s).all()
 
 
 def test_the_public_names():

@@ -225,6 +225,21 @@ def test_comm_seconds_reads_a_comm_table():
         comm_seconds(comm)
 
 
+def test_comm_seconds_add_each_calls_latency_alpha_plus_n_over_beta():
+    comm = pd.DataFrame({"unit": ["A", "A"], "collective": ["all_gather", "reduce_scatter"],
+                         "phase": ["forward", "backward"], "group": ["shard"] * 2, "count": [3, 1],
+                         "time_s": [0.8, 1.6], "latency_s": [0.1, 0.25]})
+    per_unit, _ = comm_seconds(comm, Efficiency(collective_bus=0.8))
+    assert per_unit["A"] == pytest.approx({"all_gather_forward_s": 3 * (1.0 + 0.1), "reduce_scatter_s": 2.0 + 0.25})
+
+
+def test_the_host_optimizer_step_runs_at_the_host_adamw_rate():
+    from shardviz.schedule import host_optimizer_seconds
+
+    assert host_optimizer_seconds(2e9, Efficiency(host_adamw_gparams_per_s=0.5)) == pytest.approx(4.0)
+    assert host_optimizer_seconds(1e9, Efficiency()) == pytest.approx(1.39)  # ZeRO-Offload's PyTorch CPU Adam
+
+
 def test_mfu_and_hfu_as_torchtitan_and_megatron_define_them():
     # Llama 3 8B, seq 8192: 6 N + 12 l h q t per token
     per_token = transformer_flops_per_token(8.03e9, 32, 32, 128, 8192)

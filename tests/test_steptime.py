@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
+from shardviz import steptime, zoo
+from shardviz.activations import opcost
 from shardviz.analysis import Analysis
 from shardviz.devices import Device, Efficiency
 from shardviz.schedule import StepExtras, UnitTime, schedule_step
@@ -37,9 +38,16 @@ def fixed_flops(self) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fixed_costs(a) -> dict:
+    """The fixed FLOPs as large matmuls and nothing else: a unit's compute seconds are its FLOPs / peak."""
+    return {row.unit: {phase: opcost.flop_only(getattr(row, f"{phase}_flops")) for phase in steptime.PHASES}
+            for row in fixed_flops(a).itertuples()}
+
+
 @pytest.fixture
 def flops(monkeypatch):
     monkeypatch.setattr(Analysis, "flops", property(fixed_flops), raising=False)
+    monkeypatch.setattr(steptime, "unit_op_costs", fixed_costs)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +70,7 @@ def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
     sec = {}
     for r in comm.itertuples():
         key = (r.unit, r.collective if r.collective != "all_gather" else f"all_gather_{r.phase}")
-        sec[key] = sec.get(key, 0.0) + r.time_s * r.count  # efficiency 1
+        sec[key] = sec.get(key, 0.0) + (r.time_s + r.latency_s) * r.count  # efficiency 1: bytes / link + latency
     flops = fixed_flops(a)
     root, units, seen_grad = None, [], False
     trainable = {m for p in a.tree.params if p.requires_grad for f in p.fqns
@@ -214,7 +222,7 @@ def test_the_report_states_the_step_and_draws_the_timeline(model, flops):
     a = sv.analyze(model, sv.Plan.auto(model), mesh, TRAINING)
     assert sv.views.step_text(a.step).replace("·", "&middot;") in html or sv.views.step_text(a.step) in html
     assert 'data-kind="timeline"' in html
-    assert "Step time by call" in html and "matmul efficiency" in html  # a.time and its assumptions
+    assert "Step time by call" in html and "matmuls at" in html  # a.time and its assumptions
     no_device = render_report(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
     assert "Step time by call" not in no_device and "no device" in no_device
 
@@ -275,3 +283,113 @@ def test_unit_flops_from_the_profile_index_equal_the_sum_module_by_module():
         if any(outside):
             want[None] = tuple(outside)
         assert {r["unit"]: tuple(r[c] for c in FLOP_COLUMNS[1:]) for r in rows} == want
+
+
+# ---------------------------------------------------------------------------
+# Per-op time (issue 27): each op's FLOPs, bytes and kernel, timed by its roofline
+# ---------------------------------------------------------------------------
+H100_EAGER = Efficiency.for_stack("torchtitan-eager", "H100")
+
+
+def test_flops_are_given_without_a_device(model):
+    """Issue 24: FLOPs do not depend on a device; before, a.step["flops"] was None without one."""
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
+    f = a.flops
+    assert a.step["step_time_s"] is None and "device" in a.step["reason"]
+    assert a.step["flops"] == f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum() > 0
+    assert a.step["model_flops"] == f.forward_flops.sum() + f.backward_flops.sum()
+
+
+def test_op_costs_hold_torchs_flop_count_and_the_memory_bound_kernels(model):
+    a = sv.analyze(model, sv.Plan.auto(model, checkpoint="blocks"), sv.Mesh(4, device="H100"), TRAINING)
+    costs = steptime.unit_op_costs(a)
+    f = a.flops
+    for phase in steptime.PHASES:
+        assert sum(opcost.totals(c[phase])[0] for c in costs.values()) == f[f"{phase}_flops"].sum()
+    memory = [v for c in costs.values() for cost in c.values() if cost for k, v in cost.items()
+              if opcost.kind_of(k) == opcost.MEMORY]
+    assert memory and all(fl == 0 and n > 0 for fl, _, n in memory)  # norms, casts, the loss: no FLOPs, kernels
+    assert sum(b for _, b, _ in memory) > 0
+    assert a.step["mfu"] < H100_EAGER.matmul  # the memory-bound kernels take time: MFU is an output
+
+
+def test_a_unit_is_the_roofline_of_its_ops():
+    mm = opcost.bucket(opcost.MATMUL, 2 * 10**12, 10**9)
+    small = opcost.bucket(opcost.MATMUL, 10**6, 10**6)
+    mem = opcost.bucket(opcost.MEMORY, 0, 10**9)
+    cost = {mm: (2 * 10**12, 10**9, 1), small: (10**6, 10**6, 1), mem: (0, 10**9, 1)}
+    rates = dict(matmul_flops_per_s=1e12, attention_flops_per_s=5e11, bytes_per_s=1e9, launch_s=1e-3)
+    # the big matmul is compute-bound (2 s), the small one launch-bound (1 ms), the copy memory-bound (1 s)
+    assert opcost.seconds(cost, **rates) == pytest.approx(2 + 1e-3 + 1)
+    assert opcost.seconds(cost, **rates, memory_traffic=0.5) == pytest.approx(2 + 1e-3 + 0.5)
+    assert opcost.seconds(None, **rates) == 0.0
+
+
+def test_lora_dropout_costs_time_but_no_flops():
+    """The HF + peft stack: an adapter's dropout is a memory-bound kernel per projection."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora(dropout):
+        base = zoo.tiny_llama_lora(lora=False)
+        return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, task_type="CAUSAL_LM",
+                                               target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+
+    steps = [sv.analyze(m, sv.Plan.auto(m), sv.Mesh(4, device="H100"), TRAINING).step for m in (lora(0.0), lora(0.1))]
+    assert steps[0]["flops"] == steps[1]["flops"]
+    assert steps[1]["compute_s"] > steps[0]["compute_s"]
+
+
+def test_every_kernel_takes_at_least_the_floor(model):
+    slow = replace(H100_EAGER, kernel_us=1000.0)
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100", efficiency=slow), TRAINING)
+    kernels = sum(opcost.totals(cost)[2] for c in steptime.unit_op_costs(a).values() for cost in c.values())
+    assert a.step["compute_s"] >= kernels * 1e-3
+
+
+def test_the_default_efficiency_is_the_preset_of_the_models_stack(model):
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), TRAINING)
+    assert steptime.stack(a) == "hf-peft" and steptime.efficiency(a) == Efficiency.for_stack("hf-peft", "H100")
+    plain = zoo.tiny_llama_lora(lora=False)
+    assert steptime.stack(sv.analyze(plain, sv.Plan.auto(plain), sv.Mesh(4), TRAINING)) == "hf"
+    assert any("stack hf-peft" in n for n in a.step_time.assumptions)
+    assert any("links:" in n for n in a.step_time.assumptions)
+
+
+def test_the_offloaded_optimizer_step_is_the_host_adamw(model):
+    from shardviz.schedule import host_optimizer_seconds
+
+    training = replace(TRAINING, offload=True)
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), training)
+    trainable = sum(p.numel for p in a.tree.params if p.requires_grad)
+    assert steptime.host_step_params(a) == pytest.approx(trainable / 4, rel=0.05)  # padding aside
+    opt = [e for e in a.step_time.schedule.events if e.kind == "optimizer"]
+    assert len(opt) == 1
+    assert opt[0].end_s - opt[0].start_s == pytest.approx(host_optimizer_seconds(steptime.host_step_params(a),
+                                                                                 steptime.efficiency(a)))
+    assert any("host's AdamW" in n for n in a.step_time.assumptions)
+
+
+@pytest.mark.slow
+def test_llama3_8b_lora_search_offloads_only_where_the_host_time_pays():
+    """Issue 27, "CPU offload looks free": the host's AdamW and the PCIe copies are timed. On 2 x RTX
+    4090 (24 GB) the plans that fit without offload must recompute blocks; offloading avoids that,
+    its host time included, and wins. On 8 x H100 a plan fits without offload and wins; the
+    offloaded twins are not even analysed (they only add host time)."""
+    model = zoo.llama3_8b(lora=True)
+    model.config.use_cache = False
+    training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=1,
+                           seq_len=4096)
+    small = sv.search(model, sv.Mesh(2, device="RTX-4090"), training)
+    table = small.table
+    assert table.offload.iloc[0] and table.fits.iloc[0]
+    plan, mesh, chosen = small.candidate(0)
+    a = sv.analyze(model, plan, mesh, chosen)
+    sched = a.step_time.schedule
+    host = sum(e.end_s - e.start_s for e in sched.events if e.kind in ("h2d", "d2h", "optimizer"))
+    assert host > 0.05 * a.step["step_time_s"]  # the host time is a real share of the step
+    not_offloaded = table[(~table.offload) & table.fits & table.analysed]
+    assert len(not_offloaded) and not_offloaded.step_time_s.min() > a.step["step_time_s"]
+    big = sv.search(model, sv.Mesh(8, device="H100"), training).table
+    assert not big.offload.iloc[0]
+    assert not big[big.offload & big.fits].analysed.any()
+    assert any("step times assume stack hf-peft" in n for n in small.note.split("; "))

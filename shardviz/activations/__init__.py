@@ -44,12 +44,13 @@ Modules: ``profile`` (the results), ``recorder`` (MemTracker's categorisation, o
 ``patches`` (where fake tensors trip over model code), ``reduced`` (the copy), ``kvcache`` (the
 key/value cache of a step that keeps it: one cache layer per copy, its death per block), ``splice``
 (the copy's timeline into the full model's), ``stats`` (the numbers per module), ``flops`` (FLOPs per
-module and per unit), ``measure`` (the entry point and its cache).
+module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets a roofline times),
+``measure`` (the entry point and its cache).
 """
 
-from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_flops
+from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_costs, unit_flops
 from .measure import clear_cache, measure_activations
 from .profile import ActivationProfile, Event, ModuleActivations
 
 __all__ = ["FLOP_COLUMNS", "ActivationProfile", "Event", "ModuleActivations", "ModuleFlops", "clear_cache",
-           "flop_formulas", "measure_activations", "unit_flops"]
+           "flop_formulas", "measure_activations", "unit_costs", "unit_flops"]

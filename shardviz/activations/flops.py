@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .opcost import combined, difference
 from .profile import Event
+
+PHASES = ("forward", "backward", "recompute")
 
 _OPENS = {"pre_fw": "forward", "pre_bw": "backward", "pre_rc": "recompute"}
 _CLOSES = {"post_fw": "forward", "post_bw": "backward", "post_rc": "recompute"}
@@ -99,31 +102,47 @@ def _spans(timeline: list[Event], ends: dict[str, int]) -> list[tuple[int, int, 
     return [s for s in spans if s[1] > s[0]]  # an instant holds no operation
 
 
-def module_flops(timeline: list[Event], ends: dict[str, int]) -> dict[str, ModuleFlops]:
-    """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module). The FLOPs an
-    event carries ran since the previous event: they belong to the innermost (shortest) span
-    running then, in its phase (torch opens a module's backward and its parent's at one instant:
-    the order they open in does not say which is inside)."""
+def _owned(timeline: list[Event], ends: dict[str, int]):
+    """(fqn, phase, event) of every event that carries work: what ran since the previous event
+    belongs to the innermost (shortest) span running then, in its phase (torch opens a module's
+    backward and its parent's at one instant: the order they open in does not say which is inside)."""
     opens: dict[int, list] = {}
     closes: dict[int, list] = {}
     for span in _spans(timeline, ends):
         opens.setdefault(span[0], []).append(span)
         closes.setdefault(span[1], []).append(span)
-    totals: dict[tuple[str, str], int] = {}
     running: list[tuple] = []
     for j, ev in enumerate(timeline):
-        if ev.flops:
+        if ev.flops or ev.cost:
             inner = min(running, key=lambda span: span[1] - span[0], default=None)
-            owner = inner[2:] if inner else ("", "backward" if ev.phase == "bw" else "forward")
-            totals[owner] = totals.get(owner, 0) + ev.flops
+            yield (*inner[2:], ev) if inner else ("", "backward" if ev.phase == "bw" else "forward", ev)
         for span in closes.get(j, ()):
             running.remove(span)
         running.extend(opens.get(j, ()))
+
+
+def module_flops(timeline: list[Event], ends: dict[str, int]) -> dict[str, ModuleFlops]:
+    """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), by ``_owned``."""
+    totals: dict[tuple[str, str], int] = {}
+    for fqn, phase, ev in _owned(timeline, ends):
+        if ev.flops:
+            totals[(fqn, phase)] = totals.get((fqn, phase), 0) + ev.flops
     out: dict[str, ModuleFlops] = {}
     for (fqn, phase), n in totals.items():
         f = out.get(fqn, ModuleFlops())
         out[fqn] = f._replace(**{phase: getattr(f, phase) + n})
     return out
+
+
+def module_costs(timeline: list[Event], ends: dict[str, int]) -> dict[str, tuple]:
+    """fqn -> (forward, backward, recompute) ``opcost`` costs of its own ops, by ``_owned``."""
+    out: dict[str, list] = {}
+    for fqn, phase, ev in _owned(timeline, ends):
+        if ev.cost:
+            row = out.setdefault(fqn, [None, None, None])
+            k = PHASES.index(phase)
+            row[k] = combined(row[k], ev.cost)
+    return {fqn: tuple(row) for fqn, row in out.items()}
 
 
 def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:
@@ -151,41 +170,49 @@ class FlopIndex(NamedTuple):
     length: int  # events in the timeline
 
 
-def flop_index(profile) -> FlopIndex:
-    subtree: dict[str, list[int]] = {}
-    for fqn, f in profile.module_flops.items():
+def _subtrees(per_module: dict, zero, add) -> dict:
+    """fqn -> [forward, backward, recompute] of the module and everything under it."""
+    subtree: dict[str, list] = {}
+    for fqn, f in per_module.items():
         for above in _ancestors(fqn):
-            row = subtree.setdefault(above, [0, 0, 0])
+            row = subtree.setdefault(above, [zero, zero, zero])
             for k, n in enumerate(f):
-                row[k] += n
+                row[k] = add(row[k], n)
+    return subtree
+
+
+def flop_index(profile) -> FlopIndex:
     first: dict[str, int] = {}
     for j, ev in enumerate(profile.timeline):
         if ev.kind == "pre_fw":
             first.setdefault(ev.key, j)
-    return FlopIndex(subtree, first, len(profile.timeline))
+    return FlopIndex(_subtrees(profile.module_flops, 0, lambda a, b: a + b), first, len(profile.timeline))
+
+
+def cost_subtrees(profile) -> dict:
+    """``_subtrees`` of the profile's ``module_costs`` (``ActivationProfile.cost_index``)."""
+    return _subtrees(profile.module_costs, None, combined)
 
 
 FLOP_COLUMNS = ("unit", "forward_flops", "backward_flops", "recompute_flops")
 
 
-def unit_flops(profile, units) -> list[dict]:
-    """One row per unit (``sv.Unit``s: ``name``, ``modules``) in forward order, its modules' own
-    FLOPs summed (a nested unit's are its own): unit, forward_flops, backward_flops,
-    recompute_flops; a last row with unit None for FLOPs outside every unit, if any.
+def _unit_sums(subtree: dict, index: FlopIndex, units, zero, add, sub) -> list[tuple]:
+    """(unit name or None, forward, backward, recompute) per unit in forward order, its modules'
+    own sums (a nested unit's are its own); a last row with None for what is outside every unit.
 
     A unit module's subtree, less the subtrees of the unit modules nearest under it, is what
     ``unit_of`` gives that unit (integer sums: the same numbers as summing module by module)."""
-    index = profile.flop_index
     unit_modules = {m: i for i, u in enumerate(units) for m in u.modules}
-    sums = [[0, 0, 0] for _ in units]
-    outside = list(index.subtree.get("", (0, 0, 0)))
+    sums = [[zero, zero, zero] for _ in units]
+    outside = list(subtree.get("", (zero, zero, zero)))
     for m, i in unit_modules.items():
-        below = index.subtree.get(m, (0, 0, 0))
+        below = subtree.get(m, (zero, zero, zero))
         parent = unit_of(m.rpartition(".")[0], unit_modules) if m else None
         above = sums[parent] if parent is not None else outside
         for k, n in enumerate(below):
-            sums[i][k] += n
-            above[k] -= n
+            sums[i][k] = add(sums[i][k], n)
+            above[k] = sub(above[k], n)
     first = {}
     for m, i in unit_modules.items():
         j = index.first_forward.get(m)
@@ -195,4 +222,20 @@ def unit_flops(profile, units) -> list[dict]:
     rows = [(units[i].name, *sums[i]) for i in order]
     if any(outside):
         rows.append((None, *outside))
+    return rows
+
+
+def unit_flops(profile, units) -> list[dict]:
+    """One row per unit (``sv.Unit``s: ``name``, ``modules``) in forward order, its modules' own
+    FLOPs summed (a nested unit's are its own): unit, forward_flops, backward_flops,
+    recompute_flops; a last row with unit None for FLOPs outside every unit, if any."""
+    index = profile.flop_index
+    rows = _unit_sums(index.subtree, index, units, 0, lambda a, b: a + b, lambda a, b: a - b)
     return [dict(zip(FLOP_COLUMNS, r)) for r in rows]
+
+
+def unit_costs(profile, units) -> dict:
+    """unit name (None: outside every unit) -> {"forward", "backward", "recompute"} ``opcost``
+    costs of its modules' own ops, as ``unit_flops`` sums FLOPs."""
+    rows = _unit_sums(profile.cost_index, profile.flop_index, units, None, combined, difference)
+    return {r[0]: dict(zip(PHASES, r[1:])) for r in rows}

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..presets import find_blocks
 from ..tree import ModelTree, as_tree
-from .flops import flop_counter, module_flops
+from .flops import flop_counter, module_costs, module_flops
 from .kvcache import KVRelease
 from .patches import fake_friendly, hf_plain_batches, moe_shape, routing_mode
 from .profile import ActivationProfile, Event, strip_wrapper
@@ -338,6 +338,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
         attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
+        module_costs=module_costs(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )
 

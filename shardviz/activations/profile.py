@@ -27,6 +27,7 @@ class Event(NamedTuple):
     level: activation bytes alive at the event (a change of level while splicing).
     peak: highest level since the previous event (a change against the previous level while splicing).
     flops: FLOPs of the operations since the previous event (``FlopCounterMode``'s count).
+    cost: those operations' FLOPs, bytes and kernels in ``opcost`` buckets (None: none ran).
     """
 
     kind: str
@@ -35,6 +36,7 @@ class Event(NamedTuple):
     level: int
     peak: int
     flops: int = 0
+    cost: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class ActivationProfile:
     assumptions: tuple[str, ...] = ()
     measured_blocks: int = 0  # block copies the reduced model ran
     module_flops: dict = field(default_factory=dict, repr=False)
+    module_costs: dict = field(default_factory=dict, repr=False)  # fqn -> (forward, backward, recompute) opcost
     _types: dict[str, str] = field(default_factory=dict, repr=False)
     _depths: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -131,6 +134,13 @@ class ActivationProfile:
         from .flops import flop_index
 
         return flop_index(self)
+
+    @cached_property
+    def cost_index(self) -> dict:
+        """``flops.cost_subtrees``: the ``opcost`` costs per subtree, for every plan."""
+        from .flops import cost_subtrees
+
+        return cost_subtrees(self)
 
     def at(self, fqn: str) -> ModuleActivations:
         """The numbers around module ``fqn`` (``""`` = the root); KeyError if it never ran."""

@@ -13,6 +13,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.utils._pytree import tree_flatten
 
+from . import opcost
 from .kvcache import CacheTracker
 from .profile import Event
 
@@ -40,6 +41,7 @@ class Recorder(MemTracker):
         super().__init__()
         self.flop_counter = flop_counter  # a FlopCounterMode running in the same pass, or None
         self._flops_seen = 0
+        self._cost: dict = {}  # opcost buckets of the ops since the previous event
         self.keys = keys  # id(module) -> key
         self.block_keys = block_keys
         self.events: list[Event] = []
@@ -79,9 +81,23 @@ class Recorder(MemTracker):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._opname
-        if name in ATTENTION_OPS:
+        attention = name in ATTENTION_OPS
+        if attention:
             self.attention[name] = self.attention.get(name, 0) + 1
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        if self.flop_counter is None or opcost.is_view(func):
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        before = self.flop_counter.get_total_flops()
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self._count_op(attention, self.flop_counter.get_total_flops() - before, (args, kwargs), out)
+        return out
+
+    def _count_op(self, attention: bool, flops: int, inputs, out) -> None:
+        """One op into the cost since the previous event: its FLOPs, the bytes of its tensor
+        arguments and outputs (``opcost``)."""
+        tensors = [t for t in tree_flatten((inputs, out))[0] if isinstance(t, torch.Tensor)]
+        nbytes = opcost.tensor_bytes(tensors)
+        kind = opcost.ATTENTION if attention else opcost.MATMUL if flops > 0 else opcost.MEMORY
+        opcost.add_op(self._cost, opcost.bucket(kind, flops, nbytes), flops, nbytes)
 
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
         winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
@@ -104,15 +120,21 @@ class Recorder(MemTracker):
             pending, self._pending = self._pending, None
             before = self.events[-1].level
             self.events.append(Event("gap", pending.key, "fw", before - pending.freed, before))
-        self.events.append(Event(kind, key, phase, lvl, max(self._seg_peak, lvl), self._flops_since()))
+        self.events.append(Event(kind, key, phase, lvl, max(self._seg_peak, lvl), self._flops_since(),
+                                 self._cost_since()))
         self._seg_peak = lvl
+
+    def _cost_since(self) -> dict | None:
+        cost, self._cost = self._cost or None, {}
+        return cost
 
     def finish(self) -> None:
         """After the step: the FLOPs since the last event (the first block's last weight gradients,
         whose module events torch never fires when its inputs need no gradient) go to that event."""
         if self.events:
             last = self.events[-1]
-            self.events[-1] = last._replace(flops=last.flops + self._flops_since())
+            self.events[-1] = last._replace(flops=last.flops + self._flops_since(),
+                                            cost=opcost.combined(last.cost, self._cost_since()))
 
     def _flops_since(self) -> int:
         """FLOPs counted since the previous event."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .kvcache import KVRelease
+from .opcost import combined
 from .profile import Event
 from .reduced import PLAIN, WHOLE_BLOCK, ListPlan
 
@@ -115,8 +116,8 @@ def _without_lead(run: list[Event], li: int, r: int) -> list[Event]:
     mine = [k for k, ev in enumerate(run) if _is_block_event(ev, li) and ev.key[1] == r]
     lead = next((k for k in mine[1:] if run[k].level != 0 or run[k].peak != 0), len(run))
     # the outside ones keep their place (key None: dropped when the timeline is made absolute)
-    return [ev._replace(key=ev.key if isinstance(ev.key, tuple) else None, level=0, peak=0, flops=0)
-            for ev in run[:lead]] + run[lead:]
+    return [ev._replace(key=ev.key if isinstance(ev.key, tuple) else None, level=0, peak=0, flops=0,
+                        cost=None) for ev in run[:lead]] + run[lead:]
 
 
 def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Event:
@@ -172,19 +173,21 @@ def _outside(evs: list[Event]) -> list[Event]:
 def _absolute(result: list[Event]) -> list[Event]:
     """Changes back to absolute levels; dropped events (key None) carry their change and their
     FLOPs forward (trailing ones go to the last event)."""
-    timeline, level, carry_peak, carry_flops = [], 0, None, 0
+    timeline, level, carry_peak, carry_flops, carry_cost = [], 0, None, 0, None
     for ev in result:
         peak = level + ev.peak
         if carry_peak is not None:
             peak = max(peak, carry_peak)
         level += ev.level
         if ev.key is None:
-            carry_peak, carry_flops = peak, carry_flops + ev.flops
+            carry_peak, carry_flops, carry_cost = peak, carry_flops + ev.flops, combined(carry_cost, ev.cost)
             continue
-        timeline.append(ev._replace(level=level, peak=peak, flops=ev.flops + carry_flops))
-        carry_peak, carry_flops = None, 0
-    if carry_flops and timeline:
-        timeline[-1] = timeline[-1]._replace(flops=timeline[-1].flops + carry_flops)
+        timeline.append(ev._replace(level=level, peak=peak, flops=ev.flops + carry_flops,
+                                    cost=combined(ev.cost, carry_cost) if carry_cost else ev.cost))
+        carry_peak, carry_flops, carry_cost = None, 0, None
+    if (carry_flops or carry_cost) and timeline:
+        last = timeline[-1]
+        timeline[-1] = last._replace(flops=last.flops + carry_flops, cost=combined(last.cost, carry_cost))
     return timeline
 
 

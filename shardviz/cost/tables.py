@@ -108,26 +108,61 @@ def comm_table(costs: CostModel) -> pd.DataFrame:
     sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
     bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
     time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
+    latency = [ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in zip(kinds, group, gsize)]
     df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
                        "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
-                       "sent_bytes": sent, "time_s": time_s})
+                       "sent_bytes": sent, "time_s": time_s, "latency_s": np.asarray(latency, dtype=float)})
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
     total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
     df.attrs["time_per_step_s"] = total  # NaN when a bandwidth it needs is unknown
     return df
 
 
-def _group_bandwidth(mesh, group: str, size: int) -> float:
-    """GB/s of the slowest link a ring over this process group crosses (NaN when unknown)."""
+def _nodes_crossed(mesh, group: str, size: int) -> int:
+    """How many nodes a ring over this process group visits (1: it stays inside one node)."""
     rpn = mesh.ranks_per_node
     if group == "shard":
-        intra = mesh.shard <= rpn and rpn % mesh.shard == 0
-    elif group == "post_forward":
-        intra = size <= rpn and rpn % size == 0
-    else:  # replicate, world
-        intra = mesh.world <= rpn
-    bw = mesh.intra_node_gbps if intra else mesh.inter_node_gbps
-    return float("nan") if bw is None else float(bw)
+        return 1 if mesh.shard <= rpn and rpn % mesh.shard == 0 else -(-mesh.shard // rpn)
+    if group == "post_forward":
+        return 1 if size <= rpn and rpn % size == 0 else -(-size // rpn)
+    if group == "replicate":  # one rank of every shard group: spread over the nodes the shard groups tile
+        return 1 if mesh.world <= rpn else min(size, -(-mesh.world // rpn))
+    return 1 if mesh.world <= rpn else -(-mesh.world // rpn)  # world
+
+
+def _group_bandwidth(mesh, group: str, size: int) -> float:
+    """GB/s per rank of a ring over this process group (NaN when unknown). Inside a node: the
+    intra-node link. Across nodes NCCL runs one ring per NIC (channels), each leaving a node through
+    its own NIC, so the ranks a group has on each node share the node's network bandwidth
+    (``Mesh.node_network_gbps``, their share of the node's GPUs), and a ring over them is never
+    faster than the intra-node link it also crosses (docs/step-time.md, "The links")."""
+    nodes = _nodes_crossed(mesh, group, size)
+    if nodes == 1:
+        return float("nan") if mesh.intra_node_gbps is None else float(mesh.intra_node_gbps)
+    if mesh.inter_node_gbps is None:
+        return float("nan")
+    per_node = max(1, min(mesh.ranks_per_node, -(-size // nodes)))  # the group's ranks on one node
+    network = mesh.node_network_gbps * per_node / mesh.ranks_per_node
+    if per_node == 1 or mesh.intra_node_gbps is None:
+        return float(network)
+    return float(min(network, mesh.intra_node_gbps))
+
+
+# NCCL's own latency model of a ring, Simple protocol (src/graph/tuning.cc, ncclTunerConstantsDefaults
+# and ncclTopoTuneModel): a base of 8.4 us, 3.4 us per step over NVLink, 14 us per step over the
+# network; n - 1 steps for an all-gather or reduce-scatter (nodes - 1 of them across nodes), twice
+# that for an all-reduce.
+RING_BASE_US, RING_NVLINK_STEP_US, RING_NET_STEP_US = 8.4, 3.4, 14.0
+
+
+def ring_latency_s(collective: str, size: int, nodes: int) -> float:
+    """Seconds a ring ``collective`` over ``size`` ranks spanning ``nodes`` nodes takes before any
+    byte counts (alpha of alpha + n / beta); 0 for a group of one."""
+    if size <= 1:
+        return 0.0
+    twice = 2 if collective == "all_reduce" else 1
+    steps, net = twice * (size - 1), twice * (nodes - 1)
+    return (RING_BASE_US + (steps - net) * RING_NVLINK_STEP_US + net * RING_NET_STEP_US) * 1e-6
 
 
 def peak_breakdown(costs: CostModel, rank: int | None = None) -> dict[str, int]:
