@@ -294,6 +294,8 @@ def refusing_release(exc: BaseException) -> str:
         return "every torch release refuses a second fully_shard on one module"
     if "shared" in text and "FSDP" in text:
         return "torch 2.13 refuses a parameter shared by two FSDP groups at lazy init (older releases let it pass)"
+    if "containers that do not implement forward" in text:
+        return "torch refuses a ModuleList / ModuleDict without a forward of its own (fully_shard's _validate_module)"
     if "Unsupported module" in text or "fully_shard does not support" in text or "nn.Module" in text:
         return "fully_shard takes an nn.Module or a list of them, on every release"
     return ""

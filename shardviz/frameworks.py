@@ -102,7 +102,8 @@ class _AcceleratorState:
         self.is_main_process = True
         import torch
 
-        self.device = torch.device("cuda", 0)
+        # accelerate's device on rank 0 (cuda:0 on a GPU node); capture keeps meta tensors on meta either way
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def accelerate_prepare(model: nn.Module, env: dict) -> nn.Module:

@@ -84,7 +84,10 @@ def upcast_trainable(tree, env: dict) -> list[Finding]:
 
 def accelerate_fixes(env: dict) -> tuple:
     """(code, fix) in the YAML's terms for the findings an accelerate plan can have."""
-    return (
+    size_based = env.get("FSDP_AUTO_WRAP_POLICY") == "SIZE_BASED_WRAP"
+    return (("SV301", "in the accelerate config, SIZE_BASED_WRAP also matches a ModuleList of layers once "
+                      "fsdp_min_num_params is below a layer's size: use fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP "
+                      "(or raise fsdp_min_num_params)"),) * size_based + (
         ("SV303", "in the accelerate config, set fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP "
                   "(and fsdp_transformer_layer_cls_to_wrap: {cls} when the model's _no_split_modules does not name it)"),
         ("SV304", "accelerate's YAML has no reduce dtype: pass Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin("
