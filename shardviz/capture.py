@@ -296,8 +296,9 @@ def refusing_release(exc: BaseException) -> str:
         return "torch 2.13 refuses a parameter shared by two FSDP groups at lazy init (older releases let it pass)"
     if "containers that do not implement forward" in text:
         return "torch refuses a ModuleList / ModuleDict without a forward of its own (fully_shard's _validate_module)"
-    if "Unsupported module" in text or "fully_shard does not support" in text or "nn.Module" in text:
-        return "fully_shard takes an nn.Module or a list of them, on every release"
+    if "has no attribute 'modules'" in text or "Unsupported module" in text or "nn.Module" in text:
+        kind = text.split("'")[1] if text.count("'") >= 2 else "something else"
+        return f"fully_shard takes an nn.Module or a list of nn.Modules, on every release, and was given a {kind}"
     return ""
 
 
