@@ -417,8 +417,8 @@ class Plan:
         version = obj.get("version")
         if version not in (SCHEMA_VERSION, SCHEMA_VERSION_CAPTURED):
             raise ValueError(
-                f"plan JSON: field 'version' is {version!r}; this shardviz reads versions "
-                f"{SCHEMA_VERSION} and {SCHEMA_VERSION_CAPTURED}"
+                f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION} "
+                f"(and {SCHEMA_VERSION_CAPTURED}: a captured plan, with prefetch or origin)"
             )
         unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"} - (
             {"prefetch", "origin"} if version == SCHEMA_VERSION_CAPTURED else set())
