@@ -161,3 +161,112 @@ def _parallelism_shape(env: dict, world: int):
         raise ValueError(f"parallelism_config: dp_replicate_size {replicate} x dp_shard_size {shard} = "
                          f"{replicate * shard}, not the world of {world} ranks")
     return replicate, shard
+
+
+def import_function(spec: str):
+    """``my_train:apply_fsdp`` (``package.module:function``) -> the function; the current folder is importable."""
+    import importlib
+    import sys
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--plan-from {spec!r}: expected module:function, e.g. my_train:apply_fsdp")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
+        raise ValueError(f"--plan-from {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"--plan-from {spec!r}: {module_name!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"--plan-from {spec!r}: {attr!r} is not a function")
+    return obj
+
+
+def plan_from_source(model: nn.Module, mesh, accelerate_config=None, plan_from=None) -> Plan:
+    """The command line's captured plan: ``--accelerate-config fsdp.yaml`` or ``--plan-from module:function``
+    (called as ``function(model)``, or ``function(model, mesh)`` when it takes a second argument: the
+    torch DeviceMesh of the ranks given)."""
+    import inspect
+
+    if accelerate_config is not None:
+        return from_accelerate(model, accelerate_config, mesh=mesh)
+    from .capture import capture
+
+    fn = import_function(plan_from)
+    try:
+        required = [p for p in inspect.signature(fn).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        required = [None]
+    args = (mesh,) if len(required) >= 2 else ()
+    return capture(fn, model, *args, mesh=mesh)
+
+
+def _accelerate_config(tree, plan: Plan) -> dict:
+    """The accelerate config closest to ``plan``: per-layer calls by the blocks' class, its precision,
+    offload, reshard and activation checkpointing."""
+    from .presets import find_blocks
+
+    blocks = [tree.modules[b] for b in find_blocks(tree)]
+    block_units = [plan.unit_of(b.fqn) for b in blocks]
+    fsdp = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP" if any(block_units) else "NO_WRAP",
+            "fsdp_offload_params": bool(plan.units) and all(u.offload for u in plan.units),
+            "fsdp_reshard_after_forward": next((u.reshard_after_forward is not False for u in block_units if u), True),
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_activation_checkpointing": bool(blocks) and all(b.fqn in plan.checkpoint for b in blocks)}
+    if any(block_units):
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(dict.fromkeys(b.type_name for b in blocks))
+    dtypes = {u.param_dtype for u in plan.units} - {None}
+    mixed = {"bfloat16": "bf16", "float16": "fp16"}.get(next(iter(dtypes)), "no") if len(dtypes) == 1 else "no"
+    return {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": mixed,
+            "fsdp_config": fsdp}
+
+
+def _resolved(unit):
+    """A non-root call's ``reshard_after_forward=None`` is True (torch >= 2.8): the same call either way."""
+    return replace(unit, reshard_after_forward=True) if unit.reshard_after_forward is None and "" not in unit.modules else unit
+
+
+def _differences(plan: Plan, theirs: Plan) -> list[str]:
+    """What accelerate's plan from the YAML does not do that ``plan`` does, in words."""
+    out = []
+    mine = {u.modules: _resolved(u) for u in plan.units}
+    other = {u.modules: _resolved(u) for u in theirs.units}
+    for modules in mine.keys() - other.keys():
+        out.append(f"a fully_shard call on {mine[modules].name} (accelerate makes no such call)")
+    for modules in other.keys() - mine.keys():
+        out.append(f"no call on {other[modules].name} (accelerate makes one)")
+    for modules in mine.keys() & other.keys():
+        if mine[modules] != other[modules]:
+            out.append(f"{mine[modules].name}: {mine[modules].options() or 'defaults'} (accelerate: {other[modules].options()})")
+    if plan.ignored:
+        out.append(f"{len(plan.ignored)} parameters kept out of FSDP (ignored_params, e.g. LoRA kept whole with its "
+                   "own gradient averaging): the YAML has no key for parameters")
+    if set(plan.checkpoint) != set(theirs.checkpoint):
+        out.append("activation checkpointing on modules other than every layer: fsdp_activation_checkpointing wraps "
+                   "each layer the wrap policy matches")
+    if plan.prefetch:
+        out.append("explicit prefetch (set_modules_to_forward/backward_prefetch): accelerate sets none")
+    return out
+
+
+def to_accelerate(model: nn.Module, plan: Plan, world_size: int = 8) -> tuple[str, list[str]]:
+    """(YAML, what it cannot express): the accelerate config closest to ``plan``, checked by running the
+    installed accelerate on it (``from_accelerate``) and comparing the calls; an empty list: the YAML
+    gives exactly ``plan``."""
+    import yaml
+
+    from .tree import as_tree
+
+    config = _accelerate_config(as_tree(model), plan)
+    config["num_processes"] = world_size
+    theirs = from_accelerate(model, config, world_size=world_size)
+    cannot = _differences(plan, theirs)
+    head = [f"# accelerate config for the plan {plan.name or '(unnamed)'}; checked with {theirs.origin.release}: "
+            + ("it makes exactly these fully_shard calls." if not cannot else "it cannot express:")]
+    head += [f"#  - {line}" for line in cannot]
+    return "\n".join(head) + "\n" + yaml.safe_dump(config, sort_keys=False), cannot

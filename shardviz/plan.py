@@ -446,6 +446,13 @@ class Plan:
         origin = Origin.from_obj(obj["origin"]) if "origin" in obj else None
         return cls(units, ignored, name, checkpoint, prefetch=prefetch, origin=origin)
 
+    def to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:
+        """(YAML, what it cannot express): the accelerate config closest to this plan, checked by running
+        the installed accelerate on it (``shardviz.frameworks.to_accelerate``)."""
+        from .frameworks import to_accelerate
+
+        return to_accelerate(model, self, world_size)
+
     # -- presets -------------------------------------------------------------
     @classmethod
     def from_accelerate(cls, model, config, world_size: int | None = None, mesh=None) -> "Plan":
