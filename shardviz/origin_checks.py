@@ -136,8 +136,8 @@ def low_precision_reduce(analysis) -> list[Finding]:
         "SV304", "warning",
         f"gradients of {len(units)} calls are reduced in {dtype}: the sum over ranks loses precision. Reducing in "
         f"float32 moves {format_bytes(rs_fp32 - rs_now)} more per step ({format_bytes(rs_now)} -> "
-        f"{format_bytes(rs_fp32)} reduce-scatter sent per rank) and changes the peak by "
-        f"{format_bytes(peak_fp32 - peak_now)}", tuple(u.name for u in units[:3]),
+        f"{format_bytes(rs_fp32)} reduce-scatter sent per rank); the peak per rank "
+        + (f"grows by {format_bytes(peak_fp32 - peak_now)}" if peak_fp32 > peak_now else "stays as it is"), tuple(u.name for u in units[:3]),
         fix="MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) on these calls",
         n_fqns=len(units), all_fqns=tuple(u.name for u in units))]
 
