@@ -26,7 +26,6 @@ a plan torch would refuse exits 1, its findings one per line.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from dataclasses import replace
@@ -82,16 +81,12 @@ def _model_from_factory(spec: str):
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    from .load import import_object
+
     try:
-        obj = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
-        raise CliError(f"model {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CliError(f"model {spec!r}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        obj = import_object(module_name, attr, f"model {spec!r}")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if isinstance(obj, nn.Module):
         return obj
     if not callable(obj):

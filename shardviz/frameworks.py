@@ -165,22 +165,12 @@ def _parallelism_shape(env: dict, world: int):
 
 def import_function(spec: str):
     """``my_train:apply_fsdp`` (``package.module:function``) -> the function; the current folder is importable."""
-    import importlib
-    import sys
+    from .load import import_object
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--plan-from {spec!r}: expected module:function, e.g. my_train:apply_fsdp")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
-        raise ValueError(f"--plan-from {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"--plan-from {spec!r}: {module_name!r} has no attribute {part!r}")
-        obj = getattr(obj, part)
+    obj = import_object(module_name, attr, f"--plan-from {spec!r}")
     if not callable(obj):
         raise ValueError(f"--plan-from {spec!r}: {attr!r} is not a function")
     return obj

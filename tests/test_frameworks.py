@@ -132,19 +132,24 @@ def test_bad_config_names_the_field():
         sv.Plan.from_accelerate(tiny_lora(), {"fsdp_version": 1}, world_size=4)
 
 
-def test_memory_equals_torch_on_the_model_accelerate_sharded():
-    """Params, grads and optimizer states to the byte against FSDPMemTracker on the real model that
-    accelerate's own preparation sharded (fp32, so accelerate casts nothing)."""
+def truth_of_the_model_accelerate_sharded(training):
+    """(analysis of the captured plan, FSDPMemTracker's truth on the real model accelerate's own preparation
+    sharded): fp32 and no weight loading, so accelerate casts and loads nothing."""
     config = {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "mixed_precision": "no",
               "fsdp_cpu_ram_efficient_loading": False}
     model = tiny_lora()
     plan = sv.Plan.from_accelerate(model, config, world_size=WORLD)
     with _config_path(config, WORLD) as path:
         env = launch_env(path, WORLD)
-    mesh, training = sv.Mesh(WORLD), sv.Training()
+    mesh = sv.Mesh(WORLD)
     with KeptEnviron():
         truth = fake_run(tiny_lora, plan, mesh, training, 0, apply=lambda m, dmesh: accelerate_prepare(m, env))
-    analysis = sv.analyze(model, plan, mesh, training)
+    return sv.analyze(model, plan, mesh, training), truth
+
+
+def test_memory_equals_torch_on_the_model_accelerate_sharded():
+    """Params, grads and optimizer states to the byte against FSDPMemTracker."""
+    analysis, truth = truth_of_the_model_accelerate_sharded(sv.Training())
     assert not memory_mismatches(analysis, truth, exact_peak=False)
 
 
@@ -158,19 +163,9 @@ def test_without_accelerate_the_error_says_how_to_install(monkeypatch):
 def test_peak_with_activations_within_the_documented_error():
     """The same model accelerate sharded, now with a batch: the model state to the byte and the peak
     with activations within docs/activations.md's 1 %."""
-    config = {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "mixed_precision": "no",
-              "fsdp_cpu_ram_efficient_loading": False}
-    model = tiny_lora()
-    plan = sv.Plan.from_accelerate(model, config, world_size=WORLD)
-    with _config_path(config, WORLD) as path:
-        env = launch_env(path, WORLD)
-    mesh, training = sv.Mesh(WORLD), sv.Training(batch_size=2, seq_len=256)
-    with KeptEnviron():
-        truth = fake_run(tiny_lora, plan, mesh, training, 0, apply=lambda m, dmesh: accelerate_prepare(m, env))
-    analysis = sv.analyze(model, plan, mesh, training)
+    analysis, truth = truth_of_the_model_accelerate_sharded(sv.Training(batch_size=2, seq_len=256))
     row = analysis.memory.iloc[0]
     assert row.activations > 0
-    state = [m for m in memory_mismatches(analysis, truth, exact_peak=False) if "peak" not in m]
-    assert not state
+    assert not [m for m in memory_mismatches(analysis, truth, exact_peak=False) if "peak" not in m]
     predicted, torch_peak = int(row.peak + row.cpu_optimizer), truth.peak_snap["Total"]
     assert abs(predicted / torch_peak - 1) <= 0.01, (predicted, torch_peak, analysis.peak_breakdown(0), truth.peak_snap)
