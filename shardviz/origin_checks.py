@@ -8,6 +8,9 @@
 | SV304 | warning  | gradients reduced in bf16/fp16 (accelerate's ``mixed_precision: bf16``): what fp32 would cost |
 | SV305 | warning  | checkpointing on children of a block rather than on the block |
 | SV306 | info     | the framework casts trainable parameters to fp32 before sharding (not priced: the model's dtypes are) |
+| SV307 | info     | accelerate's ``parallelism_config`` gives HSDP: the mesh to analyse with |
+| SV308 | info     | calls on checkpoint wrappers whose module has its own call: they manage nothing |
+| SV309 | info     | explicit prefetch recorded; the step time keeps torch's default prefetch (not modelled) |
 
 ``capture_findings`` runs when the plan is captured (it needs only the model and the calls);
 ``check_origin`` runs among ``run_checks`` (SV304 prices fp32 with ``analysis.what_if``);
@@ -152,7 +155,11 @@ def check_origin(analysis) -> list[Finding]:
     origin = analysis.plan.origin
     if origin is None:
         return []
-    return list(origin.findings) + low_precision_reduce(analysis)
+    prefetch = [] if not analysis.plan.prefetch else [Finding(
+        "SV309", "info", f"{len(analysis.plan.prefetch)} explicit prefetch settings (set_modules_to_forward/backward_"
+        "prefetch) are recorded in the plan; the step time keeps torch's default prefetch (one call ahead)",
+        tuple(m for m, _, _ in analysis.plan.prefetch[:3]))]
+    return list(origin.findings) + low_precision_reduce(analysis) + prefetch
 
 
 def in_user_terms(findings: list[Finding], plan: Plan) -> list[Finding]:

@@ -210,7 +210,7 @@ class Origin:
     def to_obj(self) -> dict:
         return {"kind": self.kind, "source": self.source, "release": self.release,
                 "findings": [{"code": f.code, "severity": f.severity, "message": f.message, "fqns": list(f.fqns),
-                              "fix": f.fix} for f in self.findings],
+                              "fix": f.fix, "n_fqns": f.n_fqns} for f in self.findings],
                 "fixes": [list(x) for x in self.fixes], "call_sites": [list(x) for x in self.call_sites],
                 "checkpoint_policies": [list(x) for x in self.checkpoint_policies]}
 
@@ -221,8 +221,8 @@ class Origin:
         unknown = set(obj) - {"kind", "source", "release", "findings", "fixes", "call_sites", "checkpoint_policies"}
         if unknown:
             raise ValueError(f"plan JSON: origin: unknown field(s) {sorted(unknown)}")
-        findings = tuple(Finding(f["code"], f["severity"], f["message"], tuple(f.get("fqns", ())), f.get("fix", ""))
-                         for f in obj.get("findings", ()))
+        findings = tuple(Finding(f["code"], f["severity"], f["message"], tuple(f.get("fqns", ())), f.get("fix", ""),
+                                 f.get("n_fqns")) for f in obj.get("findings", ()))
         pairs = {k: tuple(tuple(x) for x in obj.get(k, ())) for k in ("fixes", "call_sites", "checkpoint_policies")}
         return cls(obj["kind"], obj["source"], obj.get("release", ""), findings, **pairs)
 

@@ -88,6 +88,7 @@ def test_every_setting_of_a_cluster_function_comes_back():
     assert applied(model, plan) == (calls, wrapped)
     assert sv.Plan.from_json(plan.to_json()) == plan and sv.Plan.from_json(plan.to_json()).prefetch == plan.prefetch
     assert sv.Plan.from_json(plan.to_json()).origin == plan.origin
+    assert "SV309" in {f.code for f in sv.analyze(model, plan, sv.Mesh(WORLD)).findings}  # prefetch: not modelled
 
 
 def layer_one_fix(model):

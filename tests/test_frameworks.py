@@ -113,7 +113,7 @@ def test_plan_says_which_release_and_the_user_model_is_untouched(tmp_path):
     a = sv.analyze(model, plan, sv.Mesh(8))
     bf16 = [f for f in a.findings if f.code == "SV304"]
     assert bf16 and "FullyShardedDataParallelPlugin" in bf16[0].fix and "more per step" in bf16[0].message
-    assert sv.Plan.from_json(plan.to_json()) == plan
+    assert sv.Plan.from_json(plan.to_json()) == plan and sv.Plan.from_json(plan.to_json()).origin == plan.origin
 
 
 def test_hsdp_from_parallelism_config():
