@@ -136,6 +136,8 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
     run_mesh = Mesh(shard=pc_shape[1], replicate=pc_shape[0]) if pc_shape else mesh
     cap = run_captured(accelerate_prepare, model, (env,), mesh=run_mesh, fn_name=f"accelerate {release}",
                        library=_ACCELERATE_LIBRARY)
+    if cap.error is not None:  # accelerate's line is not the user's to change: the fix is the config's
+        cap.error = replace(cap.error, fix=_config_fix(cap.error.message, model, label))
     from .origin_checks import accelerate_fixes, capture_findings
 
     plan = cap.plan(Origin("accelerate", label, f"accelerate {release}", fixes=accelerate_fixes(env)))
@@ -144,6 +146,18 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
         found.append(Finding("SV307", "info", f"the config's parallelism_config gives HSDP: {pc_shape[0]} replicas "
                              f"of {pc_shape[1]} shards", fix=f"analyse with sv.Mesh(shard={pc_shape[1]}, replicate={pc_shape[0]})"))
     return with_findings(plan, found)
+
+
+def _config_fix(message: str, model: nn.Module, label: str) -> str:
+    from .presets import find_blocks
+    from .tree import as_tree
+
+    if "Could not find the transformer layer class" in message:
+        tree = as_tree(model)
+        classes = sorted({tree.modules[b].type_name for b in find_blocks(tree)})
+        return (f"in {label}, set fsdp_config.fsdp_transformer_layer_cls_to_wrap to a class the model has"
+                + (f": {', '.join(classes)}" if classes else ""))
+    return f"change {label} (the accelerate config) so that accelerate's preparation succeeds"
 
 
 def with_findings(plan: Plan, found) -> Plan:

@@ -125,6 +125,14 @@ def test_hsdp_from_parallelism_config():
     assert hsdp and "sv.Mesh(shard=4, replicate=2)" in hsdp[0].fix
 
 
+def test_an_unknown_layer_class_names_the_yaml_key_and_the_classes():
+    config = {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap": "LlamaLayer"}
+    plan = sv.Plan.from_accelerate(tiny_lora(), config, world_size=WORLD)
+    raised = [f for f in plan.origin.findings if f.code == "SV301"]
+    assert plan.units == () and raised and "LlamaLayer" in raised[0].message
+    assert "fsdp_transformer_layer_cls_to_wrap" in raised[0].fix and "LlamaDecoderLayer" in raised[0].fix
+
+
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="no such file"):
         sv.Plan.from_accelerate(tiny_lora(), "/nonexistent/fsdp.yaml", world_size=4)
