@@ -272,7 +272,7 @@ def _process_kept(fn):
             module_globals.update(kept_globals)
 
 
-def _error_finding(exc: BaseException, fn_name: str, library, torch_version=None) -> Finding:
+def _error_finding(exc: BaseException, fn_name: str, library) -> Finding:
     where = user_line(traceback.extract_tb(exc.__traceback__), library)
     text = f"{type(exc).__name__}: {exc}".strip()
     first = text.splitlines()[0] if text else type(exc).__name__
@@ -356,7 +356,7 @@ def run_captured(fn, model: nn.Module, args=(), kwargs=None, *, mesh: Mesh, torc
                 if isinstance(out, nn.Module):
                     cap.root = out
             except Exception as exc:  # the user's code: the plan so far, and the error as a finding
-                cap.error = _error_finding(exc, fn_name, library, torch_version)
+                cap.error = _error_finding(exc, fn_name, library)
         cap.error = _target_refusals(cap, fn_name, torch_version) or cap.error
     return cap
 

@@ -23,13 +23,11 @@ from dataclasses import replace
 
 from torch import nn
 
-from .capture import _LIBRARY_PARTS, as_mesh, run_captured
+from .capture import as_mesh, run_captured
 from .finding import Finding
 from .plan import Origin, Plan
 
 INSTALL = "pip install 'shardviz[accelerate]'"
-#: A traceback frame in accelerate is the framework's line, not the user's: the finding names the YAML.
-_ACCELERATE_LIBRARY = tuple(p for p in _LIBRARY_PARTS)
 
 
 def accelerate_release() -> str:
@@ -134,8 +132,8 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
 
     pc_shape = _parallelism_shape(env, mesh.world)
     run_mesh = Mesh(shard=pc_shape[1], replicate=pc_shape[0]) if pc_shape else mesh
-    cap = run_captured(accelerate_prepare, model, (env,), mesh=run_mesh, fn_name=f"accelerate {release}",
-                       library=_ACCELERATE_LIBRARY)
+    # the SV301 line of an error is accelerate's (outside torch and shardviz); its fix is the config's
+    cap = run_captured(accelerate_prepare, model, (env,), mesh=run_mesh, fn_name=f"accelerate {release}")
     if cap.error is not None:  # accelerate's line is not the user's to change: the fix is the config's
         cap.error = replace(cap.error, fix=_config_fix(cap.error.message, model, label))
     from .origin_checks import accelerate_fixes, capture_findings
