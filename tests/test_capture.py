@@ -251,3 +251,30 @@ def test_checkpointing_children_instead_of_the_layer():
 def test_json_without_capture_fields_is_still_version_1():
     plan = sv.Plan.auto(tiny_lora())
     assert plan.to_dict()["version"] == 1 and sv.Plan.from_json(plan.to_json()) == plan
+
+
+def test_apply_activation_checkpointing_and_the_exported_selective_policy():
+    """torch's apply_activation_checkpointing (full) on the blocks, shardviz's exported selective policy on one
+    MLP: both come back with their policy, and the plan applied by the oracle wraps the same modules."""
+    from functools import partial
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from shardviz.export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
+
+    def apply(model):
+        layers = inner(model).layers
+        layers[0].mlp = _checkpoint_wrapped(layers[0].mlp, _selective_checkpoint_context)
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=partial(checkpoint_wrapper),
+                                       check_fn=lambda m: isinstance(m, LlamaDecoderLayer) and m is layers[1])
+        for layer in layers:
+            fully_shard(layer)
+        fully_shard(model)
+
+    model = tiny_lora()
+    plan = sv.capture(apply, model, world_size=WORLD)
+    b = "base_model.model.model.layers."
+    assert dict(plan.checkpoint.items()) == {b + "0.mlp": "selective", b + "1": "full"}
+    calls, wrapped, _ = run_directly(apply, model)
+    assert applied(model, plan) == (calls, wrapped)
