@@ -15,9 +15,10 @@ from .tree import ModelTree
 from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
 from .load import load_model
 from .oracle import verify
+from .capture import capture
 
 __all__ = [
-    "Analysis", "Comparison", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
+    "Analysis", "Comparison", "capture", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
     "Training", "Unit", "analyze", "compare", "export_code", "fix_plan", "fmt", "load_model", "search", "sweep", "verify",
     "zoo",
 ]

@@ -35,6 +35,7 @@ from .finding import Finding
 from .fixes import split_unit
 from .format import format_bytes, format_duration, worst_rank
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
+from .origin_checks import check_origin, in_user_terms
 from .plan import checkpoint_preset
 from .presets import find_blocks
 
@@ -544,5 +545,6 @@ def run_checks(analysis, torch_version=None) -> list[Finding]:
     for check in CHECKS:
         findings += check(analysis)
     findings += check_memory(analysis)
+    findings = in_user_terms(findings + check_origin(analysis), analysis.plan)  # captured plans (SV3xx)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))

@@ -26,7 +26,6 @@ a plan torch would refuse exits 1, its findings one per line.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from dataclasses import replace
@@ -82,16 +81,12 @@ def _model_from_factory(spec: str):
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    from .load import import_object
+
     try:
-        obj = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
-        raise CliError(f"model {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CliError(f"model {spec!r}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        obj = import_object(module_name, attr, f"model {spec!r}")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if isinstance(obj, nn.Module):
         return obj
     if not callable(obj):
@@ -153,11 +148,13 @@ def build_model(args):
     return model, ModelTree(model)
 
 
-def build_plan(tree, args):
+def build_plan(tree, args, model=None):
     from .plan import Plan
     from .presets import named_plan
 
     checkpoint = getattr(args, "checkpoint", None)
+    if getattr(args, "accelerate_config", None) or getattr(args, "plan_from", None):
+        return captured_plan(model, tree, args)
     if args.plan and args.layout:
         raise CliError("give either --layout or --plan, not both")
     if args.plan and checkpoint:
@@ -231,6 +228,29 @@ def _print_findings(findings, stream, severities=("error", "warning")) -> None:
 # ---------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------
+def captured_plan(model, tree, args):
+    """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
+    from .frameworks import plan_from_source
+
+    given = [f for f in ("layout", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f, None)]
+    if len(given) > 1:
+        raise CliError("give one of --layout, --plan, --accelerate-config, --plan-from; got "
+                       + ", ".join('--' + f.replace('_', '-') for f in given))
+    try:
+        plan = plan_from_source(model, make_mesh(args.world_size, args.replicate), args.accelerate_config, args.plan_from)
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    _print_findings(plan.origin.findings if plan.origin else (), sys.stderr, ("error",))  # the function raised
+    return plan
+
+
+def _add_source_args(p) -> None:
+    p.add_argument("--accelerate-config", metavar="FSDP.YAML", help="the plan accelerate's own FSDP2 preparation makes "
+                   "from this config (sv.Plan.from_accelerate; needs shardviz[accelerate])")
+    p.add_argument("--plan-from", metavar="MODULE:FUNCTION", help="the plan your own function makes, e.g. "
+                   "my_train:apply_fsdp, called as function(model) or function(model, mesh) (sv.capture)")
+
+
 def cmd_export(args) -> int:
     from .analysis import analyze
     from .checks import run_checks
@@ -240,8 +260,8 @@ def cmd_export(args) -> int:
     version = check_version(args.torch)
     mesh = make_mesh(args.world_size, args.replicate)
     training = make_training(args)
-    _, tree = build_model(args)
-    plan = build_plan(tree, args)
+    model, tree = build_model(args)
+    plan = build_plan(tree, args, model)
     try:
         code = export_code(tree, plan, mesh=mesh, training=training, torch_version=version)
     except PlanError as exc:
@@ -250,6 +270,13 @@ def cmd_export(args) -> int:
         _print_findings(exc.findings, sys.stderr, ("error",))
         return EXIT_REFUSED
     emit(code, args.output, args.force)
+    if args.accelerate_yaml:  # the same plan as accelerate's config, where its keys can say it
+        from .frameworks import to_accelerate
+
+        text, cannot = to_accelerate(model, plan, mesh.world)
+        write_atomic(args.accelerate_yaml, text, args.force)
+        print(f"shardviz: wrote {args.accelerate_yaml}" + (f"; it cannot express: {'; '.join(cannot)}" if cannot else
+              ": accelerate makes exactly these calls from it"), file=sys.stderr)
     if not args.quiet:
         analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
         _print_findings(run_checks(analysis, torch_version=version), sys.stderr)
@@ -368,8 +395,8 @@ def cmd_report(args) -> int:
     mesh = make_mesh(args.world_size, args.replicate)
     mesh = _with_memory(mesh, args.device_memory or None, args.memory_reserve)
     training = make_training(args, base=DEFAULT_TRAINING)
-    _, tree = build_model(args)
-    plan = build_plan(tree, args)
+    model, tree = build_model(args)
+    plan = build_plan(tree, args, model)
     layouts = None
     if not args.no_compare and any(p.role == "lora" for p in tree.params):
         layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=args.checkpoint) for x in LORA_LAYOUTS}
@@ -453,12 +480,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_source_args(p)
     _add_checkpoint_arg(p)
     _add_mesh_args(p)
     _add_precision_args(p)
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("-q", "--quiet", action="store_true", help="no findings or summary on stderr")
+    p.add_argument("--accelerate-yaml", metavar="FSDP.YAML", help="also write the accelerate config that gives this "
+                   "plan (checked with the installed accelerate), naming what it cannot express")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("plan", help="write or read plan JSON files")
@@ -482,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_source_args(p)
     _add_mesh_args(p)
     _add_checkpoint_arg(p)
     p.add_argument("--device-memory", help="e.g. 80GiB: draw the limit and flag a peak that does not fit")

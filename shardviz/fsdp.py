@@ -473,9 +473,10 @@ def refuse_shared_across_calls(lay: Layout) -> list[Finding]:
         p = lay.tree.params[index]
         names = [lay.units[u].unit.name for u in calls]
         # One module reached along two paths: the second call finds the first call's DTensor.
-        when = ("torch raises RuntimeError at the second fully_shard call ('Cannot concatenate "
-                "overlapping meshes')" if len(p.owners) == 1 else
-                "torch >= 2.13 raises ValueError at the first forward")
+        rooted = any("" in u.unit.modules for u in lay.units)  # lazy init sees every group: 2.13 checks them
+        when = ("torch raises RuntimeError at the second fully_shard call ('Cannot concatenate overlapping meshes')"
+                if len(p.owners) == 1 else "torch >= 2.13 raises ValueError at the first forward" if rooted else
+                "with no root call torch raises nothing: a step runs and the copies train apart (seen on 2.13)")
         out.append(Finding(
             "SV001", "error",
             f"parameter {p.fqn!r} (also {', '.join(p.fqns[1:]) or 'reached through a shared module'}) "

@@ -245,3 +245,24 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
                     where = f" field {field!r}:" if field else ""
                     raise ModelFileError(f"{adapter_file}:{where} {type(exc).__name__}: {_one_line(exc)}") from None
     return model
+
+
+def import_object(module_name: str, attr: str, label: str):
+    """``module_name.attr`` (``attr`` may be dotted), the current folder importable; ValueError starting
+    with ``label`` when the import or an attribute fails (the CLI's ``package.module:factory`` and
+    ``--plan-from module:function``)."""
+    import importlib
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
+        raise ValueError(f"{label}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{label}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj

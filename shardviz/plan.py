@@ -11,10 +11,14 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence, Union
 
+from .finding import Finding
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
 SCHEMA_VERSION = 1
+#: Written only when a plan carries what version 1 cannot say (``prefetch``, ``origin``); read: both.
+SCHEMA_VERSION_CAPTURED = 2
+PREFETCH_DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_LAYOUTS = ("sharded", "ignored", "separate")
 CHECKPOINT_PRESETS = (None, "blocks", "every k", "selective")  # "every k": "every 2", "every 3", ...
@@ -173,6 +177,70 @@ class Unit:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a captured plan came from (``sv.capture``, ``Plan.from_accelerate``) and what the capture
+    saw that the calls alone do not say. Not part of a plan's equality: the same calls are the same plan.
+
+    ``kind``: "capture" | "accelerate"; ``source``: the function ("my_train.apply_fsdp") or config
+    ("fsdp.yaml"); ``release``: what made it ("accelerate 1.15.0", "torch 2.13.0"); ``findings``: what
+    the capture found (the function raised, a policy shardviz does not model, ...); ``fixes``: (code, text)
+    pairs, the fix of an engine finding said in the user's terms (a YAML key, a line of their code);
+    ``call_sites``: (unit name, "file:line") of each ``fully_shard`` call; ``checkpoint_policies``:
+    (module, name) for checkpoint policies shardviz does not model (priced as "full")."""
+
+    kind: str
+    source: str
+    release: str = ""
+    findings: tuple = ()
+    fixes: tuple = ()
+    call_sites: tuple = ()
+    checkpoint_policies: tuple = ()
+
+    @property
+    def label(self) -> str:
+        """The plan's name: "accelerate 1.15: fsdp.yaml", "captured: my_train.apply_fsdp"."""
+        if self.kind == "accelerate":
+            short = ".".join(self.release.split()[-1].split(".")[:2]) if self.release else ""
+            return f"accelerate {short}: {self.source}".replace("  ", " ")
+        return f"captured: {self.source}"
+
+    def fix_for(self, code: str) -> str:
+        return " ".join(text for c, text in self.fixes if c == code)
+
+    def to_obj(self) -> dict:
+        return {"kind": self.kind, "source": self.source, "release": self.release,
+                "findings": [{"code": f.code, "severity": f.severity, "message": f.message, "fqns": list(f.fqns),
+                              "fix": f.fix, "n_fqns": f.n_fqns} for f in self.findings],
+                "fixes": [list(x) for x in self.fixes], "call_sites": [list(x) for x in self.call_sites],
+                "checkpoint_policies": [list(x) for x in self.checkpoint_policies]}
+
+    @classmethod
+    def from_obj(cls, obj) -> "Origin":
+        if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str) or not isinstance(obj.get("source"), str):
+            raise ValueError("plan JSON: field 'origin' must be an object with 'kind' and 'source' strings")
+        unknown = set(obj) - {"kind", "source", "release", "findings", "fixes", "call_sites", "checkpoint_policies"}
+        if unknown:
+            raise ValueError(f"plan JSON: origin: unknown field(s) {sorted(unknown)}")
+        findings = tuple(Finding(f["code"], f["severity"], f["message"], tuple(f.get("fqns", ())), f.get("fix", ""),
+                                 f.get("n_fqns")) for f in obj.get("findings", ()))
+        pairs = {k: tuple(tuple(x) for x in obj.get(k, ())) for k in ("fixes", "call_sites", "checkpoint_policies")}
+        return cls(obj["kind"], obj["source"], obj.get("release", ""), findings, **pairs)
+
+
+def _prefetch(prefetch) -> tuple:
+    """``{module: {"forward": [...], "backward": [...]}}`` -> sorted ((module, direction, targets), ...)."""
+    if isinstance(prefetch, tuple):
+        return prefetch
+    out = []
+    for module, by_direction in dict(prefetch or {}).items():
+        for direction, targets in dict(by_direction).items():
+            if direction not in PREFETCH_DIRECTIONS:
+                raise ValueError(f"prefetch[{module!r}]: direction {direction!r} is not one of {PREFETCH_DIRECTIONS}")
+            out.append((module, direction, tuple(targets)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Plan:
     """``units``: one entry per ``fully_shard`` call; ``ignored``: parameter FQNs kept out of FSDP;
     ``checkpoint``: modules wrapped in torch's ``checkpoint_wrapper`` before any ``fully_shard``
@@ -184,9 +252,13 @@ class Plan:
     ignored: tuple[str, ...] = ()
     name: str = field(default="", compare=False)
     checkpoint: Checkpoints = Checkpoints()
+    # set_modules_to_forward/backward_prefetch overrides: ((module, direction, (targets...)), ...).
+    # Recorded and exported; the step-time model keeps torch's default prefetch (not modelled).
+    prefetch: tuple = ()
+    origin: Origin | None = field(default=None, compare=False)
 
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
-                 checkpoint: Iterable[str] | dict = ()):
+                 checkpoint: Iterable[str] | dict = (), *, prefetch=(), origin: Origin | None = None):
         if isinstance(units, (str, Unit)):
             units = [units]
         parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
@@ -210,8 +282,15 @@ class Plan:
         object.__setattr__(self, "ignored", ignored)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "checkpoint", checkpoint)
+        object.__setattr__(self, "prefetch", _prefetch(prefetch))
+        object.__setattr__(self, "origin", origin)
 
     # -- edits (each returns a new plan) ------------------------------------
+    def _edited(self, units=None, ignored=None, checkpoint=None) -> "Plan":
+        """A new plan with these parts changed; prefetch and origin carry over (edits start from a capture)."""
+        return Plan(self.units if units is None else units, self.ignored if ignored is None else ignored, self.name,
+                    self.checkpoint if checkpoint is None else checkpoint, prefetch=self.prefetch, origin=self.origin)
+
     def unit_of(self, fqn: str) -> Unit | None:
         for unit in self.units:
             if fqn in unit.modules:
@@ -220,31 +299,31 @@ class Plan:
 
     def with_units(self, units) -> "Plan":
         """The same plan (ignored, checkpointed, name) with these calls instead."""
-        return Plan(units, self.ignored, self.name, self.checkpoint)
+        return self._edited(units=units)
 
     def with_unit(self, unit) -> "Plan":
         unit = Unit.from_obj(unit)
-        return Plan(self.units + (unit,), self.ignored, self.name, self.checkpoint)
+        return self._edited(units=self.units + (unit,))
 
     def without_unit(self, fqn: str) -> "Plan":
         """Drop the call that contains module ``fqn`` (the whole group, if grouped)."""
         if self.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
-        return Plan([u for u in self.units if fqn not in u.modules], self.ignored, self.name, self.checkpoint)
+        return self._edited(units=[u for u in self.units if fqn not in u.modules])
 
     def with_unit_options(self, fqn: str, **options) -> "Plan":
         unit = self.unit_of(fqn)
         if unit is None:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
         new = replace(unit, **options)  # Unit.__init__ checks the new options
-        return Plan([new if u is unit else u for u in self.units], self.ignored, self.name, self.checkpoint)
+        return self._edited(units=[new if u is unit else u for u in self.units])
 
     def with_ignored(self, fqns: Iterable[str]) -> "Plan":
-        return Plan(self.units, self.ignored + tuple(fqns), self.name, self.checkpoint)
+        return self._edited(ignored=self.ignored + tuple(fqns))
 
     def without_ignored(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
-        return Plan(self.units, [f for f in self.ignored if f not in drop], self.name, self.checkpoint)
+        return self._edited(ignored=[f for f in self.ignored if f not in drop])
 
     def with_checkpoint(self, fqns: Iterable[str] | dict, policy: str = "full") -> "Plan":
         """Also wrap these modules in ``checkpoint_wrapper`` with ``policy`` (a mapping gives each
@@ -252,11 +331,11 @@ class Plan:
         added = Checkpoints(fqns if hasattr(fqns, "items") else {f: policy for f in ([fqns] if isinstance(fqns, str) else fqns)})
         merged = dict(self.checkpoint.items())
         merged.update(added.items())
-        return Plan(self.units, self.ignored, self.name, merged)
+        return self._edited(checkpoint=merged)
 
     def without_checkpoint(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
-        return Plan(self.units, self.ignored, self.name, {f: p for f, p in self.checkpoint.items() if f not in drop})
+        return self._edited(checkpoint={f: p for f, p in self.checkpoint.items() if f not in drop})
 
     # -- validation against a model ------------------------------------------
     def validate(self, model_or_tree) -> ModelTree:
@@ -288,6 +367,11 @@ class Plan:
         if inside:
             a, b = inside[0]
             raise ValueError(f"checkpoint: module {a!r} is inside {b!r}, which is already checkpointed; list one of them")
+        for module, direction, targets in self.prefetch:
+            for name in (module, *targets):
+                if name not in tree.module_index:
+                    raise ValueError(f"prefetch ({direction}): no module named {name!r} in {tree.root_type}."
+                                     f"{closest_hint(name, tree.module_index)}")
         for name in self.ignored:
             if name not in tree.param_index:
                 hint = (
@@ -300,13 +384,21 @@ class Plan:
 
     # -- JSON -------------------------------------------------------------------
     def to_dict(self) -> dict:
+        captured = {}
+        if self.prefetch:
+            captured["prefetch"] = {}
+            for module, direction, targets in self.prefetch:
+                captured["prefetch"].setdefault(module, {})[direction] = list(targets)
+        if self.origin is not None:
+            captured["origin"] = self.origin.to_obj()
         return {
             "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
+            "version": SCHEMA_VERSION_CAPTURED if captured else SCHEMA_VERSION,
             "name": self.name,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
             **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
+            **captured,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -323,11 +415,13 @@ class Plan:
         if obj.get("schema") != SCHEMA:
             raise ValueError(f"plan JSON: field 'schema' must be {SCHEMA!r}, got {obj.get('schema')!r}")
         version = obj.get("version")
-        if version != SCHEMA_VERSION:
+        if version not in (SCHEMA_VERSION, SCHEMA_VERSION_CAPTURED):
             raise ValueError(
-                f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION}"
+                f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION} "
+                f"(and {SCHEMA_VERSION_CAPTURED}: a captured plan, with prefetch or origin)"
             )
-        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"}
+        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"} - (
+            {"prefetch", "origin"} if version == SCHEMA_VERSION_CAPTURED else set())
         if unknown:
             raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
         units, ignored = obj.get("units", []), obj.get("ignored", [])
@@ -346,9 +440,29 @@ class Plan:
             checkpoint = Checkpoints(checkpoint)
         except ValueError as exc:
             raise ValueError(f"plan JSON: field {exc}") from None
-        return cls(units, ignored, name, checkpoint)
+        prefetch = obj.get("prefetch", {})
+        if not isinstance(prefetch, dict) or not all(isinstance(v, dict) for v in prefetch.values()):
+            raise ValueError("plan JSON: field 'prefetch' must be an object module FQN -> {direction: [module FQNs]}")
+        origin = Origin.from_obj(obj["origin"]) if "origin" in obj else None
+        return cls(units, ignored, name, checkpoint, prefetch=prefetch, origin=origin)
+
+    def to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:
+        """(YAML, what it cannot express): the accelerate config closest to this plan, checked by running
+        the installed accelerate on it (``shardviz.frameworks.to_accelerate``)."""
+        from .frameworks import to_accelerate
+
+        return to_accelerate(model, self, world_size)
 
     # -- presets -------------------------------------------------------------
+    @classmethod
+    def from_accelerate(cls, model, config, world_size: int | None = None, mesh=None) -> "Plan":
+        """The plan the installed accelerate's own FSDP2 preparation makes for ``model`` from ``config``
+        (the YAML ``accelerate config`` writes, or its ``fsdp_config`` mapping plus ``mixed_precision``),
+        run on a meta copy under the fake process group (``shardviz.frameworks``)."""
+        from .frameworks import from_accelerate
+
+        return from_accelerate(model, config, world_size=world_size, mesh=mesh)
+
     @classmethod
     def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None) -> "Plan":
         """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.

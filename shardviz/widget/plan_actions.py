@@ -121,7 +121,7 @@ class PlanActions:
 
     def _drop_ignored(self, plan: Plan, params: set[int]) -> Plan:
         keep = [f for f in plan.ignored if self.tree.param_index[f] not in params]
-        return Plan(plan.units, keep, plan.name, plan.checkpoint)
+        return plan._edited(ignored=keep)
 
     def ignore(self, fqns) -> None:
         """Keep these parameters out of FSDP (``ignored_params``)."""

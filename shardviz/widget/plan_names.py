@@ -119,4 +119,5 @@ def base_name(name: str) -> str:
 
 
 def renamed(plan: Plan, name: str) -> Plan:
-    return plan if plan.name == name else Plan(plan.units, plan.ignored, name, plan.checkpoint)
+    return plan if plan.name == name else Plan(  # a captured plan keeps its origin and prefetch
+        plan.units, plan.ignored, name, plan.checkpoint, prefetch=plan.prefetch, origin=plan.origin)
