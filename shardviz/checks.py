@@ -372,17 +372,18 @@ class MemoryFix(NamedTuple):
     step_time_s: float | None = None
     cost_s: float | None = None
     hardware: bool = False
+    reserved: int | None = None  # the caching allocator's reserved peak, what the verdict judges
 
 
 def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, **change) -> MemoryFix:
     """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
     ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
     a = analysis.what_if(**change)
-    peak = int(a.memory["peak"].max())
+    peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
     new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
     if new is None or own is None:
-        return MemoryFix(text, peak, hardware=hardware)
-    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware)
+        return MemoryFix(text, peak, hardware=hardware, reserved=reserved)
+    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware, reserved)
 
 
 def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
@@ -391,9 +392,11 @@ def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
 
 
-def _fits(analysis, peak: int) -> bool:
-    """The one fits verdict (``Mesh.fit``: device memory less the reserve)."""
-    return analysis.mesh.fit(peak).fits
+def _fits(analysis, fix: MemoryFix) -> bool:
+    """The one fits verdict (``Mesh.fit``: device memory less the reserve, judged on the reserved
+    peak): the fix keeps the safety margin, or at least fits when the plan itself is over."""
+    fit = analysis.mesh.fit(fix.peak, fix.reserved)
+    return fit.verdict == "fits" or (fit.fits and not analysis.fit.fits)
 
 
 def _checkpoint_fixes(analysis) -> list[MemoryFix]:
@@ -411,7 +414,7 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
         what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
                                 f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
-        if not _fits(analysis, fix.peak):
+        if not _fits(analysis, fix):
             break  # fewer blocks checkpointed hold more: none of the rest fits
         out.append(fix)
     return out
@@ -427,7 +430,7 @@ def _batch_fix(analysis) -> list[MemoryFix]:
         fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
                       micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum))
-        if _fits(analysis, fix.peak):
+        if _fits(analysis, fix):
             return [fix]
         batch //= 2
     return []
@@ -458,13 +461,13 @@ def memory_fixes(analysis) -> list[MemoryFix]:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host, not timed)",
                            training=replace(training, offload=True)))
-    out = [f for f in out if _fits(analysis, f.peak)]
+    out = [f for f in out if _fits(analysis, f)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
         fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger)
-        if _fits(analysis, fix.peak):
+        if _fits(analysis, fix):
             out.append(fix)
             break
     return out
@@ -482,15 +485,16 @@ def _fix_text(fix: MemoryFix) -> str:
 
 def check_memory(analysis) -> list[Finding]:
     """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
-    ``Mesh.memory_reserve`` (``Mesh.fit``); the fix is the cheapest change that makes it fit
-    (``memory_fixes``)."""
+    ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
+    an error; or it fits inside the safety margin ("tight"), a warning. The fix is the cheapest
+    change that makes it fit (``memory_fixes``)."""
     if analysis.mesh.device_memory is None:
         return []
     mem = analysis.memory
     worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
-    peak = int(mem.at[worst, "peak"])
-    fit = analysis.mesh.fit(peak)
-    if fit.fits:
+    peak, reserved = int(mem.at[worst, "peak"]), int(mem.at[worst, "reserved_peak"])
+    fit = analysis.fit
+    if fit.verdict == "fits":
         return []
     rank = int(mem.at[worst, "rank"])
     parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
@@ -510,11 +514,15 @@ def check_memory(analysis) -> list[Finding]:
     else:
         fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
                "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")
+    held = f"peak memory {format_bytes(peak)} (reserved {format_bytes(reserved)}) on rank {rank}{where}"
+    if fit.tight:
+        verdict = (f"{held} is tight in device_memory {fit.text}: {format_bytes(fit.margin)} to spare, inside the "
+                   f"{format_bytes(fit.safety)} safety margin ({fit.assumed})")
+    else:
+        verdict = f"{held} exceeds device_memory {fit.text} by {format_bytes(-fit.margin)} ({fit.assumed})"
     return [Finding(
-        "SV201", "error",
-        f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "
-        f"{fit.text} by {format_bytes(-fit.margin)}{counted}; "
-        f"largest contributors: {top}; largest calls: {big}",
+        "SV201", "warning" if fit.tight else "error",
+        f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}",
         tuple(m for r in units for m in r.modules),
         fix,
     )]
