@@ -163,6 +163,25 @@ def safety_margin_bytes(margin, usable: int, owner: str = "Mesh.safety_margin") 
     return int(value)
 
 
+def check_fit_settings(safety_margin, expandable_segments, judge) -> None:
+    """``Mesh``'s fit settings, refused naming the field: ``safety_margin`` (a fraction of the usable
+    memory, "5%" or a size; default ``SAFETY_MARGIN``: a peak inside it is "tight", not "fits");
+    ``expandable_segments`` (the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
+    PyTorch's default is False; the reserved peak is modelled for it); ``judge``: "reserved" (the
+    caching allocator's reserved peak, what runs out; default) or "allocated" (``a.memory.peak``,
+    the bytes tensors hold: for another allocator, or to reason about the tensors alone)."""
+    safety_margin_bytes(safety_margin, 1 << 40)
+    if not isinstance(expandable_segments, bool):
+        raise ValueError(f"Mesh.expandable_segments must be True or False, got {expandable_segments!r}")
+    if judge not in ("reserved", "allocated"):
+        raise ValueError(f"Mesh.judge must be 'reserved' or 'allocated', got {judge!r}")
+
+
+def allocator_text(expandable_segments: bool) -> str:
+    """The allocator setting as the verdicts name it."""
+    return "expandable_segments:True" if expandable_segments else "caching allocator defaults (no expandable segments)"
+
+
 def margin_text(margin) -> str:
     """The safety margin as the verdicts name it: "5 % safety margin" or "4.00 GiB safety margin"."""
     if isinstance(margin, float):
@@ -225,6 +244,29 @@ def memory_fit(peak: int, device_memory: int | None, reserve: int = MEMORY_RESER
     assumed = ", ".join(x for x in (f"{which} judged", allocator, margin_text(safety_margin)) if x)
     return MemoryFit(verdict != "over", spare, usable, int(device_memory), int(reserve),
                      limit_text(device_memory, reserve), verdict, safety, assumed)
+
+
+class DeviceLimits:
+    """What ``fsdp.Mesh`` judges memory with, from its ``device_memory``, ``memory_reserve``,
+    ``safety_margin``, ``expandable_segments`` and ``judge`` fields."""
+
+    def fit(self, peak: int, reserved: int | None = None) -> MemoryFit | None:
+        """``memory_fit`` of ``peak`` (allocated; judged on ``reserved``, the caching allocator's
+        reserved peak, unless ``judge="allocated"``); None without ``device_memory``."""
+        judged = reserved if self.judge == "reserved" else None
+        return memory_fit(peak, self.device_memory, self.memory_reserve, self.safety_margin, judged,
+                          allocator_text(self.expandable_segments) if judged is not None else "")
+
+    @property
+    def usable_memory(self) -> int | None:
+        """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
+        fit = self.fit(0)
+        return None if fit is None else fit.usable
+
+    @property
+    def limit_text(self) -> str | None:
+        """The limit in words: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
+        return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
 
 
 # Sources (full URLs and the page each figure is read from in docs/step-time.md).

@@ -26,8 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .devices import (MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, Efficiency, MemoryFit, as_device, limit_text, memory_fit,
-                      safety_margin_bytes)
+from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, Efficiency, as_device, check_fit_settings
 from .finding import Finding, PlanError
 from .format import parse_size
 from .plan import Plan, Unit, closest_hint
@@ -39,7 +38,7 @@ def parse_bytes(value) -> int | None:
 
 
 @dataclass(frozen=True)
-class Mesh:
+class Mesh(DeviceLimits):
     """The data-parallel mesh: ``shard`` ranks per FSDP group, ``replicate`` copies (HSDP when > 1).
 
     Global rank r sits at (r // shard, r % shard), as ``init_device_mesh(..., (replicate, shard))`` lays it out.
@@ -52,13 +51,8 @@ class Mesh:
     ``memory_reserve`` (bytes or a size, default ``devices.MEMORY_RESERVE_BYTES`` = 1 GiB for the
     CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
     verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
-    ``safety_margin`` (a fraction of the usable memory, "5%", or a size; default
-    ``devices.SAFETY_MARGIN`` = 5 %): a peak inside it is "tight", not "fits" (docs/cost-model.md).
-    ``expandable_segments``: the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
-    (PyTorch's default: False); the reserved peak (``a.memory.reserved_peak``) is modelled for it.
-    ``judge``: "reserved" (default: what the caching allocator holds, what runs out) or
-    "allocated" (the bytes tensors hold, ``a.memory.peak``: for another allocator, or to reason
-    about the tensors alone).
+    ``safety_margin``, ``expandable_segments``, ``judge``: how ``fit(peak, reserved)`` judges
+    (``devices.DeviceLimits``, ``devices.check_fit_settings``).
     """
 
     shard: int
@@ -88,37 +82,7 @@ class Mesh:
         if reserve < 0:
             raise ValueError(f"Mesh.memory_reserve must be >= 0 bytes, got {self.memory_reserve!r}")
         object.__setattr__(self, "memory_reserve", reserve)
-        safety_margin_bytes(self.safety_margin, 1 << 40)  # refused here, naming the field
-        if not isinstance(self.expandable_segments, bool):
-            raise ValueError(f"Mesh.expandable_segments must be True or False, got {self.expandable_segments!r}")
-        if self.judge not in ("reserved", "allocated"):
-            raise ValueError(f"Mesh.judge must be 'reserved' or 'allocated', got {self.judge!r}")
-
-    @property
-    def allocator_text(self) -> str:
-        """The allocator setting as the verdicts name it."""
-        return ("expandable_segments:True" if self.expandable_segments else
-                "caching allocator defaults (no expandable segments)")
-
-    def fit(self, peak: int, reserved: int | None = None) -> MemoryFit | None:
-        """``devices.memory_fit``: does ``peak`` (allocated; judged on ``reserved``, the
-        allocator's reserved peak, where given) fit ``device_memory`` less ``memory_reserve``
-        keeping ``safety_margin`` to spare (verdict fits / tight / over, margin, usable, the limit
-        in words, what it assumes); None without ``device_memory``."""
-        judged = reserved if self.judge == "reserved" else None
-        return memory_fit(peak, self.device_memory, self.memory_reserve, self.safety_margin, judged,
-                          self.allocator_text if judged is not None else "")
-
-    @property
-    def usable_memory(self) -> int | None:
-        """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
-        fit = self.fit(0)
-        return None if fit is None else fit.usable
-
-    @property
-    def limit_text(self) -> str | None:
-        """The limit in words: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
-        return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
+        check_fit_settings(self.safety_margin, self.expandable_segments, self.judge)
 
     def _fill_from_device(self) -> None:
         device = as_device(self.device)

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .simulation import StepSimulation
-
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" allocation is 1 MiB
 K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: "small" allocations are packed in 2 MiB blocks
