@@ -47,6 +47,24 @@ K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: allocations between 1 and 10 MiB
 K_ROUND_LARGE = 2 << 20  # kRoundLarge: round up large allocations to 2 MiB
 NO_MAX_SPLIT = 1 << 64  # max_split_size's default: std::numeric_limits<size_t>::max()
 
+# cuBLAS workspaces (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize): allocated
+# through the caching allocator (getNewWorkspace), one per (handle, stream); cuBLASLt shares it
+# (TORCH_CUBLASLT_UNIFIED_WORKSPACE, on by default). Default size ":4096:8" = 32 MiB on sm90 and
+# later, ":4096:2:16:8" = 8.125 MiB before. Handles are per thread: forward runs on the main
+# thread, backward on autograd's device thread, both on the default stream: two workspaces.
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_OLDER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_WORKSPACES = 2
+SM90_AND_LATER = ("H100", "H100-PCIe", "H200", "B200")
+
+
+def cublas_workspace_bytes(device) -> int:
+    """What the step's cuBLAS workspaces take on ``device`` (a ``devices.Device`` or None: none counted)."""
+    if device is None:
+        return 0
+    size = CUBLAS_WORKSPACE_SM90 if getattr(device, "name", "") in SM90_AND_LATER else CUBLAS_WORKSPACE_OLDER
+    return CUBLAS_WORKSPACES * size
+
 
 def roundup_power2_next_division(size: int, divisions: int) -> int:
     """``roundup_power2_next_division``: ``size`` up to the next of ``divisions`` equal steps between

@@ -35,6 +35,7 @@ class CostModel:
         """Bytes the caching allocator reserves beyond the bytes tensors hold at the peak, under
         ``expandable_segments`` (None: the mesh's setting): the replay of the step through the
         allocator's rules (``cost.reserved``), its reserved peak less its requested peak."""
+        from .allocator import cublas_workspace_bytes
         from .reserved import replay
 
         if expandable_segments is None:
@@ -43,9 +44,11 @@ class CostModel:
             if not self.replay_inputs:
                 return 0
             resident = int(self.resident.total + self.optimizer.device.max() + self.optimizer.whole)
+            device = getattr(self.mesh, "device", None)
             alloc = replay(*self.replay_inputs, resident, int(self.optimizer.step_temporaries.max()),
-                           expandable_segments)
-            self._reserved[expandable_segments] = max(alloc.peak_reserved - alloc.peak_requested, 0)
+                           expandable_segments, device)
+            tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts
+            self._reserved[expandable_segments] = max(alloc.peak_reserved - tensors, 0)
         return self._reserved[expandable_segments]
 
     def in_optimizer_step(self) -> np.ndarray:

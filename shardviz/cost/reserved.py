@@ -10,15 +10,16 @@ activations are one block per rise of the measured activation level, freed last-
 the level falls (forward saves tensors in order, backward frees them in reverse). The resident
 state (sharded parameters, optimizer states) is allocated first, one block per call.
 
-The reserved peak is ``peak`` + (the replay's reserved peak − its requested peak): the allocator's
-rounding, segment sizes, per-stream caches and fragmentation on top of the bytes tensors hold.
+The reserved peak is ``peak`` + (the replay's reserved peak − its requested peak without the cuBLAS
+workspaces): the allocator's rounding, segment sizes, per-stream caches and fragmentation, and
+the workspaces cuBLAS allocates through it, on top of the bytes the step's tensors hold.
 """
 
 from __future__ import annotations
 
 import itertools
 
-from .allocator import CachingAllocator
+from .allocator import CachingAllocator, cublas_workspace_bytes
 from .simulation import StepSimulation
 
 
@@ -150,10 +151,13 @@ class TracingSimulation(StepSimulation):
 
 
 def replay(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate, grad_accum, sync_every,
-           resident_bytes: int, step_temporaries: int, expandable_segments: bool) -> CachingAllocator:
-    """The allocator after the resident state, one step (forward, backward) and the optimizer step's
-    temporaries: its peaks of requested, allocated and reserved bytes."""
+           resident_bytes: int, step_temporaries: int, expandable_segments: bool, device=None) -> CachingAllocator:
+    """The allocator after the resident state (and ``device``'s cuBLAS workspaces, ``cublas_workspace_bytes``),
+    one step (forward, backward) and the optimizer step's temporaries: its peaks of requested,
+    allocated and reserved bytes."""
     alloc = CachingAllocator(expandable_segments=expandable_segments)
+    for _ in range(2 if cublas_workspace_bytes(device) else 0):
+        alloc.malloc(cublas_workspace_bytes(device) // 2)
     gathers = sum(u.gather for u in units) or 1
     for u in units:  # the resident state, one block per call in proportion to its parameters
         share = resident_bytes * u.gather // gathers
