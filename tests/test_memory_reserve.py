@@ -26,7 +26,7 @@ def setting():
     safety margin is 0 here, so only the reserve makes the difference."""
     m = zoo.tiny_llama_lora()
     plan = sv.Plan.auto(m, lora="sharded")
-    peak = int(sv.analyze(m, plan, sv.Mesh(8), TRAINING).memory.reserved_peak.max())
+    peak = int(sv.analyze(m, plan, sv.Mesh(8, device="H100"), TRAINING).memory.reserved_peak.max())
     reserve = peak // 4
     mesh = sv.Mesh(8, device="H100", device_memory=peak + reserve // 2, memory_reserve=reserve, safety_margin=0)
     assert mesh.usable_memory < peak <= mesh.device_memory  # the premise
@@ -95,4 +95,4 @@ def test_search_row_between_usable_and_total_does_not_fit():
     assert (t.margin == mesh.usable_memory - t.reserved_peak).all()
     between = t[(t.reserved_peak > mesh.usable_memory) & (t.reserved_peak <= mesh.device_memory)]
     assert len(between) and not between.fits.any()
-    assert between.why.str.startswith(f"over {sv.cost.format_bytes(mesh.usable_memory)} usable by ").all()
+    assert between.why.str.contains(f"over {sv.cost.format_bytes(mesh.usable_memory)} usable by ").all()

@@ -469,7 +469,8 @@ class Search:
 
     def explain(self) -> str:
         """What was chosen and why, in sentences (the notebook and the CLI print it)."""
-        return explain(self.table, self.limit_text, self.note if not self.fits else "")
+        return explain(self.table, self.limit_text, self.note if not self.fits else "",
+                       self._runner.mesh.fit(0, 0).assumed)
 
     def figure(self):
         """Peak against step time of every analysed plan, the device memory drawn across."""

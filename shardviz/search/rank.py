@@ -184,8 +184,9 @@ def kept_margin_note(rows: list, name) -> str:
 # ---------------------------------------------------------------------------
 # The choice in words
 # ---------------------------------------------------------------------------
-def explain(table, limit_text: str, note: str = "") -> str:
-    """What ``sv.search`` chose and why, in sentences, every number read from its ``table``."""
+def explain(table, limit_text: str, note: str = "", assumed: str = "") -> str:
+    """What ``sv.search`` chose and why, in sentences, every number read from its ``table``;
+    ``assumed``: what the fits verdict assumes (``MemoryFit.assumed``)."""
     if not len(table) or not table.fits.iloc[0]:
         return f"Nothing fits. {note}".strip()
     best = table.iloc[0]
@@ -197,6 +198,8 @@ def explain(table, limit_text: str, note: str = "") -> str:
                 and best.get("reserved_peak") is not None else "")
     out = [f"Run {best['name']}: peak {format_bytes(best.peak)}{reserved} of {limit_text}, "
            f"{format_bytes(best.margin)} to spare{tight}{when}."]
+    if assumed:
+        out.append(f"Fits means: {assumed}.")
     fit = table[table.fits & table.analysed]
     if len(fit) > 1:
         out.append(f"It is the fastest of {len(fit)} plans that fit; the next, {fit['name'].iloc[1]}, is {fit.why.iloc[1]}.")
