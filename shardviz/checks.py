@@ -436,6 +436,19 @@ def _batch_fix(analysis) -> list[MemoryFix]:
     return []
 
 
+def _expandable_fix(analysis) -> list[MemoryFix]:
+    """``expandable_segments:True``: the same step, the reserved peak of the other allocator setting
+    (``CostModel.reserved_overhead``, no new analysis), at no cost in time."""
+    mesh = analysis.mesh
+    if mesh.expandable_segments or mesh.judge != "reserved":
+        return []
+    peak = int(analysis.memory["peak"].max())
+    own = analysis.step.get("step_time_s")
+    return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
+                      "the exported code then sets it)", peak, own, None if own is None else 0.0,
+                      reserved=peak + analysis.costs.reserved_overhead(True))]
+
+
 def memory_fixes(analysis) -> list[MemoryFix]:
     """Changes that bring the peak under the usable memory (``Mesh.fit``), cheapest first, each with its new peak
     and the time it costs (``MemoryFix``), each tried with ``analyze`` itself (``Analysis.what_if``).
@@ -448,7 +461,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     """
     plan, training, mesh = analysis.plan, analysis.training, analysis.mesh
     tree = analysis.tree
-    out = []
+    out = _expandable_fix(analysis)
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
     if lora_ignored:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
@@ -475,11 +488,12 @@ def memory_fixes(analysis) -> list[MemoryFix]:
 
 def _fix_text(fix: MemoryFix) -> str:
     """One fix for the finding: what to do, the new peak, and what it costs per step."""
+    held = f"peak {format_bytes(fix.peak)}" + (f", reserved {format_bytes(fix.reserved)}" if fix.reserved else "")
     if fix.cost_s is None:
-        return f"{fix.text} (peak {format_bytes(fix.peak)})"
+        return f"{fix.text} ({held})"
     sign = "+" if fix.cost_s >= 0 else "-"
     per = "per rank" if fix.hardware else "for the same tokens"
-    return (f"{fix.text} (peak {format_bytes(fix.peak)}; step {format_duration(fix.step_time_s)} {per}, "
+    return (f"{fix.text} ({held}; step {format_duration(fix.step_time_s)} {per}, "
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
@@ -506,11 +520,15 @@ def check_memory(analysis) -> list[Finding]:
     if mem.at[worst, "peak_module"]:
         where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
-    fixes = memory_fixes(analysis)
+    # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
+    fixes = [f for f in _expandable_fix(analysis) if _fits(analysis, f)] if fit.tight else memory_fixes(analysis)
     if fixes:
         fix = f"cheapest fix: {_fix_text(fixes[0])}"
         if len(fixes) > 1:
             fix += "; also: " + "; ".join(_fix_text(f) for f in fixes[1:])
+    elif fit.tight:
+        fix = (f"free {format_bytes(fit.safety - fit.margin)} more to keep the safety margin: sv.search(model, "
+               "mesh=..., training=...) ranks the plans that keep it")
     else:
         fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
                "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")

@@ -54,3 +54,15 @@ def test_a_mesh_sized_for_expandable_segments_gets_them_and_the_line_sets_the_va
     out = subprocess.run([sys.executable, "-c", head + "\nprint(os.environ['PYTORCH_CUDA_ALLOC_CONF'])"],
                          capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "expandable_segments:True"
+
+
+def test_sv201_names_the_allocator_setting_as_the_free_fix():
+    """Over without expandable segments, fitting with them: SV201's cheapest fix is the setting
+    (no time cost), with the reserved peak it would have."""
+    m, plan, memory = setting()
+    a = sv.analyze(m, plan, sv.Mesh(8, device_memory=memory, memory_reserve=0), TRAINING)
+    found = [f for f in a.findings if f.code == "SV201"]
+    assert found and found[0].fix.startswith("cheapest fix: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    grown = int(sv.analyze(m, plan, sv.Mesh(8, expandable_segments=True), TRAINING).memory.reserved_peak.max())
+    assert f"reserved {sv.cost.format_bytes(grown)}" in found[0].fix
+    assert "reserved peak judged" in found[0].message and "5 % safety margin" in found[0].message
