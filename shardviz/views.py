@@ -80,7 +80,7 @@ def limit_use(peak: int | None, mesh, reserved: int | None = None) -> dict | Non
     text = format_percent(frac) if frac is not None else "more than 100%"
     words = (f"peak uses {text} of {fit.text} per device" if fit.usable else
              f"the {format_bytes(fit.reserve)} reserve leaves nothing of {format_bytes(fit.device_memory)}")
-    if reserved is not None and fit.usable:
+    if reserved is not None and fit.usable and fit.verdict != "fits":  # the label stays short when it fits
         words += f", {format_bytes(reserved)} reserved"
     tail = {"over": " — does not fit", "tight": f" — tight: inside the {format_bytes(fit.safety)} safety margin",
             "fits": ""}[fit.verdict]
