@@ -114,3 +114,14 @@ def test_cli_takes_the_margin_and_the_allocator_setting():
     args = build_parser().parse_args(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100",
                                       "--safety-margin", "0.08"])
     assert _allocator_changes(args) == {"safety_margin": 0.08}
+
+
+def test_compare_and_the_chart_say_tight():
+    """compare's row: fits (torch may run it) with verdict tight; the chart's words say the margin."""
+    plan = sv.Plan.auto(model(), lora="sharded")
+    peak = int(sv.analyze(model(), plan, MESH, TRAINING).memory.peak.max())
+    mesh = replace(MESH, device_memory=peak + 4096, safety_margin="1MiB")
+    row = sv.compare(model(), {"p": plan}, mesh=mesh, training=TRAINING).table.loc["p"]
+    assert row.fits and row.verdict == "tight" and row.margin == 4096
+    use = views.memory_payload(sv.analyze(model(), plan, mesh, TRAINING))["use"]
+    assert not use["over"] and use["tight"] and use["text"].endswith("— tight: inside the 1.00 MiB safety margin")
