@@ -115,6 +115,14 @@ class Analysis:
 
         return memory_table(self.costs)
 
+    @property
+    def fit(self):
+        """The fits verdict of the worst rank (``Mesh.fit`` -> ``devices.memory_fit``): its allocated
+        peak judged on the caching allocator's reserved peak (``memory.reserved_peak``) under the
+        mesh's allocator setting and safety margin; None without device memory."""
+        mem = self.memory
+        return self.mesh.fit(int(mem["peak"].max()), int(mem["reserved_peak"].max()))
+
     @cached_property
     def comm(self) -> pd.DataFrame:
         from .cost import comm_table

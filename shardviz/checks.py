@@ -373,17 +373,18 @@ class MemoryFix(NamedTuple):
     step_time_s: float | None = None
     cost_s: float | None = None
     hardware: bool = False
+    reserved: int | None = None  # the caching allocator's reserved peak, what the verdict judges
 
 
 def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, **change) -> MemoryFix:
     """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
     ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
     a = analysis.what_if(**change)
-    peak = int(a.memory["peak"].max())
+    peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
     new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
     if new is None or own is None:
-        return MemoryFix(text, peak, hardware=hardware)
-    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware)
+        return MemoryFix(text, peak, hardware=hardware, reserved=reserved)
+    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware, reserved)
 
 
 def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
@@ -392,9 +393,11 @@ def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
 
 
-def _fits(analysis, peak: int) -> bool:
-    """The one fits verdict (``Mesh.fit``: device memory less the reserve)."""
-    return analysis.mesh.fit(peak).fits
+def _fits(analysis, fix: MemoryFix) -> bool:
+    """The one fits verdict (``Mesh.fit``: device memory less the reserve, judged on the reserved
+    peak): the fix keeps the safety margin, or at least fits when the plan itself is over."""
+    fit = analysis.mesh.fit(fix.peak, fix.reserved)
+    return fit.verdict == "fits" or (fit.fits and not analysis.fit.fits)
 
 
 def _checkpoint_fixes(analysis) -> list[MemoryFix]:
@@ -412,7 +415,7 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
         what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
                                 f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
-        if not _fits(analysis, fix.peak):
+        if not _fits(analysis, fix):
             break  # fewer blocks checkpointed hold more: none of the rest fits
         out.append(fix)
     return out
@@ -428,10 +431,23 @@ def _batch_fix(analysis) -> list[MemoryFix]:
         fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
                       micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum))
-        if _fits(analysis, fix.peak):
+        if _fits(analysis, fix):
             return [fix]
         batch //= 2
     return []
+
+
+def _expandable_fix(analysis) -> list[MemoryFix]:
+    """``expandable_segments:True``: the same step, the reserved peak of the other allocator setting
+    (``CostModel.reserved_overhead``, no new analysis), at no cost in time."""
+    mesh = analysis.mesh
+    if mesh.expandable_segments or mesh.judge != "reserved":
+        return []
+    peak = int(analysis.memory["peak"].max())
+    own = analysis.step.get("step_time_s")
+    return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
+                      "the exported code then sets it)", peak, own, None if own is None else 0.0,
+                      reserved=peak + analysis.costs.reserved_overhead(True))]
 
 
 def memory_fixes(analysis) -> list[MemoryFix]:
@@ -446,7 +462,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     """
     plan, training, mesh = analysis.plan, analysis.training, analysis.mesh
     tree = analysis.tree
-    out = []
+    out = _expandable_fix(analysis)
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
     if lora_ignored:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
@@ -459,13 +475,13 @@ def memory_fixes(analysis) -> list[MemoryFix]:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host: its time is the host AdamW's)",
                            training=replace(training, offload=True)))
-    out = [f for f in out if _fits(analysis, f.peak)]
+    out = [f for f in out if _fits(analysis, f)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
         fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger)
-        if _fits(analysis, fix.peak):
+        if _fits(analysis, fix):
             out.append(fix)
             break
     return out
@@ -473,25 +489,27 @@ def memory_fixes(analysis) -> list[MemoryFix]:
 
 def _fix_text(fix: MemoryFix) -> str:
     """One fix for the finding: what to do, the new peak, and what it costs per step."""
+    held = f"peak {format_bytes(fix.peak)}" + (f", reserved {format_bytes(fix.reserved)}" if fix.reserved else "")
     if fix.cost_s is None:
-        return f"{fix.text} (peak {format_bytes(fix.peak)})"
+        return f"{fix.text} ({held})"
     sign = "+" if fix.cost_s >= 0 else "-"
     per = "per rank" if fix.hardware else "for the same tokens"
-    return (f"{fix.text} (peak {format_bytes(fix.peak)}; step {format_duration(fix.step_time_s)} {per}, "
+    return (f"{fix.text} ({held}; step {format_duration(fix.step_time_s)} {per}, "
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
 def check_memory(analysis) -> list[Finding]:
     """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
-    ``Mesh.memory_reserve`` (``Mesh.fit``); the fix is the cheapest change that makes it fit
-    (``memory_fixes``)."""
+    ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
+    an error; or it fits inside the safety margin ("tight"), a warning. The fix is the cheapest
+    change that makes it fit (``memory_fixes``)."""
     if analysis.mesh.device_memory is None:
         return []
     mem = analysis.memory
     worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
-    peak = int(mem.at[worst, "peak"])
-    fit = analysis.mesh.fit(peak)
-    if fit.fits:
+    peak, reserved = int(mem.at[worst, "peak"]), int(mem.at[worst, "reserved_peak"])
+    fit = analysis.fit
+    if fit.verdict == "fits":
         return []
     rank = int(mem.at[worst, "rank"])
     parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
@@ -503,19 +521,27 @@ def check_memory(analysis) -> list[Finding]:
     if mem.at[worst, "peak_module"]:
         where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
-    fixes = memory_fixes(analysis)
+    # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
+    fixes = [f for f in _expandable_fix(analysis) if _fits(analysis, f)] if fit.tight else memory_fixes(analysis)
     if fixes:
         fix = f"cheapest fix: {_fix_text(fixes[0])}"
         if len(fixes) > 1:
             fix += "; also: " + "; ".join(_fix_text(f) for f in fixes[1:])
+    elif fit.tight:
+        fix = (f"free {format_bytes(fit.safety - fit.margin)} more to keep the safety margin: sv.search(model, "
+               "mesh=..., training=...) ranks the plans that keep it")
     else:
         fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
                "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")
+    held = f"peak memory {format_bytes(peak)} (reserved {format_bytes(reserved)}) on rank {rank}{where}"
+    if fit.tight:
+        verdict = (f"{held} is tight in device_memory {fit.text}: {format_bytes(fit.margin)} to spare, inside the "
+                   f"{format_bytes(fit.safety)} safety margin ({fit.assumed})")
+    else:
+        verdict = f"{held} exceeds device_memory {fit.text} by {format_bytes(-fit.margin)} ({fit.assumed})"
     return [Finding(
-        "SV201", "error",
-        f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "
-        f"{fit.text} by {format_bytes(-fit.margin)}{counted}; "
-        f"largest contributors: {top}; largest calls: {big}",
+        "SV201", "warning" if fit.tight else "error",
+        f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}",
         tuple(m for r in units for m in r.modules),
         fix,
     )]

@@ -334,7 +334,7 @@ def cmd_plan_search(args) -> int:
     from .search import search
 
     mesh = make_mesh(args.world_size, 1)
-    mesh = _search_mesh(mesh, args.device, args.device_memory, args.memory_reserve)
+    mesh = _search_mesh(mesh, args.device, args.device_memory, args.memory_reserve, _allocator_changes(args))
     training = make_training(args)
     _, tree = build_model(args)
     try:
@@ -359,7 +359,7 @@ def cmd_plan_search(args) -> int:
     return EXIT_OK
 
 
-def _search_mesh(mesh, device, device_memory, memory_reserve=None):
+def _search_mesh(mesh, device, device_memory, memory_reserve=None, allocator=None):
     from dataclasses import fields
 
     if device is not None:
@@ -367,7 +367,7 @@ def _search_mesh(mesh, device, device_memory, memory_reserve=None):
             raise CliError(f"--device {device}: this shardviz has no device table yet (sv.Mesh(device=...)); "
                            "give --device-memory instead")
         mesh = replace(mesh, device=device)
-    mesh = _with_memory(mesh, device_memory, memory_reserve)
+    mesh = _with_memory(mesh, device_memory, memory_reserve, allocator)
     if mesh.device_memory is None:
         raise CliError("plan search needs --device or --device-memory: what fits depends on it")
     return mesh
@@ -377,9 +377,32 @@ RESERVE_HELP = ("e.g. 2GiB: kept out of the device memory for the CUDA context a
                 "(default 1 GiB, 0 allowed; docs/step-time.md)")
 
 
-def _with_memory(mesh, device_memory, memory_reserve):
-    """``--device-memory`` and ``--memory-reserve`` on the mesh (bad sizes: the mesh's error)."""
+MARGIN_HELP = ("kept free below the usable memory, a fraction (0.05), a percentage (5%%) or a size (4GiB): "
+               "a plan inside it is 'tight', not 'fits' (default 5%%; docs/cost-model.md)")
+
+
+def _add_allocator_args(p) -> None:
+    """The fits verdict's assumptions: the safety margin, the allocator setting, the peak judged."""
+    p.add_argument("--safety-margin", help=MARGIN_HELP)
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the reserved peak is modelled for it)")
+    p.add_argument("--judge", choices=("reserved", "allocated"),
+                   help="the peak the verdict judges: the caching allocator's reserved peak (default) or the allocated one")
+
+
+def _allocator_changes(args) -> dict:
+    margin = getattr(args, "safety_margin", None)
+    if margin is not None and not margin.strip().endswith("%") and not any(c.isalpha() for c in margin):
+        margin = float(margin) if "." in margin or "e" in margin else int(margin)
+    changes = {"safety_margin": margin, "judge": getattr(args, "judge", None),
+               "expandable_segments": True if getattr(args, "expandable_segments", False) else None}
+    return {k: v for k, v in changes.items() if v is not None}
+
+
+def _with_memory(mesh, device_memory, memory_reserve, allocator=None):
+    """``--device-memory``, ``--memory-reserve`` and the allocator flags on the mesh (bad values: the mesh's error)."""
     changes = {k: v for k, v in (("device_memory", device_memory), ("memory_reserve", memory_reserve)) if v is not None}
+    changes.update(allocator or {})
     try:
         return replace(mesh, **changes)
     except ValueError as exc:
@@ -393,7 +416,7 @@ def cmd_report(args) -> int:
 
     version = check_version(args.torch)
     mesh = make_mesh(args.world_size, args.replicate)
-    mesh = _with_memory(mesh, args.device_memory or None, args.memory_reserve)
+    mesh = _with_memory(mesh, args.device_memory or None, args.memory_reserve, _allocator_changes(args))
     training = make_training(args, base=DEFAULT_TRAINING)
     model, tree = build_model(args)
     plan = build_plan(tree, args, model)
@@ -459,6 +482,7 @@ def _add_search_parser(plan_sub) -> None:
     q.add_argument("--device", help="a device of the table, e.g. H100 (its memory is the limit)")
     q.add_argument("--device-memory", help="e.g. 80GiB: the limit a plan must fit in")
     q.add_argument("--memory-reserve", help=RESERVE_HELP)
+    _add_allocator_args(q)
     q.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
     _add_precision_args(q)
     q.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
@@ -517,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_arg(p)
     p.add_argument("--device-memory", help="e.g. 80GiB: draw the limit and flag a peak that does not fit")
     p.add_argument("--memory-reserve", help=RESERVE_HELP)
+    _add_allocator_args(p)
     p.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
     _add_precision_args(p)
     p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")

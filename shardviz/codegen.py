@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import ast
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 from . import export_runtime
 from .analysis import Analysis
 from .finding import PlanError
+from .format import format_bytes
 from .fsdp import (
     DTENSOR_PATHS,
     FSDP_PATHS,
@@ -146,6 +147,7 @@ class _Export:
     release: tuple[int, int] | None  # None: detected when the code runs
     grad_accum: int = 1  # Training.grad_accum: > 1 writes train_step, the accumulation loop
     sync_every_microbatch: bool = False
+    expandable_reason: str = ""  # set: the code sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and why
 
     @property
     def ignored(self) -> list[str]:
@@ -235,7 +237,29 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     if training is not None and hasattr(training, "unit_defaults"):
         units = [training.unit_defaults(u) for u in units]
     return _Export(tree.root_type, plan, mesh, units, release, getattr(training, "grad_accum", 1),
-                   getattr(training, "sync_every_microbatch", False))
+                   getattr(training, "sync_every_microbatch", False), _expandable_reason(tree, plan, mesh, training))
+
+
+def _expandable_reason(tree, plan, mesh: Mesh, training) -> str:
+    """Why the exported code sets ``expandable_segments:True``, or "" when it need not: the mesh
+    assumes it, or the plan fits (keeping the safety margin) only with it (``Analysis.fit`` of
+    both allocator settings, judged on the reserved peak, ``cost.reserved``)."""
+    if mesh.expandable_segments:
+        return "the plan was sized for it (Mesh(expandable_segments=True))"
+    if mesh.device_memory is None or mesh.judge != "reserved":
+        return ""
+    plain = Analysis(tree, plan, mesh, training).fit
+    if plain.verdict == "fits":
+        return ""
+    grown = Analysis(tree, plan, replace(mesh, expandable_segments=True), training).fit
+    rank = {"over": 0, "tight": 1, "fits": 2}
+    if rank[grown.verdict] <= rank[plain.verdict]:
+        return ""
+    without = (f"over by {format_bytes(-plain.margin)}" if plain.verdict == "over"
+               else f"tight, {format_bytes(plain.margin)} to spare")
+    return (f"with it the plan {'fits' if grown.verdict == 'fits' else 'is tight'} "
+            f"({format_bytes(grown.margin)} to spare of {grown.text}); without it the caching allocator's "
+            f"reserved peak is {without}")
 
 
 def _checkpoint_sentence(ex: _Export) -> str:
@@ -288,7 +312,7 @@ def _imports(ex: _Export) -> list[str]:
     """torch's imports, a guard that refuses an older release, and fully_shard from where the release has it."""
     need = ex.need
     refusal = f"this fully_shard code (exported for {ex.target}) needs torch >= {release_label(need)}; installed: torch "
-    lines = (["import contextlib"] if ex.hides else []) + [
+    lines = (["import contextlib"] if ex.hides else []) + (_alloc_conf(ex) if ex.expandable_reason else []) + [
         "import re",
         "",
         "import torch",
@@ -307,6 +331,15 @@ def _imports(ex: _Export) -> list[str]:
         return lines + [f"from {fully_shard_module_path(ex.label)} import {ex.fsdp_names}",
                         f"from {dtensor_module_path(ex.label)} import DTensor"]
     return lines + _imports_detected(ex)
+
+
+def _alloc_conf(ex: _Export) -> list[str]:
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` before torch allocates on the GPU, with why."""
+    why = textwrap.wrap(f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: {ex.expandable_reason}. The "
+                        "allocator reads it at its first CUDA allocation: import this module before that "
+                        "(a value you set yourself is kept).", 86, break_long_words=False, break_on_hyphens=False)
+    return ["import os", *("# " + line for line in why),
+            'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")']
 
 
 def _imports_detected(ex: _Export) -> list[str]:

@@ -34,8 +34,10 @@ def summarize(a: Analysis) -> dict:
     row["activations"] = int(worst["activations"])  # alive at the peak (0 without Training.batch_size)
     row["peak"] = int(worst["peak"])
     row["peak_rank"] = rank
-    fit = a.mesh.fit(row["peak"])  # device memory less the reserve (devices.memory_fit)
+    row["reserved_peak"] = int(worst["reserved_peak"])  # what the caching allocator holds (cost.reserved)
+    fit = a.mesh.fit(row["peak"], row["reserved_peak"])  # judged on it, with the safety margin (devices.memory_fit)
     row["fits"] = None if fit is None else bool(fit.fits)
+    row["verdict"] = None if fit is None else fit.verdict  # fits | tight | over
     row["margin"] = None if fit is None else fit.margin
     row["bytes_per_step"] = int((comm["bytes"] * comm["count"]).sum()) if len(comm) else 0
     row["sent_bytes_per_rank"] = int((comm["sent_bytes"] * comm["count"]).sum()) if len(comm) else 0
@@ -104,8 +106,10 @@ class Comparison:
         for i, (name, a) in enumerate(self.analyses.items()):
             bars.append({**views.worst_bar(a), "first": i, "last": i, "label": str(name)})
         top = max((bar["peak"] for bar in bars), default=0)
+        reserved = max((int(a.memory["reserved_peak"].max()) for a in self.analyses.values()), default=None)
         return {"available": True, "categories": views.categories(), "bars": bars, "limit": mesh.usable_memory,
-                "limit_text": mesh.limit_text, "max_peak": top, "use": views.limit_use(top, mesh), "n_ranks": len(bars),
+                "limit_text": mesh.limit_text, "max_peak": top, "use": views.limit_use(top, mesh, reserved),
+                "n_ranks": len(bars),
                 "training": views.training_text(self.training),
                 "by_layout": True}  # one bar per layout: the chart notes each one's peak
 
@@ -195,7 +199,8 @@ class Sweep:
         peak = metric == "peak"
         limit = self.mesh.usable_memory if peak else None
         top = max((y for q in series for y in q["y"]), default=0)
-        use = views.limit_use(top, self.mesh) if peak else None
+        reserved = int(self.table["reserved_peak"].max()) if peak and len(self.table) else None
+        use = views.limit_use(top, self.mesh, reserved) if peak else None
         what = "Peak memory per rank" if peak else "Bytes sent per rank per step"
         return {"title": f"{what} ({views.training_text(self.training)})",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,

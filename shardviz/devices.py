@@ -213,9 +213,70 @@ def limit_text(device_memory: int, reserve: int = MEMORY_RESERVE_BYTES) -> str:
     return f"{usable_text(device_memory, reserve)} ({format_bytes(device_memory)} − {format_bytes(reserve)} reserve)"
 
 
+# The safety margin every fits verdict keeps below the usable memory (docs/cost-model.md, "Safety
+# margin"): a plan whose judged peak lands inside it is "tight", not "fits". 5 % of the usable
+# memory: the reserved/active spread torchtitan's published FSDP2 logs show between runs of one
+# model that the allocator model does not explain (docs/cost-model.md), at least the issue's 5 %.
+SAFETY_MARGIN = 0.05
+
+
+def safety_margin_bytes(margin, usable: int, owner: str = "Mesh.safety_margin") -> int:
+    """``margin`` as bytes of ``usable``: a fraction 0 <= x < 1 of it ("5%" too), or a size
+    (bytes, "4GiB"). Anything else: a ValueError naming ``owner``."""
+    if isinstance(margin, str) and margin.strip().endswith("%"):
+        try:
+            margin = float(margin.strip()[:-1]) / 100
+        except ValueError:
+            raise ValueError(f"{owner}={margin!r}: expected a percentage such as '5%'") from None
+        if not 0 <= margin < 1:
+            raise ValueError(f"{owner} as a percentage must be in [0%, 100%), got {margin * 100:g}%")
+    if isinstance(margin, float):
+        if not (math.isfinite(margin) and 0 <= margin < 1):
+            raise ValueError(f"{owner} as a fraction of usable memory must be in [0, 1), got {margin!r} "
+                             "(a size such as '4GiB' for bytes)")
+        return int(margin * usable)
+    if isinstance(margin, bool):
+        raise ValueError(f"{owner} must be a fraction (0.05), a percentage ('5%') or a size ('4GiB'), got {margin!r}")
+    value = parse_size(margin, owner)
+    if value < 0:
+        raise ValueError(f"{owner} must be >= 0, got {margin!r}")
+    return int(value)
+
+
+def check_fit_settings(safety_margin, expandable_segments, judge) -> None:
+    """``Mesh``'s fit settings, refused naming the field: ``safety_margin`` (a fraction of the usable
+    memory, "5%" or a size; default ``SAFETY_MARGIN``: a peak inside it is "tight", not "fits");
+    ``expandable_segments`` (the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
+    PyTorch's default is False; the reserved peak is modelled for it); ``judge``: "reserved" (the
+    caching allocator's reserved peak, what runs out; default) or "allocated" (``a.memory.peak``,
+    the bytes tensors hold: for another allocator, or to reason about the tensors alone)."""
+    safety_margin_bytes(safety_margin, 1 << 40)
+    if not isinstance(expandable_segments, bool):
+        raise ValueError(f"Mesh.expandable_segments must be True or False, got {expandable_segments!r}")
+    if judge not in ("reserved", "allocated"):
+        raise ValueError(f"Mesh.judge must be 'reserved' or 'allocated', got {judge!r}")
+
+
+def allocator_text(expandable_segments: bool) -> str:
+    """The allocator setting as the verdicts name it."""
+    return "expandable_segments:True" if expandable_segments else "caching allocator defaults (no expandable segments)"
+
+
+def margin_text(margin) -> str:
+    """The safety margin as the verdicts name it: "5 % safety margin" or "4.00 GiB safety margin"."""
+    if isinstance(margin, float):
+        return f"{100 * margin:g} % safety margin"
+    if isinstance(margin, str) and margin.strip().endswith("%"):
+        return f"{margin.strip()[:-1].strip()} % safety margin"
+    return f"{format_bytes(parse_size(margin, 'safety_margin'))} safety margin"
+
+
 class MemoryFit(NamedTuple):
-    """The fits verdict of one peak on one device: ``fits`` when the peak is at most ``usable``
-    (``device_memory`` less ``reserve``); ``margin`` = usable − peak (negative: over by that)."""
+    """The fits verdict of one peak on one device. ``verdict``: "fits" when the judged peak keeps
+    the safety margin below ``usable`` (``device_memory`` less ``reserve``), "tight" when it is
+    inside the margin, "over" above ``usable``. ``fits``: not over (fits or tight: torch may run
+    it); ``margin`` = usable − judged peak (negative: over by that). The judged peak is the
+    reserved one where given (``judged`` says which), else the allocated one."""
 
     fits: bool
     margin: int
@@ -223,16 +284,69 @@ class MemoryFit(NamedTuple):
     device_memory: int
     reserve: int
     text: str  # the limit in words (``limit_text``)
+    verdict: str = "fits"  # fits | tight | over
+    safety: int = 0  # the safety margin, bytes
+    assumed: str = ""  # what the verdict assumes, in words: the peak judged, the allocator, the margin
+
+    @property
+    def tight(self) -> bool:
+        return self.verdict == "tight"
+
+    @property
+    def words(self) -> str:
+        """The verdict in words: "fits, 11.2 GiB to spare", "tight: 501 MiB to spare, inside the
+        3.95 GiB safety margin", "over by 2.1 GiB"; then what it assumes."""
+        if self.verdict == "over":
+            head = f"does not fit: over by {format_bytes(-self.margin)}"
+        elif self.verdict == "tight":
+            head = (f"tight: {format_bytes(self.margin)} to spare, inside the {format_bytes(self.safety)} "
+                    "safety margin")
+        else:
+            head = f"fits, {format_bytes(self.margin)} to spare"
+        return f"{head} ({self.assumed})" if self.assumed else head
 
 
-def memory_fit(peak: int, device_memory: int | None, reserve: int = MEMORY_RESERVE_BYTES) -> MemoryFit | None:
-    """Does ``peak`` bytes fit a device of ``device_memory`` bytes keeping ``reserve`` out? The one
-    fits verdict (compare, search, SV201, the charts); None when no device memory is given."""
+def memory_fit(peak: int, device_memory: int | None, reserve: int = MEMORY_RESERVE_BYTES,
+               safety_margin=SAFETY_MARGIN, reserved: int | None = None, allocator: str = "") -> MemoryFit | None:
+    """Does ``peak`` bytes (allocated) fit a device of ``device_memory`` bytes keeping ``reserve``
+    out and ``safety_margin`` (``safety_margin_bytes``) to spare? Judged on ``reserved`` (the
+    caching allocator's reserved peak, ``cost.allocator``) where given. The one fits verdict
+    (compare, search, SV201, the charts); None when no device memory is given. ``allocator``: the
+    allocator setting in words, for ``assumed``."""
     if device_memory is None:
         return None
     usable = usable_memory(device_memory, reserve)
-    return MemoryFit(int(peak) <= usable, usable - int(peak), usable, int(device_memory), int(reserve),
-                     limit_text(device_memory, reserve))
+    judged = int(peak) if reserved is None else max(int(reserved), int(peak))
+    safety = safety_margin_bytes(safety_margin, usable)
+    spare = usable - judged
+    verdict = "over" if spare < 0 else "tight" if spare < safety else "fits"
+    which = "allocated peak" if reserved is None else "reserved peak"
+    assumed = ", ".join(x for x in (f"{which} judged", allocator, margin_text(safety_margin)) if x)
+    return MemoryFit(verdict != "over", spare, usable, int(device_memory), int(reserve),
+                     limit_text(device_memory, reserve), verdict, safety, assumed)
+
+
+class DeviceLimits:
+    """What ``fsdp.Mesh`` judges memory with, from its ``device_memory``, ``memory_reserve``,
+    ``safety_margin``, ``expandable_segments`` and ``judge`` fields."""
+
+    def fit(self, peak: int, reserved: int | None = None) -> MemoryFit | None:
+        """``memory_fit`` of ``peak`` (allocated; judged on ``reserved``, the caching allocator's
+        reserved peak, unless ``judge="allocated"``); None without ``device_memory``."""
+        judged = reserved if self.judge == "reserved" else None
+        return memory_fit(peak, self.device_memory, self.memory_reserve, self.safety_margin, judged,
+                          allocator_text(self.expandable_segments) if judged is not None else "")
+
+    @property
+    def usable_memory(self) -> int | None:
+        """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
+        fit = self.fit(0)
+        return None if fit is None else fit.usable
+
+    @property
+    def limit_text(self) -> str | None:
+        """The limit in words: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
+        return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
 
 
 # Sources (full URLs and the page each figure is read from in docs/step-time.md).

@@ -105,6 +105,7 @@ COLUMNS = {
     "optimizer": ("optimizer states", "bytes"), "state": ("model state", "bytes"), "activations": ("activations", "bytes"),
     "peak": ("peak", "bytes"), "peak_phase": ("peak in phase", "text"), "peak_unit": ("peak in call", "name"),
     "peak_module": ("peak in module", "name"), "peak_transient": ("short-lived at peak", "bytes"),
+    "reserved_peak": ("reserved peak (caching allocator)", "bytes"),
     "cpu_params": ("CPU parameters", "bytes"), "cpu_grads": ("CPU gradients", "bytes"),
     "cpu_optimizer": ("CPU optimizer states", "bytes"), "cpu_peak": ("CPU peak", "bytes"),
     # a.comm
@@ -130,7 +131,7 @@ COLUMNS = {
     "peak_bw": ("backward peak", "bytes"), "post_bw": ("after backward", "bytes"),
     # compare / sweep
     "layout": ("layout", "text"), "world": ("ranks", "int"), "peak_rank": ("worst rank", "int"), "fits": ("fits", "fits"),
-    "margin": ("margin (usable − peak)", "bytes"),
+    "margin": ("margin (usable − reserved peak)", "bytes"), "verdict": ("verdict", "text"),
     "bytes_per_step": ("moved per step", "bytes"), "sent_bytes_per_rank": ("sent per rank per step", "bytes"),
     "collectives_per_step": ("collectives per step", "count"), "n_all_gather": ("all-gathers", "count"),
     "n_reduce_scatter": ("reduce-scatters", "count"), "n_all_reduce": ("all-reduces", "count"),

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .devices import MEMORY_RESERVE_BYTES, Device, Efficiency, MemoryFit, limit_text, memory_fit, mesh_defaults
+from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, Efficiency, check_fit_settings, mesh_defaults
 from .finding import Finding, PlanError
 from .format import parse_size
 from .plan import Plan, Unit, closest_hint
@@ -38,7 +38,7 @@ def parse_bytes(value) -> int | None:
 
 
 @dataclass(frozen=True)
-class Mesh:
+class Mesh(DeviceLimits):
     """The data-parallel mesh: ``shard`` ranks per FSDP group, ``replicate`` copies (HSDP when > 1).
 
     Global rank r sits at (r // shard, r % shard), as ``init_device_mesh(..., (replicate, shard))`` lays it out.
@@ -52,6 +52,8 @@ class Mesh:
     CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
     verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
     ``nics_per_node`` / ``nic_gbps``: a node's NICs and GB/s each (default one per GPU at ``inter_node_gbps``).
+    ``safety_margin``, ``expandable_segments``, ``judge``: how ``fit(peak, reserved)`` judges
+    (``devices.DeviceLimits``, ``devices.check_fit_settings``).
     """
 
     shard: int
@@ -65,6 +67,9 @@ class Mesh:
     memory_reserve: int | str = MEMORY_RESERVE_BYTES
     nics_per_node: int | None = None
     nic_gbps: float | None = None
+    safety_margin: float | int | str = SAFETY_MARGIN
+    expandable_segments: bool = False
+    judge: str = "reserved"
 
     def __post_init__(self):
         self._fill_from_device()
@@ -80,26 +85,11 @@ class Mesh:
         if reserve < 0:
             raise ValueError(f"Mesh.memory_reserve must be >= 0 bytes, got {self.memory_reserve!r}")
         object.__setattr__(self, "memory_reserve", reserve)
+        check_fit_settings(self.safety_margin, self.expandable_segments, self.judge)
 
     @property
     def node_network_gbps(self) -> float | None:
         return None if self.nic_gbps is None else self.nics_per_node * self.nic_gbps  # all of a node's NICs
-
-    def fit(self, peak: int) -> MemoryFit | None:
-        """``devices.memory_fit``: does ``peak`` fit ``device_memory`` less ``memory_reserve``
-        (fits, margin, usable, the limit in words); None without ``device_memory``."""
-        return memory_fit(peak, self.device_memory, self.memory_reserve)
-
-    @property
-    def usable_memory(self) -> int | None:
-        """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
-        fit = self.fit(0)
-        return None if fit is None else fit.usable
-
-    @property
-    def limit_text(self) -> str | None:
-        """The limit in words: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
-        return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
 
     def _fill_from_device(self) -> None:
         """The device's figures where the fields are None, then the NICs (``devices.mesh_defaults``)."""

@@ -69,18 +69,23 @@ def categories() -> list[dict]:
     return [{"key": k, "label": k, "help": PART_HELP[k]} for k in PEAK_PARTS]
 
 
-def limit_use(peak: int | None, mesh) -> dict | None:
-    """How much of the device the peak uses, against ``mesh``'s usable memory (``Mesh.fit``: device
-    memory less the reserve): the number and its words, computed here once."""
-    fit = None if peak is None else mesh.fit(peak)
+def limit_use(peak: int | None, mesh, reserved: int | None = None) -> dict | None:
+    """How much of the device the peak uses, against ``mesh``'s usable memory, and the verdict
+    (``Mesh.fit``: device memory less the reserve, judged on the allocator's ``reserved`` peak
+    where given, with the safety margin): the number and its words, computed here once."""
+    fit = None if peak is None else mesh.fit(peak, reserved)
     if fit is None:
         return None
     frac = peak / fit.usable if fit.usable else None  # None: the reserve takes the whole device
     text = format_percent(frac) if frac is not None else "more than 100%"
     words = (f"peak uses {text} of {fit.text} per device" if fit.usable else
              f"the {format_bytes(fit.reserve)} reserve leaves nothing of {format_bytes(fit.device_memory)}")
-    return {"fraction": frac, "percent_text": text, "over": not fit.fits, "limit_text": fit.text,
-            "margin": fit.margin, "text": words + ("" if fit.fits else " — does not fit")}
+    if reserved is not None and fit.usable and fit.verdict != "fits":  # the label stays short when it fits
+        words += f", {format_bytes(reserved)} reserved"
+    tail = {"over": " — does not fit", "tight": f" — tight: inside the {format_bytes(fit.safety)} safety margin",
+            "fits": ""}[fit.verdict]
+    return {"fraction": frac, "percent_text": text, "over": not fit.fits, "tight": fit.tight, "verdict": fit.verdict,
+            "limit_text": fit.text, "margin": fit.margin, "assumed": fit.assumed, "text": words + tail}
 
 
 def _rank_rows(table) -> list[dict]:
@@ -153,7 +158,7 @@ def memory_payload(analysis) -> dict:
         "worst": {"rank": worst["rank"] if worst else 0,
                   **{k: worst[k] if worst else None for k in ("phase", "unit", "module")},
                   "activations": int_or_zero(acts[rows.index(worst)]) if worst and "activations" in table.columns else None},
-        "use": limit_use(max_peak, mesh),
+        "use": limit_use(max_peak, mesh, int(table["reserved_peak"].max()) if "reserved_peak" in table.columns else None),
         "n_ranks": len(rows),
     }
 

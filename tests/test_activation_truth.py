@@ -335,11 +335,12 @@ def test_memory_finding_names_the_cheapest_change_that_fits():
     checkpointed = peak(sv.Plan.auto(model, lora="ignored", checkpoint="blocks"))
     assert sharded < base and checkpointed < base
     # room for LoRA sharded: that is the cheapest fix, though checkpointing would fit too
-    fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=max(sharded, checkpointed), memory_reserve=0),
+    judged = {"memory_reserve": 0, "judge": "allocated", "safety_margin": 0.0}  # the allocated peaks above, exactly
+    fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=max(sharded, checkpointed), **judged),
                                      training).findings if f.code == "SV201").fix
     assert fix.startswith("cheapest fix: shard the LoRA adapters") and "checkpoint every block" in fix
     # room only for checkpointing (activations dominate: sharding the adapters saves far less)
     assert checkpointed < sharded
-    fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=checkpointed, memory_reserve=0), training).findings
+    fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=checkpointed, **judged), training).findings
                if f.code == "SV201").fix
     assert fix.startswith("cheapest fix: checkpoint every block") and f"peak {sv.cost.format_bytes(checkpointed)}" in fix

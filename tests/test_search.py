@@ -16,8 +16,11 @@ from shardviz import zoo
 from shardviz.search import step_numbers
 
 BATCH, SEQ = 2, 256
-# memory_reserve=0: the limits below are the tiny model's own peaks, in bytes (the reserve is tested below)
-MESH = sv.Mesh(8, device="H100", memory_reserve=0)
+# memory_reserve=0: the limits below are the tiny model's own peaks, in bytes (the reserve is tested below);
+# judged on those allocated peaks without a safety margin (test_search_margin.py tests the reserved peak
+# and the margin: a few-MiB model's reserved peak is its 2 and 20 MiB segments)
+ALLOCATED = {"memory_reserve": 0, "judge": "allocated", "safety_margin": 0.0}
+MESH = sv.Mesh(8, device="H100", **ALLOCATED)
 TRAINING = sv.Training(batch_size=BATCH, seq_len=SEQ)
 
 
@@ -157,7 +160,7 @@ def test_nothing_fits_names_the_world_size_that_would():
     full = zoo.tiny_llama_lora(lora=False)  # every weight trainable: the model state dominates
     state = sv.Training()
     at16 = int(sv.analyze(full, sv.Plan.auto(full), sv.Mesh(16), state).memory.peak.max())
-    s = sv.search(full, mesh=sv.Mesh(8, device_memory=at16, memory_reserve=0), training=state, offload=(False,))
+    s = sv.search(full, mesh=sv.Mesh(8, device_memory=at16, **ALLOCATED), training=state, offload=(False,))
     assert s.best is None and "model state alone" in " ".join(s.table.why)
     assert "16 ranks fit" in s.table.why.iloc[0]
 
@@ -208,6 +211,7 @@ def test_cli_plan_search_writes_the_best_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     limit = str(limits()["between"])
     rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", limit, "--memory-reserve", "0",
+               "--judge", "allocated", "--safety-margin", "0",
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "-o", str(out)])
     printed = capsys.readouterr()
     assert rc == 0 and "fastest that fits" in printed.out and "shardviz: Run LoRA" in printed.err
@@ -248,7 +252,7 @@ def test_the_reasons_come_from_the_step_model():
 
 def test_without_a_device_the_search_says_how_it_ranks():
     limit = limits()["between"]
-    s = sv.search(model(), mesh=sv.Mesh(8, device_memory=limit, memory_reserve=0), training=TRAINING, offload=(False,))
+    s = sv.search(model(), mesh=sv.Mesh(8, device_memory=limit, **ALLOCATED), training=TRAINING, offload=(False,))
     assert s.fits and "no step time (no device" in s.note and "collectives' seconds" in s.note
     assert s.table.step_time_s.isna().all() and s.table.why.iloc[0] == "fastest that fits"
     a = sv.analyze(model(), s.best, s.best_mesh, TRAINING)

@@ -3,7 +3,7 @@ analysis from explicit inputs (the tree, the layout, the mesh, the training, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,28 @@ class CostModel:
     optimizer: OptimizerState
     averaging: GradientAveraging | None
     step: StepResult
+    replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
+    _reserved: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
+        """Bytes the caching allocator reserves beyond the bytes tensors hold at the peak, under
+        ``expandable_segments`` (None: the mesh's setting): the replay of the step through the
+        allocator's rules (``cost.reserved``), its reserved peak less its requested peak."""
+        from .allocator import cublas_workspace_bytes
+        from .reserved import replay
+
+        if expandable_segments is None:
+            expandable_segments = bool(getattr(self.mesh, "expandable_segments", False))
+        if expandable_segments not in self._reserved:
+            if not self.replay_inputs:
+                return 0
+            resident = int(self.resident.total + self.optimizer.device.max() + self.optimizer.whole)
+            device = getattr(self.mesh, "device", None)
+            alloc = replay(*self.replay_inputs, resident, int(self.optimizer.step_temporaries.max()),
+                           expandable_segments, device)
+            tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts
+            self._reserved[expandable_segments] = max(alloc.peak_reserved - tensors, 0)
+        return self._reserved[expandable_segments]
 
     def in_optimizer_step(self) -> np.ndarray:
         """Per shard coordinate: the peak is in ``optimizer.step()`` rather than forward/backward."""
@@ -47,7 +69,8 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     whole = whole_params(arr, layout, sh)
     units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations)
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
-    step = simulate_step(units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
-                         S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)
+    inputs = (units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
+              S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)
+    step = simulate_step(*inputs)
     return CostModel(mesh, training, units, resident_state(arr, sh, whole, units, S),
-                     optimizer_state(training, arr, sh, whole, S), averaging, step)
+                     optimizer_state(training, arr, sh, whole, S), averaging, step, inputs)

@@ -72,6 +72,9 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "peak_unit": pd.Series(tile(peak["peak_unit"]), dtype=object),
         "peak_module": pd.Series(tile(peak["peak_module"]), dtype=object),
         "peak_transient": tile(peak["peak_transient"]),
+        # the caching allocator's reserved peak (torch.cuda.max_memory_reserved) under the mesh's
+        # allocator setting: the peak plus what its segments hold beyond the tensors (cost.reserved)
+        "reserved_peak": tile(peak["peak"] + costs.reserved_overhead()),
         "cpu_params": per_rank(res.cpu_params),
         "cpu_grads": tile(res.cpu_grads),
         "cpu_optimizer": tile(cpu_opt),

@@ -44,12 +44,12 @@ from ..format import format_bytes
 from ..fsdp import Mesh
 from ..plan import LORA_LAYOUTS, Plan, Unit
 from ..tree import ModelTree, as_tree
-from .rank import _TRAINING_FIELDS, _rank_key, _time_parts, _why, explain, step_numbers
+from .rank import _TRAINING_FIELDS, _rank_key, _time_parts, _why, explain, kept_margin_note, step_numbers
 
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
 CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
-COLUMNS = ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora", "checkpoint",
+COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora", "checkpoint",
            "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed"]
 
 
@@ -240,19 +240,20 @@ class _Runner:
             return {"analysed": False, "fits": False, "peak": None, "why": reason}
         try:
             a = self.analysis(c)
-            peak = int(a.memory.peak.max())
+            peak, fit = int(a.memory.peak.max()), a.fit  # judged on the reserved peak, with the safety margin
         except PlanError as exc:
             self.n_analysed -= 1  # refused before any cost was computed: counted with the pruned
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
-        fits = self.fitting[c] = self.mesh.fit(peak).fits
+        fits = self.fitting[c] = fit.fits
         if not fits:
-            self.over[(c.state_key, c.batch_size, c.checkpoint)] = peak
+            self.over[(c.state_key, c.batch_size, c.checkpoint)] = self.limit - fit.margin
         profile = a.activation_profile
         if profile is not None and profile.peak[0] > self.limit:
             self.act_over[(c.lora, c.batch_size, c.checkpoint)] = (int(profile.peak[0]), "measured")
         if profile is not None:
             self.bound_others(c, profile)
-        return {"analysed": True, "fits": fits, "peak": peak, **step_numbers(a, c.grad_accum),
+        return {"analysed": True, "fits": fits, "peak": peak, "reserved_peak": int(a.memory.reserved_peak.max()),
+                "verdict": fit.verdict, "margin": fit.margin, "safety": fit.safety, **step_numbers(a, c.grad_accum),
                 "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
                 "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units),
                 "mesh": a.mesh}
@@ -340,10 +341,10 @@ def _lean(runner: _Runner, batch: int | None) -> Candidate:
 def _fits(runner: _Runner, c: Candidate, world: int | None = None) -> int | None:
     """The peak of ``c`` (on ``world`` ranks) when it fits, else None."""
     try:
-        peak = int(runner.analysis(c, world).memory.peak.max())
+        a = runner.analysis(c, world)
     except PlanError:
         return None
-    return peak if runner.mesh.fit(peak).fits else None
+    return int(a.memory.peak.max()) if a.fit.fits else None
 
 
 def _smaller_batch(runner: _Runner, lean: Candidate) -> str:
@@ -406,8 +407,9 @@ class Search:
             if r["fits"] and r["analysed"]:
                 above = r
             records.append({
-                "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]), "peak": r["peak"],
-                "margin": None if r["peak"] is None else runner.mesh.fit(r["peak"]).margin,
+                "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]),
+                "verdict": r.get("verdict", "fits" if r["fits"] else "over"), "peak": r["peak"],
+                "reserved_peak": r.get("reserved_peak"), "margin": r.get("margin"),
                 "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"),
                 "why": why,
                 "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
@@ -415,6 +417,9 @@ class Search:
                 "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r["analysed"],
             })
         self.table = pd.DataFrame(records, columns=COLUMNS)
+        kept_over_tight = kept_margin_note(rows, lambda c: c.name(world, runner.has_lora, vary))
+        if kept_over_tight:
+            self.table.loc[0, "why"] = f"{self.table.loc[0, 'why']}; {kept_over_tight}"
         if nothing_fits:
             self.table.loc[0, "why"] = f"{nothing_fits}. This row: {self.table.loc[0, 'why']}"
 
@@ -456,7 +461,7 @@ class Search:
         t = self.table
         size = lambda v: "" if v is None or v != v else format_bytes(v)  # noqa: E731
         return pd.DataFrame({
-            "name": t.name, "fits": t.fits.map({True: "yes", False: "no"}),
+            "name": t.name, "fits": [("tight" if v == "tight" else "yes") if f else "no" for f, v in zip(t.fits, t.verdict)],
             "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
             "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
             "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"),
@@ -464,7 +469,8 @@ class Search:
 
     def explain(self) -> str:
         """What was chosen and why, in sentences (the notebook and the CLI print it)."""
-        return explain(self.table, self.limit_text, self.note if not self.fits else "")
+        return explain(self.table, self.limit_text, self.note if not self.fits else "",
+                       self._runner.mesh.fit(0, 0).assumed)
 
     def figure(self):
         """Peak against step time of every analysed plan, the device memory drawn across."""

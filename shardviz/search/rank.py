@@ -72,13 +72,21 @@ def _label(part: str, r: dict) -> str:
 # ---------------------------------------------------------------------------
 # Ranking and the reasons
 # ---------------------------------------------------------------------------
+#: A tight plan (inside the safety margin, ``devices.memory_fit``) is ranked as if this much slower:
+#: the search does not pick it over a plan keeping the margin within 2 % of its step time.
+TIGHT_PENALTY = 0.02
+
+
 def _rank_key(limit: int):
     """Fitting plans by step time (without one: by the collectives' seconds, then recomputation),
-    ties to less recomputation, no offload, fewer calls, the larger margin; then the plans over."""
+    a tight one's time counted ``TIGHT_PENALTY`` higher; ties to less recomputation, no offload,
+    fewer calls, the larger margin; then the plans over."""
     def key(item):
         c, r = item
         if r["fits"] and r["analysed"]:
             t = r["step_time_s"] if r["step_time_s"] is not None else r["comm_s"]
+            if r.get("verdict") == "tight":
+                t *= 1 + TIGHT_PENALTY
             return (0, float(f"{t:.6g}"), r["recompute"], c.offload, r["calls"], r["peak"])
         if r["fits"]:
             return (1, 0.0, 0, 0, 0, 0)
@@ -94,7 +102,7 @@ def _slower_because(r: dict, above: dict) -> str:
     t, t_above = (r["step_time_s"], above["step_time_s"]) if timed else (r["comm_s"], above["comm_s"])
     dt = t - t_above
     deltas = {k: r["parts"].get(k, 0.0) - above["parts"].get(k, 0.0) for k in set(r["parts"]) | set(above["parts"])}
-    tie = 1e-9 + 1e-6 * t_above
+    tie = _tie(t_above)
     if dt <= tie:
         return "as fast; " + _tie_reason(r, above)
     grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
@@ -119,15 +127,56 @@ def _tie_reason(r: dict, above: dict) -> str:
     return "equal on every count (listed in search order)"
 
 
+def _tight_words(r: dict) -> str:
+    return (f"tight: {format_bytes(r['margin'])} to spare (reserved peak {format_bytes(r['reserved_peak'])}), "
+            f"inside the {format_bytes(r['safety'])} safety margin")
+
+
 def _why(r: dict, above: dict | None, limit: int, limit_words: str) -> str:
-    """``limit``: the usable memory (device memory less the reserve), ``limit_words`` it in words."""
+    """``limit``: the usable memory (device memory less the reserve), ``limit_words`` it in words.
+    Over and tight are judged on the reserved peak (``devices.memory_fit``)."""
     if not r["analysed"]:
         return r["why"]
     if not r["fits"]:
-        return f"over {limit_words} by {format_bytes(r['peak'] - limit)}"
+        judged = limit - r["margin"] if r.get("margin") is not None else r["peak"]
+        held = f" (reserved peak {format_bytes(judged)})" if judged != r["peak"] else ""
+        return f"over {limit_words} by {format_bytes(judged - limit)}{held}"
+    tight = r.get("verdict") == "tight"
     if above is None:
-        return "fastest that fits"
-    return _slower_because(r, above)
+        return "fastest that fits" + (f", but {_tight_words(r)}: no plan keeping the margin is within "
+                                      f"{100 * TIGHT_PENALTY:g} % of its step time" if tight else "")
+    if not tight:
+        return _slower_because(r, above)
+    t, t_above = _seconds(r), _seconds(above)
+    if t < t_above - _tie(t_above) and above.get("verdict") == "fits":
+        return (f"{_tight_words(r)}; {format_duration(t_above - t)} faster than the row above, which keeps the "
+                f"margin: a tight plan is picked only when no plan keeping it is within {100 * TIGHT_PENALTY:g} % "
+                "of its step time")
+    return f"{_tight_words(r)}; {_slower_because(r, above)}"
+
+
+def _tie(t: float) -> float:
+    return 1e-9 + 1e-6 * t
+
+
+def _seconds(r: dict) -> float:
+    return r["step_time_s"] if r["step_time_s"] is not None and r.get("step_time_s") == r.get("step_time_s") \
+        else r["comm_s"]
+
+
+def kept_margin_note(rows: list, name) -> str:
+    """The best row keeps the safety margin while a faster plan is tight: say so (its ``why``);
+    ``name(candidate)``: a row's name."""
+    if not rows or not rows[0][1]["fits"] or rows[0][1].get("verdict") != "fits" or not rows[0][1]["analysed"]:
+        return ""
+    best = rows[0][1]
+    faster = [(c, r) for c, r in rows[1:] if r["analysed"] and r.get("verdict") == "tight"
+              and _seconds(r) < _seconds(best) - _tie(_seconds(best))]
+    if not faster:
+        return ""
+    c, r = min(faster, key=lambda item: _seconds(item[1]))
+    return (f"keeps the {format_bytes(best['safety'])} safety margin ({format_bytes(best['margin'])} to spare); "
+            f"{name(c)} is {format_duration(_seconds(best) - _seconds(r))} faster but {_tight_words(r)}")
 
 
 
@@ -135,16 +184,22 @@ def _why(r: dict, above: dict | None, limit: int, limit_words: str) -> str:
 # ---------------------------------------------------------------------------
 # The choice in words
 # ---------------------------------------------------------------------------
-def explain(table, limit_text: str, note: str = "") -> str:
-    """What ``sv.search`` chose and why, in sentences, every number read from its ``table``."""
+def explain(table, limit_text: str, note: str = "", assumed: str = "") -> str:
+    """What ``sv.search`` chose and why, in sentences, every number read from its ``table``;
+    ``assumed``: what the fits verdict assumes (``MemoryFit.assumed``)."""
     if not len(table) or not table.fits.iloc[0]:
         return f"Nothing fits. {note}".strip()
     best = table.iloc[0]
     timed = best.step_time_s == best.step_time_s and best.step_time_s is not None
     when = (f", a step of {format_duration(best.step_time_s)} ({best.tokens_per_s:,.0f} tokens/s per rank, "
             f"MFU {100 * best.mfu:.1f}%)" if timed else "")
-    out = [f"Run {best['name']}: peak {format_bytes(best.peak)} of {limit_text}, "
-           f"{format_bytes(best.margin)} to spare{when}."]
+    tight = " (tight: inside the safety margin)" if best.get("verdict") == "tight" else ""
+    reserved = (f" (reserved {format_bytes(best.reserved_peak)})" if best.get("reserved_peak") == best.get("reserved_peak")
+                and best.get("reserved_peak") is not None else "")
+    out = [f"Run {best['name']}: peak {format_bytes(best.peak)}{reserved} of {limit_text}, "
+           f"{format_bytes(best.margin)} to spare{tight}{when}."]
+    if assumed:
+        out.append(f"Fits means: {assumed}.")
     fit = table[table.fits & table.analysed]
     if len(fit) > 1:
         out.append(f"It is the fastest of {len(fit)} plans that fit; the next, {fit['name'].iloc[1]}, is {fit.why.iloc[1]}.")

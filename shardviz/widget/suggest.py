@@ -173,7 +173,7 @@ def _row(found: Search, i: int, state) -> dict:
     peak = None if r.peak is None or r.peak != r.peak else int(r.peak)
     return {
         "index": i, "number": str(i + 1), "name": r["name"], "fits": bool(r.fits), "analysed": bool(r.analysed),
-        "fits_text": "fits" if r.fits else "does not fit",
+        "fits_text": ("tight" if r.verdict == "tight" else "fits") if r.fits else "does not fit",  # Mesh.fit
         "peak": peak, "peak_text": format_bytes(peak) if peak is not None else "not analysed",
         "margin_text": (f"{format_bytes(abs(r.margin))} {'to spare' if r.margin >= 0 else 'over'}"
                         if peak is not None else ""),

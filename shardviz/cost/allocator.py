@@ -1,0 +1,235 @@
+"""What the CUDA caching allocator reserves for one step: torch's block rules, re-implemented, replayed
+over the allocations and frees of the step the cost model simulates (``cost.simulation``).
+
+``a.memory.peak`` counts the bytes tensors hold (what ``torch.cuda.max_memory_allocated`` shows and
+what FSDPMemTracker measures). A CUDA OOM is raised when the allocator cannot *reserve* more
+(``torch.cuda.max_memory_reserved``): its cached segments hold more than the tensors in them.
+The rules, torch 2.13 (``c10/core/AllocatorConfig.h`` for the constants; the functions named are in
+``c10/cuda/CUDACachingAllocator.cpp``, ``DeviceCachingAllocator``; docs/cost-model.md, "Reserved
+memory", cites the lines):
+
+- ``round_size``: every request is rounded up to a multiple of ``kMinBlockSize`` = 512 B (with
+  ``roundup_power2_divisions``, above 512 B x divisions, to the next of ``divisions`` steps between
+  two powers of two: ``roundup_power2_next_division``);
+- ``get_pool``: a rounded size <= ``kSmallSize`` = 1 MiB comes from the small pool, else the large;
+- ``get_allocation_size``: a new segment (cudaMalloc) is ``kSmallBuffer`` = 2 MiB for the small
+  pool, ``kLargeBuffer`` = 20 MiB for a request under ``kMinLargeAlloc`` = 10 MiB, else the request
+  rounded up to ``kRoundLarge`` = 2 MiB;
+- ``get_free_block``: the smallest free cached block of the same pool *and the same stream* that is
+  large enough (best fit, then the lowest address); a block cached on one stream is never given to
+  another; with ``max_split_size_mb``, a request under it never takes a block at or over it, and a
+  request over it takes a block at most ``kLargeBuffer`` larger;
+- ``should_split``: the rest of the block is split off when it is >= 512 B (small pool, or
+  expandable segments), or > 1 MiB (large pool; never for a request >= ``max_split_size``);
+- ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours of its segment;
+  segments are returned to CUDA only by ``empty_cache`` or before raising an OOM
+  (``release_cached_blocks``), so the reserved peak of a step is the high-water mark of segments;
+- ``expandable_segments:True`` (Note [Expandable Segments]): one segment per stream and pool that
+  grows by mapping pages (2 MiB in the small pool, 20 MiB in the large) at its end, where a free
+  last block is extended rather than a new one mapped.
+
+FSDP2 runs its collectives on their own streams (torch ``_fsdp_collectives.py``): the all-gather
+output is allocated on the all-gather copy-in stream (``foreach_all_gather``), the reduce-scatter
+output on the reduce-scatter stream (``foreach_reduce``), everything else on the default stream. So
+the cache of each stream keeps its own high-water mark: what the alternating all-gathers and frees
+leave in the copy-in stream's cache is not reusable by the activations on the default stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
+K_SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" allocation is 1 MiB
+K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: "small" allocations are packed in 2 MiB blocks
+K_LARGE_BUFFER = 20 << 20  # kLargeBuffer: "large" allocations may be packed in 20 MiB blocks
+K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: allocations between 1 and 10 MiB may use kLargeBuffer
+K_ROUND_LARGE = 2 << 20  # kRoundLarge: round up large allocations to 2 MiB
+NO_MAX_SPLIT = 1 << 64  # max_split_size's default: std::numeric_limits<size_t>::max()
+
+# cuBLAS workspaces (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize): allocated
+# through the caching allocator (getNewWorkspace), one per (handle, stream); cuBLASLt shares it
+# (TORCH_CUBLASLT_UNIFIED_WORKSPACE, on by default). Default size ":4096:8" = 32 MiB on sm90 and
+# later, ":4096:2:16:8" = 8.125 MiB before. Handles are per thread: forward runs on the main
+# thread, backward on autograd's device thread, both on the default stream: two workspaces.
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_OLDER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_WORKSPACES = 2
+SM90_AND_LATER = ("H100", "H100-PCIe", "H200", "B200")
+
+
+def cublas_workspace_bytes(device) -> int:
+    """What the step's cuBLAS workspaces take on ``device`` (a ``devices.Device`` or None: none counted)."""
+    if device is None:
+        return 0
+    size = CUBLAS_WORKSPACE_SM90 if getattr(device, "name", "") in SM90_AND_LATER else CUBLAS_WORKSPACE_OLDER
+    return CUBLAS_WORKSPACES * size
+
+
+def roundup_power2_next_division(size: int, divisions: int) -> int:
+    """``roundup_power2_next_division``: ``size`` up to the next of ``divisions`` equal steps between
+    the powers of two around it (a power of two stays)."""
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)  # power2_floor >> log2(divisions)
+    if step == 0:
+        return floor << 1
+    below = size & ~(step - 1)
+    return size if below == size else below + step
+
+
+def round_size(size: int, divisions: int = 1) -> int:
+    """``round_size``: the block size a request of ``size`` bytes takes."""
+    if size < K_MIN_BLOCK_SIZE:
+        return K_MIN_BLOCK_SIZE
+    if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
+        return roundup_power2_next_division(size, divisions)
+    return K_MIN_BLOCK_SIZE * ((size + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE)
+
+
+def is_small(rounded: int) -> bool:
+    """``get_pool``: the small pool takes rounded sizes up to 1 MiB."""
+    return rounded <= K_SMALL_SIZE
+
+
+def allocation_size(rounded: int) -> int:
+    """``get_allocation_size``: the segment cudaMalloc'd for a request that no cached block serves."""
+    if rounded <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if rounded < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return K_ROUND_LARGE * ((rounded + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+def should_split(block_size: int, rounded: int, small: bool, expandable: bool = False,
+                 max_split_size: int = NO_MAX_SPLIT) -> bool:
+    """``should_split``: is the rest of a ``block_size`` block serving ``rounded`` bytes split off?"""
+    remaining = block_size - rounded
+    if small or expandable:
+        return remaining >= K_MIN_BLOCK_SIZE
+    return rounded < max_split_size and remaining > K_SMALL_SIZE
+
+
+@dataclass(eq=False)
+class Block:
+    """A block of a segment (``Block``): ``offset`` within it, allocated or cached free."""
+
+    segment: Segment
+    offset: int
+    size: int
+    allocated: bool = False
+    requested: int = 0
+
+
+@dataclass(eq=False)
+class Segment:
+    """One cudaMalloc (or one expandable segment): its blocks in address order."""
+
+    stream: str
+    small: bool
+    size: int
+    blocks: list = field(default_factory=list)
+    expandable: bool = False
+
+
+class CachingAllocator:
+    """``DeviceCachingAllocator``'s malloc / free on one device, without ``empty_cache`` and without
+    the OOM retry. ``requested``, ``allocated`` (block sizes: ``memory_allocated``) and ``reserved``
+    (segments: ``memory_reserved``) in bytes, each with its peak."""
+
+    def __init__(self, expandable_segments: bool = False, max_split_size: int | None = None,
+                 roundup_power2_divisions: int = 1):
+        self.expandable = expandable_segments
+        self.max_split = NO_MAX_SPLIT if max_split_size is None else int(max_split_size)
+        self.divisions = roundup_power2_divisions
+        self.free_blocks: dict[tuple[str, bool], list[Block]] = {}
+        self.expandable_segments: dict[tuple[str, bool], Segment] = {}
+        self.requested = self.allocated = self.reserved = 0
+        self.peak_requested = self.peak_allocated = self.peak_reserved = 0
+
+    def malloc(self, size: int, stream: str = "default") -> Block:
+        rounded = round_size(int(size), self.divisions)
+        small = is_small(rounded)
+        block = self._best_fit(rounded, stream, small) or self._new_block(rounded, stream, small)
+        self._take(block, rounded, small)
+        block.requested = int(size)
+        self.requested += block.requested
+        self.allocated += block.size
+        self.peak_requested = max(self.peak_requested, self.requested)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block: Block) -> None:
+        """``free_block``: the block goes back to its stream's cache, merged with free neighbours."""
+        self.requested -= block.requested
+        self.allocated -= block.size
+        block.allocated, block.requested = False, 0
+        seg = block.segment
+        i = seg.blocks.index(block)
+        cache = self.free_blocks.setdefault((seg.stream, seg.small), [])
+        for j in (i + 1, i - 1):  # try_merge_blocks(block, next), then (block, prev)
+            if 0 <= j < len(seg.blocks) and not seg.blocks[j].allocated:
+                other = seg.blocks[j]
+                cache.remove(other)
+                block.offset, block.size = min(block.offset, other.offset), block.size + other.size
+                seg.blocks.remove(other)
+        cache.append(block)
+
+    def _best_fit(self, rounded: int, stream: str, small: bool) -> Block | None:
+        """``get_free_block``: the smallest cached block of this stream and pool that fits."""
+        fits = [b for b in self.free_blocks.get((stream, small), ()) if b.size >= rounded]
+        if not fits:
+            return None
+        best = min(fits, key=lambda b: (b.size, id(b.segment), b.offset))
+        if rounded < self.max_split <= best.size:  # no oversize block for a request under the limit
+            return None
+        if rounded >= self.max_split and best.size >= rounded + K_LARGE_BUFFER:
+            return None
+        self.free_blocks[(stream, small)].remove(best)
+        return best
+
+    def _new_block(self, rounded: int, stream: str, small: bool) -> Block:
+        """``alloc_block``: a new segment (``get_allocation_size``), or the expandable segment grown."""
+        if self.expandable:
+            return self._grow(rounded, stream, small)
+        size = allocation_size(rounded)
+        seg = Segment(stream, small, size)
+        block = Block(seg, 0, size)
+        seg.blocks.append(block)
+        self._reserve(size)
+        return block
+
+    def _grow(self, rounded: int, stream: str, small: bool) -> Block:
+        """Expandable segments: map pages at the end of the stream's segment for this pool,
+        extending its last block when that one is free."""
+        page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
+        seg = self.expandable_segments.get((stream, small))
+        if seg is None:
+            seg = self.expandable_segments[(stream, small)] = Segment(stream, small, 0, expandable=True)
+        last = seg.blocks[-1] if seg.blocks and not seg.blocks[-1].allocated else None
+        need = rounded - (last.size if last is not None else 0)
+        grow = page * ((need + page - 1) // page)
+        self._reserve(grow)
+        if last is not None:
+            self.free_blocks[(stream, small)].remove(last)
+            last.size += grow
+        else:
+            last = Block(seg, seg.size, grow)
+            seg.blocks.append(last)
+        seg.size += grow
+        return last
+
+    def _reserve(self, size: int) -> None:
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def _take(self, block: Block, rounded: int, small: bool) -> None:
+        """``alloc_found_block``: split the rest off when ``should_split`` says so."""
+        if should_split(block.size, rounded, small, self.expandable, self.max_split):
+            seg = block.segment
+            rest = Block(seg, block.offset + rounded, block.size - rounded)
+            seg.blocks.insert(seg.blocks.index(block) + 1, rest)
+            self.free_blocks.setdefault((seg.stream, seg.small), []).append(rest)
+            block.size = rounded
+        block.allocated = True

@@ -1,0 +1,172 @@
+"""The step's allocations and frees, replayed through the caching allocator (``cost.allocator``):
+what ``torch.cuda.max_memory_reserved`` would show beside the allocated peak.
+
+``TracingSimulation`` runs the step simulation (``cost.simulation``) and, at each hook, allocates and
+frees the tensors the hook creates and drops, on the stream FSDP2 uses for them (torch 2.13,
+``_fsdp_collectives.py``): all-gather outputs on the all-gather copy-in stream ("ag"), the unsharded
+parameters (copy-out), gradients, reduce-scatter inputs and activations on the default stream, the
+reduce-scatter outputs (the new sharded gradients) on the reduce-scatter stream ("rs"). The
+activations are one block per rise of the measured activation level, freed last-in first-out as
+the level falls (forward saves tensors in order, backward frees them in reverse). The resident
+state (sharded parameters, optimizer states) is allocated first, one block per call.
+
+The reserved peak is ``peak`` + (the replay's reserved peak − its requested peak without the cuBLAS
+workspaces): the allocator's rounding, segment sizes, per-stream caches and fragmentation, and
+the workspaces cuBLAS allocates through it, on top of the bytes the step's tensors hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .allocator import CachingAllocator, cublas_workspace_bytes
+from .simulation import StepSimulation
+
+
+class TracingSimulation(StepSimulation):
+    """``StepSimulation`` that also replays each hook's tensors through ``allocator``."""
+
+    def __init__(self, *args, allocator: CachingAllocator, **kw):
+        super().__init__(*args, **kw)
+        self.alloc = allocator
+        self.blocks: dict = {}
+        self.act_stack: list = []  # activation blocks, oldest first
+        self.act_level = 0
+        self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
+        self.last_rs_input = None
+        self.serial = itertools.count()
+
+    # -- the tensors ------------------------------------------------------------------------------
+    def take(self, key, size: int, stream: str = "default") -> None:
+        if size > 0 and key not in self.blocks:
+            self.blocks[key] = self.alloc.malloc(size, stream)
+
+    def drop(self, key) -> None:
+        block = self.blocks.pop(key, None)
+        if block is not None:
+            self.alloc.free(block)
+
+    def drop_all(self, kind: str, k: int | None = None) -> None:
+        for key in [key for key in self.blocks if key[0] == kind and (k is None or key[1] == k)]:
+            self.drop(key)
+
+    def observe(self, phase, k, *, act=(0, None), **alive) -> None:
+        super().observe(phase, k, act=act, **alive)
+        self.set_activations(int(act[0]))
+
+    def set_activations(self, level: int) -> None:
+        """The activations at ``level`` bytes: new ones a block each, the latest freed first."""
+        while self.act_level > level and self.act_stack:
+            block = self.act_stack.pop()
+            self.act_level -= block.requested
+            self.alloc.free(block)
+        if level > self.act_level:
+            self.act_stack.append(self.alloc.malloc(level - self.act_level))
+            self.act_level = level
+
+    # -- forward ----------------------------------------------------------------------------------
+    def pre_forward(self, k: int) -> None:
+        u = self.units[k]
+        if self.S > 1:
+            self.take(("ag", k), u.gather, "ag")
+        self.take(("param", k), u.gather)  # copy-out into the unsharded parameters
+        previous = self.context_gather.pop(u.root, None)
+        if previous is not None:
+            self.drop(previous)
+        self.context_gather[u.root] = ("ag", k)
+        super().pre_forward(k)
+
+    def post_forward(self, k: int) -> None:
+        u = self.units[k]
+        super().post_forward(k)
+        if u.reshard is True:
+            self.drop(("param", k))
+        elif u.reshard is not False:
+            self.take(("post_forward_shard", k), u.gather // u.reshard)
+            self.drop(("param", k))
+
+    def root_post_forward(self, root: int) -> None:
+        super().root_post_forward(root)
+        previous = self.context_gather.pop(root, None)
+        if previous is not None:
+            self.drop(previous)
+
+    # -- backward ---------------------------------------------------------------------------------
+    def unshard(self, k: int, act) -> None:
+        issued = k in self.held.prefetched
+        super().unshard(k, act)
+        if not issued and self.held.prefetched.get(k, 0) > 0:
+            self.take(("ag", k), self.units[k].gather, "ag")
+
+    def pre_backward(self, k: int, before: int) -> None:
+        u = self.units[k]
+        self.unshard(k, self.act.enter("backward", u.modules))
+        if k in self.held.prefetched:  # copy-out
+            self.take(("param", k), u.gather)
+            self.drop(("post_forward_shard", k))
+            self.drop(("ag", k))
+        super().pre_backward(k, before)
+
+    def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> None:
+        new_unsharded, new_whole = self.new_gradients(k, unsharded, whole)
+        super().gradients(k, unsharded, whole, module, span)
+        n = next(self.serial)
+        self.take(("grad", k, n), new_unsharded)
+        self.take(("whole_grad", k, n), new_whole)
+
+    def post_backward(self, k: int) -> None:
+        u = self.units[k]
+        sync = self.mb.sync
+        super().post_backward(k)
+        self.drop(("param", k))  # resharded
+        self.drop(("post_forward_shard", k))
+        if not sync:
+            if u.converts_grads:
+                self.take(("accumulated", k), u.accumulated_grads)
+                self.drop_all("grad", k)
+            return
+        if self.last_rs_input is not None:
+            self.drop(self.last_rs_input)
+        if u.trainable:
+            self.take(("rs_input", k), u.rs_input)
+            self.last_rs_input = ("rs_input", k)
+        self.drop_all("grad", k)
+        self.drop(("accumulated", k))
+        if u.trainable:
+            key = ("rs_output", k, next(self.serial))
+            self.take(key, u.rs_output, "rs")
+            if not (u.offload or u.cast) and ("sharded_grad", k) not in self.blocks:
+                self.blocks[("sharded_grad", k)] = self.blocks.pop(key)  # the output is the sharded gradient
+                return
+            if not u.offload and u.cast:  # cast into a new sharded gradient in the post-reduce stream
+                self.take(("sharded_grad", k), u.sharded_grads, "rs")
+            self.drop(key)
+
+    def backward(self) -> None:
+        super().backward()
+        if self.last_rs_input is not None:  # finalize_backward drops the last reduce-scatter input
+            self.drop(self.last_rs_input)
+            self.last_rs_input = None
+        self.drop_all("ag")
+
+
+def replay(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate, grad_accum, sync_every,
+           resident_bytes: int, step_temporaries: int, expandable_segments: bool, device=None) -> CachingAllocator:
+    """The allocator after the resident state (and ``device``'s cuBLAS workspaces, ``cublas_workspace_bytes``),
+    one step (forward, backward) and the optimizer step's temporaries: its peaks of requested,
+    allocated and reserved bytes."""
+    alloc = CachingAllocator(expandable_segments=expandable_segments)
+    for _ in range(2 if cublas_workspace_bytes(device) else 0):
+        alloc.malloc(cublas_workspace_bytes(device) // 2)
+    gathers = sum(u.gather for u in units) or 1
+    for u in units:  # the resident state, one block per call in proportion to its parameters
+        share = resident_bytes * u.gather // gathers
+        if share > 0:
+            alloc.malloc(share)
+    sim = TracingSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
+                            grad_accum, sync_every, allocator=alloc)
+    sim.run()
+    sim.set_activations(0)
+    if step_temporaries > 0:
+        alloc.free(alloc.malloc(step_temporaries))
+    return alloc

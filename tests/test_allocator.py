@@ -1,0 +1,179 @@
+"""The caching allocator model (``cost.allocator``) against the rules of torch's
+``c10/cuda/CUDACachingAllocator.cpp`` (the constants are read from torch's own header where the
+wheel ships it), and the reserved peak of a step (``cost.reserved``, ``a.memory.reserved_peak``).
+
+torch exposes none of these rules on a CPU build; on a machine with CUDA the last test replays
+the same requests through torch's own allocator and compares ``torch.cuda.memory_reserved``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.cost import allocator as al
+from shardviz.cost.reserved import replay
+
+MiB = 1 << 20
+HEADER = Path(torch.__file__).parent / "include/c10/core/AllocatorConfig.h"
+
+
+@pytest.mark.skipif(not HEADER.exists(), reason="this torch wheel ships no c10 headers")
+def test_the_constants_are_torchs_own():
+    text = HEADER.read_text()
+    for name, value in (("kSmallBuffer", al.K_SMALL_BUFFER), ("kMinBlockSize", al.K_MIN_BLOCK_SIZE),
+                        ("kSmallSize", al.K_SMALL_SIZE), ("kMinLargeAlloc", al.K_MIN_LARGE_ALLOC),
+                        ("kRoundLarge", al.K_ROUND_LARGE)):
+        assert int(re.search(rf"constexpr size_t {name} = (\d+);", text).group(1)) == value, name
+
+
+@pytest.mark.parametrize("size, rounded", [(1, 512), (512, 512), (513, 1024), (MiB + 1, MiB + 512)])
+def test_round_size_is_a_multiple_of_512(size, rounded):
+    assert al.round_size(size) == rounded
+
+
+def test_roundup_power2_divisions_as_torch_documents_it():
+    """The CUDA notes' own example: 1200 with 4 divisions between 1024 and 2048 rounds to 1280."""
+    assert al.round_size(1200 * MiB, 4) == 1280 * MiB
+    assert al.round_size(1024 * MiB, 4) == 1024 * MiB  # a power of two stays
+    assert al.round_size(1700 * MiB, 4) == 1792 * MiB and al.round_size(1800 * MiB, 4) == 2048 * MiB
+    assert al.round_size(1000, 4) == 1024  # under 512 B x divisions: the 512 B rule
+
+
+@pytest.mark.parametrize("rounded, segment", [(512, 2 * MiB), (MiB, 2 * MiB), (MiB + 512, 20 * MiB),
+                                              (10 * MiB - 512, 20 * MiB), (10 * MiB, 10 * MiB),
+                                              (11 * MiB + 512, 12 * MiB)])
+def test_segment_sizes(rounded, segment):
+    assert al.allocation_size(rounded) == segment
+
+
+def test_small_requests_pack_into_2_mib_segments():
+    a = al.CachingAllocator()
+    blocks = [a.malloc(700 * 1024) for _ in range(3)]  # 2 fit in 2 MiB, the third opens a second segment
+    assert a.reserved == 4 * MiB and a.allocated == 3 * 700 * 1024
+    for b in blocks:
+        a.free(b)
+    assert a.allocated == 0 and a.reserved == 4 * MiB  # cached, not returned to CUDA
+
+
+def test_requests_between_1_and_10_mib_share_a_20_mib_segment():
+    a = al.CachingAllocator()
+    a.malloc(5 * MiB), a.malloc(5 * MiB)
+    assert a.reserved == 20 * MiB
+
+
+def test_a_cached_block_serves_only_its_own_stream():
+    a = al.CachingAllocator()
+    a.free(a.malloc(100 * MiB, "ag"))
+    a.malloc(100 * MiB, "ag")
+    assert a.reserved == 100 * MiB
+    a.malloc(100 * MiB, "default")
+    assert a.reserved == 200 * MiB
+
+
+def test_large_blocks_split_only_when_more_than_1_mib_is_left():
+    a = al.CachingAllocator()
+    a.free(a.malloc(100 * MiB))
+    whole = a.malloc(100 * MiB - 512 * 1024)  # 512 KiB left: not split, the whole block is allocated
+    assert a.allocated == 100 * MiB and a.requested == 100 * MiB - 512 * 1024
+    a.free(whole)
+    a.malloc(50 * MiB)  # split
+    assert a.allocated == 50 * MiB and a.reserved == 100 * MiB
+
+
+def test_freed_neighbours_merge():
+    b = al.CachingAllocator()
+    seg = b.malloc(80 * MiB)
+    b.free(seg)
+    x, y = b.malloc(40 * MiB), b.malloc(40 * MiB)  # both split from the cached 80 MiB block
+    b.free(x), b.free(y)
+    b.malloc(80 * MiB)  # served by the merged block
+    assert b.reserved == 80 * MiB
+
+
+def test_max_split_size_keeps_small_requests_off_oversize_blocks():
+    a = al.CachingAllocator(max_split_size=50 * MiB)
+    a.free(a.malloc(100 * MiB))
+    a.malloc(20 * MiB)
+    assert a.reserved == 120 * MiB  # not carved out of the 100 MiB block
+    b = al.CachingAllocator()
+    b.free(b.malloc(100 * MiB))
+    b.malloc(20 * MiB)
+    assert b.reserved == 100 * MiB
+
+
+def test_expandable_segments_grow_a_free_last_block():
+    """30 MiB, freed, then 50 MiB: cudaMalloc'd segments hold 30 + 50; an expandable segment maps
+    40 MiB (two 20 MiB pages) and grows its free last block by one page."""
+    plain, grown = al.CachingAllocator(), al.CachingAllocator(expandable_segments=True)
+    for a in (plain, grown):
+        a.free(a.malloc(30 * MiB))
+        a.malloc(50 * MiB)
+    assert plain.reserved == 80 * MiB and grown.reserved == 60 * MiB
+
+
+@functools.lru_cache(maxsize=None)
+def step(checkpoint, expandable=False, batch=8, seq=2048):
+    m = zoo.tiny_llama_lora()
+    plan = sv.Plan.auto(m, lora="sharded", checkpoint=checkpoint)
+    return sv.analyze(m, plan, sv.Mesh(8, expandable_segments=expandable), sv.Training(batch_size=batch, seq_len=seq))
+
+
+@pytest.mark.parametrize("checkpoint", [None, "blocks"])
+def test_the_replay_holds_what_the_step_simulation_holds(checkpoint):
+    """The replayed tensors peak where the simulated step does (the same hooks, the same sizes)."""
+    c = step(checkpoint).costs
+    resident = int(c.resident.total + c.optimizer.device.max() + c.optimizer.whole)
+    alloc = replay(*c.replay_inputs, resident, int(c.optimizer.step_temporaries.max()), False)
+    peak = int(step(checkpoint).memory.peak.max())
+    assert abs(alloc.peak_requested - peak) <= 0.03 * peak
+    # everything the step allocated was freed but the sharded gradients (kept for optimizer.step())
+    assert abs(alloc.requested - resident - c.resident.grads) <= 0.01 * c.resident.grads
+
+
+@pytest.mark.parametrize("checkpoint", [None, "blocks"])
+def test_reserved_is_above_allocated_and_expandable_segments_reserve_less(checkpoint):
+    plain, grown = step(checkpoint).memory, step(checkpoint, True).memory
+    assert (plain.reserved_peak >= plain.peak).all() and (grown.reserved_peak >= grown.peak).all()
+    assert (grown.peak == plain.peak).all()
+    assert grown.reserved_peak.max() < plain.reserved_peak.max()
+
+
+def test_one_rank_has_no_all_gather_stream():
+    """Without sharding there is no all-gather output: one stream fewer keeps a cache."""
+    c = step(None).costs
+    alloc = replay(*c.replay_inputs, 0, 0, False)
+    streams = {seg_stream for seg_stream, _ in alloc.free_blocks}
+    assert {"default", "ag", "rs"} <= streams
+    m = zoo.tiny_llama_lora()
+    one = sv.analyze(m, sv.Plan.auto(m), sv.Mesh(1), sv.Training(batch_size=2, seq_len=64)).costs
+    assert "ag" not in {s for s, _ in replay(*one.replay_inputs, 0, 0, False).free_blocks}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch's own allocator")
+def test_the_model_reserves_what_torchs_allocator_reserves():
+    """The same requests through torch's caching allocator and through the model (one stream,
+    sizes across both pools), after emptying torch's cache."""
+    import random
+
+    rng = random.Random(0)
+    torch.cuda.empty_cache()
+    base, base_allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    model, live, held = al.CachingAllocator(), [], []
+    for _ in range(400):
+        if live and rng.random() < 0.45:
+            i = rng.randrange(len(live))
+            model.free(live.pop(i))
+            held.pop(i)
+            continue
+        size = rng.choice([rng.randrange(1, 1 << 20), rng.randrange(1 << 20, 10 << 20), rng.randrange(10 << 20, 200 << 20)])
+        live.append(model.malloc(size))
+        held.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+    assert torch.cuda.memory_reserved() - base == model.reserved
+    assert torch.cuda.memory_allocated() - base_allocated == model.allocated
