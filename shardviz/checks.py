@@ -24,6 +24,7 @@ costs from the fixed analysis' ``a.step``.
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
 | SV113 | warning / error | the model's config keeps ``use_cache=True`` (a key/value cache per layer): the bytes ``use_cache=False`` saves; an error with selective checkpointing (torch raises) |
+| SV120, SV121 | | an adapter's target_modules that miss this model's projections; a float32 config (``adapter_checks``) |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+from .adapter_checks import check_adapter_targets, check_fp32_config
 from .finding import Finding
 from .fixes import split_unit
 from .format import format_bytes, format_duration, worst_rank
@@ -372,17 +374,18 @@ class MemoryFix(NamedTuple):
     step_time_s: float | None = None
     cost_s: float | None = None
     hardware: bool = False
+    flags: str = ""  # the same change as command-line flags ("--checkpoint blocks"); "" when there is none
 
 
-def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, **change) -> MemoryFix:
+def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
     """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
     ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
     a = analysis.what_if(**change)
     peak = int(a.memory["peak"].max())
     new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
     if new is None or own is None:
-        return MemoryFix(text, peak, hardware=hardware)
-    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware)
+        return MemoryFix(text, peak, hardware=hardware, flags=flags)
+    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware, flags)
 
 
 def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
@@ -410,7 +413,8 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
             continue
         what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
-                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
+                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more),
+                      flags=f"--checkpoint {preset}" if " " not in preset else f"--checkpoint '{preset}'")
         if not _fits(analysis, fix.peak):
             break  # fewer blocks checkpointed hold more: none of the rest fits
         out.append(fix)
@@ -426,7 +430,8 @@ def _batch_fix(analysis) -> list[MemoryFix]:
         accum = {"grad_accum": k * training.grad_accum} if hasattr(training, "grad_accum") else {}
         fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
-                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum))
+                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum),
+                      flags=f"--batch-size {batch} (with {k} micro-batches per step)")
         if _fits(analysis, fix.peak):
             return [fix]
         batch //= 2
@@ -449,7 +454,8 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
     if lora_ignored:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
-                                     "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored)))
+                                     "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
+                           flags="--layout sharded"))
     if training.with_activations:
         out += _checkpoint_fixes(analysis)[::-1]
         if training.batch_size > 1:
@@ -457,26 +463,29 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     if not training.offload:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host, not timed)",
-                           training=replace(training, offload=True)))
+                           training=replace(training, offload=True), flags="--offload"))
     out = [f for f in out if _fits(analysis, f.peak)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
-        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger)
+        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger,
+                      flags=f"--world-size {bigger.world}")
         if _fits(analysis, fix.peak):
             out.append(fix)
             break
     return out
 
 
-def _fix_text(fix: MemoryFix) -> str:
-    """One fix for the finding: what to do, the new peak, and what it costs per step."""
+def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
+    """One fix for the finding: what to do (``cli``: as flags where it has them), the new peak, and
+    what it costs per step."""
+    text = fix.flags if cli and fix.flags else fix.text
     if fix.cost_s is None:
-        return f"{fix.text} (peak {format_bytes(fix.peak)})"
+        return f"{text} (peak {format_bytes(fix.peak)})"
     sign = "+" if fix.cost_s >= 0 else "-"
     per = "per rank" if fix.hardware else "for the same tokens"
-    return (f"{fix.text} (peak {format_bytes(fix.peak)}; step {format_duration(fix.step_time_s)} {per}, "
+    return (f"{text} (peak {format_bytes(fix.peak)}; step {format_duration(fix.step_time_s)} {per}, "
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
@@ -503,10 +512,13 @@ def check_memory(analysis) -> list[Finding]:
         where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
     fixes = memory_fixes(analysis)
+    flags = ""
     if fixes:
         fix = f"cheapest fix: {_fix_text(fixes[0])}"
+        flags = f"cheapest fix: {_fix_text(fixes[0], cli=True)}"
         if len(fixes) > 1:
             fix += "; also: " + "; ".join(_fix_text(f) for f in fixes[1:])
+            flags += "; also: " + "; ".join(_fix_text(f, cli=True) for f in fixes[1:])
     else:
         fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
                "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")
@@ -517,6 +529,7 @@ def check_memory(analysis) -> list[Finding]:
         f"largest contributors: {top}; largest calls: {big}",
         tuple(m for r in units for m in r.modules),
         fix,
+        flags=flags,
     )]
 
 
@@ -529,6 +542,8 @@ CHECKS = (
     check_empty_shards,
     check_all_ignored_units,
     check_use_cache,
+    check_adapter_targets,
+    check_fp32_config,
 )
 
 

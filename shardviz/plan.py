@@ -14,7 +14,9 @@ from typing import Iterable, Sequence, Union
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: may carry the run's "mesh" and "training" (cost.setup); a file without them is written as 1
+READ_VERSIONS = (1, 2)
+SETUP_FIELDS = ("mesh", "training")  # what a version-2 file records besides the plan (plain JSON objects)
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_LAYOUTS = ("sharded", "ignored", "separate")
 CHECKPOINT_PRESETS = (None, "blocks", "every k", "selective")  # "every k": "every 2", "every 3", ...
@@ -184,6 +186,9 @@ class Plan:
     ignored: tuple[str, ...] = ()
     name: str = field(default="", compare=False)
     checkpoint: Checkpoints = Checkpoints()
+    # what the plan file it was read from says of the run ({"mesh": {...}, "training": {...}}, as
+    # ``cost.setup`` writes them); not part of the plan: edits and comparisons ignore it
+    setup: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
                  checkpoint: Iterable[str] | dict = ()):
@@ -210,6 +215,7 @@ class Plan:
         object.__setattr__(self, "ignored", ignored)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "checkpoint", checkpoint)
+        object.__setattr__(self, "setup", {})
 
     # -- edits (each returns a new plan) ------------------------------------
     def unit_of(self, fqn: str) -> Unit | None:
@@ -299,21 +305,28 @@ class Plan:
         return tree
 
     # -- JSON -------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self, setup: dict | None = None) -> dict:
+        """The plan as JSON data; ``setup`` ({"mesh": {...}, "training": {...}}, see ``cost.setup``)
+        is recorded with it (version 2); without one the file is version 1, as before."""
+        setup = {k: v for k, v in (setup or {}).items() if v is not None}
+        _check_setup(setup)
         return {
             "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
+            "version": SCHEMA_VERSION if setup else 1,
             "name": self.name,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
             **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
+            **setup,
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, indent: int | None = 2, setup: dict | None = None) -> str:
+        return json.dumps(self.to_dict(setup), indent=indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
+        """A plan file (versions 1 and 2) -> the plan; what a version-2 file records of the run is in
+        ``plan.setup`` (plain JSON objects; ``cost.setup`` turns them into a Mesh and a Training)."""
         try:
             obj = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:
@@ -323,11 +336,12 @@ class Plan:
         if obj.get("schema") != SCHEMA:
             raise ValueError(f"plan JSON: field 'schema' must be {SCHEMA!r}, got {obj.get('schema')!r}")
         version = obj.get("version")
-        if version != SCHEMA_VERSION:
+        if version not in READ_VERSIONS:
             raise ValueError(
-                f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION}"
+                f"plan JSON: field 'version' is {version!r}; this shardviz reads versions 1 and 2"
             )
-        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"}
+        known = {"schema", "version", "name", "units", "ignored", "checkpoint"} | (set(SETUP_FIELDS) if version >= 2 else set())
+        unknown = set(obj) - known
         if unknown:
             raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
         units, ignored = obj.get("units", []), obj.get("ignored", [])
@@ -346,7 +360,11 @@ class Plan:
             checkpoint = Checkpoints(checkpoint)
         except ValueError as exc:
             raise ValueError(f"plan JSON: field {exc}") from None
-        return cls(units, ignored, name, checkpoint)
+        setup = {k: obj[k] for k in SETUP_FIELDS if k in obj}
+        _check_setup(setup)
+        plan = cls(units, ignored, name, checkpoint)
+        object.__setattr__(plan, "setup", setup)
+        return plan
 
     # -- presets -------------------------------------------------------------
     @classmethod
@@ -373,6 +391,15 @@ class Plan:
         ckpt = (f", {len(self.checkpoint)} checkpointed" + (f" ({n_sel} selective)" if n_sel else "")
                 if self.checkpoint else "")
         return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt})"
+
+
+def _check_setup(setup: dict) -> None:
+    """A plan file's "mesh" and "training": JSON objects (their fields are checked where they are read)."""
+    for key, value in setup.items():
+        if key not in SETUP_FIELDS:
+            raise ValueError(f"plan JSON: unknown field {key!r}; a plan file records {SETUP_FIELDS}")
+        if not isinstance(value, dict):
+            raise ValueError(f"plan JSON: field {key!r} must be an object of {key} fields, got {value!r}")
 
 
 def checkpoint_preset(checkpoint: str | None) -> tuple[str, int] | None:

@@ -1,0 +1,91 @@
+"""What the command line prints: answers on stdout, progress and context on stderr, never mixed.
+
+- ``quiet_libraries``: transformers', peft's and torch's own warnings are not the user's answer;
+  shardviz's own warnings still show;
+- ``say`` (stderr, "shardviz: ..." lines) flushes stdout first, ``answer`` (stdout) flushes after,
+  so the two streams never interleave mid-line in a terminal;
+- ``report_lines``: the report's verdict, peak, step time and top findings, fixes written as the
+  command line's flags (``Finding.fix_for("cli")``);
+- ``table_text``: a table cut to ``WIDTH`` columns (long cells shortened with "…").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from . import views
+
+WIDTH = 100
+TOP_FINDINGS = 5
+
+
+def quiet_libraries() -> None:
+    """Hide the libraries' warnings (transformers' logger too); keep shardviz's own."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"shardviz(\.|$)")
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].logging.set_verbosity_error()
+
+
+def say(text: str) -> None:
+    """One line of context or progress on stderr, after whatever stdout holds."""
+    sys.stdout.flush()
+    print(f"shardviz: {text}", file=sys.stderr, flush=True)
+
+
+def answer(text: str, stream=None) -> None:
+    """Lines of the answer (stdout unless ``stream``), flushed before anything else is said."""
+    stream = stream or sys.stdout
+    sys.stderr.flush()
+    stream.write(text if text.endswith("\n") else text + "\n")
+    stream.flush()
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def finding_lines(findings, top: int = TOP_FINDINGS, width: int = WIDTH) -> list[str]:
+    """The first ``top`` findings (errors first, as ``run_checks`` orders them), each with its fix as
+    flags where it has them; a count of the rest."""
+    if not findings:
+        return ["findings: none"]
+    lines = [f"findings ({len(findings)}" + (f", the first {top}" if len(findings) > top else "") + "):"]
+    for f in findings[:top]:
+        lines.append(_cut(f"  {f.severity} {f.code}: {f.message}", width))
+        fix = f.fix_for("cli")
+        if fix:
+            lines.append(_cut(f"    fix: {fix}", width))
+    if len(findings) > top:
+        lines.append(f"  ... {len(findings) - top} more in the report")
+    return lines
+
+
+def report_lines(a, findings, context: list[str] = ()) -> list[str]:
+    """What ``shardviz report`` answers in the terminal: the model, the verdict, the step, the
+    assumptions (``context``), then the top findings."""
+    lines = [f"model: {views.model_text(a.tree)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
+             *context, f"verdict: {views.verdict_text(a)}", views.step_text(a.step)]
+    note = views.seq_len_note(a.tree.model, a.training.seq_len) if a.training.with_activations else None
+    if note:
+        lines.append(f"warning: {note}")
+    return [_cut(line, WIDTH) for line in lines] + finding_lines(findings)
+
+
+def table_text(df, width: int = WIDTH, shrink: str | None = None) -> str:
+    """``df`` as text no wider than ``width``: the ``shrink`` column (else the widest) is cut to what is left."""
+    df = df.astype(str)
+    cols = list(df.columns)
+    widths = {c: max([len(c), *df[c].map(len)]) for c in cols}
+    shrink = shrink if shrink in cols else max(cols, key=lambda c: widths[c])
+    others = sum(widths[c] for c in cols if c != shrink) + 2 * (len(cols) - 1)
+    widths[shrink] = max(min(widths[shrink], width - others), 8)
+    line = lambda cells: "  ".join(  # noqa: E731
+        _cut(v, widths[c]).ljust(widths[c]) if c == cols[0] or c == shrink else _cut(v, widths[c]).rjust(widths[c])
+        for c, v in zip(cols, cells)).rstrip()
+    return "\n".join([line(cols), *(line(row) for row in df.itertuples(index=False))])
