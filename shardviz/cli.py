@@ -150,9 +150,7 @@ def cmd_plan_read(args) -> int:
         plan.validate(tree)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
-    setup = plan.setup
-    plan = named_plan(tree, plan)  # the name the widget and the export give the same plan
-    object.__setattr__(plan, "setup", setup)
+    plan = named_plan(tree, plan).with_setup(plan.setup)  # the name the widget and the export give the same plan
     args.plan = args.file
     mesh, training, notes = resolve_setup(args, plan)
     analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
@@ -179,7 +177,7 @@ def cmd_plan_search(args) -> int:
     answer(search_table(s, args.top))
     for note in notes:
         say(note)
-    say(f"{s.n_candidates} plans, {s.n_analysed} analyses; {s.note}")
+    say(f"{s.n_candidates} plans, {s.n_analysed} analyses" + (f"; {s.note}" if s.note else ""))
     if s.best is None:
         say(f"error: {s.table.why.iloc[0].split('. This row')[0]}; nothing written")
         return EXIT_REFUSED
@@ -194,17 +192,35 @@ def cmd_plan_search(args) -> int:
     return EXIT_OK
 
 
-#: The search table's columns in the terminal (the reasons are in ``Search.explain`` and s.table.why).
-SEARCH_COLUMNS = {"name": "plan", "fits": "fits", "peak": "peak", "margin": "spare", "step_time_s": "step s",
-                  "tokens_per_s": "tok/s/rank", "mfu": "MFU"}
+#: Words of the search's plan names shortened in the terminal table (the full names: s.table.name).
+SHORT_NAMES = (("no checkpointing", "no ckpt"), ("checkpoint every block", "ckpt blocks"),
+               ("checkpoint every", "ckpt every"), ("no reshard after forward", "no reshard"),
+               ("selective checkpointing", "selective ckpt"), ("CPU offload", "offload"))
+
+
+def _short_name(name: str) -> str:
+    for long, short in SHORT_NAMES:
+        name = name.replace(long, short)
+    return name
 
 
 def search_table(s, top: int) -> str:
-    """The search's table, best first, in ``terminal.WIDTH`` columns."""
+    """The search's table, best first, in ``terminal.WIDTH`` columns: plan, peak, what is to spare
+    (or over), step time, tokens/s and MFU (the reasons: ``Search.explain`` and ``s.table.why``)."""
+    import pandas as pd
+
+    from .format import format_bytes, format_duration
     from .terminal import table_text
 
-    table = s.formatted().head(top)[list(SEARCH_COLUMNS)].rename(columns=SEARCH_COLUMNS)
-    table.insert(0, "#", range(1, len(table) + 1))
+    t = s.table.head(top)
+    num = lambda v: v is not None and v == v  # noqa: E731 - not None, not NaN
+    spare = [("" if not num(m) else format_bytes(m) if m >= 0 else f"over {format_bytes(-m)}") for m in t.margin]
+    table = pd.DataFrame({
+        "#": range(1, len(t) + 1), "plan": t.name.map(_short_name),
+        "peak": [("" if a else ">= ") + format_bytes(p) if num(p) else "" for p, a in zip(t.peak, t.analysed)],
+        "spare": spare, "step": t.step_time_s.map(lambda v: format_duration(v) if num(v) else ""),
+        "tokens/s": t.tokens_per_s.map(lambda v: f"{v:,.0f}" if num(v) else ""),
+        "MFU": t.mfu.map(lambda v: f"{100 * v:.1f}%" if num(v) else "")})
     return table_text(table, shrink="plan")
 
 

@@ -144,7 +144,7 @@ def build_plan(tree, args):
         plan.validate(tree)
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
-    return named_plan(tree, plan)  # the name the widget and the export give the same plan
+    return named_plan(tree, plan).with_setup(plan.setup)  # the name the widget and the export give the same plan
 
 
 TRAINING_FLAGS = ("optimizer", "param_dtype", "reduce_dtype", "offload", "batch_size", "seq_len", "global_batch")

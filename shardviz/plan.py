@@ -218,6 +218,13 @@ class Plan:
         object.__setattr__(self, "setup", {})
 
     # -- edits (each returns a new plan) ------------------------------------
+    def with_setup(self, setup: dict) -> "Plan":
+        """The same plan carrying ``setup`` (a plan file's "mesh" and "training", see ``from_json``)."""
+        _check_setup(setup)
+        plan = Plan(self.units, self.ignored, self.name, self.checkpoint)
+        object.__setattr__(plan, "setup", dict(setup))
+        return plan
+
     def unit_of(self, fqn: str) -> Unit | None:
         for unit in self.units:
             if fqn in unit.modules:
@@ -360,11 +367,7 @@ class Plan:
             checkpoint = Checkpoints(checkpoint)
         except ValueError as exc:
             raise ValueError(f"plan JSON: field {exc}") from None
-        setup = {k: obj[k] for k in SETUP_FIELDS if k in obj}
-        _check_setup(setup)
-        plan = cls(units, ignored, name, checkpoint)
-        object.__setattr__(plan, "setup", setup)
-        return plan
+        return cls(units, ignored, name, checkpoint).with_setup({k: obj[k] for k in SETUP_FIELDS if k in obj})
 
     # -- presets -------------------------------------------------------------
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import warnings
 
 from . import views
@@ -50,6 +51,12 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
+def _wrap(text: str, indent: str = "", width: int = WIDTH) -> list[str]:
+    """``text`` in lines of at most ``width`` columns, the later ones indented two more than the first."""
+    return textwrap.wrap(" ".join(str(text).split()), width, initial_indent=indent, subsequent_indent=indent + "    ",
+                         break_on_hyphens=False) or [indent]
+
+
 def finding_lines(findings, top: int = TOP_FINDINGS, width: int = WIDTH) -> list[str]:
     """The first ``top`` findings (errors first, as ``run_checks`` orders them), each with its fix as
     flags where it has them; a count of the rest."""
@@ -57,10 +64,10 @@ def finding_lines(findings, top: int = TOP_FINDINGS, width: int = WIDTH) -> list
         return ["findings: none"]
     lines = [f"findings ({len(findings)}" + (f", the first {top}" if len(findings) > top else "") + "):"]
     for f in findings[:top]:
-        lines.append(_cut(f"  {f.severity} {f.code}: {f.message}", width))
+        lines += _wrap(f"{f.severity} {f.code}: {f.message}", "  ", width)
         fix = f.fix_for("cli")
         if fix:
-            lines.append(_cut(f"    fix: {fix}", width))
+            lines += _wrap(f"fix: {fix}", "    ", width)
     if len(findings) > top:
         lines.append(f"  ... {len(findings) - top} more in the report")
     return lines
@@ -68,13 +75,13 @@ def finding_lines(findings, top: int = TOP_FINDINGS, width: int = WIDTH) -> list
 
 def report_lines(a, findings, context: list[str] = ()) -> list[str]:
     """What ``shardviz report`` answers in the terminal: the model, the verdict, the step, the
-    assumptions (``context``), then the top findings."""
+    assumptions (``context``), then the top findings; no line over ``WIDTH`` columns."""
     lines = [f"model: {views.model_text(a.tree)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
              *context, f"verdict: {views.verdict_text(a)}", views.step_text(a.step)]
     note = views.seq_len_note(a.tree.model, a.training.seq_len) if a.training.with_activations else None
     if note:
         lines.append(f"warning: {note}")
-    return [_cut(line, WIDTH) for line in lines] + finding_lines(findings)
+    return [w for line in lines for w in _wrap(line)] + finding_lines(findings)
 
 
 def table_text(df, width: int = WIDTH, shrink: str | None = None) -> str:

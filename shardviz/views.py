@@ -383,17 +383,18 @@ def model_text(tree) -> str:
 
 
 def verdict_text(a) -> str:
-    """The fits verdict, one line: "fits: peak 3.2 GiB on rank 0, 75.8 GiB to spare of 79.00 GiB usable
-    (80.00 GiB − 1.00 GiB reserve)"; without device memory, the peak and "no device memory given"."""
+    """The fits verdict, one line: "fits: peak 3.20 GiB on rank 0, 75.80 GiB to spare of 79.00 GiB usable"
+    (``Mesh.fit``: the device memory less the reserve); without device memory, the peak alone."""
     worst = worst_rank(a.memory)
     peak = int(a.memory["peak"].iloc[worst])
     rank = int(a.memory["rank"].iloc[worst])
     fit = a.mesh.fit(peak)
     if fit is None:
         return f"peak {format_bytes(peak)} on rank {rank} (no device memory given: no fits verdict)"
+    usable = f"{format_bytes(fit.usable)} usable"
     if fit.fits:
-        return f"fits: peak {format_bytes(peak)} on rank {rank}, {format_bytes(fit.margin)} to spare of {fit.text}"
-    return f"does not fit: peak {format_bytes(peak)} on rank {rank}, over {fit.text} by {format_bytes(-fit.margin)}"
+        return f"fits: peak {format_bytes(peak)} on rank {rank}, {format_bytes(fit.margin)} to spare of {usable}"
+    return f"does not fit: peak {format_bytes(peak)} on rank {rank}, over {usable} by {format_bytes(-fit.margin)}"
 
 
 def library_versions() -> dict:
