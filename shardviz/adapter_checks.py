@@ -80,7 +80,7 @@ def check_adapter_targets(analysis) -> list[Finding]:
             "SV120", "warning",
             f"{where}: target_modules names {', '.join(map(repr, unmatched))}, which match no layer of this model, "
             f"so the adapter reaches only {', '.join(adapted) or 'nothing'} in each block; not adapted: "
-            f"{', '.join(missed)}" + (f" ({', '.join(fused)}: this model's fused projections)" if fused else ""),
+            + ", ".join(f"{p} (fused)" if p in fused else p for p in missed),
             fix=f"add {', '.join(map(repr, fused or missed))} to 'target_modules' in {where} (or use \"all-linear\")",
         ))
     return out
