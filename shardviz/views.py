@@ -400,13 +400,13 @@ def verdict_text(a) -> str:
 def library_versions() -> dict:
     """The versions the numbers were measured with: shardviz, torch, transformers, peft, accelerate
     (the last three only when installed)."""
+    import sys
     from importlib import metadata
 
     import torch
 
-    import shardviz
-
-    out = {"shardviz": shardviz.__version__, "torch": torch.__version__}
+    # the package's own __version__ (loaded before any of its modules; importing it here would go up the layers)
+    out = {"shardviz": sys.modules["shardviz"].__version__, "torch": torch.__version__}
     for name in ("transformers", "peft", "accelerate"):
         try:
             out[name] = metadata.version(name)
