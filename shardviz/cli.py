@@ -97,7 +97,7 @@ def cmd_export(args) -> int:
     from .checks import run_checks
     from .codegen import export_code
     from .finding import PlanError
-    from .terminal import say
+    from .terminal import say, seq_len_warning
 
     version = check_version(args.torch)
     _, tree = build_model(args)
@@ -113,8 +113,9 @@ def cmd_export(args) -> int:
     if not args.quiet:
         analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
         _print_findings(run_checks(analysis, torch_version=version))
-        for note in notes:
-            say(note)
+        for note in [*notes, seq_len_warning(tree, training)]:
+            if note:
+                say(note)
         if args.output not in (None, "-"):
             say(f"wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
                 f"parameters, mesh {mesh}, torch {version or '>= 2.4 (detected at run time)'}")
@@ -164,7 +165,7 @@ def cmd_plan_search(args) -> int:
     nothing fits: exit 1, nothing written."""
     from .cost.setup import setup_obj
     from .search import search
-    from .terminal import answer, say
+    from .terminal import answer, say, seq_len_warning
 
     if getattr(args, "device", None) is None and args.device_memory is None:
         raise CliError("plan search needs --device or --device-memory: what fits depends on it")
@@ -175,8 +176,9 @@ def cmd_plan_search(args) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     answer(search_table(s, args.top))
-    for note in notes:
-        say(note)
+    for note in [*notes, seq_len_warning(tree, training)]:
+        if note:
+            say(note)
     say(f"{s.n_candidates} plans, {s.n_analysed} analyses" + (f"; {s.note}" if s.note else ""))
     if s.best is None:
         say(f"error: {s.table.why.iloc[0].split('. This row')[0]}; nothing written")

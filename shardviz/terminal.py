@@ -73,14 +73,21 @@ def finding_lines(findings, top: int = TOP_FINDINGS, width: int = WIDTH) -> list
     return lines
 
 
+def seq_len_warning(tree, training) -> str | None:
+    """"warning: sequence length ... above max_position_embeddings" (``views.seq_len_note``, the
+    Inspector's words) when the micro-batch's sequences are longer than the model's positions."""
+    note = views.seq_len_note(tree.model, training.seq_len) if training.batch_size or training.global_batch else None
+    return f"warning: {note}" if note else None
+
+
 def report_lines(a, findings, context: list[str] = ()) -> list[str]:
     """What ``shardviz report`` answers in the terminal: the model, the verdict, the step, the
     assumptions (``context``), then the top findings; no line over ``WIDTH`` columns."""
     lines = [f"model: {views.model_text(a.tree)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
              *context, f"verdict: {views.verdict_text(a)}", views.step_text(a.step)]
-    note = views.seq_len_note(a.tree.model, a.training.seq_len) if a.training.with_activations else None
+    note = seq_len_warning(a.tree, a.training)
     if note:
-        lines.append(f"warning: {note}")
+        lines.append(note)
     return [w for line in lines for w in _wrap(line)] + finding_lines(findings)
 
 

@@ -137,6 +137,11 @@ def test_a_sequence_beyond_the_model_positions_is_flagged(capsys):
     code, out, _ = run(["report", "zoo:tiny_llama_lora", "--world-size", "8", "--batch-size", "1", "--seq-len", "100000",
                         "--no-compare", "-o", os.devnull, "--force"], capsys)
     assert code == 0 and "above this model's max_position_embeddings" in " ".join(out.split())
+    code, _, err = run(["export", "zoo:tiny_llama_lora", "--world-size", "8", "--batch-size", "1", "--seq-len", "100000"],
+                       capsys)
+    assert code == 0 and "warning: sequence length 100,000 is above" in err
+    code, _, err = run(["export", "zoo:tiny_llama_lora", "--world-size", "8"], capsys)  # no micro-batch: nothing to say
+    assert code == 0 and "max_position_embeddings" not in err
 
 
 def test_the_report_explains_itself(tmp_path, capsys):
