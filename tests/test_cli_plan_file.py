@@ -117,3 +117,14 @@ def test_setup_round_trips_a_custom_device_and_efficiency():
     assert read_setup(sv.Plan.from_json(plan.to_json())) == (None, None)
     with pytest.raises(ValueError, match="example_inputs is a function"):
         setup_obj(training=sv.Training(example_inputs=lambda b, s: ((), {})))
+
+
+def test_sv_search_without_training_assumes_the_one_default():
+    """sv.search, like every view and command, starts from DEFAULT_TRAINING (it assumed no mixed
+    precision before: a different peak for the same plan than the report's)."""
+    model = zoo.tiny_llama_lora()
+    mesh = sv.Mesh(8, device="H100")
+    s = sv.search(model, mesh=mesh, offload=(False,))
+    plan, row_mesh, training = s.candidate(0)
+    assert training == DEFAULT_TRAINING
+    assert int(sv.analyze(model, plan, row_mesh, DEFAULT_TRAINING).memory.peak.max()) == s.table.peak.iloc[0]
