@@ -416,25 +416,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """The command line; every refusal (a CliError, or a ValueError of any shardviz function) is one
     line on stderr and exit code 2, never a traceback."""
-    from .terminal import answer, quiet_libraries, say
+    from .terminal import quiet_libraries, say
 
-    quiet_libraries()
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if args.version:
-            from .views import versions_text
-
-            answer(versions_text())
-            return EXIT_OK
-        if getattr(args, "func", None) is None:
-            raise CliError("shardviz: a command is required: export, plan or report (see --help)")
-        return args.func(args)
+        with quiet_libraries():
+            return _run(parser, argv)
     except (CliError, ValueError) as exc:
         say(f"error: {' '.join(str(exc).split())}")
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+
+
+def _run(parser, argv) -> int:
+    from .terminal import answer
+
+    args = parser.parse_args(argv)
+    if args.version:
+        from .views import versions_text
+
+        answer(versions_text())
+        return EXIT_OK
+    if getattr(args, "func", None) is None:
+        raise CliError("shardviz: a command is required: export, plan or report (see --help)")
+    return args.func(args)
 
 
 if __name__ == "__main__":

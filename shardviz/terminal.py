@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import textwrap
@@ -22,14 +23,36 @@ WIDTH = 100
 TOP_FINDINGS = 5
 
 
-def quiet_libraries() -> None:
-    """Hide the libraries' warnings (transformers' logger too); keep shardviz's own."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    warnings.filterwarnings("ignore")
-    warnings.filterwarnings("default", module=r"shardviz(\.|$)")
-    if "transformers" in sys.modules:
-        sys.modules["transformers"].logging.set_verbosity_error()
+_QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """While the command runs: the libraries' warnings hidden (transformers' logger too), shardviz's
+    own kept; the process's warning filters, environment and transformers' verbosity are put back
+    afterwards (``main`` may be called from Python, e.g. by the tests)."""
+    saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    hf_logging = sys.modules["transformers"].logging if "transformers" in sys.modules else None
+    verbosity = hf_logging.get_verbosity() if hf_logging is not None else None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore")
+            warnings.filterwarnings("default", module=r"shardviz(\.|$)")
+            if hf_logging is not None:
+                hf_logging.set_verbosity_error()
+            yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if hf_logging is not None:
+            hf_logging.set_verbosity(verbosity)
+        elif "transformers" in sys.modules:  # imported during the command, quiet from its env: back to its default
+            sys.modules["transformers"].logging.set_verbosity_warning()
 
 
 def say(text: str) -> None:

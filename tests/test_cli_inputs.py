@@ -97,7 +97,7 @@ def test_library_warnings_do_not_reach_the_terminal(tmp_path):
     config.write_text(json.dumps({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
                                   "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                                   "vocab_size": 256, "pad_token_id": 0}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_")} | {"PYTHONPATH": str(ROOT)}
     probe = f"import shardviz as sv; sv.load_model({str(config)!r})"
     plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
     assert "eos_token_id must be" in plain.stderr  # the premise: transformers does say it
@@ -161,3 +161,17 @@ def test_the_report_explains_itself(tmp_path, capsys):
     model = zoo.tiny_llama_lora()
     assert code == sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(8, device="H100"),
                                   training=DEFAULT_TRAINING)
+
+
+def test_main_called_from_python_leaves_the_process_as_it_was(capsys):
+    import warnings
+
+    import transformers
+
+    filters, env = list(warnings.filters), dict(os.environ)
+    verbosity = transformers.logging.get_verbosity()
+    assert main(["report", "zoo:tiny_llama_lora", "--world-size", "8", "--no-compare", "-o", os.devnull, "--force"]) == 0
+    assert main(["report", "zoo:nope", "--world-size", "8"]) == 2
+    capsys.readouterr()
+    assert list(warnings.filters) == filters and dict(os.environ) == env
+    assert transformers.logging.get_verbosity() == verbosity
