@@ -96,6 +96,8 @@ def release_findings(layout: Layout, torch_version=None) -> list[Finding]:
             fix=f"use the code from sv.export_code(model, plan, torch_version={label!r}) "
             f"(CLI: shardviz export ... --torch {label}), or torch_version=None to detect the release at run time; "
             "do not pass ignored_params yourself before torch 2.7",
+            flags=f"shardviz export ... --torch {label} writes code that runs there (do not pass ignored_params "
+                  "yourself before torch 2.7)",
         ))
     if not supports_grouped_call(label):
         grouped = [u for u in plan.units if u.is_grouped]
@@ -167,6 +169,7 @@ def check_root_only(analysis) -> list[Finding]:
         "communication with compute",
         ("",),
         "add a unit per repeated block (sv.Plan.auto(model) does), keeping the root as the last call",
+        flags="--layout sharded (a fully_shard call per block, the root last)",
     )]
 
 

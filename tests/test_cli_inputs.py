@@ -175,3 +175,13 @@ def test_main_called_from_python_leaves_the_process_as_it_was(capsys):
     capsys.readouterr()
     assert list(warnings.filters) == filters and dict(os.environ) == env
     assert transformers.logging.get_verbosity() == verbosity
+
+
+def test_release_findings_read_as_the_command_line_there(capsys):
+    code, _, err = run(["export", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8", "--torch", "2.6"],
+                       capsys)
+    line = next(x for x in err.splitlines() if "SV101" in x)
+    assert code == 0 and "Fix: shardviz export ... --torch 2.6" in line and "sv.export_code(" not in line
+    a = sv.analyze(zoo.tiny_llama_lora(), sv.Plan.auto(zoo.tiny_llama_lora(), lora="ignored"), sv.Mesh(8),
+                   torch_version="2.6")
+    assert "sv.export_code(model, plan, torch_version='2.6')" in next(f for f in a.findings if f.code == "SV101").fix
