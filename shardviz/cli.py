@@ -41,7 +41,7 @@ from pathlib import Path
 
 from .cli_args import (  # noqa: F401 - the command line's inputs, importable from here as before
     CliError, build_model, build_plan, check_version, is_config_path, make_mesh, make_training, model_from_spec,
-    read_plan, resolve_setup,
+    model_label, read_plan, resolve_setup,
 )
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -245,10 +245,12 @@ def cmd_report(args) -> int:
         checkpoint = getattr(args, "checkpoint", None)
         layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_LAYOUTS}
     a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
-    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts, analysis=a)
+    label = model_label(args.model)
+    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts, analysis=a,
+                         model_label=label)
     emit(text, args.output, args.force)
     to_file = args.output not in (None, "-")
-    lines = report_lines(a, a.findings, notes)  # the findings the report shows (run_checks, computed once)
+    lines = report_lines(a, a.findings, notes, label)  # the findings the report shows (run_checks, computed once)
     answer("\n".join(lines), None if to_file else sys.stderr)  # stdout holds the HTML without -o
     if to_file:
         say(f"wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline)")

@@ -49,6 +49,22 @@ def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
     return _model_from_factory(spec)
 
 
+def model_label(spec: str) -> str | None:
+    """What the model is shaped after, for the report's title: a zoo model's name from its docstring
+    ("Llama 3.1 70B"), a config's folder name ("Qwen3-8B"); None for a factory."""
+    if spec.startswith("zoo:"):
+        from . import zoo
+
+        builder = getattr(zoo, spec.removeprefix("zoo:"), None)
+        first = ((getattr(builder, "__doc__", None) or "").strip().splitlines() or [""])[0]
+        return first.split(" on meta")[0].strip() or None if " on meta" in first else None  # "Llama 3.1 70B on meta ..."
+    if is_config_path(spec):
+        path = Path(spec)
+        folder = path if path.is_dir() else path.parent
+        return folder.resolve().name or None
+    return None
+
+
 def _model_from_factory(spec: str):
     """``package.module:factory`` (or ``:attribute``, an nn.Module) -> an nn.Module; the current folder is importable."""
     from torch import nn

@@ -286,16 +286,18 @@ def _own_layout(plan, compare_with: dict) -> tuple[dict, str]:
 
 
 def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch_version=None,
-                  title: str | None = None, compare_with: dict | None = None, analysis=None) -> str:
+                  title: str | None = None, compare_with: dict | None = None, analysis=None,
+                  model_label: str | None = None) -> str:
     """The whole report as one HTML string (see ``write_report`` for a file).
 
     ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree.
     Without ``training``: ``views.DEFAULT_TRAINING``, as the Inspector and ``compare`` assume.
-    ``analysis``: the ``analyze`` of these very arguments when the caller has it (not analysed twice)."""
+    ``analysis``: the ``analyze`` of these very arguments when the caller has it (not analysed twice);
+    ``model_label``: what the model is shaped after ("Llama 3.1 70B"), for the title."""
     mesh = mesh or Mesh(8)
     training = views.DEFAULT_TRAINING if training is None else training
     a = analysis or analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
-    title = title or f"shardviz report: {views.model_text(a.tree)}"
+    title = title or f"shardviz report: {views.model_text(a.tree, model_label)}"
     memory, traffic, timeline = views.memory_payload(a), views.traffic_payload(a), views.timeline_payload(a)
     charts = [_chart("memory", memory), _chart("traffic", traffic)]
     comparison_html = ""

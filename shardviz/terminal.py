@@ -103,11 +103,18 @@ def seq_len_warning(tree, training) -> str | None:
     return f"warning: {note}" if note else None
 
 
-def report_lines(a, findings, context: list[str] = ()) -> list[str]:
+def _step_line(a) -> str:
+    """``views.step_text``; without a step time for want of a micro-batch, the flags that give one."""
+    if a.step.get("step_time_s") is None and not a.training.with_activations:
+        return "step time: none without a micro-batch (--batch-size B --seq-len S; and --device for the FLOPS)"
+    return views.step_text(a.step)
+
+
+def report_lines(a, findings, context: list[str] = (), label: str | None = None) -> list[str]:
     """What ``shardviz report`` answers in the terminal: the model, the verdict, the step, the
     assumptions (``context``), then the top findings; no line over ``WIDTH`` columns."""
-    lines = [f"model: {views.model_text(a.tree)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
-             *context, f"verdict: {views.verdict_text(a)}", views.step_text(a.step)]
+    lines = [f"model: {views.model_text(a.tree, label)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
+             *context, f"verdict: {views.verdict_text(a)}", _step_line(a)]
     note = seq_len_warning(a.tree, a.training)
     if note:
         lines.append(note)

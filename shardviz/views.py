@@ -367,9 +367,10 @@ def _adapter_text(model) -> str:
     return " + " + " + ".join(parts)
 
 
-def model_text(tree) -> str:
-    """The model as a person names it: "LlamaForCausalLM (70.6 B parameters) + LoRA r=16", the class
-    under any peft wrapper, the parameters counted once (tied ones once)."""
+def model_text(tree, label: str | None = None) -> str:
+    """The model as a person names it: "LlamaForCausalLM (Llama 3.1 70B-shaped: 70.6 B parameters,
+    0.2% trainable) + LoRA r=16": the class under any peft wrapper, what it is shaped after
+    (``label``: the zoo model's or the config folder's name, when known), the parameters counted once."""
     model = tree.model
     base = model
     if model is not None and hasattr(model, "get_base_model"):
@@ -379,7 +380,8 @@ def model_text(tree) -> str:
     trainable = sum(p.numel for p in tree.params if p.requires_grad)
     adapter = _adapter_text(model) if model is not None else ""
     share = f", {format_percent(trainable / total)} trainable" if adapter and total else ""
-    return f"{name} ({_count(total)} parameters{share}){adapter}"
+    shaped = f"{label}-shaped: " if label and label != name else ""
+    return f"{name} ({shaped}{_count(total)} parameters{share}){adapter}"
 
 
 def verdict_text(a) -> str:

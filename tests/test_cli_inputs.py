@@ -185,3 +185,17 @@ def test_release_findings_read_as_the_command_line_there(capsys):
     a = sv.analyze(zoo.tiny_llama_lora(), sv.Plan.auto(zoo.tiny_llama_lora(), lora="ignored"), sv.Mesh(8),
                    torch_version="2.6")
     assert "sv.export_code(model, plan, torch_version='2.6')" in next(f for f in a.findings if f.code == "SV101").fix
+
+
+def test_the_report_names_what_a_model_is_shaped_after(tmp_path, capsys):
+    from shardviz.cli import model_label
+
+    assert model_label("zoo:llama3_70b") == "Llama 3.1 70B" and model_label("zoo:tiny_llama_lora") is None
+    folder = tmp_path / "Qwen3-8B"
+    folder.mkdir()
+    assert model_label(str(folder / "config.json")) == model_label(str(folder)) == "Qwen3-8B"
+    code, out, _ = run(["report", "zoo:llama3_8b", "--world-size", "8", "--no-compare", "-o", tmp_path / "r.html"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "model: LlamaForCausalLM (Llama 3.1 8B-shaped: 8.1 B parameters" in text and "+ LoRA r=" in text
+    assert "Llama 3.1 8B-shaped" in (tmp_path / "r.html").read_text()
+    assert "step time: none without a micro-batch (--batch-size" in text
