@@ -24,6 +24,7 @@ costs from the fixed analysis' ``a.step``.
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
 | SV113 | warning / error | the model's config keeps ``use_cache=True`` (a key/value cache per layer): the bytes ``use_cache=False`` saves; an error with selective checkpointing (torch raises) |
+| SV120, SV121 | | an adapter's target_modules that miss this model's projections; a float32 config (``adapter_checks``) |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+from .adapter_checks import check_adapter_targets, check_fp32_config
 from .finding import Finding
 from .fixes import split_unit
 from .format import format_bytes, format_duration, worst_rank
@@ -95,6 +97,8 @@ def release_findings(layout: Layout, torch_version=None) -> list[Finding]:
             fix=f"use the code from sv.export_code(model, plan, torch_version={label!r}) "
             f"(CLI: shardviz export ... --torch {label}), or torch_version=None to detect the release at run time; "
             "do not pass ignored_params yourself before torch 2.7",
+            flags=f"shardviz export ... --torch {label} writes code that runs there (do not pass ignored_params "
+                  "yourself before torch 2.7)",
         ))
     if not supports_grouped_call(label):
         grouped = [u for u in plan.units if u.is_grouped]
@@ -166,6 +170,7 @@ def check_root_only(analysis) -> list[Finding]:
         "communication with compute",
         ("",),
         "add a unit per repeated block (sv.Plan.auto(model) does), keeping the root as the last call",
+        flags="--layout sharded (a fully_shard call per block, the root last)",
     )]
 
 
@@ -374,17 +379,18 @@ class MemoryFix(NamedTuple):
     cost_s: float | None = None
     hardware: bool = False
     reserved: int | None = None  # the caching allocator's reserved peak, what the verdict judges
+    flags: str = ""  # the same change as command-line flags ("--checkpoint blocks"); "" when there is none
 
 
-def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, **change) -> MemoryFix:
+def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
     """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
     ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
     a = analysis.what_if(**change)
     peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
     new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
     if new is None or own is None:
-        return MemoryFix(text, peak, hardware=hardware, reserved=reserved)
-    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware, reserved)
+        return MemoryFix(text, peak, hardware=hardware, reserved=reserved, flags=flags)
+    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware, reserved, flags)
 
 
 def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
@@ -414,7 +420,8 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
             continue
         what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
-                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
+                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more),
+                      flags=f"--checkpoint {preset}" if " " not in preset else f"--checkpoint '{preset}'")
         if not _fits(analysis, fix):
             break  # fewer blocks checkpointed hold more: none of the rest fits
         out.append(fix)
@@ -430,7 +437,8 @@ def _batch_fix(analysis) -> list[MemoryFix]:
         accum = {"grad_accum": k * training.grad_accum} if hasattr(training, "grad_accum") else {}
         fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
-                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum))
+                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum),
+                      flags=f"--batch-size {batch} (with {k} micro-batches per step)")
         if _fits(analysis, fix):
             return [fix]
         batch //= 2
@@ -447,7 +455,7 @@ def _expandable_fix(analysis) -> list[MemoryFix]:
     own = analysis.step.get("step_time_s")
     return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
                       "the exported code then sets it)", peak, own, None if own is None else 0.0,
-                      reserved=peak + analysis.costs.reserved_overhead(True))]
+                      reserved=peak + analysis.costs.reserved_overhead(True), flags="--expandable-segments")]
 
 
 def memory_fixes(analysis) -> list[MemoryFix]:
@@ -466,7 +474,8 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
     if lora_ignored:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
-                                     "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored)))
+                                     "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
+                           flags="--layout sharded"))
     if training.with_activations:
         out += _checkpoint_fixes(analysis)[::-1]
         if training.batch_size > 1:
@@ -474,27 +483,30 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     if not training.offload:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host: its time is the host AdamW's)",
-                           training=replace(training, offload=True)))
+                           training=replace(training, offload=True), flags="--offload"))
     out = [f for f in out if _fits(analysis, f)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
-        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger)
+        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger,
+                      flags=f"--world-size {bigger.world}")
         if _fits(analysis, fix):
             out.append(fix)
             break
     return out
 
 
-def _fix_text(fix: MemoryFix) -> str:
-    """One fix for the finding: what to do, the new peak, and what it costs per step."""
+def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
+    """One fix for the finding: what to do (``cli``: as flags where it has them), the new peak, and
+    what it costs per step."""
+    text = fix.flags if cli and fix.flags else fix.text
     held = f"peak {format_bytes(fix.peak)}" + (f", reserved {format_bytes(fix.reserved)}" if fix.reserved else "")
     if fix.cost_s is None:
-        return f"{fix.text} ({held})"
+        return f"{text} ({held})"
     sign = "+" if fix.cost_s >= 0 else "-"
     per = "per rank" if fix.hardware else "for the same tokens"
-    return (f"{fix.text} ({held}; step {format_duration(fix.step_time_s)} {per}, "
+    return (f"{text} ({held}; step {format_duration(fix.step_time_s)} {per}, "
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
@@ -523,10 +535,13 @@ def check_memory(analysis) -> list[Finding]:
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
     # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
     fixes = [f for f in _expandable_fix(analysis) if _fits(analysis, f)] if fit.tight else memory_fixes(analysis)
+    flags = ""
     if fixes:
         fix = f"cheapest fix: {_fix_text(fixes[0])}"
+        flags = f"cheapest fix: {_fix_text(fixes[0], cli=True)}"
         if len(fixes) > 1:
             fix += "; also: " + "; ".join(_fix_text(f) for f in fixes[1:])
+            flags += "; also: " + "; ".join(_fix_text(f, cli=True) for f in fixes[1:])
     elif fit.tight:
         fix = (f"free {format_bytes(fit.safety - fit.margin)} more to keep the safety margin: sv.search(model, "
                "mesh=..., training=...) ranks the plans that keep it")
@@ -544,6 +559,7 @@ def check_memory(analysis) -> list[Finding]:
         f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}",
         tuple(m for r in units for m in r.modules),
         fix,
+        flags=flags,
     )]
 
 
@@ -556,6 +572,8 @@ CHECKS = (
     check_empty_shards,
     check_all_ignored_units,
     check_use_cache,
+    check_adapter_targets,
+    check_fp32_config,
 )
 
 

@@ -1,5 +1,6 @@
 """The ``shardviz`` command line.
 
+    shardviz --version
     shardviz export MODEL (--layout sharded|ignored|separate [--checkpoint blocks] | --plan PLAN.json)
                     --world-size N [--replicate R] [--torch X.Y] [--param-dtype D] [--reduce-dtype D]
                     [-o apply_fsdp.py] [--force]
@@ -7,9 +8,9 @@
     shardviz plan read PLAN.json [--model MODEL --world-size N [--replicate R] [--torch X.Y]]
     shardviz plan search MODEL --world-size N (--device H100 | --device-memory 80GiB)
                     [--batch-size B --seq-len S] [--global-batch G] [--top K] -o plan.json [--force]
-    shardviz report MODEL --layout L --world-size N [--replicate R] [--device-memory 80GiB]
-                    [--optimizer adamw] [--param-dtype D] [--reduce-dtype D]
-                    [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
+    shardviz report MODEL (--layout L | --plan PLAN.json) --world-size N [--replicate R]
+                    [--device H100 | --device-memory 80GiB] [--optimizer adamw] [--param-dtype D]
+                    [--reduce-dtype D] [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
 
 MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``), a Hugging Face ``config.json`` (the file or
 its folder; ``--adapter`` adds a peft ``adapter_config.json``, ``--dtype`` overrides the base
@@ -18,177 +19,37 @@ that takes no argument and returns an ``nn.Module``; the current directory is im
 
 Each command walks the model once (one ``ModelTree``) and passes that tree to every step.
 
+One training default everywhere: ``DEFAULT_TRAINING`` (AdamW, bf16 parameters, fp32 reduction),
+as the Inspector, ``sv.search`` and the report assume; ``--param-dtype none`` keeps the model's
+dtypes (no ``MixedPrecisionPolicy``). Every command says the training and mesh it assumed.
+A plan file written by ``plan search`` records the mesh (HSDP split, device) and the training:
+``export --plan`` and ``report --plan`` read them, and a flag given explicitly overrides the file
+(the output says so). Sizes: ``80GiB``, ``96GB``; a bare number is GiB (``--device-memory 40``).
+Device names: the table's, or a vendor's spelling (``H100-80GB``, ``A100 40GB``, ``MI300X``).
+
 Files are written atomically (a temporary file in the same folder, then renamed) and never
-overwritten without ``--force``. Bad input exits 2 with one line on stderr, ``shardviz: error: ...``;
-a plan torch would refuse exits 1, its findings one per line.
+overwritten without ``--force``. Bad input exits 2 with one line on stderr, ``shardviz: error: ...``
+(a refusal of any shardviz function, never a traceback); a plan torch would refuse exits 1, its
+findings one per line. Answers go to stdout, context and progress to stderr (``terminal``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
+from .cli_args import (  # noqa: F401 - the command line's inputs, importable from here as before
+    CliError, build_model, build_plan, check_version, is_config_path, make_mesh, make_training, model_from_spec,
+    model_label, read_plan, resolve_setup,
+)
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
-
-
-class CliError(Exception):
-    """Bad input: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump
         raise CliError(f"{self.prog}: {message} (see --help)")
-
-
-# ---------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------
-def is_config_path(spec: str) -> bool:
-    """A ``config.json`` (or the folder holding one) rather than ``zoo:NAME`` / ``package.module:factory``."""
-    return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
-
-
-def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
-    """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
-    if adapter and not is_config_path(spec):
-        raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
-    if dtype and not is_config_path(spec):
-        raise CliError(f"--dtype applies to a config.json model, not {spec!r}")
-    if spec.startswith("zoo:"):
-        from . import zoo
-
-        try:
-            return zoo.build(spec, lora=lora)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    if is_config_path(spec):
-        from .load import load_model
-
-        try:
-            return load_model(spec, adapter=adapter or None, dtype=dtype)
-        except (ValueError, ImportError) as exc:
-            raise CliError(str(exc)) from None
-    return _model_from_factory(spec)
-
-
-def _model_from_factory(spec: str):
-    """``package.module:factory`` (or ``:attribute``, an nn.Module) -> an nn.Module; the current folder is importable."""
-    from torch import nn
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
-    from .load import import_object
-
-    try:
-        obj = import_object(module_name, attr, f"model {spec!r}")
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if isinstance(obj, nn.Module):
-        return obj
-    if not callable(obj):
-        raise CliError(f"model {spec!r}: {attr!r} is neither an nn.Module nor a callable")
-    try:
-        model = obj()
-    except Exception as exc:  # noqa: BLE001
-        raise CliError(f"model {spec!r}: {attr}() raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(model, nn.Module):
-        raise CliError(f"model {spec!r}: {attr}() returned {type(model).__name__}, not an nn.Module")
-    return model
-
-
-def make_mesh(world: int | None, replicate: int):
-    from .fsdp import Mesh
-
-    if world is None:
-        raise CliError("--world-size is required")
-    if world < 1 or replicate < 1:
-        raise CliError(f"--world-size {world} and --replicate {replicate} must be positive")
-    if world % replicate:
-        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate}")
-    return Mesh(shard=world // replicate, replicate=replicate)
-
-
-def check_version(version: str | None) -> str | None:
-    if version is None:
-        return None
-    from .fsdp import MIN_TORCH, parse_version
-
-    try:
-        release = parse_version(version)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if release < MIN_TORCH:
-        raise CliError(f"--torch {version}: fully_shard (FSDP2) needs torch >= 2.4")
-    return version
-
-
-def read_plan(path: str):
-    from .plan import Plan
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read plan {path!r}: {exc.strerror or exc}") from None
-    try:
-        return Plan.from_json(text)
-    except ValueError as exc:
-        raise CliError(f"plan {path!r}: {exc}") from None
-
-
-def build_model(args):
-    """The command's model, walked once: (model, tree). Every later step reads the tree."""
-    from .tree import ModelTree
-
-    model = model_from_spec(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
-                       dtype=getattr(args, "dtype", None))
-    return model, ModelTree(model)
-
-
-def build_plan(tree, args, model=None):
-    from .plan import Plan
-    from .presets import named_plan
-
-    checkpoint = getattr(args, "checkpoint", None)
-    if getattr(args, "accelerate_config", None) or getattr(args, "plan_from", None):
-        return captured_plan(model, tree, args)
-    if args.plan and args.layout:
-        raise CliError("give either --layout or --plan, not both")
-    if args.plan and checkpoint:
-        raise CliError("--checkpoint goes with --layout; a plan file lists its own 'checkpoint' modules")
-    if args.plan:
-        plan = read_plan(args.plan)
-    else:
-        plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint)
-    try:
-        plan.validate(tree)
-    except ValueError as exc:
-        raise CliError(f"plan does not fit the model: {exc}") from None
-    return named_plan(tree, plan)  # the name the widget and the export give the same plan
-
-
-def make_training(args, base=None):
-    """``sv.Training`` from --optimizer, --param-dtype, --reduce-dtype, --batch-size, --seq-len: the
-    fields given change ``base`` (the report's: ``views.DEFAULT_TRAINING``); None when no field
-    is given and there is no base (an export without a precision policy)."""
-    from .cost import Training
-
-    kwargs = {}
-    for key in ("optimizer", "param_dtype", "reduce_dtype", "batch_size", "seq_len", "global_batch"):
-        value = getattr(args, key, None)
-        if value is not None:
-            kwargs[key] = int(value) if key == "optimizer" and str(value).isdigit() else value
-    if "seq_len" in kwargs and "batch_size" not in kwargs and "global_batch" not in kwargs:
-        raise CliError("--seq-len needs --batch-size (the micro-batch each rank trains on)")
-    if not kwargs:
-        return base
-    try:
-        return replace(base, **kwargs) if base is not None else Training(**kwargs)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------
@@ -219,28 +80,22 @@ def emit(text: str, output: str | None, force: bool) -> None:
         write_atomic(output, text, force)
 
 
-def _print_findings(findings, stream, severities=("error", "warning")) -> None:
+def _print_findings(findings, severities=("error", "warning")) -> None:
+    from .terminal import say
+
     for f in findings:
         if f.severity in severities:
-            print(f"shardviz: {f.severity} {f.code}: {f.message}", file=stream)
+            fix = f.fix_for("cli")
+            say(f"{f.severity} {f.code}: {f.message}" + (f" Fix: {fix}" if fix else ""))
 
 
 # ---------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------
-def captured_plan(model, tree, args):
-    """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
-    from .frameworks import plan_from_source
-
-    given = [f for f in ("layout", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f, None)]
-    if len(given) > 1:
-        raise CliError("give one of --layout, --plan, --accelerate-config, --plan-from; got "
-                       + ", ".join('--' + f.replace('_', '-') for f in given))
-    try:
-        plan = plan_from_source(model, make_mesh(args.world_size, args.replicate), args.accelerate_config, args.plan_from)
-    except (ValueError, ImportError) as exc:
-        raise CliError(str(exc)) from None
-    _print_findings(plan.origin.findings if plan.origin else (), sys.stderr, ("error",))  # the function raised
+def _build_plan(tree, args, model=None):
+    """``cli_args.build_plan``, then the error a captured function raised (``--plan-from``), on stderr."""
+    plan = build_plan(tree, args, model)
+    _print_findings(plan.origin.findings if plan.origin else (), ("error",))
     return plan
 
 
@@ -256,18 +111,17 @@ def cmd_export(args) -> int:
     from .checks import run_checks
     from .codegen import export_code
     from .finding import PlanError
+    from .terminal import say, seq_len_warning
 
     version = check_version(args.torch)
-    mesh = make_mesh(args.world_size, args.replicate)
-    training = make_training(args)
     model, tree = build_model(args)
-    plan = build_plan(tree, args, model)
+    plan = _build_plan(tree, args, model)
+    mesh, training, notes = resolve_setup(args, plan)
     try:
         code = export_code(tree, plan, mesh=mesh, training=training, torch_version=version)
     except PlanError as exc:
-        print(f"shardviz: error: torch would refuse this plan ({len(exc.findings)} finding(s)); nothing written",
-              file=sys.stderr)
-        _print_findings(exc.findings, sys.stderr, ("error",))
+        say(f"error: torch would refuse this plan ({len(exc.findings)} finding(s)); nothing written")
+        _print_findings(exc.findings, ("error",))
         return EXIT_REFUSED
     emit(code, args.output, args.force)
     if args.accelerate_yaml:  # the same plan as accelerate's config, where its keys can say it
@@ -279,10 +133,13 @@ def cmd_export(args) -> int:
               ": accelerate makes exactly these calls from it"), file=sys.stderr)
     if not args.quiet:
         analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
-        _print_findings(run_checks(analysis, torch_version=version), sys.stderr)
+        _print_findings(run_checks(analysis, torch_version=version))
+        for note in [*notes, seq_len_warning(tree, training)]:
+            if note:
+                say(note)
         if args.output not in (None, "-"):
-            print(f"shardviz: wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
-                  f"parameters, mesh {mesh}, torch {version or '>= 2.4 (detected at run time)'}", file=sys.stderr)
+            say(f"wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
+                f"parameters, mesh {mesh}, torch {version or '>= 2.4 (detected at run time)'}")
     return EXIT_OK
 
 
@@ -301,76 +158,93 @@ def cmd_plan_read(args) -> int:
     from .analysis import analyze
     from .checks import run_checks
     from .presets import named_plan
+    from .terminal import answer, finding_lines
 
     plan = read_plan(args.file)
-    tree = version = mesh = None
-    if args.model is not None:
-        version = check_version(args.torch)
-        mesh = make_mesh(args.world_size, args.replicate)
-        _, tree = build_model(args)
-        try:
-            plan.validate(tree)
-        except ValueError as exc:
-            raise CliError(f"plan does not fit the model: {exc}") from None
-        plan = named_plan(tree, plan)  # the name the widget and the export give the same plan
-    out = sys.stdout
-    print(f"plan {plan.name or '(unnamed)'}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored parameters",
-          file=out)
-    for unit in plan.units:
-        options = unit.options()
-        print(f"  fully_shard {unit.name}" + (f"  {options}" if options else ""), file=out)
-    if tree is None:
+    lines = [f"plan {plan.name or '(unnamed)'}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored parameters"]
+    lines += [f"  fully_shard {u.name}" + (f"  {u.options()}" if u.options() else "") for u in plan.units]
+    if args.model is None:
+        answer("\n".join(lines))
         return EXIT_OK
-    analysis = analyze(tree, plan, mesh, strict=False, torch_version=version)
-    print(analysis.summary(), file=out)
+    version = check_version(args.torch)
+    _, tree = build_model(args)
+    try:
+        plan.validate(tree)
+    except ValueError as exc:
+        raise CliError(f"plan does not fit the model: {exc}") from None
+    plan = named_plan(tree, plan).with_setup(plan.setup)  # the name the widget and the export give the same plan
+    args.plan = args.file
+    mesh, training, notes = resolve_setup(args, plan)
+    analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     findings = run_checks(analysis, torch_version=version)
-    for f in findings:
-        print(f"  {f}", file=out)
+    answer("\n".join([*lines, analysis.summary(), *notes, *finding_lines(findings, top=len(findings))]))
     return EXIT_REFUSED if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
 def cmd_plan_search(args) -> int:
-    """Print the search's table (best first) and write the best plan; nothing fits: exit 1, nothing written."""
+    """Print the search's table (best first) and write the best plan with its mesh and training;
+    nothing fits: exit 1, nothing written."""
+    from .cost.setup import setup_obj
     from .search import search
+    from .terminal import answer, say, seq_len_warning
 
-    mesh = make_mesh(args.world_size, 1)
-    mesh = _search_mesh(mesh, args.device, args.device_memory, args.memory_reserve, _allocator_changes(args))
-    training = make_training(args)
+    if getattr(args, "device", None) is None and args.device_memory is None:
+        raise CliError("plan search needs --device or --device-memory: what fits depends on it")
+    mesh, training, notes = resolve_setup(args)
     _, tree = build_model(args)
     try:
         s = search(tree, mesh=mesh, training=training)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    import pandas as pd
-
-    with pd.option_context("display.max_colwidth", 120, "display.width", 250):
-        print(s.formatted().head(args.top).to_string(), file=sys.stdout)
-    print(f"shardviz: {s.n_candidates} plans, {s.n_analysed} analyses; {s.note}", file=sys.stderr)
+    answer(search_table(s, args.top))
+    for note in [*notes, seq_len_warning(tree, training)]:
+        if note:
+            say(note)
+    say(f"{s.n_candidates} plans, {s.n_analysed} analyses" + (f"; {s.note}" if s.note else ""))
     if s.best is None:
-        print(f"shardviz: error: {s.table.why.iloc[0].split('. This row')[0]}; nothing written", file=sys.stderr)
+        say(f"error: {s.table.why.iloc[0].split('. This row')[0]}; nothing written")
         return EXIT_REFUSED
-    emit(s.best.to_json() + "\n", args.output, args.force)
-    t = s.best_training
-    print(f"shardviz: best: {s.table.name.iloc[0]} (mesh {s.best_mesh}"
-          + (f"; --replicate {s.best_mesh.replicate}" if s.best_mesh.is_hsdp else "")
-          + (f"; micro-batch {t.batch_size} x {s.table.grad_accum.iloc[0]} accumulation" if t is not None else "")
-          + ")" + (f"; wrote {args.output}" if args.output not in (None, "-") else ""), file=sys.stderr)
-    print(f"shardviz: {s.explain()}", file=sys.stderr)
+    t = s.best_training or training
+    emit(s.best.to_json(setup=setup_obj(s.best_mesh, t)) + "\n", args.output, args.force)
+    say(f"best: {s.table.name.iloc[0]} (mesh {s.best_mesh}"
+        + (f"; --replicate {s.best_mesh.replicate}" if s.best_mesh.is_hsdp else "")
+        + (f"; micro-batch {t.batch_size} x {s.table.grad_accum.iloc[0]} accumulation" if s.best_training else "")
+        + ")" + (f"; wrote {args.output} (with its mesh and training: export/report --plan "
+                 f"{args.output} need no other flag)" if args.output not in (None, "-") else ""))
+    say(s.explain())
     return EXIT_OK
 
 
-def _search_mesh(mesh, device, device_memory, memory_reserve=None, allocator=None):
-    from dataclasses import fields
+#: Words of the search's plan names shortened in the terminal table (the full names: s.table.name).
+SHORT_NAMES = (("no checkpointing", "no ckpt"), ("checkpoint every block", "ckpt blocks"),
+               ("checkpoint every", "ckpt every"), ("no reshard after forward", "no reshard"),
+               ("selective checkpointing", "selective ckpt"), ("CPU offload", "offload"))
 
-    if device is not None:
-        if "device" not in {f.name for f in fields(mesh)}:
-            raise CliError(f"--device {device}: this shardviz has no device table yet (sv.Mesh(device=...)); "
-                           "give --device-memory instead")
-        mesh = replace(mesh, device=device)
-    mesh = _with_memory(mesh, device_memory, memory_reserve, allocator)
-    if mesh.device_memory is None:
-        raise CliError("plan search needs --device or --device-memory: what fits depends on it")
-    return mesh
+
+def _short_name(name: str) -> str:
+    for long, short in SHORT_NAMES:
+        name = name.replace(long, short)
+    return name
+
+
+def search_table(s, top: int) -> str:
+    """The search's table, best first, in ``terminal.WIDTH`` columns: plan, peak, what is to spare
+    (or over), step time, tokens/s and MFU (the reasons: ``Search.explain`` and ``s.table.why``)."""
+    import pandas as pd
+
+    from .format import format_bytes, format_duration
+    from .terminal import table_text
+
+    t = s.table.head(top)
+    num = lambda v: v is not None and v == v  # noqa: E731 - not None, not NaN
+    spare = [("" if not num(m) else format_bytes(m) if m >= 0 else f"over {format_bytes(-m)}") for m in t.margin]
+    table = pd.DataFrame({
+        "#": range(1, len(t) + 1), "plan": t.name.map(_short_name),
+        "peak": [("" if a else ">= ") + format_bytes(p) if num(p) else "" for p, a in zip(t.peak, t.analysed)],
+        "spare": spare, "step": t.step_time_s.map(lambda v: format_duration(v) if num(v) else ""),
+        "tokens/s": t.tokens_per_s.map(lambda v: f"{v:,.0f}" if num(v) else ""),
+        "MFU": t.mfu.map(lambda v: f"{100 * v:.1f}%" if num(v) else "")})
+    return table_text(table, shrink="plan")
 
 
 RESERVE_HELP = ("e.g. 2GiB: kept out of the device memory for the CUDA context and NCCL's buffers "
@@ -390,44 +264,30 @@ def _add_allocator_args(p) -> None:
                    help="the peak the verdict judges: the caching allocator's reserved peak (default) or the allocated one")
 
 
-def _allocator_changes(args) -> dict:
-    margin = getattr(args, "safety_margin", None)
-    if margin is not None and not margin.strip().endswith("%") and not any(c.isalpha() for c in margin):
-        margin = float(margin) if "." in margin or "e" in margin else int(margin)
-    changes = {"safety_margin": margin, "judge": getattr(args, "judge", None),
-               "expandable_segments": True if getattr(args, "expandable_segments", False) else None}
-    return {k: v for k, v in changes.items() if v is not None}
-
-
-def _with_memory(mesh, device_memory, memory_reserve, allocator=None):
-    """``--device-memory``, ``--memory-reserve`` and the allocator flags on the mesh (bad values: the mesh's error)."""
-    changes = {k: v for k, v in (("device_memory", device_memory), ("memory_reserve", memory_reserve)) if v is not None}
-    changes.update(allocator or {})
-    try:
-        return replace(mesh, **changes)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-
-
 def cmd_report(args) -> int:
+    from .analysis import analyze
     from .plan import LORA_LAYOUTS, Plan
     from .report import render_report
-    from .views import DEFAULT_TRAINING, training_text
+    from .terminal import answer, report_lines, say
 
     version = check_version(args.torch)
-    mesh = make_mesh(args.world_size, args.replicate)
-    mesh = _with_memory(mesh, args.device_memory or None, args.memory_reserve, _allocator_changes(args))
-    training = make_training(args, base=DEFAULT_TRAINING)
     model, tree = build_model(args)
-    plan = build_plan(tree, args, model)
+    plan = _build_plan(tree, args, model)
+    mesh, training, notes = resolve_setup(args, plan)
     layouts = None
     if not args.no_compare and any(p.role == "lora" for p in tree.params):
-        layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=args.checkpoint) for x in LORA_LAYOUTS}
-    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts)
+        checkpoint = getattr(args, "checkpoint", None)
+        layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_LAYOUTS}
+    a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
+    label = model_label(args.model)
+    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts, analysis=a,
+                         model_label=label)
     emit(text, args.output, args.force)
-    if args.output not in (None, "-"):
-        print(f"shardviz: wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline); training: "
-              f"{training_text(training)}", file=sys.stderr)
+    to_file = args.output not in (None, "-")
+    lines = report_lines(a, a.findings, notes, label)  # the findings the report shows (run_checks, computed once)
+    answer("\n".join(lines), None if to_file else sys.stderr)  # stdout holds the HTML without -o
+    if to_file:
+        say(f"wrote {args.output} ({len(text) / 2**20:.1f} MiB, opens offline)")
     return EXIT_OK
 
 
@@ -460,15 +320,57 @@ def _checkpoint_preset(value: str) -> str:
 
 
 def _add_precision_args(p) -> None:
-    p.add_argument("--param-dtype", choices=DTYPE_CHOICES,
-                   help="MixedPrecisionPolicy param_dtype for every call (report default: bfloat16)")
-    p.add_argument("--reduce-dtype", choices=DTYPE_CHOICES,
-                   help="MixedPrecisionPolicy reduce_dtype for every call (report default: float32)")
+    p.add_argument("--param-dtype", choices=DTYPE_CHOICES + ("none",),
+                   help="MixedPrecisionPolicy param_dtype for every call (default: bfloat16, shardviz's one default; "
+                        "none: the model's dtypes, no policy)")
+    p.add_argument("--reduce-dtype", choices=DTYPE_CHOICES + ("none",),
+                   help="MixedPrecisionPolicy reduce_dtype for every call (default: float32)")
+
+
+def _add_training_args(p, search: bool = False) -> None:
+    p.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
+    _add_precision_args(p)
+    p.add_argument("--offload", action="store_true", default=None, help="CPUOffloadPolicy for every call")
+    p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
+    if search:
+        p.add_argument("--global-batch", type=int,
+                       help="sequences per optimizer step over all ranks: searches micro-batch x accumulation")
+
+
+def _size(flag: str):
+    def parse(value: str) -> int:
+        from .format import parse_size
+
+        try:
+            return parse_size(value, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _device_name(value: str) -> str:
+    from .devices import device_by_name
+
+    try:
+        return device_by_name(value).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_device_args(p, what: str) -> None:
+    p.add_argument("--device", type=_device_name,
+                   help="a device of the table (H100, H100-80GB, 'A100 40GB', MI300X, ...): its memory, links and "
+                        "FLOPS give the fits verdict and the step time")
+    p.add_argument("--device-memory", type=_size("--device-memory"),
+                   help=f"e.g. 80GiB, 96GB or 80 (GiB): {what}")
+    p.add_argument("--memory-reserve", type=_size("--memory-reserve"), help=RESERVE_HELP)
 
 
 def _add_mesh_args(p, required=True) -> None:
-    p.add_argument("--world-size", type=int, required=required, help="total ranks (replicate x shard)")
-    p.add_argument("--replicate", type=int, default=1, help="HSDP replicas (default 1: plain FSDP)")
+    p.add_argument("--world-size", type=int, required=required,
+                   help="total ranks (replicate x shard; default: the --plan file's mesh)")
+    p.add_argument("--replicate", type=int, help="HSDP replicas (default 1: plain FSDP, or the --plan file's)")
     p.add_argument("--torch", metavar="X.Y", help="target torch release (default: detected when the code runs)")
 
 
@@ -479,37 +381,43 @@ def _add_search_parser(plan_sub) -> None:
     q = plan_sub.add_parser("search", help="try the plans a user would consider; print them best first, write the best")
     _add_model_args(q)
     q.add_argument("--world-size", type=int, required=True, help="total ranks (the HSDP split is searched)")
-    q.add_argument("--device", help="a device of the table, e.g. H100 (its memory is the limit)")
-    q.add_argument("--device-memory", help="e.g. 80GiB: the limit a plan must fit in")
-    q.add_argument("--memory-reserve", help=RESERVE_HELP)
+    _add_device_args(q, "the limit a plan must fit in")
+    _add_training_args(q, search=True)
     _add_allocator_args(q)
-    q.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
-    _add_precision_args(q)
-    q.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
-    q.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
-    q.add_argument("--global-batch", type=int, help="sequences per optimizer step over all ranks: searches micro-batch x accumulation")
     q.add_argument("--top", type=int, default=20, help="rows of the table to print (default 20)")
-    q.add_argument("-o", "--output", help="output file for the best plan (default: stdout)")
+    q.add_argument("-o", "--output", help="output file for the best plan, with its mesh and training (default: stdout)")
     q.add_argument("--force", action="store_true", help="overwrite an existing output file")
     q.set_defaults(func=cmd_plan_search)
+
+
+def _add_plan_choice(p) -> None:
+    from .plan import LORA_LAYOUTS
+
+    p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
+    p.add_argument("--plan", help="a plan JSON file instead of a preset (its mesh and training too, if it has them)")
+    _add_checkpoint_arg(p)
+
+
+def _add_output_args(p, what: str = "output file") -> None:
+    p.add_argument("-o", "--output", help=f"{what} (default: stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .plan import LORA_LAYOUTS
 
     parser = _Parser(prog="shardviz", description="Plan, check and export PyTorch FSDP2 fully_shard layouts.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="store_true", help="shardviz's version and the libraries it measures with")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     p = sub.add_parser("export", help="write the fully_shard code for a plan")
     _add_model_args(p)
-    p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
-    p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_plan_choice(p)
     _add_source_args(p)
-    _add_checkpoint_arg(p)
-    _add_mesh_args(p)
-    _add_precision_args(p)
-    p.add_argument("-o", "--output", help="output file (default: stdout)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_mesh_args(p, required=False)
+    _add_device_args(p, "for the findings' fits verdict")
+    _add_training_args(p)
+    _add_output_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no findings or summary on stderr")
     p.add_argument("--accelerate-yaml", metavar="FSDP.YAML", help="also write the accelerate config that gives this "
                    "plan (checked with the installed accelerate), naming what it cannot express")
@@ -521,8 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(w)
     w.add_argument("--layout", choices=LORA_LAYOUTS, default="sharded")
     _add_checkpoint_arg(w)
-    w.add_argument("-o", "--output", help="output file (default: stdout)")
-    w.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_output_args(w)
     w.set_defaults(func=cmd_plan_write)
     _add_search_parser(plan_sub)
     r = plan_sub.add_parser("read", help="validate a plan JSON file; with --model, analyse it")
@@ -530,41 +437,52 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(r, model_required=False)
     r.add_argument("--model", help=MODEL_HELP)
     _add_mesh_args(r, required=False)
+    _add_device_args(r, "for the fits verdict")
     r.set_defaults(func=cmd_plan_read)
 
-    p = sub.add_parser("report", help="write a standalone HTML report (tables, charts, findings, code)")
+    p = sub.add_parser("report", help="write a standalone HTML report (tables, charts, findings, code); "
+                                      "print its verdict, step time and top findings")
     _add_model_args(p)
-    p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
-    p.add_argument("--plan", help="a plan JSON file instead of a preset")
+    _add_plan_choice(p)
     _add_source_args(p)
-    _add_mesh_args(p)
-    _add_checkpoint_arg(p)
-    p.add_argument("--device-memory", help="e.g. 80GiB: draw the limit and flag a peak that does not fit")
-    p.add_argument("--memory-reserve", help=RESERVE_HELP)
+    _add_mesh_args(p, required=False)
+    _add_device_args(p, "draw the limit and flag a peak that does not fit")
+    _add_training_args(p)
     _add_allocator_args(p)
-    p.add_argument("--optimizer", help="adamw (default), adam, sgd, sgd_momentum, or a number of states per parameter")
-    _add_precision_args(p)
-    p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
     p.add_argument("--no-compare", action="store_true", help="leave out the LoRA layouts compared side by side")
-    p.add_argument("-o", "--output", help="output file (default: stdout)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_output_args(p)
     p.set_defaults(func=cmd_report)
     return parser
 
 
 def main(argv=None) -> int:
+    """The command line; every refusal (a CliError, or a ValueError of any shardviz function) is one
+    line on stderr and exit code 2, never a traceback."""
+    from .terminal import quiet_libraries, say
+
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if getattr(args, "func", None) is cmd_plan_read and args.model is not None and args.world_size is None:
-            raise CliError("plan read --model needs --world-size")
-        return args.func(args)
-    except CliError as exc:
-        print(f"shardviz: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        with quiet_libraries():
+            return _run(parser, argv)
+    except (CliError, ValueError) as exc:
+        say(f"error: {' '.join(str(exc).split())}")
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+
+
+def _run(parser, argv) -> int:
+    from .terminal import answer
+
+    args = parser.parse_args(argv)
+    if args.version:
+        from .views import versions_text
+
+        answer(versions_text())
+        return EXIT_OK
+    if getattr(args, "func", None) is None:
+        raise CliError("shardviz: a command is required: export, plan or report (see --help)")
+    return args.func(args)
 
 
 if __name__ == "__main__":

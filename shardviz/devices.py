@@ -387,17 +387,45 @@ def _key(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip()).upper()
 
 
-def device_by_name(name: str) -> Device:
-    """The ``DEVICES`` row called ``name`` (case, spaces and underscores ignored; a few aliases such
-    as "H100-SXM"). Unknown: a ValueError listing the known names and the closest one."""
-    if not isinstance(name, str):
-        raise ValueError(f"device must be a name from {sorted(DEVICES)} or an sv.Device, got {name!r}")
+# Words of a vendor's or nvidia-smi's spelling that do not tell two rows apart ("NVIDIA H100 80GB
+# HBM3", "A100-SXM4-80GB", "AMD Instinct MI300X"): dropped before the lookup.
+_NOISE = re.compile(r"^(NVIDIA|AMD|INSTINCT|TESLA|SXM\d?|HBM\d?E?)$")
+_MEMORY_SUFFIX = re.compile(r"^(.+?)-?(\d+)GB$")
+
+
+def _spellings(name: str) -> list[str]:
+    """The keys ``name`` may be read as: itself, then without the vendor's noise words, then without
+    a trailing memory size ("H100-80GB" -> "H100", kept with the size to check it)."""
+    key = _key(name)
+    plain = "-".join(w for w in key.split("-") if w and not _NOISE.match(w))
+    return [k for k in dict.fromkeys((key, plain)) if k]
+
+
+def _lookup_table() -> dict[str, Device]:
     table = {_key(k): v for k, v in DEVICES.items()}
     table.update({_key(alias): DEVICES[target] for alias, target in _ALIASES.items()})
-    found = table.get(_key(name))
-    if found is not None:
-        return found
-    close = difflib.get_close_matches(_key(name), list(table), n=1, cutoff=0.0)
+    return table
+
+
+def device_by_name(name: str) -> Device:
+    """The ``DEVICES`` row called ``name``: case, spaces and underscores ignored, a few aliases such
+    as "H100-SXM", and the vendors' spellings ("H100-80GB", "A100 40GB", "NVIDIA H100 80GB HBM3",
+    "MI300X"): a trailing memory size must be the row's. Unknown: a ValueError listing the known
+    names and the closest one."""
+    if not isinstance(name, str):
+        raise ValueError(f"device must be a name from {sorted(DEVICES)} or an sv.Device, got {name!r}")
+    table = _lookup_table()
+    spellings = _spellings(name)
+    for key in spellings:
+        if key in table:
+            return table[key]
+    for key in spellings:
+        sized = _MEMORY_SUFFIX.match(key)
+        base = table.get(sized.group(1).rstrip("-")) if sized else None
+        if base is not None and base.memory == int(sized.group(2)) * GiB:
+            return base
+    stem = _MEMORY_SUFFIX.match(spellings[-1])
+    close = difflib.get_close_matches(stem.group(1).rstrip("-") if stem else spellings[-1], list(table), n=1, cutoff=0.0)
     hint = f"; closest: {table[close[0]].name!r}" if close else ""
     raise ValueError(f"unknown device {name!r}: known devices are {', '.join(DEVICES)}{hint} "
                      "(or pass sv.Device(...) with your own figures)")

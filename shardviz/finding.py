@@ -18,6 +18,9 @@ class Finding:
     n_fqns: int | None = None
     # every name it is about (the Inspector filters its tree to them); ``fqns`` when not given
     all_fqns: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    # the fix as command-line flags ("--checkpoint blocks") when it is a change the command line can
+    # make (plan, training, mesh, model dtype); "" otherwise (the fix then reads the same everywhere)
+    flags: str = field(default="", compare=False)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
@@ -26,6 +29,10 @@ class Finding:
         object.__setattr__(self, "all_fqns", tuple(self.all_fqns) or self.fqns)
         if self.n_fqns is None:
             object.__setattr__(self, "n_fqns", len(self.all_fqns))
+
+    def fix_for(self, syntax: str = "python") -> str:
+        """The fix in the syntax the user used: ``"cli"`` gives the flags where there are any."""
+        return self.flags if syntax == "cli" and self.flags else self.fix
 
     def __str__(self) -> str:
         names = [f if f else "<root>" for f in self.fqns[:3]]

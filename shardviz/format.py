@@ -17,15 +17,19 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**
 
 
 def parse_size(value, field: str) -> int:
-    """80e9, "80GB" or "80GiB" -> bytes; anything else is a ValueError naming ``field``."""
+    """A size -> bytes, the one reading of sizes for the API, the command line and the widget:
+    a number (``80e9``) is bytes; text with a unit is that unit ("80GB" = 80e9, "80GiB" = 80 x 2**30,
+    "512 MiB", "1.5TiB"); text that is a bare number is GiB ("40" = 40 GiB, as a person typing a
+    device's memory means it). Anything else is a ValueError naming ``field``."""
     if isinstance(value, bool):
         raise ValueError(f"{field} must be a size in bytes, got {value!r}")
     if isinstance(value, (int, float)):
         return int(value)
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
     if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"{field}={value!r}: expected bytes or a size such as '80GiB' or '80GB'")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+        raise ValueError(f"{field}={value!r}: expected a size such as '80GiB', '80GB' or 80 (GiB)")
+    unit = match.group(2).lower() or "gib"  # a bare number typed as text: GiB
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def format_bytes(n: float) -> str:

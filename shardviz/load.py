@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import json
 import warnings
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,6 +33,34 @@ _DATA_INITS = ("pissa", "olora", "loftq", "eva", "corda", "lora_ga", "orthogonal
 
 class ModelFileError(ValueError):
     """A config or adapter file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """The files ``load_model`` built a model from, for findings that name them: the config file,
+    the dtype its ``dtype``/``torch_dtype`` field declares ("float32", or None when absent or when
+    ``dtype=`` overrode it) and each adapter's file by adapter name."""
+
+    config_file: Path
+    declared_dtype: str | None = None
+    adapters: dict = field(default_factory=dict)
+
+
+_SOURCES: "weakref.WeakKeyDictionary[nn.Module, Source]" = weakref.WeakKeyDictionary()
+
+
+def source_of(model) -> Source | None:
+    """The ``Source`` of a model ``load_model`` built (None for any other model)."""
+    try:
+        return _SOURCES.get(model)
+    except TypeError:  # not weak-referenceable: not ours
+        return None
+
+
+def _declared_dtype(file: Path) -> str | None:
+    obj = read_json(file, CONFIG_FILE)[1]
+    value = obj.get("dtype", obj.get("torch_dtype"))
+    return str(value).replace("torch.", "") if value is not None else None
 
 
 def _hint(name: str, candidates) -> str:
@@ -239,11 +269,9 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
                     else:
                         model.add_adapter(name, peft_config)
                 except Exception as exc:  # noqa: BLE001 - peft's refusal (e.g. target_modules not found)
-                    said = str(exc).lower().replace("_", " ")
-                    field = next((f for f in ("target_modules", "modules_to_save", "layers_to_transform",
-                                              "target_parameters") if f.replace("_", " ") in said), None)
-                    where = f" field {field!r}:" if field else ""
-                    raise ModelFileError(f"{adapter_file}:{where} {type(exc).__name__}: {_one_line(exc)}") from None
+                    _refuse_adapter(adapter_file, peft_config, exc)
+    _SOURCES[model] = Source(file, _declared_dtype(file) if dtype is None else None,
+                             {name: adapter_file for name, adapter_file, _ in adapter_configs})
     return model
 
 
@@ -266,3 +294,22 @@ def import_object(module_name: str, attr: str, label: str):
             raise ValueError(f"{label}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _refuse_adapter(adapter_file, peft_config, exc: Exception):
+    """peft's refusal of an adapter, as a ModelFileError naming the file, the field and what to change."""
+    said = str(exc)
+    if "ParamWrapper" in said and "lora_dropout" in said:
+        import transformers
+
+        raise ModelFileError(
+            f"{adapter_file}: field 'lora_dropout' is {peft_config.lora_dropout}, but this adapter reaches the "
+            f"fused MoE experts of transformers {transformers.__version__} (their weights are parameters, not "
+            "nn.Linear layers; peft adapts them with lora.ParamWrapper, which has no dropout). Set "
+            "\"lora_dropout\": 0.0, or leave the experts' projections out of 'target_modules' / 'target_parameters'"
+        ) from None
+    said = said.lower().replace("_", " ")
+    field_ = next((f for f in ("target_modules", "modules_to_save", "layers_to_transform",
+                               "target_parameters") if f.replace("_", " ") in said), None)
+    where = f" field {field_!r}:" if field_ else ""
+    raise ModelFileError(f"{adapter_file}:{where} {type(exc).__name__}: {_one_line(exc)}") from None

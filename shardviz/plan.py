@@ -15,9 +15,10 @@ from .finding import Finding
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
-SCHEMA_VERSION = 1
-#: Written only when a plan carries what version 1 cannot say (``prefetch``, ``origin``); read: both.
-SCHEMA_VERSION_CAPTURED = 2
+SCHEMA_VERSION = 2  # 2: may carry the run's "mesh" and "training" (cost.setup), a capture's "prefetch" and "origin"
+READ_VERSIONS = (1, 2)  # a plan with none of version 2's fields is written as version 1, as before
+SETUP_FIELDS = ("mesh", "training")  # what a version-2 file records of the run (plain JSON objects)
+CAPTURE_FIELDS = ("prefetch", "origin")  # what a captured plan adds (sv.capture)
 PREFETCH_DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_LAYOUTS = ("sharded", "ignored", "separate")
@@ -256,6 +257,9 @@ class Plan:
     # Recorded and exported; the step-time model keeps torch's default prefetch (not modelled).
     prefetch: tuple = ()
     origin: Origin | None = field(default=None, compare=False)
+    # what the plan file it was read from says of the run ({"mesh": {...}, "training": {...}}, as
+    # ``cost.setup`` writes them); not part of the plan: edits and comparisons ignore it
+    setup: dict = field(default_factory=dict, compare=False, repr=False, init=False)
 
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
                  checkpoint: Iterable[str] | dict = (), *, prefetch=(), origin: Origin | None = None):
@@ -285,11 +289,20 @@ class Plan:
         object.__setattr__(self, "prefetch", _prefetch(prefetch))
         object.__setattr__(self, "origin", origin)
 
+        object.__setattr__(self, "setup", {})
+
     # -- edits (each returns a new plan) ------------------------------------
     def _edited(self, units=None, ignored=None, checkpoint=None) -> "Plan":
         """A new plan with these parts changed; prefetch and origin carry over (edits start from a capture)."""
         return Plan(self.units if units is None else units, self.ignored if ignored is None else ignored, self.name,
                     self.checkpoint if checkpoint is None else checkpoint, prefetch=self.prefetch, origin=self.origin)
+
+    def with_setup(self, setup: dict) -> "Plan":
+        """The same plan carrying ``setup`` (a plan file's "mesh" and "training", see ``from_json``)."""
+        _check_setup(setup)
+        plan = self._edited()
+        object.__setattr__(plan, "setup", dict(setup))
+        return plan
 
     def unit_of(self, fqn: str) -> Unit | None:
         for unit in self.units:
@@ -383,7 +396,12 @@ class Plan:
         return tree
 
     # -- JSON -------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self, setup: dict | None = None) -> dict:
+        """The plan as JSON data; ``setup`` ({"mesh": {...}, "training": {...}}, see ``cost.setup``) is
+        recorded with it, and a captured plan's prefetch and origin (version 2); with none of them the
+        file is version 1, as before."""
+        setup = {k: v for k, v in (setup or {}).items() if v is not None}
+        _check_setup(setup)
         captured = {}
         if self.prefetch:
             captured["prefetch"] = {}
@@ -393,19 +411,22 @@ class Plan:
             captured["origin"] = self.origin.to_obj()
         return {
             "schema": SCHEMA,
-            "version": SCHEMA_VERSION_CAPTURED if captured else SCHEMA_VERSION,
+            "version": SCHEMA_VERSION if setup or captured else 1,
             "name": self.name,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
             **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
             **captured,
+            **setup,
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, indent: int | None = 2, setup: dict | None = None) -> str:
+        return json.dumps(self.to_dict(setup), indent=indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
+        """A plan file (versions 1 and 2) -> the plan; what a version-2 file records of the run is in
+        ``plan.setup`` (plain JSON objects; ``cost.setup`` turns them into a Mesh and a Training)."""
         try:
             obj = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:
@@ -415,13 +436,14 @@ class Plan:
         if obj.get("schema") != SCHEMA:
             raise ValueError(f"plan JSON: field 'schema' must be {SCHEMA!r}, got {obj.get('schema')!r}")
         version = obj.get("version")
-        if version not in (SCHEMA_VERSION, SCHEMA_VERSION_CAPTURED):
+        if version not in READ_VERSIONS:
             raise ValueError(
-                f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION} "
-                f"(and {SCHEMA_VERSION_CAPTURED}: a captured plan, with prefetch or origin)"
+                f"plan JSON: field 'version' is {version!r}; this shardviz reads versions 1 and 2"
             )
-        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"} - (
-            {"prefetch", "origin"} if version == SCHEMA_VERSION_CAPTURED else set())
+        known = {"schema", "version", "name", "units", "ignored", "checkpoint"}
+        if version >= 2:
+            known |= set(SETUP_FIELDS) | set(CAPTURE_FIELDS)
+        unknown = set(obj) - known
         if unknown:
             raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
         units, ignored = obj.get("units", []), obj.get("ignored", [])
@@ -444,7 +466,8 @@ class Plan:
         if not isinstance(prefetch, dict) or not all(isinstance(v, dict) for v in prefetch.values()):
             raise ValueError("plan JSON: field 'prefetch' must be an object module FQN -> {direction: [module FQNs]}")
         origin = Origin.from_obj(obj["origin"]) if "origin" in obj else None
-        return cls(units, ignored, name, checkpoint, prefetch=prefetch, origin=origin)
+        plan = cls(units, ignored, name, checkpoint, prefetch=prefetch, origin=origin)
+        return plan.with_setup({k: obj[k] for k in SETUP_FIELDS if k in obj})
 
     def to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:
         """(YAML, what it cannot express): the accelerate config closest to this plan, checked by running
@@ -487,6 +510,15 @@ class Plan:
         ckpt = (f", {len(self.checkpoint)} checkpointed" + (f" ({n_sel} selective)" if n_sel else "")
                 if self.checkpoint else "")
         return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt})"
+
+
+def _check_setup(setup: dict) -> None:
+    """A plan file's "mesh" and "training": JSON objects (their fields are checked where they are read)."""
+    for key, value in setup.items():
+        if key not in SETUP_FIELDS:
+            raise ValueError(f"plan JSON: unknown field {key!r}; a plan file records {SETUP_FIELDS}")
+        if not isinstance(value, dict):
+            raise ValueError(f"plan JSON: field {key!r} must be an object of {key} fields, got {value!r}")
 
 
 def checkpoint_preset(checkpoint: str | None) -> tuple[str, int] | None:

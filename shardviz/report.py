@@ -54,6 +54,11 @@ details details { margin: .2rem 0 .2rem 1rem; } details details summary { color:
 pre { overflow-x: auto; max-width: 100%; box-sizing: border-box; padding: 1rem; border: 1px solid var(--line); border-radius: 6px; font-size: 12px; }
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 1.5rem; margin: 1rem 0; }
 .note { color: var(--muted); font-size: 12px; }
+.verdict { font-size: 16px; font-weight: 600; padding: .4rem .8rem; border-left: 4px solid var(--info); margin: .6rem 0; }
+.verdict.fits { border-color: #1a7f37 } .verdict.over { border-color: var(--err) }
+th.own, td.own { background: color-mix(in srgb, var(--info) 12%, transparent); }
+.copy { font: inherit; font-size: 12px; padding: .15rem .6rem; margin: 0 0 .4rem; cursor: pointer; border: 1px solid var(--line);
+  border-radius: 4px; background: var(--bg); color: var(--fg); }
 """
 
 _DRAW = """
@@ -62,6 +67,18 @@ for (const el of document.querySelectorAll(".sv-report-chart")) {
   const box = h("div", {});
   el.append(box);
   drawChart(box, el.dataset.kind, data, el.dataset.title || undefined);
+}
+for (const button of document.querySelectorAll("button.copy")) {
+  button.addEventListener("click", async () => {
+    const text = JSON.parse(document.getElementById(button.dataset.source).textContent);
+    try { await navigator.clipboard.writeText(text); }
+    catch (e) {  // no clipboard API (an old browser, a file:// page that is not a secure context)
+      const area = Object.assign(document.createElement("textarea"), {value: text});
+      document.body.append(area); area.select(); document.execCommand("copy"); area.remove();
+    }
+    button.textContent = "Copied";
+    setTimeout(() => { button.textContent = "Copy code"; }, 1500);
+  });
 }
 """
 
@@ -149,16 +166,19 @@ def traffic_section(a, traffic: dict) -> str:
             + _table_or_fold(comm, "collectives, one row per call and phase (open)"))
 
 
-def comparison_section(c) -> str:
-    """The layouts side by side: one row per measure, one column per layout (fits any width)."""
+def comparison_section(c, own: str | None = None) -> str:
+    """The layouts side by side: one row per measure, one column per layout (fits any width); the
+    column ``own`` (the report's own plan) marked."""
     table = c.table
-    head = "<th></th>" + "".join(f"<th>{_esc(name)}</th>" for name in table.index)
+    mark = [' class="own"' if name == own else "" for name in table.index]
+    head = "<th></th>" + "".join(f"<th{m}>{_esc(name)}{' (this report)' if m else ''}</th>" for name, m in zip(table.index, mark))
     rows = []
     for col in table.columns:
         kind = column_kind(table, col)
-        cells = "".join(f"<td>{_esc(format_value(kind, v))}</td>" for v in table[col])
+        cells = "".join(f"<td{m}>{_esc(format_value(kind, v))}</td>" for v, m in zip(table[col], mark))
         rows.append(f'<tr><th class="row">{_esc(_header(col, {}))}</th>{cells}</tr>')
-    note = f'<p class="note">Each layout\'s busiest rank; training: {_esc(views.training_text(c.training))}.</p>'
+    mine = " The column marked (this report) is this report's own plan." if own is not None else ""
+    note = f'<p class="note">Each layout\'s busiest rank; training: {_esc(views.training_text(c.training))}.{mine}</p>'
     return (f"<h2>Layouts compared</h2>{note}<div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -213,15 +233,27 @@ def code_section(a, plan, mesh, training, torch_version) -> str:
     body = _highlight(code)
     if n > FOLD_CODE_LINES:
         body = _folded(f"apply_fsdp: {format_count(n)} lines (open)", body)
-    return "<h2>Exported code</h2>" + body
+    data = json.dumps(code).replace("</", "<\\/")  # JSON: the code back exactly, whatever it holds
+    source = f'<script type="application/json" id="sv-code-text">{data}</script>'
+    button = '<button class="copy" type="button" data-source="sv-code-text">Copy code</button>'
+    return "<h2>Exported code</h2>" + button + body + source
 
 
 def findings_section(findings) -> str:
     return "<h2>Findings</h2>" + ("".join(
         f'<div class="finding {f.severity}"><span class="code">{_esc(f.severity)} {_esc(f.code)}</span> '
-        f"{_esc(f.message)}<div class=\"fix\">Fix: {_esc(f.fix)}</div></div>"
+        f"{_esc(f.message)}" + (f"<div class=\"fix\">Fix: {_esc(f.fix)}</div>" if f.fix else "") + "</div>"
         for f in findings
     ) or "<p>No findings.</p>")
+
+
+def verdict_section(a) -> str:
+    """The answer first: fits or not (``views.verdict_text``), on which device, with the step time."""
+    text = views.verdict_text(a)
+    kind = "fits" if text.startswith("fits") else "over" if text.startswith("does not") else ""
+    device = a.mesh.device.name if a.mesh.device is not None else "no device named (--device)"
+    return (f'<p class="verdict {kind}">{_esc(text)}</p>'
+            f'<p class="step">{_esc(a.mesh)} of {_esc(device)}; {_esc(views.step_text(a.step))}</p>')
 
 
 def _highlight(code: str) -> str:
@@ -243,25 +275,39 @@ def _training_line(training) -> str:
     return text
 
 
+def _own_layout(plan, compare_with: dict) -> tuple[dict, str]:
+    """The layouts to compare with the report's own plan among them: its name there (added as
+    "this plan" when it is none of them)."""
+    own = next((name for name, p in compare_with.items() if p == plan), None)
+    if own is None:
+        own = "this plan"
+        compare_with = {own: plan, **compare_with}
+    return compare_with, own
+
+
 def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch_version=None,
-                  title: str | None = None, compare_with: dict | None = None) -> str:
+                  title: str | None = None, compare_with: dict | None = None, analysis=None,
+                  model_label: str | None = None) -> str:
     """The whole report as one HTML string (see ``write_report`` for a file).
 
     ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree.
-    Without ``training``: ``views.DEFAULT_TRAINING``, as the Inspector and ``compare`` assume."""
+    Without ``training``: ``views.DEFAULT_TRAINING``, as the Inspector and ``compare`` assume.
+    ``analysis``: the ``analyze`` of these very arguments when the caller has it (not analysed twice);
+    ``model_label``: what the model is shaped after ("Llama 3.1 70B"), for the title."""
     mesh = mesh or Mesh(8)
     training = views.DEFAULT_TRAINING if training is None else training
-    a = analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
-    title = title or f"shardviz report: {a.tree.root_type}"
+    a = analysis or analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
+    title = title or f"shardviz report: {views.model_text(a.tree, model_label)}"
     memory, traffic, timeline = views.memory_payload(a), views.traffic_payload(a), views.timeline_payload(a)
     charts = [_chart("memory", memory), _chart("traffic", traffic)]
     comparison_html = ""
     if compare_with:
         from .compare import compare
 
-        c = compare(a.tree, compare_with, mesh=mesh, training=training)
+        layouts, own = _own_layout(a.plan, compare_with)
+        c = compare(a.tree, layouts, mesh=mesh, training=training)
         charts.append(_chart("memory", c.memory_payload(), c.chart_title()))
-        comparison_html = comparison_section(c)
+        comparison_html = comparison_section(c, own)
     charts.append(_chart("timeline", timeline))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     script = (WIDGET / "charts.js").read_text() + _DRAW
@@ -271,8 +317,9 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:">
 <title>{_esc(title)}</title><style>{css}</style></head><body>
 <h1>{_esc(title)}</h1>
-<p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}. Generated {stamp}.</p>
-<p class="step">{_esc(views.step_text(a.step))}</p>
+{verdict_section(a)}
+<p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}.
+Generated {stamp}; measured with {_esc(views.versions_text())}.</p>
 {findings_section(a.findings)}
 <h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>
 {memory_section(a, memory)}

@@ -12,15 +12,14 @@ from __future__ import annotations
 import math
 import os
 
-from .cost import BREAKDOWN, Training
+from .cost import BREAKDOWN
 from .format import byte_unit, format_bytes, format_percent, worst_rank
 # the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
 from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
 
-#: The training every view assumes when none is given (the Inspector, ``compare`` and ``sweep``,
-#: the report and the command line's report): the README table's, AdamW with bf16 parameters and
-#: fp32 gradient reduction. Each view states it (``training_text``).
-DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
+#: The training every view assumes when none is given (``cost.training.DEFAULT_TRAINING``, the one
+#: default of every entry point). Each view states it (``training_text``).
+from .cost.training import DEFAULT_TRAINING  # noqa: E402,F401 - re-exported for every view
 
 # The one breakdown of a rank's peak (``Analysis.peak_breakdown``): its keys, bottom to top of the
 # stacked bar; together they sum exactly to the ``peak`` column of ``a.memory``. The widget, the
@@ -347,3 +346,104 @@ def traffic_figure(payload: dict):
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     fig.update_yaxes(autorange="reversed", row=1, col=2)
     return fig
+
+
+# ---------------------------------------------------------------------------
+# What the numbers are about: the model, the verdict, the libraries (report and command line)
+# ---------------------------------------------------------------------------
+def _count(n: int) -> str:
+    """``70_553_706_496`` -> "70.6 B"; "1.2 M", "350 K"."""
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return str(n)
+
+
+def _adapter_text(model) -> str:
+    """" + LoRA r=16" for a peft model (each adapter's type and rank), "" for anything else."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return ""
+    parts = []
+    for config in configs.values():
+        kind = str(getattr(getattr(config, "peft_type", None), "value", getattr(config, "peft_type", "adapter")))
+        rank = getattr(config, "r", None)
+        parts.append(f"{'LoRA' if kind == 'LORA' else kind}" + (f" r={rank}" if rank is not None else ""))
+    return " + " + " + ".join(parts)
+
+
+def model_text(tree, label: str | None = None) -> str:
+    """The model as a person names it: "LlamaForCausalLM (Llama 3.1 70B-shaped: 70.6 B parameters,
+    0.2% trainable) + LoRA r=16": the class under any peft wrapper, what it is shaped after
+    (``label``: the zoo model's or the config folder's name, when known), the parameters counted once."""
+    model = tree.model
+    base = model
+    if model is not None and hasattr(model, "get_base_model"):
+        base = model.get_base_model()
+    name = type(base).__name__ if base is not None else tree.root_type
+    total = sum(p.numel for p in tree.params)
+    trainable = sum(p.numel for p in tree.params if p.requires_grad)
+    adapter = _adapter_text(model) if model is not None else ""
+    share = f", {format_percent(trainable / total)} trainable" if adapter and total else ""
+    shaped = f"{label}-shaped: " if label and label != name else ""
+    return f"{name} ({shaped}{_count(total)} parameters{share}){adapter}"
+
+
+def verdict_text(a) -> str:
+    """The fits verdict, one line: "fits: peak 3.20 GiB on rank 0, 75.80 GiB to spare of 79.00 GiB usable"
+    (``Mesh.fit``: the device memory less the reserve); without device memory, the peak alone."""
+    worst = worst_rank(a.memory)
+    peak = int(a.memory["peak"].iloc[worst])
+    rank = int(a.memory["rank"].iloc[worst])
+    fit = a.mesh.fit(peak)
+    if fit is None:
+        return f"peak {format_bytes(peak)} on rank {rank} (no device memory given: no fits verdict)"
+    usable = f"{format_bytes(fit.usable)} usable"
+    if fit.fits:
+        return f"fits: peak {format_bytes(peak)} on rank {rank}, {format_bytes(fit.margin)} to spare of {usable}"
+    return f"does not fit: peak {format_bytes(peak)} on rank {rank}, over {usable} by {format_bytes(-fit.margin)}"
+
+
+def library_versions() -> dict:
+    """The versions the numbers were measured with: shardviz, torch, transformers, peft, accelerate
+    (the last three only when installed)."""
+    import sys
+    from importlib import metadata
+
+    import torch
+
+    # the package's own __version__ (loaded before any of its modules; importing it here would go up the layers)
+    out = {"shardviz": sys.modules["shardviz"].__version__, "torch": torch.__version__}
+    for name in ("transformers", "peft", "accelerate"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def versions_text() -> str:
+    """ "shardviz 0.1.0 · torch 2.13.0 · transformers 5.24.0 · peft 0.21.0 · accelerate 1.15.0" """
+    return " · ".join(f"{k} {v}" for k, v in library_versions().items())
+
+
+def max_positions(model) -> int | None:
+    """The model's ``config.max_position_embeddings`` (a peft model's base config too), if it has one."""
+    seen = model
+    for _ in range(4):  # PeftModel -> LoraModel -> the transformers model
+        if seen is None:
+            break
+        n = getattr(getattr(seen, "config", None), "max_position_embeddings", None)
+        if isinstance(n, int) and n > 0:
+            return n
+        seen = getattr(seen, "base_model", None) if getattr(seen, "base_model", None) is not seen else None
+    return None
+
+
+def seq_len_note(model, seq_len) -> str | None:
+    """A warning when the sequence length is beyond what the model's positions cover."""
+    limit = max_positions(model) if model is not None else None
+    if limit is None or not seq_len or seq_len <= limit:
+        return None
+    return (f"sequence length {seq_len:,} is above this model's max_position_embeddings ({limit:,}): "
+            "it was not built for sequences this long")

@@ -14,6 +14,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import cli
+from shardviz.views import DEFAULT_TRAINING
 
 FACTORY = '''
 import torch
@@ -83,15 +84,17 @@ def test_export_zoo_model_to_file(tmp_path, capsys):
 
     model = zoo.tiny_llama_lora()
     expected = sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(shard=4, replicate=2),
-                              torch_version="2.6")
-    assert text == expected
+                              training=DEFAULT_TRAINING, torch_version="2.6")
+    assert text == expected  # the one default training (bf16 parameters, fp32 reduction), as the report's
+    assert "training: AdamW · bf16 params · fp32 reduce" in err and "shardviz's default" in err
 
 
 def test_export_to_stdout_from_a_factory(factory, capsys):
     code, out, err = run(["export", f"{factory}:make", "--world-size", "2", "-q"], capsys)
     assert code == 0 and err == ""
     assert "def apply_fsdp(model, mesh=None):" in out
-    assert '"layers.0",' in out and "fully_shard(model.get_submodule(name), mesh=mesh)" in out  # the blocks, one loop
+    assert '"layers.0",' in out and "for name in (" in out and "model.get_submodule(name)," in out  # the blocks, one loop
+    assert "MixedPrecisionPolicy(" in out  # the one default training: bf16 parameters, fp32 reduction
     code, out, _ = run(["export", f"{factory}:instance", "--world-size", "2", "-q"], capsys)
     assert code == 0 and "apply_fsdp" in out  # an nn.Module attribute works too
 

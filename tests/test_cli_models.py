@@ -12,6 +12,7 @@ import pytest
 import shardviz as sv
 from shardviz import cli, tree
 from shardviz.cost import format_bytes
+from shardviz.views import DEFAULT_TRAINING
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 T5, T5_DORA = EXAMPLES / "t5-small" / "config.json", EXAMPLES / "t5-small-dora"
@@ -27,13 +28,13 @@ def test_export_and_report_on_a_config_path(tmp_path, capsys):
     code, out, err = run(["export", T5, "--adapter", T5_DORA, "--layout", "ignored", "--world-size", 8, "-q"], capsys)
     assert code == 0 and err == "", err
     model = sv.load_model(T5, adapter=T5_DORA)
-    assert out == sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(8))
+    assert out == sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(8), training=DEFAULT_TRAINING)
     assert "lora_magnitude_vector" in out  # DoRA's parameters are among the ignored ones
 
     report = tmp_path / "report.html"
     code, _, err = run(["report", T5.parent, "--adapter", T5_DORA / "adapter_config.json", "--world-size", 8,
                         "-o", report], capsys)
-    assert code == 0 and "PeftModelForSeq2SeqLM" in report.read_text()
+    assert code == 0 and "T5ForConditionalGeneration (" in report.read_text()  # the model under peft's wrapper
 
     code, out, _ = run(["plan", "write", T5, "--dtype", "bfloat16"], capsys)  # no adapter: the bare model
     assert code == 0 and json.loads(out)["ignored"] == []

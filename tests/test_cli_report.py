@@ -31,7 +31,7 @@ def test_report_writes_one_offline_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["report", "zoo:nope", "--world-size", "8"], "unknown zoo model 'zoo:nope'"),
-    (["report", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", "lots"], "device_memory='lots'"),
+    (["report", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", "lots"], "--device-memory='lots'"),
 ])
 def test_report_bad_input_is_one_line(args, message, capsys):
     assert main(args) == 2

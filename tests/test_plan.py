@@ -87,7 +87,7 @@ def test_json_round_trip():
         ("{not json", "not valid JSON"),
         ("[]", "must be an object"),
         ('{"schema": "other", "version": 1}', "field 'schema' must be 'shardviz.plan'"),
-        ('{"schema": "shardviz.plan", "version": 99, "units": []}', "field 'version' is 99; this shardviz reads version 1"),
+        ('{"schema": "shardviz.plan", "version": 99, "units": []}', "field 'version' is 99; this shardviz reads versions 1 and 2"),
         ('{"schema": "shardviz.plan", "version": 1, "units": {}}', "field 'units' must be a list"),
         ('{"schema": "shardviz.plan", "version": 1, "units": [3]}', r"units\[0\]: expected a module FQN"),
         ('{"schema": "shardviz.plan", "version": 1, "units": [{"modules": ["a"], "colour": 1}]}', r"unknown field\(s\) \['colour'\]"),

@@ -209,12 +209,14 @@ def test_cli_plan_search_writes_the_best_plan(tmp_path, capsys):
     from shardviz.cli import main
 
     out = tmp_path / "plan.json"
-    limit = str(limits()["between"])
+    limit = f"{limits()['between']}B"  # a bare number is GiB on the command line, as in the widget
     rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", limit, "--memory-reserve", "0",
                "--judge", "allocated", "--safety-margin", "0",
-               "--batch-size", str(BATCH), "--seq-len", str(SEQ), "-o", str(out)])
+               "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--param-dtype", "none", "--reduce-dtype", "none",
+               "-o", str(out)])  # TRAINING's dtypes: none (the command line's default is DEFAULT_TRAINING's bf16/fp32)
     printed = capsys.readouterr()
-    assert rc == 0 and "fastest that fits" in printed.out and "shardviz: Run LoRA" in printed.err
+    assert rc == 0 and printed.out.startswith("#") and "shardviz: Run LoRA" in printed.err
+    assert "It is the fastest of" in printed.err
     plan = sv.Plan.from_json(out.read_text())
     assert plan == found("between").best
     has_devices = "device" in {f.name for f in fields(sv.Mesh)}

@@ -106,11 +106,14 @@ def test_a_tight_plan_is_picked_when_nothing_keeping_the_margin_is_close():
 
 
 def test_cli_takes_the_margin_and_the_allocator_setting():
-    from shardviz.cli import _allocator_changes, build_parser
+    from shardviz.cli import build_parser
+    from shardviz.cli_args import allocator_changes as _allocator_changes, resolve_setup
 
     args = build_parser().parse_args(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100",
                                       "--safety-margin", "10%", "--expandable-segments", "--judge", "allocated"])
     assert _allocator_changes(args) == {"safety_margin": "10%", "judge": "allocated", "expandable_segments": True}
+    mesh = resolve_setup(args)[0]
+    assert (mesh.judge, mesh.expandable_segments) == ("allocated", True)
     args = build_parser().parse_args(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100",
                                       "--safety-margin", "0.08"])
     assert _allocator_changes(args) == {"safety_margin": 0.08}

@@ -148,3 +148,10 @@ class Training:
                     changes.get("param_dtype", unit.param_dtype),
                     changes.get("reduce_dtype", unit.reduce_dtype),
                     changes.get("offload", unit.offload))
+
+
+#: The one training every entry point assumes when none is given: the Inspector, ``compare``,
+#: ``sweep``, ``search``, the report and every command of the command line (each states it); AdamW
+#: with bf16 parameters and fp32 gradient reduction, the README table's. ``sv.analyze`` alone, given
+#: no training, keeps each parameter's own dtype (``Training()``): it is torch's default step.
+DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")

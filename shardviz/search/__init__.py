@@ -38,6 +38,7 @@ import pandas as pd
 from ..analysis import Analysis, analyze
 from ..checks import CHECKPOINT_FIXES
 from ..cost import Training, unsharded_bytes
+from ..cost.training import DEFAULT_TRAINING
 from ..devices import usable_text
 from ..finding import PlanError
 from ..format import format_bytes
@@ -499,7 +500,7 @@ def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Me
         raise ValueError(f"search: mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
     if mesh.device_memory is None:
         raise ValueError("search: Mesh.device_memory is needed to tell what fits, e.g. sv.Mesh(64, device_memory='80GiB')")
-    training = training if training is not None else Training()
+    training = training if training is not None else DEFAULT_TRAINING  # the one default (cost.training)
     if not isinstance(training, Training):
         raise ValueError(f"search: training must be a shardviz.Training, got {type(training).__name__}")
     notes = []
@@ -530,7 +531,8 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
 
     ``mesh``: the world size, device memory (required: what "fits" means), ranks per node and
     bandwidths (the README table's 450 / 50 GB/s when absent); ``training``: the optimizer, dtypes
-    and micro-batch; with ``global_batch`` the micro-batch and accumulation are searched too.
+    and micro-batch (default ``DEFAULT_TRAINING``: AdamW, bf16 parameters, fp32 reduction, as every
+    view and command assumes); with ``global_batch`` the micro-batch and accumulation are searched too.
     """
     tree, mesh, training, notes = _inputs(model, mesh, training)
     runner = _Runner(tree, mesh, training)

@@ -8,11 +8,10 @@
 
 from __future__ import annotations
 
-import re
+from ..format import parse_size
+# the sequence-length warning is the command line's and the report's too: one function, in views
+from ..views import max_positions, seq_len_note  # noqa: F401
 
-from ..fsdp import parse_bytes
-
-GIB = 1024**3
 
 
 def parse_device_memory(text) -> int | None:
@@ -21,7 +20,7 @@ def parse_device_memory(text) -> int | None:
         return None
     raw = str(text).strip()
     try:
-        size = int(float(raw) * GIB) if re.fullmatch(r"[0-9]*\.?[0-9]+(e[0-9]+)?", raw) else parse_bytes(raw)
+        size = parse_size(raw, "device memory")  # the API's and the command line's reading: a bare number is GiB
     except ValueError:
         size = None
     if size is None or size <= 0:
@@ -29,24 +28,3 @@ def parse_device_memory(text) -> int | None:
                          "or leave it empty for no limit")
     return size
 
-
-def max_positions(model) -> int | None:
-    """The model's ``config.max_position_embeddings`` (a peft model's base config too), if it has one."""
-    seen = model
-    for _ in range(4):  # PeftModel -> LoraModel -> the transformers model
-        if seen is None:
-            break
-        n = getattr(getattr(seen, "config", None), "max_position_embeddings", None)
-        if isinstance(n, int) and n > 0:
-            return n
-        seen = getattr(seen, "base_model", None) if getattr(seen, "base_model", None) is not seen else None
-    return None
-
-
-def seq_len_note(model, seq_len) -> str | None:
-    """A warning when the sequence length is beyond what the model's positions cover."""
-    limit = max_positions(model) if model is not None else None
-    if limit is None or not seq_len or seq_len <= limit:
-        return None
-    return (f"sequence length {seq_len:,} is above this model's max_position_embeddings ({limit:,}): "
-            "it was not built for sequences this long")

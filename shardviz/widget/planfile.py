@@ -11,7 +11,10 @@ Rules (the Inspector's "nothing lost" promise):
   the message says so, until the user explicitly overwrites it (``overwrite``) or picks another
   path;
 - a file changed by someone else since we last read or wrote it (another Inspector, an editor)
-  is not overwritten silently either: the save is refused the same way.
+  is not overwritten silently either: the save is refused the same way;
+- what a version-2 file records of the run (its "mesh" and "training", from ``shardviz plan
+  search``) is written back with every later save, so editing the plan keeps them; version-1
+  files read as before.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class PlanFile:
         self.problem: str | None = None
         self._known: str | None = None  # digest of the content we last read or wrote (None: no file)
         self.saves = 0
+        self.setup: dict = {}  # the "mesh" and "training" the file recorded, kept through later saves
 
     # -- reading ---------------------------------------------------------------------------
     def _read_bytes(self) -> bytes | None:
@@ -71,6 +75,7 @@ class PlanFile:
         except ValueError as exc:
             return self._refuse(f"plan file {self.path} does not match this model ({exc})")
         self.writable, self.problem = True, None
+        self.setup = dict(plan.setup)
         return LoadResult(plan, "info", f"restored {len(plan.units)} units and {len(plan.ignored)} ignored parameters from {self.path}")
 
     def _refuse(self, why: str) -> LoadResult:
@@ -104,7 +109,7 @@ class PlanFile:
         self.writable, self.problem = True, None
 
     def _write(self, plan: Plan) -> None:
-        text = plan.to_json() + "\n"
+        text = plan.to_json(setup=plan.setup or self.setup) + "\n"
         write_text_atomic(self.path, text, parents=True)
         self._known = _digest(text.encode("utf-8"))
         self.saves += 1

@@ -171,3 +171,36 @@ def test_report_70b_lora_reads_at_1280(tmp_path, chromium_browser):
     helpers.save_screenshot(page, "report-70b", full_page=False)
     assert errors == []
     context.close()
+
+
+def test_report_explains_itself_and_copies_its_code(tmp_path, chromium_browser):
+    """The CLI's report with a device: the model named with its size, the verdict above everything,
+    the report's own plan marked among the layouts, and a button that copies the exported code."""
+    warnings.filterwarnings("ignore")
+    path = tmp_path / "r.html"
+    assert cli_main(["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8", "--device", "H100",
+                     "--batch-size", "1", "--seq-len", "256", "-o", str(path)]) == 0
+    context, page, requests, errors = open_offline(chromium_browser, path, width=1280)
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    title = page.locator("h1").inner_text()
+    assert title.startswith("shardviz report: LlamaForCausalLM (") and "LoRA r=8" in title
+    verdict = page.locator("p.verdict")
+    assert verdict.inner_text().startswith("fits: peak")
+    assert verdict.bounding_box()["y"] < page.locator("h2").first.bounding_box()["y"]  # the answer first
+    assert "of H100" in page.locator("p.step").first.inner_text()
+    assert "tokens/s" in page.locator("p.step").first.inner_text()  # --device gives the step time
+    assert page.locator("th.own").inner_text() == "LoRA ignored (this report)"
+    assert page.locator("th.own").evaluate("el => getComputedStyle(el).backgroundColor") != "rgba(0, 0, 0, 0)"
+    button = page.locator("button.copy")
+    button.click()
+    page.wait_for_function("document.querySelector('button.copy').textContent === 'Copied'", timeout=5_000)
+    copied = page.evaluate("navigator.clipboard.readText()")
+    model = zoo.tiny_llama_lora()
+    from shardviz.views import DEFAULT_TRAINING
+
+    expected = sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(8, device="H100"),
+                              training=sv.Training(**{**DEFAULT_TRAINING.__dict__, "batch_size": 1, "seq_len": 256}))
+    assert copied == expected
+    helpers.save_screenshot(page, "report-explains", full_page=False)
+    assert errors == [] and [u for u in requests if not u.startswith("file://")] == []
+    context.close()

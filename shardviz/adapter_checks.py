@@ -1,0 +1,109 @@
+"""Findings about the files a model was built from (``sv.load_model``'s config and adapters):
+
+| code  | severity | what |
+|-------|----------|------|
+| SV120 | warning  | an adapter's ``target_modules`` list names projections this model does not have, so it adapts only some of them (fused ``qkv_proj`` / ``gate_up_proj``) |
+| SV121 | warning / info | the config declares ``torch_dtype: float32``: every weight in fp32, twice bf16's bytes |
+
+Below ``checks`` in the layers (``run_checks`` calls them); they read ``analysis.tree.model``, the
+peft config on it and ``load.source_of`` (the files ``load_model`` read), nothing else.
+"""
+
+from __future__ import annotations
+
+from .finding import Finding
+from .format import format_bytes
+from .load import source_of
+from .presets import find_blocks
+
+
+def _block_projections(analysis) -> dict[str, bool]:
+    """Leaf name -> adapted? for every linear layer inside the repeated blocks (peft's adapter layers
+    count as adapted; the layers inside them, ``base_layer`` and ``lora_A``, are not listed)."""
+    from torch import nn
+
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return {}
+    tree, model = analysis.tree, analysis.tree.model
+    out: dict[str, bool] = {}
+    for b in find_blocks(tree):
+        block = model.get_submodule(tree.modules[b].fqn)
+        inside_tuner: list[str] = []
+        for name, module in block.named_modules():
+            if any(name.startswith(t + ".") for t in inside_tuner):
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            if isinstance(module, BaseTunerLayer):
+                inside_tuner.append(name)
+                out[leaf] = True
+            elif isinstance(module, nn.Linear) and leaf:
+                out[leaf] = out.get(leaf, False)
+    return out
+
+
+def _fused(name: str, stems: set[str]) -> bool:
+    """Is ``qkv_proj`` / ``gate_up_proj`` made of the stems of names that matched nothing (q, k, v / gate, up)?"""
+    rest = name.removesuffix("_proj").replace("_", "")
+    if not rest:
+        return False
+    ok = [True] + [False] * len(rest)
+    for i in range(1, len(rest) + 1):
+        ok[i] = any(ok[i - len(s)] and rest[i - len(s):i] == s for s in stems if 0 < len(s) <= i)
+    return ok[-1] and rest not in stems
+
+
+def check_adapter_targets(analysis) -> list[Finding]:
+    """SV120: a ``target_modules`` list some of whose names match no layer of this model, while some
+    of the blocks' linear layers go unadapted (Llama's list on Phi-3's fused ``qkv_proj``)."""
+    model = analysis.tree.model
+    configs = getattr(model, "peft_config", None)
+    if model is None or not isinstance(configs, dict):
+        return []
+    projections = _block_projections(analysis)
+    source = source_of(model)
+    out = []
+    for name, config in configs.items():
+        targets = getattr(config, "target_modules", None)
+        if not isinstance(targets, (list, set, tuple, frozenset)) or not projections:
+            continue
+        unmatched = sorted(t for t in targets if t not in projections)
+        missed = sorted(p for p, adapted in projections.items() if not adapted)
+        if not unmatched or not missed:
+            continue
+        stems = {t.removesuffix("_proj").replace("_", "") for t in unmatched}
+        fused = [p for p in missed if _fused(p, stems)]
+        adapted = sorted(p for p, a in projections.items() if a)
+        where = f"{source.adapters[name]}" if source is not None and name in source.adapters else f"adapter {name!r}"
+        out.append(Finding(
+            "SV120", "warning",
+            f"{where}: target_modules names {', '.join(map(repr, unmatched))}, which match no layer of this model, "
+            f"so the adapter reaches only {', '.join(adapted) or 'nothing'} in each block; not adapted: "
+            + ", ".join(f"{p} (fused)" if p in fused else p for p in missed),
+            fix=f"add {', '.join(map(repr, fused or missed))} to 'target_modules' in {where} (or use \"all-linear\")",
+        ))
+    return out
+
+
+def check_fp32_config(analysis) -> list[Finding]:
+    """SV121: the config file declares float32 weights. With frozen base weights (an adapter) that is
+    twice the bytes for nothing (a warning); trained weights in fp32 are a choice (fp32 master weights
+    under bf16 compute): said as info."""
+    model = analysis.tree.model
+    source = source_of(model) if model is not None else None
+    if source is None or source.declared_dtype != "float32":
+        return []
+    params = [p for p in analysis.tree.params if p.dtype.is_floating_point and p.itemsize == 4]
+    frozen = [p for p in params if not p.requires_grad]
+    total = sum(p.nbytes for p in params)
+    severity = "warning" if frozen else "info"
+    why = (f"{len(frozen):,} frozen base weights ({format_bytes(sum(p.nbytes for p in frozen))}) are never updated, "
+           "so fp32 buys no precision") if frozen else "fp32 master weights are a choice; most hub checkpoints ship bf16"
+    return [Finding(
+        "SV121", severity,
+        f"{source.config_file}: field 'torch_dtype' is \"float32\": the weights take {format_bytes(total)} "
+        f"in fp32, twice their bytes in bf16; {why}",
+        fix="set \"torch_dtype\": \"bfloat16\" in the config, or sv.load_model(..., dtype=\"bfloat16\")",
+        flags="--dtype bfloat16",
+    )]

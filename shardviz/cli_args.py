@@ -1,0 +1,283 @@
+"""How the command line reads its inputs: the model (``zoo:NAME``, a ``config.json``, a factory),
+the plan (a preset or a plan file), the mesh and the training (a plan file's, the flags over it, or
+``DEFAULT_TRAINING``). Every bad input is a ``CliError``: one line, exit code 2 (``cli.main``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+
+class CliError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+def is_config_path(spec: str) -> bool:
+    """A ``config.json`` (or the folder holding one) rather than ``zoo:NAME`` / ``package.module:factory``."""
+    return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
+
+
+def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
+    """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
+    if adapter and not is_config_path(spec):
+        raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
+    if dtype and not is_config_path(spec):
+        raise CliError(f"--dtype applies to a config.json model, not {spec!r}")
+    if spec.startswith("zoo:"):
+        from . import zoo
+
+        try:
+            return zoo.build(spec, lora=lora)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    if is_config_path(spec):
+        from .load import load_model
+
+        try:
+            return load_model(spec, adapter=adapter or None, dtype=dtype)
+        except (ValueError, ImportError) as exc:
+            raise CliError(str(exc)) from None
+    return _model_from_factory(spec)
+
+
+def model_label(spec: str) -> str | None:
+    """What the model is shaped after, for the report's title: a zoo model's name from its docstring
+    ("Llama 3.1 70B"), a config's folder name ("Qwen3-8B"); None for a factory."""
+    if spec.startswith("zoo:"):
+        from . import zoo
+
+        builder = getattr(zoo, spec.removeprefix("zoo:"), None)
+        first = ((getattr(builder, "__doc__", None) or "").strip().splitlines() or [""])[0]
+        return first.split(" on meta")[0].strip() or None if " on meta" in first else None  # "Llama 3.1 70B on meta ..."
+    if is_config_path(spec):
+        path = Path(spec)
+        folder = path if path.is_dir() else path.parent
+        return folder.resolve().name or None
+    return None
+
+
+def _model_from_factory(spec: str):
+    """``package.module:factory`` (or ``:attribute``, an nn.Module) -> an nn.Module; the current folder is importable."""
+    from torch import nn
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
+    from .load import import_object
+
+    try:
+        obj = import_object(module_name, attr, f"model {spec!r}")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if isinstance(obj, nn.Module):
+        return obj
+    if not callable(obj):
+        raise CliError(f"model {spec!r}: {attr!r} is neither an nn.Module nor a callable")
+    try:
+        model = obj()
+    except Exception as exc:  # noqa: BLE001
+        raise CliError(f"model {spec!r}: {attr}() raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise CliError(f"model {spec!r}: {attr}() returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def make_mesh(world: int | None, replicate: int):
+    from .fsdp import Mesh
+
+    if world is None:
+        raise CliError("--world-size is required")
+    if world < 1 or replicate < 1:
+        raise CliError(f"--world-size {world} and --replicate {replicate} must be positive")
+    if world % replicate:
+        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate}")
+    return Mesh(shard=world // replicate, replicate=replicate)
+
+
+def check_version(version: str | None) -> str | None:
+    if version is None:
+        return None
+    from .fsdp import MIN_TORCH, parse_version
+
+    try:
+        release = parse_version(version)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if release < MIN_TORCH:
+        raise CliError(f"--torch {version}: fully_shard (FSDP2) needs torch >= 2.4")
+    return version
+
+
+def read_plan(path: str):
+    from .plan import Plan
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read plan {path!r}: {exc.strerror or exc}") from None
+    try:
+        return Plan.from_json(text)
+    except ValueError as exc:
+        raise CliError(f"plan {path!r}: {exc}") from None
+
+
+def build_model(args):
+    """The command's model, walked once: (model, tree). Every later step reads the tree."""
+    from .tree import ModelTree
+
+    model = model_from_spec(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
+                       dtype=getattr(args, "dtype", None))
+    return model, ModelTree(model)
+
+
+def build_plan(tree, args, model=None):
+    """The command's plan: a preset (--layout), a plan file (--plan), or what the user's framework or
+    function makes (--accelerate-config, --plan-from: ``captured_plan``)."""
+    from .plan import Plan
+    from .presets import named_plan
+
+    checkpoint = getattr(args, "checkpoint", None)
+    if getattr(args, "accelerate_config", None) or getattr(args, "plan_from", None):
+        return captured_plan(model, args)
+    if args.plan and args.layout:
+        raise CliError("give either --layout or --plan, not both")
+    if args.plan and checkpoint:
+        raise CliError("--checkpoint goes with --layout; a plan file lists its own 'checkpoint' modules")
+    if args.plan:
+        plan = read_plan(args.plan)
+    else:
+        plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint)
+    try:
+        plan.validate(tree)
+    except ValueError as exc:
+        raise CliError(f"plan does not fit the model: {exc}") from None
+    return named_plan(tree, plan).with_setup(plan.setup)  # the name the widget and the export give the same plan
+
+
+def captured_plan(model, args):
+    """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
+    from .frameworks import plan_from_source
+
+    given = [f for f in ("layout", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f, None)]
+    if len(given) > 1:
+        raise CliError("give one of --layout, --plan, --accelerate-config, --plan-from; got "
+                       + ", ".join('--' + f.replace('_', '-') for f in given))
+    if getattr(args, "world_size", None) is None:
+        raise CliError("--world-size is required with --accelerate-config / --plan-from")
+    try:
+        return plan_from_source(model, make_mesh(args.world_size, args.replicate or 1), args.accelerate_config,
+                                args.plan_from)
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+
+
+TRAINING_FLAGS = ("optimizer", "param_dtype", "reduce_dtype", "offload", "batch_size", "seq_len", "global_batch")
+
+
+def training_flags(args) -> dict:
+    """The training fields given on the command line (``--param-dtype none``: no MixedPrecisionPolicy)."""
+    kwargs = {}
+    for key in TRAINING_FLAGS:
+        value = getattr(args, key, None)
+        if value is None or value is False:
+            continue
+        if key == "optimizer" and str(value).isdigit():
+            value = int(value)
+        kwargs[key] = None if value == "none" else value
+    return kwargs
+
+
+def make_training(args, base):
+    """``sv.Training``: ``base`` (a plan file's, else ``DEFAULT_TRAINING``) with the fields the flags give."""
+    kwargs = training_flags(args)
+    if "seq_len" in kwargs and "batch_size" not in kwargs and "global_batch" not in kwargs and base.batch_size is None:
+        raise CliError("--seq-len needs --batch-size (the micro-batch each rank trains on)")
+    try:
+        return replace(base, **kwargs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def resolve_setup(args, plan=None):
+    """The command's mesh and training: a plan file's (``plan.setup``), else the flags and
+    ``DEFAULT_TRAINING``; a flag given explicitly overrides the file. Returns (mesh, training, notes):
+    the notes say where each came from, for the output."""
+    from .cost.setup import read_setup
+    from .cost.training import DEFAULT_TRAINING
+    from .views import training_text
+
+    try:
+        file_mesh, file_training = read_setup(plan)
+    except ValueError as exc:
+        raise CliError(f"plan {args.plan!r}: {exc}") from None
+    source = f"from {args.plan}" if plan is not None and plan.setup else ""
+    mesh, mesh_flags = _resolve_mesh(args, file_mesh)
+    training = make_training(args, file_training or DEFAULT_TRAINING)
+    given = [_flag(k) for k in training_flags(args)]
+    base = source if file_training else "shardviz's default"
+    origin = f"{', '.join(given)} over {'the training ' if file_training else ''}{base}" if given else base
+    mesh_origin = ""
+    if file_mesh:
+        mesh_origin = f" ({source}" + (f"; {', '.join(mesh_flags)} override it)" if mesh_flags else ")")
+    notes = [f"training: {training_text(training)} ({origin})", f"mesh: {_mesh_text(mesh)}{mesh_origin}"]
+    return mesh, training, notes
+
+
+def allocator_changes(args) -> dict:
+    """--safety-margin, --judge, --expandable-segments as Mesh fields (only those given)."""
+    margin = getattr(args, "safety_margin", None)
+    if margin is not None and not margin.strip().endswith("%") and not any(c.isalpha() for c in margin):
+        margin = float(margin) if "." in margin or "e" in margin else int(margin)
+    changes = {"safety_margin": margin, "judge": getattr(args, "judge", None),
+               "expandable_segments": True if getattr(args, "expandable_segments", False) else None}
+    return {k: v for k, v in changes.items() if v is not None}
+
+
+def _mesh_text(mesh) -> str:
+    device = f" of {mesh.device.name}" if mesh.device is not None else ""
+    limit = f", {mesh.limit_text}" if mesh.device_memory is not None else ", no device memory given"
+    return f"{mesh}{device}{limit}"
+
+
+def _resolve_mesh(args, file_mesh):
+    """(mesh, the flags that changed the file's): --world-size/--replicate/--device/--device-memory/
+    --memory-reserve over the plan file's mesh."""
+    from .cost.setup import mesh_from_obj, mesh_to_obj
+
+    world, replicate = getattr(args, "world_size", None), getattr(args, "replicate", None)
+    if file_mesh is None:
+        if world is None:
+            raise CliError("--world-size is required (or a --plan file written by 'plan search', which records its mesh)")
+        obj = mesh_to_obj(make_mesh(world, replicate or 1))
+    else:
+        obj = mesh_to_obj(file_mesh)
+        if world is not None or replicate is not None:
+            mesh = make_mesh(world if world is not None else file_mesh.world, replicate or 1)
+            obj.update(shard=mesh.shard, replicate=mesh.replicate)
+    changed = [_flag(k) for k in ("world_size", "replicate") if getattr(args, k, None) is not None]
+    device = getattr(args, "device", None)
+    if device is not None:
+        obj["device"] = device
+        changed.append("--device")
+    for key in ("device_memory", "memory_reserve"):
+        if getattr(args, key, None) is not None:
+            obj[key] = getattr(args, key)
+            changed.append(_flag(key))
+    for key, value in allocator_changes(args).items():
+        obj[key] = value
+        changed.append(_flag(key))
+    try:
+        return mesh_from_obj(obj), changed if file_mesh is not None else []
+    except ValueError as exc:
+        raise CliError(str(exc).replace("plan file: field 'mesh': ", "")) from None

@@ -1,0 +1,100 @@
+"""Findings about the files a model is built from, with real peft on meta models (``sv.load_model``):
+SV120 (an adapter's target_modules that miss this model's fused projections), SV121 (a float32
+config), and peft's refusal of dropout on transformers 5's fused MoE experts as a clear message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import shardviz as sv
+from shardviz.cli import main
+from shardviz.format import format_bytes
+
+LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Phi-3-mini's card, shrunk: fused qkv_proj and gate_up_proj
+PHI3 = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+        "max_position_embeddings": 512, "pad_token_id": 0, "torch_dtype": "bfloat16"}
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+         "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
+# Qwen3-30B-A3B's card, shrunk: transformers 5 fuses the experts' weights into parameters
+QWEN3_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+             "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+             "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
+
+
+def files(tmp_path, config: dict, targets=LLAMA_TARGETS, dropout=0.05, **config_changes):
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": dropout, "target_modules": targets,
+        "task_type": "CAUSAL_LM"}))
+    return folder / "config.json", folder / "adapter_config.json"
+
+
+def findings(model, code):
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(8), sv.Training())
+    return [f for f in a.findings if f.code == code]
+
+
+def test_llama_targets_on_phi3_name_the_fused_projections(tmp_path):
+    config, adapter = files(tmp_path, PHI3)
+    model = sv.load_model(config, adapter=adapter)
+    adapted = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert adapted == {"o_proj", "down_proj"}  # the premise, as peft applied it
+    (f,) = findings(model, "SV120")
+    assert str(adapter) in f.message and "qkv_proj (fused)" in f.message and "gate_up_proj (fused)" in f.message
+    assert "'q_proj'" in f.message and "reaches only down_proj, o_proj" in f.message
+    assert "'qkv_proj'" in f.fix and "target_modules" in f.fix
+
+
+def test_no_sv120_where_the_targets_match_or_are_all_linear(tmp_path):
+    config, adapter = files(tmp_path, LLAMA)
+    assert findings(sv.load_model(config, adapter=adapter), "SV120") == []
+    config, adapter = files(tmp_path, PHI3, targets="all-linear")
+    assert findings(sv.load_model(config, adapter=adapter), "SV120") == []
+    config, adapter = files(tmp_path, PHI3, targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    assert findings(sv.load_model(config, adapter=adapter), "SV120") == []
+
+
+def test_a_float32_config_says_it_doubles_the_weights(tmp_path):
+    config, adapter = files(tmp_path, LLAMA, torch_dtype="float32")
+    model = sv.load_model(config, adapter=adapter)
+    (f,) = findings(model, "SV121")
+    frozen = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)
+    assert f.severity == "warning" and str(config) in f.message and "'torch_dtype'" in f.message
+    assert f"({format_bytes(frozen)})" in f.message
+    assert f.fix_for("cli") == "--dtype bfloat16" and "dtype=\"bfloat16\"" in f.fix_for("python")
+    # said by the config and overridden, or declared bf16: nothing to say
+    assert findings(sv.load_model(config, adapter=adapter, dtype="bfloat16"), "SV121") == []
+    config, adapter = files(tmp_path, LLAMA)
+    assert findings(sv.load_model(config, adapter=adapter), "SV121") == []
+    # full fine-tuning in fp32 master weights is a choice: info
+    assert [f.severity for f in findings(sv.load_model(files(tmp_path, LLAMA, torch_dtype="float32")[0]), "SV121")] == ["info"]
+
+
+def test_dropout_on_fused_moe_experts_is_a_clear_message(tmp_path, capsys):
+    config, adapter = files(tmp_path, QWEN3_MOE)
+    with pytest.raises(sv.load.ModelFileError) as err:
+        sv.load_model(config, adapter=adapter)
+    text = str(err.value)
+    assert text.startswith(str(adapter)) and "field 'lora_dropout' is 0.05" in text
+    assert '"lora_dropout": 0.0' in text and "ParamWrapper" in text
+    assert main(["report", str(config), "--adapter", str(adapter), "--world-size", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "field 'lora_dropout'" in err
+    config, adapter = files(tmp_path, QWEN3_MOE, dropout=0.0)  # what the message says to do works
+    assert sv.load_model(config, adapter=adapter) is not None
+
+
+def test_the_cli_report_shows_sv120(tmp_path, capsys):
+    config, adapter = files(tmp_path, PHI3)
+    assert main(["report", str(config), "--adapter", str(adapter), "--world-size", "8", "--no-compare",
+                 "-o", str(tmp_path / "r.html")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "SV120" in out and "No findings" not in (tmp_path / "r.html").read_text()
