@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from shardviz.files import splice_between
 import shardviz as sv
 from shardviz import zoo
 from shardviz.format import worst_rank
@@ -110,11 +109,12 @@ def fit_markdown(table: list[dict]) -> list[str]:
         "`FakeTensorMode`, see docs/activations.md), with and without `checkpoint_wrapper` on every block "
         "(`sv.Plan.auto(model, lora=..., checkpoint='blocks')`). *activations*: the activation bytes alive at the "
         "peak; *rest*: everything else alive then (parameters, gradients, optimizer states, FSDP buffers). "
-        f"On `sv.Mesh(shard=..., device=\"{DEVICE}\")` (80 GiB; 450 GB/s inside a node of 8, 50 GB/s per GPU across "
-        f"nodes): *fits*: the peak is within {sv.Mesh(1, device=DEVICE).limit_text}, the reserve being the CUDA "
-        "context and NCCL's buffers (`Mesh.memory_reserve`); *step*, *tokens/s* (per GPU) and *MFU* are `a.step`: "
-        "torch's FLOP count of the step, FSDP2's overlap of compute and collectives, the optimizer step, at the "
-        "default efficiencies (docs/step-time.md); *exposed*: the communication compute waits for. The step is "
+        f"On `sv.Mesh(shard=..., device=\"{DEVICE}\")` (80 GiB; 450 GB/s inside a node of 8, 8 NICs of 50 GB/s per "
+        f"node across nodes): *fits*: the peak is within {sv.Mesh(1, device=DEVICE).limit_text}, the reserve being "
+        "the CUDA context and NCCL's buffers (`Mesh.memory_reserve`); *step*, *tokens/s* (per GPU) and *MFU* are "
+        "`a.step`: each op of the step timed by its roofline (torch's FLOP count, its bytes, a kernel floor), "
+        "FSDP2's overlap of compute and collectives, the optimizer step, at the preset of the model's stack "
+        "(`hf-peft` for a peft model, docs/step-time.md); *exposed*: the communication compute waits for. The step is "
         "the one the config runs: Llama 3.1's config keeps `use_cache=True`, so the forward builds a key/value "
         "cache that the checkpointed blocks keep alive through backward (docs/activations.md, use_cache); "
         "*peak, no cache*: the same plan with `model.config.use_cache = False` (`a.without_kv_cache()`, "
@@ -195,18 +195,7 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
-        readme = ROOT / "README.md"
-        readme.write_text(splice_readme(readme.read_text(), text))
-        print(f"updated the table in {readme}", file=sys.stderr)
     return 0
-
-
-START, END = "<!-- comparison:start -->", "<!-- comparison:end -->"
-
-
-def splice_readme(readme: str, table: str) -> str:
-    """The README with the generated table between its markers (the markers stay)."""
-    return splice_between(readme, table, START, END)
 
 
 if __name__ == "__main__":

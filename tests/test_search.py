@@ -296,7 +296,7 @@ def test_explain_says_what_was_chosen_and_why():
 
 
 @pytest.mark.slow
-def test_readme_what_should_i_run_table_is_up_to_date():
+def test_docs_what_should_i_run_table_is_up_to_date():
     import importlib.util
     from pathlib import Path
 
@@ -304,7 +304,7 @@ def test_readme_what_should_i_run_table_is_up_to_date():
     spec = importlib.util.spec_from_file_location("bench_search", root / "benchmarks" / "bench_search.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    readme = (root / "README.md").read_text()
-    fresh = bench.readme_markdown(list(bench.readme_rows()))
-    assert bench.splice_readme(readme, fresh) == readme, (
-        "the README's What should I run table is stale: run .venv/bin/python benchmarks/bench_search.py --readme")
+    doc = (root / "docs" / "search.md").read_text()
+    fresh = bench.table_markdown(list(bench.table_rows()))
+    assert bench.splice_doc(doc, fresh) == doc, (
+        "docs/search.md's What should I run table is stale: run .venv/bin/python benchmarks/bench_search.py --docs")

@@ -76,7 +76,7 @@ def test_a_custom_plan_keeps_its_name_with_the_edit_count(model):
     assert st.plan.name == "mine"
 
 
-def test_default_training_is_the_readme_table(model):
+def test_default_training_is_the_comparison_tables(model):
     import re
     from pathlib import Path
 
@@ -85,7 +85,7 @@ def test_default_training_is_the_readme_table(model):
     st = InspectorState(model, mesh=MESH)
     assert st.training == DEFAULT_TRAINING == sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
     assert re.search(r"AdamW, `MixedPrecisionPolicy\(param_dtype=bf16, reduce_dtype=fp32\)`",
-                     (Path(__file__).parents[1] / "README.md").read_text())
+                     (Path(__file__).parents[1] / "docs" / "comparison.md").read_text())
 
 
 def test_peak_uses_is_computed_in_python_and_only_red_when_over(model):
