@@ -64,11 +64,17 @@ class InspectorState(PlanActions, SuggestActions):
         mesh = mesh if mesh is not None else Mesh(shard=8)
         if not isinstance(mesh, Mesh):
             raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
+        #: the sequence length was given (a training passed in, or set since): only then is it
+        #: checked against the model's positions (the default 2048 on a tiny model is not the user's)
+        self.seq_len_set = training is not None
         training = training if training is not None else DEFAULT_TRAINING
         self.view = TreeView(self.tree)
         self.messages: list[dict] = []  # {id, level, text, at}; the widget shows the latest ones
         self._message_id = 0
         self.listeners: list[Callable[[set], None]] = []
+        #: called before the current analysis or a derived view is replaced (the widget stops its
+        #: background work there, so that nothing computed for the old state lands in the new one)
+        self.before_change: list[Callable[[], object]] = []
         self.revision = 0
         self.timings: dict[str, float] = {}
         self._code_cache: dict = {}
@@ -139,6 +145,10 @@ class InspectorState(PlanActions, SuggestActions):
         for cb in list(self.listeners):
             cb(changed)
 
+    def _before_change(self) -> None:
+        for cb in list(self.before_change):
+            cb()
+
     def _message(self, level: str, text: str) -> None:
         self._message_id += 1
         self.messages.append({"id": self._message_id, "level": level, "text": text, "at": time.time()})
@@ -167,6 +177,7 @@ class InspectorState(PlanActions, SuggestActions):
             parse_version(version)  # ValueError for a bad string, nothing changed
         if version == self.torch_version:
             return
+        self._before_change()
         self.torch_version = version
         self.analysis.torch_version = version
         self.analysis.__dict__.pop("findings", None)  # a cached_property: recomputed for the new release
@@ -176,6 +187,7 @@ class InspectorState(PlanActions, SuggestActions):
     def _recompute(self, snap: Snapshot, analysis: Analysis | None = None) -> None:
         """Make ``analysis`` current; every derived view is rebuilt lazily, on first use."""
         t0 = time.perf_counter()
+        self._before_change()
         self.analysis = analysis if analysis is not None else self._analyze(snap)
         self._derived: dict[str, Any] = {}
         self.revision += 1
@@ -350,6 +362,7 @@ class InspectorState(PlanActions, SuggestActions):
     def pin(self) -> None:
         """Keep the current plan, mesh and training as "A" (replacing an earlier pin); the current
         state, as it changes from now on, is "B" in ``comparison``."""
+        self._before_change()
         self.pinned = self.current
         self._pinned_analysis = self.analysis
         self._derived.pop("comparison", None)
@@ -359,6 +372,7 @@ class InspectorState(PlanActions, SuggestActions):
         """Forget "A"; False when nothing was pinned."""
         if self.pinned is None:
             return False
+        self._before_change()
         self.pinned = None
         self._pinned_analysis = None
         self._derived.pop("comparison", None)

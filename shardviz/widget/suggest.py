@@ -126,7 +126,8 @@ class SuggestActions:
     def suggestions(self) -> dict:
         """The Suggest panel's data: the search's state, what it is for, what is missing, its rows."""
         out = {**self._suggest_status, "inputs": f"{_mesh_text(self.mesh)} · {training_text(self.training)}",
-               "missing": self._missing(), "top": self._suggest_top}
+               "missing": self._missing(), "top": self._suggest_top,
+               "needs_memory": self.mesh.device_memory is None}
         if out["state"] == "running":
             out["text"] = f"searching {out['n_candidates']} plans…"
         if self._search is not None:

@@ -59,7 +59,8 @@ function controlsLayout(ctl) {
 
 function wireControls(ctx, ctl, showState) {
   const { send, model } = ctx;
-  const intOrNull = (el) => (el.value.trim() === "" ? null : Math.round(Number(el.value)));
+  // the number as typed: Python refuses one that is not whole (naming the field), never rounded here
+  const intOrNull = (el) => (el.value.trim() === "" ? null : Number(el.value));
   const onRefused = (ack) => {
     if (!ack.ok) showState(); // refused: the control shows the current state again
   };

@@ -21,6 +21,8 @@ function summaryComponent(ctx, { openCompare }) {
       peakItem(sm),
       findingsItem(sm),
     );
+    const work = workItem(ctx);
+    if (work) el.append(work);
     const pinned = pinnedItem(ctx.model.get("comparison") || {}, openCompare);
     if (pinned) el.append(pinned);
     if (sm.plan_file) el.append(planFileItem(sm.plan_file));
@@ -38,7 +40,33 @@ function planItem(sm) {
   );
 }
 
+// what runs in the background after a change (measuring, checking, searching): its time, and cancel
+let workTimer = null;
+function workItem(ctx) {
+  const w = ctx.model.get("work") || {};
+  clearInterval(workTimer);
+  if (!w.busy) return null;
+  const clock = h("span", { class: "sv-work-clock" });
+  const tick = () => (clock.textContent = ` ${Math.max(0, Date.now() / 1000 - w.since).toFixed(1)} s`);
+  tick();
+  workTimer = setInterval(() => (clock.isConnected ? tick() : clearInterval(workTimer)), 200);
+  return h(
+    "span",
+    { class: "sv-sum-item sv-work", role: "status", title: "runs in the background: the numbers above are already for the current state" },
+    `⏳ ${w.label}…`,
+    clock,
+    h("button", { class: "sv-btn sv-work-cancel", text: "cancel", title: "stop it; the numbers shown stay", onclick: () => ctx.send("cancel") }),
+  );
+}
+
 function peakItem(sm) {
+  if (sm.pending) {
+    return h(
+      "span",
+      { class: "sv-sum-item sv-sum-peak sv-pending", "data-bytes": sm.peak, title: sm.pending },
+      `model state ${fmtBytes(sm.peak)} (rank ${sm.worst_rank}) · activations being measured`,
+    );
+  }
   const over = !!(sm.use && sm.use.over);
   return h(
     "span",
