@@ -171,3 +171,23 @@ def test_a_row_with_another_micro_batch_applies_it_in_the_same_undo_step():
     assert not ins.suggestions["stale"]  # another micro-batch of the same global batch: the same search
     assert wire.action("undo")["ok"]
     assert (ins.plan, ins.mesh, ins.training) == before
+
+
+def test_an_applied_offload_row_sets_the_box_and_unchecking_it_undoes_it():
+    """Issue 24: after a Suggest row with CPU offload the box was unchecked, the training line
+    omitted offload, and toggling the box left the peak unchanged; the host RAM was never shown."""
+    mesh = sv.Mesh(shard=4, device_memory="80GiB")
+    ins = Inspector(model(), mesh=mesh)
+    plan = sv.Plan([sv.Unit(u.modules, offload=True) for u in ins.plan.units], ins.plan.ignored, "offloaded")
+    ins.set_plan(plan)  # as apply_suggestion makes it: the plan's calls offload, Training.offload stays off
+    assert not ins.training.offload and ins.controls["offload"] is True
+    assert "CPU offload" in ins.summary["training"]
+    cpu = int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["cpu_peak"].max())
+    assert cpu > 0 and ins.controls["offload_text"].startswith(f"host RAM {format_bytes(cpu)} per rank")
+    peak = ins.summary["peak"]
+    assert ins.handle_action("set_training", {"offload": False})["ok"]  # the box unchecked
+    assert not any(u.offload for u in ins.plan.units) and ins.controls["offload"] is False
+    assert ins.summary["peak"] > peak and ins.controls["offload_text"] == ""
+    assert ins.summary["peak"] == int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["peak"].max())
+    ins.undo()  # one undo step brings the plan's offload back
+    assert ins.controls["offload"] is True and ins.summary["peak"] == peak

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ..analysis import analyze
 from ..format import format_count
 from . import views
+from .views import host_ram_text
 
 #: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
 NUMBERS_WAIT_S = 1.0
@@ -164,6 +165,7 @@ class BackgroundPush:
         note = (f"activations at {format_count(tr.batch_size)} x {format_count(tr.seq_len)} tokens: being measured "
                 "(the bars show the model state only)")
         return {"memory": {**views.memory_payload(a), "pending": note}, "traffic": views.traffic_payload(a),
+                "host_ram": host_ram_text(a),
                 "timeline": {"available": False, "reason": f"step time: {note}", "pending": True}}
 
     def _push_numbers(self, interim: dict | None = None) -> None:
@@ -174,6 +176,7 @@ class BackgroundPush:
         if interim is None:
             self._interim_revision = None
             self._run_order = st.analysis.__dict__.get("run_order", self._run_order)
+        self._host_ram_text = interim["host_ram"] if interim else host_ram_text(st.analysis)
         self._shown_memory = numbers["memory"]
         with self.hold_sync():
             self.memory = {**numbers["memory"], "revision": rev}

@@ -33,7 +33,7 @@ import anywidget
 import traitlets
 from comm import DummyComm
 
-from ..format import format_bytes
+from ..format import format_bytes, format_count
 from ..fsdp import Mesh
 from ..highlight import python_html
 from . import protocol, views
@@ -127,6 +127,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         self._interim_revision: int | None = None
         self._run_order = None
         self._shown_memory: dict | None = None
+        self._host_ram_text = ""
         self._interrupted = False  # a change of view (pin, target release) stopped the background work
         controller.before_change.append(self._stop_background)
         self._sent_order: list[str] | None = None
@@ -187,6 +188,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             opts.append(str(tr.optimizer))
         blocks = st.blocks()
         ck = set(st.plan.checkpoint)
+        offload = bool(getattr(tr, "offload", False)) or any(u.offload for u in st.plan.units)
         return {
             "revision": st.revision,
             "world": mesh.world,
@@ -199,7 +201,9 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "optimizer": str(getattr(tr, "optimizer", "adamw")),
             "param_dtype": getattr(tr, "param_dtype", None) or "",
             "reduce_dtype": getattr(tr, "reduce_dtype", None) or "",
-            "offload": bool(getattr(tr, "offload", False)),
+            # on when the training offloads or the plan's calls do (a Suggest row's CPU offload)
+            "offload": offload,
+            "offload_text": self._host_ram_text if offload else "",  # the host RAM it needs, per rank and node
             "batch_size": getattr(tr, "batch_size", None),
             "seq_len": getattr(tr, "seq_len", None),
             # only for a length the user chose (the default 2048 is not flagged on a tiny model)
@@ -243,7 +247,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "n_ignored": len(st.plan.ignored),
             "n_checkpointed": len(st.plan.checkpoint),
             "plan_name": st.plan.name,
-            "training": training_text(tr),
+            "training": training_text(tr) + _plan_offload_text(st.plan, tr),
             "findings": sev if not stale else self._last_severities,
             "findings_text": _severity_text(sev if not stale else self._last_severities),
             "findings_stale": stale,
@@ -396,6 +400,8 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         if action == "set_training":
             fields = training_fields(kw, st.training)
             st.seq_len_set = st.seq_len_set or "seq_len" in fields
+            if fields.get("offload") is False and any(u.offload for u in st.plan.units):
+                return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
             return st.set_training(**fields)
         if action == "set_rank":
             return st.set_rank(whole("rank", kw["rank"], 0, st.mesh.world - 1))
@@ -425,6 +431,14 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         if action in ("apply_to_many", "apply_to_type") and kw.get("value", 0) is None:
             del kw["value"]
         return getattr(st, action)(**kw)
+
+
+def _plan_offload_text(plan, training) -> str:
+    """The training line's offload when the plan's calls offload rather than ``Training.offload``."""
+    n = sum(1 for u in plan.units if u.offload)
+    if not n or getattr(training, "offload", False):
+        return ""
+    return f" · CPU offload ({format_count(n)} of the plan's calls)" if n < len(plan.units) else " · CPU offload (every call)"
 
 
 def _device_text(size: int | None) -> str:

@@ -334,6 +334,18 @@ class InspectorState(PlanActions, SuggestActions):
             raise ValueError("the training object is not a dataclass; pass a new sv.Training instead")
         self._commit(training=new)
 
+    def set_offload(self, on: bool, **fields) -> None:
+        """CPU offload on (``Training.offload``) or off: off also for the plan's calls that offload
+        (a Suggest row offloads by its calls), in one undo step; ``fields``: other training fields."""
+        plan = self.plan
+        if on or not any(u.offload for u in plan.units):
+            self.set_training(**fields, offload=bool(on))
+            return
+        units = [dataclasses.replace(u, offload=False) for u in plan.units]
+        fields["offload"] = False
+        self._commit(plan=Plan(units, plan.ignored, plan.name, plan.checkpoint),
+                     training=dataclasses.replace(self.training, **fields))
+
     # -- history --------------------------------------------------------------------------
     def undo(self) -> bool:
         if not self.can_undo:
