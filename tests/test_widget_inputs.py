@@ -140,8 +140,19 @@ def test_a_findings_long_list_opens_in_the_tree(model, monkeypatch):
 def test_finding_counts_read_as_words(model):
     ins = Inspector(model, plan=sv.Plan.auto(model, lora="ignored"), mesh=MESH)
     counts = ins.summary["findings"]
-    assert ins.summary["findings_text"] == {k: f"{n} {k}{'' if n == 1 else 's'}" for k, n in counts.items()}
+    words = {k: f"{n} {k}{'' if n == 1 or k == 'info' else 's'}" for k, n in counts.items()}
+    assert ins.summary["findings_text"] == {**words, "total": f"{len(ins.findings)} finding{'' if len(ins.findings) == 1 else 's'}"}
     assert ins.summary["findings_text"]["warning"] == "1 warning"
+
+
+def test_one_count_of_findings_and_plural_words(model):
+    """Issue 24: the Findings tab said (2) while the summary said 1 (it counted errors and warnings
+    only); "1 calls", "FSDP 1 ranks"; the fix read "fix: cheapest fix: ..."."""
+    ins = Inspector(model, plan=sv.Plan([""]), mesh=sv.Mesh(shard=1))
+    assert ins.summary["findings_text"]["total"].startswith(f"{len(ins.findings)} finding")  # the tab's count
+    assert any(f["severity"] == "info" for f in ins.findings) or len(ins.findings) == sum(ins.summary["findings"].values())
+    assert ins.summary["plan_text"].startswith(": 1 call ·") and ins.summary["mesh"] == "FSDP 1 rank"
+    assert str(sv.Mesh(shard=8)) == "FSDP 8 ranks"
 
 
 # -- issue 24: every field validated as the API reads it ---------------------------------------------

@@ -33,7 +33,7 @@ import anywidget
 import traitlets
 from comm import DummyComm
 
-from ..format import format_bytes, format_count
+from ..format import format_bytes, format_count, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
 from . import protocol, views
@@ -246,6 +246,10 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "n_units": len(st.plan.units),
             "n_ignored": len(st.plan.ignored),
             "n_checkpointed": len(st.plan.checkpoint),
+            "size_text": f"{format_plural(tree.n_modules, 'module')} · "
+                         f"{format_large_count(st.view.static.numel[0] if tree.n_modules else 0)} parameter elements",
+            "plan_text": ": " + " · ".join([format_plural(len(st.plan.units), "call"), f"{len(st.plan.ignored):,} ignored"]
+                                          + ([f"{len(st.plan.checkpoint):,} checkpointed"] if st.plan.checkpoint else [])),
             "plan_name": st.plan.name,
             "training": training_text(tr) + _plan_offload_text(st.plan, tr),
             "findings": sev if not stale else self._last_severities,
@@ -342,6 +346,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
     def _on_tab(self, change) -> None:
         if change["name"] == "torch_version":
             # the findings follow the export's target release (SV101 before 2.7, SV110 before 2.5)
+            self.verify_result = {}  # a verdict for another release ("torch agrees") would sit under its refusal
             try:
                 self.controller.set_torch_version(self.torch_version or None)
             except ValueError as exc:
@@ -449,10 +454,12 @@ def _device_text(size: int | None) -> str:
 
 
 def _severity_text(counts: dict | None) -> dict | None:
-    """"1 error", "2 warnings": the summary's counts as the front end shows them."""
+    """"1 error", "2 warnings": the summary's counts as the front end shows them; ``total``: every
+    finding ("3 findings"), the count the Findings tab shows too (one count of the same list)."""
     if counts is None:
         return None
-    return {k: f"{n} {k}{'' if n == 1 else 's'}" for k, n in counts.items()}
+    return {**{k: format_plural(n, k, "info" if k == "info" else None) for k, n in counts.items()},
+            "total": format_plural(sum(counts.values()), "finding")}
 
 
 def _preset_of(name: str) -> str:

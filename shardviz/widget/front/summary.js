@@ -14,7 +14,7 @@ function summaryComponent(ctx, { openCompare }) {
     if (!sm.model) return;
     el.append(
       h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: sm.size_text }),
       h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
       h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
       planItem(sm),
@@ -36,7 +36,7 @@ function planItem(sm) {
     "span",
     { class: "sv-sum-item sv-sum-plan", title: "the plan's name: the preset it started from, and how many edits since" },
     h("b", { class: "sv-plan-name", text: sm.plan_name || "custom plan" }),
-    `: ${sm.n_units} calls · ${sm.n_ignored} ignored${sm.n_checkpointed ? ` · ${sm.n_checkpointed} checkpointed` : ""}`,
+    sm.plan_text,
   );
 }
 
@@ -82,9 +82,13 @@ function findingsItem(sm) {
   return h(
     "span",
     { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
+    h("span", { class: "sv-sum-findings-total", text: `${f.total}:` }),
+    " ",
     h("span", { class: "sv-sev sv-sev-error", text: f.error }),
     " ",
     h("span", { class: "sv-sev sv-sev-warning", text: f.warning }),
+    " ",
+    h("span", { class: "sv-sev sv-sev-info", text: f.info }),
   );
 }
 
