@@ -207,7 +207,9 @@ def test_cli_plan_search_writes_the_best_plan(tmp_path, capsys):
 
     out = tmp_path / "plan.json"
     limit = str(limits()["between"])
-    rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", limit, "--memory-reserve", "0",
+    # the same mesh as found()'s (its device times the steps: without it the ranking is another one)
+    rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100", "--device-memory", limit,
+               "--memory-reserve", "0",
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "-o", str(out)])
     printed = capsys.readouterr()
     assert rc == 0 and "fastest that fits" in printed.out and "shardviz: Run LoRA" in printed.err

@@ -191,3 +191,22 @@ def test_an_applied_offload_row_sets_the_box_and_unchecking_it_undoes_it():
     assert ins.summary["peak"] == int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["peak"].max())
     ins.undo()  # one undo step brings the plan's offload back
     assert ins.controls["offload"] is True and ins.summary["peak"] == peak
+
+
+def test_every_row_says_what_its_mesh_means(searched):
+    """Issue 24: "HSDP 16x4" was never explained; "shard groups of 1 ranks"."""
+    ins, _wire = searched
+    rows = ins.suggestions["rows"]
+    for r in rows:
+        head, words = r["mesh_text"].split(": ", 1)
+        assert (head in r["name"]) if head.startswith("HSDP") else words.startswith("one shard group of"), r
+    hsdp = suggest_module.mesh_words(sv.Mesh(shard=4, replicate=16))
+    assert hsdp.startswith("16 replicas x 4-rank shard groups")
+    assert "no sharding" in suggest_module.mesh_words(sv.Mesh(shard=1, replicate=4))
+    assert suggest_module.mesh_words(sv.Mesh(shard=1)) == "one shard group of 1 rank"
+    found = reference()
+    refused = found.table.why.astype(str).str.startswith("torch would refuse")
+    over = int((~found.table.fits & ~refused).sum())
+    text = found.explain()
+    assert (f"{over} of {len(found.table)} plans do not fit" in text) == bool(over)
+    assert ("torch would refuse" in text) == bool(refused.any())

@@ -25,6 +25,7 @@ function suggestRow(send, r, stale) {
       { class: "sv-suggest-plan" },
       h("div", {}, h("b", { class: "sv-suggest-name", text: r.name }), " ", fits),
       h("div", { class: "sv-suggest-why", text: r.why }),
+      h("div", { class: "sv-suggest-mesh sv-muted", text: r.mesh_text }),
       h("div", { class: "sv-suggest-applies", text: `applies: ${r.applies.join("; ")}` }),
     ),
     h("td", { class: "sv-suggest-peak", "data-value": r.peak ?? "" }, h("div", { text: r.peak_text }), h("div", { class: "sv-suggest-sub", text: r.margin_text })),
