@@ -1001,3 +1001,23 @@ def test_a_failing_cost_model_is_shown_not_raised(model, ins, monkeypatch):
     monkeypatch.undo()
     ins.handle_action("undo", {})
     assert ins.view.memory["available"] is True
+
+
+def test_a_failing_verification_does_not_blame_torch(model, ins, monkeypatch):
+    """Issue 24: verify's own KeyError on a checkpointed plan read "torch raised KeyError"."""
+    import shardviz
+
+    def broken(*args, **kwargs):
+        return {}["base_model.model.model.layers.0._checkpoint_wrapped_module"]
+
+    monkeypatch.setattr(shardviz, "verify", broken)
+    result = ins.controller.verify()
+    assert not result["ok"] and result["raised_by"] == "shardviz" and result["error"].startswith("KeyError")
+
+    def refused(*args, **kwargs):
+        import torch
+
+        torch.nn.Linear(2, 2).get_submodule("nope")  # raised inside torch (nn/modules/module.py)
+
+    monkeypatch.setattr(shardviz, "verify", refused)
+    assert ins.controller.verify()["raised_by"] == "torch"

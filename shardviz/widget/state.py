@@ -18,7 +18,9 @@ in), the plan's name after edits in ``plan_names.py``, the Suggest panel (``sv.s
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -469,7 +471,8 @@ class InspectorState(PlanActions, SuggestActions):
         try:
             df = sv_verify(self.model, plan, mesh=mesh)
         except Exception as exc:  # noqa: BLE001 - torch's refusal is the answer to show
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0}
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0,
+                      "raised_by": raised_by(exc)}
         else:
             rows = df.head(50).astype(str).to_dict("records")
             result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": len(df)}
@@ -494,6 +497,13 @@ class InspectorState(PlanActions, SuggestActions):
         if pf is None:
             return None
         return {"path": str(pf.path), "autosave": pf.writable, "problem": pf.problem, "saves": pf.saves}
+
+
+def raised_by(exc: BaseException) -> str:
+    """"torch" when the exception was raised inside torch (a refusal of the plan), else "shardviz"
+    (the verification itself failed: the message must not blame torch)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return "torch" if frames and f"{os.sep}torch{os.sep}" in frames[-1].filename else "shardviz"
 
 
 def shortened_diff(payload: dict) -> dict:
