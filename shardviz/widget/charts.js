@@ -311,11 +311,10 @@ function pairedBars(title, rows, kind, limit, limitText) {
   if (limitOnScale) {
     const x = labelW + (barW * limit) / max;
     svg.append(s("line", { class: "sv-limit", x1: x, x2: x, y1: padT - 2, y2: H }));
-    svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: limitText || `device ${fmtBytes(limit)}` }));
-  } else if (limit) {
-    svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: limitText || `device ${fmtBytes(limit)}` }));
   }
-  return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
+  // the limit in words under the title, where it wraps (drawn in the chart it was cut at 848 px)
+  const words = limit ? h("div", { class: "sv-limit-label", text: `${limitText || `device ${fmtBytes(limit)}`}${limitOnScale ? " (dashed line)" : ""}` }) : null;
+  return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), words, svg);
 }
 
 // lines against a log2 x axis (sweep: peak memory and bytes sent per rank against world size).
@@ -392,7 +391,8 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   const streams = p.streams || [];
   const events = p.events || [];
   const labels = p.labels || {};
-  const W = 520, laneH = 26, padL = 96, padR = 12, padT = 6, padB = 30;
+  // as wide as the panel (it was 520 wide at most 620 px: 80 blocks' calls a few pixels each)
+  const W = 820, laneH = 30, padL = 96, padR = 12, padT = 6, padB = 30;
   const H = padT + streams.length * laneH + padB;
   const end = p.step_time_s || 1;
   const xOf = (t) => padL + ((W - padL - padR) * t) / end;
