@@ -19,7 +19,10 @@ One set of traits, written only by Python:
 
 The tree goes as custom messages holding only the rows that are visible (expanded) and changed
 since the last message. After a change, the charts go first, then the rows, then the findings
-(the slowest checks) and the A vs B comparison, so the chart never waits for the rest.
+(the slowest checks) and the A vs B comparison, so the chart never waits for the rest. With a
+front end connected, what is slow (measuring activations, the findings' what-ifs, Suggest) runs
+on a worker thread after the model-state numbers are sent (``background.py``); ``work`` says what
+runs, the summary shows it with a cancel button.
 """
 
 from __future__ import annotations
@@ -86,7 +89,9 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
     ``plan``: the starting plan (default ``sv.Plan.auto(model)``). ``mesh``, ``training``: as for
     ``sv.analyze`` (default training: AdamW with bf16 parameters and fp32 reduction, as in the
     README's table). ``plan_path``: a JSON file the plan is saved to (atomically) after every
-    change and restored from when an Inspector is created on the same path.
+    change and restored from when an Inspector is created on the same path. ``background``
+    (default: when a front end is connected): the slow work after a change on a worker thread;
+    ``inspector.wait()`` waits for it, ``inspector.cancel()`` stops it.
 
     ``inspector.plan`` is always the current plan; every action is a plain method
     (``inspector.make_unit(fqn)``, ``inspector.undo()``, ...), the same ones the controls call,
@@ -424,6 +429,8 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             kw["torch_version"] = self.torch_version or None
         if action == "cancel":
             return self.cancel()
+        if action == "verify":
+            self._worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
         if action == "suggest" and self.background and st.mesh.device_memory is not None:
             def job():
                 st.suggest(**kw)
