@@ -202,3 +202,10 @@ CONTRAST_JS = r"""
 def contrast_problems(widget) -> list[str]:
     """Text under WCAG AA contrast, and states that do not show (empty: none)."""
     return widget.evaluate(CONTRAST_JS)
+
+
+def numbers_settled(widget, timeout: float = 60_000) -> None:
+    """The full numbers of the last change are drawn (not the model state sent first while the
+    activations are measured) and the background work after it is done (findings, A vs B)."""
+    expect(widget.locator(".sv-memory")).not_to_have_attribute("data-pending", "true", timeout=timeout)
+    expect(widget.locator(".sv-work")).to_have_count(0, timeout=timeout)

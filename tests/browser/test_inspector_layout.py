@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import make_notebook, open_and_run_notebook, save_screenshot
-from inspector_page import contrast_problems, expand, layout_problems, open_block, row
+from inspector_page import contrast_problems, expand, layout_problems, numbers_settled, open_block, row
 from playwright.sync_api import expect
 
 import shardviz as sv
@@ -40,6 +40,7 @@ def rev(widget) -> str:
 def settle(widget, old_rev) -> None:
     expect(widget.locator(".sv-memory")).not_to_have_attribute("data-revision", str(old_rev), timeout=30_000)
     expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
+    numbers_settled(widget)
 
 
 def set_file_browser(page, open_: bool) -> None:
