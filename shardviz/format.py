@@ -56,6 +56,20 @@ def format_count(n) -> str:
     return f"{int(n):,}"
 
 
+def format_plural(n, word: str, plural: str | None = None) -> str:
+    """``(1, "call")`` -> ``"1 call"``, ``(2, "call")`` -> ``"2 calls"`` (thousands separated)."""
+    return f"{int(n):,} {word if int(n) == 1 else plural or word + 's'}"
+
+
+def format_large_count(n) -> str:
+    """``70_553_706_496`` -> ``"70.55 billion"``; below a million, ``format_count``'s digits."""
+    n = int(n)
+    for div, name in ((10**12, "trillion"), (10**9, "billion"), (10**6, "million")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {name}"
+    return format_count(n)
+
+
 def format_seconds(s) -> str:
     """``0.5523`` -> ``"0.552 s"``; "–" when there is no number (no bandwidth given)."""
     if s is None or (isinstance(s, float) and math.isnan(s)):

@@ -28,7 +28,7 @@ import numpy as np
 
 from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, Efficiency, check_fit_settings, mesh_defaults
 from .finding import Finding, PlanError
-from .format import parse_size
+from .format import format_plural, parse_size
 from .plan import Plan, Unit, closest_hint
 from .tree import ModelTree
 
@@ -115,7 +115,7 @@ class Mesh(DeviceLimits):
         return divmod(rank, self.shard)
 
     def __str__(self) -> str:
-        return f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {self.shard} ranks"
+        return f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {format_plural(self.shard, 'rank')}"
 
 
 # ---------------------------------------------------------------------------

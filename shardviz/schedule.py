@@ -261,12 +261,14 @@ def _pre_backward(sim: _Simulator, order: list[UnitTime], k: int) -> None:
 def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
     sim.wait(sim.pending_rs)  # the previous reduce-scatter still in flight (one input buffer kept)
     sim.pending_rs = None
-    if unit.reduce_scatter_s is None:
+    if unit.reduce_scatter_s is None and unit.all_reduce_s is None:
         return
-    rs = sim.comm(REDUCE_SCATTER, unit, REDUCE_SCATTER, "backward", sim.now, unit.reduce_scatter_s)
-    sim.pending_rs, last = rs, rs
-    if unit.all_reduce_s is not None:
-        last = sim.comm(ALL_REDUCE, unit, ALL_REDUCE, "backward", rs.end_s, unit.all_reduce_s)
+    if unit.reduce_scatter_s is not None:
+        last = sim.comm(REDUCE_SCATTER, unit, REDUCE_SCATTER, "backward", sim.now, unit.reduce_scatter_s)
+        sim.pending_rs = last
+    if unit.all_reduce_s is not None:  # HSDP; alone when the shard groups are of 1 rank (no reduce-scatter)
+        start = last.end_s if unit.reduce_scatter_s is not None else sim.now
+        last = sim.comm(ALL_REDUCE, unit, ALL_REDUCE, "backward", start, unit.all_reduce_s)
     if unit.d2h_s > 0:
         last = sim.comm(last.stream, unit, "d2h", "backward", last.end_s, unit.d2h_s)
     sim.reductions.append(last)

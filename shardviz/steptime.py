@@ -352,7 +352,8 @@ def timeline_payload(a) -> dict:
     if st.schedule is None:
         return {"available": False, "reason": st.step["reason"]}
     sched, step = st.schedule, st.step
-    events = sched.timeline()
+    # a collective of no bytes (an all-gather in shard groups of 1 rank) takes no time: not drawn
+    events = [e for e in sched.timeline() if e["end_s"] > e["start_s"]]
     k = step["grad_accum"]
     note = (f"the last of {k} micro-batches (the one that reduces); the step is {step['step_time_s']:.3f} s"
             if k > 1 else "")
@@ -369,7 +370,8 @@ def _short_names(names: list[str]) -> dict:
     dotted = [n.split(".") for n in names if "." in n and not n.startswith(("[", "<", "("))]
     prefix = 0
     if len(dotted) > 1:
-        while all(len(d) > prefix + 1 and d[prefix] == dotted[0][prefix] for d in dotted):
+        # "layers.0", never a bare "0": a numbered name keeps its parent
+        while all(len(d) > prefix + (2 if d[-1].isdigit() else 1) and d[prefix] == dotted[0][prefix] for d in dotted):
             prefix += 1
     out = {}
     for n in names:

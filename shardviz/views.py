@@ -13,7 +13,7 @@ import math
 import os
 
 from .cost import BREAKDOWN
-from .format import byte_unit, format_bytes, format_percent, worst_rank
+from .format import byte_unit, format_bytes, format_duration, format_percent, worst_rank
 # the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
 from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
 
@@ -278,6 +278,7 @@ def traffic_payload(analysis) -> dict:
                 "by_collective": [], "by_unit": [], "collectives": []}
     by_coll, by_unit = _traffic_sums(df)
     colls = sorted(by_coll, key=lambda c: (COLLECTIVES_ORDER.index(c) if c in COLLECTIVES_ORDER else 99, c))
+    seconds = _time_per_step(df, analysis.mesh)
     return {
         "available": True,
         "metric": "sent_bytes" if "sent_bytes" in df.columns else "bytes",
@@ -287,7 +288,8 @@ def traffic_payload(analysis) -> dict:
         "n_units": len(by_unit),
         "total_sent": sum(c["sent"] for c in by_coll.values()),
         "total_bytes": sum(c["bytes"] for c in by_coll.values()),
-        "time_s": _time_per_step(df, analysis.mesh),
+        "time_s": seconds,
+        "time_text": format_duration(seconds) if seconds else "",  # "5.636 s", not "5635.8 ms"
     }
 
 

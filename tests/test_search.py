@@ -210,8 +210,9 @@ def test_cli_plan_search_writes_the_best_plan(tmp_path, capsys):
 
     out = tmp_path / "plan.json"
     limit = f"{limits()['between']}B"  # a bare number is GiB on the command line, as in the widget
-    rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device-memory", limit, "--memory-reserve", "0",
-               "--judge", "allocated", "--safety-margin", "0",
+    # the same mesh as found()'s (its device times the steps: without it the ranking is another one)
+    rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100", "--device-memory", limit,
+               "--memory-reserve", "0", "--judge", "allocated", "--safety-margin", "0",
                "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--param-dtype", "none", "--reduce-dtype", "none",
                "-o", str(out)])  # TRAINING's dtypes: none (the command line's default is DEFAULT_TRAINING's bf16/fp32)
     printed = capsys.readouterr()

@@ -740,8 +740,9 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
     assert not ack["ok"] and "not a multiple" in ack["error"]
     assert ins.mesh.replicate == 2 and ins.controls == before
     assert "not a multiple" in ins.messages[-1]["text"]
-    assert ins.handle_action("set_mesh", {"device_gib": 0.5})["ok"]
-    assert ins.mesh.device_memory == 1024**3 // 2 and ins.controls["device_gib"] == 0.5
+    assert not ins.handle_action("set_mesh", {"device_gib": 0.5})["ok"]  # not more than the 1 GiB reserve
+    assert ins.handle_action("set_mesh", {"device_gib": 1.5})["ok"]
+    assert ins.mesh.device_memory == 3 * 1024**3 // 2 and ins.controls["device_gib"] == 1.5
     assert ins.handle_action("set_training", {"optimizer": "sgd", "param_dtype": None})["ok"]
     assert ins.training.optimizer == "sgd" and ins.training.param_dtype is None
     assert ins.controls["param_dtype"] == "" and "model dtype params" in ins.summary["training"]
@@ -789,11 +790,12 @@ def test_protocol_is_defined_once_and_checked_in_python():
     assert protocol.check_action("nope", {}) == "unknown action 'nope'"
     assert "takes no argument" in protocol.check_action("toggle_unit", {"fqn": "x", "evil": 1})
     assert "needs argument" in protocol.check_action("toggle_unit", {})
-    assert "must be int" in protocol.check_action("set_rank", {"rank": "3"})
+    assert "must be int" in protocol.check_action("expand", {"target": "x", "open": 1}) or "must be bool" in protocol.check_action("expand", {"target": "x", "open": 1})
+    assert "must be number" in protocol.check_action("set_rank", {"rank": "3"})
     assert protocol.check_action("set_mesh", {"device_gib": None}) is None
     # every action the front end may send is a method of the state or handled by the widget
     for name in protocol.ACTIONS:
-        assert hasattr(InspectorState, name) or name in ("set_tab", "set_torch_version"), name
+        assert hasattr(InspectorState, name) or name in ("set_tab", "set_torch_version", "cancel"), name
     # the front end reads the schema from the trait: no list of names of its own
     esm = _front_end()
     assert "FRONT_END_ACTIONS" not in esm and 'model.get("protocol")' in esm
@@ -999,3 +1001,23 @@ def test_a_failing_cost_model_is_shown_not_raised(model, ins, monkeypatch):
     monkeypatch.undo()
     ins.handle_action("undo", {})
     assert ins.view.memory["available"] is True
+
+
+def test_a_failing_verification_does_not_blame_torch(model, ins, monkeypatch):
+    """Issue 24: verify's own KeyError on a checkpointed plan read "torch raised KeyError"."""
+    import shardviz
+
+    def broken(*args, **kwargs):
+        return {}["base_model.model.model.layers.0._checkpoint_wrapped_module"]
+
+    monkeypatch.setattr(shardviz, "verify", broken)
+    result = ins.controller.verify()
+    assert not result["ok"] and result["raised_by"] == "shardviz" and result["error"].startswith("KeyError")
+
+    def refused(*args, **kwargs):
+        import torch
+
+        torch.nn.Linear(2, 2).get_submodule("nope")  # raised inside torch (nn/modules/module.py)
+
+    monkeypatch.setattr(shardviz, "verify", refused)
+    assert ins.controller.verify()["raised_by"] == "torch"

@@ -59,8 +59,8 @@ def test_junk_device_memory_is_refused_with_a_message(ins):
     for text, want in (("80", 80 * 1024**3), ("80GiB", 80 * 1024**3), ("96 GB", 96 * 10**9), ("", None)):
         assert ins.handle_action("set_mesh", {"device_memory": text})["ok"], text
         assert ins.mesh.device_memory == want, text
-    assert ins.handle_action("set_mesh", {"device_memory": "200KiB"})["ok"]
-    assert ins.controls["device_text"] == "200.00 KiB"  # the field shows the size, never "0" GiB
+    assert ins.handle_action("set_mesh", {"device_memory": "1500MiB"})["ok"]
+    assert ins.controls["device_text"] == "1.46 GiB"  # the field shows the size, never "1" GiB
     assert ins.handle_action("set_mesh", {"device_memory": "80GiB"})["ok"] and ins.controls["device_text"] == "80"
     for junk in ("abc", "0", "-3", "80 parsecs"):
         ack = ins.handle_action("set_mesh", {"device_memory": junk})
@@ -140,5 +140,66 @@ def test_a_findings_long_list_opens_in_the_tree(model, monkeypatch):
 def test_finding_counts_read_as_words(model):
     ins = Inspector(model, plan=sv.Plan.auto(model, lora="ignored"), mesh=MESH)
     counts = ins.summary["findings"]
-    assert ins.summary["findings_text"] == {k: f"{n} {k}{'' if n == 1 else 's'}" for k, n in counts.items()}
+    words = {k: f"{n} {k}{'' if n == 1 or k == 'info' else 's'}" for k, n in counts.items()}
+    assert ins.summary["findings_text"] == {**words, "total": f"{len(ins.findings)} finding{'' if len(ins.findings) == 1 else 's'}"}
     assert ins.summary["findings_text"]["warning"] == "1 warning"
+
+
+def test_one_count_of_findings_and_plural_words(model):
+    """Issue 24: the Findings tab said (2) while the summary said 1 (it counted errors and warnings
+    only); "1 calls", "FSDP 1 ranks"; the fix read "fix: cheapest fix: ..."."""
+    ins = Inspector(model, plan=sv.Plan([""]), mesh=sv.Mesh(shard=1))
+    assert ins.summary["findings_text"]["total"].startswith(f"{len(ins.findings)} finding")  # the tab's count
+    assert any(f["severity"] == "info" for f in ins.findings) or len(ins.findings) == sum(ins.summary["findings"].values())
+    assert ins.summary["plan_text"].startswith(": 1 call ·") and ins.summary["mesh"] == "FSDP 1 rank"
+    assert str(sv.Mesh(shard=8)) == "FSDP 8 ranks"
+
+
+# -- issue 24: every field validated as the API reads it ---------------------------------------------
+def test_a_device_name_in_the_memory_field_is_the_device(model, ins):
+    assert ins.handle_action("set_mesh", {"device_memory": "h100"})["ok"]  # as sv.Mesh(device="H100") takes it
+    want = sv.Mesh(shard=4, device="H100")
+    assert ins.mesh == want and ins.controls["device_text"] == "80"
+    assert ins.summary["limit"] == want.usable_memory
+
+
+def test_clearing_the_memory_of_a_device_is_refused_not_ignored(model):
+    ins = Inspector(model, mesh=sv.Mesh(shard=4, device="H100"))
+    ack = ins.handle_action("set_mesh", {"device_memory": ""})
+    assert not ack["ok"] and "H100 has 80.00 GiB" in ack["error"]
+    assert ins.mesh.device_memory == 80 * 1024**3 and ins.controls["device_text"] == "80"  # the field shows it again
+
+
+@pytest.mark.parametrize(("text", "why"), [("1e99", "far above any device"), ("0.5", "not more than the 1.00 GiB"),
+                                           ("512MiB", "not more than the 1.00 GiB")])
+def test_device_memory_out_of_range_is_refused(ins, text, why):
+    before = ins.mesh
+    ack = ins.handle_action("set_mesh", {"device_memory": text})
+    assert not ack["ok"] and why in ack["error"] and ack["error"].startswith(f"device memory {text!r}")
+    assert ins.mesh == before
+
+
+@pytest.mark.parametrize(("action", "args", "want"), [
+    ("set_rank", {"rank": 2.7}, "rank 2.7: give a whole number (closest: 3)"),
+    ("set_rank", {"rank": 9}, "rank 9: give a number from 0 to 3 (closest: 3)"),
+    ("set_mesh", {"world": 7.5}, "world size 7.5: give a whole number (closest: 8)"),
+    ("set_training", {"batch_size": 2.5}, "batch size 2.5: give a whole number (closest: 2)"),
+    ("set_training", {"batch_size": 10**9}, "tokens per rank"),
+    ("set_training", {"batch_size": 1, "seq_len": 10**9}, "closest: sequence length 16,777,216"),
+    ("set_training", {"seq_len": 0}, "sequence length 0: give a number 1 or more (closest: 1)"),
+])
+def test_counts_are_whole_and_in_range_never_rounded(ins, action, args, want):
+    import time
+
+    before = (ins.mesh, ins.training, ins.controller.view.rank)
+    t0 = time.perf_counter()
+    ack = ins.handle_action(action, args)
+    assert time.perf_counter() - t0 < 1  # refused at once (batch 1e9 ran 16.5 s into an OverflowError)
+    assert not ack["ok"] and want in ack["error"], ack["error"]
+    assert (ins.mesh, ins.training, ins.controller.view.rank) == before
+
+
+def test_the_default_sequence_length_is_not_flagged(model):
+    ins = Inspector(model, mesh=MESH)  # no training given: the default 2048 is not the user's
+    assert ins.training.seq_len > model.config.max_position_embeddings and ins.controls["seq_len_note"] is None
+    assert ins.handle_action("set_training", {"seq_len": 4096})["ok"] and ins.controls["seq_len_note"]

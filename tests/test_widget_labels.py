@@ -203,3 +203,21 @@ def test_batch_size_brings_activations_into_the_chart_and_the_moment_of_the_peak
     assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
     b = sv.analyze(model, ins.plan, MESH, ins.training)
     assert ins.plan.checkpoint and ins.memory["bars"][0]["parts"] == views.peak_breakdown(b, ins.memory["bars"][0]["first"])
+
+
+@pytest.mark.parametrize("mesh", [sv.Mesh(shard=1, replicate=64, device="H100"), sv.Mesh(shard=4, replicate=2, device="H100"),
+                                  sv.Mesh(shard=8, device="H100")], ids=str)
+def test_the_timeline_shows_every_collective_of_the_traffic_table(mesh):
+    """Issue 24: on HSDP 64 x 1 the timeline drew zero-length all-gathers and no all-reduce while
+    the traffic table had the all-reduces; its call labels became bare numbers ("0", not "layers.0")."""
+    from collections import Counter
+
+    model = zoo.tiny_llama_lora()
+    ins = Inspector(model, mesh=mesh, training=sv.Training(batch_size=1, seq_len=32))
+    a = ins.analysis
+    tl = ins.timeline
+    drawn = Counter(e["kind"] for e in tl["events"] if e["kind"] in ("all_gather", "reduce_scatter", "all_reduce"))
+    table = a.comm[a.comm.unit.notna()].groupby("collective")["count"].sum()
+    assert drawn == Counter({k: int(v) for k, v in table.items()}), (drawn, table)
+    assert all(e["end_s"] > e["start_s"] for e in tl["events"])
+    assert all(not label.isdigit() for label in tl["labels"].values())

@@ -21,7 +21,8 @@ CASES = [
     ("nope", {}),
     ("set_rank", {"rank": 3}),
     ("set_rank", {"rank": "3"}),
-    ("set_rank", {"rank": 1.5}),
+    ("set_rank", {"rank": 1.5}),  # a number: Python then refuses it for not being whole
+    ("expand", {"target": "m0", "open": 1}),
     ("set_mesh", {"world": 8, "replicate": 2, "device_gib": None}),
     ("set_mesh", {"device_gib": 0.5}),
     ("set_training", {"batch_size": None, "seq_len": 2048, "param_dtype": None}),
@@ -56,4 +57,4 @@ console.log(JSON.stringify(cases.map(([a, args]) => checkAction(protocol, a, arg
     js = json.loads(out)
     py = [protocol.check_action(a, args) for a, args in CASES]
     assert [x is None for x in js] == [x is None for x in py], list(zip(CASES, js, py))
-    assert py.count(None) == 11  # the cases above: 11 well-formed messages, 10 refused
+    assert py.count(None) == 12  # the cases above: 12 well-formed messages, 10 refused

@@ -171,3 +171,42 @@ def test_a_row_with_another_micro_batch_applies_it_in_the_same_undo_step():
     assert not ins.suggestions["stale"]  # another micro-batch of the same global batch: the same search
     assert wire.action("undo")["ok"]
     assert (ins.plan, ins.mesh, ins.training) == before
+
+
+def test_an_applied_offload_row_sets_the_box_and_unchecking_it_undoes_it():
+    """Issue 24: after a Suggest row with CPU offload the box was unchecked, the training line
+    omitted offload, and toggling the box left the peak unchanged; the host RAM was never shown."""
+    mesh = sv.Mesh(shard=4, device_memory="80GiB")
+    ins = Inspector(model(), mesh=mesh)
+    plan = sv.Plan([sv.Unit(u.modules, offload=True) for u in ins.plan.units], ins.plan.ignored, "offloaded")
+    ins.set_plan(plan)  # as apply_suggestion makes it: the plan's calls offload, Training.offload stays off
+    assert not ins.training.offload and ins.controls["offload"] is True
+    assert "CPU offload" in ins.summary["training"]
+    cpu = int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["cpu_peak"].max())
+    assert cpu > 0 and ins.controls["offload_text"].startswith(f"host RAM {format_bytes(cpu)} per rank")
+    peak = ins.summary["peak"]
+    assert ins.handle_action("set_training", {"offload": False})["ok"]  # the box unchecked
+    assert not any(u.offload for u in ins.plan.units) and ins.controls["offload"] is False
+    assert ins.summary["peak"] > peak and ins.controls["offload_text"] == ""
+    assert ins.summary["peak"] == int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["peak"].max())
+    ins.undo()  # one undo step brings the plan's offload back
+    assert ins.controls["offload"] is True and ins.summary["peak"] == peak
+
+
+def test_every_row_says_what_its_mesh_means(searched):
+    """Issue 24: "HSDP 16x4" was never explained; "shard groups of 1 ranks"."""
+    ins, _wire = searched
+    rows = ins.suggestions["rows"]
+    for r in rows:
+        head, words = r["mesh_text"].split(": ", 1)
+        assert (head in r["name"]) if head.startswith("HSDP") else words.startswith("one shard group of"), r
+    hsdp = suggest_module.mesh_words(sv.Mesh(shard=4, replicate=16))
+    assert hsdp.startswith("16 replicas x 4-rank shard groups")
+    assert "no sharding" in suggest_module.mesh_words(sv.Mesh(shard=1, replicate=4))
+    assert suggest_module.mesh_words(sv.Mesh(shard=1)) == "one shard group of 1 rank"
+    found = reference()
+    refused = found.table.why.astype(str).str.startswith("torch would refuse")
+    over = int((~found.table.fits & ~refused).sum())
+    text = found.explain()
+    assert (f"{over} of {len(found.table)} plans do not fit" in text) == bool(over)
+    assert ("torch would refuse" in text) == bool(refused.any())

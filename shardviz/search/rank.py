@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from ..analysis import Analysis
 from ..cost import Training
-from ..format import format_bytes, format_duration
+from ..format import format_bytes, format_duration, format_plural
 from ..fsdp import Mesh
 
 _TRAINING_FIELDS = {f.name for f in fields(Training)}
@@ -32,7 +32,7 @@ def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
 def _where(kind: str, mesh: Mesh) -> str:
     if kind == "all-reduces":
         return f"across {mesh.replicate} replicas"
-    return f"at {mesh.shard} ranks" if not mesh.is_hsdp else f"in shard groups of {mesh.shard} ranks"
+    return f"at {format_plural(mesh.shard, 'rank')}" if not mesh.is_hsdp else f"in shard groups of {format_plural(mesh.shard, 'rank')}"
 
 
 def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
@@ -210,7 +210,10 @@ def explain(table, limit_text: str, note: str = "", assumed: str = "") -> str:
                        f"{plain.why.iloc[0]}.")
         elif not len(plain):
             out.append("Checkpointing is needed: no plan without it could fit (pruned before measuring).")
-    over = int((~table.fits).sum())
+    refused = table.why.astype(str).str.startswith("torch would refuse")
+    over = int((~table.fits & ~refused).sum())
     if over:
         out.append(f"{over} of {len(table)} plans do not fit.")
+    if refused.any():  # not counted as "do not fit": torch would not run them at all
+        out.append(f"{format_plural(int(refused.sum()), 'plan')} torch would refuse (see its row's why).")
     return " ".join(out)

@@ -161,18 +161,18 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
     svg.append(g);
   });
   const use = mem.use;
-  if (hasLimit && !limitOnScale) {
-    // named, not drawn: far above every bar. Red only when the peak does not fit.
-    svg.append(s("text", { class: `sv-limit-label sv-limit-off${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}` }));
-  }
+  // the limit in words, above the chart: a line of text that wraps (in the chart it was cut at
+  // 848 px: "peak uses 300% of 79.00 GiB usable (...)"); red only when the peak does not fit
+  const limitWords = hasLimit
+    ? h("div", { class: `sv-limit-label${limitOnScale ? "" : " sv-limit-off"}${use && use.over ? " sv-over" : ""}`, text: (use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}`) + (limitOnScale ? " (dashed line)" : "") })
+    : null;
   if (limitOnScale) {
     const y = yOf(limit);
     svg.append(s("line", { class: `sv-limit${use && use.over ? " sv-over" : ""}`, x1: padL, x2: W - padR, y1: y, y2: y }));
-    // the label sits in the band above the plot, never on the bars it describes
-    svg.append(s("text", { class: `sv-limit-label${use && use.over ? " sv-over" : ""}`, x: W - padR, y: padT - 8, "text-anchor": "end", text: use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}` }));
   }
   memoryEl.dataset.revision = String(mem.revision);
   memoryEl.dataset.peak = String(mem.max_peak);
+  if (limitWords) memoryEl.append(limitWords);
   memoryEl.append(svg);
   // legend: the breakdown of the worst bar; with one bar per layout (sv.compare) each bar has its
   // own numbers, so the legend names the parts and a note per layout gives its peak
@@ -230,7 +230,7 @@ function drawTraffic(trafficEl, tr) {
   });
   const total = h("div", {
     class: "sv-chart-note",
-    text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (collective buffers ${fmtBytes(tr.total_bytes)})${tr.time_s ? ` · ≈ ${(tr.time_s * 1000).toFixed(1)} ms at the given bandwidths` : ""}`,
+    text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (collective buffers ${fmtBytes(tr.total_bytes)})${tr.time_s ? ` · ≈ ${tr.time_text} at the given bandwidths` : ""}`,
   });
   trafficEl.append(svg1, total);
   const units = tr.by_unit || [];
@@ -311,11 +311,10 @@ function pairedBars(title, rows, kind, limit, limitText) {
   if (limitOnScale) {
     const x = labelW + (barW * limit) / max;
     svg.append(s("line", { class: "sv-limit", x1: x, x2: x, y1: padT - 2, y2: H }));
-    svg.append(s("text", { class: "sv-limit-label", x: x - 3, y: padT - 4, "text-anchor": "end", text: limitText || `device ${fmtBytes(limit)}` }));
-  } else if (limit) {
-    svg.append(s("text", { class: "sv-limit-label", x: W - 4, y: padT - 4, "text-anchor": "end", text: limitText || `device ${fmtBytes(limit)}` }));
   }
-  return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), svg);
+  // the limit in words under the title, where it wraps (drawn in the chart it was cut at 848 px)
+  const words = limit ? h("div", { class: "sv-limit-label", text: `${limitText || `device ${fmtBytes(limit)}`}${limitOnScale ? " (dashed line)" : ""}` }) : null;
+  return h("div", { class: "sv-cmp-chart" }, h("div", { class: "sv-chart-subtitle", text: title }), words, svg);
 }
 
 // lines against a log2 x axis (sweep: peak memory and bytes sent per rank against world size).
@@ -392,7 +391,8 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   const streams = p.streams || [];
   const events = p.events || [];
   const labels = p.labels || {};
-  const W = 520, laneH = 26, padL = 96, padR = 12, padT = 6, padB = 30;
+  // as wide as the panel (it was 520 wide at most 620 px: 80 blocks' calls a few pixels each)
+  const W = 820, laneH = 30, padL = 96, padR = 12, padT = 6, padB = 30;
   const H = padT + streams.length * laneH + padB;
   const end = p.step_time_s || 1;
   const xOf = (t) => padL + ((W - padL - padR) * t) / end;

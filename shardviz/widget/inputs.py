@@ -1,17 +1,85 @@
 """What the Inspector's typed fields accept, and what they warn about: never a silent fallback.
 
-- device memory: empty for no limit, a bare number in GiB (the field's unit), or a size with its
-  unit ("80GiB", "96 GB", "1.5TiB"); anything else is refused with a message naming the field;
+- device memory: empty for no limit, a bare number in GiB (the field's unit), a size with its
+  unit ("80GiB", "96 GB", "1.5TiB"), or a device name as ``sv.Mesh(device=...)`` takes it ("H100":
+  its memory, bandwidths and GPUs per node); a size must be above the mesh's memory reserve and at
+  most ``MAX_DEVICE_MEMORY``; anything else is refused with a message naming the field;
+- counts (rank, world, replicate, batch, sequence length): whole numbers, refused otherwise (never
+  rounded); a micro-batch of more than ``MAX_TOKENS`` tokens is refused (no step to measure);
 - sequence length: above the model's ``max_position_embeddings`` it is accepted (the memory still
   follows it) but the controls say the model was not built for it.
 """
 
 from __future__ import annotations
 
-from ..format import parse_size
+import dataclasses
+import math
+import re
+
+from ..devices import device_by_name
+from ..format import format_bytes, format_count, parse_size
+from ..fsdp import Mesh
 # the sequence-length warning is the command line's and the report's too: one function, in views
 from ..views import max_positions, seq_len_note  # noqa: F401
 
+GIB = 1024**3
+#: Far above every device shardviz knows (the largest has 288 GiB): a larger number is a typo.
+MAX_DEVICE_MEMORY = 64 * 1024**4
+#: Tokens per rank in one micro-batch (batch x sequence) the Inspector measures: 16 Mi, 128 x the
+#: 131,072 positions of Llama 3.1; more is a typo that would run for minutes.
+MAX_TOKENS = 2**24
+
+
+def whole(name: str, value, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an int, if it is a whole number in [low, high]; else a ValueError naming the
+    field and the closest valid value (2.7 is refused, not made 3)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} {value!r}: give a whole number")
+    top = high if high is not None else math.inf
+    closest = int(min(max(round(value), low), top))
+    if value != int(value):
+        raise ValueError(f"{name} {value:g}: give a whole number (closest: {closest:,})")
+    if not low <= value <= top:
+        span = f"from {low:,} to {high:,}" if high is not None else f"{low:,} or more"
+        raise ValueError(f"{name} {int(value):,}: give a number {span} (closest: {closest:,})")
+    return int(value)
+
+
+def check_tokens(batch_size, seq_len) -> None:
+    """Refuse a micro-batch of more than ``MAX_TOKENS`` tokens, naming the largest batch that fits."""
+    if batch_size is None or batch_size * seq_len <= MAX_TOKENS:
+        return
+    most = max(MAX_TOKENS // seq_len, 0)
+    closest = f"batch {most:,} at this sequence length" if most else f"sequence length {MAX_TOKENS // batch_size:,}"
+    raise ValueError(f"batch {format_count(batch_size)} x sequence {format_count(seq_len)} = "
+                     f"{format_count(batch_size * seq_len)} tokens per rank: the Inspector measures micro-batches "
+                     f"of up to {format_count(MAX_TOKENS)} tokens (closest: {closest})")
+
+
+def device_field(text, mesh) -> dict:
+    """The device-memory field's text -> ``set_mesh`` keywords: ``device_memory`` in bytes (None: no
+    limit), or a device name's own mesh fields. ValueError naming the field for anything else."""
+    raw = "" if text is None else str(text).strip()
+    if raw and not re.match(r"^[0-9.]", raw):
+        try:
+            device = device_by_name(raw)  # as sv.Mesh(device=...) reads it
+        except ValueError as exc:
+            raise ValueError(f"device memory {raw!r}: give a size such as 80 (GiB), 80GiB or 96GB, or leave it empty "
+                             f"for no limit; as a device name: {exc}") from None
+        return {"device": device.name}
+    size = parse_device_memory(raw)
+    if size is None and mesh.device is not None:
+        raise ValueError(f"device memory: the mesh's device {mesh.device.name} has {format_bytes(mesh.device.memory)}, "
+                         "which the numbers use; a mesh with a device has a limit: type another size (e.g. 40), "
+                         "or build the Inspector with sv.Mesh(shard=..., device=None) for no limit")
+    if size is not None and size <= mesh.memory_reserve:
+        raise ValueError(f"device memory {raw!r} ({format_bytes(size)}) is not more than the "
+                         f"{format_bytes(mesh.memory_reserve)} the mesh keeps in reserve (CUDA context, NCCL): "
+                         f"nothing would be usable; give more than {format_bytes(mesh.memory_reserve)}")
+    if size is not None and size > MAX_DEVICE_MEMORY:
+        raise ValueError(f"device memory {raw!r}: more than {format_bytes(MAX_DEVICE_MEMORY)}, far above any device "
+                         "(the largest known has 288 GiB); give the memory of one device, e.g. 80")
+    return {"device_memory": size}
 
 
 def parse_device_memory(text) -> int | None:
@@ -21,10 +89,41 @@ def parse_device_memory(text) -> int | None:
     raw = str(text).strip()
     try:
         size = parse_size(raw, "device memory")  # the API's and the command line's reading: a bare number is GiB
-    except ValueError:
+    except (ValueError, OverflowError):
         size = None
     if size is None or size <= 0:
         raise ValueError(f"device memory {raw!r}: give a size such as 80 (GiB), 80GiB or 96GB, "
                          "or leave it empty for no limit")
     return size
 
+
+def mesh_fields(kw: dict, mesh) -> dict:
+    """The mesh controls' values (``set_mesh``'s arguments), validated as ``sv.Mesh`` reads them."""
+    for key in ("world", "replicate"):
+        if key in kw:
+            kw[key] = whole("world size" if key == "world" else "HSDP replicate", kw[key])
+    if "device_gib" in kw:
+        gib = kw.pop("device_gib")
+        kw["device_memory"] = None if gib is None else f"{gib}"
+    if "device_memory" in kw:
+        fields = device_field(kw.pop("device_memory"), mesh)  # junk: a message naming the field
+        if "device" in fields:  # a device name: its memory, links and GPUs per node, as sv.Mesh(device=...)
+            fresh = Mesh(shard=mesh.shard, replicate=mesh.replicate, device=fields["device"],
+                         memory_reserve=mesh.memory_reserve)
+            fields = {f.name: getattr(fresh, f.name) for f in dataclasses.fields(Mesh)
+                      if f.name not in ("shard", "replicate")}
+        kw.update(fields)
+    return kw
+
+
+def training_fields(kw: dict, tr) -> dict:
+    """The training controls' values (``set_training``'s), validated as ``sv.Training`` reads them."""
+    for k in ("param_dtype", "reduce_dtype"):
+        if k in kw and not kw[k]:
+            kw[k] = None
+    if kw.get("batch_size") is not None:
+        kw["batch_size"] = whole("batch size", kw["batch_size"])
+    if "seq_len" in kw:
+        kw["seq_len"] = whole("sequence length", kw["seq_len"])
+    check_tokens(kw.get("batch_size", tr.batch_size), kw.get("seq_len", tr.seq_len))
+    return kw

@@ -19,29 +19,37 @@ One set of traits, written only by Python:
 
 The tree goes as custom messages holding only the rows that are visible (expanded) and changed
 since the last message. After a change, the charts go first, then the rows, then the findings
-(the slowest checks) and the A vs B comparison, so the chart never waits for the rest.
+(the slowest checks) and the A vs B comparison, so the chart never waits for the rest. With a
+front end connected, what is slow (measuring activations, the findings' what-ifs, Suggest) runs
+on a worker thread after the model-state numbers are sent (``background.py``); ``work`` says what
+runs, the summary shows it with a cancel button.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from pathlib import Path
 
 import anywidget
 import traitlets
+from comm import DummyComm
 
-from ..format import format_bytes
+from ..format import format_bytes, format_count, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
 from . import protocol, views
-from .inputs import parse_device_memory, seq_len_note
+from .background import BackgroundPush, Worker
+from .inputs import mesh_fields, seq_len_note, training_fields, whole
 from .plan_names import EDITED
 from .state import PRESETS, InspectorState
 from .views import training_text
 
 HERE = Path(__file__).parent
 GIB = 1024**3
+#: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
+NUMBERS_WAIT_S = 1.0
 
 #: Releases offered in the export's "target torch" menu ("" = detected when the code runs).
 TORCH_RELEASES = ["", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4"]
@@ -75,13 +83,15 @@ def _read_esm() -> str:
     return (HERE / "charts.js").read_text() + "\n" + front
 
 
-class Inspector(anywidget.AnyWidget):
+class Inspector(BackgroundPush, anywidget.AnyWidget):
     """Inspect and edit an FSDP2 plan interactively: ``sv.Inspector(model)`` in a notebook.
 
     ``plan``: the starting plan (default ``sv.Plan.auto(model)``). ``mesh``, ``training``: as for
     ``sv.analyze`` (default training: AdamW with bf16 parameters and fp32 reduction, as in the
     README's table). ``plan_path``: a JSON file the plan is saved to (atomically) after every
-    change and restored from when an Inspector is created on the same path.
+    change and restored from when an Inspector is created on the same path. ``background``
+    (default: when a front end is connected): the slow work after a change on a worker thread;
+    ``inspector.wait()`` waits for it, ``inspector.cancel()`` stops it.
 
     ``inspector.plan`` is always the current plan; every action is a plain method
     (``inspector.make_unit(fqn)``, ``inspector.undo()``, ...), the same ones the controls call,
@@ -106,12 +116,25 @@ class Inspector(anywidget.AnyWidget):
     tab = traitlets.Unicode("charts").tag(sync=True)
     torch_version = traitlets.Unicode("").tag(sync=True)
     torch_releases = traitlets.List(TORCH_RELEASES).tag(sync=True)
+    #: what runs in the background after a change ({"busy", "label", "since"}): the summary shows it
+    work = traitlets.Dict({"busy": False}).tag(sync=True)
 
-    def __init__(self, model, plan=None, mesh: Mesh | None = None, training=None, plan_path=None, **kwargs):
+    def __init__(self, model, plan=None, mesh: Mesh | None = None, training=None, plan_path=None,
+                 background: bool | None = None, **kwargs):
         t0 = time.perf_counter()
         controller = InspectorState(model, plan=plan, mesh=mesh, training=training, plan_path=plan_path)
         super().__init__(**kwargs)
         self.controller = controller
+        #: slow work off the kernel's thread (default: when a front end is connected; see _push_state)
+        self.background = background if background is not None else not isinstance(self.comm, DummyComm)
+        self._worker = Worker(self._on_worker_error)
+        self._lock = threading.RLock()  # one thread at a time sets the traits
+        self._interim_revision: int | None = None
+        self._run_order = None
+        self._shown_memory: dict | None = None
+        self._host_ram_text = ""
+        self._interrupted = False  # a change of view (pin, target release) stopped the background work
+        controller.before_change.append(self._stop_background)
         self._sent_order: list[str] | None = None
         self._sent_rows: dict[str, dict] = {}
         self._outbox: list[dict] = []  # custom messages, for tests (the last few)
@@ -170,6 +193,7 @@ class Inspector(anywidget.AnyWidget):
             opts.append(str(tr.optimizer))
         blocks = st.blocks()
         ck = set(st.plan.checkpoint)
+        offload = bool(getattr(tr, "offload", False)) or any(u.offload for u in st.plan.units)
         return {
             "revision": st.revision,
             "world": mesh.world,
@@ -182,10 +206,13 @@ class Inspector(anywidget.AnyWidget):
             "optimizer": str(getattr(tr, "optimizer", "adamw")),
             "param_dtype": getattr(tr, "param_dtype", None) or "",
             "reduce_dtype": getattr(tr, "reduce_dtype", None) or "",
-            "offload": bool(getattr(tr, "offload", False)),
+            # on when the training offloads or the plan's calls do (a Suggest row's CPU offload)
+            "offload": offload,
+            "offload_text": self._host_ram_text if offload else "",  # the host RAM it needs, per rank and node
             "batch_size": getattr(tr, "batch_size", None),
             "seq_len": getattr(tr, "seq_len", None),
-            "seq_len_note": seq_len_note(st.model, getattr(tr, "seq_len", None)),
+            # only for a length the user chose (the default 2048 is not flagged on a tiny model)
+            "seq_len_note": seq_len_note(st.model, getattr(tr, "seq_len", None)) if st.seq_len_set else None,
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
             "presets": ([] if _preset_of(st.plan.name) else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
@@ -208,7 +235,7 @@ class Inspector(anywidget.AnyWidget):
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
             self._last_severities = sev
         stale = findings is None  # the checks of this change run after the charts and rows are sent
-        mem = st.memory
+        mem = self._shown_memory if self._shown_memory is not None else st.memory
         tr = st.training
         return {
             "revision": st.revision,
@@ -224,14 +251,19 @@ class Inspector(anywidget.AnyWidget):
             "n_units": len(st.plan.units),
             "n_ignored": len(st.plan.ignored),
             "n_checkpointed": len(st.plan.checkpoint),
+            "size_text": f"{format_plural(tree.n_modules, 'module')} · "
+                         f"{format_large_count(st.view.static.numel[0] if tree.n_modules else 0)} parameter elements",
+            "plan_text": ": " + " · ".join([format_plural(len(st.plan.units), "call"), f"{len(st.plan.ignored):,} ignored"]
+                                          + ([f"{len(st.plan.checkpoint):,} checkpointed"] if st.plan.checkpoint else [])),
             "plan_name": st.plan.name,
-            "training": training_text(tr),
+            "training": training_text(tr) + _plan_offload_text(st.plan, tr),
             "findings": sev if not stale else self._last_severities,
             "findings_text": _severity_text(sev if not stale else self._last_severities),
             "findings_stale": stale,
             "peak": mem.get("max_peak"),
             "worst_rank": mem.get("worst_rank"),
             "use": mem.get("use"),
+            "pending": mem.get("pending"),  # the activations are being measured: the peak is the model state's
             "limit": mesh.usable_memory,  # device memory less the reserve (Mesh.fit)
             "limit_text": mesh.limit_text,
             "can_undo": st.can_undo,
@@ -243,29 +275,6 @@ class Inspector(anywidget.AnyWidget):
             "optimizer": str(getattr(tr, "optimizer", "")),
             "pinned": st.pinned is not None,
         }
-
-    def _push_state(self, initial: bool = False) -> None:
-        """After a change of plan, mesh or training: charts first, then rows, then findings."""
-        st = self.controller
-        rev = st.revision
-        with self.hold_sync():
-            self.memory = {**st.memory, "revision": rev}
-            self.traffic = {**st.traffic, "revision": rev}
-            self.timeline = {**st.timeline, "revision": rev}
-            self.summary = self._summary()
-            self.controls = self._controls()
-        self._push_rows(reset=initial)
-        self.findings = st.findings
-        with self.hold_sync():
-            self.comparison = {**st.comparison, "revision": rev}
-            self.suggestions = {**st.suggestions, "revision": rev}
-            self.summary = self._summary()
-            self.verify_result = {}
-            if self.tab == "export":
-                self._push_code()
-            else:
-                self.code = {"stale": True, "revision": rev}
-        self._push_messages()
 
     def _push_messages(self) -> None:
         self.messages = [dict(m) for m in self.controller.messages[-5:]]
@@ -312,16 +321,22 @@ class Inspector(anywidget.AnyWidget):
             self._push_state()
             return
         if "rows" in changed:
-            self._push_rows()
-            with self.hold_sync():
+            with self._lock, self.hold_sync():
+                self._push_rows()
                 self.summary = self._summary()
                 self.controls = self._controls()  # the rank
+        if self._interrupted and changed & {"pin", "findings"}:
+            self._interrupted = False
+            self._push_state()  # the work a pin or a target release stopped, again for the new view
+            return
         if "pin" in changed:
             with self.hold_sync():
                 self.comparison = {**self.controller.comparison, "revision": self.controller.revision}
                 self.summary = self._summary()
         if "suggest" in changed:  # at once, not held: "searching N plans…" shows while the search runs
-            self.suggestions = {**self.controller.suggestions, "revision": self.controller.revision}
+            with self._lock:
+                self.suggestions = {**self.controller.suggestions, "revision": self.controller.revision}
+                self.work = self._work()
         if "reveal" in changed:
             self._send_msg({"type": "reveal", "id": self.controller.last_reveal})
         if "messages" in changed:
@@ -336,6 +351,7 @@ class Inspector(anywidget.AnyWidget):
     def _on_tab(self, change) -> None:
         if change["name"] == "torch_version":
             # the findings follow the export's target release (SV101 before 2.7, SV110 before 2.5)
+            self.verify_result = {}  # a verdict for another release ("torch agrees") would sit under its refusal
             try:
                 self.controller.set_torch_version(self.torch_version or None)
             except ValueError as exc:
@@ -390,21 +406,15 @@ class Inspector(anywidget.AnyWidget):
     def _run(self, action: str, kw: dict):
         st = self.controller
         if action == "set_mesh":
-            if "device_gib" in kw:
-                gib = kw.pop("device_gib")
-                kw["device_memory"] = int(gib * GIB) if gib and gib > 0 else None
-            elif "device_memory" in kw:
-                kw["device_memory"] = parse_device_memory(kw["device_memory"])  # junk: a message naming the field
-            return st.set_mesh(**kw)
+            return st.set_mesh(**mesh_fields(kw, st.mesh))
         if action == "set_training":
-            for k in ("param_dtype", "reduce_dtype"):
-                if k in kw and not kw[k]:
-                    kw[k] = None
-            if kw.get("batch_size") is not None and kw["batch_size"] < 1:
-                raise ValueError(f"batch size {kw['batch_size']}: give a positive number, or leave it empty (model state only)")
-            if "seq_len" in kw and kw["seq_len"] < 1:
-                raise ValueError(f"sequence length {kw['seq_len']}: give a positive number")
-            return st.set_training(**kw)
+            fields = training_fields(kw, st.training)
+            st.seq_len_set = st.seq_len_set or "seq_len" in fields
+            if fields.get("offload") is False and any(u.offload for u in st.plan.units):
+                return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
+            return st.set_training(**fields)
+        if action == "set_rank":
+            return st.set_rank(whole("rank", kw["rank"], 0, st.mesh.world - 1))
         if action == "set_tab":
             if kw["tab"] not in protocol.TABS:
                 raise ValueError(f"tab {kw['tab']!r}: expected one of {protocol.TABS}")
@@ -417,9 +427,30 @@ class Inspector(anywidget.AnyWidget):
             return None
         if action == "save_code":
             kw["torch_version"] = self.torch_version or None
+        if action == "cancel":
+            return self.cancel()
+        if action == "verify":
+            self._worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
+        if action == "suggest" and self.background and st.mesh.device_memory is not None:
+            def job():
+                st.suggest(**kw)
+                with self._lock:
+                    self.work = self._work(done=True)
+
+            self._worker.start(job, "searching plans")
+            self.work = self._work()
+            return None
         if action in ("apply_to_many", "apply_to_type") and kw.get("value", 0) is None:
             del kw["value"]
         return getattr(st, action)(**kw)
+
+
+def _plan_offload_text(plan, training) -> str:
+    """The training line's offload when the plan's calls offload rather than ``Training.offload``."""
+    n = sum(1 for u in plan.units if u.offload)
+    if not n or getattr(training, "offload", False):
+        return ""
+    return f" · CPU offload ({format_count(n)} of the plan's calls)" if n < len(plan.units) else " · CPU offload (every call)"
 
 
 def _device_text(size: int | None) -> str:
@@ -430,10 +461,12 @@ def _device_text(size: int | None) -> str:
 
 
 def _severity_text(counts: dict | None) -> dict | None:
-    """"1 error", "2 warnings": the summary's counts as the front end shows them."""
+    """"1 error", "2 warnings": the summary's counts as the front end shows them; ``total``: every
+    finding ("3 findings"), the count the Findings tab shows too (one count of the same list)."""
     if counts is None:
         return None
-    return {k: f"{n} {k}{'' if n == 1 else 's'}" for k, n in counts.items()}
+    return {**{k: format_plural(n, k, "info" if k == "info" else None) for k, n in counts.items()},
+            "total": format_plural(sum(counts.values()), "finding")}
 
 
 def _preset_of(name: str) -> str:
@@ -458,7 +491,11 @@ def _forward(name: str):
 
 
 def _forward_property(name: str):
-    return property(lambda self: getattr(self.controller, name),
+    def read(self):
+        self.wait(120)  # what the background work computes (findings, timings, suggestions) is complete
+        return getattr(self.controller, name)
+
+    return property(read,
                     doc=getattr(getattr(InspectorState, name, None), "__doc__", None))
 
 

@@ -36,9 +36,10 @@ ACTIONS: dict[str, dict[str, str]] = {
     "apply_preset": {"name": "str"},
     # mesh and training (undo steps too)
     # device_memory: the field's text ("80", "80GiB", "" = no limit); device_gib: a number of GiB
-    "set_mesh": {"world": "int", "replicate": "int", "device_memory": "str|null", "device_gib": "number|null"},
+    # the counts are numbers: Python refuses one that is not whole, naming the field (never rounded)
+    "set_mesh": {"world": "number", "replicate": "number", "device_memory": "str|null", "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
-                     "offload": "bool", "batch_size": "int|null", "seq_len": "int"},
+                     "offload": "bool", "batch_size": "number|null", "seq_len": "number"},
     "apply_suggestion": {"index": "int"},  # a row of the last search: plan, HSDP split, micro-batch
     "undo": {},
     "redo": {},
@@ -47,10 +48,11 @@ ACTIONS: dict[str, dict[str, str]] = {
     "collapse_all": {},
     "set_filter": {"text": "str", "status": "str", "role": "str"},
     "filter_finding": {"code": "str"},
-    "set_rank": {"rank": "int"},
+    "set_rank": {"rank": "number"},
     "reveal": {"fqn": "str"},
     "pin": {},
     "suggest": {"top": "int"},  # runs sv.search: the panel shows "searching N plans…" meanwhile
+    "cancel": {},  # stops what runs in the background (measuring, checking, searching)
     "unpin": {},
     # export
     "set_tab": {"tab": "str"},

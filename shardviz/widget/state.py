@@ -18,7 +18,9 @@ in), the plan's name after edits in ``plan_names.py``, the Suggest panel (``sv.s
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,11 +66,17 @@ class InspectorState(PlanActions, SuggestActions):
         mesh = mesh if mesh is not None else Mesh(shard=8)
         if not isinstance(mesh, Mesh):
             raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
+        #: the sequence length was given (a training passed in, or set since): only then is it
+        #: checked against the model's positions (the default 2048 on a tiny model is not the user's)
+        self.seq_len_set = training is not None
         training = training if training is not None else DEFAULT_TRAINING
         self.view = TreeView(self.tree)
         self.messages: list[dict] = []  # {id, level, text, at}; the widget shows the latest ones
         self._message_id = 0
         self.listeners: list[Callable[[set], None]] = []
+        #: called before the current analysis or a derived view is replaced (the widget stops its
+        #: background work there, so that nothing computed for the old state lands in the new one)
+        self.before_change: list[Callable[[], object]] = []
         self.revision = 0
         self.timings: dict[str, float] = {}
         self._code_cache: dict = {}
@@ -139,6 +147,10 @@ class InspectorState(PlanActions, SuggestActions):
         for cb in list(self.listeners):
             cb(changed)
 
+    def _before_change(self) -> None:
+        for cb in list(self.before_change):
+            cb()
+
     def _message(self, level: str, text: str) -> None:
         self._message_id += 1
         self.messages.append({"id": self._message_id, "level": level, "text": text, "at": time.time()})
@@ -167,6 +179,7 @@ class InspectorState(PlanActions, SuggestActions):
             parse_version(version)  # ValueError for a bad string, nothing changed
         if version == self.torch_version:
             return
+        self._before_change()
         self.torch_version = version
         self.analysis.torch_version = version
         self.analysis.__dict__.pop("findings", None)  # a cached_property: recomputed for the new release
@@ -176,6 +189,7 @@ class InspectorState(PlanActions, SuggestActions):
     def _recompute(self, snap: Snapshot, analysis: Analysis | None = None) -> None:
         """Make ``analysis`` current; every derived view is rebuilt lazily, on first use."""
         t0 = time.perf_counter()
+        self._before_change()
         self.analysis = analysis if analysis is not None else self._analyze(snap)
         self._derived: dict[str, Any] = {}
         self.revision += 1
@@ -322,6 +336,18 @@ class InspectorState(PlanActions, SuggestActions):
             raise ValueError("the training object is not a dataclass; pass a new sv.Training instead")
         self._commit(training=new)
 
+    def set_offload(self, on: bool, **fields) -> None:
+        """CPU offload on (``Training.offload``) or off: off also for the plan's calls that offload
+        (a Suggest row offloads by its calls), in one undo step; ``fields``: other training fields."""
+        plan = self.plan
+        if on or not any(u.offload for u in plan.units):
+            self.set_training(**fields, offload=bool(on))
+            return
+        units = [dataclasses.replace(u, offload=False) for u in plan.units]
+        fields["offload"] = False
+        self._commit(plan=Plan(units, plan.ignored, plan.name, plan.checkpoint),
+                     training=dataclasses.replace(self.training, **fields))
+
     # -- history --------------------------------------------------------------------------
     def undo(self) -> bool:
         if not self.can_undo:
@@ -350,6 +376,7 @@ class InspectorState(PlanActions, SuggestActions):
     def pin(self) -> None:
         """Keep the current plan, mesh and training as "A" (replacing an earlier pin); the current
         state, as it changes from now on, is "B" in ``comparison``."""
+        self._before_change()
         self.pinned = self.current
         self._pinned_analysis = self.analysis
         self._derived.pop("comparison", None)
@@ -359,6 +386,7 @@ class InspectorState(PlanActions, SuggestActions):
         """Forget "A"; False when nothing was pinned."""
         if self.pinned is None:
             return False
+        self._before_change()
         self.pinned = None
         self._pinned_analysis = None
         self._derived.pop("comparison", None)
@@ -443,7 +471,8 @@ class InspectorState(PlanActions, SuggestActions):
         try:
             df = sv_verify(self.model, plan, mesh=mesh)
         except Exception as exc:  # noqa: BLE001 - torch's refusal is the answer to show
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0}
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0,
+                      "raised_by": raised_by(exc)}
         else:
             rows = df.head(50).astype(str).to_dict("records")
             result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": len(df)}
@@ -468,6 +497,13 @@ class InspectorState(PlanActions, SuggestActions):
         if pf is None:
             return None
         return {"path": str(pf.path), "autosave": pf.writable, "problem": pf.problem, "saves": pf.saves}
+
+
+def raised_by(exc: BaseException) -> str:
+    """"torch" when the exception was raised inside torch (a refusal of the plan), else "shardviz"
+    (the verification itself failed: the message must not blame torch)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return "torch" if frames and f"{os.sep}torch{os.sep}" in frames[-1].filename else "shardviz"
 
 
 def shortened_diff(payload: dict) -> dict:

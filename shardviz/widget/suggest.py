@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from ..format import format_bytes, format_count, format_duration, format_percent
+from ..format import format_bytes, format_count, format_duration, format_percent, format_plural
 from ..plan import Plan
 from ..search import Search, count_candidates, search
 from .views import training_text
@@ -30,6 +30,14 @@ def search_key(mesh, training) -> tuple:
     vary_batch = getattr(training, "global_batch", None) is not None
     tr = replace(training, offload=False, **({"batch_size": None, "grad_accum": 1} if vary_batch else {}))
     return replace(mesh, shard=mesh.world, replicate=1), tr
+
+
+def mesh_words(mesh) -> str:
+    """What "HSDP 16x4" means: "16 replicas x 4-rank shard groups" (FSDP: "one shard group of 64 ranks")."""
+    if mesh.is_hsdp:
+        groups = f"{mesh.shard}-rank shard groups" if mesh.shard > 1 else "no sharding (each rank holds the whole model)"
+        return f"{format_plural(mesh.replicate, 'replica')} x {groups}; gradients all-reduced across the replicas"
+    return f"one shard group of {format_plural(mesh.shard, 'rank')}"
 
 
 def _mesh_text(mesh) -> str:
@@ -126,7 +134,8 @@ class SuggestActions:
     def suggestions(self) -> dict:
         """The Suggest panel's data: the search's state, what it is for, what is missing, its rows."""
         out = {**self._suggest_status, "inputs": f"{_mesh_text(self.mesh)} · {training_text(self.training)}",
-               "missing": self._missing(), "top": self._suggest_top}
+               "missing": self._missing(), "top": self._suggest_top,
+               "needs_memory": self.mesh.device_memory is None}
         if out["state"] == "running":
             out["text"] = f"searching {out['n_candidates']} plans…"
         if self._search is not None:
@@ -181,6 +190,7 @@ def _row(found: Search, i: int, state) -> dict:
         "tokens_text": f"{format_count(round(r.tokens_per_s))} tokens/s" if timed else step_text,
         "mfu_text": f"MFU {format_percent(r.mfu)}" if timed else "",
         "why": r.why,
+        "mesh_text": f"{mesh}: {mesh_words(mesh)}",
         "applies": ["plan", *changes_text(state.mesh, replace(state.mesh, shard=mesh.shard, replicate=mesh.replicate),
                                           state.training, training)],
         "current": (plan == state.plan and (mesh.shard, mesh.replicate) == (state.mesh.shard, state.mesh.replicate)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from ..format import format_bytes
 from ..views import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
                      training_text)
 
@@ -95,3 +96,15 @@ def comparison_payload(comparison, pinned=None, current=None) -> dict:
     out["n_diff"] = len(diff)
     out["available"] = True
     return out
+
+
+def host_ram_text(analysis) -> str:
+    """The host RAM CPU offload needs: the worst rank's ``cpu_peak`` (``a.memory``), and per node."""
+    try:
+        cpu = int(analysis.memory["cpu_peak"].max())
+    except Exception:  # noqa: BLE001 - no memory estimate: nothing to say
+        return ""
+    if cpu <= 0:
+        return ""
+    per_node = analysis.mesh.ranks_per_node or 8
+    return f"host RAM {format_bytes(cpu)} per rank, {format_bytes(cpu * per_node)} per node of {per_node} ranks"

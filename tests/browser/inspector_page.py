@@ -152,3 +152,60 @@ LAYOUT_PROBLEMS_JS = r"""
 def layout_problems(widget) -> list[str]:
     """Every layout problem of the widget as it is drawn now (empty: none)."""
     return widget.evaluate(LAYOUT_PROBLEMS_JS)
+
+
+# WCAG AA (issue 24): text of the badges, tags, severities and summary items against the colour
+# behind it (semi-transparent backgrounds composited up to the page), >= 4.5:1 at the sizes the
+# widget uses (all under 18 px); and states that show: a pressed toggle looks unlike an unpressed
+# one, a disabled button unlike an enabled one.
+CONTRAST_JS = r"""
+(root) => {
+  const cv = document.createElement('canvas'); cv.width = cv.height = 1;
+  const cx = cv.getContext('2d', { willReadFrequently: true });
+  const rgba = (css) => { cx.clearRect(0, 0, 1, 1); cx.fillStyle = 'rgba(0,0,0,0)'; cx.fillStyle = css; cx.fillRect(0, 0, 1, 1);
+    const d = cx.getImageData(0, 0, 1, 1).data; return [d[0], d[1], d[2], d[3] / 255]; };
+  const over = (top, bottom) => [0, 1, 2].map(i => top[i] * top[3] + bottom[i] * (1 - top[3])).concat([1]);
+  const behind = (el) => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) layers.push(c);
+      if (c[3] >= 1) break;
+    }
+    let bg = [255, 255, 255, 1];
+    for (const c of layers.reverse()) bg = over(c, bg);
+    return bg;
+  };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const ratio = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
+  const bad = [];
+  const sel = '.sv-badge, .sv-sev, .sv-tag, .sv-sum-item, .sv-limit-label, .sv-pending-note, .sv-work, .sv-field-note, .sv-suggest-mesh';
+  for (const el of root.querySelectorAll(sel)) {
+    if (el.offsetParent === null || !el.textContent.trim() || el.closest('svg')) continue;
+    const bg = behind(el);
+    const r = ratio(over(rgba(getComputedStyle(el).color), bg), bg);
+    if (r < 4.5) bad.push(`${el.className} "${el.textContent.trim().slice(0, 30)}": ${r.toFixed(2)}:1`);
+  }
+  const look = (el) => { const st = getComputedStyle(el); return [st.backgroundColor, st.color, st.borderStyle, st.borderColor].join(' '); };
+  const on = root.querySelector('button.sv-btn[aria-pressed="true"]');
+  const off = root.querySelector('button.sv-btn[aria-pressed="false"]');
+  if (on && off && look(on) === look(off)) bad.push('a pressed toggle looks like an unpressed one');
+  const disabled = root.querySelector('button.sv-btn:disabled');
+  const enabled = root.querySelector('button.sv-btn:not(:disabled):not([aria-pressed="true"])');
+  if (disabled && enabled && look(disabled) === look(enabled)) bad.push('a disabled button looks like an enabled one');
+  return bad;
+}
+"""
+
+
+def contrast_problems(widget) -> list[str]:
+    """Text under WCAG AA contrast, and states that do not show (empty: none)."""
+    return widget.evaluate(CONTRAST_JS)
+
+
+def numbers_settled(widget, timeout: float = 60_000) -> None:
+    """The full numbers of the last change are drawn (not the model state sent first while the
+    activations are measured) and the background work after it is done (findings, A vs B)."""
+    expect(widget.locator(".sv-memory")).not_to_have_attribute("data-pending", "true", timeout=timeout)
+    expect(widget.locator(".sv-work")).to_have_count(0, timeout=timeout)

@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from inspector_page import expand, fmt_bytes, open_block, row, saved_plan
+from inspector_page import expand, fmt_bytes, numbers_settled, open_block, row, saved_plan
 from helpers import make_notebook, open_and_run_notebook, save_screenshot, shutdown_all_kernels
 from playwright.sync_api import expect
 
@@ -59,6 +59,7 @@ def wait_revision_above(widget, old: int) -> int:
     expect(widget.locator(".sv-memory")).not_to_have_attribute("data-revision", str(old), timeout=30_000)
     # the rows of the same change follow the chart
     expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
+    numbers_settled(widget)
     return revision(widget)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 import pytest
-from inspector_page import fmt_bytes, open_block, row, saved_plan
+from inspector_page import fmt_bytes, numbers_settled, open_block, row, saved_plan
 from helpers import make_notebook, open_and_run_notebook, save_screenshot
 from playwright.sync_api import expect
 
@@ -58,6 +58,7 @@ def test_pin_ignore_lora_and_compare(lab_server, shared_lab_page, model):
     row(widget, L0).locator(".sv-act-ignore-lora").click()
     expect(widget.locator(".sv-memory")).not_to_have_attribute("data-revision", before, timeout=30_000)
     expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
+    numbers_settled(widget)
     rev = widget.locator(".sv-memory").get_attribute("data-revision")
     lora = {p.fqn for p in sv.ModelTree(model).params if p.role == "lora" and p.fqn.startswith(L0 + ".")}
     plan_b = saved_plan(lab_server, PLAN_FILE, until=lambda p: set(p.ignored) == lora)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from helpers import make_notebook, open_and_run_notebook, retake_readme_image, save_screenshot
-from inspector_page import expand, open_block, row, saved_plan
+from inspector_page import expand, numbers_settled, open_block, row, saved_plan
 from playwright.sync_api import expect
 
 import shardviz as sv
@@ -39,6 +39,7 @@ def open_at_1280(page, server, cells, name):
 def settle(widget, old_rev):
     expect(widget.locator(".sv-memory")).not_to_have_attribute("data-revision", str(old_rev), timeout=30_000)
     expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
+    numbers_settled(widget)
 
 
 def rev(widget) -> str:
@@ -218,7 +219,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
 
 def test_llama70b_shapes_and_statuses_are_not_cut(lab_server, shared_lab_page):
     """At 70B the shapes ("(28672, 8192)"), local shards and statuses ("sharded · layers.79") fit
-    their columns at 1280 px, and sizes read "70.76 bn", not "70.76B"."""
+    their columns at 1280 px, and sizes read "70.76 billion" (format.py), not "70.76B" or "bn"."""
     page = shared_lab_page
     last = "base_model.model.model.layers.79"
     setup = (
@@ -229,7 +230,7 @@ def test_llama70b_shapes_and_statuses_are_not_cut(lab_server, shared_lab_page):
         f"inspector.reveal({last + '.self_attn.q_proj.lora_B.default.weight'!r})\n"
     )
     widget = open_at_1280(page, lab_server, [setup, "inspector"], "inspector_70b.ipynb")
-    expect(widget.locator(".sv-sum-size")).to_contain_text("70.76 bn parameter elements")
+    expect(widget.locator(".sv-sum-size")).to_contain_text("70.76 billion parameter elements")  # format_large_count
     scroller = widget.locator(".sv-scroller")
     seen = set()
     for _ in range(40):  # scroll through the open rows (the list is virtualised)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import make_notebook, open_and_run_notebook, save_screenshot
-from inspector_page import expand, layout_problems, open_block, row
+from inspector_page import contrast_problems, expand, layout_problems, numbers_settled, open_block, row
 from playwright.sync_api import expect
 
 import shardviz as sv
@@ -24,6 +24,8 @@ SETUP = (
     "model = zoo.tiny_llama_lora()\n"
     "inspector = sv.Inspector(model, mesh=sv.Mesh(shard=4))\n"
 )
+# no reserve: a limit below the tiny model's peak (200 KiB) is a size the field accepts
+SETUP_NO_RESERVE = SETUP.replace("sv.Mesh(shard=4)", "sv.Mesh(shard=4, memory_reserve=0)")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,7 @@ def rev(widget) -> str:
 def settle(widget, old_rev) -> None:
     expect(widget.locator(".sv-memory")).not_to_have_attribute("data-revision", str(old_rev), timeout=30_000)
     expect(widget).to_have_attribute("data-pending", "0", timeout=30_000)
+    numbers_settled(widget)
 
 
 def set_file_browser(page, open_: bool) -> None:
@@ -54,7 +57,7 @@ def field(widget, cls: str, text: str) -> None:
 
 
 def assert_clean(widget, page, name: str) -> None:
-    bad = layout_problems(widget)
+    bad = layout_problems(widget) + contrast_problems(widget)
     save_screenshot(widget.locator(".sv-views"), name)  # the tab; the tree is in the charts' shot
     if name.endswith(("charts_light", "charts_dark")):
         widget.scroll_into_view_if_needed()
@@ -77,7 +80,8 @@ def check_every_tab(widget, page, width: str, theme: str) -> None:
 def test_layout_at_lab_default_and_at_1280(lab_server, shared_lab_page, model):
     page = shared_lab_page
     page.set_viewport_size({"width": 1280, "height": 1400})  # tall: a tab's screenshot holds all of it
-    panel = open_and_run_notebook(page, lab_server, make_notebook(SETUP, "inspector"), name="inspector_layout.ipynb", timeout=240_000)
+    panel = open_and_run_notebook(page, lab_server, make_notebook(SETUP_NO_RESERVE, "inspector"), name="inspector_layout.ipynb",
+                                  timeout=240_000)
     widget = panel.locator(".sv-inspector")
     expect(widget.locator(".sv-row[data-id='m0']")).to_be_visible(timeout=60_000)
 
@@ -96,6 +100,10 @@ def test_layout_at_lab_default_and_at_1280(lab_server, shared_lab_page, model):
     row(widget, L0).locator(".sv-act-ignore-lora").click()
     settle(widget, r0)
     expect(widget.locator('.sv-tab[data-tab="compare"]')).to_contain_text("differ")
+    r0 = rev(widget)
+    row(widget, L0).locator(".sv-act-ckpt").click()  # one pressed toggle, the others not
+    settle(widget, r0)
+    expect(row(widget, L0).locator(".sv-act-ckpt")).to_have_attribute("aria-pressed", "true")
 
     for width, browser_open, lo, hi in (("lab-default", True, 760, 900), ("1280", False, 1100, 1280)):
         set_file_browser(page, browser_open)
@@ -110,7 +118,14 @@ def test_layout_at_lab_default_and_at_1280(lab_server, shared_lab_page, model):
         finally:
             page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
             page.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
+    # an 830 px window with the file browser open: the tree's actions in view, the tabs one line each
     set_file_browser(page, True)
+    page.set_viewport_size({"width": 830, "height": 1400})
+    page.wait_for_timeout(500)
+    tab_lines = widget.locator(".sv-tab").evaluate_all(
+        "ts => ts.map(t => { const r = document.createRange(); r.selectNodeContents(t); return r.getClientRects().length; })")
+    assert max(tab_lines) == 1, tab_lines  # one line each (they wrapped to 4)
+    check_every_tab(widget, page, "830-window", "light")
     page.set_viewport_size({"width": 1280, "height": 1000})
 
 
@@ -165,7 +180,10 @@ def test_inputs_never_fail_silently(lab_server, shared_lab_page, model):
     expect(widget.locator(".sv-msg")).to_have_count(0)
 
     # a sequence past the model's max_position_embeddings is flagged, and the field shows it whole
-    field(widget, ".sv-seq", "1000000000")
+    widget.locator(".sv-seq").fill("1000000000")  # with a batch: more tokens than a step measures
+    widget.locator(".sv-seq").press("Enter")
+    expect(widget.locator(".sv-msg-error")).to_contain_text("tokens per rank")
+    field(widget, ".sv-seq", "1000000")
     note = widget.locator(".sv-seq-note")
     expect(note).to_be_visible()
     assert "max_position_embeddings (256)" in note.get_attribute("title")
@@ -175,7 +193,7 @@ def test_inputs_never_fail_silently(lab_server, shared_lab_page, model):
       return c.measureText(el.value).width <= el.clientWidth - parseFloat(st.paddingLeft) - parseFloat(st.paddingRight) - 16; }""")
     assert fits, "the sequence length is cut in its field (room for the spinner kept)"
     ticks = widget.locator(".sv-memory text.sv-axis").evaluate_all("ts => ts.map(t => t.textContent)")
-    assert any(t.endswith(("TiB", "PiB")) for t in ticks), ticks  # the axis unit follows the magnitude
+    assert any(t.endswith(("GiB", "TiB")) for t in ticks), ticks  # the axis unit follows the magnitude
     field(widget, ".sv-seq", "128")
     expect(note).to_have_text("")
     assert layout_problems(widget) == []

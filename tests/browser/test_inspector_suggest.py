@@ -35,7 +35,11 @@ SETUP = (
 # The contrast of each text of the panel with what is drawn behind it (WCAG's ratio).
 CONTRAST_JS = r"""
 (panel) => {
-  const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+  // any CSS colour (color-mix() computes to "color(srgb r g b)", 0-1): through a canvas to 0-255 RGBA
+  const cv = document.createElement('canvas'); cv.width = cv.height = 1;
+  const cx = cv.getContext('2d', { willReadFrequently: true });
+  const rgb = (c) => { cx.clearRect(0, 0, 1, 1); cx.fillStyle = 'rgba(0,0,0,0)'; cx.fillStyle = c; cx.fillRect(0, 0, 1, 1);
+    const d = cx.getImageData(0, 0, 1, 1).data; return [d[0], d[1], d[2], d[3] / 255]; };
   const lum = ([r, g, b]) => {
     const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
     return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);

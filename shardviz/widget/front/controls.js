@@ -23,6 +23,7 @@ function controlInputs() {
     batch: numberInput("sv-batch", { min: 1, placeholder: "none", "aria-label": "batch size" }),
     seq: numberInput("sv-seq", { min: 1, "aria-label": "sequence length" }),
     seqNote: h("span", { class: "sv-field-note sv-seq-note" }),
+    offloadNote: h("span", { class: "sv-muted sv-offload-note" }),
   };
 }
 
@@ -50,6 +51,7 @@ function controlsLayout(ctl) {
       field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
       field("optimizer", ctl.optimizer),
       field("CPU offload", ctl.offload),
+      ctl.offloadNote,
       field("batch", ctl.batch, "micro-batch per rank; empty: the peak counts the model state only (no activations)"),
       field("seq len", ctl.seq, "tokens per sample"),
       ctl.seqNote,
@@ -59,7 +61,8 @@ function controlsLayout(ctl) {
 
 function wireControls(ctx, ctl, showState) {
   const { send, model } = ctx;
-  const intOrNull = (el) => (el.value.trim() === "" ? null : Math.round(Number(el.value)));
+  // the number as typed: Python refuses one that is not whole (naming the field), never rounded here
+  const intOrNull = (el) => (el.value.trim() === "" ? null : Number(el.value));
   const onRefused = (ack) => {
     if (!ack.ok) showState(); // refused: the control shows the current state again
   };
@@ -77,20 +80,16 @@ function wireControls(ctx, ctl, showState) {
   const sendRanks = () => send("set_mesh", { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0 }, onRefused);
   for (const c of [ctl.world, ctl.replicate]) c.addEventListener("change", sendRanks);
   ctl.device.addEventListener("change", () => send("set_mesh", { device_memory: ctl.device.value.trim() }, onRefused));
-  const sendTraining = () =>
-    send(
-      "set_training",
-      {
-        optimizer: ctl.optimizer.value,
-        param_dtype: ctl.paramDtype.value || null,
-        reduce_dtype: ctl.reduceDtype.value || null,
-        offload: ctl.offload.checked,
-        batch_size: intOrNull(ctl.batch),
-        seq_len: intOrNull(ctl.seq) ?? 0,
-      },
-      onRefused,
-    );
-  for (const c of [ctl.paramDtype, ctl.reduceDtype, ctl.optimizer, ctl.offload, ctl.batch, ctl.seq]) c.addEventListener("change", sendTraining);
+  // each training field sends only itself: a box shown on by the plan's own offload is not sent back
+  const trainingField = [
+    [ctl.optimizer, "optimizer", () => ctl.optimizer.value],
+    [ctl.paramDtype, "param_dtype", () => ctl.paramDtype.value || null],
+    [ctl.reduceDtype, "reduce_dtype", () => ctl.reduceDtype.value || null],
+    [ctl.offload, "offload", () => ctl.offload.checked],
+    [ctl.batch, "batch_size", () => intOrNull(ctl.batch)],
+    [ctl.seq, "seq_len", () => intOrNull(ctl.seq) ?? 0],
+  ];
+  for (const [c, name, value] of trainingField) c.addEventListener("change", () => send("set_training", { [name]: value() }, onRefused));
   for (const c of Object.values(ctl)) if (c.tagName === "INPUT") keepKeysFromLab(c);
 }
 
@@ -110,6 +109,7 @@ function showControls(ctl, c) {
   ctl.reduceDtype.value = c.reduce_dtype;
   ctl.optimizer.value = c.optimizer;
   ctl.offload.checked = !!c.offload;
+  ctl.offloadNote.textContent = c.offload && c.offload_text ? c.offload_text : "";
   ctl.batch.value = text(c.batch_size);
   ctl.seq.value = text(c.seq_len);
   ctl.seq.classList.toggle("sv-warn-input", !!c.seq_len_note);

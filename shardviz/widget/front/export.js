@@ -31,7 +31,9 @@ async function copyText(text) {
 function verifyView(v) {
   const cls = v.ok ? "sv-status-ok" : "sv-status-error";
   const text = v.error
-    ? `torch raised ${v.error}`
+    ? v.raised_by === "shardviz"
+      ? `shardviz's verification failed (not torch; please report it): ${v.error}`
+      : `torch raised ${v.error}`
     : v.ok
       ? `torch agrees: every parameter's status, call, local shape and placement match the prediction (${v.seconds}s)`
       : `${v.n} disagreement(s) with torch`;

@@ -17,7 +17,8 @@ function findingItem(send, f) {
       },
     },
     h("div", { class: "sv-finding-head" }, h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }), h("b", { text: f.code }), h("span", { text: f.message })),
-    f.fix ? h("div", { class: "sv-finding-fix", text: `fix: ${f.fix}` }) : null,
+    // the fix says what it is ("cheapest fix: ..."): a "fix:" label only where it does not
+    f.fix ? h("div", { class: "sv-finding-fix", text: /^[^:]{0,20}fix:/.test(f.fix) ? f.fix : `fix: ${f.fix}` }) : null,
   );
   if (!f.fqns.length) return item;
   const where = h("div", { class: "sv-finding-fqns" }, f.fqns.slice(0, 4).map((q) => revealLink(send, q, q || "<root>")));

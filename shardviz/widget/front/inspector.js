@@ -14,7 +14,14 @@ function chartsPanel(ctx) {
   return {
     el,
     renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
-    renderMemory: () => drawMemory(memoryEl, ctx.model.get("memory") || {}),
+    renderMemory: () => {
+      const mem = ctx.model.get("memory") || {};
+      drawMemory(memoryEl, mem);
+      memoryEl.dataset.revision = String(mem.revision ?? "");
+      memoryEl.dataset.pending = mem.pending ? "true" : "false";
+      // the activations are still being measured: the bars are the model state's, and say so
+      if (mem.pending) memoryEl.firstChild.after(h("div", { class: "sv-pending-note", role: "status", text: mem.pending }));
+    },
     renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
   };
 }
@@ -89,6 +96,7 @@ function render({ model, el }) {
   const handlers = [
     ["msg:custom", onCustom],
     ["change:summary", () => (renderSummary(), messages.render())],
+    ["change:work", renderSummary],
     ["change:controls", controls.render],
     ["change:messages", messages.render],
     ["change:memory", charts.renderMemory],

@@ -25,6 +25,7 @@ function suggestRow(send, r, stale) {
       { class: "sv-suggest-plan" },
       h("div", {}, h("b", { class: "sv-suggest-name", text: r.name }), " ", fits),
       h("div", { class: "sv-suggest-why", text: r.why }),
+      h("div", { class: "sv-suggest-mesh sv-muted", text: r.mesh_text }),
       h("div", { class: "sv-suggest-applies", text: `applies: ${r.applies.join("; ")}` }),
     ),
     h("td", { class: "sv-suggest-peak", "data-value": r.peak ?? "" }, h("div", { text: r.peak_text }), h("div", { class: "sv-suggest-sub", text: r.margin_text })),
@@ -46,10 +47,13 @@ function suggestTable(send, d) {
 function suggestStatus(d, waiting) {
   if (waiting && d.state !== "running") return "starting the search…";
   if (d.state === "running") return d.text;
-  if (d.state === "error") return "the search failed";
+  if (d.state === "error") return d.needs_memory ? "needs the device memory" : "the search stopped";
+  if (d.state === "cancelled") return "cancelled";
   if (d.rows) return d.summary;
   return "not searched yet";
 }
+
+const RUN_TITLE = "search the plans a user would try (LoRA layout, checkpointing, reshard, HSDP split, offload, micro-batch) and rank those that fit";
 
 function suggestPanel(ctx) {
   const el = h("div", { class: "sv-panel sv-panel-suggest", "data-panel": "suggest" });
@@ -57,7 +61,7 @@ function suggestPanel(ctx) {
   const run = h("button", {
     class: "sv-btn sv-suggest-run",
     text: "Suggest plans",
-    title: "search the plans a user would try (LoRA layout, checkpointing, reshard, HSDP split, offload, micro-batch) and rank those that fit",
+    title: RUN_TITLE,
     onclick: () => {
       waiting = true;
       render();
@@ -68,15 +72,18 @@ function suggestPanel(ctx) {
     const d = ctx.model.get("suggestions") || {};
     el.dataset.state = waiting && d.state !== "running" ? "starting" : d.state || "idle";
     el.dataset.revision = String(d.revision ?? "");
-    run.disabled = waiting || d.state === "running";
+    // without the device memory there is nothing to fit: the button says why instead of failing
+    run.disabled = waiting || d.state === "running" || !!d.needs_memory;
+    run.title = d.needs_memory ? "give the device memory first (the device field above)" : RUN_TITLE;
     run.textContent = d.rows ? "Search again" : "Suggest plans";
     const status = h("span", { class: "sv-suggest-status", text: suggestStatus(d, waiting) });
+    const cancel = h("button", { class: "sv-btn sv-suggest-cancel", text: "cancel", hidden: d.state !== "running", onclick: () => ctx.send("cancel") });
     el.replaceChildren(
-      h("div", { class: "sv-suggest-head" }, run, status),
+      h("div", { class: "sv-suggest-head" }, run, cancel, status),
       h("div", { class: "sv-muted sv-suggest-inputs", text: `for ${d.inputs || ""}` }),
     );
     for (const m of d.missing || []) el.append(h("div", { class: "sv-suggest-missing", text: m }));
-    if (d.state === "error") el.append(h("div", { class: "sv-suggest-error", role: "alert", text: d.error }));
+    if (d.state === "error" || d.state === "cancelled") el.append(h("div", { class: "sv-suggest-error", role: "alert", text: d.error }));
     if (!d.rows) return;
     if (d.stale) el.append(h("div", { class: "sv-suggest-stale", text: "The mesh or training changed since this search: its rows are for the earlier one. Search again to apply one." }));
     el.append(h("div", { class: "sv-suggest-explain", text: d.explain }));

@@ -14,13 +14,15 @@ function summaryComponent(ctx, { openCompare }) {
     if (!sm.model) return;
     el.append(
       h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: `${sm.n_modules.toLocaleString()} modules · ${fmtCount(sm.numel)} parameter elements` }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: sm.size_text }),
       h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
       h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
       planItem(sm),
       peakItem(sm),
       findingsItem(sm),
     );
+    const work = workItem(ctx);
+    if (work) el.append(work);
     const pinned = pinnedItem(ctx.model.get("comparison") || {}, openCompare);
     if (pinned) el.append(pinned);
     if (sm.plan_file) el.append(planFileItem(sm.plan_file));
@@ -34,11 +36,37 @@ function planItem(sm) {
     "span",
     { class: "sv-sum-item sv-sum-plan", title: "the plan's name: the preset it started from, and how many edits since" },
     h("b", { class: "sv-plan-name", text: sm.plan_name || "custom plan" }),
-    `: ${sm.n_units} calls · ${sm.n_ignored} ignored${sm.n_checkpointed ? ` · ${sm.n_checkpointed} checkpointed` : ""}`,
+    sm.plan_text,
+  );
+}
+
+// what runs in the background after a change (measuring, checking, searching): its time, and cancel
+let workTimer = null;
+function workItem(ctx) {
+  const w = ctx.model.get("work") || {};
+  clearInterval(workTimer);
+  if (!w.busy) return null;
+  const clock = h("span", { class: "sv-work-clock" });
+  const tick = () => (clock.textContent = ` ${Math.max(0, Date.now() / 1000 - w.since).toFixed(1)} s`);
+  tick();
+  workTimer = setInterval(() => (clock.isConnected ? tick() : clearInterval(workTimer)), 200);
+  return h(
+    "span",
+    { class: "sv-sum-item sv-work", role: "status", title: "runs in the background: the numbers above are already for the current state" },
+    `⏳ ${w.label}…`,
+    clock,
+    h("button", { class: "sv-btn sv-work-cancel", text: "cancel", title: "stop it; the numbers shown stay", onclick: () => ctx.send("cancel") }),
   );
 }
 
 function peakItem(sm) {
+  if (sm.pending) {
+    return h(
+      "span",
+      { class: "sv-sum-item sv-sum-peak sv-pending", "data-bytes": sm.peak, title: sm.pending },
+      `model state ${fmtBytes(sm.peak)} (rank ${sm.worst_rank}) · activations being measured`,
+    );
+  }
   const over = !!(sm.use && sm.use.over);
   return h(
     "span",
@@ -54,9 +82,13 @@ function findingsItem(sm) {
   return h(
     "span",
     { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
+    h("span", { class: "sv-sum-findings-total", text: `${f.total}:` }),
+    " ",
     h("span", { class: "sv-sev sv-sev-error", text: f.error }),
     " ",
     h("span", { class: "sv-sev sv-sev-warning", text: f.warning }),
+    " ",
+    h("span", { class: "sv-sev sv-sev-info", text: f.info }),
   );
 }
 

@@ -41,10 +41,13 @@ function rarSelect(choices, value, onchange, mixed = false) {
   return sel;
 }
 
+// the name's tooltip: also what a narrow widget hides (the elements and status columns)
 function rowTip(r) {
-  if (r.kind === "group") return r.label;
-  if (r.kind === "module") return `${r.fqn || "(root)"} · ${r.type}`;
-  return `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}`;
+  const status = r.badge && r.badge.label ? ` · ${r.badge.label}` : "";
+  const size = typeof r.numel === "number" ? ` · ${r.numel.toLocaleString()} elements` : "";
+  if (r.kind === "group") return `${r.label}${size}${status}`;
+  if (r.kind === "module") return `${r.fqn || "(root)"} · ${r.type}${size}${status}`;
+  return `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}${size}${status}`;
 }
 
 function caretOf(ctx, id, r) {

@@ -1,0 +1,252 @@
+"""The Inspector's slow work, off the kernel's thread: one job at a time, cancellable.
+
+An edit sends its numbers first; what takes longer (measuring the activations of a new dtype,
+sequence length or plan, the findings with SV201's what-ifs, the Suggest search) runs on a worker
+thread, so that the kernel keeps reading the front end's messages. A new edit, or the "cancel"
+button, cancels the job running: ``Cancelled`` (a ``BaseException``, which no ``except Exception``
+in the analysis swallows) is raised in the worker thread at its next Python instruction, its
+``with`` blocks and ``finally`` clauses run, and the next job starts only once it has ended, so
+that two measurements never run at once (they patch module-level functions while they run).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+from ..analysis import analyze
+from ..format import format_count
+from . import views
+from .views import host_ram_text
+
+#: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
+NUMBERS_WAIT_S = 1.0
+
+
+class Cancelled(BaseException):
+    """Raised inside the worker thread by ``Worker.cancel``."""
+
+
+class Worker:
+    """Runs ``fn`` on a daemon thread; ``on_error(exc)`` for an exception it raises."""
+
+    def __init__(self, on_error: Callable[[BaseException], None]):
+        self._thread: threading.Thread | None = None
+        self._on_error = on_error
+        self.label = ""
+        self.started = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, fn: Callable[[], None], label: str) -> None:
+        self.cancel()
+        self.label, self.started = label, time.time()
+        self._thread = threading.Thread(target=self._main, args=(fn,), daemon=True, name=f"shardviz Inspector: {label}")
+        self._thread.start()
+
+    def _main(self, fn) -> None:
+        try:
+            fn()
+        except Cancelled:
+            pass
+        except Exception as exc:  # noqa: BLE001 - shown in the widget, never lost in a thread
+            self._on_error(exc)
+
+    def cancel(self) -> bool:
+        """Stop the running job (True) and wait for it to end; False when none runs."""
+        t = self._thread
+        if t is None or t is threading.current_thread() or not t.is_alive():
+            return False
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Cancelled))
+        t.join(30)
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the running job; True once none runs."""
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+        return not self.busy
+
+
+class BackgroundPush:
+    """The Inspector's pushes after a change, the slow part on a ``Worker`` (mixed into ``Inspector``,
+    which provides the traits, ``controller``, ``_lock``, ``_worker``, ``_summary``, ``_controls``,
+    ``_push_rows``, ``_push_code`` and ``_push_messages``)."""
+
+    def _push_state(self, initial: bool = False) -> None:
+        """After a change of plan, mesh or training: charts first, then rows, then findings.
+
+        With a front end (``background``), what is slow runs on the worker thread. With a
+        micro-batch the main thread sends the model-state numbers first (milliseconds; marked
+        pending), then the worker measures the step's activations (a new dtype, sequence length
+        or plan needs a new measurement, about a second on 70B) and sends the full numbers; the
+        findings (SV201's what-ifs), A vs B and the Suggest panel's state follow from the worker,
+        so the next edit, which cancels it, never waits for them."""
+        st = self.controller
+        self._worker.cancel()
+        self._interrupted = False
+        if initial or not self.background:
+            self._push_first(initial)
+            return
+        rev = st.revision
+        t0 = time.perf_counter()
+        interim = self._model_state_numbers()
+        st.timings["model_state_s"] = time.perf_counter() - t0
+        ready, go = threading.Event(), threading.Event()
+
+        def job():
+            while not go.wait(1):  # the model-state numbers go first, without the worker's competition
+                pass
+            for key in ("memory", "traffic", "timeline"):
+                getattr(st, key)
+            with self._lock:
+                ready.set()
+                self._worker.label = "checking the plan (findings, SV201's what-ifs)"
+                if self._interim_revision == rev:  # the model-state numbers went first: the full ones now
+                    self._push_numbers()
+            self._push_rest(rev)
+
+        self._worker.start(job, "measuring the activations" if interim else "checking the plan")
+        try:
+            if interim is None:  # no micro-batch: the numbers are quick
+                go.set()
+                ready.wait(NUMBERS_WAIT_S)
+            with self._lock:
+                if ready.is_set():
+                    self._push_numbers()
+                else:
+                    self._interim_revision = rev
+                    if interim is not None:
+                        self._push_numbers(interim)
+                self._push_rows()
+                self.verify_result = {}
+                self.code = {"stale": True, "revision": rev}
+                self.work = self._work()
+        finally:
+            go.set()
+        st.timings["numbers_sent_s"] = time.perf_counter() - t0
+
+    def _push_first(self, initial: bool) -> None:
+        """Everything at once (no front end), or the first numbers and the rest in the background."""
+        st = self.controller
+        rev = st.revision
+        with self._lock:
+            self._push_numbers()
+            self._push_rows(reset=initial)
+        if not self.background:
+            self._push_rest(rev)
+            return
+
+        def rest():
+            st.names.known()  # the presets an edit's name is measured from: built once, here
+            self._push_rest(rev)
+
+        self._worker.start(rest, "checking the plan (findings, SV201's what-ifs)")
+        self.work = self._work()
+
+    def _model_state_numbers(self) -> dict | None:
+        """The charts' payloads without activations (parameters, gradients, optimizer states,
+        communication buffers: what does not need a measured step), in milliseconds, with the
+        run order of the last analysis; None without a micro-batch (the numbers are quick) or
+        when no run order is known yet."""
+        st = self.controller
+        tr = st.training
+        if not tr.with_activations or self._run_order is None:
+            return None
+        a = analyze(st.tree, st.plan, st.mesh, dataclasses.replace(tr, batch_size=None), strict=False,
+                    torch_version=st.torch_version)
+        a.__dict__["run_order"] = self._run_order  # the order does not depend on dtypes, shapes or checkpointing
+        note = (f"activations at {format_count(tr.batch_size)} x {format_count(tr.seq_len)} tokens: being measured "
+                "(the bars show the model state only)")
+        return {"memory": {**views.memory_payload(a), "pending": note}, "traffic": views.traffic_payload(a),
+                "host_ram": host_ram_text(a),
+                "timeline": {"available": False, "reason": f"step time: {note}", "pending": True}}
+
+    def _push_numbers(self, interim: dict | None = None) -> None:
+        """The charts, the summary and the controls: the full numbers, or ``interim``'s."""
+        st = self.controller
+        rev = st.revision
+        numbers = interim or {key: getattr(st, key) for key in ("memory", "traffic", "timeline")}
+        if interim is None:
+            self._interim_revision = None
+            self._run_order = st.analysis.__dict__.get("run_order", self._run_order)
+        self._host_ram_text = interim["host_ram"] if interim else host_ram_text(st.analysis)
+        self._shown_memory = numbers["memory"]
+        with self.hold_sync():
+            self.memory = {**numbers["memory"], "revision": rev}
+            self.traffic = {**numbers["traffic"], "revision": rev}
+            self.timeline = {**numbers["timeline"], "revision": rev}
+            self.summary = self._summary()
+            self.controls = self._controls()
+            self.work = self._work()
+
+    def _push_rest(self, rev: int) -> None:
+        """The findings, A vs B and the Suggest panel's state, once computed (on the worker, in the
+        background), unless the state has changed since ``rev``."""
+        st = self.controller
+        findings = st.findings
+        comparison = {**st.comparison, "revision": rev}
+        suggestions = {**st.suggestions, "revision": rev}
+        with self._lock:
+            if st.revision != rev:
+                return
+            self.findings = findings
+            with self.hold_sync():
+                self.comparison = comparison
+                self.suggestions = suggestions
+                self.summary = self._summary()
+                self.verify_result = {}
+                if self.tab == "export":
+                    self._push_code()
+                else:
+                    self.code = {"stale": True, "revision": rev}
+                self.work = self._work(done=True)
+            self._push_messages()
+
+    def _work(self, done: bool = False) -> dict:
+        """What the worker is doing (the summary shows it, with a cancel button), or nothing."""
+        w = self._worker
+        if done or not w.busy:
+            return {"busy": False, "revision": self.controller.revision}
+        return {"busy": True, "label": w.label, "since": w.started, "revision": self.controller.revision}
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the work after the last change (activations, findings, Suggest) is done and
+        sent; True once nothing runs. Without a front end everything runs at once and this returns."""
+        return self._worker.wait(timeout)
+
+    def cancel(self) -> bool:
+        """Stop the work running in the background (the summary's "cancel"); True if something ran."""
+        label = self._worker.label
+        if not self._worker.cancel():
+            return False
+        st = self.controller
+        if st._suggest_status.get("state") == "running":
+            st._suggest_status = {"state": "cancelled", "error": "the search was cancelled"}
+            self.suggestions = {**st.suggestions, "revision": st.revision}
+        st._message("info", f"cancelled: {label}; the numbers shown are those sent before")
+        with self._lock:
+            self.work = self._work()
+            self._push_messages()
+        return True
+
+    def _stop_background(self) -> None:
+        st = self.controller
+        searching = st._suggest_status.get("state") == "running"
+        if self._worker.cancel():
+            self._interrupted = True
+            if searching:
+                st._suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
+
+    def _on_worker_error(self, exc: BaseException) -> None:
+        self.controller._message("error", f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self.work = {"busy": False, "revision": self.controller.revision}
+            self._push_messages()
+
