@@ -23,7 +23,7 @@ costs from the fixed analysis' ``a.step``.
 | SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
-| SV113 | warning / error | the model's config keeps ``use_cache=True`` (a key/value cache per layer): the bytes ``use_cache=False`` saves; an error with selective checkpointing (torch raises) |
+| SV113 | warning / error | the step runs with ``use_cache=True`` (a key/value cache per layer; the config's without checkpointing, ``Training(use_cache=...)``): the bytes ``use_cache=False`` saves; an error when torch cannot run the plan with the cache (selective checkpointing, a failing recomputation): priced without it |
 """
 
 from __future__ import annotations
@@ -294,61 +294,78 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
     )]
 
 
-USE_CACHE_FIX = "set model.config.use_cache = False before training (or pass use_cache=False to the forward)"
+USE_CACHE_FIX = ("Training(use_cache=False) (CLI: --no-use-cache); in the training script set "
+                 "model.config.use_cache = False (or pass use_cache=False to the forward)")
 
 
 def _keeps_cache(analysis) -> bool:
-    """The step is a Hugging Face forward whose config keeps ``use_cache=True`` (and nobody asked
-    the analysis to run it without)."""
-    config = getattr(analysis.tree.model, "config", None)
-    return (config is not None and bool(getattr(config, "use_cache", False))
-            and getattr(analysis.training, "example_inputs", None) is None
-            and getattr(analysis, "_use_cache", None) is None)
+    """The step is a Hugging Face forward run with ``use_cache=True`` (``Analysis.use_cache``: the
+    training's, else the config's unless the plan checkpoints)."""
+    return bool(getattr(analysis, "use_cache", False))
 
 
 def selective_with_cache(analysis) -> list[Finding]:
     """SV113 as an error: modules checkpointed selectively in a step that keeps the key/value cache.
     The recomputation updates the cache again, so it runs other ops than the forward did, and torch's
-    selective checkpointing raises in backward (checked: tests/test_activation_truth.py)."""
+    selective checkpointing raises in backward (checked: tests/test_activation_truth.py). The plan is
+    then priced without the cache (``Analysis._measured_step``)."""
     selective = analysis.plan.checkpoint.selective
     if not selective or not _keeps_cache(analysis):
         return []
     return [Finding(
         "SV113", "error",
-        f"{_plural(len(selective), 'module')} checkpointed selectively while the model's config has use_cache=True: "
-        "the recomputation in backward fills the key/value cache again, and torch's selective checkpointing raises "
-        "('... invocation index ... encountered during backward but not found in storage')",
+        f"{_plural(len(selective), 'module')} checkpointed selectively with use_cache=True: the recomputation in "
+        "backward fills the key/value cache again, and torch's selective checkpointing raises ('... invocation "
+        "index ... encountered during backward but not found in storage'); priced with use_cache=False",
         **_first(selective), fix=USE_CACHE_FIX,
     )]
 
 
+def _cache_refused(analysis) -> list[Finding]:
+    """SV113 as an error: torch cannot run the plan with the cache the training asks for (its
+    checkpointed recomputation fails), so the numbers are those of the step without it."""
+    return [Finding(
+        "SV113", "error",
+        f"use_cache=True with this plan's checkpointing is a step torch cannot run: {analysis.cache_refused[:400]}; "
+        "priced with use_cache=False",
+        **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
+    )]
+
+
 def check_use_cache(analysis) -> list[Finding]:
-    """SV113: a Hugging Face model whose config keeps ``use_cache=True``: each training forward also
-    fills a key/value cache holding every layer's keys and values until the output is dropped. The
-    predicted peak counts it (the step the config runs); with a batch, the finding says how many
-    bytes ``use_cache=False`` saves (the same analysis measured without the cache). Without a batch
-    there is nothing to price: a warning only when modules are checkpointed (the cache keeps what
-    checkpointing frees). An error with selective checkpointing (``selective_with_cache``)."""
+    """SV113: the step runs with ``use_cache=True`` (the config's, without checkpointing, or the
+    training's): each training forward also fills a key/value cache holding every layer's keys and
+    values until the output is dropped. The predicted peak counts it; with a batch, the finding says
+    how many bytes ``use_cache=False`` saves (the same analysis measured without the cache). Without
+    a batch there is nothing to price: a warning only when modules are checkpointed (the cache keeps
+    what checkpointing frees). An error when torch cannot run the plan with the cache (selective
+    checkpointing, a recomputation that fails): the plan is priced without it."""
     if not _keeps_cache(analysis):
         return []
     refusal = selective_with_cache(analysis)
     if refusal or not (analysis.training.with_activations and analysis.model is not None):
         return refusal or ([Finding(
             "SV113", "warning",
-            f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed but the model's config has "
-            "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
+            f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed with use_cache=True: each "
+            "training forward also fills a key/value cache that keeps every layer's keys and "
             "values alive until the loss (give Training(batch_size=...) to have it measured and priced)",
             **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
         )] if analysis.plan.checkpoint else [])
     peak = int(analysis.memory["peak"].max())
-    without = int(analysis.without_kv_cache().memory["peak"].max())
+    if analysis.cache_refused:
+        return _cache_refused(analysis)
+    try:
+        without = int(analysis.without_kv_cache().memory["peak"].max())
+    except Exception as exc:  # noqa: BLE001 - a what-if never crashes the analysis: it becomes the finding's words
+        return [Finding("SV113", "warning", "the step keeps a key/value cache (use_cache=True); the step without it "
+                        f"could not be priced ({type(exc).__name__}: {str(exc)[:200]})", fix=USE_CACHE_FIX)]
     if without >= peak:
         return []
     ckpt = (f" ({_plural(len(analysis.plan.checkpoint), 'module')} checkpointed: the cache keeps what they would free)"
             if analysis.plan.checkpoint else "")
     return [Finding(
         "SV113", "warning",
-        "the model's config has use_cache=True: each training forward also fills a key/value cache that keeps "
+        "the step runs with use_cache=True: each training forward also fills a key/value cache that keeps "
         f"every layer's keys and values alive until the output is dropped{ckpt}; the predicted peak "
         f"({format_bytes(peak)}) counts it, use_cache=False saves {format_bytes(peak - without)} "
         f"({peak - without:,} bytes) on the worst rank (peak {format_bytes(without)})",
@@ -372,14 +389,19 @@ class MemoryFix(NamedTuple):
     step_time_s: float | None = None
     cost_s: float | None = None
     hardware: bool = False
+    failed: str | None = None  # the what-if could not be analysed: why (peak is then None)
 
 
 def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, **change) -> MemoryFix:
     """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
-    ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
-    a = analysis.what_if(**change)
-    peak = int(a.memory["peak"].max())
-    new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
+    ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens).
+    A what-if that fails is a fix with ``failed`` set: it never crashes the analysis."""
+    try:
+        a = analysis.what_if(**change)
+        peak = int(a.memory["peak"].max())
+        new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
+    except Exception as exc:  # noqa: BLE001 - the finding says it could not be priced instead
+        return MemoryFix(text, None, hardware=hardware, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
     if new is None or own is None:
         return MemoryFix(text, peak, hardware=hardware)
     return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware)
@@ -391,9 +413,9 @@ def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
 
 
-def _fits(analysis, peak: int) -> bool:
-    """The one fits verdict (``Mesh.fit``: device memory less the reserve)."""
-    return analysis.mesh.fit(peak).fits
+def _fits(analysis, peak: int | None) -> bool:
+    """The one fits verdict (``Mesh.fit``: device memory less the reserve); a what-if that failed does not fit."""
+    return peak is not None and analysis.mesh.fit(peak).fits
 
 
 def _checkpoint_fixes(analysis) -> list[MemoryFix]:
@@ -404,16 +426,18 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
         tree.is_inside(tree.module_index[b], tree.module_index[c]) or tree.is_inside(tree.module_index[c], tree.module_index[b])
         for c in plan.checkpoint)}
     out = []
+    cache_off = (" (the step then runs with use_cache=False, as Hugging Face's gradient checkpointing does)"
+                 if getattr(analysis, "use_cache", False) and analysis.training.use_cache is None else "")
     for preset in CHECKPOINT_FIXES:
         more = _every_kth(tree, blocks, preset, covered)
         if not more:
             continue
         what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
-                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more))
+                                f"checkpoint={preset!r}): {len(more)} more){cache_off}", plan=plan.with_checkpoint(more))
+        out.append(fix)
         if not _fits(analysis, fix.peak):
             break  # fewer blocks checkpointed hold more: none of the rest fits
-        out.append(fix)
     return out
 
 
@@ -438,7 +462,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     and the time it costs (``MemoryFix``), each tried with ``analyze`` itself (``Analysis.what_if``).
 
     The changes are those ``sv.search`` tries, one at a time: shard the LoRA adapters instead of
-    ignoring them, checkpoint every block / every 2nd / every 3rd (``CHECKPOINT_FIXES``), a smaller
+    ignoring them, the step without the key/value cache (when it keeps one), checkpoint every block / every 2nd / every 3rd (``CHECKPOINT_FIXES``), a smaller
     micro-batch with accumulation, CPU offload; then more ranks (more hardware, always last).
     Cheapest: the smallest ``cost_s`` (the step's seconds for the same tokens, from ``a.step``);
     without a step time (no device or no micro-batch), the order above, fewest blocks checkpointed first.
@@ -450,6 +474,10 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     if lora_ignored:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored)))
+    if training.with_activations and getattr(analysis, "use_cache", False) and not analysis.cache_refused:
+        out.append(_priced(analysis, "run the step without the key/value cache (Training(use_cache=False), CLI "
+                                     "--no-use-cache; model.config.use_cache = False)",
+                           training=replace(training, use_cache=False)))
     if training.with_activations:
         out += _checkpoint_fixes(analysis)[::-1]
         if training.batch_size > 1:
@@ -458,6 +486,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
         out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host, not timed)",
                            training=replace(training, offload=True)))
+    failed = [f for f in out if f.failed]
     out = [f for f in out if _fits(analysis, f.peak)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
@@ -467,11 +496,14 @@ def memory_fixes(analysis) -> list[MemoryFix]:
         if _fits(analysis, fix.peak):
             out.append(fix)
             break
-    return out
+        failed += [fix] if fix.failed else []
+    return out + failed
 
 
 def _fix_text(fix: MemoryFix) -> str:
     """One fix for the finding: what to do, the new peak, and what it costs per step."""
+    if fix.failed:
+        return f"{fix.text}: could not be priced ({fix.failed})"
     if fix.cost_s is None:
         return f"{fix.text} (peak {format_bytes(fix.peak)})"
     sign = "+" if fix.cost_s >= 0 else "-"
@@ -503,6 +535,8 @@ def check_memory(analysis) -> list[Finding]:
         where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
     counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
     fixes = memory_fixes(analysis)
+    failed = [f for f in fixes if f.failed]
+    fixes = [f for f in fixes if not f.failed]
     if fixes:
         fix = f"cheapest fix: {_fix_text(fixes[0])}"
         if len(fixes) > 1:
@@ -510,6 +544,8 @@ def check_memory(analysis) -> list[Finding]:
     else:
         fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
                "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")
+    if failed:
+        fix += "; not priced: " + "; ".join(_fix_text(f) for f in failed)
     return [Finding(
         "SV201", "error",
         f"peak memory {format_bytes(peak)} on rank {rank}{where} exceeds device_memory "

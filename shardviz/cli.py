@@ -52,12 +52,14 @@ def is_config_path(spec: str) -> bool:
     return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
 
 
-def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
+def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn_implementation=None):
     """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
     if adapter and not is_config_path(spec):
         raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
     if dtype and not is_config_path(spec):
         raise CliError(f"--dtype applies to a config.json model, not {spec!r}")
+    if attn_implementation and not is_config_path(spec):
+        raise CliError(f"--attn-implementation applies to a config.json model, not {spec!r}")
     if spec.startswith("zoo:"):
         from . import zoo
 
@@ -69,7 +71,7 @@ def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
         from .load import load_model
 
         try:
-            return load_model(spec, adapter=adapter or None, dtype=dtype)
+            return load_model(spec, adapter=adapter or None, dtype=dtype, attn_implementation=attn_implementation)
         except (ValueError, ImportError) as exc:
             raise CliError(str(exc)) from None
     return _model_from_factory(spec)
@@ -149,7 +151,7 @@ def build_model(args):
     from .tree import ModelTree
 
     model = model_from_spec(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
-                       dtype=getattr(args, "dtype", None))
+                       dtype=getattr(args, "dtype", None), attn_implementation=getattr(args, "attn_implementation", None))
     return model, ModelTree(model)
 
 
@@ -180,7 +182,7 @@ def make_training(args, base=None):
     from .cost import Training
 
     kwargs = {}
-    for key in ("optimizer", "param_dtype", "reduce_dtype", "batch_size", "seq_len", "global_batch"):
+    for key in ("optimizer", "param_dtype", "reduce_dtype", "batch_size", "seq_len", "global_batch", "use_cache"):
         value = getattr(args, key, None)
         if value is not None:
             kwargs[key] = int(value) if key == "optimizer" and str(value).isdigit() else value
@@ -391,6 +393,9 @@ def _add_model_args(p, model_required=True) -> None:
     p.add_argument("--adapter", action="append", metavar="ADAPTER_CONFIG",
                    help="config.json models: a peft adapter_config.json (or its folder); repeat for several adapters")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, help="config.json models: dtype of the base weights (default: the config's)")
+    p.add_argument("--attn-implementation", choices=ATTN_CHOICES,
+                   help="config.json models: the attention measured (transformers' attn_implementation; default: "
+                        "transformers' pick for the class, sdpa where supported, else eager)")
 
 
 def _add_checkpoint_arg(p) -> None:
@@ -409,7 +414,13 @@ def _checkpoint_preset(value: str) -> str:
     return value
 
 
+ATTN_CHOICES = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
 def _add_precision_args(p) -> None:
+    p.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="the step keeps the key/value cache or not (Training(use_cache=...)); default: the config's, "
+                        "off with checkpointing, as Hugging Face's gradient checkpointing does")
     p.add_argument("--param-dtype", choices=DTYPE_CHOICES,
                    help="MixedPrecisionPolicy param_dtype for every call (report default: bfloat16)")
     p.add_argument("--reduce-dtype", choices=DTYPE_CHOICES,

@@ -48,8 +48,8 @@ module and per unit), ``measure`` (the entry point and its cache).
 """
 
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_flops
-from .measure import clear_cache, measure_activations
+from .measure import clear_cache, config_use_cache, measure_activations
 from .profile import ActivationProfile, Event, ModuleActivations
 
-__all__ = ["FLOP_COLUMNS", "ActivationProfile", "Event", "ModuleActivations", "ModuleFlops", "clear_cache",
+__all__ = ["FLOP_COLUMNS", "ActivationProfile", "Event", "ModuleActivations", "ModuleFlops", "clear_cache", "config_use_cache",
            "flop_formulas", "measure_activations", "unit_flops"]

@@ -310,8 +310,12 @@ def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, poli
             request.example_inputs, request.use_cache)
 
 
-def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
+def _assumptions(moe, attention: tuple[str, ...], model=None) -> tuple[str, ...]:
     out = []
+    impl = getattr(hf_config(model), "_attn_implementation", None)
+    if impl:  # what transformers picked for the class (Gemma-2: eager) unless the user chose
+        out.append(f"attention implementation: {impl} (the model's config._attn_implementation; choose another "
+                   "with sv.load_model(..., attn_implementation=...) or --attn-implementation)")
     if moe:
         top = moe[1] if moe[1] else "top_k"
         out.append(f"MoE: balanced routing, each of {moe[0]} experts gets tokens*{top}/{moe[0]} rows "
@@ -321,7 +325,7 @@ def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-_CACHE_NOTE = {False: (), True: ("use_cache=True (the config's): the key/value cache the forward builds is counted, "
+_CACHE_NOTE = {False: (), True: ("use_cache=True: the key/value cache the forward builds is counted, "
                                   "each block's from its forward to the cache's death",)}
 
 
@@ -336,7 +340,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
-        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention) + _CACHE_NOTE[request.use_cache],
+        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention, tree.model) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )
@@ -434,8 +438,21 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
     entry = _entry(model, tree)
     with _LOCK:
         profile = entry.profiles.get(request)
+    if isinstance(profile, _Failed):  # the same step failed before: fail again at once
+        raise ValueError(profile.message)
     if profile is None:
         _check_checkpoint(request.checkpoint, entry.tree)
-        profile = _measure_some_copy(model, entry, request)
+        try:
+            profile = _measure_some_copy(model, entry, request)
+        except ValueError as exc:  # remembered: a search tries the same step on many meshes
+            _remember(entry.profiles, request, _Failed(str(exc)))
+            raise
         _remember(entry.profiles, request, profile)
     return profile
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    """A step that could not be measured, remembered with the error's words."""
+
+    message: str
