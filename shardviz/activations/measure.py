@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -380,19 +382,35 @@ def _cache_hint(request: _Request) -> str:
 def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
     """On the reduced copy; when it cannot run (a forward that indexes per-layer lists by position,
     hybrid layer types, ...), on a fake copy of the whole model, which the assumptions then say."""
+    with _quiet_fake_tensor_log():
+        return _measure_either_copy(model, entry, request)
+
+
+@contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensorMode logs every op that fails with its traceback (``log.exception``) before it
+    raises; the failure is ours to report (a step torch cannot run), in one line, not its log."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
+def _measure_either_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
     try:
         return _measure(model, entry, request, reduce=True)
+    except RecomputationError as exc:
+        if request.use_cache:  # the cache's second append: the whole model fails the same way, slower
+            raise _recomputation_fails(model, request, exc) from exc.cause
+        first = exc
     except Exception as exc:  # noqa: BLE001 - the reduced copy failed: measure the whole model
         first = exc
     try:
         profile = _measure(model, entry, request, reduce=False)
     except RecomputationError as exc:
-        raise ValueError(
-            f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
-            f"{request.seq_len}: torch's own step fails: recomputing the checkpointed {exc.module} in backward "
-            f"raises {exc}. Its forward does not run the same way twice (it changes state its first run left, "
-            f"e.g. a key/value cache it appends to), so checkpoint_wrapper cannot recompute it: leave "
-            f"{exc.module} (and the blocks of its kind) unwrapped") from exc.cause
+        raise _recomputation_fails(model, request, exc) from exc.cause
     except Exception as exc:  # noqa: BLE001
         raise ValueError(
             f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
@@ -401,6 +419,17 @@ def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) 
         ) from exc
     note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
     return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
+
+
+def _recomputation_fails(model, request: _Request, exc: RecomputationError) -> ValueError:
+    fix = ("run the step with use_cache=False (Training(use_cache=False), as Hugging Face's own gradient "
+           "checkpointing does in training) or leave" if request.use_cache else "leave")
+    return ValueError(
+        f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
+        f"{request.seq_len}: torch's own step fails: recomputing the checkpointed {exc.module} in backward "
+        f"raises {exc}. Its forward does not run the same way twice (it changes state its first run left, "
+        f"e.g. a key/value cache it appends to), so checkpoint_wrapper cannot recompute it: {fix} "
+        f"{exc.module} (and the blocks of its kind) unwrapped")
 
 
 def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 2048, *,
