@@ -72,3 +72,33 @@ def test_a_plan_torch_cannot_run_with_the_cache_is_priced_without_it():
     assert [f.severity for f in sv113] == ["error"] and "priced with use_cache=False" in sv113[0].message
     assert any(a.startswith("use_cache=False: torch cannot run") for a in asked.activation_profile.assumptions)
     assert any(a.startswith("attention implementation: sdpa") for a in asked.activation_profile.assumptions)
+
+
+def test_the_attention_implementation_is_chosen_and_stated():
+    folder = CONFIGS / "gemma3_1b"
+    default = sv.load_model(folder)
+    eager = sv.load_model(folder, attn_implementation="eager")
+    assert (default.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
+    training = sv.Training(batch_size=1, seq_len=64)
+    kernels = {}
+    for name, model in (("sdpa", default), ("eager", eager)):
+        profile = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(2), training).activation_profile
+        assert any(a.startswith(f"attention implementation: {name} ") for a in profile.assumptions)
+        kernels[name] = profile.attention
+    assert kernels["sdpa"] and not kernels["eager"]  # eager runs no fused attention kernel
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'.*does not support"):
+        sv.load_model(CONFIGS / "gemma2_9b", attn_implementation="sdpa")
+
+
+def test_cli_use_cache_and_attn_implementation_flags(tmp_path, capsys):
+    folder = str(CONFIGS / "gemma3_1b")
+    for flag, want in (("--use-cache", True), ("--no-use-cache", False)):
+        args = cli.build_parser().parse_args(["report", folder, "--world-size", "2", flag])
+        assert cli.make_training(args).use_cache is want
+    args = cli.build_parser().parse_args(["plan", "search", folder, "--world-size", "2"])
+    assert args.use_cache is None and args.attn_implementation is None
+    code, out, err = _run(["export", folder, "--world-size", "2", "--checkpoint", "blocks", "--attn-implementation",
+                           "eager", "-q"], capsys)
+    assert code == 0 and "model.config.use_cache = False" in out
+    code, _, err = _run(["export", "zoo:tiny_llama_lora", "--world-size", "2", "--attn-implementation", "eager"], capsys)
+    assert code == 2 and "--attn-implementation applies to a config.json model" in err
