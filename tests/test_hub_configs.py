@@ -55,7 +55,9 @@ def test_report_answers_without_checkpointing(name, tmp_path, capsys):
     code, _, err = _run(["report", *_model_args(name), "--world-size", "2", "--device-memory", SMALL[name],
                          "--no-compare", "-o", str(target)], capsys)
     assert code == 0, err
-    assert target.exists() and "SV201" in target.read_text()
+    html = target.read_text()
+    assert "SV201" in html
+    assert "attention implementation: " in html and "use_cache=True (the config&#x27;s)" in html  # what was measured
 
 
 def test_a_plan_torch_cannot_run_with_the_cache_is_priced_without_it():
