@@ -69,3 +69,18 @@ def test_a_what_if_that_fails_is_a_line_in_the_finding(monkeypatch):
     sv201 = [f for f in a.findings if f.code == "SV201"]
     assert len(sv201) == 1
     assert "could not be priced (RuntimeError: recomputation failed)" in sv201[0].fix
+
+
+def test_cli_selective_checkpointing_with_the_config_s_cache_answers(tmp_path, capsys):
+    """`--checkpoint selective` on a config that keeps use_cache=True was a traceback (torch's
+    selective checkpointing cannot run with the cache); now the step runs without it (HF's rule),
+    and `--use-cache` asks for it: priced without, SV113 says why."""
+    from shardviz import cli
+
+    for extra in ([], ["--use-cache"]):
+        target = tmp_path / f"report{len(extra)}.html"
+        code = cli.main(["report", "zoo:tiny_llama_lora", "--world-size", "2", "--checkpoint", "selective",
+                         "--batch-size", "1", "--seq-len", "64", "--no-compare", "-o", str(target), *extra])
+        out, err = capsys.readouterr()
+        assert code == 0 and "Traceback" not in out + err, err
+        assert ("SV113" in target.read_text()) == bool(extra)

@@ -130,3 +130,18 @@ def test_verify_leaves_no_traceback_prefix():
     import torch.distributed as dist
 
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("kind", ["checkpointed", "selective", "offloaded"])
+def test_the_inspector_verifies_what_python_verifies(kind):
+    """The Inspector's "verify with torch" is sv.verify with its plan, mesh and training (before
+    issue 24: the KeyError on every checkpointed plan, shown as if torch had refused)."""
+    from torch_truth import tiny_lora
+
+    from shardviz.widget.state import InspectorState
+
+    model = tiny_lora()
+    training = sv.Training(offload=kind == "offloaded")
+    st = InspectorState(model, plan=PLANS[kind](model), mesh=sv.Mesh(shard=2, replicate=2), training=training)
+    result = st.verify()
+    assert result["ok"] and result["n"] == 0 and result["error"] is None, result
