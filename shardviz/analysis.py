@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 
 import pandas as pd
@@ -32,7 +33,9 @@ class Analysis:
         # the module itself, held only when it is run: to measure activations, or to see the order its
         # modules run in when calls are nested (their gradients interleave by it, cost.walk)
         self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
-        self._use_cache: bool | None = None  # the step's use_cache (None: the model config's)
+        # why the step was priced without the key/value cache the training asks for (torch cannot
+        # run the plan with it), set when the activations are measured; None: priced as asked
+        self.cache_refused: str | None = None
 
     def _runs_a_step(self) -> bool:
         from .cost import calls_with_nested_calls
@@ -47,9 +50,17 @@ class Analysis:
     def without_kv_cache(self) -> "Analysis":
         """The same analysis, the step run with ``use_cache=False`` (SV113 prices the key/value
         cache a Hugging Face config keeps so)."""
-        other = self.what_if()
-        other._use_cache = False
-        return other
+        return self.what_if(training=replace(self.training, use_cache=False))
+
+    @property
+    def use_cache(self) -> bool:
+        """The ``use_cache`` the training step runs with (``Training.step_use_cache``): the
+        training's, else the config's, off with checkpointing (Hugging Face's rule)."""
+        from .activations import config_use_cache
+
+        t = self.training
+        keeps = t.example_inputs is None and config_use_cache(self.tree.model)
+        return t.step_use_cache(keeps, bool(self.plan.checkpoint))
 
     # -- the engine's answers ----------------------------------------------------
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
@@ -169,23 +180,51 @@ class Analysis:
     def _measured_step(self, batch_size: int, seq_len: int, for_order_only: bool = False):
         from .activations import measure_activations
         from .checks import selective_with_cache
-        from .finding import PlanError
 
         model = self.model
         if model is None:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
-        if self._use_cache is None and (refusal := selective_with_cache(self)):
-            raise PlanError(refusal)  # torch raises in that step's backward: there is no step to measure
         lay, t = self.layout, self.training
         if for_order_only:
             return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.tree)
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
-        return measure_activations(model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole,
-                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree,
-                                   use_cache=self._use_cache)
+        measure = lambda use_cache: measure_activations(  # noqa: E731
+            model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole, checkpoint=self.plan.checkpoint,
+            example_inputs=t.example_inputs, tree=self.tree, use_cache=use_cache)
+        use_cache = self.use_cache
+        if use_cache and (refusal := selective_with_cache(self)):
+            self.cache_refused = refusal[0].message  # torch raises in that step's backward: there is no such step
+        elif use_cache:
+            try:
+                return self._with_cache_note(measure(True))
+            except ValueError as exc:  # the cache's step fails in torch (or cannot be measured): try without it
+                if not self.plan.checkpoint:
+                    raise
+                self.cache_refused = f"the step with use_cache=True cannot be measured: {exc}"
+        return self._with_cache_note(measure(False))
+
+    def _with_cache_note(self, profile):
+        """The profile with the ``use_cache`` it was measured with, and why, in its assumptions."""
+        from .activations import config_use_cache
+
+        t, keeps = self.training, config_use_cache(self.tree.model)
+        if self.cache_refused:
+            note = (f"use_cache=False: torch cannot run this plan with the key/value cache, priced without it "
+                    f"({self.cache_refused[:300]})")
+        elif t.use_cache is not None:
+            note = f"use_cache={t.use_cache} (Training(use_cache={t.use_cache}))"
+        elif keeps and self.plan.checkpoint and t.example_inputs is None:
+            note = ("use_cache=False: the config keeps use_cache=True, but the plan checkpoints modules, and Hugging "
+                    "Face's own gradient checkpointing turns the cache off in training (transformers "
+                    "utils/generic.py, merge_with_config_defaults); the exported code sets model.config.use_cache = False")
+        elif t.example_inputs is None:
+            note = f"use_cache={keeps} (the config's)"
+        else:
+            return profile
+        return replace(profile, assumptions=profile.assumptions + (note,))
 
     @cached_property
     def activations(self) -> pd.DataFrame:

@@ -23,23 +23,20 @@ costs from the fixed analysis' ``a.step``.
 | SV110 | error    | a grouped call ``fully_shard([a, b])`` on a release before 2.5 |
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
-| SV113 | warning / error | the model's config keeps ``use_cache=True`` (a key/value cache per layer): the bytes ``use_cache=False`` saves; an error with selective checkpointing (torch raises) |
+| SV113 | warning / error | the step runs with ``use_cache=True`` (a key/value cache per layer; the config's without checkpointing, ``Training(use_cache=...)``): the bytes ``use_cache=False`` saves; an error when torch cannot run the plan with the cache (selective checkpointing, a failing recomputation): priced without it |
 | SV120, SV121 | | an adapter's target_modules that miss this model's projections; a float32 config (``adapter_checks``) |
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import NamedTuple
 
 from .adapter_checks import check_adapter_targets, check_fp32_config
 from .finding import Finding
+from .memory_checks import CHECKPOINT_FIXES, MemoryFix, check_memory, memory_fixes  # noqa: F401 - SV201, importable here
 from .fixes import split_unit
-from .format import format_bytes, format_duration, worst_rank
+from .format import format_bytes
 from .fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
 from .origin_checks import check_origin, in_user_terms
-from .plan import checkpoint_preset
-from .presets import find_blocks
 
 #: SV107 fires when padding is more than this fraction of the bytes each rank allocates for shards.
 PADDING_WASTE = 0.05
@@ -300,266 +297,82 @@ def check_mixed_optimizer_groups(analysis) -> list[Finding]:
     )]
 
 
-USE_CACHE_FIX = "set model.config.use_cache = False before training (or pass use_cache=False to the forward)"
+USE_CACHE_FIX = ("Training(use_cache=False) (CLI: --no-use-cache); in the training script set "
+                 "model.config.use_cache = False (or pass use_cache=False to the forward)")
 
 
 def _keeps_cache(analysis) -> bool:
-    """The step is a Hugging Face forward whose config keeps ``use_cache=True`` (and nobody asked
-    the analysis to run it without)."""
-    config = getattr(analysis.tree.model, "config", None)
-    return (config is not None and bool(getattr(config, "use_cache", False))
-            and getattr(analysis.training, "example_inputs", None) is None
-            and getattr(analysis, "_use_cache", None) is None)
+    """The step is a Hugging Face forward run with ``use_cache=True`` (``Analysis.use_cache``: the
+    training's, else the config's unless the plan checkpoints)."""
+    return bool(getattr(analysis, "use_cache", False))
 
 
 def selective_with_cache(analysis) -> list[Finding]:
     """SV113 as an error: modules checkpointed selectively in a step that keeps the key/value cache.
     The recomputation updates the cache again, so it runs other ops than the forward did, and torch's
-    selective checkpointing raises in backward (checked: tests/test_activation_truth.py)."""
+    selective checkpointing raises in backward (checked: tests/test_activation_truth.py). The plan is
+    then priced without the cache (``Analysis._measured_step``)."""
     selective = analysis.plan.checkpoint.selective
     if not selective or not _keeps_cache(analysis):
         return []
     return [Finding(
         "SV113", "error",
-        f"{_plural(len(selective), 'module')} checkpointed selectively while the model's config has use_cache=True: "
-        "the recomputation in backward fills the key/value cache again, and torch's selective checkpointing raises "
-        "('... invocation index ... encountered during backward but not found in storage')",
+        f"{_plural(len(selective), 'module')} checkpointed selectively with use_cache=True: the recomputation in "
+        "backward fills the key/value cache again, and torch's selective checkpointing raises ('... invocation "
+        "index ... encountered during backward but not found in storage'); priced with use_cache=False",
         **_first(selective), fix=USE_CACHE_FIX,
     )]
 
 
+def _cache_refused(analysis) -> list[Finding]:
+    """SV113 as an error: torch cannot run the plan with the cache the training asks for (its
+    checkpointed recomputation fails), so the numbers are those of the step without it."""
+    return [Finding(
+        "SV113", "error",
+        f"use_cache=True with this plan's checkpointing is a step torch cannot run: {analysis.cache_refused[:400]}; "
+        "priced with use_cache=False",
+        **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
+    )]
+
+
 def check_use_cache(analysis) -> list[Finding]:
-    """SV113: a Hugging Face model whose config keeps ``use_cache=True``: each training forward also
-    fills a key/value cache holding every layer's keys and values until the output is dropped. The
-    predicted peak counts it (the step the config runs); with a batch, the finding says how many
-    bytes ``use_cache=False`` saves (the same analysis measured without the cache). Without a batch
-    there is nothing to price: a warning only when modules are checkpointed (the cache keeps what
-    checkpointing frees). An error with selective checkpointing (``selective_with_cache``)."""
+    """SV113: the step runs with ``use_cache=True`` (the config's, without checkpointing, or the
+    training's): each training forward also fills a key/value cache holding every layer's keys and
+    values until the output is dropped. The predicted peak counts it; with a batch, the finding says
+    how many bytes ``use_cache=False`` saves (the same analysis measured without the cache). Without
+    a batch there is nothing to price: a warning only when modules are checkpointed (the cache keeps
+    what checkpointing frees). An error when torch cannot run the plan with the cache (selective
+    checkpointing, a recomputation that fails): the plan is priced without it."""
     if not _keeps_cache(analysis):
         return []
     refusal = selective_with_cache(analysis)
     if refusal or not (analysis.training.with_activations and analysis.model is not None):
         return refusal or ([Finding(
             "SV113", "warning",
-            f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed but the model's config has "
-            "use_cache=True: each training forward also fills a key/value cache that keeps every layer's keys and "
+            f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed with use_cache=True: each "
+            "training forward also fills a key/value cache that keeps every layer's keys and "
             "values alive until the loss (give Training(batch_size=...) to have it measured and priced)",
             **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
         )] if analysis.plan.checkpoint else [])
     peak = int(analysis.memory["peak"].max())
-    without = int(analysis.without_kv_cache().memory["peak"].max())
+    if analysis.cache_refused:
+        return _cache_refused(analysis)
+    try:
+        without = int(analysis.without_kv_cache().memory["peak"].max())
+    except Exception as exc:  # noqa: BLE001 - a what-if never crashes the analysis: it becomes the finding's words
+        return [Finding("SV113", "warning", "the step keeps a key/value cache (use_cache=True); the step without it "
+                        f"could not be priced ({type(exc).__name__}: {str(exc)[:200]})", fix=USE_CACHE_FIX)]
     if without >= peak:
         return []
     ckpt = (f" ({_plural(len(analysis.plan.checkpoint), 'module')} checkpointed: the cache keeps what they would free)"
             if analysis.plan.checkpoint else "")
     return [Finding(
         "SV113", "warning",
-        "the model's config has use_cache=True: each training forward also fills a key/value cache that keeps "
+        "the step runs with use_cache=True: each training forward also fills a key/value cache that keeps "
         f"every layer's keys and values alive until the output is dropped{ckpt}; the predicted peak "
         f"({format_bytes(peak)}) counts it, use_cache=False saves {format_bytes(peak - without)} "
         f"({peak - without:,} bytes) on the worst rank (peak {format_bytes(without)})",
         **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
-    )]
-
-
-#: The checkpointing SV201 tries, most first (a policy is tried only when the one before it fits:
-#: it checkpoints fewer blocks, so it holds more). ``sv.search`` tries the same ones (``search.CHECKPOINTS``).
-CHECKPOINT_FIXES = ("blocks", "every 2", "every 3")
-
-
-class MemoryFix(NamedTuple):
-    """A change that brings the peak under the usable memory (``Mesh.fit``): what to do, the new peak, and what it
-    costs in time (``a.step`` of the changed analysis): ``step_time_s`` for the same tokens per rank
-    as the plan's own step, ``cost_s`` its difference from the plan's own; None without a step time
-    (no device or no micro-batch). ``hardware``: the fix adds ranks rather than time."""
-
-    text: str
-    peak: int
-    step_time_s: float | None = None
-    cost_s: float | None = None
-    hardware: bool = False
-    reserved: int | None = None  # the caching allocator's reserved peak, what the verdict judges
-    flags: str = ""  # the same change as command-line flags ("--checkpoint blocks"); "" when there is none
-
-
-def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
-    """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
-    ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens)."""
-    a = analysis.what_if(**change)
-    peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
-    new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
-    if new is None or own is None:
-        return MemoryFix(text, peak, hardware=hardware, reserved=reserved, flags=flags)
-    return MemoryFix(text, peak, new * micro_batches, new * micro_batches - own, hardware, reserved, flags)
-
-
-def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
-    """The blocks ``Plan.auto(checkpoint=preset)`` checkpoints (every k-th, counted from 1), less those covered."""
-    _, k = checkpoint_preset(preset)
-    return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
-
-
-def _fits(analysis, fix: MemoryFix) -> bool:
-    """The one fits verdict (``Mesh.fit``: device memory less the reserve, judged on the reserved
-    peak): the fix keeps the safety margin, or at least fits when the plan itself is over."""
-    fit = analysis.mesh.fit(fix.peak, fix.reserved)
-    return fit.verdict == "fits" or (fit.fits and not analysis.fit.fits)
-
-
-def _checkpoint_fixes(analysis) -> list[MemoryFix]:
-    """Every block checkpointed, then every 2nd, every 3rd (``CHECKPOINT_FIXES``) while they fit."""
-    tree, plan = analysis.tree, analysis.plan
-    blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
-    covered = {b for b in blocks if b in plan.checkpoint or any(
-        tree.is_inside(tree.module_index[b], tree.module_index[c]) or tree.is_inside(tree.module_index[c], tree.module_index[b])
-        for c in plan.checkpoint)}
-    out = []
-    for preset in CHECKPOINT_FIXES:
-        more = _every_kth(tree, blocks, preset, covered)
-        if not more:
-            continue
-        what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
-        fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
-                                f"checkpoint={preset!r}): {len(more)} more)", plan=plan.with_checkpoint(more),
-                      flags=f"--checkpoint {preset}" if " " not in preset else f"--checkpoint '{preset}'")
-        if not _fits(analysis, fix):
-            break  # fewer blocks checkpointed hold more: none of the rest fits
-        out.append(fix)
-    return out
-
-
-def _batch_fix(analysis) -> list[MemoryFix]:
-    """The largest smaller micro-batch (halving) that fits, with accumulation for the same tokens."""
-    training = analysis.training
-    batch = training.batch_size // 2
-    while batch >= 1:
-        k = training.batch_size // batch
-        accum = {"grad_accum": k * training.grad_accum} if hasattr(training, "grad_accum") else {}
-        fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
-                                f"per step (gradient accumulation) for the same tokens",
-                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum),
-                      flags=f"--batch-size {batch} (with {k} micro-batches per step)")
-        if _fits(analysis, fix):
-            return [fix]
-        batch //= 2
-    return []
-
-
-def _expandable_fix(analysis) -> list[MemoryFix]:
-    """``expandable_segments:True``: the same step, the reserved peak of the other allocator setting
-    (``CostModel.reserved_overhead``, no new analysis), at no cost in time."""
-    mesh = analysis.mesh
-    if mesh.expandable_segments or mesh.judge != "reserved":
-        return []
-    peak = int(analysis.memory["peak"].max())
-    own = analysis.step.get("step_time_s")
-    return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
-                      "the exported code then sets it)", peak, own, None if own is None else 0.0,
-                      reserved=peak + analysis.costs.reserved_overhead(True), flags="--expandable-segments")]
-
-
-def memory_fixes(analysis) -> list[MemoryFix]:
-    """Changes that bring the peak under the usable memory (``Mesh.fit``), cheapest first, each with its new peak
-    and the time it costs (``MemoryFix``), each tried with ``analyze`` itself (``Analysis.what_if``).
-
-    The changes are those ``sv.search`` tries, one at a time: shard the LoRA adapters instead of
-    ignoring them, checkpoint every block / every 2nd / every 3rd (``CHECKPOINT_FIXES``), a smaller
-    micro-batch with accumulation, CPU offload; then more ranks (more hardware, always last).
-    Cheapest: the smallest ``cost_s`` (the step's seconds for the same tokens, from ``a.step``);
-    without a step time (no device or no micro-batch), the order above, fewest blocks checkpointed first.
-    """
-    plan, training, mesh = analysis.plan, analysis.training, analysis.mesh
-    tree = analysis.tree
-    out = _expandable_fix(analysis)
-    lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
-    if lora_ignored:
-        out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
-                                     "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
-                           flags="--layout sharded"))
-    if training.with_activations:
-        out += _checkpoint_fixes(analysis)[::-1]
-        if training.batch_size > 1:
-            out += _batch_fix(analysis)
-    if not training.offload:
-        out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
-                                     "(Training(offload=True); the optimizer step then runs on the host: its time is the host AdamW's)",
-                           training=replace(training, offload=True), flags="--offload"))
-    out = [f for f in out if _fits(analysis, f)]
-    if out and all(f.cost_s is not None for f in out):
-        out.sort(key=lambda f: f.cost_s)
-    for factor in (2, 4, 8):
-        bigger = replace(mesh, shard=mesh.shard * factor)
-        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger,
-                      flags=f"--world-size {bigger.world}")
-        if _fits(analysis, fix):
-            out.append(fix)
-            break
-    return out
-
-
-def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
-    """One fix for the finding: what to do (``cli``: as flags where it has them), the new peak, and
-    what it costs per step."""
-    text = fix.flags if cli and fix.flags else fix.text
-    held = f"peak {format_bytes(fix.peak)}" + (f", reserved {format_bytes(fix.reserved)}" if fix.reserved else "")
-    if fix.cost_s is None:
-        return f"{text} ({held})"
-    sign = "+" if fix.cost_s >= 0 else "-"
-    per = "per rank" if fix.hardware else "for the same tokens"
-    return (f"{text} ({held}; step {format_duration(fix.step_time_s)} {per}, "
-            f"{sign}{format_duration(abs(fix.cost_s))})")
-
-
-def check_memory(analysis) -> list[Finding]:
-    """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
-    ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
-    an error; or it fits inside the safety margin ("tight"), a warning. The fix is the cheapest
-    change that makes it fit (``memory_fixes``)."""
-    if analysis.mesh.device_memory is None:
-        return []
-    mem = analysis.memory
-    worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
-    peak, reserved = int(mem.at[worst, "peak"]), int(mem.at[worst, "reserved_peak"])
-    fit = analysis.fit
-    if fit.verdict == "fits":
-        return []
-    rank = int(mem.at[worst, "rank"])
-    parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
-    top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)
-    units = sorted(analysis.units.itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
-    big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
-    phase = mem.at[worst, "peak_phase"]
-    where = f" in {phase}" + (f" at {mem.at[worst, 'peak_unit']}" if mem.at[worst, "peak_unit"] else "")
-    if mem.at[worst, "peak_module"]:
-        where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
-    counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
-    # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
-    fixes = [f for f in _expandable_fix(analysis) if _fits(analysis, f)] if fit.tight else memory_fixes(analysis)
-    flags = ""
-    if fixes:
-        fix = f"cheapest fix: {_fix_text(fixes[0])}"
-        flags = f"cheapest fix: {_fix_text(fixes[0], cli=True)}"
-        if len(fixes) > 1:
-            fix += "; also: " + "; ".join(_fix_text(f) for f in fixes[1:])
-            flags += "; also: " + "; ".join(_fix_text(f, cli=True) for f in fixes[1:])
-    elif fit.tight:
-        fix = (f"free {format_bytes(fit.safety - fit.margin)} more to keep the safety margin: sv.search(model, "
-               "mesh=..., training=...) ranks the plans that keep it")
-    else:
-        fix = ("none of: sharding LoRA, checkpointing every block, a smaller micro-batch, CPU offload, 8x the ranks "
-               "makes it fit; use a larger device, or sv.search(model, mesh=..., training=...) for combined changes")
-    held = f"peak memory {format_bytes(peak)} (reserved {format_bytes(reserved)}) on rank {rank}{where}"
-    if fit.tight:
-        verdict = (f"{held} is tight in device_memory {fit.text}: {format_bytes(fit.margin)} to spare, inside the "
-                   f"{format_bytes(fit.safety)} safety margin ({fit.assumed})")
-    else:
-        verdict = f"{held} exceeds device_memory {fit.text} by {format_bytes(-fit.margin)} ({fit.assumed})"
-    return [Finding(
-        "SV201", "warning" if fit.tight else "error",
-        f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}",
-        tuple(m for r in units for m in r.modules),
-        fix,
-        flags=flags,
     )]
 
 

@@ -154,6 +154,11 @@ def cmd_plan_write(args) -> int:
     return EXIT_OK
 
 
+def _plan_lines(plan) -> list[str]:
+    lines = [f"plan {plan.name or '(unnamed)'}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored parameters"]
+    return lines + [f"  fully_shard {u.name}" + (f"  {u.options()}" if u.options() else "") for u in plan.units]
+
+
 def cmd_plan_read(args) -> int:
     from .analysis import analyze
     from .checks import run_checks
@@ -161,10 +166,8 @@ def cmd_plan_read(args) -> int:
     from .terminal import answer, finding_lines
 
     plan = read_plan(args.file)
-    lines = [f"plan {plan.name or '(unnamed)'}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored parameters"]
-    lines += [f"  fully_shard {u.name}" + (f"  {u.options()}" if u.options() else "") for u in plan.units]
     if args.model is None:
-        answer("\n".join(lines))
+        answer("\n".join(_plan_lines(plan)))
         return EXIT_OK
     version = check_version(args.torch)
     _, tree = build_model(args)
@@ -173,6 +176,7 @@ def cmd_plan_read(args) -> int:
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
     plan = named_plan(tree, plan).with_setup(plan.setup)  # the name the widget and the export give the same plan
+    lines = _plan_lines(plan)
     args.plan = args.file
     mesh, training, notes = resolve_setup(args, plan)
     analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
@@ -301,6 +305,9 @@ def _add_model_args(p, model_required=True) -> None:
     p.add_argument("--adapter", action="append", metavar="ADAPTER_CONFIG",
                    help="config.json models: a peft adapter_config.json (or its folder); repeat for several adapters")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, help="config.json models: dtype of the base weights (default: the config's)")
+    p.add_argument("--attn-implementation", choices=ATTN_CHOICES,
+                   help="config.json models: the attention measured (transformers' attn_implementation; default: "
+                        "transformers' pick for the class, sdpa where supported, else eager)")
 
 
 def _add_checkpoint_arg(p) -> None:
@@ -319,7 +326,13 @@ def _checkpoint_preset(value: str) -> str:
     return value
 
 
+ATTN_CHOICES = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
 def _add_precision_args(p) -> None:
+    p.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="the step keeps the key/value cache or not (Training(use_cache=...)); default: the config's, "
+                        "off with checkpointing, as Hugging Face's gradient checkpointing does")
     p.add_argument("--param-dtype", choices=DTYPE_CHOICES + ("none",),
                    help="MixedPrecisionPolicy param_dtype for every call (default: bfloat16, shardviz's one default; "
                         "none: the model's dtypes, no policy)")

@@ -24,12 +24,14 @@ def is_config_path(spec: str) -> bool:
     return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
 
 
-def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
+def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn_implementation=None):
     """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
     if adapter and not is_config_path(spec):
         raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
     if dtype and not is_config_path(spec):
         raise CliError(f"--dtype applies to a config.json model, not {spec!r}")
+    if attn_implementation and not is_config_path(spec):
+        raise CliError(f"--attn-implementation applies to a config.json model, not {spec!r}")
     if spec.startswith("zoo:"):
         from . import zoo
 
@@ -41,7 +43,7 @@ def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None):
         from .load import load_model
 
         try:
-            return load_model(spec, adapter=adapter or None, dtype=dtype)
+            return load_model(spec, adapter=adapter or None, dtype=dtype, attn_implementation=attn_implementation)
         except (ValueError, ImportError) as exc:
             raise CliError(str(exc)) from None
     return _model_from_factory(spec)
@@ -133,7 +135,7 @@ def build_model(args):
     from .tree import ModelTree
 
     model = model_from_spec(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
-                       dtype=getattr(args, "dtype", None))
+                       dtype=getattr(args, "dtype", None), attn_implementation=getattr(args, "attn_implementation", None))
     return model, ModelTree(model)
 
 
@@ -178,7 +180,8 @@ def captured_plan(model, args):
         raise CliError(str(exc)) from None
 
 
-TRAINING_FLAGS = ("optimizer", "param_dtype", "reduce_dtype", "offload", "batch_size", "seq_len", "global_batch")
+TRAINING_FLAGS = ("optimizer", "param_dtype", "reduce_dtype", "offload", "batch_size", "seq_len", "global_batch",
+                  "use_cache")
 
 
 def training_flags(args) -> dict:
@@ -186,7 +189,7 @@ def training_flags(args) -> dict:
     kwargs = {}
     for key in TRAINING_FLAGS:
         value = getattr(args, key, None)
-        if value is None or value is False:
+        if value is None or (value is False and key != "use_cache"):  # --no-use-cache is a value; no --offload is not
             continue
         if key == "optimizer" and str(value).isdigit():
             value = int(value)

@@ -148,6 +148,7 @@ class _Export:
     grad_accum: int = 1  # Training.grad_accum: > 1 writes train_step, the accumulation loop
     sync_every_microbatch: bool = False
     expandable_reason: str = ""  # set: the code sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and why
+    cache_off: bool = False  # the config keeps use_cache=True, the step shardviz measured runs without it
 
     @property
     def ignored(self) -> list[str]:
@@ -217,6 +218,7 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
 
 def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     """Check the inputs and what torch would refuse; the units in the order the calls are made."""
+    from .activations import config_use_cache
     from .checks import release_findings
 
     tree = as_tree(model)
@@ -227,7 +229,8 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
     release = _release(torch_version)
-    layout = Analysis(tree, plan, mesh, training).layout
+    analysis = Analysis(tree, plan, mesh, training)
+    layout = analysis.layout
     refusals = list(layout.errors) + [
         f for f in release_findings(layout, release_label(release) if release else None) if f.severity == "error"
     ]
@@ -236,8 +239,10 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     units = [plan.units[u] for u in layout.order]
     if training is not None and hasattr(training, "unit_defaults"):
         units = [training.unit_defaults(u) for u in units]
+    cache_off = config_use_cache(tree.model) and not analysis.use_cache
     return _Export(tree.root_type, plan, mesh, units, release, getattr(training, "grad_accum", 1),
-                   getattr(training, "sync_every_microbatch", False), _expandable_reason(tree, plan, mesh, training))
+                   getattr(training, "sync_every_microbatch", False), _expandable_reason(tree, plan, mesh, training),
+                   cache_off)
 
 
 def _expandable_reason(tree, plan, mesh: Mesh, training) -> str:
@@ -436,6 +441,8 @@ def _apply_fsdp(ex: _Export) -> list[str]:
     lines += _calls(ex.units, indent, call_kw, resolved=bool(ex.checkpoint))
     if not ex.units:
         lines.append(f"{indent}pass  # the plan has no fully_shard call")
+    if ex.cache_off:  # Training.step_use_cache: what shardviz measured, as HF's gradient checkpointing does
+        lines.append("    model.config.use_cache = False  # the step shardviz priced keeps no key/value cache")
     return lines + ["    _replicate_unsharded(model, mesh)", "    return model"]
 
 

@@ -225,7 +225,7 @@ def load_adapter_config(path):
         raise ModelFileError(f"{file}: {type(exc).__name__}: {_one_line(exc)}") from None
 
 
-def load_model(config, adapter=None, dtype=None) -> nn.Module:
+def load_model(config, adapter=None, dtype=None, attn_implementation: str | None = None) -> nn.Module:
     """The model a Hugging Face ``config.json`` describes, on the meta device, with its peft adapter(s).
 
     ``config``: a ``config.json`` file or the folder ``save_pretrained`` wrote it in. The class is the
@@ -237,6 +237,10 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
     (``model.base_model.set_adapter([...])`` makes several active); inits that read base weights (PiSSA, OLoRA, LoftQ, EVA, CorDA) become peft's default
     init, which gives the same shapes. ``dtype``: the base weights' dtype (default: the config's
     ``dtype``/``torch_dtype``, as ``from_pretrained`` loads the checkpoint; float32 without one).
+    ``attn_implementation``: the attention the model runs (``"eager"``, ``"sdpa"``, ``"flex_attention"``,
+    ...; transformers' own argument, checked by transformers); default: what transformers picks for the
+    class (sdpa where the model supports it, else eager: Gemma-2). The activations are measured with it,
+    and the profile's assumptions name it.
 
     Never touches the network and never runs custom code. Raises ``ModelFileError`` (a
     ``ValueError``) naming the file and the field when something is missing or unknown.
@@ -247,6 +251,8 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
     pairs = _adapters(adapter)
     adapter_configs = [(name, *load_adapter_config(path)) for name, path in pairs]  # all read before building
     kwargs = {"dtype": dtype} if dtype is not None else {}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         # The model has no name_or_path (it was built from a config, not downloaded): not the user's concern.
@@ -259,7 +265,9 @@ def load_model(config, adapter=None, dtype=None) -> nn.Module:
             try:
                 model = cls._from_config(hf_config, **kwargs)
             except Exception as exc:  # noqa: BLE001 - e.g. inconsistent sizes in the config
-                raise ModelFileError(f"{file}: building {cls.__name__} failed: {type(exc).__name__}: {_one_line(exc)}") from None
+                said = f" with attn_implementation={attn_implementation!r}" if attn_implementation else ""
+                raise ModelFileError(f"{file}: building {cls.__name__}{said} failed: {type(exc).__name__}: "
+                                     f"{_one_line(exc)}") from None
             for i, (name, adapter_file, peft_config) in enumerate(adapter_configs):
                 try:
                     if i == 0:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import heapq
+import sys
+from dataclasses import replace
 from typing import Iterator
 
 import pandas as pd
 import torch
 from torch import nn
 
+from .activations.profile import strip_wrapper
 from .analysis import analyze
 from .fsdp import Mesh
 from .plan import Plan, as_plan
@@ -40,11 +43,16 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
 
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised; verify needs its own fake one")
+    # init_process_group wraps sys.excepthook to prefix every later traceback with "[rank<r>]: "
+    # (distributed_c10d.py, _distributed_excepthook) and destroy_process_group never undoes it:
+    # each verify would add one more prefix to the user's tracebacks
+    hook = sys.excepthook
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def device_mesh(mesh: Mesh):
@@ -164,13 +172,14 @@ def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None)
     return applied
 
 
-def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None) -> pd.DataFrame:
+def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None, training=None) -> pd.DataFrame:
     """What torch does on ``rank``: one row per parameter name with status, unit and local shape.
 
     Everything is read from torch: "sharded" is a DTensor parameter (its unit: the FSDP group
     holding it); a plain parameter is "ignored" when a module on its path carries FSDP state
     (some call reached it and left it alone: only ``ignored_params`` does that), else "unmanaged".
-    ``order``: as for ``apply_plan`` (default: the oracle's own bottom-up order)."""
+    ``order``, ``training``: as for ``apply_plan`` (default: the oracle's own bottom-up order, no
+    training defaults). Parameter names are the user's: checkpoint_wrapper's inner name is left out."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
     from torch.distributed.tensor import DTensor
 
@@ -178,17 +187,23 @@ def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None) -
     copy_ = meta_copy(model)
     with fake_process_group(rank, mesh.world):
         dmesh = device_mesh(mesh)
-        apply_plan(copy_, plan, dmesh, order=order)
+        apply_plan(copy_, plan, dmesh, order=order, training=training)
+        # the user's names: checkpoint_wrapper adds "_checkpoint_wrapped_module" below what it wraps,
+        # and a checkpointed module is sharded through its wrapper (the first module of that name)
+        modules: dict[str, nn.Module] = {}
+        for name, m in copy_.named_modules(remove_duplicate=False):
+            modules.setdefault(strip_wrapper(name), m)
         # Which call's group holds each sharded parameter, read from FSDP's own state.
         group_of: dict[int, str] = {}
         for unit in plan.units:
-            state = fully_shard.state(copy_.get_submodule(unit.modules[0]))
+            state = fully_shard.state(modules[unit.modules[0]])
             group = state._fsdp_param_group
             for fp in group.fsdp_params if group is not None else ():
                 group_of[id(fp.sharded_param)] = unit.name
-        fsdp_modules = {name for name, m in copy_.named_modules(remove_duplicate=False) if isinstance(m, FSDPModule)}
+        fsdp_modules = {name for name, m in modules.items() if isinstance(m, FSDPModule)}
         rows = []
-        for fqn, p in copy_.named_parameters(remove_duplicate=False):
+        for wrapped_fqn, p in copy_.named_parameters(remove_duplicate=False):
+            fqn = strip_wrapper(wrapped_fqn)
             if isinstance(p, DTensor):
                 status, shape = "sharded", tuple(p.to_local().shape)
                 placements = tuple(str(x) for x in p.placements)
@@ -206,14 +221,21 @@ def default_ranks(world: int) -> list[int]:
     return sorted({0, world // 2, world - 1})
 
 
-def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None) -> pd.DataFrame:
+def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None, training=None) -> pd.DataFrame:
     """Every disagreement between ``analyze`` and torch's ``fully_shard`` (empty when faithful).
 
     Columns: rank, fqn, field ("status", "unit", "local_shape", "placements"), predicted, torch.
+    Any plan ``analyze`` takes: checkpointed (in full or selectively), nested calls, offloaded
+    (``Unit(offload=True)`` or ``training``'s ``offload``), HSDP meshes. ``training``: its default
+    policies (mixed precision, offload) are passed to every call, as the exported code does. The
+    user's model is never touched, and the process is left as it was (no process group, torch's
+    traceback prefix removed).
     """
     plan = as_plan(plan)
     mesh = mesh or Mesh(8)
-    predicted = analyze(model, plan, mesh, strict=False)
+    if training is not None:  # placement does not depend on the micro-batch: nothing is measured
+        training = replace(training, batch_size=None, global_batch=None)
+    predicted = analyze(model, plan, mesh, training, strict=False)
     from torch.distributed.tensor import Replicate, Shard
 
     shard_placements = (Replicate(), Shard(0)) if mesh.is_hsdp else (Shard(0),)
@@ -221,7 +243,7 @@ def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None) -> pd.D
     rows = []
     order = bottom_up_order(model, plan)  # torch's order, found on the model, not the engine's
     for rank in ranks if ranks is not None else default_ranks(mesh.world):
-        actual = torch_layout(model, plan, mesh, rank, order=order)
+        actual = torch_layout(model, plan, mesh, rank, order=order, training=training)
         for rec in actual.itertuples(index=False):
             lay = predicted.layout
             p = predicted.tree.param_index[rec.fqn]

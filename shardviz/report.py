@@ -151,7 +151,9 @@ def memory_section(a, payload: dict) -> str:
     shown = html_table(rows.head(MEMORY_ROWS_SHOWN), headers)
     if len(rows) > MEMORY_ROWS_SHOWN:
         shown += _folded(f"all {format_count(len(rows))} groups of ranks (open)", html_table(rows, headers))
-    return "<h3>Memory per rank (worst ranks first; ranks with the same numbers share a row)</h3>" + shown
+    profile = a.activation_profile  # what the measured step assumed: attention, use_cache, ... (issue 24)
+    notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in (profile.assumptions if profile is not None else ()))
+    return "<h3>Memory per rank (worst ranks first; ranks with the same numbers share a row)</h3>" + shown + notes
 
 
 def traffic_section(a, traffic: dict) -> str:

@@ -13,6 +13,7 @@ deviation. See ``torch_truth.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -274,13 +275,17 @@ def test_no_batch_means_model_state_only():
 
 # -- findings that follow from activations -----------------------------------------------------------
 def test_use_cache_with_checkpointing_is_a_finding():
+    """Issue 24: with checkpointing the step runs without the cache unless the training asks for it
+    (Hugging Face's rule under gradient checkpointing); asked for, SV113 says what it keeps."""
     model = LLAMA_LORA()
     ckpt = sv.Plan.auto(model, checkpoint="blocks")
     assert model.config.use_cache  # transformers' default for causal LMs
-    codes = lambda plan: [f.code for f in sv.analyze(model, plan, FSDP8).findings]  # noqa: E731
-    assert "SV113" in codes(ckpt) and "SV113" not in codes(sv.Plan.auto(model))
+    codes = lambda plan, **kw: [f.code for f in sv.analyze(model, plan, FSDP8, sv.Training(**kw)).findings]  # noqa: E731
+    assert "SV113" in codes(ckpt, use_cache=True) and "SV113" not in codes(ckpt)
+    assert "SV113" not in codes(sv.Plan.auto(model))
+    assert not sv.analyze(model, ckpt, FSDP8).use_cache and sv.analyze(model, sv.Plan.auto(model), FSDP8).use_cache
     model.config.use_cache = False
-    assert "SV113" not in codes(ckpt)
+    assert "SV113" not in codes(ckpt) and not sv.analyze(model, sv.Plan.auto(model), FSDP8).use_cache
 
 
 # the deviation of the same cases run with use_cache=False on both sides (the pins before issue 20)
@@ -296,12 +301,16 @@ def test_use_cache_false_saves_what_torch_saves(name):
     pinned deviations (GPT-2 without checkpointing: nothing, in torch too, and no finding)."""
     build, plan, mesh, training, rank, a = _case(name)
     assert build().config.use_cache  # transformers' default for causal LMs
+    if plan.checkpoint:  # checkpointed, the step runs without the cache unless asked (issue 24): ask
+        training = dataclasses.replace(training, use_cache=True)
+        a = sv.analyze(build(), plan, mesh, training)
     without = a.without_kv_cache()
     saved = int(a.memory.peak.max()) - int(without.memory.peak.max())
     torch_without = fake_run(build, plan, mesh, training, rank, use_cache=False).peak_snap["Total"]
     row = without.memory.iloc[rank]
     assert int(row.peak + row.cpu_optimizer) - torch_without == NO_CACHE_DEVIATION[name]
-    torch_saved = _truth(name).peak_snap["Total"] - torch_without
+    torch_with = fake_run(build, plan, mesh, training, rank, use_cache=True) if plan.checkpoint else _truth(name)
+    torch_saved = torch_with.peak_snap["Total"] - torch_without
     assert saved - torch_saved == deviation(name) - NO_CACHE_DEVIATION[name], (saved, torch_saved)
     findings = [f for f in a.findings if f.code == "SV113"]
     if saved <= 0:
@@ -313,14 +322,15 @@ def test_use_cache_false_saves_what_torch_saves(name):
 
 def test_selective_checkpointing_with_use_cache_is_an_error_as_in_torch():
     """Selective checkpointing in a step that keeps the key/value cache: torch raises in backward (the
-    recomputation fills the cache again), so shardviz says SV113 (error) and measures nothing."""
+    recomputation fills the cache again), so shardviz says SV113 (error) and prices the step without
+    the cache (issue 24: it used to raise PlanError), which is also the default step with checkpointing."""
     plan = sv.Plan.auto(LLAMA_LORA(), checkpoint="selective")
-    a = sv.analyze(LLAMA_LORA(), plan, FSDP8, step())
+    a = sv.analyze(LLAMA_LORA(), plan, FSDP8, step(use_cache=True))
+    assert int(a.memory.peak.max()) == int(sv.analyze(LLAMA_LORA(), plan, FSDP8, step()).memory.peak.max())
     assert [f.severity for f in a.findings if f.code == "SV113"] == ["error"]
-    with pytest.raises(sv.PlanError, match="SV113.*use_cache=True"):
-        a.memory  # noqa: B018
+    assert any("priced without" in x for x in a.activation_profile.assumptions)
     with pytest.raises(RuntimeError, match="not found in storage"):
-        fake_run(LLAMA_LORA, plan, FSDP8, step(), 0)
+        fake_run(LLAMA_LORA, plan, FSDP8, step(), 0, use_cache=True)
 
 
 def test_memory_finding_names_the_cheapest_change_that_fits():

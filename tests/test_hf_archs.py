@@ -121,7 +121,7 @@ def test_activations_on_hf_causal_lms():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     pinned_release()
-    measured, failed = [], {}
+    measured, failed, cpu = [], {}, {}
     for model_type in sample_types(N_TYPES):
         if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             continue
@@ -137,6 +137,7 @@ def test_activations_on_hf_causal_lms():
         if getattr(model.config, "use_cache", None):
             model.config.use_cache = False
         plan = sv.Plan.auto(model, checkpoint="blocks")
+        t0 = time.process_time()
         try:
             a = sv.analyze(model, plan, sv.Mesh(4), sv.Training(batch_size=1, seq_len=32))
             assert int(a.memory.activations.max()) > 0
@@ -144,7 +145,10 @@ def test_activations_on_hf_causal_lms():
         except ValueError as exc:
             assert "could not be measured" in str(exc), (model_type, exc)
             failed[model_type] = str(exc)[:200]
-    print(f"\n{len(measured)} causal LMs measured; not measurable: {failed}")
+        cpu[model_type] = round(time.process_time() - t0, 2)
+    slowest = sorted(cpu.items(), key=lambda kv: -kv[1])[:5]
+    # issue 24's target: <= 5 s per architecture (benchmarks/bench_arch_sweep.py times them alone)
+    print(f"\n{len(measured)} causal LMs measured; not measurable: {failed}; slowest analyze (CPU s): {slowest}")
     assert len(measured) == 26, measured
     assert set(failed) == set(NOT_MEASURABLE) | set(FAILS_IN_TORCH), failed
     for model_type, why in {**NOT_MEASURABLE, **FAILS_IN_TORCH}.items():

@@ -65,3 +65,83 @@ def test_no_bottom_up_order_is_refused():
     plan = sv.Plan([["outer.1.0", "outer"], "outer.1", ""])
     with pytest.raises(ValueError, match="bottom-up"):
         oracle.bottom_up_order(Nested(), plan)
+
+
+# -- issue 24: every plan shardviz produces ------------------------------------------------------------
+def _archs():
+    from torch_truth import tiny_gpt2, tiny_lora, tiny_mixtral
+
+    return {"llama-lora": tiny_lora, "gpt2": tiny_gpt2, "mixtral": tiny_mixtral}
+
+
+def _offloaded(plan):
+    return plan.with_units([sv.Unit(u.modules, u.reshard_after_forward, u.param_dtype, u.reduce_dtype, True)
+                            for u in plan.units])
+
+
+def _nested(model, plan):
+    """A call on the first checkpointed block's first child with parameters, inside the block's call."""
+    block = next(iter(plan.checkpoint))
+    child = next(n for n, m in model.get_submodule(block).named_children() if any(True for _ in m.parameters()))
+    return plan.with_unit(f"{block}.{child}")
+
+
+PLANS = {
+    "checkpointed": lambda m: sv.Plan.auto(m, checkpoint="blocks"),
+    "selective": lambda m: sv.Plan.auto(m, checkpoint="selective"),
+    "offloaded": lambda m: _offloaded(sv.Plan.auto(m, checkpoint="blocks")),
+    "nested": lambda m: _nested(m, sv.Plan.auto(m, checkpoint="every 2")),
+}
+
+
+@pytest.mark.parametrize("kind", PLANS)
+@pytest.mark.parametrize("arch", ["llama-lora", "gpt2", "mixtral"])
+def test_verify_agrees_on_every_kind_of_plan(arch, kind):
+    """Before issue 24 every checkpointed plan raised KeyError ('..._checkpoint_wrapped_module...'):
+    torch's names have checkpoint_wrapper's inner module in them."""
+    model = _archs()[arch]()
+    plan = PLANS[kind](model)
+    assert plan.checkpoint
+    for mesh in (sv.Mesh(4), sv.Mesh(shard=2, replicate=2)):
+        diff = sv.verify(model, plan, mesh=mesh, ranks=[0, mesh.world - 1])
+        assert diff.empty, diff.head().to_string()
+
+
+def test_verify_with_the_training_offload():
+    from torch_truth import tiny_lora
+
+    model = tiny_lora()
+    plan = sv.Plan.auto(model, checkpoint="blocks")
+    training = sv.Training(offload=True, param_dtype="bfloat16", batch_size=2, seq_len=16)
+    assert sv.verify(model, plan, mesh=sv.Mesh(4), training=training).empty
+
+
+def test_verify_leaves_no_traceback_prefix():
+    """torch's init_process_group wraps sys.excepthook to prefix tracebacks with '[rank<r>]: ' and
+    never unwraps it: after three verifies every later traceback read '[rank7]: [rank4]: [rank0]: '."""
+    import sys
+
+    from torch_truth import tiny_lora
+
+    hook = sys.excepthook
+    model = tiny_lora()
+    sv.verify(model, sv.Plan.auto(model), mesh=sv.Mesh(8))
+    assert sys.excepthook is hook
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("kind", ["checkpointed", "selective", "offloaded"])
+def test_the_inspector_verifies_what_python_verifies(kind):
+    """The Inspector's "verify with torch" is sv.verify with its plan, mesh and training (before
+    issue 24: the KeyError on every checkpointed plan, shown as if torch had refused)."""
+    from torch_truth import tiny_lora
+
+    from shardviz.widget.state import InspectorState
+
+    model = tiny_lora()
+    training = sv.Training(offload=kind == "offloaded")
+    st = InspectorState(model, plan=PLANS[kind](model), mesh=sv.Mesh(shard=2, replicate=2), training=training)
+    result = st.verify()
+    assert result["ok"] and result["n"] == 0 and result["error"] is None, result

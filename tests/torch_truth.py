@@ -319,10 +319,13 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     ``training.sync_outside_fsdp`` the plan is applied by the exported code (``exported_apply``),
     otherwise by the oracle's ``apply_plan``; ``apply(model, device_mesh)`` replaces both (calls
     written by hand; ``plan`` then only names them). ``use_cache``: passed to the forward (None:
-    the config's, the step users run).
+    ``Training.step_use_cache``: the config's, off with checkpointing, the step sv prices).
     """
+    from shardviz.activations import config_use_cache
     from shardviz.oracle import device_mesh
 
+    if use_cache is None and config_use_cache(model):  # the step sv prices (Training.step_use_cache)
+        use_cache = training.step_use_cache(True, bool(plan.checkpoint))
     dmesh = device_mesh(mesh)
     if apply is not None:
         apply(model, dmesh)

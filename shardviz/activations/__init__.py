@@ -49,8 +49,8 @@ module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets 
 """
 
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_costs, unit_flops
-from .measure import clear_cache, measure_activations
+from .measure import clear_cache, config_use_cache, measure_activations
 from .profile import ActivationProfile, Event, ModuleActivations
 
 __all__ = ["FLOP_COLUMNS", "ActivationProfile", "Event", "ModuleActivations", "ModuleFlops", "clear_cache",
-           "flop_formulas", "measure_activations", "unit_costs", "unit_flops"]
+           "config_use_cache", "flop_formulas", "measure_activations", "unit_costs", "unit_flops"]

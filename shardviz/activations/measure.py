@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -310,8 +312,12 @@ def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, poli
             request.example_inputs, request.use_cache)
 
 
-def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
+def _assumptions(moe, attention: tuple[str, ...], model=None) -> tuple[str, ...]:
     out = []
+    impl = getattr(hf_config(model), "_attn_implementation", None)
+    if impl:  # what transformers picked for the class (Gemma-2: eager) unless the user chose
+        out.append(f"attention implementation: {impl} (the model's config._attn_implementation; choose another "
+                   "with sv.load_model(..., attn_implementation=...) or --attn-implementation)")
     if moe:
         top = moe[1] if moe[1] else "top_k"
         out.append(f"MoE: balanced routing, each of {moe[0]} experts gets tokens*{top}/{moe[0]} rows "
@@ -321,7 +327,7 @@ def _assumptions(moe, attention: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-_CACHE_NOTE = {False: (), True: ("use_cache=True (the config's): the key/value cache the forward builds is counted, "
+_CACHE_NOTE = {False: (), True: ("use_cache=True: the key/value cache the forward builds is counted, "
                                   "each block's from its forward to the cache's death",)}
 
 
@@ -336,7 +342,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
-        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention) + _CACHE_NOTE[request.use_cache],
+        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention, tree.model) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
         module_costs=module_costs(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
@@ -377,19 +383,35 @@ def _cache_hint(request: _Request) -> str:
 def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
     """On the reduced copy; when it cannot run (a forward that indexes per-layer lists by position,
     hybrid layer types, ...), on a fake copy of the whole model, which the assumptions then say."""
+    with _quiet_fake_tensor_log():
+        return _measure_either_copy(model, entry, request)
+
+
+@contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensorMode logs every op that fails with its traceback (``log.exception``) before it
+    raises; the failure is ours to report (a step torch cannot run), in one line, not its log."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
+def _measure_either_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
     try:
         return _measure(model, entry, request, reduce=True)
+    except RecomputationError as exc:
+        if request.use_cache:  # the cache's second append: the whole model fails the same way, slower
+            raise _recomputation_fails(model, request, exc) from exc.cause
+        first = exc
     except Exception as exc:  # noqa: BLE001 - the reduced copy failed: measure the whole model
         first = exc
     try:
         profile = _measure(model, entry, request, reduce=False)
     except RecomputationError as exc:
-        raise ValueError(
-            f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
-            f"{request.seq_len}: torch's own step fails: recomputing the checkpointed {exc.module} in backward "
-            f"raises {exc}. Its forward does not run the same way twice (it changes state its first run left, "
-            f"e.g. a key/value cache it appends to), so checkpoint_wrapper cannot recompute it: leave "
-            f"{exc.module} (and the blocks of its kind) unwrapped") from exc.cause
+        raise _recomputation_fails(model, request, exc) from exc.cause
     except Exception as exc:  # noqa: BLE001
         raise ValueError(
             f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
@@ -398,6 +420,17 @@ def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) 
         ) from exc
     note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
     return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
+
+
+def _recomputation_fails(model, request: _Request, exc: RecomputationError) -> ValueError:
+    fix = ("run the step with use_cache=False (Training(use_cache=False), as Hugging Face's own gradient "
+           "checkpointing does in training) or leave" if request.use_cache else "leave")
+    return ValueError(
+        f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
+        f"{request.seq_len}: torch's own step fails: recomputing the checkpointed {exc.module} in backward "
+        f"raises {exc}. Its forward does not run the same way twice (it changes state its first run left, "
+        f"e.g. a key/value cache it appends to), so checkpoint_wrapper cannot recompute it: {fix} "
+        f"{exc.module} (and the blocks of its kind) unwrapped")
 
 
 def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 2048, *,
@@ -435,8 +468,21 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
     entry = _entry(model, tree)
     with _LOCK:
         profile = entry.profiles.get(request)
+    if isinstance(profile, _Failed):  # the same step failed before: fail again at once
+        raise ValueError(profile.message)
     if profile is None:
         _check_checkpoint(request.checkpoint, entry.tree)
-        profile = _measure_some_copy(model, entry, request)
+        try:
+            profile = _measure_some_copy(model, entry, request)
+        except ValueError as exc:  # remembered: a search tries the same step on many meshes
+            _remember(entry.profiles, request, _Failed(str(exc)))
+            raise
         _remember(entry.profiles, request, profile)
     return profile
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    """A step that could not be measured, remembered with the error's words."""
+
+    message: str

@@ -56,6 +56,12 @@ class Training:
     sync_every_microbatch: with ``grad_accum > 1``, reduce-scatter on every micro-batch instead
         (``set_requires_gradient_sync(True)`` throughout): the sharded gradients accumulate, the
         unsharded ones are freed each time, at the cost of one reduce-scatter per micro-batch.
+    use_cache: the ``use_cache`` a Hugging Face model's training forward runs with (its key/value
+        cache kept through the step, or not). None: the config's, except when the plan checkpoints
+        a module: then False, as Hugging Face's own gradient checkpointing does in training
+        (transformers 5.24 ``utils/generic.py``, ``merge_with_config_defaults``: "`use_cache=True`
+        is incompatible with gradient checkpointing. Setting `use_cache=False`."; the exported code
+        sets ``model.config.use_cache = False`` then). ``step_use_cache`` says which.
     """
 
     optimizer: str | int = "adamw"
@@ -73,6 +79,7 @@ class Training:
     global_batch: int | None = None
     grad_accum: int = 1
     sync_every_microbatch: bool = False
+    use_cache: bool | None = None
 
     def __post_init__(self):
         opt = self.optimizer
@@ -112,6 +119,16 @@ class Training:
             raise ValueError(f"Training.grad_accum must be an int >= 1 (micro-batches per optimizer step), got {k!r}")
         if not isinstance(self.sync_every_microbatch, bool):
             raise ValueError(f"Training.sync_every_microbatch must be True or False, got {self.sync_every_microbatch!r}")
+        if self.use_cache not in (None, True, False):
+            raise ValueError(f"Training.use_cache must be None (the config's), True or False, got {self.use_cache!r}")
+
+    def step_use_cache(self, config_keeps: bool, checkpointed: bool) -> bool:
+        """The ``use_cache`` the step runs with: this training's, else the config's (``config_keeps``),
+        off when the plan checkpoints a module (Hugging Face's rule under gradient checkpointing, see
+        ``use_cache``): a checkpointed block's recomputation would append to the cache again."""
+        if self.use_cache is not None:
+            return self.use_cache
+        return bool(config_keeps) and not checkpointed
 
     @property
     def n_states(self) -> int:

@@ -4,7 +4,11 @@ Candidates: LoRA ignored / sharded / separate (when the model has LoRA); checkpo
 block, every 2nd, every 3rd, selective (torchtitan's op policy), none;
 ``reshard_after_forward`` as torch sets it, ``False``, or an int (one node's ranks) when the shard
 group spans nodes; every HSDP split of the world size; CPU offload; and, with
-``Training(global_batch=...)``, every micro-batch and accumulation that give that batch.
+``Training(global_batch=...)``, every micro-batch and accumulation that give that batch. The
+key/value cache is a knob too: where a plan's step keeps it (``Training.step_use_cache``: the
+config's ``use_cache=True`` without checkpointing), the same plan with ``use_cache=False`` is a
+candidate of its own (tried first: it holds less). A plan torch cannot run with the cache is
+priced without it, its name says so.
 
 Every candidate that could fit is analysed by ``analyze``: activations are measured by torch once
 per LoRA layout x checkpointing x micro-batch (the analysis' profile cache), and shared by every
@@ -35,6 +39,7 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
+from ..activations import config_use_cache
 from ..analysis import Analysis, analyze
 from ..checks import CHECKPOINT_FIXES
 from ..cost import Training, unsharded_bytes
@@ -50,8 +55,9 @@ from .rank import _TRAINING_FIELDS, _rank_key, _time_parts, _why, explain, kept_
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
 CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
-COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora", "checkpoint",
-           "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed"]
+COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora",
+           "checkpoint", "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed",
+           "use_cache"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Candidate:
     offload: bool = False
     batch_size: int | None = None
     grad_accum: int = 1
+    use_cache: bool | None = None  # None: the training's (Training.step_use_cache)
 
     def name(self, world: int, has_lora: bool, vary_batch: bool) -> str:
         parts = [f"LoRA {self.lora}"] if has_lora else []
@@ -79,6 +86,8 @@ class Candidate:
             parts.append("CPU offload")
         if vary_batch:
             parts.append(f"micro-batch {self.batch_size} x {self.grad_accum}")
+        if self.use_cache is not None:
+            parts.append(f"use_cache={self.use_cache}")
         return ", ".join(parts)
 
     @property
@@ -97,10 +106,11 @@ class _Runner:
         self.limit = mesh.usable_memory  # device memory less the reserve: what every verdict here uses
         self.limit_words = usable_text(mesh.device_memory, mesh.memory_reserve)  # "79.00 GiB usable"
         self.has_lora = any(p.role == "lora" for p in tree.params)
+        self.config_keeps = config_use_cache(tree.model)  # the config's use_cache (the cache knob's default)
         self._auto: dict = {}
         self._state: dict = {}
         self._unsharded: dict = {}  # LoRA layout -> cost.unsharded_bytes of its calls
-        self.over: dict = {}  # (state key, batch, checkpoint) -> peak over the device
+        self.over: dict = {}  # (state key, batch, checkpoint, cache) -> judged peak over the device
         self.act_over: dict = {}  # (lora, batch, checkpoint) -> activations alone over the device
         self.n_analysed = 0
         self.lean_offload = True
@@ -124,6 +134,8 @@ class _Runner:
 
     def training_for(self, c: Candidate, with_batch: bool = True) -> Training:
         kw = {"batch_size": c.batch_size if with_batch else None, "offload": False}
+        if c.use_cache is not None:
+            kw["use_cache"] = c.use_cache
         if "grad_accum" in _TRAINING_FIELDS:
             kw["grad_accum"] = c.grad_accum
         return replace(self.training, **kw)
@@ -131,6 +143,11 @@ class _Runner:
     def analysis(self, c: Candidate, world: int | None = None, with_batch: bool = True) -> Analysis:
         self.n_analysed += 1
         return analyze(self.tree, self.plan(c), self.mesh_for(c, world), self.training_for(c, with_batch))
+
+    def cache_of(self, c: Candidate) -> bool:
+        """Whether ``c``'s step keeps the key/value cache (``Training.step_use_cache``)."""
+        t = self.training_for(c)
+        return t.step_use_cache(self.config_keeps and t.example_inputs is None, bool(self.plan(c).checkpoint))
 
     def lean_state(self, lora: str) -> int:
         """The model-state peak (no activations) of the layout with the options that hold least."""
@@ -159,9 +176,10 @@ class _Runner:
         ka, kb = kinds(a), kinds(b)
         return all(ka[k] >= n for k, n in kb.items())
 
-    def holds_less_than(self, c: Candidate, batch: int | None, ckpt: str | None) -> bool:
-        """A plan with micro-batch ``batch`` and checkpointing ``ckpt`` holds no more activations than ``c``."""
-        if (batch or 0) > (c.batch_size or 0):
+    def holds_less_than(self, c: Candidate, batch: int | None, ckpt: str | None, cache: bool) -> bool:
+        """A plan with micro-batch ``batch``, checkpointing ``ckpt`` and the cache kept or not holds no
+        more activations than ``c`` (a step without the cache holds less than one with it)."""
+        if (batch or 0) > (c.batch_size or 0) or (cache and not self.cache_of(c)):
             return False
         return ckpt == c.checkpoint or self.holds_less(ckpt, c.checkpoint)
 
@@ -173,7 +191,7 @@ class _Runner:
         if any(r.saved_plain is None or r.saved_checkpointed is None for r in rows):
             return
         for ckpt in CHECKPOINTS:
-            key = (c.lora, c.batch_size, ckpt)
+            key = (c.lora, c.batch_size, ckpt, False)  # measured without the cache: a bound with it too
             if ckpt == c.checkpoint or key in self.act_over:
                 continue
             plan = self.plan(Candidate(checkpoint=ckpt)).checkpoint
@@ -186,17 +204,18 @@ class _Runner:
     def pruned_by(self, c: Candidate) -> str | None:
         """Why ``c`` cannot fit without analysing it, or None."""
         gib, less = self.limit_words, "(checkpoints less: not analysed)"
-        act = self.act_over.get((c.lora, c.batch_size, c.checkpoint))
+        cache = self.cache_of(c)
+        act = self.act_over.get((c.lora, c.batch_size, c.checkpoint, cache))
         if act is not None:  # the same activations whatever the mesh and options
             return f"over {gib}: the activations alone are {format_bytes(act[0])} ({act[1]}; not analysed)"
-        for (lora, batch, ckpt), (act, how) in self.act_over.items():
-            if lora == c.lora and self.holds_less_than(c, batch, ckpt):
+        for (lora, batch, ckpt, cached), (act, how) in self.act_over.items():
+            if lora == c.lora and self.holds_less_than(c, batch, ckpt, cached):
                 return (f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)}, "
                         f"micro-batch {batch} ({how}) {less}")
-        for (state, batch, ckpt), peak in self.over.items():
-            if state == c.state_key and self.holds_less_than(c, batch, ckpt):
+        for (state, batch, ckpt, cached), peak in self.over.items():
+            if state == c.state_key and self.holds_less_than(c, batch, ckpt, cached):
                 return f"over {gib}: {format_bytes(peak)} with {_ckpt_words(ckpt)}, micro-batch {batch} {less}"
-            if self.fewer_replicas(state, c) and batch == c.batch_size and ckpt == c.checkpoint:
+            if self.fewer_replicas(state, c) and (batch, ckpt, cached) == (c.batch_size, c.checkpoint, cache):
                 return (f"over {gib}: {format_bytes(peak)} with {state[2]} replicas already; more replicas shard each "
                         "copy over fewer ranks, so every rank holds more (not analysed)")
         state = self.lean_state(c.lora)
@@ -246,18 +265,19 @@ class _Runner:
             self.n_analysed -= 1  # refused before any cost was computed: counted with the pruned
             return {"analysed": False, "fits": False, "peak": None, "why": f"torch would refuse it: {exc.findings[0]}"}
         fits = self.fitting[c] = fit.fits
+        cache = self.cache_of(c) and not a.cache_refused  # what was priced
         if not fits:
-            self.over[(c.state_key, c.batch_size, c.checkpoint)] = self.limit - fit.margin
+            self.over[(c.state_key, c.batch_size, c.checkpoint, cache)] = self.limit - fit.margin
         profile = a.activation_profile
         if profile is not None and profile.peak[0] > self.limit:
-            self.act_over[(c.lora, c.batch_size, c.checkpoint)] = (int(profile.peak[0]), "measured")
+            self.act_over[(c.lora, c.batch_size, c.checkpoint, cache)] = (int(profile.peak[0]), "measured")
         if profile is not None:
             self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, "reserved_peak": int(a.memory.reserved_peak.max()),
                 "verdict": fit.verdict, "margin": fit.margin, "safety": fit.safety, **step_numbers(a, c.grad_accum),
                 "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
                 "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units),
-                "mesh": a.mesh}
+                "mesh": a.mesh, "use_cache": cache, "cache_refused": a.cache_refused}
 
 
 def _ckpt_words(checkpoint: str | None) -> str:
@@ -306,10 +326,13 @@ def candidates(runner: _Runner, offload=(False, True)) -> list[Candidate]:
     out = []
     for batch, accum in _micro_batches(runner.mesh, runner.training):
         for ckpt in checkpoints:
-            for lora in layouts:
-                for replicate in _divisors(runner.mesh.world):
-                    for reshard in _reshards(runner.mesh, replicate):
-                        out += [Candidate(lora, ckpt, reshard, replicate, off, batch, accum) for off in offload]
+            # the cache as a knob: without it first (it holds less), where the step would keep it
+            caches = (False, None) if with_batch and runner.cache_of(Candidate(checkpoint=ckpt)) else (None,)
+            for cache in caches:
+                for lora in layouts:
+                    for replicate in _divisors(runner.mesh.world):
+                        for reshard in _reshards(runner.mesh, replicate):
+                            out += [Candidate(lora, ckpt, reshard, replicate, off, batch, accum, cache) for off in offload]
     return out
 
 
@@ -407,8 +430,11 @@ class Search:
             why = _why(r, above if r["fits"] else None, runner.limit, runner.limit_words)
             if r["fits"] and r["analysed"]:
                 above = r
+            name = c.name(world, runner.has_lora, vary)
+            if r.get("cache_refused"):
+                name += ", priced with use_cache=False (torch cannot run it with the cache)"
             records.append({
-                "name": c.name(world, runner.has_lora, vary), "fits": bool(r["fits"]),
+                "name": name, "fits": bool(r["fits"]),
                 "verdict": r.get("verdict", "fits" if r["fits"] else "over"), "peak": r["peak"],
                 "reserved_peak": r.get("reserved_peak"), "margin": r.get("margin"),
                 "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"),
@@ -416,6 +442,7 @@ class Search:
                 "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
                 "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // c.replicate,
                 "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r["analysed"],
+                "use_cache": r.get("use_cache", runner.cache_of(c)),
             })
         self.table = pd.DataFrame(records, columns=COLUMNS)
         kept_over_tight = kept_margin_note(rows, lambda c: c.name(world, runner.has_lora, vary))

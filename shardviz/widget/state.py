@@ -469,7 +469,7 @@ class InspectorState(PlanActions, SuggestActions):
         t0 = time.perf_counter()
         plan, mesh = self.plan, self.mesh
         try:
-            df = sv_verify(self.model, plan, mesh=mesh)
+            df = sv_verify(self.model, plan, mesh=mesh, training=self.training)
         except Exception as exc:  # noqa: BLE001 - torch's refusal is the answer to show
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0,
                       "raised_by": raised_by(exc)}

@@ -26,9 +26,10 @@ NO_MEMORY = ("Suggest needs the device memory to tell what fits: type it in the 
 
 def search_key(mesh, training) -> tuple:
     """What a search depends on: the mesh (any HSDP split of its world: the search tries them all),
-    the training (with ``global_batch``: any micro-batch; CPU offload is a plan option there)."""
+    the training (with ``global_batch``: any micro-batch; CPU offload and the key/value cache are
+    options there)."""
     vary_batch = getattr(training, "global_batch", None) is not None
-    tr = replace(training, offload=False, **({"batch_size": None, "grad_accum": 1} if vary_batch else {}))
+    tr = replace(training, offload=False, use_cache=None, **({"batch_size": None, "grad_accum": 1} if vary_batch else {}))
     return replace(mesh, shard=mesh.world, replicate=1), tr
 
 
