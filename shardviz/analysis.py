@@ -24,6 +24,13 @@ class Analysis:
     def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, torch_version=None, model=None):
         from .cost import Training
 
+        # with a tensor dim, the FSDP rules run on the TP-local tree (shardviz.tp): every parameter
+        # at its parallelize_module local shape; full_tree keeps the model's own shapes
+        self.full_tree, self.tp_placements = tree, {}
+        if mesh.tensor > 1 and plan.tensor_parallel:
+            from .tp import local_tree
+
+            tree, self.tp_placements = local_tree(tree, plan.tensor_parallel, mesh.tensor)
         self.tree, self.plan, self.mesh = tree, plan, mesh
         # The release the plan will run on: the findings follow it (None: the installed torch).
         self.torch_version = torch_version
@@ -41,7 +48,7 @@ class Analysis:
 
     def what_if(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None) -> "Analysis":
         """The same model with another plan, mesh or training (the memory check prices its fixes so)."""
-        return Analysis(self.tree, plan or self.plan, mesh or self.mesh, training or self.training,
+        return Analysis(self.full_tree, plan or self.plan, mesh or self.mesh, training or self.training,
                         self.torch_version, self.model)
 
     def without_kv_cache(self) -> "Analysis":
@@ -171,7 +178,10 @@ class Analysis:
             raise PlanError(refusal)  # torch raises in that step's backward: there is no step to measure
         lay, t = self.layout, self.training
         if for_order_only:
-            return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.tree)
+            return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.full_tree)
+        if self.tp_placements:
+            raise ValueError("activations of a tensor-parallel step are not measured in this build (the TP-local "
+                             "model is not run yet): analyze without Training.batch_size, or with tensor=1")
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()

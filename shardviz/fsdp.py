@@ -62,13 +62,14 @@ class Mesh:
     device: str | Device | None = None
     efficiency: Efficiency | None = None
     memory_reserve: int | str = MEMORY_RESERVE_BYTES
+    tensor: int = 1
 
     def __post_init__(self):
         self._fill_from_device()
         if self.efficiency is not None and not isinstance(self.efficiency, Efficiency):
             raise ValueError(f"Mesh.efficiency must be an sv.Efficiency(matmul=..., collective_bus=..., hbm=...), "
                              f"got {self.efficiency!r}")
-        for key in ("shard", "replicate", "ranks_per_node"):
+        for key in ("shard", "replicate", "ranks_per_node", "tensor"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
@@ -107,7 +108,7 @@ class Mesh:
 
     @property
     def world(self) -> int:
-        return self.shard * self.replicate
+        return self.shard * self.replicate * self.tensor
 
     @property
     def is_hsdp(self) -> bool:
@@ -115,16 +116,17 @@ class Mesh:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.replicate, self.shard) if self.is_hsdp else (self.shard,)
+        return (self.replicate, self.shard, self.tensor) if self.tensor > 1 else (self.replicate, self.shard) if self.is_hsdp else (self.shard,)
 
     def coords(self, rank: int) -> tuple[int, int]:
-        """(replicate index, shard index) of a global rank."""
+        """(replicate, shard) index of a global rank; ``tensor`` is innermost (rank % T), as torchtitan's dp_replicate, dp_shard, tp."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the mesh of {self.world} ranks")
-        return divmod(rank, self.shard)
+        return divmod(rank // self.tensor, self.shard)
 
     def __str__(self) -> str:
-        return f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {self.shard} ranks"
+        dp = f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {self.shard} ranks"
+        return dp + (f" x TP {self.tensor}" if self.tensor > 1 else "")
 
 
 # ---------------------------------------------------------------------------
@@ -439,7 +441,6 @@ class Layout:
                 "padded_shard_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params),
             })
         return out
-
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence, Union
 
+from .tp import TensorParallel
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
@@ -184,9 +185,10 @@ class Plan:
     ignored: tuple[str, ...] = ()
     name: str = field(default="", compare=False)
     checkpoint: Checkpoints = Checkpoints()
+    tensor_parallel: TensorParallel = TensorParallel()
 
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
-                 checkpoint: Iterable[str] | dict = ()):
+                 checkpoint: Iterable[str] | dict = (), tensor_parallel=()):
         if isinstance(units, (str, Unit)):
             units = [units]
         parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
@@ -210,6 +212,8 @@ class Plan:
         object.__setattr__(self, "ignored", ignored)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "checkpoint", checkpoint)
+        # module FQN or pattern -> style (shardviz.tp): parallelize_module on the mesh's "tensor" dim
+        object.__setattr__(self, "tensor_parallel", TensorParallel(tensor_parallel))
 
     # -- edits (each returns a new plan) ------------------------------------
     def unit_of(self, fqn: str) -> Unit | None:
@@ -220,31 +224,31 @@ class Plan:
 
     def with_units(self, units) -> "Plan":
         """The same plan (ignored, checkpointed, name) with these calls instead."""
-        return Plan(units, self.ignored, self.name, self.checkpoint)
+        return Plan(units, self.ignored, self.name, self.checkpoint, self.tensor_parallel)
 
     def with_unit(self, unit) -> "Plan":
         unit = Unit.from_obj(unit)
-        return Plan(self.units + (unit,), self.ignored, self.name, self.checkpoint)
+        return Plan(self.units + (unit,), self.ignored, self.name, self.checkpoint, self.tensor_parallel)
 
     def without_unit(self, fqn: str) -> "Plan":
         """Drop the call that contains module ``fqn`` (the whole group, if grouped)."""
         if self.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
-        return Plan([u for u in self.units if fqn not in u.modules], self.ignored, self.name, self.checkpoint)
+        return Plan([u for u in self.units if fqn not in u.modules], self.ignored, self.name, self.checkpoint, self.tensor_parallel)
 
     def with_unit_options(self, fqn: str, **options) -> "Plan":
         unit = self.unit_of(fqn)
         if unit is None:
             raise ValueError(f"module {fqn!r} is not in any unit of this plan")
         new = replace(unit, **options)  # Unit.__init__ checks the new options
-        return Plan([new if u is unit else u for u in self.units], self.ignored, self.name, self.checkpoint)
+        return Plan([new if u is unit else u for u in self.units], self.ignored, self.name, self.checkpoint, self.tensor_parallel)
 
     def with_ignored(self, fqns: Iterable[str]) -> "Plan":
-        return Plan(self.units, self.ignored + tuple(fqns), self.name, self.checkpoint)
+        return Plan(self.units, self.ignored + tuple(fqns), self.name, self.checkpoint, self.tensor_parallel)
 
     def without_ignored(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
-        return Plan(self.units, [f for f in self.ignored if f not in drop], self.name, self.checkpoint)
+        return Plan(self.units, [f for f in self.ignored if f not in drop], self.name, self.checkpoint, self.tensor_parallel)
 
     def with_checkpoint(self, fqns: Iterable[str] | dict, policy: str = "full") -> "Plan":
         """Also wrap these modules in ``checkpoint_wrapper`` with ``policy`` (a mapping gives each
@@ -252,11 +256,16 @@ class Plan:
         added = Checkpoints(fqns if hasattr(fqns, "items") else {f: policy for f in ([fqns] if isinstance(fqns, str) else fqns)})
         merged = dict(self.checkpoint.items())
         merged.update(added.items())
-        return Plan(self.units, self.ignored, self.name, merged)
+        return Plan(self.units, self.ignored, self.name, merged, self.tensor_parallel)
 
     def without_checkpoint(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
-        return Plan(self.units, self.ignored, self.name, {f: p for f, p in self.checkpoint.items() if f not in drop})
+        return Plan(self.units, self.ignored, self.name, {f: p for f, p in self.checkpoint.items() if f not in drop},
+                    self.tensor_parallel)
+
+    def with_tensor_parallel(self, entries) -> "Plan":
+        """These tensor-parallel entries (module FQN or ``layers.*`` pattern -> style) instead."""
+        return Plan(self.units, self.ignored, self.name, self.checkpoint, entries)
 
     # -- validation against a model ------------------------------------------
     def validate(self, model_or_tree) -> ModelTree:
@@ -307,6 +316,7 @@ class Plan:
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
             **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
+            **({"tensor_parallel": self.tensor_parallel.to_obj()} if self.tensor_parallel else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -327,7 +337,7 @@ class Plan:
             raise ValueError(
                 f"plan JSON: field 'version' is {version!r}; this shardviz reads version {SCHEMA_VERSION}"
             )
-        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint"}
+        unknown = set(obj) - {"schema", "version", "name", "units", "ignored", "checkpoint", "tensor_parallel"}
         if unknown:
             raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
         units, ignored = obj.get("units", []), obj.get("ignored", [])
@@ -346,11 +356,14 @@ class Plan:
             checkpoint = Checkpoints(checkpoint)
         except ValueError as exc:
             raise ValueError(f"plan JSON: field {exc}") from None
-        return cls(units, ignored, name, checkpoint)
+        tensor_parallel = obj.get("tensor_parallel", {})
+        if not isinstance(tensor_parallel, dict):
+            raise ValueError("plan JSON: field 'tensor_parallel' must be an object module FQN -> style")
+        return cls(units, ignored, name, checkpoint, tensor_parallel)
 
     # -- presets -------------------------------------------------------------
     @classmethod
-    def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None) -> "Plan":
+    def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None, tensor_parallel=None) -> "Plan":
         """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.
 
         ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
@@ -359,20 +372,30 @@ class Plan:
         (``"every 2"``, ...) every k-th block, as torchtitan's "selective layer" option does
         (its 1-based block counter: blocks k-1, 2k-1, ... counting from 0); "selective" every
         block with the "selective" policy (torchtitan's "selective op").
+        ``tensor_parallel``: None; True: the model's own plan (what transformers'
+        ``from_pretrained(tp_plan="auto")`` applies); "torchtitan": torchtitan's Llama-family plan
+        (``shardviz.tp``); or a mapping module FQN -> style.
         """
         from .presets import auto_plan
 
         if lora not in LORA_LAYOUTS:
             raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
         checkpoint_preset(checkpoint)  # a bad value fails before the walk
-        return auto_plan(as_tree(model), lora, checkpoint)
+        tree = as_tree(model)
+        plan = auto_plan(tree, lora, checkpoint)
+        if tensor_parallel is None or tensor_parallel is False:
+            return plan
+        from .tp import preset
+
+        return plan.with_tensor_parallel(preset(tree, tensor_parallel))
 
     def __repr__(self) -> str:
         label = f"{self.name!r}, " if self.name else ""
         n_sel = len(self.checkpoint.selective)
         ckpt = (f", {len(self.checkpoint)} checkpointed" + (f" ({n_sel} selective)" if n_sel else "")
                 if self.checkpoint else "")
-        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt})"
+        tp = f", {len(self.tensor_parallel)} tensor-parallel" if self.tensor_parallel else ""
+        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt}{tp})"
 
 
 def checkpoint_preset(checkpoint: str | None) -> tuple[str, int] | None:

@@ -53,7 +53,7 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
     def per_rank(value):
         return np.full(W, value)
 
-    return pd.DataFrame({
+    return per_global_rank(pd.DataFrame({
         "rank": np.arange(W),
         "replica": np.repeat(np.arange(R), S),
         "shard": np.tile(np.arange(S), R),
@@ -76,7 +76,18 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "cpu_grads": tile(res.cpu_grads),
         "cpu_optimizer": tile(cpu_opt),
         "cpu_peak": tile(res.cpu_params + res.cpu_grads + cpu_opt + opt.cpu_step_temporaries),
-    })
+    }), costs.mesh.tensor)
+
+
+def per_global_rank(table: pd.DataFrame, tensor: int) -> pd.DataFrame:
+    """The data-parallel ranks' rows, each once per tensor rank (innermost: global rank r is data-parallel
+    rank r // T); every tensor rank holds the same bytes, the TP-local shapes dividing evenly (shardviz.tp)."""
+    if tensor == 1:
+        return table
+    out = table.iloc[np.repeat(np.arange(len(table)), tensor)].reset_index(drop=True)
+    out.insert(3, "tensor", np.tile(np.arange(tensor), len(table)))
+    out["rank"] = np.arange(len(out))
+    return out
 
 
 def _collective_rows(costs: CostModel) -> list[tuple]:
@@ -90,7 +101,7 @@ def _collective_rows(costs: CostModel) -> list[tuple]:
     avg = costs.averaging
     if avg is not None:
         # the exported averager runs at the end of every backward, each micro-batch's
-        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world, costs.training.grad_accum, avg.dtype,
+        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world // costs.mesh.tensor, costs.training.grad_accum, avg.dtype,
                      avg.bytes))
     return rows
 

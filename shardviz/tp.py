@@ -1,0 +1,398 @@
+"""The tensor-parallel rules, next to fsdp.py's: what a ``Plan.tensor_parallel`` style does to each parameter.
+
+A plan maps module FQNs (``*`` matching one name segment, e.g. ``model.layers.*.mlp.up_proj``) or
+parameter FQNs to a style: torch's ``parallelize_module`` classes or the names transformers'
+``ALL_PARALLEL_STYLES`` registers (5.24, ``transformers/distributed/tensor_parallel.py``). What each
+style does to the parameters of the module it names, as the sources do it:
+
+- torch ``ColwiseParallel`` (``_partition_linear_fn`` / ``_partition_embedding_fn``): a Linear's
+  weight and bias ``Shard(0)``, an Embedding's weight ``Shard(1)``; other modules: NotImplementedError.
+- torch ``RowwiseParallel``: a Linear's weight ``Shard(1)``, bias ``Replicate()``; an Embedding's
+  weight ``Shard(0)``.
+- torch ``SequenceParallel``: every parameter under the module ``Replicate()``;
+  ``PrepareModuleInput`` / ``PrepareModuleOutput``: none (they only move activations).
+- transformers ``colwise`` (and ``colwise_gather_output``, ``colwise_rep``): each of the module's
+  own parameters ``Shard(ndim - 2)`` (a bias: its only dim); ``rowwise`` (``rowwise_rep``,
+  ``rowwise_split_input``): ``Shard(-1)``, a bias ``Replicate()``; ``embedding_rowwise`` /
+  ``embedding_colwise``: ``Shard(0)`` / ``Shard(1)``; ``packed_colwise``: ``_StridedShard(ndim - 2,
+  split_factor=2)`` (1-D: ``Shard(-1)``); ``packed_rowwise``: ``_StridedShard(-1, 2)`` (1-D:
+  ``Replicate()``); ``sequence_parallel``: ``Replicate()``; the rest (``moe_tp_experts``,
+  ``replicated_with_grad_allreduce``, ``all_reduce``, ...): the parameters stay plain tensors.
+
+FSDP2 then shards the TP-local tensor on dim 0 over the data-parallel ranks (``FSDPParam``: a
+DTensor's ``_local_tensor``), so every rank holds ``chunk(chunk(p, T, tp_dim)[t], S, 0)[s]``: the
+engine runs the FSDP rules on the *TP-local tree* (``local_tree``). Placements: FSDP's
+``_StridedShard(0, sf=T)`` over TP's ``Shard(0)``, else ``Shard(0)``, then the TP placement.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import re
+from dataclasses import dataclass, replace
+
+from .tree import ModelTree
+
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+LAYOUT_RE = re.compile(r"^(Replicate\(\)|Shard\((-?\d+)\))$")
+TORCH_STYLES = ("ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput", "PrepareModuleOutput")
+# transformers 5.24 ALL_PARALLEL_STYLES -> (how it shards a parameter, the attribute its forward needs)
+HF_STYLES = {
+    "colwise": ("colwise", "out_features"), "colwise_gather_output": ("colwise", "out_features"),
+    "colwise_rep": ("colwise", "out_features"), "rowwise": ("rowwise", "in_features"),
+    "rowwise_split_input": ("rowwise", "in_features"), "rowwise_rep": ("rowwise", "in_features"),
+    "embedding_rowwise": ("shard0", None), "embedding_colwise": ("shard1", None),
+    "packed_colwise": ("packed_colwise", None), "packed_rowwise": ("packed_rowwise", None),
+    "sequence_parallel": ("replicate", None), "replicated_with_grad_allreduce": (None, None),
+    "mla_kv_a_proj": (None, None), "all_reduce": (None, None), "moe_tp_experts": (None, None),
+    "moe_identity_expert": (None, None), "local_params": (None, None), "replicate": (None, None),
+}
+STYLE_FIELDS = ("style", "input_layouts", "output_layouts", "use_local_output", "desired_input_layouts",
+                "desired_output_layouts", "sequence_dim")
+
+
+def _layout(value, where: str) -> str | None:
+    if value is None:
+        return None
+    if hasattr(value, "__class__") and type(value).__name__ in ("Replicate", "Shard"):
+        value = "Replicate()" if type(value).__name__ == "Replicate" else f"Shard({value.dim})"
+    if not isinstance(value, str) or not LAYOUT_RE.match(value.replace(" ", "").replace("dim=", "")):
+        raise ValueError(f"{where}: layout {value!r} is not 'Replicate()' or 'Shard(d)'")
+    return value.replace(" ", "").replace("dim=", "")
+
+
+@dataclass(frozen=True)
+class TPStyle:
+    """One style: a torch class name (with its options, layouts as "Shard(1)" / "Replicate()") or
+    a transformers style name (no options)."""
+
+    style: str
+    input_layouts: str | None = None
+    output_layouts: str | None = None
+    use_local_output: bool | None = None
+    desired_input_layouts: str | None = None
+    desired_output_layouts: str | None = None
+    sequence_dim: int | None = None
+
+    @property
+    def is_torch(self) -> bool:
+        return self.style in TORCH_STYLES
+
+    def to_obj(self):
+        options = {k: getattr(self, k) for k in STYLE_FIELDS[1:] if getattr(self, k) is not None}
+        return {"style": self.style, **options} if options else self.style
+
+    @classmethod
+    def from_obj(cls, obj, where: str) -> "TPStyle":
+        if isinstance(obj, TPStyle):
+            return obj
+        if not isinstance(obj, (str, dict)):
+            obj = _torch_style_obj(obj, where)
+        if isinstance(obj, str):
+            obj = {"style": obj}
+        unknown = set(obj) - set(STYLE_FIELDS)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; a style takes {list(STYLE_FIELDS)}")
+        style = obj.get("style")
+        if style not in TORCH_STYLES and style not in HF_STYLES:
+            raise ValueError(f"{where}: unknown tensor-parallel style {style!r}; torch's are {list(TORCH_STYLES)}, "
+                             f"transformers' {list(HF_STYLES)}.{_closest(str(style), TORCH_STYLES + tuple(HF_STYLES))}")
+        if style in HF_STYLES and len(obj) > 1:
+            raise ValueError(f"{where}: transformers style {style!r} takes no options (it is one registered object)")
+        layouts = {k: _layout(obj.get(k), f"{where}.{k}") for k in STYLE_FIELDS if k.endswith("layouts")}
+        local = obj.get("use_local_output")
+        if local is not None and not isinstance(local, bool):
+            raise ValueError(f"{where}.use_local_output must be a bool, got {local!r}")
+        return cls(style, use_local_output=local, sequence_dim=obj.get("sequence_dim"), **layouts)
+
+
+def _torch_style_obj(obj, where: str) -> dict:
+    """A torch ParallelStyle instance -> its fields (what the plan stores)."""
+    name = type(obj).__name__
+    if name not in TORCH_STYLES:
+        raise ValueError(f"{where}: expected a style name, a mapping or one of torch's {list(TORCH_STYLES)}, got {obj!r}")
+    out = {"style": name}
+    for key in STYLE_FIELDS[1:]:
+        value = getattr(obj, key, None)
+        if isinstance(value, (tuple, list)):
+            if len(value) != 1:
+                raise ValueError(f"{where}.{key}: one layout per style is supported, got {value!r}")
+            value = value[0]
+        if value is not None:
+            out[key] = value if key in ("use_local_output", "sequence_dim") else _layout(value, f"{where}.{key}")
+    return out
+
+
+class TensorParallel(tuple):
+    """A plan's tensor-parallel entries: (name or pattern, TPStyle) pairs, read like a dict."""
+
+    def __new__(cls, entries=()):
+        if isinstance(entries, TensorParallel):
+            return entries
+        pairs = entries.items() if hasattr(entries, "items") else entries
+        merged: dict[str, TPStyle] = {}
+        for name, style in pairs:
+            if not isinstance(name, str):
+                raise ValueError(f"tensor_parallel keys must be module or parameter FQNs (str), got {name!r}")
+            merged[name] = TPStyle.from_obj(style, f"tensor_parallel[{name!r}]")
+        return super().__new__(cls, tuple(merged.items()))
+
+    def items(self):
+        return list(tuple.__iter__(self))
+
+    def keys(self):
+        return [k for k, _ in self.items()]
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return dict(self.items())[key]
+        return tuple.__getitem__(self, key)
+
+    def __contains__(self, key):
+        return key in self.keys()
+
+    def to_obj(self) -> dict:
+        return {k: s.to_obj() for k, s in self.items()}
+
+    def __reduce__(self):
+        return (TensorParallel, (self.to_obj(),))
+
+
+# ---------------------------------------------------------------------------
+# Matching names
+# ---------------------------------------------------------------------------
+def _closest(name: str, candidates) -> str:
+    matches = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
+    return f" Closest: {', '.join(repr(m) for m in matches)}." if matches else ""
+
+
+def _pattern(key: str) -> re.Pattern:
+    return re.compile("^" + r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in key.split(".")) + "$")
+
+
+def resolve(tree: ModelTree, tp: TensorParallel) -> tuple[dict[int, tuple[str, TPStyle]], dict[int, tuple[str, TPStyle]]]:
+    """{module index: (fqn, style)} and {parameter index: (fqn, style)} the entries name, the later
+    entry winning; ValueError for an entry that matches nothing (with the closest names)."""
+    modules: dict[int, tuple[str, TPStyle]] = {}
+    params: dict[int, tuple[str, TPStyle]] = {}
+    for key, style in tp.items():
+        pattern, hits = _pattern(key), 0
+        for fqn, m in tree.module_index.items():
+            if pattern.match(fqn):
+                modules[m], hits = (fqn, style), hits + 1
+        for fqn, p in tree.param_index.items():
+            if pattern.match(fqn):
+                if style.is_torch:
+                    raise ValueError(f"tensor_parallel[{key!r}] names a parameter; torch's parallelize_module "
+                                     f"takes modules (did you mean {fqn.rpartition('.')[0]!r}?)")
+                params[p], hits = (fqn, style), hits + 1
+        if not hits:
+            generic = sorted({re.sub(r"\.\d+(\.|$)", r".*\1", n) for n in tree.module_index})
+            raise ValueError(f"tensor_parallel[{key!r}] matches no module or parameter of {tree.root_type}."
+                             f"{_closest(key, generic)}")
+    return modules, params
+
+
+# ---------------------------------------------------------------------------
+# What a style does to one parameter
+# ---------------------------------------------------------------------------
+def _torch_placement(style: TPStyle, type_name: str, local: str, fqn: str) -> tuple:
+    if style.style in ("PrepareModuleInput", "PrepareModuleOutput"):
+        return ()
+    if style.style == "SequenceParallel":
+        return ("Replicate",)
+    kind = "Linear" if type_name == "Linear" else "Embedding" if type_name == "Embedding" else None
+    if kind is None:
+        raise ValueError(f"tensor_parallel: {style.style} on {fqn!r} ({type_name}): torch's parallelize_module "
+                         f"raises NotImplementedError, it only shards nn.Linear and nn.Embedding; use "
+                         "SequenceParallel for a norm, or name the Linear/Embedding modules inside it")
+    colwise = style.style == "ColwiseParallel"
+    if kind == "Embedding":
+        return ("Shard", 1 if colwise else 0)
+    if colwise:
+        return ("Shard", 0)
+    return ("Shard", 1) if local == "weight" else ("Replicate",)
+
+
+def _hf_placement(style: TPStyle, local: str, ndim: int) -> tuple:
+    how = HF_STYLES[style.style][0]
+    if how is None:
+        return ()
+    if how == "replicate" or (how == "packed_rowwise" and ndim == 1) or (how == "rowwise" and local == "bias"):
+        return ("Replicate",)
+    dim = {"colwise": max(ndim - 2, 0), "rowwise": ndim - 1, "shard0": 0, "shard1": 1,
+           "packed_colwise": max(ndim - 2, 0), "packed_rowwise": ndim - 1}[how]
+    strided = how.startswith("packed") and ndim > 1
+    return ("_StridedShard", dim, 2) if strided else ("Shard", dim)
+
+
+def param_placements(tree: ModelTree, tp: TensorParallel) -> dict[int, tuple]:
+    """{parameter index: TP placement}: ("Shard", d), ("_StridedShard", d, split), ("Replicate",);
+    a parameter absent stays a plain tensor. Raises ValueError for a style torch refuses."""
+    modules, params = resolve(tree, tp)
+    out: dict[int, tuple] = {}
+    for m, (fqn, style) in sorted(modules.items()):
+        info = tree.modules[m]
+        if style.is_torch:
+            scope = tree.subtree_params(m) if style.style == "SequenceParallel" else info.params
+            for p in scope:
+                local = tree.params[p].fqn.rpartition(".")[2]
+                placement = _torch_placement(style, info.type_name, local, fqn)
+                if placement:
+                    out[p] = placement
+            continue
+        need = HF_STYLES[style.style][1]
+        if need and not _has_attr(tree, fqn, need):
+            raise ValueError(f"tensor_parallel[{fqn!r}]: transformers' {style.style!r} needs a module with "
+                             f"`{need}` ({info.type_name} has none): it shards linear layers")
+        for p in info.params:  # transformers: a module's style shards its own parameters
+            placement = _hf_placement(style, tree.params[p].fqn.rpartition(".")[2], len(tree.params[p].shape))
+            if placement:
+                out[p] = placement
+    for p, (fqn, style) in params.items():  # a parameter's own entry wins over its module's
+        placement = _hf_placement(style, fqn.rpartition(".")[2], len(tree.params[p].shape))
+        out.pop(p, None)
+        if placement:
+            out[p] = placement
+    return out
+
+
+def _has_attr(tree: ModelTree, fqn: str, attr: str) -> bool:
+    model = tree.model
+    if model is None:
+        return tree.module(fqn).type_name == "Linear"
+    return hasattr(model.get_submodule(fqn), attr)
+
+
+# ---------------------------------------------------------------------------
+# Divisibility and the TP-local tree
+# ---------------------------------------------------------------------------
+def nearest_tensor_degree(sizes, tensor: int) -> int:
+    """The degree closest to ``tensor`` (the smaller on a tie) that divides every size."""
+    g = 0
+    for s in sizes:
+        g = math.gcd(g, int(s))
+    divisors = [d for d in range(1, g + 1) if g % d == 0] or [1]
+    return min(divisors, key=lambda d: (abs(d - tensor), d))
+
+
+def _head_counts(tree: ModelTree) -> dict[str, int]:
+    config = getattr(tree.model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    out = {}
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            out[key] = value
+    return out
+
+
+def check_divisible(tree: ModelTree, placements: dict[int, tuple], tensor: int) -> None:
+    """Every sharded dim, and the model's attention heads when q/k/v are sharded, divide by ``tensor``."""
+    sizes = []
+    for p, placement in sorted(placements.items()):
+        if placement[0] == "Replicate":
+            continue
+        info = tree.params[p]
+        dim = placement[1] % len(info.shape)
+        unit = tensor * (placement[2] if placement[0] == "_StridedShard" else 1)
+        sizes.append(info.shape[dim] // (unit // tensor))
+        if info.shape[dim] % unit:
+            good = nearest_tensor_degree(sizes, tensor)
+            raise ValueError(f"tensor_parallel: parameter {info.fqn!r} {info.shape}: dim {dim} ({info.shape[dim]}) "
+                             f"does not divide into {unit} equal parts for tensor={tensor}; nearest tensor degree "
+                             f"that works: {good}")
+    if any(p[0] != "Replicate" for p in placements.values()):
+        for key, heads in _head_counts(tree).items():
+            if heads % tensor:
+                raise ValueError(f"tensor_parallel: {tree.root_type} has {key}={heads}, which does not divide by "
+                                 f"tensor={tensor}: each rank must hold whole heads; nearest tensor degree that works: "
+                                 f"{nearest_tensor_degree(sizes + [heads], tensor)}")
+
+
+def local_shape(shape: tuple[int, ...], placement: tuple | None, tensor: int) -> tuple[int, ...]:
+    """The TP-local shape (``DTensor.to_local().shape``) of a parameter: its sharded dim over T."""
+    if not placement or placement[0] == "Replicate":
+        return shape
+    dim = placement[1] % len(shape)
+    return shape[:dim] + (shape[dim] // tensor,) + shape[dim + 1:]
+
+
+def fsdp_placements(placement: tuple | None, tensor: int, hsdp: bool) -> tuple[tuple, ...]:
+    """``p.placements`` after TP then ``fully_shard`` on the dp mesh, as specs like ``placement``:
+    FSDP's ``_StridedShard(0, sf=T)`` over TP's ``Shard(0)``, else ``Shard(0)``; then TP's own."""
+    dp = ("_StridedShard", 0, tensor) if placement and placement[:2] == ("Shard", 0) else ("Shard", 0)
+    return ((("Replicate",),) if hsdp else ()) + (dp,) + ((placement,) if placement else ())
+
+
+def local_tree(tree: ModelTree, tp: TensorParallel, tensor: int) -> tuple[ModelTree, dict[int, tuple]]:
+    """A copy of ``tree`` whose parameters have their TP-local shapes, and the placements."""
+    placements = param_placements(tree, tp)
+    check_divisible(tree, placements, tensor)
+    out = copy.copy(tree)
+    out.params = [replace(p, shape=local_shape(p.shape, placements.get(p.index), tensor)) for p in tree.params]
+    out.full_tree = tree
+    return out, placements
+
+
+# ---------------------------------------------------------------------------
+# Presets
+# ---------------------------------------------------------------------------
+def model_plan(tree: ModelTree) -> dict[str, str]:
+    """The model's own plan, what ``from_pretrained(tp_plan="auto")`` applies (transformers 5.24
+    ``init_parallel_plans``: the CausalLM's ``_tp_plan``, ``config.base_model_tp_plan`` under the
+    base model's prefix, ``embed_tokens`` vocab-sharded)."""
+    model = tree.model
+    plan = dict(getattr(model, "tp_plan", None) or {}) if model is not None else {}
+    if not plan:
+        raise ValueError(f"{tree.root_type} has no tensor-parallel plan of its own (no config.base_model_tp_plan): "
+                         "give Plan.tensor_parallel explicitly, or tensor_parallel='torchtitan' for a Llama-family model")
+    return plan
+
+
+# torchtitan's Llama-family apply_tp (torchtitan/models/llama3/infra/parallelize.py), in the module
+# names of transformers' Llama: tok_embeddings -> embed_tokens, attention.wq -> self_attn.q_proj, ...
+_TITAN_TOP = {
+    "model.embed_tokens": {"style": "RowwiseParallel", "input_layouts": "Replicate()", "output_layouts": "Shard(1)"},
+    "model.norm": {"style": "SequenceParallel"},
+    "lm_head": {"style": "ColwiseParallel", "input_layouts": "Shard(1)", "output_layouts": "Shard(-1)",
+                "use_local_output": False},  # loss parallel
+}
+_TITAN_BLOCK = {
+    "input_layernorm": {"style": "SequenceParallel"},
+    "self_attn": {"style": "PrepareModuleInput", "input_layouts": "Shard(1)", "desired_input_layouts": "Replicate()"},
+    "self_attn.q_proj": "ColwiseParallel", "self_attn.k_proj": "ColwiseParallel", "self_attn.v_proj": "ColwiseParallel",
+    "self_attn.o_proj": {"style": "RowwiseParallel", "output_layouts": "Shard(1)"},
+    "post_attention_layernorm": {"style": "SequenceParallel"},
+    "mlp": {"style": "PrepareModuleInput", "input_layouts": "Shard(1)", "desired_input_layouts": "Replicate()"},
+    "mlp.gate_proj": "ColwiseParallel", "mlp.down_proj": {"style": "RowwiseParallel", "output_layouts": "Shard(1)"},
+    "mlp.up_proj": "ColwiseParallel",
+}
+
+
+def torchtitan_plan(tree: ModelTree) -> dict:
+    """torchtitan's plan (sequence-parallel norms, sharded embedding and output, loss parallel) on a
+    model with the Llama shape; ValueError naming what is missing otherwise."""
+    plan = dict(_TITAN_TOP)
+    plan.update({f"model.layers.*.{k}": v for k, v in _TITAN_BLOCK.items()})
+    for key in plan:
+        if not any(_pattern(key).match(fqn) for fqn in tree.module_index):
+            raise ValueError(f"tensor_parallel='torchtitan' is torchtitan's Llama-family plan; {tree.root_type} has no "
+                             f"module {key!r} (that shape: model.embed_tokens, model.layers.*.self_attn.q_proj, "
+                             "... mlp.gate_proj, model.norm, lm_head)")
+    return plan
+
+
+def preset(tree: ModelTree, tensor_parallel) -> dict:
+    """``Plan.auto``'s ``tensor_parallel``: True (the model's own plan), "torchtitan", or a mapping."""
+    if tensor_parallel is True:
+        return model_plan(tree)
+    if tensor_parallel == "torchtitan":
+        return torchtitan_plan(tree)
+    if hasattr(tensor_parallel, "items"):
+        return dict(tensor_parallel.items())
+    raise ValueError(f"tensor_parallel={tensor_parallel!r}: expected None, True (the model's own plan), "
+                     "'torchtitan' or a mapping module FQN -> style")

@@ -1,0 +1,177 @@
+"""Tensor parallelism inside FSDP2 (shardviz.tp): the mesh, the plan, and placement checked against
+torch's own parallelize_module (and transformers' apply_tensor_parallelism) + fully_shard on a meta copy."""
+
+import pytest
+import torch
+
+import shardviz as sv
+from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.tree import as_tree
+
+
+def llama():
+    """Dense, multi-head attention (4 query and 4 key/value heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, vocab_size=128))
+
+
+def qwen2():
+    """Grouped-query attention: 8 query heads over 4 key/value heads, biased q/k/v."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=8, num_key_value_heads=4, vocab_size=128))
+
+
+def mixtral():
+    """MoE: 4 experts per layer, their packed gate_up_proj and down_proj tensor-parallel."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    return MixtralForCausalLM(MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                                            num_local_experts=4, num_experts_per_tok=2))
+
+
+# -- the mesh ---------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1, 2, 4), (2, 2, 2), (2, 1, 4)])
+def test_rank_numbering_is_init_device_mesh(shape):
+    replicate, shard, tensor = shape
+    mesh = sv.Mesh(shard=shard, replicate=replicate, tensor=tensor)
+    assert mesh.world == replicate * shard * tensor and mesh.shape == shape
+    for rank in range(mesh.world):
+        with fake_process_group(rank, mesh.world):
+            dmesh = device_mesh(mesh)
+            assert dmesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp")
+            assert tuple(dmesh.get_coordinate()) == (*mesh.coords(rank), rank % tensor)
+
+
+def test_tensor_one_is_the_mesh_as_before():
+    for mesh in (sv.Mesh(8), sv.Mesh(shard=4, replicate=2)):
+        assert mesh.tensor == 1 and str(mesh) in ("FSDP 8 ranks", "HSDP 2x4")
+        assert mesh.shape == ((8,) if not mesh.is_hsdp else (2, 4))
+        assert [mesh.coords(r) for r in range(mesh.world)] == [divmod(r, mesh.shard) for r in range(mesh.world)]
+    with pytest.raises(ValueError, match="Mesh.tensor"):
+        sv.Mesh(shard=2, tensor=0)
+
+
+# -- the plan -----------------------------------------------------------------------
+def test_plan_json_round_trip_with_torch_objects():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    m = llama()
+    plan = sv.Plan.auto(m).with_tensor_parallel({
+        "model.layers.*.self_attn.q_proj": ColwiseParallel(),
+        "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=False),
+        "model.layers.*.mlp.up_proj": "colwise",
+    })
+    back = sv.Plan.from_json(plan.to_json())
+    assert back == plan and back.tensor_parallel.to_obj() == plan.tensor_parallel.to_obj()
+    assert back.tensor_parallel["lm_head"].use_local_output is False
+    assert back.tensor_parallel["model.layers.*.self_attn.o_proj"].output_layouts == "Shard(1)"
+    # an edit keeps the tensor-parallel entries
+    assert plan.with_ignored(["lm_head.weight"]).tensor_parallel == plan.tensor_parallel
+    assert "tensor_parallel" not in sv.Plan.auto(m).to_dict()  # a plan without TP writes what it wrote
+
+
+def test_auto_uses_the_models_own_plan():
+    m = llama()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    assert plan.tensor_parallel.to_obj() == m.tp_plan  # what from_pretrained(tp_plan="auto") applies
+
+
+# -- placement and local shapes against torch --------------------------------------
+CASES = [(llama, True), (llama, "torchtitan"), (qwen2, True), (mixtral, True)]
+
+
+@pytest.mark.parametrize("build,preset", CASES, ids=["llama", "llama-torchtitan", "qwen2-gqa", "mixtral-moe"])
+@pytest.mark.parametrize("tensor", [2, 4])
+def test_every_rank_matches_torch(build, preset, tensor):
+    m = build()
+    plan = sv.Plan.auto(m, tensor_parallel=preset)
+    mesh = sv.Mesh(shard=2, tensor=tensor)
+    assert sv.verify(m, plan, mesh, ranks=range(mesh.world)).empty
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [llama, qwen2, mixtral])
+def test_hsdp_with_tensor_parallel_matches_torch(build):
+    m = build()
+    mesh = sv.Mesh(shard=2, replicate=2, tensor=2)
+    assert sv.verify(m, sv.Plan.auto(m, tensor_parallel=True), mesh, ranks=range(mesh.world)).empty
+
+
+@pytest.mark.parametrize("build", [llama, qwen2, mixtral])
+def test_sharded_parameter_bytes_per_rank_equal_torchs(build):
+    """The padded FSDP shard of every TP-local parameter, summed per rank, as torch allocates it."""
+    m = build()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    mesh = sv.Mesh(shard=2, tensor=2)
+    a = sv.analyze(m, plan, mesh)
+    for rank in range(mesh.world):
+        copy_ = meta_copy(m)
+        with fake_process_group(rank, mesh.world):
+            apply_plan(copy_, plan, device_mesh(mesh))
+            groups = {id(s._fsdp_param_group): s._fsdp_param_group for s in _fsdp_states(copy_)}
+            torch_bytes = sum(fp._sharded_param_data.numel() * fp._sharded_param_data.itemsize
+                              for g in groups.values() if g is not None for fp in g.fsdp_params)
+        assert int(a.memory.iloc[rank].params_sharded) == torch_bytes
+
+
+def _fsdp_states(model):
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    return [fully_shard.state(mod) for mod in model.modules() if isinstance(mod, FSDPModule)]
+
+
+# -- refusals ---------------------------------------------------------------------
+def _unchanged(m, before):
+    assert {n: (tuple(p.shape), p.device) for n, p in m.named_parameters()} == before
+
+
+def test_refusals_name_the_module_and_leave_the_model_alone():
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    m = llama()
+    before = {n: (tuple(p.shape), p.device) for n, p in m.named_parameters()}
+    mesh = sv.Mesh(shard=2, tensor=2)
+    bad = sv.Plan.auto(m).with_tensor_parallel({"model.layers.*.attn.q_proj": "colwise"})
+    with pytest.raises(ValueError, match=r"matches no module.*self_attn.q_proj"):
+        sv.analyze(m, bad, mesh)
+    # 4 heads over 8 ranks: torch shards the weights, the attention view then fails
+    with pytest.raises(ValueError, match=r"num_attention_heads=4.*tensor=8.*nearest tensor degree that works: 4"):
+        sv.analyze(m, sv.Plan.auto(m, tensor_parallel=True), sv.Mesh(shard=1, tensor=8))
+    norm = sv.Plan.auto(m).with_tensor_parallel({"model.norm": ColwiseParallel()})
+    with pytest.raises(ValueError, match=r"ColwiseParallel on 'model.norm' \(LlamaRMSNorm\).*NotImplementedError"):
+        sv.analyze(m, norm, mesh)
+    copy_ = meta_copy(m)  # torch refuses it too
+    with fake_process_group(0, 2), pytest.raises(NotImplementedError):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        parallelize_module(copy_, init_device_mesh("cpu", (2,)), {"model.norm": ColwiseParallel()})
+    with pytest.raises(ValueError, match="unknown tensor-parallel style 'colwize'.*'colwise'"):
+        sv.Plan(tensor_parallel={"lm_head": "colwize"})
+    _unchanged(m, before)
+
+
+def test_dims_not_divisible_name_the_parameter_and_a_degree():
+    m = llama()  # vocab 128: embed_tokens over 3 ranks
+    plan = sv.Plan.auto(m).with_tensor_parallel({"model.embed_tokens": "embedding_rowwise"})
+    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' \(128, 64\): dim 0 \(128\).*tensor=3.*works: 2"):
+        sv.analyze(m, plan, sv.Mesh(shard=2, tensor=3))
+
+
+def test_local_tree_shapes():
+    m = mixtral()
+    tree = as_tree(m)
+    local, placements = sv.tp.local_tree(tree, sv.Plan.auto(m, tensor_parallel=True).tensor_parallel, 2)
+    gate_up = tree.param_index["model.layers.0.mlp.experts.gate_up_proj"]
+    assert placements[gate_up] == ("_StridedShard", 1, 2)
+    assert local.params[gate_up].shape == (4, 96, 64) and tree.params[gate_up].shape == (4, 192, 64)
