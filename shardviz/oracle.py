@@ -45,6 +45,17 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding decisions by spec, and a spec's mesh compares equal across process
+    groups: a later fake group would reuse the last one's (torch then cannot resolve its name)."""
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()  # the Python cache and the C++ fast path's
+    _gen_transform_infos.cache_clear()
 
 
 def device_mesh(mesh: Mesh):
