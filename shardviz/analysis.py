@@ -179,15 +179,21 @@ class Analysis:
         lay, t = self.layout, self.training
         if for_order_only:
             return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.full_tree)
-        if self.tp_placements:
-            raise ValueError("activations of a tensor-parallel step are not measured in this build (the TP-local "
-                             "model is not run yet): analyze without Training.batch_size, or with tensor=1")
+        tree = self.tree
+        if self.tp_placements:  # one tensor rank's step: its local parameters, the gathers its styles do
+            model, tree = self._tp_local_model, None
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
         return measure_activations(model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole,
-                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=self.tree,
+                                   checkpoint=self.plan.checkpoint, example_inputs=t.example_inputs, tree=tree,
                                    use_cache=self._use_cache)
+
+    @cached_property
+    def _tp_local_model(self):
+        from .tp import local_model
+
+        return local_model(self.model, self.full_tree, self.tp_placements, self.plan.tensor_parallel, self.mesh.tensor)
 
     @cached_property
     def activations(self) -> pd.DataFrame:

@@ -396,3 +396,46 @@ def preset(tree: ModelTree, tensor_parallel) -> dict:
         return dict(tensor_parallel.items())
     raise ValueError(f"tensor_parallel={tensor_parallel!r}: expected None, True (the model's own plan), "
                      "'torchtitan' or a mapping module FQN -> style")
+
+
+# ---------------------------------------------------------------------------
+# The TP-local model activations are measured on
+# ---------------------------------------------------------------------------
+_GATHERING = {"colwise_gather_output", "colwise_rep", "embedding_colwise"}
+
+
+def gathers_output(style: TPStyle, type_name: str) -> bool:
+    """Whether the style all-gathers the module's sharded last dim into its output."""
+    if not style.is_torch:
+        return style.style in _GATHERING
+    if style.style != "ColwiseParallel":
+        return False
+    out = style.output_layouts or ("Replicate()" if type_name == "Embedding" else "Shard(-1)")
+    return out == "Replicate()"
+
+
+def local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: TensorParallel, tensor: int):
+    """A meta copy of ``model`` holding one tensor rank's parameters (what its forward computes on):
+    TP-local shapes, Linear/Embedding sizes to match, and the output all-gathers put back where a
+    style gathers. The user's model is untouched."""
+    import torch
+    from torch import nn
+
+    memo: dict[int, object] = {}
+    for fqn, p in model.named_parameters(remove_duplicate=False):
+        if id(p) not in memo:
+            shape = local_shape(tuple(p.shape), placements.get(tree.param_index[fqn]), tensor)
+            memo[id(p)] = nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    out = copy.deepcopy(model, memo)
+    for module in out.modules():
+        if isinstance(module, nn.Linear):
+            module.out_features, module.in_features = module.weight.shape
+        elif isinstance(module, nn.Embedding):
+            module.num_embeddings, module.embedding_dim = module.weight.shape
+    modules, _ = resolve(tree, tp)
+    for m, (fqn, style) in modules.items():
+        if gathers_output(style, tree.modules[m].type_name):
+            out.get_submodule(fqn).register_forward_hook(lambda mod, args, y: torch.cat([y] * tensor, dim=-1))
+    return out

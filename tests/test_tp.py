@@ -192,3 +192,24 @@ def test_memory_per_rank_against_fsdp_mem_tracker(build, tensor):
         truth = fake_run(build, plan, mesh, training, rank,
                          apply=lambda model, dmesh: apply_plan(model, plan, dmesh, training=training))
         assert memory_mismatches(a, truth, exact_peak=False) == []
+
+
+@pytest.mark.parametrize("build", [llama, qwen2, mixtral], ids=["llama", "qwen2-gqa", "mixtral-moe"])
+@pytest.mark.parametrize("tensor", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_peak_with_activations_measured_on_the_tp_local_model(build, tensor):
+    """The peak with activations, measured on one tensor rank's model (tp.local_model), against
+    torch's TP + fully_shard step: within 0.1 % (measured: Llama and Qwen2 at T=2 -256 B, the rest exact);
+    and the activations are smaller than without TP."""
+    from torch_truth import fake_run
+
+    m = build()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    mesh, training = sv.Mesh(shard=2, tensor=tensor), sv.Training(batch_size=2, seq_len=64)
+    a = sv.analyze(m, plan, mesh, training)
+    truth = fake_run(build, plan, mesh, training, 0,
+                     apply=lambda model, dmesh: apply_plan(model, plan, dmesh, training=training))
+    row = a.memory.iloc[0]
+    predicted, torch_peak = int(row.peak + row.cpu_optimizer), truth.peak_snap["Total"]
+    assert abs(predicted / torch_peak - 1) < 1e-3, (predicted, torch_peak)
+    assert row.activations < sv.analyze(m, plan, sv.Mesh(shard=2), training).memory.iloc[0].activations
+    assert {n: p.device.type for n, p in m.named_parameters()} == {n: "cpu" for n, _ in m.named_parameters()}
