@@ -126,7 +126,29 @@ class Analysis:
     def comm(self) -> pd.DataFrame:
         from .cost import comm_table
 
-        return comm_table(self.costs)
+        return comm_table(self.costs, self._tensor_rows())
+
+    def _tensor_rows(self) -> list[tuple]:
+        """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,
+        count, dtype, bytes), one per module and kind; a checkpointed module's forward ones again in
+        backward (its recompute). None without a tensor dim or a micro-batch (their size is its)."""
+        t = self.training
+        if not self.tp_placements or not t.with_activations:
+            return []
+        from .tp import tensor_collectives
+
+        dtype = t.param_dtype or _dtype_name(next(p.dtype for p in self.full_tree.params if p.dtype.is_floating_point))
+        itemsize = {"float32": 4, "float64": 8}.get(dtype, 2)
+        tokens, lay, rows = t.batch_size * t.seq_len, self.layout, []
+        checkpointed = [self.tree.module_index[c] for c in self.plan.checkpoint]
+        for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
+            m = self.tree.module_index[fqn]
+            unit = self.unit_label(lay.module_unit[m])
+            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, tokens * width * itemsize)
+            rows.append(row)
+            if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
+                rows.append(row[:2] + ("backward",) + row[3:])
+        return rows
 
     def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
         """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:

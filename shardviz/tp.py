@@ -439,3 +439,82 @@ def local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: Tensor
         if gathers_output(style, tree.modules[m].type_name):
             out.get_submodule(fqn).register_forward_hook(lambda mod, args, y: torch.cat([y] * tensor, dim=-1))
     return out
+
+
+# ---------------------------------------------------------------------------
+# The tensor-parallel collectives of one micro-batch
+# ---------------------------------------------------------------------------
+def _widths(tree: ModelTree, fqn: str) -> tuple[int, int]:
+    """(input width, output width) of a Linear or Embedding (its full, not TP-local, sizes)."""
+    module = tree.model.get_submodule(fqn) if tree.model is not None else None
+    if hasattr(module, "in_features"):
+        return module.in_features, module.out_features
+    if hasattr(module, "embedding_dim"):
+        return module.embedding_dim, module.embedding_dim
+    return 0, 0
+
+
+def _torch_style_collectives(style: TPStyle, type_name: str, width_in: int, width_out: int) -> list[tuple]:
+    """(collective, phase, elements per token) of one torch style, as DTensor redistributes:
+    Partial -> Replicate an all-reduce, Partial -> Shard(1) a reduce-scatter, Shard(1) ->
+    Replicate an all-gather; a backward does the reverse of each forward move."""
+    out = []
+    seq_in = style.input_layouts is not None and style.input_layouts.startswith("Shard(1")
+    if style.style == "ColwiseParallel" and type_name != "Embedding":
+        if seq_in:
+            out += [("all_gather", "forward", width_in), ("reduce_scatter", "backward", width_in)]
+        else:
+            out.append(("all_reduce", "backward", width_in))
+        if gathers_output(style, type_name):
+            out.append(("all_gather", "forward", width_out))
+    elif style.style == "ColwiseParallel":  # Embedding: hidden-sharded lookups gathered
+        if gathers_output(style, type_name):
+            out.append(("all_gather", "forward", width_out))
+    elif style.style == "RowwiseParallel":
+        if (style.output_layouts or "Replicate()").startswith("Shard(1"):
+            out += [("reduce_scatter", "forward", width_out), ("all_gather", "backward", width_out)]
+        else:
+            out.append(("all_reduce", "forward", width_out))
+    elif style.style == "PrepareModuleInput" and seq_in and (style.desired_input_layouts or "").startswith("Replicate"):
+        out += [("all_gather", "forward", width_in), ("reduce_scatter", "backward", width_in)]
+    return out
+
+
+_HF_COLLECTIVES = {  # transformers 5.24's styles in training (grad enabled): see the module docstring
+    "colwise": [("all_reduce", "backward", "in")],
+    "packed_colwise": [("all_reduce", "backward", "in")],
+    "colwise_gather_output": [("all_gather", "forward", "out"), ("all_reduce", "backward", "in")],
+    "colwise_rep": [("all_gather", "forward", "out"), ("all_reduce", "backward", "in")],
+    "rowwise": [("all_reduce", "forward", "out")], "rowwise_rep": [("all_reduce", "forward", "out")],
+    "rowwise_split_input": [("all_reduce", "forward", "out")],
+    "embedding_rowwise": [("all_reduce", "forward", "out")], "embedding_colwise": [("all_gather", "forward", "out")],
+    "all_reduce": [("all_reduce", "forward", "out")],
+    # moe_tp_experts: the experts' summed output forward; hidden states and routing weights backward
+    "moe_tp_experts": [("all_reduce", "forward", "hidden"), ("all_reduce", "backward", "hidden"),
+                       ("all_reduce", "backward", "top_k")],
+}
+
+
+def _moe_widths(tree: ModelTree) -> dict[str, int]:
+    config = getattr(tree.model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return {"hidden": getattr(config, "hidden_size", 0), "top_k": getattr(config, "num_experts_per_tok", 0)}
+
+
+def tensor_collectives(tree: ModelTree, tp: TensorParallel) -> list[tuple]:
+    """(module fqn, collective, phase, elements per token) of every TP collective one micro-batch's
+    forward and backward issue, in module order. Bytes = elements x tokens x the activation dtype
+    (an all-gather: its output; a reduce-scatter: its input; an all-reduce: the tensor)."""
+    modules, _ = resolve(tree, tp)
+    out = []
+    for m, (fqn, style) in sorted(modules.items()):
+        type_name = tree.modules[m].type_name
+        width_in, width_out = _widths(tree, fqn)
+        if style.is_torch:
+            rows = _torch_style_collectives(style, type_name, width_in, width_out)
+        else:
+            extra = _moe_widths(tree) if style.style == "moe_tp_experts" else {}
+            sizes = {"in": width_in, "out": width_out, **extra}
+            rows = [(c, ph, sizes[w]) for c, ph, w in _HF_COLLECTIVES.get(style.style, [])]
+        out += [(fqn, c, ph, n) for c, ph, n in rows if n]
+    return out

@@ -1,6 +1,8 @@
 """Tensor parallelism inside FSDP2 (shardviz.tp): the mesh, the plan, and placement checked against
 torch's own parallelize_module (and transformers' apply_tensor_parallelism) + fully_shard on a meta copy."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -213,3 +215,61 @@ def test_peak_with_activations_measured_on_the_tp_local_model(build, tensor):
     assert abs(predicted / torch_peak - 1) < 1e-3, (predicted, torch_peak)
     assert row.activations < sv.analyze(m, plan, sv.Mesh(shard=2), training).memory.iloc[0].activations
     assert {n: p.device.type for n, p in m.named_parameters()} == {n: "cpu" for n, _ in m.named_parameters()}
+
+
+def _tensor_collectives_torch_issues(build, plan, mesh, training, rank=0):
+    """(collective, phase, bytes) of every collective torch issues on the "tp" group in one step
+    (after a warm-up step): DTensor's functional collectives and transformers' c10d all-reduces."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torch_truth import batch
+
+    model, phase, log = build(), ["forward"], []
+    names = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+             "allreduce_": "all_reduce"}
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__.split(".")[0]
+            if func.namespace == "_c10d_functional" and name in names and args[-1] == tp_name:
+                size = out.numel() * out.element_size() if name == "all_gather_into_tensor" else args[0].numel() * args[0].element_size()
+                log.append((names[name], phase[0], size))
+            elif func.namespace == "c10d" and name == "allreduce_":
+                group = torch._C._distributed_c10d.ProcessGroup.unbox(args[1])
+                if group.group_name == tp_name:
+                    log.append(("all_reduce", phase[0], sum(t.numel() * t.element_size() for t in args[0])))
+            return out
+
+    with fake_process_group(rank, mesh.world):
+        dmesh = device_mesh(mesh)
+        tp_name = dmesh["tp"].get_group().group_name
+        apply_plan(model, plan, dmesh, training=training)
+        ids = batch(model, training)
+        for record in (False, True):
+            with Recorder() if record else contextlib.nullcontext():
+                phase[0] = "forward"
+                loss = model(input_ids=ids, labels=ids).loss
+                phase[0] = "backward"
+                loss.backward()
+    return log
+
+
+@pytest.mark.parametrize("build", [llama, qwen2, mixtral], ids=["llama", "qwen2-gqa", "mixtral-moe"])
+@pytest.mark.parametrize("tensor", [2, 4])
+def test_tensor_collectives_equal_torchs(build, tensor):
+    """a.comm's "tensor" rows, by kind, phase and bytes, equal what torch and transformers issue
+    on the "tp" group in one step (count and bytes)."""
+    from collections import Counter
+
+    m = build()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    mesh, training = sv.Mesh(shard=2, tensor=tensor), sv.Training(batch_size=2, seq_len=16)
+    comm = sv.analyze(m, plan, mesh, training).comm
+    rows = comm[comm.dim == "tensor"]
+    assert set(comm.dim) == {"shard", "tensor"} and (rows.group_size == tensor).all()
+    predicted = Counter()
+    for r in rows.itertuples():
+        predicted[(r.collective, r.phase, int(r.bytes))] += int(r.count)
+    issued = Counter(_tensor_collectives_torch_issues(build, plan, mesh, training))
+    assert predicted == issued

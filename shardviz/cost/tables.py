@@ -106,10 +106,12 @@ def _collective_rows(costs: CostModel) -> list[tuple]:
     return rows
 
 
-def comm_table(costs: CostModel) -> pd.DataFrame:
-    """One row per collective per call per step: see ``docs/cost-model.md``."""
+def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
+    """One row per collective per call per step: see ``docs/cost-model.md``. ``tensor_rows``: the
+    tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
+    dim the table has a ``dim`` column: "shard" | "replicate" | "tensor"."""
     mesh = costs.mesh
-    rows = _collective_rows(costs)
+    rows = _collective_rows(costs) + list(tensor_rows)
     unit, kinds, phase, group, gsize, count, dtype, size = (list(c) for c in zip(*rows)) if rows else ([],) * 8
     n = np.asarray(gsize, dtype=np.int64)
     b = np.asarray(size, dtype=np.int64)
@@ -122,6 +124,10 @@ def comm_table(costs: CostModel) -> pd.DataFrame:
     df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
                        "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
                        "sent_bytes": sent, "time_s": time_s})
+    if mesh.tensor > 1:
+        dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",
+                "world": "replicate" if mesh.is_hsdp else "shard"}
+        df.insert(4, "dim", [dims[g] for g in group])
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
     total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
     df.attrs["time_per_step_s"] = total  # NaN when a bandwidth it needs is unknown
@@ -131,8 +137,10 @@ def comm_table(costs: CostModel) -> pd.DataFrame:
 def _group_bandwidth(mesh, group: str, size: int) -> float:
     """GB/s of the slowest link a ring over this process group crosses (NaN when unknown)."""
     rpn = mesh.ranks_per_node
-    if group == "shard":
-        intra = mesh.shard <= rpn and rpn % mesh.shard == 0
+    if group == "tensor":  # innermost: the tensor ranks of a group are consecutive
+        intra = mesh.tensor <= rpn and rpn % mesh.tensor == 0
+    elif group == "shard":
+        intra = mesh.shard * mesh.tensor <= rpn and rpn % (mesh.shard * mesh.tensor) == 0
     elif group == "post_forward":
         intra = size <= rpn and rpn % size == 0
     else:  # replicate, world
