@@ -138,9 +138,11 @@ def _unit_times(a, order, flops, comm_s, device, eff, dtype) -> tuple[UnitTime |
         if not is_root:
             seen_grad = seen_grad or any(m in grad_modules for m in (units[name].modules if name in units else ()))
         h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
+        # tensor parallelism's collectives block the compute stream (torch's TP is synchronous):
+        # on the critical path, inside the unit's forward and backward
         unit = UnitTime(
-            name, forward_s=compute_seconds(f.get("forward", 0.0), device, eff, dtype),
-            backward_s=compute_seconds(f.get("backward", 0.0), device, eff, dtype),
+            name, forward_s=compute_seconds(f.get("forward", 0.0), device, eff, dtype) + c.get("tensor_forward_s", 0.0),
+            backward_s=compute_seconds(f.get("backward", 0.0), device, eff, dtype) + c.get("tensor_backward_s", 0.0),
             recompute_s=compute_seconds(f.get("recompute", 0.0), device, eff, dtype),
             all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
             all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
@@ -232,6 +234,12 @@ def step_time(a) -> StepTime:
     }
     notes = [f"{device.name}: {peak / 1e12:g} TFLOPS {dtype} peak x matmul efficiency {eff.matmul:g}; collectives "
              f"at the link bandwidth x {eff.collective_bus:g}; optimizer over HBM at {device.hbm_gbps:g} GB/s x {eff.hbm:g}"]
+    if a.mesh.tensor > 1:
+        tp_s = sum(v for c in comm_s.values() for key, v in c.items() if key.startswith("tensor_"))
+        step["tensor_comm_s"] = tp_s * k  # a.step names it only with a tensor dim (tensor=1 unchanged)
+        notes.append(f"tensor parallelism over {a.mesh.tensor} ranks: its collectives ({format_duration(tp_s)} per "
+                     "micro-batch) on the compute stream, inside each unit's forward and backward (no async TP); "
+                     "FSDP's over the data-parallel ranks on their own streams")
     if offload:
         notes.append("CPU offload: the optimizer step runs on the host and is not timed")
     if k > 1 and not sync_every:

@@ -273,3 +273,19 @@ def test_tensor_collectives_equal_torchs(build, tensor):
         predicted[(r.collective, r.phase, int(r.bytes))] += int(r.count)
     issued = Counter(_tensor_collectives_torch_issues(build, plan, mesh, training))
     assert predicted == issued
+
+
+def test_step_time_puts_tensor_collectives_on_the_critical_path():
+    m = llama()
+    training = sv.Training(batch_size=2, seq_len=64, param_dtype="bfloat16")
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    a = sv.analyze(m, plan, sv.Mesh(shard=2, tensor=2, device="H100"), training)
+    rows = a.comm[a.comm.dim == "tensor"]
+    eff = sv.devices.default_efficiency("H100").collective_bus
+    assert a.step["tensor_comm_s"] == pytest.approx(float((rows.time_s * rows["count"]).sum()) / eff)
+    # on the compute stream: the units' forward and backward hold them, the comm streams do not
+    fwd = rows[rows.phase == "forward"].groupby("unit").apply(lambda r: float((r.time_s * r["count"]).sum()) / eff)
+    table = a.time.set_index("unit")
+    for unit, seconds in fwd.items():
+        assert table.loc[unit, "forward_s"] >= seconds > 0
+    assert "tensor_comm_s" not in sv.analyze(m, plan, sv.Mesh(shard=2, device="H100"), training).step
