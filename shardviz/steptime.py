@@ -220,7 +220,7 @@ def step_time(a) -> StepTime:
     every_s = (k - 1) * every.step_time_s + last.step_time_s
     sync_every = bool(getattr(a.training, "sync_every_microbatch", False))
     step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
-    tokens = a.training.batch_size * a.training.seq_len * k
+    tokens = a.training.batch_size * a.training.seq_len * k / a.mesh.tensor  # a tensor group trains one batch
     peak = device.peak_flops(dtype)
     step = {
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,

@@ -436,7 +436,10 @@ def local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: Tensor
             module.num_embeddings, module.embedding_dim = module.weight.shape
     modules, _ = resolve(tree, tp)
     for m, (fqn, style) in modules.items():
-        if gathers_output(style, tree.modules[m].type_name):
+        # a DTensor output (use_local_output=False, e.g. loss parallel's logits) shows the code after
+        # it the global shape: gathered here too (its memory then counts the full tensor)
+        dtensor_out = style.style == "ColwiseParallel" and style.use_local_output is False
+        if gathers_output(style, tree.modules[m].type_name) or dtensor_out:
             out.get_submodule(fqn).register_forward_hook(lambda mod, args, y: torch.cat([y] * tensor, dim=-1))
     return out
 
