@@ -105,16 +105,16 @@ def _model_from_factory(spec: str):
     return model
 
 
-def make_mesh(world: int | None, replicate: int):
+def make_mesh(world: int | None, replicate: int, tensor: int = 1):
     from .fsdp import Mesh
 
     if world is None:
         raise CliError("--world-size is required")
-    if world < 1 or replicate < 1:
-        raise CliError(f"--world-size {world} and --replicate {replicate} must be positive")
-    if world % replicate:
-        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate}")
-    return Mesh(shard=world // replicate, replicate=replicate)
+    if world < 1 or replicate < 1 or tensor < 1:
+        raise CliError(f"--world-size {world}, --replicate {replicate} and --tensor-parallel {tensor} must be positive")
+    if world % (replicate * tensor):
+        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate} x --tensor-parallel {tensor}")
+    return Mesh(shard=world // (replicate * tensor), replicate=replicate, tensor=tensor)
 
 
 def check_version(version: str | None) -> str | None:
@@ -153,6 +153,10 @@ def build_model(args):
     return model, ModelTree(model)
 
 
+def tensor_degree(args) -> int:
+    return getattr(args, "tensor_parallel", 1)
+
+
 def build_plan(tree, args):
     from .plan import Plan
     from .presets import named_plan
@@ -165,9 +169,17 @@ def build_plan(tree, args):
     if args.plan:
         plan = read_plan(args.plan)
     else:
-        plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint)
+        tensor_parallel = True if tensor_degree(args) > 1 else None  # the model's own TP plan
+        try:
+            plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint, tensor_parallel=tensor_parallel)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     try:
         plan.validate(tree)
+        if tensor_degree(args) > 1 and plan.tensor_parallel:  # names, styles, divisibility: before any command runs
+            from .tp import local_tree
+
+            local_tree(tree, plan.tensor_parallel, tensor_degree(args))
     except ValueError as exc:
         raise CliError(f"plan does not fit the model: {exc}") from None
     return named_plan(tree, plan)  # the name the widget and the export give the same plan
@@ -238,7 +250,7 @@ def cmd_export(args) -> int:
     from .finding import PlanError
 
     version = check_version(args.torch)
-    mesh = make_mesh(args.world_size, args.replicate)
+    mesh = make_mesh(args.world_size, args.replicate, tensor_degree(args))
     training = make_training(args)
     _, tree = build_model(args)
     plan = build_plan(tree, args)
@@ -279,7 +291,7 @@ def cmd_plan_read(args) -> int:
     tree = version = mesh = None
     if args.model is not None:
         version = check_version(args.torch)
-        mesh = make_mesh(args.world_size, args.replicate)
+        mesh = make_mesh(args.world_size, args.replicate, tensor_degree(args))
         _, tree = build_model(args)
         try:
             plan.validate(tree)
@@ -365,7 +377,7 @@ def cmd_report(args) -> int:
     from .views import DEFAULT_TRAINING, training_text
 
     version = check_version(args.torch)
-    mesh = make_mesh(args.world_size, args.replicate)
+    mesh = make_mesh(args.world_size, args.replicate, tensor_degree(args))
     mesh = _with_memory(mesh, args.device_memory or None, args.memory_reserve)
     training = make_training(args, base=DEFAULT_TRAINING)
     _, tree = build_model(args)
@@ -419,6 +431,8 @@ def _add_precision_args(p) -> None:
 def _add_mesh_args(p, required=True) -> None:
     p.add_argument("--world-size", type=int, required=required, help="total ranks (replicate x shard)")
     p.add_argument("--replicate", type=int, default=1, help="HSDP replicas (default 1: plain FSDP)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
+                   help="tensor-parallel ranks inside a node (default 1); a preset then takes the model's own TP plan")
     p.add_argument("--torch", metavar="X.Y", help="target torch release (default: detected when the code runs)")
 
 

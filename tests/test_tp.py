@@ -289,3 +289,20 @@ def test_step_time_puts_tensor_collectives_on_the_critical_path():
     for unit, seconds in fwd.items():
         assert table.loc[unit, "forward_s"] >= seconds > 0
     assert "tensor_comm_s" not in sv.analyze(m, plan, sv.Mesh(shard=2, device="H100"), training).step
+
+
+# -- the command line ----------------------------------------------------------------
+def test_cli_tensor_parallel(tmp_path, capsys):
+    from shardviz.cli import main
+
+    target = tmp_path / "apply.py"
+    assert main(["export", "zoo:tiny_llama_lora", "--no-lora", "--world-size", "8", "--tensor-parallel", "2",
+                 "-q", "-o", str(target)]) == 0
+    code = target.read_text()
+    assert "MESH_SHAPE = (1, 4, 2)" in code and 'apply_tp(model, mesh["tp"])' in code and 'mesh["dp_shard"]' in code
+    # 2 key/value heads over 4 tensor ranks: refused in one line naming the degree that works
+    assert main(["export", "zoo:tiny_llama_lora", "--no-lora", "--world-size", "8", "--tensor-parallel", "4"]) != 0
+    err = capsys.readouterr().err
+    assert "num_key_value_heads=2" in err and "nearest tensor degree that works: 2" in err and "Traceback" not in err
+    assert main(["export", "zoo:tiny_llama_lora", "--world-size", "8", "--tensor-parallel", "3"]) != 0
+    assert "not a multiple of --replicate 1 x --tensor-parallel 3" in capsys.readouterr().err
