@@ -263,14 +263,14 @@ def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None) -
         fsdp_modules = {name for name, m in copy_.named_modules(remove_duplicate=False) if isinstance(m, FSDPModule)}
         rows = []
         for fqn, p in copy_.named_parameters(remove_duplicate=False):
-            if isinstance(p, DTensor):
+            if isinstance(p, DTensor) and p.device_mesh.mesh_dim_names != ("tp",):  # FSDP's (TP's alone: not)
                 status, shape = "sharded", tuple(p.to_local().shape)
                 placements = tuple(str(x) for x in p.placements)
             else:
                 parts = fqn.split(".")[:-1]
                 path = [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
                 status = "ignored" if any(m in fsdp_modules for m in path) else "unmanaged"
-                shape, placements = tuple(p.shape), ()
+                shape, placements = tuple((p.to_local() if isinstance(p, DTensor) else p).shape), ()
             rows.append({"fqn": fqn, "status": status, "unit": group_of.get(id(p)), "local_shape": shape,
                          "placements": placements})
     return pd.DataFrame(rows)

@@ -385,7 +385,7 @@ class Plan:
         plan = auto_plan(tree, lora, checkpoint)
         if tensor_parallel is None or tensor_parallel is False:
             return plan
-        from .tp import preset
+        from .tp_presets import preset
 
         return plan.with_tensor_parallel(preset(tree, tensor_parallel))
 

@@ -33,6 +33,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
+from torch import nn
+
 from .tree import ModelTree
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
@@ -198,16 +200,17 @@ def resolve(tree: ModelTree, tp: TensorParallel) -> tuple[dict[int, tuple[str, T
 # ---------------------------------------------------------------------------
 # What a style does to one parameter
 # ---------------------------------------------------------------------------
-def _torch_placement(style: TPStyle, type_name: str, local: str, fqn: str) -> tuple:
+def _torch_placement(style: TPStyle, type_name: str, local: str, fqn: str, module=None) -> tuple:
     if style.style in ("PrepareModuleInput", "PrepareModuleOutput"):
         return ()
     if style.style == "SequenceParallel":
         return ("Replicate",)
     kind = "Linear" if type_name == "Linear" else "Embedding" if type_name == "Embedding" else None
-    if kind is None:
-        raise ValueError(f"tensor_parallel: {style.style} on {fqn!r} ({type_name}): torch's parallelize_module "
-                         f"raises NotImplementedError, it only shards nn.Linear and nn.Embedding; use "
-                         "SequenceParallel for a norm, or name the Linear/Embedding modules inside it")
+    if kind is None or (module is not None and not isinstance(module, (nn.Linear, nn.Embedding))):
+        raise ValueError(f"tensor_parallel: {style.style} on {fqn!r} ({type(module).__module__.split('.')[0] + '.' if module is not None else ''}"
+                         f"{type_name}): torch's parallelize_module raises NotImplementedError, it only shards nn.Linear "
+                         "and nn.Embedding; use SequenceParallel for a norm, name the Linear/Embedding modules inside "
+                         "it, or for a peft LoRA layer let Plan.auto(model, tensor_parallel=...) derive base_layer/lora_A/lora_B")
     colwise = style.style == "ColwiseParallel"
     if kind == "Embedding":
         return ("Shard", 1 if colwise else 0)
@@ -236,10 +239,12 @@ def param_placements(tree: ModelTree, tp: TensorParallel) -> dict[int, tuple]:
     for m, (fqn, style) in sorted(modules.items()):
         info = tree.modules[m]
         if style.is_torch:
+            if style.style in ("ColwiseParallel", "RowwiseParallel"):  # refused even with no parameter of its own
+                _torch_placement(style, info.type_name, "weight", fqn, _module(tree, fqn))
             scope = tree.subtree_params(m) if style.style == "SequenceParallel" else info.params
             for p in scope:
                 local = tree.params[p].fqn.rpartition(".")[2]
-                placement = _torch_placement(style, info.type_name, local, fqn)
+                placement = _torch_placement(style, info.type_name, local, fqn, _module(tree, fqn))
                 if placement:
                     out[p] = placement
             continue
@@ -257,6 +262,10 @@ def param_placements(tree: ModelTree, tp: TensorParallel) -> dict[int, tuple]:
         if placement:
             out[p] = placement
     return out
+
+
+def _module(tree: ModelTree, fqn: str):
+    return None if tree.model is None else tree.model.get_submodule(fqn)
 
 
 def _has_attr(tree: ModelTree, fqn: str, attr: str) -> bool:
@@ -336,66 +345,6 @@ def local_tree(tree: ModelTree, tp: TensorParallel, tensor: int) -> tuple[ModelT
     out.params = [replace(p, shape=local_shape(p.shape, placements.get(p.index), tensor)) for p in tree.params]
     out.full_tree = tree
     return out, placements
-
-
-# ---------------------------------------------------------------------------
-# Presets
-# ---------------------------------------------------------------------------
-def model_plan(tree: ModelTree) -> dict[str, str]:
-    """The model's own plan, what ``from_pretrained(tp_plan="auto")`` applies (transformers 5.24
-    ``init_parallel_plans``: the CausalLM's ``_tp_plan``, ``config.base_model_tp_plan`` under the
-    base model's prefix, ``embed_tokens`` vocab-sharded)."""
-    model = tree.model
-    plan = dict(getattr(model, "tp_plan", None) or {}) if model is not None else {}
-    if not plan:
-        raise ValueError(f"{tree.root_type} has no tensor-parallel plan of its own (no config.base_model_tp_plan): "
-                         "give Plan.tensor_parallel explicitly, or tensor_parallel='torchtitan' for a Llama-family model")
-    return plan
-
-
-# torchtitan's Llama-family apply_tp (torchtitan/models/llama3/infra/parallelize.py), in the module
-# names of transformers' Llama: tok_embeddings -> embed_tokens, attention.wq -> self_attn.q_proj, ...
-_TITAN_TOP = {
-    "model.embed_tokens": {"style": "RowwiseParallel", "input_layouts": "Replicate()", "output_layouts": "Shard(1)"},
-    "model.norm": {"style": "SequenceParallel"},
-    "lm_head": {"style": "ColwiseParallel", "input_layouts": "Shard(1)", "output_layouts": "Shard(-1)",
-                "use_local_output": False},  # loss parallel
-}
-_TITAN_BLOCK = {
-    "input_layernorm": {"style": "SequenceParallel"},
-    "self_attn": {"style": "PrepareModuleInput", "input_layouts": "Shard(1)", "desired_input_layouts": "Replicate()"},
-    "self_attn.q_proj": "ColwiseParallel", "self_attn.k_proj": "ColwiseParallel", "self_attn.v_proj": "ColwiseParallel",
-    "self_attn.o_proj": {"style": "RowwiseParallel", "output_layouts": "Shard(1)"},
-    "post_attention_layernorm": {"style": "SequenceParallel"},
-    "mlp": {"style": "PrepareModuleInput", "input_layouts": "Shard(1)", "desired_input_layouts": "Replicate()"},
-    "mlp.gate_proj": "ColwiseParallel", "mlp.down_proj": {"style": "RowwiseParallel", "output_layouts": "Shard(1)"},
-    "mlp.up_proj": "ColwiseParallel",
-}
-
-
-def torchtitan_plan(tree: ModelTree) -> dict:
-    """torchtitan's plan (sequence-parallel norms, sharded embedding and output, loss parallel) on a
-    model with the Llama shape; ValueError naming what is missing otherwise."""
-    plan = dict(_TITAN_TOP)
-    plan.update({f"model.layers.*.{k}": v for k, v in _TITAN_BLOCK.items()})
-    for key in plan:
-        if not any(_pattern(key).match(fqn) for fqn in tree.module_index):
-            raise ValueError(f"tensor_parallel='torchtitan' is torchtitan's Llama-family plan; {tree.root_type} has no "
-                             f"module {key!r} (that shape: model.embed_tokens, model.layers.*.self_attn.q_proj, "
-                             "... mlp.gate_proj, model.norm, lm_head)")
-    return plan
-
-
-def preset(tree: ModelTree, tensor_parallel) -> dict:
-    """``Plan.auto``'s ``tensor_parallel``: True (the model's own plan), "torchtitan", or a mapping."""
-    if tensor_parallel is True:
-        return model_plan(tree)
-    if tensor_parallel == "torchtitan":
-        return torchtitan_plan(tree)
-    if hasattr(tensor_parallel, "items"):
-        return dict(tensor_parallel.items())
-    raise ValueError(f"tensor_parallel={tensor_parallel!r}: expected None, True (the model's own plan), "
-                     "'torchtitan' or a mapping module FQN -> style")
 
 
 # ---------------------------------------------------------------------------
