@@ -351,3 +351,31 @@ def test_moe_under_peft_is_refused_where_torch_cannot_run_it():
     m = get_peft_model(mixtral(), LoraConfig(r=4, target_modules=["q_proj", "o_proj"]))
     with pytest.raises(ValueError, match=r"'packed_colwise' has no torch style.*torch cannot run it"):
         sv.Plan.auto(m, tensor_parallel=True)
+
+
+# -- search, sweep ----------------------------------------------------------------
+def test_search_tries_tensor_degrees_within_a_node_and_says_why():
+    m = llama()
+    mesh = sv.Mesh(shard=8, device="H100", device_memory="2MiB", memory_reserve=0)
+    training = sv.Training(batch_size=2, seq_len=64, param_dtype="bfloat16")
+    s = sv.search(m, mesh, training, offload=(False,), tensor=(1, 2, 4, 8))
+    assert "tensor parallelism over 8 ranks left out" in s.note and "num_attention_heads=4" in s.note
+    assert set(s.table.tensor) == {1, 2, 4}
+    tp_rows = s.table[(s.table.tensor > 1) & s.table.fits]
+    assert len(tp_rows) and tp_rows.why.str.contains(r"TP \d: model state and activations split").all()
+    i = int(tp_rows.index[0])
+    plan, mesh_i, training_i = s.candidate(i)
+    assert mesh_i.tensor == s.table.tensor[i] and plan.tensor_parallel
+    assert int(sv.analyze(m, plan, mesh_i, training_i).memory.peak.max()) == s.table.peak[i]
+    assert "tensor" not in sv.search(m, mesh, training, offload=(False,)).table.columns  # tensor=(1,): as before
+
+
+def test_sweep_and_compare_take_the_tensor_degree():
+    m = llama()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    sw = sv.sweep(m, {"tp": plan}, world_sizes=(4, 8), tensor=2)
+    assert list(sw.table.tensor) == [2, 2]
+    a = sv.analyze(m, plan, sv.Mesh(shard=4, tensor=2), sv.views.DEFAULT_TRAINING)
+    assert sw.table.peak.iloc[1] == int(a.memory.peak.max())
+    cmp = sv.compare(m, {"FSDP": sv.Plan.auto(m), "FSDP x TP": plan}, mesh=sv.Mesh(shard=2, tensor=2))
+    assert cmp.table.peak["FSDP x TP"] < cmp.table.peak["FSDP"]
