@@ -379,3 +379,18 @@ def test_sweep_and_compare_take_the_tensor_degree():
     assert sw.table.peak.iloc[1] == int(a.memory.peak.max())
     cmp = sv.compare(m, {"FSDP": sv.Plan.auto(m), "FSDP x TP": plan}, mesh=sv.Mesh(shard=2, tensor=2))
     assert cmp.table.peak["FSDP x TP"] < cmp.table.peak["FSDP"]
+
+
+# -- the Inspector (its Python side) ------------------------------------------------
+def test_inspector_tensor_degree_and_styles():
+    from shardviz.widget.state import InspectorState
+
+    m = llama()
+    st = InspectorState(m, sv.Plan.auto(m), sv.Mesh(shard=8))
+    st.set_mesh(tensor=2)  # the world kept; the model's own TP plan added in the same undo step
+    assert st.mesh.tensor == 2 and st.mesh.world == 8 and st.plan.tensor_parallel
+    _, rows = st.rows()
+    styles = {r["fqn"]: r.get("tp") for r in rows.values() if r.get("kind") == "module"}
+    assert styles.get("lm_head") == "colwise_gather_output"  # only the rows shown (the blocks folded)
+    st.undo()
+    assert st.mesh.tensor == 1 and not st.plan.tensor_parallel

@@ -36,7 +36,7 @@ ACTIONS: dict[str, dict[str, str]] = {
     "apply_preset": {"name": "str"},
     # mesh and training (undo steps too)
     # device_memory: the field's text ("80", "80GiB", "" = no limit); device_gib: a number of GiB
-    "set_mesh": {"world": "int", "replicate": "int", "device_memory": "str|null", "device_gib": "number|null"},
+    "set_mesh": {"world": "int", "replicate": "int", "tensor": "int", "device_memory": "str|null", "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
                      "offload": "bool", "batch_size": "int|null", "seq_len": "int"},
     "apply_suggestion": {"index": "int"},  # a row of the last search: plan, HSDP split, micro-batch
