@@ -89,6 +89,9 @@ class Analysis:
                 ),
             })
         table = pd.DataFrame(rows)
+        if self.tp_placements:  # a 2-D mesh: shape, numel and bytes are one tensor rank's; the model's shape beside
+            table.insert(3, "full_shape", [p.shape for p in self.full_tree.params])
+            table.insert(4, "tp_placement", [self.tp_placements.get(p.index) for p in self.tree.params])
         # Keep None (not NaN) for "no owning call", as the API promises.
         table["unit"] = pd.Series([r["unit"] for r in rows], dtype=object)
         return table
@@ -126,7 +129,11 @@ class Analysis:
     def comm(self) -> pd.DataFrame:
         from .cost import comm_table
 
-        return comm_table(self.costs, self._tensor_rows())
+        table = comm_table(self.costs, self._tensor_rows())
+        if self.tp_placements and not self.training.with_activations:
+            table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
+                                              "Training(batch_size=..., seq_len=...) to count them")
+        return table
 
     def _tensor_rows(self) -> list[tuple]:
         """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,

@@ -394,3 +394,13 @@ def test_inspector_tensor_degree_and_styles():
     assert styles.get("lm_head") == "colwise_gather_output"  # only the rows shown (the blocks folded)
     st.undo()
     assert st.mesh.tensor == 1 and not st.plan.tensor_parallel
+
+
+def test_params_table_shows_the_tp_local_and_the_full_shape():
+    m = llama()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    a = sv.analyze(m, plan, sv.Mesh(shard=2, tensor=2))
+    row = a.params.set_index("fqn").loc["model.layers.0.self_attn.o_proj.weight"]
+    assert row.full_shape == (64, 64) and row["shape"] == (64, 32) and row.tp_placement == ("Shard", 1)
+    assert "tensor_parallel" in a.comm.attrs and not (a.comm.dim == "tensor").any()
+    assert "full_shape" not in sv.analyze(m, plan, sv.Mesh(shard=2)).params.columns
