@@ -151,7 +151,8 @@ class Analysis:
         for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
             m = self.tree.module_index[fqn]
             unit = self.unit_label(lay.module_unit[m])
-            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, tokens * width * itemsize)
+            elements = -width if width < 0 else tokens * width  # < 0: a parameter gradient's elements
+            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, elements * itemsize)
             rows.append(row)
             if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
                 rows.append(row[:2] + ("backward",) + row[3:])

@@ -403,19 +403,22 @@ def _widths(tree: ModelTree, fqn: str) -> tuple[int, int]:
         return module.in_features, module.out_features
     if hasattr(module, "embedding_dim"):
         return module.embedding_dim, module.embedding_dim
-    return 0, 0
+    first = next((m for m in module.modules() if isinstance(m, nn.Linear)), None) if module is not None else None
+    return (first.in_features, first.in_features) if first is not None else (0, 0)  # PrepareModuleInput: its input
 
 
-def _torch_style_collectives(style: TPStyle, type_name: str, width_in: int, width_out: int) -> list[tuple]:
+def _torch_style_collectives(style: TPStyle, type_name: str, width_in: int, width_out: int,
+                             dtensor_input: bool = False) -> list[tuple]:
     """(collective, phase, elements per token) of one torch style, as DTensor redistributes:
     Partial -> Replicate an all-reduce, Partial -> Shard(1) a reduce-scatter, Shard(1) ->
-    Replicate an all-gather; a backward does the reverse of each forward move."""
+    Replicate an all-gather; a backward does the reverse of each forward move. ``dtensor_input``:
+    a PrepareModuleInput around it hands it a DTensor, whose partial gradient that one reduces."""
     out = []
     seq_in = style.input_layouts is not None and style.input_layouts.startswith("Shard(1")
     if style.style == "ColwiseParallel" and type_name != "Embedding":
         if seq_in:
             out += [("all_gather", "forward", width_in), ("reduce_scatter", "backward", width_in)]
-        else:
+        elif not dtensor_input:
             out.append(("all_reduce", "backward", width_in))
         if gathers_output(style, type_name):
             out.append(("all_gather", "forward", width_out))
@@ -447,23 +450,45 @@ _HF_COLLECTIVES = {  # transformers 5.24's styles in training (grad enabled): se
 }
 
 
+#: styles whose replicated parameters get partial gradients, all-reduced in backward: torch's
+#: SequenceParallel (the Replicate DTensor's gradient from Shard(1) activations), transformers'
+#: sequence_parallel and replicated_with_grad_allreduce (a post-accumulate-grad dist.all_reduce)
+_GRAD_ALL_REDUCE = ("SequenceParallel", "sequence_parallel", "replicated_with_grad_allreduce")
+
+
 def _moe_widths(tree: ModelTree) -> dict[str, int]:
     config = getattr(tree.model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return {"hidden": getattr(config, "hidden_size", 0), "top_k": getattr(config, "num_experts_per_tok", 0)}
 
 
+def _gets_dtensor(tree: ModelTree, modules: dict, m: int) -> bool:
+    """Whether an enclosing PrepareModuleInput (use_local_output False, torch's default) passes
+    module ``m`` a DTensor input."""
+    parent = tree.modules[m].parent
+    while parent >= 0:
+        entry = modules.get(parent)
+        if entry is not None and entry[1].style == "PrepareModuleInput":
+            return entry[1].use_local_output is not True
+        parent = tree.modules[parent].parent
+    return False
+
+
 def tensor_collectives(tree: ModelTree, tp: TensorParallel) -> list[tuple]:
     """(module fqn, collective, phase, elements per token) of every TP collective one micro-batch's
     forward and backward issue, in module order. Bytes = elements x tokens x the activation dtype
-    (an all-gather: its output; a reduce-scatter: its input; an all-reduce: the tensor)."""
+    (an all-gather: its output; a reduce-scatter: its input; an all-reduce: the tensor); a
+    negative count is a parameter gradient's elements, whatever the tokens."""
     modules, _ = resolve(tree, tp)
     out = []
     for m, (fqn, style) in sorted(modules.items()):
         type_name = tree.modules[m].type_name
         width_in, width_out = _widths(tree, fqn)
+        if style.style in _GRAD_ALL_REDUCE:  # replicated parameters fed sharded activations: partial gradients
+            params = tree.subtree_params(m) if style.is_torch else tree.modules[m].params
+            out += [(fqn, "all_reduce", "backward", -tree.params[p].numel) for p in params if tree.params[p].requires_grad]
         if style.is_torch:
-            rows = _torch_style_collectives(style, type_name, width_in, width_out)
+            rows = _torch_style_collectives(style, type_name, width_in, width_out, _gets_dtensor(tree, modules, m))
         else:
             extra = _moe_widths(tree) if style.style == "moe_tp_experts" else {}
             sizes = {"in": width_in, "out": width_out, **extra}

@@ -404,3 +404,106 @@ def test_params_table_shows_the_tp_local_and_the_full_shape():
     assert row.full_shape == (64, 64) and row["shape"] == (64, 32) and row.tp_placement == ("Shard", 1)
     assert "tensor_parallel" in a.comm.attrs and not (a.comm.dim == "tensor").any()
     assert "full_shape" not in sv.analyze(m, plan, sv.Mesh(shard=2)).params.columns
+
+
+TORCH_STYLES_PLAN = {  # the model's own plan in torch's styles (tp_presets.TO_TORCH)
+    "model.embed_tokens": {"style": "RowwiseParallel", "input_layouts": "Replicate()"},
+    "model.layers.*.self_attn.q_proj": "ColwiseParallel", "model.layers.*.self_attn.k_proj": "ColwiseParallel",
+    "model.layers.*.self_attn.v_proj": "ColwiseParallel", "model.layers.*.self_attn.o_proj": "RowwiseParallel",
+    "model.layers.*.mlp.gate_proj": "ColwiseParallel", "model.layers.*.mlp.up_proj": "ColwiseParallel",
+    "model.layers.*.mlp.down_proj": "RowwiseParallel",
+    "lm_head": {"style": "ColwiseParallel", "output_layouts": "Replicate()"},
+}
+
+
+@pytest.mark.parametrize("build", [llama, qwen2], ids=["llama", "qwen2-gqa"])
+def test_torch_styles_match_torch(build):
+    """torch's own parallelize_module styles: placements, memory with activations and the TP
+    collectives (DTensor's redistributes) equal torch's."""
+    from collections import Counter
+
+    from torch_truth import fake_run
+
+    m = build()
+    plan = sv.Plan.auto(m).with_tensor_parallel(TORCH_STYLES_PLAN)
+    mesh, training = sv.Mesh(shard=2, tensor=2), sv.Training(batch_size=2, seq_len=16)
+    assert sv.verify(m, plan, mesh, ranks=range(mesh.world)).empty
+    a = sv.analyze(m, plan, mesh, training)
+    rows = a.comm[a.comm.dim == "tensor"]
+    predicted = Counter()
+    for r in rows.itertuples():
+        predicted[(r.collective, r.phase, int(r.bytes))] += int(r.count)
+    assert predicted == Counter(_tensor_collectives_torch_issues(build, plan, mesh, training))
+    truth = fake_run(build, plan, mesh, training, 0,
+                     apply=lambda model, dmesh: apply_plan(model, plan, dmesh, training=training))
+    row = a.memory.iloc[0]
+    assert abs(int(row.peak + row.cpu_optimizer) / truth.peak_snap["Total"] - 1) < 1e-3
+
+
+# -- sequence parallelism, on a model written the way torchtitan's is ------------------
+class _Block(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.ffn_norm = torch.nn.RMSNorm(dim)
+        self.feed_forward = torch.nn.Sequential()
+        self.feed_forward.w1 = torch.nn.Linear(dim, 2 * dim, bias=False)
+        self.feed_forward.act = torch.nn.SiLU()
+        self.feed_forward.w2 = torch.nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, x):
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class _Titan(torch.nn.Module):
+    """torchtitan's shape, small: embedding, blocks of norm + MLP with a residual, norm, output."""
+
+    def __init__(self, vocab=64, dim=32, n=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok_embeddings = torch.nn.Embedding(vocab, dim)
+        self.layers = torch.nn.ModuleList(_Block(dim) for _ in range(n))
+        self.norm = torch.nn.RMSNorm(dim)
+        self.output = torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, input_ids, labels=None):
+        h = self.tok_embeddings(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        logits = self.output(self.norm(h))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return type("Out", (), {"loss": loss})()
+
+
+SP_PLAN = {  # torchtitan's apply_tp without loss parallel: sequence-parallel norms, Shard(1) between blocks
+    "tok_embeddings": {"style": "RowwiseParallel", "input_layouts": "Replicate()", "output_layouts": "Shard(1)"},
+    "norm": "SequenceParallel",
+    "output": {"style": "ColwiseParallel", "input_layouts": "Shard(1)", "output_layouts": "Replicate()"},
+    "layers.*.ffn_norm": "SequenceParallel",
+    "layers.*.feed_forward": {"style": "PrepareModuleInput", "input_layouts": "Shard(1)",
+                              "desired_input_layouts": "Replicate()"},
+    "layers.*.feed_forward.w1": "ColwiseParallel",
+    "layers.*.feed_forward.w2": {"style": "RowwiseParallel", "output_layouts": "Shard(1)"},
+}
+
+
+def test_sequence_parallel_collectives_match_torch():
+    """With sequence parallelism the all-reduces become all-gathers and reduce-scatters: a.comm's
+    by kind, phase and bytes against torch's, and the placements."""
+    from collections import Counter
+
+    def inputs(b, s):
+        ids = torch.randint(0, 64, (b, s))
+        return (), {"input_ids": ids, "labels": ids}
+
+    m = _Titan()
+    plan = sv.Plan(["layers.0", "layers.1", ""], tensor_parallel=SP_PLAN)
+    mesh = sv.Mesh(shard=2, tensor=2)
+    training = sv.Training(batch_size=2, seq_len=16, example_inputs=inputs)
+    assert sv.verify(m, plan, mesh, ranks=range(mesh.world)).empty
+    comm = sv.analyze(m, plan, mesh, training).comm
+    predicted = Counter()
+    for r in comm[comm.dim == "tensor"].itertuples():
+        predicted[(r.collective, r.phase, int(r.bytes))] += int(r.count)
+    issued = Counter(_tensor_collectives_torch_issues(_Titan, plan, mesh, training))
+    assert {k for k, _, _ in issued} >= {"all_gather", "reduce_scatter"}
+    assert predicted == issued
