@@ -18,8 +18,9 @@ What the prediction cannot include: torch.compile's fused kernels (the matmul ef
 llm-foundry's eager-FSDP median, not compiled TP), float8 matmuls (the 809.8 / 829 figures:
 shardviz prices bf16 tensor cores only), async TP's overlap of TP collectives with matmuls (TP
 collectives are put on the critical path), NCCL latency of the small TP messages (bandwidth only),
-and sequence parallelism's activation savings (activations are measured on one tensor rank's model
-with full sequences: the memory figure is an upper bound; the step time is not affected).
+and sequence parallelism's activation savings on a transformers model (it reads positions off the
+embedding's output, so one tensor rank's model runs full sequences: the memory figure is an upper
+bound; the step time is not affected).
 
 Run (about a minute: the step is measured under FakeTensorMode on one tensor rank's model):
 

@@ -385,12 +385,36 @@ def local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: Tensor
             module.num_embeddings, module.embedding_dim = module.weight.shape
     modules, _ = resolve(tree, tp)
     for m, (fqn, style) in modules.items():
+        module = out.get_submodule(fqn)
         # a DTensor output (use_local_output=False, e.g. loss parallel's logits) shows the code after
         # it the global shape: gathered here too (its memory then counts the full tensor)
         dtensor_out = style.style == "ColwiseParallel" and style.use_local_output is False
         if gathers_output(style, tree.modules[m].type_name) or dtensor_out:
-            out.get_submodule(fqn).register_forward_hook(lambda mod, args, y: torch.cat([y] * tensor, dim=-1))
+            module.register_forward_hook(lambda mod, args, y: torch.cat([y] * tensor, dim=-1))
+        if not hasattr(model, "config"):  # a transformers model reads positions off the embedding's output
+            _sequence_hooks(module, style, tensor)  # length: its sequence cannot be cut there (not modelled)
     return out
+
+
+def _sequence_hooks(module, style: TPStyle, tensor: int) -> None:
+    """Sequence parallelism on one tensor rank: an output to ``Shard(1)`` keeps 1/T of the sequence
+    (a reduce-scatter's fresh tensor), an input from ``Shard(1)`` to ``Replicate()`` is gathered back
+    to the whole sequence (an all-gather); between them modules run on the rank's part."""
+    import torch
+
+    if (style.output_layouts or "").startswith("Shard(1"):
+        module.register_forward_hook(lambda mod, args, y: y[:, : y.shape[1] // tensor].clone())
+    gathers = style.style in ("PrepareModuleInput", "ColwiseParallel") and (style.input_layouts or "").startswith("Shard(1")
+    if not gathers or (style.style == "PrepareModuleInput" and not (style.desired_input_layouts or "").startswith("Replicate")):
+        return
+
+    def gather(mod, args, kwargs):
+        if args:
+            return (torch.cat([args[0]] * tensor, dim=1), *args[1:]), kwargs
+        key = next(iter(kwargs))  # a module called by keyword (transformers' attention: hidden_states=)
+        return args, {**kwargs, key: torch.cat([kwargs[key]] * tensor, dim=1)}
+
+    module.register_forward_pre_hook(gather, with_kwargs=True)
 
 
 # ---------------------------------------------------------------------------
