@@ -12,6 +12,7 @@ from .fsdp import Mesh
 from .plan import Plan, Unit
 from .search import Search, search
 from .tree import ModelTree
+from . import tp  # sv.tp: the tensor-parallel rules (styles, TP-local shapes)
 from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
 from .load import load_model
 from .oracle import verify
@@ -23,6 +24,7 @@ __all__ = [
     "zoo",
 ]
 __all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
+__all__ += ["tp"]  # tensor parallelism: sv.tp, Plan.tensor_parallel, Mesh(tensor=T)
 __version__ = "0.1.0"
 
 

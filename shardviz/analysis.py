@@ -25,6 +25,13 @@ class Analysis:
     def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, torch_version=None, model=None):
         from .cost import Training
 
+        # with a tensor dim, the FSDP rules run on the TP-local tree (shardviz.tp): every parameter
+        # at its parallelize_module local shape; full_tree keeps the model's own shapes
+        self.full_tree, self.tp_placements = tree, {}
+        if mesh.tensor > 1 and plan.tensor_parallel:
+            from .tp import local_tree
+
+            tree, self.tp_placements = local_tree(tree, plan.tensor_parallel, mesh.tensor)
         self.tree, self.plan, self.mesh = tree, plan, mesh
         # The release the plan will run on: the findings follow it (None: the installed torch).
         self.torch_version = torch_version
@@ -44,7 +51,7 @@ class Analysis:
 
     def what_if(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None) -> "Analysis":
         """The same model with another plan, mesh or training (the memory check prices its fixes so)."""
-        return Analysis(self.tree, plan or self.plan, mesh or self.mesh, training or self.training,
+        return Analysis(self.full_tree, plan or self.plan, mesh or self.mesh, training or self.training,
                         self.torch_version, self.model)
 
     def without_kv_cache(self) -> "Analysis":
@@ -93,6 +100,9 @@ class Analysis:
                 ),
             })
         table = pd.DataFrame(rows)
+        if self.tp_placements:  # a 2-D mesh: shape, numel and bytes are one tensor rank's; the model's shape beside
+            table.insert(3, "full_shape", [p.shape for p in self.full_tree.params])
+            table.insert(4, "tp_placement", [self.tp_placements.get(p.index) for p in self.tree.params])
         # Keep None (not NaN) for "no owning call", as the API promises.
         table["unit"] = pd.Series([r["unit"] for r in rows], dtype=object)
         return table
@@ -138,7 +148,34 @@ class Analysis:
     def comm(self) -> pd.DataFrame:
         from .cost import comm_table
 
-        return comm_table(self.costs)
+        table = comm_table(self.costs, self._tensor_rows())
+        if self.tp_placements and not self.training.with_activations:
+            table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
+                                              "Training(batch_size=..., seq_len=...) to count them")
+        return table
+
+    def _tensor_rows(self) -> list[tuple]:
+        """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,
+        count, dtype, bytes), one per module and kind; a checkpointed module's forward ones again in
+        backward (its recompute). None without a tensor dim or a micro-batch (their size is its)."""
+        t = self.training
+        if not self.tp_placements or not t.with_activations:
+            return []
+        from .tp import tensor_collectives
+
+        dtype = t.param_dtype or _dtype_name(next(p.dtype for p in self.full_tree.params if p.dtype.is_floating_point))
+        itemsize = {"float32": 4, "float64": 8}.get(dtype, 2)
+        tokens, lay, rows = t.batch_size * t.seq_len, self.layout, []
+        checkpointed = [self.tree.module_index[c] for c in self.plan.checkpoint]
+        for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
+            m = self.tree.module_index[fqn]
+            unit = self.unit_label(lay.module_unit[m])
+            elements = -width if width < 0 else tokens * width  # < 0: a parameter gradient's elements
+            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, elements * itemsize)
+            rows.append(row)
+            if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
+                rows.append(row[:2] + ("backward",) + row[3:])
+        return rows
 
     def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
         """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:
@@ -187,13 +224,16 @@ class Analysis:
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
         lay, t = self.layout, self.training
         if for_order_only:
-            return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.tree)
+            return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.full_tree)
+        tree = self.tree
+        if self.tp_placements:  # one tensor rank's step: its local parameters, the gathers its styles do
+            model, tree = self._tp_local_model, None
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()
         measure = lambda use_cache: measure_activations(  # noqa: E731
             model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole, checkpoint=self.plan.checkpoint,
-            example_inputs=t.example_inputs, tree=self.tree, use_cache=use_cache)
+            example_inputs=t.example_inputs, tree=tree, use_cache=use_cache)
         use_cache = self.use_cache
         if use_cache and (refusal := selective_with_cache(self)):
             self.cache_refused = refusal[0].message  # torch raises in that step's backward: there is no such step
@@ -225,6 +265,12 @@ class Analysis:
         else:
             return profile
         return replace(profile, assumptions=profile.assumptions + (note,))
+
+    @cached_property
+    def _tp_local_model(self):
+        from .tp import local_model
+
+        return local_model(self.model, self.full_tree, self.tp_placements, self.plan.tensor_parallel, self.mesh.tensor)
 
     @cached_property
     def activations(self) -> pd.DataFrame:

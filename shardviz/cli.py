@@ -384,6 +384,9 @@ def _add_mesh_args(p, required=True) -> None:
     p.add_argument("--world-size", type=int, required=required,
                    help="total ranks (replicate x shard; default: the --plan file's mesh)")
     p.add_argument("--replicate", type=int, help="HSDP replicas (default 1: plain FSDP, or the --plan file's)")
+    p.add_argument("--tensor-parallel", type=int, metavar="T",
+                   help="tensor-parallel ranks inside a node (default 1, or the --plan file's); a preset then takes "
+                        "the model's own TP plan")
     p.add_argument("--torch", metavar="X.Y", help="target torch release (default: detected when the code runs)")
 
 

@@ -91,16 +91,21 @@ def _model_from_factory(spec: str):
     return model
 
 
-def make_mesh(world: int | None, replicate: int):
+def make_mesh(world: int | None, replicate: int, tensor: int = 1):
     from .fsdp import Mesh
 
     if world is None:
         raise CliError("--world-size is required")
-    if world < 1 or replicate < 1:
-        raise CliError(f"--world-size {world} and --replicate {replicate} must be positive")
-    if world % replicate:
-        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate}")
-    return Mesh(shard=world // replicate, replicate=replicate)
+    if world < 1 or replicate < 1 or tensor < 1:
+        raise CliError(f"--world-size {world}, --replicate {replicate} and --tensor-parallel {tensor} must be positive")
+    if world % (replicate * tensor):
+        raise CliError(f"--world-size {world} is not a multiple of --replicate {replicate} x --tensor-parallel {tensor}")
+    return Mesh(shard=world // (replicate * tensor), replicate=replicate, tensor=tensor)
+
+
+def tensor_degree(args) -> int:
+    """--tensor-parallel T (1 when not given)."""
+    return getattr(args, "tensor_parallel", None) or 1
 
 
 def check_version(version: str | None) -> str | None:
@@ -155,7 +160,21 @@ def build_plan(tree, args, model=None):
     if args.plan:
         plan = read_plan(args.plan)
     else:
-        plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint)
+        tensor_parallel = True if tensor_degree(args) > 1 else None  # the model's own TP plan
+        try:
+            plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint, tensor_parallel=tensor_parallel)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        if tensor_degree(args) > 1 and plan.tensor_parallel:  # names, styles, divisibility: before any command runs
+            from .tp import local_tree
+
+            if getattr(args, "world_size", None) is not None:
+                make_mesh(args.world_size, getattr(args, "replicate", None) or 1, tensor_degree(args))  # the mesh first
+
+            try:
+                local_tree(tree, plan.tensor_parallel, tensor_degree(args))
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
     try:
         plan.validate(tree)
     except ValueError as exc:
@@ -174,7 +193,8 @@ def captured_plan(model, args):
     if getattr(args, "world_size", None) is None:
         raise CliError("--world-size is required with --accelerate-config / --plan-from")
     try:
-        return plan_from_source(model, make_mesh(args.world_size, args.replicate or 1), args.accelerate_config,
+        return plan_from_source(model, make_mesh(args.world_size, args.replicate or 1, tensor_degree(args)),
+                                args.accelerate_config,
                                 args.plan_from)
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from None
@@ -259,16 +279,18 @@ def _resolve_mesh(args, file_mesh):
     from .cost.setup import mesh_from_obj, mesh_to_obj
 
     world, replicate = getattr(args, "world_size", None), getattr(args, "replicate", None)
+    tensor = getattr(args, "tensor_parallel", None)
     if file_mesh is None:
         if world is None:
             raise CliError("--world-size is required (or a --plan file written by 'plan search', which records its mesh)")
-        obj = mesh_to_obj(make_mesh(world, replicate or 1))
+        obj = mesh_to_obj(make_mesh(world, replicate or 1, tensor or 1))
     else:
         obj = mesh_to_obj(file_mesh)
-        if world is not None or replicate is not None:
-            mesh = make_mesh(world if world is not None else file_mesh.world, replicate or 1)
-            obj.update(shard=mesh.shard, replicate=mesh.replicate)
-    changed = [_flag(k) for k in ("world_size", "replicate") if getattr(args, k, None) is not None]
+        if world is not None or replicate is not None or tensor is not None:
+            mesh = make_mesh(world if world is not None else file_mesh.world, replicate or 1,
+                             tensor if tensor is not None else file_mesh.tensor)
+            obj.update(shard=mesh.shard, replicate=mesh.replicate, tensor=mesh.tensor)
+    changed = [_flag(k) for k in ("world_size", "replicate", "tensor_parallel") if getattr(args, k, None) is not None]
     device = getattr(args, "device", None)
     if device is not None:
         obj["device"] = device

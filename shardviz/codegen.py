@@ -39,6 +39,7 @@ from pathlib import Path
 
 from . import export_runtime
 from .analysis import Analysis
+from .codegen_tp import apply_fsdp_mesh_lines, apply_tp_source, mesh_dim_names, uses_tensor_parallel
 from .finding import PlanError
 from .format import format_bytes
 from .fsdp import (
@@ -212,7 +213,8 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
     for a bad version or mesh.
     """
     ex = _prepare(model, plan, mesh, training, torch_version)
-    sections = [_header(ex), _imports(ex), _constants(ex), [runtime_source(_runtime_names(ex)), "", ""], _apply_fsdp(ex)]
+    tp = apply_tp_source(ex.plan) if uses_tensor_parallel(ex.mesh, ex.plan) else []
+    sections = [_header(ex), _imports(ex), _constants(ex), [runtime_source(_runtime_names(ex)), "", ""], tp, _apply_fsdp(ex)]
     return _black("\n".join(line for section in sections for line in section) + "\n")
 
 
@@ -389,7 +391,7 @@ def _names_tuple(comment: str, variable: str, names) -> list[str]:
 def _constants(ex: _Export) -> list[str]:
     """The mesh's shape, and the names the plan lists (ignored, checkpointed, the modules to shard)."""
     mesh = ex.mesh
-    lines = ["", f"MESH_SHAPE = {mesh.shape!r}", f"MESH_DIM_NAMES = {('replicate', 'shard') if mesh.is_hsdp else ('shard',)!r}"]
+    lines = ["", f"MESH_SHAPE = {mesh.shape!r}", f"MESH_DIM_NAMES = {mesh_dim_names(mesh)!r}"]
     if ex.ignored:
         lines += _names_tuple("The plan's ignored parameters: FSDP keeps them whole on every rank and never reduces their "
                               "gradients.", "IGNORED", ex.ignored)
@@ -422,14 +424,14 @@ def _apply_fsdp(ex: _Export) -> list[str]:
         "def apply_fsdp(model, mesh=None):",
         '    """Apply the plan to ``model`` in place and return it.',
         "",
-        f"    ``mesh``: a DeviceMesh of shape {mesh.shape} ({'(replicate, shard): HSDP' if mesh.is_hsdp else 'shard'}); "
+        f"    ``mesh``: a DeviceMesh of shape {mesh.shape} ({_mesh_words(mesh)}); "
         "by default one is made over all ranks",
         "    on the current accelerator, or the CPU (gloo) when there is none.",
         '    """',
         "    if mesh is None:",
         '        device_type = "cuda" if torch.cuda.is_available() else "cpu"',
         "        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)",
-    ]
+    ] + apply_fsdp_mesh_lines(mesh, ex.plan)
     if ex.ignored:
         lines.append("    ignored = {model.get_parameter(name) for name in IGNORED}")
     if ex.checkpoint:
@@ -444,6 +446,10 @@ def _apply_fsdp(ex: _Export) -> list[str]:
     if ex.cache_off:  # Training.step_use_cache: what shardviz measured, as HF's gradient checkpointing does
         lines.append("    model.config.use_cache = False  # the step shardviz priced keeps no key/value cache")
     return lines + ["    _replicate_unsharded(model, mesh)", "    return model"]
+
+
+def _mesh_words(mesh) -> str:
+    return ", ".join(mesh_dim_names(mesh)) if mesh.tensor > 1 else "(replicate, shard): HSDP" if mesh.is_hsdp else "shard"
 
 
 def _keep_out_ignored(ex: _Export) -> tuple[list[str], str, str]:

@@ -259,8 +259,9 @@ class Sweep:
 
 
 def sweep(model, plans, world_sizes=(8, 16, 32, 64, 128, 256, 512), *, replicate: int = 1,
-          mesh: Mesh | None = None, training=None) -> Sweep:
-    """Analyse every plan at every world size (``shard = world // replicate``).
+          mesh: Mesh | None = None, training=None, tensor: int = 1) -> Sweep:
+    """Analyse every plan at every world size (``shard = world // (replicate x tensor)``; ``tensor``:
+    the tensor-parallel degree, a plan's ``tensor_parallel`` then applied on it).
 
     ``mesh`` (optional) supplies device memory, ranks per node and bandwidths for every point.
     Without ``training``: ``views.DEFAULT_TRAINING``.
@@ -271,8 +272,9 @@ def sweep(model, plans, world_sizes=(8, 16, 32, 64, 128, 256, 512), *, replicate
     rows = []
     for name, plan in _named_plans(plans).items():
         for world in world_sizes:
-            if world % replicate:
-                raise ValueError(f"world size {world} is not a multiple of replicate={replicate}")
-            point = replace(base, shard=world // replicate, replicate=replicate)
-            rows.append({"layout": name, "world": world, **summarize(analyze(tree, plan, point, training, strict=False))})
+            if world % (replicate * tensor):
+                raise ValueError(f"world size {world} is not a multiple of replicate={replicate} x tensor={tensor}")
+            point = replace(base, shard=world // (replicate * tensor), replicate=replicate, tensor=tensor)
+            rows.append({"layout": name, "world": world, **({"tensor": tensor} if tensor > 1 else {}),
+                         **summarize(analyze(tree, plan, point, training, strict=False))})
     return Sweep(pd.DataFrame(rows), base, training)

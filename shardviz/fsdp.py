@@ -70,13 +70,14 @@ class Mesh(DeviceLimits):
     safety_margin: float | int | str = SAFETY_MARGIN
     expandable_segments: bool = False
     judge: str = "reserved"
+    tensor: int = 1
 
     def __post_init__(self):
         self._fill_from_device()
         if self.efficiency is not None and not isinstance(self.efficiency, Efficiency):
             raise ValueError(f"Mesh.efficiency must be an sv.Efficiency(matmul=..., collective_bus=..., hbm=...), "
                              f"got {self.efficiency!r}")
-        for key in ("shard", "replicate", "ranks_per_node"):
+        for key in ("shard", "replicate", "ranks_per_node", "tensor"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mesh.{key} must be a positive int, got {value!r}")
@@ -98,7 +99,7 @@ class Mesh(DeviceLimits):
 
     @property
     def world(self) -> int:
-        return self.shard * self.replicate
+        return self.shard * self.replicate * self.tensor
 
     @property
     def is_hsdp(self) -> bool:
@@ -106,16 +107,17 @@ class Mesh(DeviceLimits):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.replicate, self.shard) if self.is_hsdp else (self.shard,)
+        return (self.replicate, self.shard, self.tensor) if self.tensor > 1 else (self.replicate, self.shard) if self.is_hsdp else (self.shard,)
 
     def coords(self, rank: int) -> tuple[int, int]:
-        """(replicate index, shard index) of a global rank."""
+        """(replicate, shard) index of a global rank; ``tensor`` is innermost (rank % T), as torchtitan's dp_replicate, dp_shard, tp."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is outside the mesh of {self.world} ranks")
-        return divmod(rank, self.shard)
+        return divmod(rank // self.tensor, self.shard)
 
     def __str__(self) -> str:
-        return f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {format_plural(self.shard, 'rank')}"
+        dp = f"HSDP {self.replicate}x{self.shard}" if self.is_hsdp else f"FSDP {format_plural(self.shard, 'rank')}"
+        return dp + (f" x TP {self.tensor}" if self.tensor > 1 else "")
 
 
 # ---------------------------------------------------------------------------
@@ -430,7 +432,6 @@ class Layout:
                 "padded_shard_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params),
             })
         return out
-
 
 
 # ---------------------------------------------------------------------------

@@ -53,14 +53,84 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
+        _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding decisions by spec, and a spec's mesh compares equal across process
+    groups: a later fake group would reuse the last one's (torch then cannot resolve its name)."""
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()  # the Python cache and the C++ fast path's
+    _gen_transform_infos.cache_clear()
 
 
 def device_mesh(mesh: Mesh):
     from torch.distributed.device_mesh import init_device_mesh
 
+    if mesh.tensor > 1:
+        from .tp import MESH_DIM_NAMES
+
+        return init_device_mesh("cpu", mesh.shape, mesh_dim_names=MESH_DIM_NAMES)
     if mesh.is_hsdp:
         return init_device_mesh("cpu", mesh.shape, mesh_dim_names=("replicate", "shard"))
     return init_device_mesh("cpu", mesh.shape, mesh_dim_names=("shard",))
+
+
+def data_parallel_mesh(dmesh):
+    """The mesh fully_shard takes: the whole one, or without its "tp" dim (torchtitan's apply_fsdp:
+    ``mesh["dp_shard"]``, HSDP ``mesh["dp_replicate", "dp_shard"]``)."""
+    names = dmesh.mesh_dim_names or ()
+    if "tp" not in names:
+        return dmesh
+    return dmesh["dp_shard"] if dmesh["dp_replicate"].size() == 1 else dmesh["dp_replicate", "dp_shard"]
+
+
+def torch_style(style):
+    """A ``tp.TPStyle`` of torch's as torch's own ``ParallelStyle`` object."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import parallel as tp_mod
+
+    def layout(text):
+        return None if text is None else Replicate() if text.startswith("Replicate") else Shard(int(text[6:-1]))
+
+    kwargs = {k: layout(getattr(style, k)) for k in ("input_layouts", "output_layouts", "desired_input_layouts",
+                                                     "desired_output_layouts") if getattr(style, k) is not None}
+    if style.use_local_output is not None:
+        kwargs["use_local_output"] = style.use_local_output
+    if style.sequence_dim is not None:
+        kwargs["sequence_dim"] = style.sequence_dim
+    return getattr(tp_mod, style.style)(**kwargs)
+
+
+def torch_placements(specs) -> tuple[str, ...]:
+    """``tp`` placement specs -> what torch prints for them (``str`` of its placement objects)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    def one(spec):
+        if spec[0] == "Replicate":
+            return Replicate()
+        return Shard(spec[1]) if spec[0] == "Shard" else _StridedShard(spec[1], split_factor=spec[2])
+
+    return tuple(str(one(s)) for s in specs)
+
+
+def apply_tensor_parallel(model: nn.Module, plan: Plan, tp_mesh) -> None:
+    """torch's ``parallelize_module`` for the plan's torch styles, transformers' own
+    ``apply_tensor_parallelism`` (its ``_expand_parallel_plan``) for its names."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    entries = plan.tensor_parallel.items()
+    torch_plan = {k: torch_style(s) for k, s in entries if s.is_torch}
+    if torch_plan:
+        parallelize_module(model, tp_mesh, torch_plan)
+    hf_plan = {k: s.style for k, s in entries if not s.is_torch}
+    if hf_plan:
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+        apply_tensor_parallelism(model, tp_mesh, model._expand_parallel_plan(hf_plan))
 
 
 def fully_shard_kwargs(unit, torch_mod) -> dict:
@@ -152,6 +222,10 @@ def apply_plan(model: nn.Module, plan: Plan, mesh, *, training=None, order=None)
 
     if order is None:
         order = bottom_up_order(model, plan)
+    if "tp" in (mesh.mesh_dim_names or ()):  # torchtitan's order: TP, then checkpointing, then FSDP
+        if plan.tensor_parallel:
+            apply_tensor_parallel(model, plan, mesh["tp"])
+        mesh = data_parallel_mesh(mesh)
     ignored = {model.get_parameter(f) for f in plan.ignored}
     # every module a call names, found before checkpoint_wrapper changes the names below it
     targets = {m: model.get_submodule(m) for unit in plan.units for m in unit.modules}
@@ -204,14 +278,14 @@ def torch_layout(model: nn.Module, plan, mesh: Mesh, rank: int, *, order=None, t
         rows = []
         for wrapped_fqn, p in copy_.named_parameters(remove_duplicate=False):
             fqn = strip_wrapper(wrapped_fqn)
-            if isinstance(p, DTensor):
+            if isinstance(p, DTensor) and p.device_mesh.mesh_dim_names != ("tp",):  # FSDP's (TP's alone: not)
                 status, shape = "sharded", tuple(p.to_local().shape)
                 placements = tuple(str(x) for x in p.placements)
             else:
                 parts = fqn.split(".")[:-1]
                 path = [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
                 status = "ignored" if any(m in fsdp_modules for m in path) else "unmanaged"
-                shape, placements = tuple(p.shape), ()
+                shape, placements = tuple((p.to_local() if isinstance(p, DTensor) else p).shape), ()
             rows.append({"fqn": fqn, "status": status, "unit": group_of.get(id(p)), "local_shape": shape,
                          "placements": placements})
     return pd.DataFrame(rows)
@@ -238,8 +312,11 @@ def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None, trainin
     predicted = analyze(model, plan, mesh, training, strict=False)
     from torch.distributed.tensor import Replicate, Shard
 
+    from .tp import fsdp_placements
+
     shard_placements = (Replicate(), Shard(0)) if mesh.is_hsdp else (Shard(0),)
     want_placements = tuple(str(x) for x in shard_placements)
+    tp_placements = predicted.tp_placements
     rows = []
     order = bottom_up_order(model, plan)  # torch's order, found on the model, not the engine's
     for rank in ranks if ranks is not None else default_ranks(mesh.world):
@@ -257,7 +334,8 @@ def verify(model: nn.Module, plan, mesh: Mesh | None = None, ranks=None, trainin
                 "status": status,
                 "unit": predicted.unit_label(unit),
                 "local_shape": predicted.local_shape(rec.fqn, rank) if status != "unmanaged" else lay.tree.params[p].shape,
-                "placements": want_placements if status == "sharded" else (),
+                "placements": (torch_placements(fsdp_placements(tp_placements.get(p), mesh.tensor, mesh.is_hsdp))
+                               if mesh.tensor > 1 else want_placements) if status == "sharded" else (),
             }
             got = {"status": rec.status, "unit": None if pd.isna(rec.unit) else rec.unit, "local_shape": rec.local_shape, "placements": rec.placements}
             for key in expect:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence, Union
 
 from .finding import Finding
+from .tp import TensorParallel
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
@@ -261,8 +262,12 @@ class Plan:
     # ``cost.setup`` writes them); not part of the plan: edits and comparisons ignore it
     setup: dict = field(default_factory=dict, compare=False, repr=False, init=False)
 
+    # module FQN or pattern -> style (shardviz.tp): parallelize_module on the mesh's "tensor" dim
+    tensor_parallel: TensorParallel = TensorParallel()
+
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
-                 checkpoint: Iterable[str] | dict = (), *, prefetch=(), origin: Origin | None = None):
+                 checkpoint: Iterable[str] | dict = (), tensor_parallel=(), *, prefetch=(),
+                 origin: Origin | None = None):
         if isinstance(units, (str, Unit)):
             units = [units]
         parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
@@ -288,14 +293,17 @@ class Plan:
         object.__setattr__(self, "checkpoint", checkpoint)
         object.__setattr__(self, "prefetch", _prefetch(prefetch))
         object.__setattr__(self, "origin", origin)
-
+        object.__setattr__(self, "tensor_parallel", TensorParallel(tensor_parallel))
         object.__setattr__(self, "setup", {})
 
     # -- edits (each returns a new plan) ------------------------------------
-    def _edited(self, units=None, ignored=None, checkpoint=None) -> "Plan":
-        """A new plan with these parts changed; prefetch and origin carry over (edits start from a capture)."""
+    def _edited(self, units=None, ignored=None, checkpoint=None, tensor_parallel=None) -> "Plan":
+        """A new plan with these parts changed; the tensor-parallel entries, prefetch and origin carry over
+        (edits start from a capture)."""
         return Plan(self.units if units is None else units, self.ignored if ignored is None else ignored, self.name,
-                    self.checkpoint if checkpoint is None else checkpoint, prefetch=self.prefetch, origin=self.origin)
+                    self.checkpoint if checkpoint is None else checkpoint,
+                    self.tensor_parallel if tensor_parallel is None else tensor_parallel,
+                    prefetch=self.prefetch, origin=self.origin)
 
     def with_setup(self, setup: dict) -> "Plan":
         """The same plan carrying ``setup`` (a plan file's "mesh" and "training", see ``from_json``)."""
@@ -349,6 +357,10 @@ class Plan:
     def without_checkpoint(self, fqns: Iterable[str]) -> "Plan":
         drop = set(fqns)
         return self._edited(checkpoint={f: p for f, p in self.checkpoint.items() if f not in drop})
+
+    def with_tensor_parallel(self, entries) -> "Plan":
+        """These tensor-parallel entries (module FQN or ``layers.*`` pattern -> style) instead."""
+        return self._edited(tensor_parallel=entries)
 
     # -- validation against a model ------------------------------------------
     def validate(self, model_or_tree) -> ModelTree:
@@ -411,11 +423,12 @@ class Plan:
             captured["origin"] = self.origin.to_obj()
         return {
             "schema": SCHEMA,
-            "version": SCHEMA_VERSION if setup or captured else 1,
+            "version": SCHEMA_VERSION if setup or captured or self.tensor_parallel else 1,
             "name": self.name,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
             **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
+            **({"tensor_parallel": self.tensor_parallel.to_obj()} if self.tensor_parallel else {}),
             **captured,
             **setup,
         }
@@ -440,7 +453,7 @@ class Plan:
             raise ValueError(
                 f"plan JSON: field 'version' is {version!r}; this shardviz reads versions 1 and 2"
             )
-        known = {"schema", "version", "name", "units", "ignored", "checkpoint"}
+        known = {"schema", "version", "name", "units", "ignored", "checkpoint", "tensor_parallel"}
         if version >= 2:
             known |= set(SETUP_FIELDS) | set(CAPTURE_FIELDS)
         unknown = set(obj) - known
@@ -466,7 +479,10 @@ class Plan:
         if not isinstance(prefetch, dict) or not all(isinstance(v, dict) for v in prefetch.values()):
             raise ValueError("plan JSON: field 'prefetch' must be an object module FQN -> {direction: [module FQNs]}")
         origin = Origin.from_obj(obj["origin"]) if "origin" in obj else None
-        plan = cls(units, ignored, name, checkpoint, prefetch=prefetch, origin=origin)
+        tensor_parallel = obj.get("tensor_parallel", {})
+        if not isinstance(tensor_parallel, dict):
+            raise ValueError("plan JSON: field 'tensor_parallel' must be an object module FQN -> style")
+        plan = cls(units, ignored, name, checkpoint, tensor_parallel, prefetch=prefetch, origin=origin)
         return plan.with_setup({k: obj[k] for k in SETUP_FIELDS if k in obj})
 
     def to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:
@@ -487,7 +503,7 @@ class Plan:
         return from_accelerate(model, config, world_size=world_size, mesh=mesh)
 
     @classmethod
-    def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None) -> "Plan":
+    def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None, tensor_parallel=None) -> "Plan":
         """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.
 
         ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
@@ -496,20 +512,30 @@ class Plan:
         (``"every 2"``, ...) every k-th block, as torchtitan's "selective layer" option does
         (its 1-based block counter: blocks k-1, 2k-1, ... counting from 0); "selective" every
         block with the "selective" policy (torchtitan's "selective op").
+        ``tensor_parallel``: None; True: the model's own plan (what transformers'
+        ``from_pretrained(tp_plan="auto")`` applies); "torchtitan": torchtitan's Llama-family plan
+        (``shardviz.tp``); or a mapping module FQN -> style.
         """
         from .presets import auto_plan
 
         if lora not in LORA_LAYOUTS:
             raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
         checkpoint_preset(checkpoint)  # a bad value fails before the walk
-        return auto_plan(as_tree(model), lora, checkpoint)
+        tree = as_tree(model)
+        plan = auto_plan(tree, lora, checkpoint)
+        if tensor_parallel is None or tensor_parallel is False:
+            return plan
+        from .tp_presets import preset
+
+        return plan.with_tensor_parallel(preset(tree, tensor_parallel))
 
     def __repr__(self) -> str:
         label = f"{self.name!r}, " if self.name else ""
         n_sel = len(self.checkpoint.selective)
         ckpt = (f", {len(self.checkpoint)} checkpointed" + (f" ({n_sel} selective)" if n_sel else "")
                 if self.checkpoint else "")
-        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt})"
+        tp = f", {len(self.tensor_parallel)} tensor-parallel" if self.tensor_parallel else ""
+        return f"Plan({label}{len(self.units)} units, {len(self.ignored)} ignored{ckpt}{tp})"
 
 
 def _check_setup(setup: dict) -> None:

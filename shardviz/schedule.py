@@ -381,6 +381,8 @@ def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dic
             ignored = (ignored or 0.0) + seconds
             continue
         key = f"all_gather_{phase}_s" if collective == "all_gather" else f"{collective}_s"
+        if group == "tensor":  # tensor parallelism's: blocking, on the compute stream (no async TP)
+            key = f"tensor_{phase}_s"
         slot = per_unit.setdefault(unit, {})
         slot[key] = slot.get(key, 0.0) + seconds
     return per_unit, ignored

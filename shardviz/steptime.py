@@ -220,9 +220,11 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
         if not is_root:
             seen_grad = seen_grad or any(m in grad_modules for m in (units[name].modules if name in units else ()))
         h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
+        # tensor parallelism's collectives block the compute stream (torch's TP is synchronous):
+        # on the critical path, inside the unit's forward and backward
         unit = UnitTime(
-            name, forward_s=op_seconds(f.get("forward"), device, eff, dtype),
-            backward_s=op_seconds(f.get("backward"), device, eff, dtype),
+            name, forward_s=op_seconds(f.get("forward"), device, eff, dtype) + c.get("tensor_forward_s", 0.0),
+            backward_s=op_seconds(f.get("backward"), device, eff, dtype) + c.get("tensor_backward_s", 0.0),
             recompute_s=op_seconds(f.get("recompute"), device, eff, dtype),
             all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
             all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
@@ -301,7 +303,7 @@ def step_time(a) -> StepTime:
     every_s = (k - 1) * every.step_time_s + last.step_time_s
     sync_every = bool(getattr(a.training, "sync_every_microbatch", False))
     step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
-    tokens = a.training.batch_size * a.training.seq_len * k
+    tokens = a.training.batch_size * a.training.seq_len * k / a.mesh.tensor  # a tensor group trains one batch
     peak = device.peak_flops(dtype)
     step = {
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,
@@ -313,6 +315,8 @@ def step_time(a) -> StepTime:
         "step_time_sync_last_s": sync_last_s, "tokens_per_s_sync_last": tokens / sync_last_s,
         "device": device.name, "dtype": dtype, "reason": None,
     }
+    if a.mesh.tensor > 1:  # a.step names it only with a tensor dim (tensor=1 unchanged)
+        step["tensor_comm_s"] = k * sum(v for c in comm_s.values() for key, v in c.items() if key.startswith("tensor_"))
     return StepTime(last, step, _assumptions(a, device, eff, dtype, k, sync_every, host_params))
 
 
@@ -332,6 +336,9 @@ def _assumptions(a, device: Device, eff: Efficiency, dtype: str, k: int, sync_ev
         notes.append(f"CPU offload: the host's AdamW steps {host_params / 1e9:.3g} B parameters per rank at "
                      f"{eff.host_adamw_gparams_per_s:.3g} B/s; parameters and gradients cross PCIe at "
                      f"{HOST_LINK_GBPS.get(device.name, 32.0):g} GB/s x {eff.hbm:g}")
+    if mesh.tensor > 1:
+        notes.append(f"tensor parallelism over {mesh.tensor} ranks: its collectives on the compute stream, inside each "
+                     "unit's forward and backward (no async TP); FSDP's over the data-parallel ranks on their own streams")
     if k > 1 and not sync_every:
         notes.append(f"{k} micro-batches, the first {k - 1} under set_requires_gradient_sync(False) (no reduction)")
     elif k > 1:

@@ -265,7 +265,8 @@ def _outside_params(model: nn.Module, state_names: dict) -> list[tuple[str, nn.P
 
     out, seen = [], set()
     for fqn, p in model.named_parameters():
-        if isinstance(p, DTensor) or id(p) in seen:
+        # FSDP's own are DTensors on a data-parallel mesh; tensor parallelism's alone ("tp") stay outside FSDP
+        if (isinstance(p, DTensor) and p.device_mesh.mesh_dim_names != ("tp",)) or id(p) in seen:
             continue
         seen.add(id(p))
         label, prefix = None, fqn.rpartition(".")[0]
@@ -279,6 +280,11 @@ def _outside_params(model: nn.Module, state_names: dict) -> list[tuple[str, nn.P
             prefix = prefix.rpartition(".")[0]
         out.append((fqn, p, label))
     return out
+
+
+def _local(t):
+    """A tensor-parallel DTensor's local tensor (what the rank holds); a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _set_gradient_sync(model: nn.Module, sync: bool) -> None:
@@ -369,12 +375,12 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
         tracker, R = state_tracker(model, optimizer)
         with tracker, see_post_forward_shards(tracker, R):
             for _, p, _ in outside:  # what FSDPMemTracker does not instrument
-                tracker._update_and_maybe_create_winfos(p, R.UNSHARDED_PARAM)
+                tracker._update_and_maybe_create_winfos(_local(p), R.UNSHARDED_PARAM)
             for t in unsharded_storages(model):  # what it files too late (see truth_tracker.unsharded_storages)
                 tracker._update_and_maybe_create_winfos(t, R.UNSHARDED_PARAM)
 
             def grad_hook(q):
-                tracker._update_and_maybe_create_winfos(q.grad, R.UNSHARDED_GRAD)
+                tracker._update_and_maybe_create_winfos(_local(q.grad), R.UNSHARDED_GRAD)
 
             hooks = [p.register_post_accumulate_grad_hook(grad_hook) for _, p, _ in outside if p.requires_grad]
             # The tracker files an unsharded gradient under Temp until its call's post-backward; a
@@ -396,8 +402,8 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
         truth.state_peak_snap = tracker.state_peak_snap[dev]
         truth.peak_snap = {str(k.value) if hasattr(k, "value") else k: v
                            for k, v in tracker.get_tracker_snapshot("peak")[dev].items()}
-        truth.whole_params = sum(p.untyped_storage().nbytes() for _, p, _ in outside)
-        truth.whole_grads = sum(p.grad.untyped_storage().nbytes() for _, p, _ in outside if p.grad is not None)
+        truth.whole_params = sum(_local(p).untyped_storage().nbytes() for _, p, _ in outside)
+        truth.whole_grads = sum(_local(p.grad).untyped_storage().nbytes() for _, p, _ in outside if p.grad is not None)
 
     return truth
 

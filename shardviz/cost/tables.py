@@ -53,7 +53,7 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
     def per_rank(value):
         return np.full(W, value)
 
-    return pd.DataFrame({
+    return per_global_rank(pd.DataFrame({
         "rank": np.arange(W),
         "replica": np.repeat(np.arange(R), S),
         "shard": np.tile(np.arange(S), R),
@@ -79,7 +79,18 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "cpu_grads": tile(res.cpu_grads),
         "cpu_optimizer": tile(cpu_opt),
         "cpu_peak": tile(res.cpu_params + res.cpu_grads + cpu_opt + opt.cpu_step_temporaries),
-    })
+    }), costs.mesh.tensor)
+
+
+def per_global_rank(table: pd.DataFrame, tensor: int) -> pd.DataFrame:
+    """The data-parallel ranks' rows, each once per tensor rank (innermost: global rank r is data-parallel
+    rank r // T); every tensor rank holds the same bytes, the TP-local shapes dividing evenly (shardviz.tp)."""
+    if tensor == 1:
+        return table
+    out = table.iloc[np.repeat(np.arange(len(table)), tensor)].reset_index(drop=True)
+    out.insert(3, "tensor", np.tile(np.arange(tensor), len(table)))
+    out["rank"] = np.arange(len(out))
+    return out
 
 
 def _collective_rows(costs: CostModel) -> list[tuple]:
@@ -93,15 +104,17 @@ def _collective_rows(costs: CostModel) -> list[tuple]:
     avg = costs.averaging
     if avg is not None:
         # the exported averager runs at the end of every backward, each micro-batch's
-        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world, costs.training.grad_accum, avg.dtype,
+        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world // costs.mesh.tensor, costs.training.grad_accum, avg.dtype,
                      avg.bytes))
     return rows
 
 
-def comm_table(costs: CostModel) -> pd.DataFrame:
-    """One row per collective per call per step: see ``docs/cost-model.md``."""
+def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
+    """One row per collective per call per step: see ``docs/cost-model.md``. ``tensor_rows``: the
+    tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
+    dim the table has a ``dim`` column: "shard" | "replicate" | "tensor"."""
     mesh = costs.mesh
-    rows = _collective_rows(costs)
+    rows = _collective_rows(costs) + list(tensor_rows)
     unit, kinds, phase, group, gsize, count, dtype, size = (list(c) for c in zip(*rows)) if rows else ([],) * 8
     n = np.asarray(gsize, dtype=np.int64)
     b = np.asarray(size, dtype=np.int64)
@@ -115,6 +128,10 @@ def comm_table(costs: CostModel) -> pd.DataFrame:
     df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
                        "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
                        "sent_bytes": sent, "time_s": time_s, "latency_s": np.asarray(latency, dtype=float)})
+    if mesh.tensor > 1:
+        dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",
+                "world": "replicate" if mesh.is_hsdp else "shard"}
+        df.insert(4, "dim", [dims[g] for g in group])
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
     total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
     df.attrs["time_per_step_s"] = total  # NaN when a bandwidth it needs is unknown
@@ -124,13 +141,12 @@ def comm_table(costs: CostModel) -> pd.DataFrame:
 def _nodes_crossed(mesh, group: str, size: int) -> int:
     """How many nodes a ring over this process group visits (1: it stays inside one node)."""
     rpn = mesh.ranks_per_node
-    if group == "shard":
-        return 1 if mesh.shard <= rpn and rpn % mesh.shard == 0 else -(-mesh.shard // rpn)
-    if group == "post_forward":
-        return 1 if size <= rpn and rpn % size == 0 else -(-size // rpn)
-    if group == "replicate":  # one rank of every shard group: spread over the nodes the shard groups tile
-        return 1 if mesh.world <= rpn else min(size, -(-mesh.world // rpn))
-    return 1 if mesh.world <= rpn else -(-mesh.world // rpn)  # world
+    t = mesh.tensor  # innermost: a tensor group's ranks are consecutive, a shard group's T apart
+    if group in ("tensor", "shard", "post_forward"):
+        span = {"tensor": t, "shard": mesh.shard * t, "post_forward": size * t}[group]  # consecutive ranks covered
+        return 1 if span <= rpn and rpn % span == 0 else min(size, -(-span // rpn))
+    # replicate (one rank of every shard group) and world: spread over the nodes the whole mesh tiles
+    return 1 if mesh.world <= rpn else min(size, -(-mesh.world // rpn))
 
 
 def _group_bandwidth(mesh, group: str, size: int) -> float:

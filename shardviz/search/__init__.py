@@ -35,64 +35,27 @@ is no step time: the search says so in ``note`` and ranks by the collectives' se
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pandas as pd
 
 from ..activations import config_use_cache
 from ..analysis import Analysis, analyze
-from ..checks import CHECKPOINT_FIXES
 from ..cost import Training, unsharded_bytes
 from ..cost.training import DEFAULT_TRAINING
 from ..devices import usable_text
 from ..finding import PlanError
-from ..format import format_bytes
+from ..format import format_bytes, format_duration
 from ..fsdp import Mesh
-from ..plan import LORA_LAYOUTS, Plan, Unit
+from ..plan import Plan, Unit
 from ..tree import ModelTree, as_tree
+from .candidates import CHECKPOINTS, Candidate, _divisors, candidates  # noqa: F401 - importable here
 from .rank import _TRAINING_FIELDS, _rank_key, _time_parts, _why, explain, kept_margin_note, step_numbers
 
-# Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
-CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
 COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora",
            "checkpoint", "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed",
            "use_cache"]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One plan the search tries: a preset, its options, the mesh split and the micro-batch."""
-
-    lora: str = "sharded"
-    checkpoint: str | None = None
-    reshard: bool | int | None = None  # None: torch's default (True, the root False)
-    replicate: int = 1
-    offload: bool = False
-    batch_size: int | None = None
-    grad_accum: int = 1
-    use_cache: bool | None = None  # None: the training's (Training.step_use_cache)
-
-    def name(self, world: int, has_lora: bool, vary_batch: bool) -> str:
-        parts = [f"LoRA {self.lora}"] if has_lora else []
-        parts.append({None: "no checkpointing", "blocks": "checkpoint every block",
-                      "selective": "selective checkpointing"}.get(self.checkpoint, f"checkpoint {self.checkpoint}"))
-        if self.reshard is False:
-            parts.append("no reshard after forward")
-        elif self.reshard is not None:
-            parts.append(f"reshard to {self.reshard} ranks")
-        parts.append(f"HSDP {self.replicate}x{world // self.replicate}" if self.replicate > 1 else f"FSDP {world}")
-        if self.offload:
-            parts.append("CPU offload")
-        if vary_batch:
-            parts.append(f"micro-batch {self.batch_size} x {self.grad_accum}")
-        if self.use_cache is not None:
-            parts.append(f"use_cache={self.use_cache}")
-        return ", ".join(parts)
-
-    @property
-    def state_key(self) -> tuple:
-        return (self.lora, self.reshard, self.replicate, self.offload)
 
 
 # ---------------------------------------------------------------------------
@@ -116,11 +79,15 @@ class _Runner:
         self.lean_offload = True
         self.fitting: dict = {}  # analysed candidate -> fits
         self._holds_less: dict = {}
+        self.tensors: tuple[int, ...] = (1,)  # the tensor degrees searched (search(..., tensor=...))
+        self.tp_entries: dict = {}  # the model's own TP plan, when a degree > 1 is searched
 
     def plan(self, c: Candidate) -> Plan:
-        key = (c.lora, c.checkpoint)
+        key = (c.lora, c.checkpoint, c.tensor)
         if key not in self._auto:
             self._auto[key] = Plan.auto(self.tree, lora=c.lora, checkpoint=c.checkpoint)
+            if c.tensor > 1:
+                self._auto[key] = self._auto[key].with_tensor_parallel(self.tp_entries)
         auto = self._auto[key]
         if c.reshard is None and not c.offload:
             return auto
@@ -130,7 +97,7 @@ class _Runner:
 
     def mesh_for(self, c: Candidate, world: int | None = None) -> Mesh:
         world = world or self.mesh.world
-        return replace(self.mesh, shard=world // c.replicate, replicate=c.replicate)
+        return replace(self.mesh, shard=world // (c.replicate * c.tensor), replicate=c.replicate, tensor=c.tensor)
 
     def training_for(self, c: Candidate, with_batch: bool = True) -> Training:
         kw = {"batch_size": c.batch_size if with_batch else None, "offload": False}
@@ -149,12 +116,12 @@ class _Runner:
         t = self.training_for(c)
         return t.step_use_cache(self.config_keeps and t.example_inputs is None, bool(self.plan(c).checkpoint))
 
-    def lean_state(self, lora: str) -> int:
+    def lean_state(self, lora: str, tensor: int = 1) -> int:
         """The model-state peak (no activations) of the layout with the options that hold least."""
-        if lora not in self._state:
-            lean = Candidate(lora, None, None, 1, self.lean_offload)
-            self._state[lora] = int(self.analysis(lean, with_batch=False).memory.peak.max())
-        return self._state[lora]
+        if (lora, tensor) not in self._state:
+            lean = Candidate(lora, None, None, 1, self.lean_offload, tensor=tensor)
+            self._state[(lora, tensor)] = int(self.analysis(lean, with_batch=False).memory.peak.max())
+        return self._state[(lora, tensor)]
 
     def holds_less(self, strong: str | None, weak: str | None) -> bool:
         """Plans checkpointed as ``strong`` hold fewer activations than as ``weak``: every block
@@ -191,7 +158,7 @@ class _Runner:
         if any(r.saved_plain is None or r.saved_checkpointed is None for r in rows):
             return
         for ckpt in CHECKPOINTS:
-            key = (c.lora, c.batch_size, ckpt, False)  # measured without the cache: a bound with it too
+            key = ((c.lora, c.tensor), c.batch_size, ckpt, False)  # measured without the cache: a bound with it too
             if ckpt == c.checkpoint or key in self.act_over:
                 continue
             plan = self.plan(Candidate(checkpoint=ckpt)).checkpoint
@@ -205,11 +172,11 @@ class _Runner:
         """Why ``c`` cannot fit without analysing it, or None."""
         gib, less = self.limit_words, "(checkpoints less: not analysed)"
         cache = self.cache_of(c)
-        act = self.act_over.get((c.lora, c.batch_size, c.checkpoint, cache))
+        act = self.act_over.get(((c.lora, c.tensor), c.batch_size, c.checkpoint, cache))
         if act is not None:  # the same activations whatever the mesh and options
             return f"over {gib}: the activations alone are {format_bytes(act[0])} ({act[1]}; not analysed)"
         for (lora, batch, ckpt, cached), (act, how) in self.act_over.items():
-            if lora == c.lora and self.holds_less_than(c, batch, ckpt, cached):
+            if lora == (c.lora, c.tensor) and self.holds_less_than(c, batch, ckpt, cached):
                 return (f"over {gib}: the activations alone are {format_bytes(act)} with {_ckpt_words(ckpt)}, "
                         f"micro-batch {batch} ({how}) {less}")
         for (state, batch, ckpt, cached), peak in self.over.items():
@@ -218,7 +185,7 @@ class _Runner:
             if self.fewer_replicas(state, c) and (batch, ckpt, cached) == (c.batch_size, c.checkpoint, cache):
                 return (f"over {gib}: {format_bytes(peak)} with {state[2]} replicas already; more replicas shard each "
                         "copy over fewer ranks, so every rank holds more (not analysed)")
-        state = self.lean_state(c.lora)
+        state = self.lean_state(c.lora, c.tensor)
         if state > self.limit:
             return (f"over {gib}: the model state alone is {format_bytes(state)} with the leanest options "
                     "(activations not measured)")
@@ -228,8 +195,8 @@ class _Runner:
     def fewer_replicas(state: tuple, c: Candidate) -> bool:
         """``state`` (a state key) is ``c``'s plan on fewer replicas of larger shard groups: its
         sharded parameters, gradients and optimizer states per rank are a fraction of ``c``'s."""
-        lora, reshard, replicate, offload = state
-        return (lora, reshard, offload) == (c.lora, c.reshard, c.offload) and replicate < c.replicate \
+        lora, reshard, replicate, offload, tensor = state
+        return (lora, reshard, offload, tensor) == (c.lora, c.reshard, c.offload, c.tensor) and replicate < c.replicate \
             and c.replicate % replicate == 0
 
     def kept_unsharded(self, c: Candidate) -> str | None:
@@ -238,11 +205,11 @@ class _Runner:
         forward ends (``cost.unsharded_bytes``)."""
         if c.reshard is None or c.reshard is True:
             return None
-        if c.lora not in self._unsharded:
-            lean = Candidate(c.lora)
-            layout = analyze(self.tree, self.plan(lean), self.mesh, self.training_for(lean, with_batch=False)).layout
-            self._unsharded[c.lora] = unsharded_bytes(self.tree, layout, self.training)
-        kept = self._unsharded[c.lora] // (1 if c.reshard is False else c.reshard)
+        if (c.lora, c.tensor) not in self._unsharded:
+            lean = Candidate(c.lora, tensor=c.tensor)
+            a = analyze(self.tree, self.plan(lean), self.mesh_for(lean), self.training_for(lean, with_batch=False))
+            self._unsharded[(c.lora, c.tensor)] = unsharded_bytes(a.tree, a.layout, self.training)
+        kept = self._unsharded[(c.lora, c.tensor)] // (1 if c.reshard is False else c.reshard)
         if kept <= self.limit:
             return None
         how = "no reshard after forward" if c.reshard is False else f"resharding to {c.reshard} ranks after forward"
@@ -270,11 +237,11 @@ class _Runner:
             self.over[(c.state_key, c.batch_size, c.checkpoint, cache)] = self.limit - fit.margin
         profile = a.activation_profile
         if profile is not None and profile.peak[0] > self.limit:
-            self.act_over[(c.lora, c.batch_size, c.checkpoint, cache)] = (int(profile.peak[0]), "measured")
+            self.act_over[((c.lora, c.tensor), c.batch_size, c.checkpoint, cache)] = (int(profile.peak[0]), "measured")
         if profile is not None:
             self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, "reserved_peak": int(a.memory.reserved_peak.max()),
-                "verdict": fit.verdict, "margin": fit.margin, "safety": fit.safety, **step_numbers(a, c.grad_accum),
+                "tensor_comm_s": a.step.get("tensor_comm_s"), "verdict": fit.verdict, "margin": fit.margin, "safety": fit.safety, **step_numbers(a, c.grad_accum),
                 "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
                 "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units),
                 "mesh": a.mesh, "use_cache": cache, "cache_refused": a.cache_refused}
@@ -283,57 +250,6 @@ class _Runner:
 def _ckpt_words(checkpoint: str | None) -> str:
     return {None: "no checkpointing", "blocks": "every block checkpointed",
             "selective": "selective checkpointing"}.get(checkpoint, f"checkpoint={checkpoint!r}")
-
-
-# ---------------------------------------------------------------------------
-# The candidates
-# ---------------------------------------------------------------------------
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _micro_batches(mesh: Mesh, training: Training) -> list[tuple[int | None, int]]:
-    """(micro-batch, accumulation) pairs, smallest micro-batch first."""
-    if training.global_batch is None:
-        return [(training.batch_size, getattr(training, "grad_accum", 1))]
-    per_rank, rest = divmod(training.global_batch, mesh.world)
-    if rest:
-        raise ValueError(f"Training.global_batch={training.global_batch} is not a multiple of the world size "
-                         f"{mesh.world}: every rank trains whole sequences")
-    return [(b, per_rank // b) for b in _divisors(per_rank)]
-
-
-def _reshards(mesh: Mesh, replicate: int) -> list[bool | int | None]:
-    shard, node = mesh.world // replicate, mesh.ranks_per_node
-    return [None, False] + ([node] if shard > node and shard % node == 0 else [])
-
-
-def _distinct_checkpoints(runner: _Runner) -> list[str | None]:
-    """The checkpoint presets that checkpoint different blocks ("every 3" of 2 blocks is none), in
-    the order of ``CHECKPOINTS``; of two that agree, the plainer name stays (none, then blocks)."""
-    seen: dict = {}
-    for ckpt in (None, "blocks") + tuple(c for c in CHECKPOINTS if c not in (None, "blocks")):
-        key = runner.plan(Candidate(checkpoint=ckpt)).checkpoint
-        seen.setdefault(key, ckpt)
-    return [c for c in CHECKPOINTS if c in seen.values()]
-
-
-def candidates(runner: _Runner, offload=(False, True)) -> list[Candidate]:
-    """Every candidate, in the order pruning needs: micro-batch, then checkpointing, most first."""
-    layouts = LORA_LAYOUTS if runner.has_lora else ("sharded",)
-    with_batch = runner.training.batch_size is not None or runner.training.global_batch is not None
-    checkpoints = _distinct_checkpoints(runner) if with_batch else (None,)
-    out = []
-    for batch, accum in _micro_batches(runner.mesh, runner.training):
-        for ckpt in checkpoints:
-            # the cache as a knob: without it first (it holds less), where the step would keep it
-            caches = (False, None) if with_batch and runner.cache_of(Candidate(checkpoint=ckpt)) else (None,)
-            for cache in caches:
-                for lora in layouts:
-                    for replicate in _divisors(runner.mesh.world):
-                        for reshard in _reshards(runner.mesh, replicate):
-                            out += [Candidate(lora, ckpt, reshard, replicate, off, batch, accum, cache) for off in offload]
-    return out
 
 
 def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]]:
@@ -440,11 +356,14 @@ class Search:
                 "step_time_s": r.get("step_time_s"), "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"),
                 "why": why,
                 "lora": c.lora if runner.has_lora else None, "checkpoint": c.checkpoint,
-                "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // c.replicate,
+                "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // (c.replicate * c.tensor),
                 "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r["analysed"],
                 "use_cache": r.get("use_cache", runner.cache_of(c)),
+                **({"tensor": c.tensor} if runner.tensors != (1,) else {}),
             })
-        self.table = pd.DataFrame(records, columns=COLUMNS)
+            if c.tensor > 1 and r.get("tensor_comm_s"):
+                records[-1]["why"] += tp_words(c.tensor, r["tensor_comm_s"], r.get("step_time_s"))
+        self.table = pd.DataFrame(records, columns=COLUMNS + (["tensor"] if runner.tensors != (1,) else []))
         kept_over_tight = kept_margin_note(rows, lambda c: c.name(world, runner.has_lora, vary))
         if kept_over_tight:
             self.table.loc[0, "why"] = f"{self.table.loc[0, 'why']}; {kept_over_tight}"
@@ -520,6 +439,36 @@ class Search:
         return f"<shardviz.Search {self.n_candidates} plans, {self.n_analysed} analyses: {best}>"
 
 
+def tensor_degrees(runner: _Runner, tensor) -> list[str]:
+    """Set ``runner.tensors`` to the degrees of ``tensor`` that can run; the notes on those left out."""
+    from ..tp import local_tree
+    from ..tp_presets import preset
+
+    kept, notes = [], []
+    for t in sorted(set(tensor)):
+        why = None if t == 1 else (f"over the {runner.mesh.ranks_per_node} ranks of a node" if t > runner.mesh.ranks_per_node
+                                    else f"does not divide {runner.mesh.world} ranks" if runner.mesh.world % t else None)
+        if why is None and t > 1:
+            try:
+                runner.tp_entries = runner.tp_entries or preset(runner.tree, True)
+                local_tree(runner.tree, Plan(tensor_parallel=runner.tp_entries).tensor_parallel, t)
+            except ValueError as exc:
+                why = str(exc)
+        if why is None:
+            kept.append(t)
+        else:
+            notes.append(f"tensor parallelism over {t} ranks left out: {why}")
+    runner.tensors = tuple(kept) or (1,)
+    return notes
+
+
+def tp_words(tensor: int, tensor_comm_s: float, step_s: float | None) -> str:
+    """Why a tensor degree wins or loses, in the row's words: what TP costs on the critical path."""
+    share = f" ({100 * tensor_comm_s / step_s:.0f} % of the step)" if step_s else ""
+    return (f"; TP {tensor}: model state and activations split {tensor} ways, for {format_duration(tensor_comm_s)} "
+            f"of TP collectives on the critical path{share}")
+
+
 def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Mesh, Training, list[str]]:
     """The search's tree, mesh (bandwidths filled in), training and the notes on what it assumed;
     ValueError naming the field that is missing or of the wrong kind."""
@@ -546,16 +495,21 @@ def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Me
     return tree, mesh, training, notes
 
 
-def count_candidates(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True)) -> int:
+def count_candidates(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True), tensor=(1,)) -> int:
     """How many plans ``search`` with these arguments tries (analysed or pruned), without analysing
     any: what a caller shows while the search runs. Raises what ``search`` raises for bad input."""
     tree, mesh, training, _ = _inputs(model, mesh, training)
-    return len(candidates(_Runner(tree, mesh, training), offload))
+    runner = _Runner(tree, mesh, training)
+    tensor_degrees(runner, tensor)
+    return len(candidates(runner, offload))
 
 
-def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True)) -> Search:
+def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True), tensor=(1,)) -> Search:
     """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
 
+    ``tensor``: the tensor-parallel degrees to try, e.g. ``(1, 2, 4, 8)``: each with the model's own
+    TP plan, within a node (a degree over the ranks per node, or one the model's heads or widths do
+    not divide, is left out and the note says why).
     ``mesh``: the world size, device memory (required: what "fits" means), ranks per node and
     bandwidths (the README table's 450 / 50 GB/s when absent); ``training``: the optimizer, dtypes
     and micro-batch (default ``DEFAULT_TRAINING``: AdamW, bf16 parameters, fp32 reduction, as every
@@ -564,6 +518,7 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     tree, mesh, training, notes = _inputs(model, mesh, training)
     runner = _Runner(tree, mesh, training)
     runner.lean_offload = any(offload)
+    notes += tensor_degrees(runner, tensor)
     cands = candidates(runner, offload)
     rows = sorted(_run(runner, cands), key=_rank_key(runner.limit))
     for c, r in rows:

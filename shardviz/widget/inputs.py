@@ -99,9 +99,9 @@ def parse_device_memory(text) -> int | None:
 
 def mesh_fields(kw: dict, mesh) -> dict:
     """The mesh controls' values (``set_mesh``'s arguments), validated as ``sv.Mesh`` reads them."""
-    for key in ("world", "replicate"):
+    for key, label in (("world", "world size"), ("replicate", "HSDP replicate"), ("tensor", "tensor parallel")):
         if key in kw:
-            kw[key] = whole("world size" if key == "world" else "HSDP replicate", kw[key])
+            kw[key] = whole(label, kw[key])
     if "device_gib" in kw:
         gib = kw.pop("device_gib")
         kw["device_memory"] = None if gib is None else f"{gib}"

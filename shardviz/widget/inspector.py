@@ -198,6 +198,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "revision": st.revision,
             "world": mesh.world,
             "replicate": mesh.replicate,
+            "tensor": mesh.tensor,
             "shard": shard,
             "rank": st.view.rank,
             "device_gib": round(mesh.device_memory / GIB, 3) if mesh.device_memory else None,

@@ -142,6 +142,7 @@ class ModuleStats:
                 own[m] = ul.index
         self.own_unit = own
         self.checkpointed = frozenset(tree.module_index[f] for f in layout.plan.checkpoint if f in tree.module_index)
+        self.tp_styles = tp_style_names(tree, layout)  # module -> its tensor-parallel style (a 2-D mesh only)
 
     def badge(self, m: int, static: StaticStats | None = None) -> dict:
         """The module's status badge: unit / in X / ignored / unmanaged / mixed."""
@@ -195,3 +196,16 @@ class ModuleStats:
             return None
         ign = self.lora_ignored[m]
         return "ignored" if ign == total else ("kept" if ign == 0 else "partly ignored")
+
+
+def tp_style_names(tree: ModelTree, layout: Layout) -> dict[int, str]:
+    """Each module the plan's tensor-parallel entries name -> its style's name, on a mesh with a tensor dim."""
+    if layout.mesh.tensor == 1 or not layout.plan.tensor_parallel:
+        return {}
+    from ..tp import resolve
+
+    modules, params = resolve(getattr(tree, "full_tree", tree), layout.plan.tensor_parallel)
+    out = {m: style.style for m, (_, style) in modules.items()}
+    for p, (_, style) in params.items():  # a parameter's own entry shows on its module
+        out.setdefault(tree.params[p].owners[0], style.style)
+    return out

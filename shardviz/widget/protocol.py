@@ -37,7 +37,8 @@ ACTIONS: dict[str, dict[str, str]] = {
     # mesh and training (undo steps too)
     # device_memory: the field's text ("80", "80GiB", "" = no limit); device_gib: a number of GiB
     # the counts are numbers: Python refuses one that is not whole, naming the field (never rounded)
-    "set_mesh": {"world": "number", "replicate": "number", "device_memory": "str|null", "device_gib": "number|null"},
+    "set_mesh": {"world": "number", "replicate": "number", "tensor": "number", "device_memory": "str|null",
+                 "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
                      "offload": "bool", "batch_size": "number|null", "seq_len": "number"},
     "apply_suggestion": {"index": "int"},  # a row of the last search: plan, HSDP split, micro-batch

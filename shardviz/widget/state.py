@@ -309,19 +309,38 @@ class InspectorState(PlanActions, SuggestActions):
         """
         cur = self.mesh
         replicate = cur.replicate if replicate is None else int(replicate)
+        tensor = int(fields.pop("tensor", cur.tensor))
+        if tensor != cur.tensor:
+            return self.set_tensor(tensor, world)
         if shard is None:
             world = cur.world if world is None else int(world)
             if world < 1:
                 raise ValueError(f"world size {world}: give the number of ranks, 1 or more")
             if replicate < 1:
                 raise ValueError(f"HSDP replicate {replicate}: give the number of copies, 1 or more (1: plain FSDP)")
-            if world % replicate:
-                raise ValueError(f"world size {world} is not a multiple of the HSDP replicate size {replicate}")
-            shard = world // replicate
+            if world % (replicate * tensor):
+                raise ValueError(f"world size {world} is not a multiple of the HSDP replicate size {replicate}"
+                                 + (f" x the tensor degree {tensor}" if tensor > 1 else ""))
+            shard = world // (replicate * tensor)
         changes = dict(shard=int(shard), replicate=replicate, **fields)
         if device_memory is not ...:
             changes["device_memory"] = device_memory
         self._commit(mesh=dataclasses.replace(cur, **changes))
+
+    def set_tensor(self, tensor: int, world: int | None = None) -> None:
+        """The tensor-parallel degree (the world kept): with T > 1 and a plan without tensor-parallel
+        entries, the model's own plan is added (one undo step); T = 1 keeps the entries, unused."""
+        from ..tp_presets import preset
+
+        cur, tensor = self.mesh, int(tensor)
+        world = cur.world if world is None else int(world)
+        if tensor < 1 or world % (cur.replicate * tensor):
+            raise ValueError(f"tensor degree {tensor}: give a divisor of world size {world} / replicate {cur.replicate}")
+        plan = None
+        if tensor > 1 and not self.plan.tensor_parallel:
+            plan = self.plan.with_tensor_parallel(preset(self.tree, True))
+        mesh = dataclasses.replace(cur, shard=world // (cur.replicate * tensor), tensor=tensor)
+        self._commit(plan=plan, mesh=mesh)
 
     def set_training(self, **fields) -> None:
         """Change ``sv.Training`` fields (optimizer, param_dtype, reduce_dtype, offload, ...)."""

@@ -249,6 +249,8 @@ class TreeView:
             "lora": stats.lora_state(m, static),
             "n_lora": static.n_lora[m],
         }
+        if m in stats.tp_styles:
+            row["tp"] = stats.tp_styles[m]
         if own >= 0:
             ul = lay.units[own]
             row["rar"] = _rar_value(ul.unit.reshard_after_forward)

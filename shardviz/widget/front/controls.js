@@ -15,6 +15,7 @@ function controlInputs() {
     rank: numberInput("sv-rank", { min: 0, "aria-label": "rank" }),
     world: numberInput("sv-world", { min: 1, "aria-label": "world size" }),
     replicate: numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" }),
+    tensor: numberInput("sv-tensor", { min: 1, "aria-label": "tensor parallel" }),
     device: h("input", { class: "sv-input sv-device", type: "text", inputmode: "decimal", placeholder: "no limit", "aria-label": "device memory in GiB" }),
     paramDtype: h("select", { class: "sv-param-dtype", "aria-label": "param dtype" }),
     reduceDtype: h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" }),
@@ -46,6 +47,7 @@ function controlsLayout(ctl) {
       { class: "sv-controls-row" },
       field("world size", ctl.world),
       field("HSDP replicate", ctl.replicate, "HSDP: copies of the sharded model (shard size = world / replicate)"),
+      field("TP", ctl.tensor, "tensor-parallel ranks inside a node (shard size = world / (replicate x TP)); > 1 adds the model's own TP plan"),
       field("device GiB", ctl.device, "device memory per rank: a number of GiB, or a size with its unit (80GiB, 96GB); empty: no limit"),
       field("param dtype", ctl.paramDtype, "MixedPrecisionPolicy(param_dtype): the dtype parameters are all-gathered and computed in"),
       field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
@@ -80,6 +82,7 @@ function wireControls(ctx, ctl, showState) {
   const sendRanks = () => send("set_mesh", { world: intOrNull(ctl.world) ?? 0, replicate: intOrNull(ctl.replicate) ?? 0 }, onRefused);
   for (const c of [ctl.world, ctl.replicate]) c.addEventListener("change", sendRanks);
   ctl.device.addEventListener("change", () => send("set_mesh", { device_memory: ctl.device.value.trim() }, onRefused));
+  ctl.tensor.addEventListener("change", () => send("set_mesh", { tensor: intOrNull(ctl.tensor) ?? 1 }, onRefused));
   // each training field sends only itself: a box shown on by the plan's own offload is not sent back
   const trainingField = [
     [ctl.optimizer, "optimizer", () => ctl.optimizer.value],
@@ -102,6 +105,7 @@ function showControls(ctl, c) {
   const text = (v) => (v === null || v === undefined ? "" : String(v));
   ctl.world.value = String(c.world);
   ctl.replicate.value = String(c.replicate);
+  ctl.tensor.value = String(c.tensor || 1);
   ctl.rank.value = String(c.rank);
   ctl.rank.max = String(c.world - 1);
   ctl.device.value = c.device_text || "";

@@ -96,7 +96,8 @@ function moduleCells(r) {
   return {
     name: [h("span", { class: "sv-name", text: r.name })],
     middle: [
-      h("span", { class: "sv-col-type", text: r.type, title: r.type }),
+      // on a 2-D mesh, the module's tensor-parallel style after its type
+      h("span", { class: "sv-col-type", text: r.tp ? `${r.type} · ${r.tp}` : r.type, title: r.tp ? `${r.type}; tensor parallel: ${r.tp}` : r.type }),
       h("span", {
         class: "sv-col-size",
         "data-numel": r.numel,
