@@ -69,7 +69,8 @@ def table_rows():
                 s = sv.search(model, mesh=sv.Mesh(shard=world, device=device), training=training)
                 best = s.table.iloc[0]
                 yield {"model": label, "device": device, "ranks": world, "fits": bool(s.fits), "plan": best["name"],
-                       "peak": best.peak, "memory": s.device_memory, "step": best.step_time_s,
+                       "peak": best.peak, "reserved": best.reserved_peak, "verdict": best.verdict,
+                       "memory": s.device_memory, "step": best.step_time_s,
                        "tokens": best.tokens_per_s, "mfu": best.mfu, "plans": s.n_candidates, "why": s.note}
 
 
@@ -82,9 +83,10 @@ def table_markdown(rows) -> str:
         f"layer (`shardviz.zoo`), AdamW, bf16 parameters, fp32 reduction, micro-batch {t['batch_size']} x "
         f"{t['seq_len']} tokens per rank, `sv.Mesh(shard=N, device=...)` (the device's memory, links and "
         "default efficiencies, docs/step-time.md). The best of all the plans it tries (LoRA layout, "
-        "checkpointing, reshard, HSDP split, CPU offload); tokens/s per rank; peak of the worst rank.",
+        "checkpointing, reshard, HSDP split, CPU offload, the key/value cache); tokens/s per rank; the allocated and "
+        "the reserved peak of the worst rank (the verdict judges the reserved one, with a 5 % safety margin).",
         "",
-        "| model | device | ranks | plans | best plan | peak / device (GiB) | step | tokens/s per rank | MFU |",
+        "| model | device | ranks | plans | best plan | peak / reserved / device (GiB) | step | tokens/s per rank | MFU |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -92,7 +94,8 @@ def table_markdown(rows) -> str:
             lines.append(f"| {r['model']} | {r['device']} | {r['ranks']} | {r['plans']} | nothing fits | | | | |")
             continue
         lines.append(f"| {r['model']} | {r['device']} | {r['ranks']} | {r['plans']} | {r['plan']} | "
-                     f"{gib(r['peak'])} / {gib(r['memory'])} | {r['step']:.3f} s | {r['tokens']:,.0f} | "
+                     f"{gib(r['peak'])} / {gib(r['reserved'])} / {gib(r['memory'])}{' (tight)' if r['verdict'] == 'tight' else ''} | "
+                     f"{r['step']:.3f} s | {r['tokens']:,.0f} | "
                      f"{100 * r['mfu']:.1f}% |")
     return "\n".join(lines) + "\n"
 
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
     fresh = zoo.build(args.model, lora=True)
     again = sv.analyze(fresh, s.best, s.best_mesh, s.best_training or training)
     peak = int(again.memory.peak.max())
-    ok = mesh.fit(peak).fits  # device memory less the reserve
+    ok = again.fit.fits  # the reserved peak against device memory less the reserve
     print(f"chosen: {s.best.name} on {s.best_mesh}; re-analysed: peak {sv.cost.format_bytes(peak)} "
           f"{'fits' if ok else 'DOES NOT FIT'} in {args.memory}")
     return 0 if ok and s.n_candidates >= 200 and search_s <= 10 * cold_s else 1

@@ -93,8 +93,8 @@ def fit_rows():
                     "peak": int(mem.at[worst, "peak"]),
                     "where": f"{mem.at[worst, 'peak_phase']}" + (f" ({mem.at[worst, 'peak_module'] or '<root>'})"
                                                                   if mem.at[worst, "peak_module"] is not None else ""),
-                    "fits": mesh.fit(int(mem.at[worst, "peak"])).fits,  # less the reserve (Mesh.fit)
-                    "peak_no_cache": int(a.without_kv_cache().memory.peak.max()),  # what SV113 prices
+                    "reserved": int(mem.at[worst, "reserved_peak"]),
+                    "verdict": a.fit.verdict,  # the reserved peak, the reserve and the safety margin (Analysis.fit)
                     **{k: a.step[k] for k in ("step_time_s", "tokens_per_s", "mfu", "exposed_comm_s")},
                 }
 
@@ -110,24 +110,25 @@ def fit_markdown(table: list[dict]) -> list[str]:
         "(`sv.Plan.auto(model, lora=..., checkpoint='blocks')`). *activations*: the activation bytes alive at the "
         "peak; *rest*: everything else alive then (parameters, gradients, optimizer states, FSDP buffers). "
         f"On `sv.Mesh(shard=..., device=\"{DEVICE}\")` (80 GiB; 450 GB/s inside a node of 8, 8 NICs of 50 GB/s per "
-        f"node across nodes): *fits*: the peak is within {sv.Mesh(1, device=DEVICE).limit_text}, the reserve being "
+        f"node across nodes): *reserved*: what the caching allocator reserves at that peak (`a.memory.reserved_peak`, "
+        "docs/cost-model.md); *fits*: the reserved peak keeps the 5 % safety margin within "
+        f"{sv.Mesh(1, device=DEVICE).limit_text} (`a.fit`; *tight*: inside the margin), the reserve being "
         "the CUDA context and NCCL's buffers (`Mesh.memory_reserve`); *step*, *tokens/s* (per GPU) and *MFU* are "
         "`a.step`: each op of the step timed by its roofline (torch's FLOP count, its bytes, a kernel floor), "
         "FSDP2's overlap of compute and collectives, the optimizer step, at the preset of the model's stack "
-        "(`hf-peft` for a peft model, docs/step-time.md); *exposed*: the communication compute waits for. The step is "
-        "the one the config runs: Llama 3.1's config keeps `use_cache=True`, so the forward builds a key/value "
-        "cache that the checkpointed blocks keep alive through backward (docs/activations.md, use_cache); "
-        "*peak, no cache*: the same plan with `model.config.use_cache = False` (`a.without_kv_cache()`, "
-        "the bytes finding SV113 says it saves).",
+        "(`hf-peft` for a peft model, docs/step-time.md); *exposed*: the communication compute waits for. The "
+        "key/value cache: Llama 3.1's config keeps `use_cache=True`; the plans without checkpointing run with it, "
+        "the checkpointed ones without it, as Hugging Face's gradient checkpointing turns it off "
+        "(`Training(use_cache=None)`, docs/activations.md, use_cache).",
         "",
-        "| model | ranks | LoRA | checkpoint | rest | activations | peak | peak in | fits | peak, no cache | step | tokens/s | MFU | exposed |",
-        "|---|---:|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|",
+        "| model | ranks | LoRA | checkpoint | rest | activations | peak | reserved | peak in | fits | step | tokens/s | MFU | exposed |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in table:
         rest = r["peak"] - r["activations"]
         lines.append(f"| {r['model']} | {r['ranks']} | {r['LoRA']} | {r['checkpoint']} | {gib(rest)} | "
-                     f"{gib(r['activations'])} | {gib(r['peak'])} | {r['where']} | {'yes' if r['fits'] else 'no'} | "
-                     f"{gib(r['peak_no_cache'])} | "
+                     f"{gib(r['activations'])} | {gib(r['peak'])} | {gib(r['reserved'])} | {r['where']} | "
+                     f"{ {'fits': 'yes', 'tight': 'tight', 'over': 'no'}[r['verdict']]} | "
                      f"{r['step_time_s']:.2f} s | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f} % | {r['exposed_comm_s']:.2f} s |")
     return lines
 
@@ -173,9 +174,8 @@ def markdown(table: list[dict], fits: list[dict] | None = None) -> str:
     ]
     if fits:
         lines += fit_markdown(fits)
-        lines += ["", "<sub>Columns: `a.memory` (activations, peak, peak_phase, peak_module) on the worst rank, "
-                  "`a.without_kv_cache().memory` (peak, no cache); "
-                  "`a.step` (step_time_s, tokens_per_s, mfu, exposed_comm_s).</sub>"]
+        lines += ["", "<sub>Columns: `a.memory` (activations, peak, reserved_peak, peak_phase, peak_module) on the "
+                  "worst rank, `a.fit` (fits); `a.step` (step_time_s, tokens_per_s, mfu, exposed_comm_s).</sub>"]
     lines.append("")
     return "\n".join(lines)
 
