@@ -146,7 +146,7 @@ def fake_friendly(recorder=None):
     ``module.to(dtype)`` in forward (NLLB-MoE's router casts its classifier): torch swaps fake
     parameters (``_apply``) and fails ("Couldn't swap ...: it has weakref associated with it");
     we replace the copy's parameters that need the cast. ``f"expert_{idx}"`` on a 0-dim index
-    (NLLB-MoE picks its expert module so): formatted from ``item()``, which the routing mode
+    (NLLB-MoE picks its expert module so): formatted from ``item()``, which the balanced routing
     answers (0: experts are identical in size)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
