@@ -497,3 +497,28 @@ def test_scales_linearly_in_tokens():
     b = measure_activations(model, 2, SEQ)
     block = a.blocks[1]
     assert math.isclose(b.at(block).saved, 2 * a.at(block).saved, rel_tol=0.01)
+
+
+def test_recorder_answers_a_fake_tensors_device_itself():
+    """``tensor.device`` of a fake tensor (most of what a Mamba scan dispatches) is answered by the
+    recorder as FakeTensorMode answers it, without going through the modes below it."""
+    from torch._subclasses import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from shardviz.activations.recorder import Recorder
+
+    seen = []
+
+    class Below(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    fake = FakeTensorMode()
+    with fake:
+        x = torch.empty(4, 4)
+    with fake, Below(), Recorder({}, set()):
+        device = torch.ops.prim.device.default(x)
+        y = x + 1
+    assert device == torch.device("cpu") and y.device == torch.device("cpu")
+    assert torch.ops.prim.device.default not in seen and torch.ops.aten.add.Tensor in seen

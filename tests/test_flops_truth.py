@@ -173,3 +173,39 @@ def test_no_batch_means_no_flops():
     a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), sv.Mesh(shard=8))
     assert a.flops.empty and list(a.flops.columns) == list(FLOP_COLUMNS)
     assert a.flop_totals == {"flops": 0, "model_flops": 0}
+
+
+def _llama_step(counter_mode):
+    """One forward + backward of a small fake llama under ``counter_mode``."""
+    from torch._subclasses import FakeTensorMode
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = _config("llama")()
+    with fake, counter_mode:
+        ids = torch.zeros((BATCH, SEQ), dtype=torch.long)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+
+def test_measuring_counter_counts_each_op_as_flop_counter_mode():
+    """The measuring pass's counter (``flops.flop_counter``) runs an op that does not decompose
+    without trying to decompose it: per op, the same FLOPs as torch's ``FlopCounterMode``; the
+    decomposition tried only for the ops that have one (it used to push the mode for every op)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from shardviz.activations.flops import flop_counter
+
+    truth = FlopCounterMode(display=False, custom_mapping=flop_formulas())
+    _llama_step(truth)
+    tried = []
+    ours = flop_counter()
+    original = torch._ops.OpOverload.decompose
+    torch._ops.OpOverload.decompose = lambda op, *a, **k: tried.append(op) or original(op, *a, **k)
+    try:
+        _llama_step(ours)
+    finally:
+        torch._ops.OpOverload.decompose = original
+    assert ours.flop_counts["Global"] == truth.flop_counts["Global"] and ours.get_total_flops() > 0
+    implicit = torch._C.DispatchKey.CompositeImplicitAutograd
+    assert all(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), implicit) or implicit in op.py_kernels
+               for op in tried)

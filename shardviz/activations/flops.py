@@ -4,6 +4,7 @@ levels, then summed per module and per ``fully_shard`` call (unit)."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from .opcost import combined, difference
@@ -74,13 +75,55 @@ class _GlobalOnly:
         return False
 
 
-def flop_counter():
-    """torch's ``FlopCounterMode`` with ``flop_formulas``, silent, counting the step's total."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
+def flop_counter(run=None):
+    """torch's ``FlopCounterMode`` with ``flop_formulas``, silent, counting the step's total;
+    ``run(func, args, kwargs)``: how it runs the ops it does not decompose (``patches.balanced_routing``:
+    the answers fake tensors cannot give, counted as torch would count them one mode below)."""
+    counter = _cheap_counter_class()(display=False, custom_mapping=flop_formulas())
     counter.mod_tracker = _GlobalOnly()
+    counter.run_op = run if run is not None else (lambda func, args, kwargs: func(*args, **kwargs))
     return counter
+
+
+@functools.cache
+def _cheap_counter_class():
+    """``FlopCounterMode`` whose mode runs and counts an op it would not decompose without first
+    trying to (a mode pushed and popped per op: a quarter of the counter's cost), as torch's
+    ``_FlopCounterMode.__torch_dispatch__`` does next; every other op goes to torch's dispatch.
+    Whether an op decomposes is ``OpOverload.decompose``'s own test, asked per op."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
+
+    aten, device = torch.ops.aten, torch.ops.prim.device.default
+    implicit = torch._C.DispatchKey.CompositeImplicitAutograd
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    # the queries torch's mode answers NotImplemented (its own list)
+    queries = frozenset({aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+                         aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default,
+                         aten.size.default, aten.sym_size.default, aten.stride.default, aten.sym_stride.default,
+                         aten.storage_offset.default, aten.sym_storage_offset.default, aten.numel.default,
+                         aten.sym_numel.default, aten.dim.default, torch.ops.prim.layout.default})
+
+    class CheapMode(_FlopCounterMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counter = self.counter
+            if isinstance(func, torch._ops.OpOverload) and func not in queries and (
+                    func in counter.flop_registry or func is device
+                    or (implicit not in func.py_kernels and not has_kernel(func.name(), implicit))):
+                kwargs = kwargs if kwargs else {}
+                out = counter.run_op(func, args, kwargs)
+                return counter._count_flops(func._overloadpacket, out, args, kwargs)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    class CheapCounter(FlopCounterMode):
+        def __enter__(self):  # FlopCounterMode.__enter__ with the mode above
+            self.flop_counts.clear()
+            self.mod_tracker.__enter__()
+            self.mode = CheapMode(self)
+            self.mode.__enter__()
+            return self
+
+    return CheapCounter
 
 
 def _spans(timeline: list[Event], ends: dict[str, int]) -> list[tuple[int, int, str, str]]:

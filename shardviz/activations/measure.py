@@ -16,7 +16,7 @@ from ..presets import find_blocks
 from ..tree import ModelTree, as_tree
 from .flops import flop_counter, module_costs, module_flops
 from .kvcache import KVRelease
-from .patches import fake_friendly, hf_plain_batches, moe_shape, routing_mode
+from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
 from .profile import ActivationProfile, Event, strip_wrapper
 from .reduced import ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
@@ -86,12 +86,12 @@ def _forward(model, request):
     return model(input_ids=ids, labels=ids, use_cache=request.use_cache, **image_prefix_inputs(model, request.batch_size))
 
 
-def _run_step(reduced, request, recorder, routing, counter) -> None:
+def _run_step(reduced, request, recorder, counter) -> None:
     """The user's ordinary step: forward, loss, the output dropped, ``loss.backward()``. Modes from
     the first to see an op: the recorder (it sees the ops as the model issues them), the FLOP
-    counter (what it decomposes to count stays below the recorder), the routing mode (it answers
-    what fake tensors cannot run, after the counter has counted it)."""
-    with routing, counter, recorder, hf_plain_batches(), fake_friendly(recorder):
+    counter (what it decomposes to count stays below the recorder; it runs each op with the
+    routing's answer to what fake tensors cannot run, and counts that)."""
+    with counter, recorder, hf_plain_batches(), fake_friendly(recorder):
         out = _forward(reduced, request)
         loss = _loss_of(out)
         del out
@@ -246,13 +246,13 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     reduced, keys, block_keys = build_copy(model, tree, lists, param_dtype_of, checkpoint_outside, fake_mode)
-    counter = flop_counter()
+    counter = flop_counter(balanced_routing(moe))
     recorder = Recorder(keys, block_keys, counter)
     # Categorise the copy's parameters as parameters and their gradients as gradients (not ours).
     handles = recorder.track_params(reduced)
     try:
         with fake_mode, recorder.kv.routing(recorder.winfos_of):
-            _run_step(reduced, request, recorder, routing_mode(moe), counter)
+            _run_step(reduced, request, recorder, counter)
     except Exception as exc:
         module = _recomputing(recorder.events, exc)
         if module is not None and not lists:  # the whole model: the user's own module failed, not the cut copy

@@ -59,31 +59,30 @@ def _grouped_mm_shape(args, kwargs) -> torch.Tensor:
     return torch.empty(size, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
 
 
-def routing_mode(moe):
-    """A dispatch mode that answers the data-dependent ops fake tensors cannot (``nonzero``,
-    ``item``) under *balanced routing*: every expert receives ``tokens * top_k / n_experts`` rows.
-    ``item()`` of a boolean: False (e.g. "is this the sentinel expert"); of a number: 0.
+def balanced_routing(moe):
+    """``run(func, args, kwargs)``: the op, or the answer to the data-dependent ops fake tensors
+    cannot run (``nonzero``, ``item``) under *balanced routing*: every expert receives
+    ``tokens * top_k / n_experts`` rows. ``item()`` of a boolean: False (e.g. "is this the sentinel
+    expert"); of a number: 0. The FLOP counter runs its ops with it (``flops.flop_counter``): it
+    counts what this answers.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     n_experts = moe[0] if moe else None
     aten = torch.ops.aten
     nonzero_ops = {aten.nonzero.default, aten.nonzero_static.default, aten.argwhere.default}
     grouped_mm = getattr(aten, "_grouped_mm", None)
     grouped_mm = grouped_mm.default if grouped_mm is not None else None
+    scalar = aten._local_scalar_dense.default
 
-    class BalancedRouting(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func in nonzero_ops:
-                return _balanced_nonzero(args[0], n_experts)
-            if func is grouped_mm and not (args[0].dtype == args[1].dtype == torch.bfloat16):
-                return _grouped_mm_shape(args, kwargs)
-            if func is aten._local_scalar_dense.default:
-                return False if args[0].dtype == torch.bool else 0
-            return func(*args, **kwargs)
+    def run(func, args, kwargs):
+        if func in nonzero_ops:
+            return _balanced_nonzero(args[0], n_experts)
+        if func is grouped_mm and not (args[0].dtype == args[1].dtype == torch.bfloat16):
+            return _grouped_mm_shape(args, kwargs)
+        if func is scalar:
+            return False if args[0].dtype == torch.bool else 0
+        return func(*args, **kwargs)
 
-    return BalancedRouting()
+    return run
 
 
 @contextlib.contextmanager
@@ -147,7 +146,7 @@ def fake_friendly(recorder=None):
     ``module.to(dtype)`` in forward (NLLB-MoE's router casts its classifier): torch swaps fake
     parameters (``_apply``) and fails ("Couldn't swap ...: it has weakref associated with it");
     we replace the copy's parameters that need the cast. ``f"expert_{idx}"`` on a 0-dim index
-    (NLLB-MoE picks its expert module so): formatted from ``item()``, which the routing mode
+    (NLLB-MoE picks its expert module so): formatted from ``item()``, which the balanced routing
     answers (0: experts are identical in size)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
