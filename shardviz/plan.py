@@ -297,13 +297,18 @@ class Plan:
         object.__setattr__(self, "setup", {})
 
     # -- edits (each returns a new plan) ------------------------------------
-    def _edited(self, units=None, ignored=None, checkpoint=None, tensor_parallel=None) -> "Plan":
+    def _edited(self, units=None, ignored=None, checkpoint=None, tensor_parallel=None, name=None) -> "Plan":
         """A new plan with these parts changed; the tensor-parallel entries, prefetch and origin carry over
         (edits start from a capture)."""
-        return Plan(self.units if units is None else units, self.ignored if ignored is None else ignored, self.name,
+        return Plan(self.units if units is None else units, self.ignored if ignored is None else ignored,
+                    self.name if name is None else name,
                     self.checkpoint if checkpoint is None else checkpoint,
                     self.tensor_parallel if tensor_parallel is None else tensor_parallel,
                     prefetch=self.prefetch, origin=self.origin)
+
+    def renamed(self, name: str) -> "Plan":
+        """The same plan (tensor-parallel entries, prefetch and origin too) under another name."""
+        return self._edited(name=name)
 
     def with_setup(self, setup: dict) -> "Plan":
         """The same plan carrying ``setup`` (a plan file's "mesh" and "training", see ``from_json``)."""

@@ -191,5 +191,5 @@ def named_plan(tree: ModelTree, plan: Plan) -> Plan:
         return plan
     for name, preset in presets.items():
         if preset == plan:
-            return Plan(plan.units, plan.ignored, name, plan.checkpoint)
+            return plan.renamed(name)
     return plan

@@ -371,6 +371,8 @@ def test_search_tries_tensor_degrees_within_a_node_and_says_why():
     plan, mesh_i, training_i = s.candidate(i)
     assert mesh_i.tensor == s.table.tensor[i] and plan.tensor_parallel
     assert int(sv.analyze(m, plan, mesh_i, training_i).memory.peak.max()) == s.table.peak[i]
+    # the best plan keeps the tensor-parallel entries its mesh (best_mesh) is sized for
+    assert s.best.tensor_parallel == s.candidate(0)[0].tensor_parallel and s.best_mesh.tensor == s.table.tensor[0]
     assert "tensor" not in sv.search(m, mesh, training, offload=(False,)).table.columns  # tensor=(1,): as before
 
 

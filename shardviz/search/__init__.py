@@ -384,7 +384,7 @@ class Search:
         if not self.fits:
             return None
         plan = self.candidate(0)[0]
-        return Plan(plan.units, plan.ignored, f"search: {self.table.name.iloc[0]}", plan.checkpoint)
+        return plan.renamed(f"search: {self.table.name.iloc[0]}")  # its tensor-parallel entries go with best_mesh
 
     @property
     def best_mesh(self) -> Mesh | None:

@@ -22,7 +22,6 @@ from ..fsdp import Mesh
 # the sequence-length warning is the command line's and the report's too: one function, in views
 from ..views import max_positions, seq_len_note  # noqa: F401
 
-GIB = 1024**3
 #: Far above every device shardviz knows (the largest has 288 GiB): a larger number is a typo.
 MAX_DEVICE_MEMORY = 64 * 1024**4
 #: Tokens per rank in one micro-batch (batch x sequence) the Inspector measures: 16 Mi, 128 x the

@@ -364,7 +364,7 @@ class InspectorState(PlanActions, SuggestActions):
             return
         units = [dataclasses.replace(u, offload=False) for u in plan.units]
         fields["offload"] = False
-        self._commit(plan=Plan(units, plan.ignored, plan.name, plan.checkpoint),
+        self._commit(plan=plan.with_units(units),
                      training=dataclasses.replace(self.training, **fields))
 
     # -- history --------------------------------------------------------------------------
