@@ -9,6 +9,7 @@ import warnings
 
 import helpers
 import pytest
+from playwright.sync_api import expect
 
 import shardviz as sv
 from shardviz import zoo
@@ -193,7 +194,8 @@ def test_report_explains_itself_and_copies_its_code(tmp_path, chromium_browser):
     assert page.locator("th.own").evaluate("el => getComputedStyle(el).backgroundColor") != "rgba(0, 0, 0, 0)"
     button = page.locator("button.copy")
     button.click()
-    page.wait_for_function("document.querySelector('button.copy').textContent === 'Copied'", timeout=5_000)
+    # the report's CSP forbids eval, which wait_for_function's string predicate needs; expect polls without it
+    expect(button).to_have_text("Copied", timeout=5_000)
     copied = page.evaluate("navigator.clipboard.readText()")
     model = zoo.tiny_llama_lora()
     from shardviz.views import DEFAULT_TRAINING
