@@ -492,7 +492,7 @@ def _run(parser, argv) -> int:
 
     args = parser.parse_args(argv)
     if args.version:
-        from .views import versions_text
+        from .display import versions_text
 
         answer(versions_text())
         return EXIT_OK

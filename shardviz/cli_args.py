@@ -238,7 +238,7 @@ def resolve_setup(args, plan=None):
     the notes say where each came from, for the output."""
     from .cost.setup import read_setup
     from .cost.training import DEFAULT_TRAINING
-    from .views import training_text
+    from .display import training_text
 
     try:
         file_mesh, file_training = read_setup(plan)

@@ -2,7 +2,7 @@
 
 Every number is read from ``analyze`` (one analysis per layout and mesh, on one cached tree),
 so a comparison can never disagree with the analyses it is made of. Without ``training`` both
-assume ``views.DEFAULT_TRAINING``, as the Inspector and the report do, and say so in their charts.
+assume ``display.DEFAULT_TRAINING``, as the Inspector and the report do, and say so in their charts.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import pandas as pd
 
-from . import views
+from . import display
 from .analysis import Analysis, analyze
 from .format import byte_unit, fmt, worst_rank
 from .fsdp import Mesh
 from .plan import as_plan
 from .tree import as_tree
-from .views import DEFAULT_TRAINING
+from .display import DEFAULT_TRAINING
 
 MEMORY_PARTS = ("params", "grads", "optimizer")
 #: What ``Sweep.figure(y=...)`` plots besides memory and traffic: axis title, scale.
@@ -89,8 +89,8 @@ class Comparison:
     def breakdown(self) -> pd.DataFrame:
         """The peak of each layout's busiest rank by kind (``Analysis.peak_breakdown``, the same
         breakdown the Inspector and the report draw); each row sums to the table's ``peak``."""
-        rows = [{"layout": name, **views.peak_breakdown(a)} for name, a in self.analyses.items()]
-        return pd.DataFrame(rows, columns=["layout", *views.PEAK_PARTS]).set_index("layout")
+        rows = [{"layout": name, **display.peak_breakdown(a)} for name, a in self.analyses.items()]
+        return pd.DataFrame(rows, columns=["layout", *display.PEAK_PARTS]).set_index("layout")
 
     @property
     def formatted(self) -> pd.DataFrame:
@@ -100,17 +100,17 @@ class Comparison:
 
     def memory_payload(self) -> dict:
         """The memory chart's data with one bar per layout: each layout's worst-rank bar of
-        ``views.memory_payload`` (``views.worst_bar``), labelled with the layout's name."""
+        ``display.memory_payload`` (``display.worst_bar``), labelled with the layout's name."""
         mesh = next(iter(self.analyses.values())).mesh if self.analyses else Mesh(1)
         bars = []
         for i, (name, a) in enumerate(self.analyses.items()):
-            bars.append({**views.worst_bar(a), "first": i, "last": i, "label": str(name)})
+            bars.append({**display.worst_bar(a), "first": i, "last": i, "label": str(name)})
         top = max((bar["peak"] for bar in bars), default=0)
         reserved = max((int(a.memory["reserved_peak"].max()) for a in self.analyses.values()), default=None)
-        return {"available": True, "categories": views.categories(), "bars": bars, "limit": mesh.usable_memory,
-                "limit_text": mesh.limit_text, "max_peak": top, "use": views.limit_use(top, mesh, reserved),
+        return {"available": True, "categories": display.categories(), "bars": bars, "limit": mesh.usable_memory,
+                "limit_text": mesh.limit_text, "max_peak": top, "use": display.limit_use(top, mesh, reserved),
                 "n_ranks": len(bars),
-                "training": views.training_text(self.training),
+                "training": display.training_text(self.training),
                 "by_layout": True}  # one bar per layout: the chart notes each one's peak
 
     def chart(self):
@@ -121,7 +121,7 @@ class Comparison:
 
     def chart_title(self) -> str:
         """The layouts chart's title, with the training it assumes."""
-        return f"Memory on the busiest rank, by layout ({views.training_text(self.training)})"
+        return f"Memory on the busiest rank, by layout ({display.training_text(self.training)})"
 
     def figure(self):
         """Stacked peak of the busiest rank by kind (the one breakdown), and bytes per step, one bar
@@ -139,12 +139,12 @@ class Comparison:
             mem_title += f"; {mesh.limit_text} is off the scale"
         fig = make_subplots(rows=1, cols=2, subplot_titles=(mem_title, f"Traffic per step ({tunit})"))
         names = list(t.index)
-        for part in views.PEAK_PARTS:
+        for part in display.PEAK_PARTS:
             fig.add_trace(go.Bar(name=part, x=names, y=b[part] / mdiv), row=1, col=1)
         fig.add_trace(go.Bar(name="bytes per step", x=names, y=t["bytes_per_step"] / tdiv, showlegend=True), row=1, col=2)
         if limit and limit <= 4 * float(t["peak"].max()):
             fig.add_hline(y=limit / mdiv, line_dash="dash", annotation_text=mesh.limit_text, row=1, col=1)
-        fig.update_layout(barmode="stack", height=420, legend_orientation="h", title=views.training_text(self.training),
+        fig.update_layout(barmode="stack", height=420, legend_orientation="h", title=display.training_text(self.training),
                           paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
         return fig
 
@@ -167,7 +167,7 @@ def _named_plans(plans) -> dict:
 def compare(model, plans, mesh: Mesh | None = None, training=None) -> Comparison:
     """Analyse every plan on the same model and mesh: ``compare(m, {"LoRA ignored": p1, "LoRA sharded": p2})``.
 
-    Without ``training``: ``views.DEFAULT_TRAINING`` (AdamW, bf16 parameters, fp32 reduction)."""
+    Without ``training``: ``display.DEFAULT_TRAINING`` (AdamW, bf16 parameters, fp32 reduction)."""
     tree = as_tree(model)
     mesh = mesh or Mesh(8)
     training = DEFAULT_TRAINING if training is None else training
@@ -200,9 +200,9 @@ class Sweep:
         limit = self.mesh.usable_memory if peak else None
         top = max((y for q in series for y in q["y"]), default=0)
         reserved = int(self.table["reserved_peak"].max()) if peak and len(self.table) else None
-        use = views.limit_use(top, self.mesh, reserved) if peak else None
+        use = display.limit_use(top, self.mesh, reserved) if peak else None
         what = "Peak memory per rank" if peak else "Bytes sent per rank per step"
-        return {"title": f"{what} ({views.training_text(self.training)})",
+        return {"title": f"{what} ({display.training_text(self.training)})",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,
                 "limit_text": self.mesh.limit_text if limit else None, "use": use}
 
@@ -236,7 +236,7 @@ class Sweep:
         if on_scale:
             fig.add_hline(y=limit / pdiv, line_dash="dash", annotation_text=self.mesh.limit_text, row=1, col=1)
         fig.update_xaxes(type="log", title_text="world size", dtick=0.30103)
-        fig.update_layout(height=420, legend_orientation="h", title=views.training_text(self.training))
+        fig.update_layout(height=420, legend_orientation="h", title=display.training_text(self.training))
         return fig
 
     def _metric_figure(self, y: str):
@@ -251,7 +251,7 @@ class Sweep:
                                      line_color=f"hsl({(i * 137) % 360},60%,45%)"))
         fig.update_xaxes(type="log", title_text="world size", dtick=0.30103)
         fig.update_layout(height=420, legend_orientation="h", yaxis_title=STEP_METRICS[y][0],
-                          title=views.training_text(self.training))
+                          title=display.training_text(self.training))
         return fig
 
     def __repr__(self) -> str:
@@ -264,7 +264,7 @@ def sweep(model, plans, world_sizes=(8, 16, 32, 64, 128, 256, 512), *, replicate
     the tensor-parallel degree, a plan's ``tensor_parallel`` then applied on it).
 
     ``mesh`` (optional) supplies device memory, ranks per node and bandwidths for every point.
-    Without ``training``: ``views.DEFAULT_TRAINING``.
+    Without ``training``: ``display.DEFAULT_TRAINING``.
     """
     tree = as_tree(model)
     base = mesh or Mesh(1)

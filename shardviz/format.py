@@ -70,13 +70,6 @@ def format_large_count(n) -> str:
     return format_count(n)
 
 
-def format_seconds(s) -> str:
-    """``0.5523`` -> ``"0.552 s"``; "–" when there is no number (no bandwidth given)."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "–"
-    return f"{s:.3f} s"
-
-
 def format_duration(s) -> str:
     """A step's part: ``1.234`` -> ``"1.234 s"``, ``0.0123`` -> ``"12.30 ms"``, ``4e-6`` -> ``"4.0 µs"``."""
     if s is None or (isinstance(s, float) and math.isnan(s)):
@@ -163,6 +156,9 @@ COLUMNS = {
     "warnings": ("warnings", "count"), "findings": ("findings", "codes"),
 }
 #: What a missing value reads as, per kind (a number torch cannot give without more input).
+#: What every display labels the work outside every fully_shard call (no FSDP unit).
+OUTSIDE_FSDP = "(outside FSDP)"
+
 MISSING = {"fits": "no limit set", "seconds": "no bandwidth given", "codes": "none"}
 
 
@@ -174,9 +170,7 @@ def format_value(kind: str, v) -> str:
         return format_bytes(v)
     if kind == "count":
         return format_count(v)
-    if kind == "seconds":
-        return format_seconds(v)
-    if kind == "duration":
+    if kind in ("seconds", "duration"):  # one spelling of a time, from µs to s
         return format_duration(v)
     if kind == "rate":
         return f"{v:,.0f}"

@@ -1,6 +1,6 @@
 """A standalone HTML report: one file, every script inlined, no network request when opened.
 
-The charts are the Inspector's own (``widget/charts.js`` drawing ``views.py``'s payloads:
+The charts are the Inspector's own (``widget/charts.js`` drawing ``display.py``'s payloads:
 the same data drawn the same way, light or dark after the reader's system), then the findings,
 the tables and the exported code, all read from one ``Analysis`` (and ``compare`` for the
 layouts side by side). Tables read like the notebook's ``sv.fmt``: human headers
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import views
+from . import display
 from .analysis import analyze
 from .format import COLUMNS, column_kind, format_count, format_value
 from .highlight import python_html
@@ -103,15 +103,15 @@ def _header(col, headers: dict) -> str:
 
 def html_table(df: pd.DataFrame, headers: dict | None = None) -> str:
     """A shardviz table as HTML: human headers, every value written by ``format.format_value``;
-    call and parameter names shortened (``views.short_labels``) with the full name on hover."""
+    call and parameter names shortened (``display.short_labels``) with the full name on hover."""
     headers = headers or {}
     columns = []
     for col in df.columns:
         kind = column_kind(df, col)
         values = df[col].tolist()
         if kind == "name":
-            full = [views.OUTSIDE_FSDP if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
-            short = views.short_labels(full, width=60)
+            full = [display.OUTSIDE_FSDP if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
+            short = display.short_labels(full, width=60)
             columns.append([f'<td class="name" title="{_esc(f)}">{_breakable(t)}</td>' for f, t in zip(full, short)])
         else:
             columns.append([f"<td>{_esc(format_value(kind, v))}</td>" for v in values])
@@ -138,7 +138,7 @@ def _peak_at(bar: dict, calls: list[str]) -> str:
     where = bar["unit"] or bar["module"]
     if not where:
         return bar["phase"] or "–"
-    return f"{bar['phase']} of {views.short_labels([*calls, where], width=40)[-1]}"
+    return f"{bar['phase']} of {display.short_labels([*calls, where], width=40)[-1]}"
 
 
 def memory_section(a, payload: dict) -> str:
@@ -180,7 +180,7 @@ def comparison_section(c, own: str | None = None) -> str:
         cells = "".join(f"<td{m}>{_esc(format_value(kind, v))}</td>" for v, m in zip(table[col], mark))
         rows.append(f'<tr><th class="row">{_esc(_header(col, {}))}</th>{cells}</tr>')
     mine = " The column marked (this report) is this report's own plan." if own is not None else ""
-    note = f'<p class="note">Each layout\'s busiest rank; training: {_esc(views.training_text(c.training))}.{mine}</p>'
+    note = f'<p class="note">Each layout\'s busiest rank; training: {_esc(display.training_text(c.training))}.{mine}</p>'
     return (f"<h2>Layouts compared</h2>{note}<div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -190,7 +190,7 @@ def time_section(a) -> str:
     if a.step["step_time_s"] is None:
         return ""
     notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in a.step_time.assumptions)
-    return ("<h2>Step time by call</h2>" + f'<p class="note">{_esc(views.step_text(a.step))}</p>' + notes
+    return ("<h2>Step time by call</h2>" + f'<p class="note">{_esc(display.step_text(a.step))}</p>' + notes
             + _table_or_fold(a.time, "calls timed (open)"))
 
 
@@ -202,7 +202,7 @@ def units_section(a) -> str:
 def _param_groups(a):
     """(summary, parameters) per call in the units' order, then the ignored and unmanaged ones."""
     params = a.params[list(PARAM_COLUMNS) + ["unit"]]
-    names = views.short_labels(a.units["unit"].tolist(), width=60)
+    names = display.short_labels(a.units["unit"].tolist(), width=60)
     for row, name in zip(a.units.itertuples(index=False), names):
         rows = params[params["unit"] == row.unit]
         yield (f"{_esc(name)}: {format_count(row.n_params)} parameters, shard per rank "
@@ -250,12 +250,12 @@ def findings_section(findings) -> str:
 
 
 def verdict_section(a) -> str:
-    """The answer first: fits or not (``views.verdict_text``), on which device, with the step time."""
-    text = views.verdict_text(a)
+    """The answer first: fits or not (``display.verdict_text``), on which device, with the step time."""
+    text = display.verdict_text(a)
     kind = "fits" if text.startswith("fits") else "over" if text.startswith("does not") else ""
     device = a.mesh.device.name if a.mesh.device is not None else "no device named (--device)"
     return (f'<p class="verdict {kind}">{_esc(text)}</p>'
-            f'<p class="step">{_esc(a.mesh)} of {_esc(device)}; {_esc(views.step_text(a.step))}</p>')
+            f'<p class="step">{_esc(a.mesh)} of {_esc(device)}; {_esc(display.step_text(a.step))}</p>')
 
 
 def _highlight(code: str) -> str:
@@ -271,8 +271,8 @@ def _chart(kind: str, payload: dict, title: str | None = None) -> str:
 
 
 def _training_line(training) -> str:
-    text = views.training_text(training)
-    if training == views.DEFAULT_TRAINING:
+    text = display.training_text(training)
+    if training == display.DEFAULT_TRAINING:
         text += " (shardviz's default, as in the Inspector and sv.compare)"
     return text
 
@@ -293,14 +293,14 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
     """The whole report as one HTML string (see ``write_report`` for a file).
 
     ``model``: an nn.Module or a ``ModelTree``; it is walked once and every section reads that tree.
-    Without ``training``: ``views.DEFAULT_TRAINING``, as the Inspector and ``compare`` assume.
+    Without ``training``: ``display.DEFAULT_TRAINING``, as the Inspector and ``compare`` assume.
     ``analysis``: the ``analyze`` of these very arguments when the caller has it (not analysed twice);
     ``model_label``: what the model is shaped after ("Llama 3.1 70B"), for the title."""
     mesh = mesh or Mesh(8)
-    training = views.DEFAULT_TRAINING if training is None else training
+    training = display.DEFAULT_TRAINING if training is None else training
     a = analysis or analyze(model, plan, mesh, training, strict=False, torch_version=torch_version)
-    title = title or f"shardviz report: {views.model_text(a.tree, model_label)}"
-    memory, traffic, timeline = views.memory_payload(a), views.traffic_payload(a), views.timeline_payload(a)
+    title = title or f"shardviz report: {display.model_text(a.tree, model_label)}"
+    memory, traffic, timeline = display.memory_payload(a), display.traffic_payload(a), display.timeline_payload(a)
     charts = [_chart("memory", memory), _chart("traffic", traffic)]
     comparison_html = ""
     if compare_with:
@@ -321,7 +321,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <h1>{_esc(title)}</h1>
 {verdict_section(a)}
 <p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}.
-Generated {stamp}; measured with {_esc(views.versions_text())}.</p>
+Generated {stamp}; measured with {_esc(display.versions_text())}.</p>
 {findings_section(a.findings)}
 <h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>
 {memory_section(a, memory)}

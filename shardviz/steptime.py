@@ -15,12 +15,11 @@ import weakref
 from dataclasses import dataclass, field
 
 from .activations import opcost
-from .format import format_duration
+from .format import OUTSIDE_FSDP, format_duration
 from .devices import Device, Efficiency, default_efficiency, stack_of
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
-OUTSIDE = "(outside FSDP)"
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
 STEP_KEYS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "exposed_comm_s", "compute_s", "flops", "model_flops",
@@ -73,7 +72,7 @@ def _measured_flops(a) -> dict | None:
 
 
 def unit_op_costs(a) -> dict:
-    """unit name (``OUTSIDE`` for what runs outside every call) -> {"forward", "backward",
+    """unit name (``OUTSIDE_FSDP`` for what runs outside every call) -> {"forward", "backward",
     "recompute"} ``opcost`` costs of the measured step's ops; a unit measured without them (a
     profile from before op costs) gets its FLOPs as large matmuls."""
     from .activations import unit_costs
@@ -83,8 +82,8 @@ def unit_op_costs(a) -> dict:
     out = {}
     for row in a.flops.to_dict("records"):
         unit = row["unit"]
-        name = OUTSIDE if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
-        measured = costs.get(None if name == OUTSIDE else name)
+        name = OUTSIDE_FSDP if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
+        measured = costs.get(None if name == OUTSIDE_FSDP else name)
         out[name] = measured or {phase: opcost.flop_only(row[f"{phase}_flops"]) for phase in PHASES}
     return out
 
@@ -158,7 +157,7 @@ def _unit_flops(a) -> tuple[list[str], dict, dict]:
     order, flops, table = [], {}, a.flops
     columns = [table[c].tolist() for c in ("unit", "forward_flops", "backward_flops", "recompute_flops")]
     for unit, forward, backward, recompute in zip(*columns):
-        name = OUTSIDE if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
+        name = OUTSIDE_FSDP if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
         order.append(name)
         flops[name] = {"forward": float(forward), "backward": float(backward), "recompute": float(recompute)}
     totals = {"flops": sum(sum(f.values()) for f in flops.values()),
@@ -231,7 +230,7 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
             reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
             reshard_after_forward="all_gather_backward_s" in c, h2d_s=h2d,
             d2h_s=d2h if c.get("reduce_scatter_s") is not None else 0.0,
-            backward_hook=True if is_root or name == OUTSIDE else seen_grad)
+            backward_hook=True if is_root or name == OUTSIDE_FSDP else seen_grad)
         if is_root:
             root = unit
         else:

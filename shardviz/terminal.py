@@ -17,7 +17,7 @@ import sys
 import textwrap
 import warnings
 
-from . import views
+from . import display
 
 WIDTH = 100
 TOP_FINDINGS = 5
@@ -97,24 +97,24 @@ def finding_lines(findings, top: int = TOP_FINDINGS, width: int = WIDTH) -> list
 
 
 def seq_len_warning(tree, training) -> str | None:
-    """"warning: sequence length ... above max_position_embeddings" (``views.seq_len_note``, the
+    """"warning: sequence length ... above max_position_embeddings" (``display.seq_len_note``, the
     Inspector's words) when the micro-batch's sequences are longer than the model's positions."""
-    note = views.seq_len_note(tree.model, training.seq_len) if training.batch_size or training.global_batch else None
+    note = display.seq_len_note(tree.model, training.seq_len) if training.batch_size or training.global_batch else None
     return f"warning: {note}" if note else None
 
 
 def _step_line(a) -> str:
-    """``views.step_text``; without a step time for want of a micro-batch, the flags that give one."""
+    """``display.step_text``; without a step time for want of a micro-batch, the flags that give one."""
     if a.step.get("step_time_s") is None and not a.training.with_activations:
         return "step time: none without a micro-batch (--batch-size B --seq-len S; and --device for the FLOPS)"
-    return views.step_text(a.step)
+    return display.step_text(a.step)
 
 
 def report_lines(a, findings, context: list[str] = (), label: str | None = None) -> list[str]:
     """What ``shardviz report`` answers in the terminal: the model, the verdict, the step, the
     assumptions (``context``), then the top findings; no line over ``WIDTH`` columns."""
-    lines = [f"model: {views.model_text(a.tree, label)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
-             *context, f"verdict: {views.verdict_text(a)}", _step_line(a)]
+    lines = [f"model: {display.model_text(a.tree, label)}", f"plan: {a.plan.name or 'custom'} ({len(a.plan.units)} fully_shard calls)",
+             *context, f"verdict: {display.verdict_text(a)}", _step_line(a)]
     note = seq_len_warning(a.tree, a.training)
     if note:
         lines.append(note)

@@ -17,7 +17,7 @@ from shardviz import zoo
 from shardviz.cli import main
 from shardviz.devices import DEVICES, device_by_name
 from shardviz.format import parse_size
-from shardviz.views import DEFAULT_TRAINING, library_versions
+from shardviz.display import DEFAULT_TRAINING, library_versions
 from shardviz.widget.inputs import parse_device_memory
 
 GiB = 1024**3

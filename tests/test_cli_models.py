@@ -12,7 +12,7 @@ import pytest
 import shardviz as sv
 from shardviz import cli, tree
 from shardviz.cost import format_bytes
-from shardviz.views import DEFAULT_TRAINING
+from shardviz.display import DEFAULT_TRAINING
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 T5, T5_DORA = EXAMPLES / "t5-small" / "config.json", EXAMPLES / "t5-small-dora"

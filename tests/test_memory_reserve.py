@@ -13,7 +13,7 @@ import functools
 import pytest
 
 import shardviz as sv
-from shardviz import views, zoo
+from shardviz import display, zoo
 from shardviz.devices import MEMORY_RESERVE_BYTES, GiB, memory_fit
 
 TRAINING = sv.Training(batch_size=2, seq_len=64)
@@ -61,7 +61,7 @@ def test_compare_table_says_it_does_not_fit():
 
 def test_views_payload_draws_the_usable_memory_and_says_the_reserve():
     m, plan, peak, mesh = setting()
-    payload = views.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
+    payload = display.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
     assert payload["limit"] == mesh.usable_memory and payload["limit_text"] == mesh.limit_text
     use = payload["use"]
     reserve = sv.cost.format_bytes(mesh.memory_reserve)
@@ -73,7 +73,7 @@ def test_a_reserve_as_large_as_the_device_leaves_nothing_and_says_so():
     draws the limit (at 0, not skipped as no limit) and its words say why, short enough for the label."""
     m, plan, peak, _ = setting()
     mesh = sv.Mesh(8, device_memory="200KiB")  # the default 1 GiB reserve
-    payload = views.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
+    payload = display.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
     assert payload["limit"] == 0 and payload["use"]["over"]
     assert payload["use"]["text"] == "the 1.00 GiB reserve leaves nothing of 200.00 KiB — does not fit"
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 import shardviz as sv
-from shardviz import views, zoo
+from shardviz import display, zoo
 from shardviz.devices import GiB, SAFETY_MARGIN, memory_fit
 from shardviz.search.rank import TIGHT_PENALTY
 
@@ -76,7 +76,7 @@ def test_a_row_inside_the_margin_says_tight_not_yes():
     assert row.fits and row.verdict == "tight" and row.margin == 1024
     assert s.formatted().loc[row.name, "fits"] == "tight" and "tight" in row.why
     a = sv.analyze(model(), s.candidate(int(row.name))[0], s.candidate(int(row.name))[1], TRAINING)
-    use = views.limit_use(int(a.memory.peak.max()), a.mesh)
+    use = display.limit_use(int(a.memory.peak.max()), a.mesh)
     assert use["verdict"] == "tight" and "tight: inside the" in use["text"]
 
 
@@ -126,5 +126,5 @@ def test_compare_and_the_chart_say_tight():
     mesh = replace(MESH, device_memory=peak + 4096, safety_margin="1MiB")
     row = sv.compare(model(), {"p": plan}, mesh=mesh, training=TRAINING).table.loc["p"]
     assert row.fits and row.verdict == "tight" and row.margin == 4096
-    use = views.memory_payload(sv.analyze(model(), plan, mesh, TRAINING))["use"]
+    use = display.memory_payload(sv.analyze(model(), plan, mesh, TRAINING))["use"]
     assert not use["over"] and use["tight"] and use["text"].endswith("— tight: inside the 1.00 MiB safety margin")

@@ -17,7 +17,8 @@ from shardviz.activations import opcost
 from shardviz.analysis import Analysis
 from shardviz.devices import Device, Efficiency
 from shardviz.schedule import StepExtras, UnitTime, schedule_step
-from shardviz.steptime import OUTSIDE, TIME_COLUMNS, timeline_payload
+from shardviz.format import OUTSIDE_FSDP
+from shardviz.steptime import TIME_COLUMNS, timeline_payload
 
 # 1 TFLOPS bf16, every efficiency 1: a unit's compute seconds are its FLOPs / 1e12
 ROUND = Device("round", "80GiB", 1, 1, 1, hbm_gbps=100, intra_node_gbps=10, inter_node_gbps=1)
@@ -172,12 +173,12 @@ def test_without_a_device_or_a_batch_the_step_says_why(model, flops):
         assert a.time.empty and list(a.time.columns) == TIME_COLUMNS and word in a.time.attrs["reason"]
         p = timeline_payload(a)
         assert p == {"available": False, "reason": a.step["reason"]}
-        assert "step time:" in sv.views.step_text(a.step)
+        assert "step time:" in sv.display.step_text(a.step)
 
 
 def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
     a = analysis(model, "ignored")
-    p = sv.views.timeline_payload(a)
+    p = sv.display.timeline_payload(a)
     assert p["available"] and p["streams"] == ["compute", "all_gather", "reduce_scatter", "all_reduce"]
     events = p["events"]
     starts = [e["start_s"] for e in events]
@@ -220,7 +221,7 @@ def test_the_report_states_the_step_and_draws_the_timeline(model, flops):
     mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
     html = render_report(model, sv.Plan.auto(model), mesh, TRAINING)
     a = sv.analyze(model, sv.Plan.auto(model), mesh, TRAINING)
-    assert sv.views.step_text(a.step).replace("·", "&middot;") in html or sv.views.step_text(a.step) in html
+    assert sv.display.step_text(a.step).replace("·", "&middot;") in html or sv.display.step_text(a.step) in html
     assert 'data-kind="timeline"' in html
     assert "Step time by call" in html and "matmuls at" in html  # a.time and its assumptions
     no_device = render_report(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
@@ -242,7 +243,7 @@ def test_outside_row_without_a_root_is_timed(model, monkeypatch):
 
     monkeypatch.setattr(Analysis, "flops", property(flops_with_outside), raising=False)
     a = analysis(model)
-    row = a.time.set_index("unit").loc[OUTSIDE]
+    row = a.time.set_index("unit").loc[OUTSIDE_FSDP]
     assert row.forward_s == pytest.approx(5e8 / 1e12) and row.all_gather_forward_s == 0
 
 

@@ -381,7 +381,7 @@ def test_sweep_and_compare_take_the_tensor_degree():
     plan = sv.Plan.auto(m, tensor_parallel=True)
     sw = sv.sweep(m, {"tp": plan}, world_sizes=(4, 8), tensor=2)
     assert list(sw.table.tensor) == [2, 2]
-    a = sv.analyze(m, plan, sv.Mesh(shard=4, tensor=2), sv.views.DEFAULT_TRAINING)
+    a = sv.analyze(m, plan, sv.Mesh(shard=4, tensor=2), sv.display.DEFAULT_TRAINING)
     assert sw.table.peak.iloc[1] == int(a.memory.peak.max())
     cmp = sv.compare(m, {"FSDP": sv.Plan.auto(m), "FSDP x TP": plan}, mesh=sv.Mesh(shard=2, tensor=2))
     assert cmp.table.peak["FSDP x TP"] < cmp.table.peak["FSDP"]
@@ -389,7 +389,7 @@ def test_sweep_and_compare_take_the_tensor_degree():
 
 # -- the Inspector (its Python side) ------------------------------------------------
 def test_inspector_tensor_degree_and_styles():
-    from shardviz.widget.state import InspectorState
+    from shardviz.widget.controller import InspectorState
 
     m = llama()
     st = InspectorState(m, sv.Plan.auto(m), sv.Mesh(shard=8))

@@ -138,7 +138,7 @@ def test_the_inspector_verifies_what_python_verifies(kind):
     issue 24: the KeyError on every checkpointed plan, shown as if torch had refused)."""
     from torch_truth import tiny_lora
 
-    from shardviz.widget.state import InspectorState
+    from shardviz.widget.controller import InspectorState
 
     model = tiny_lora()
     training = sv.Training(offload=kind == "offloaded")

@@ -17,10 +17,10 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz import views
+from shardviz import display
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.inspector import FRONT_FILES
-from shardviz.widget import views as widget_views
+from shardviz.widget import panels
 from shardviz.widget.tree_view import MAX_FILTER_ROWS, Folding
 
 L0 = "base_model.model.model.layers.0"
@@ -61,8 +61,8 @@ def assert_numbers_match(model, st):
             row = table[table["rank"] == rank].iloc[0]
             assert bar["peak"] == int(row["peak"])
             assert sum(bar["parts"].values()) == int(row["peak"])  # the stack sums to the peak
-            assert bar["parts"] == views.peak_breakdown(a, rank)  # the one breakdown, not a split of its own
-            assert list(bar["parts"]) == list(views.PEAK_PARTS)
+            assert bar["parts"] == display.peak_breakdown(a, rank)  # the one breakdown, not a split of its own
+            assert list(bar["parts"]) == list(display.PEAK_PARTS)
             assert bar["parts"]["optimizer states"] == int(row["optimizer"])
             assert bar["parts"]["sharded params"] + bar["parts"]["whole params"] == int(row["params"])
     covered = sorted(r for b in mem["bars"] for r in range(b["first"], b["last"] + 1))
@@ -606,7 +606,7 @@ def test_widget_initial_traits_equal_analyze(model, ins):
     assert ins.plan == sv.Plan.auto(model)
     assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
     assert ins.view.summary["n_units"] == len(ins.plan.units)
-    assert ins.view.findings == widget_views.findings_payload(fresh(model, ins))
+    assert ins.view.findings == panels.findings_payload(fresh(model, ins))
     assert_numbers_match(model, ins.controller)
 
 
@@ -640,10 +640,10 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
     assert ins.view.memory["revision"] == ins.controller.revision
     assert_numbers_match(model, ins.controller)
     # a change whose findings change: without the root's call torch refuses the [norm, lm_head] group
-    before = widget_views.findings_payload(fresh(model, ins))
+    before = panels.findings_payload(fresh(model, ins))
     wire.clear()
     ins.handle_action("toggle_unit", {"fqn": ""}, req=8)
-    after = widget_views.findings_payload(fresh(model, ins))
+    after = panels.findings_payload(fresh(model, ins))
     assert after != before and "SV004" in {f["code"] for f in after}
     names = [x if t == "trait" else x["type"] for t, x in wire.log]
     assert names.index("memory") < names.index("rows") < names.index("findings") < names.index("ack")
@@ -873,7 +873,7 @@ def test_python_api_and_figures(model, ins):
     fig = ins.memory_figure()
     bar = ins.controller.memory["bars"][0]
     # the plotly figure stacks the same parts, in a unit picked for the chart (KiB for the tiny model)
-    assert [trace.name for trace in fig.data] == list(views.PEAK_PARTS)
+    assert [trace.name for trace in fig.data] == list(display.PEAK_PARTS)
     assert fig.layout.yaxis.title.text == "KiB per rank"
     total = sum(trace.y[0] for trace in fig.data) * 1024
     assert total == pytest.approx(bar["peak"])

@@ -48,10 +48,10 @@ def test_an_edit_sends_the_model_state_then_the_full_numbers(model, ins):
 
 
 def test_a_new_edit_cancels_the_work_of_the_last(model, ins, monkeypatch):
-    from shardviz.widget import views
+    from shardviz.widget import panels
 
     started = threading.Event()
-    real = views.findings_payload
+    real = panels.findings_payload
 
     def slow(analysis):
         started.set()
@@ -59,11 +59,11 @@ def test_a_new_edit_cancels_the_work_of_the_last(model, ins, monkeypatch):
             time.sleep(0.01)
         return real(analysis)
 
-    monkeypatch.setattr(views, "findings_payload", slow)
+    monkeypatch.setattr(panels, "findings_payload", slow)
     assert ins.handle_action("set_training", {"seq_len": 80})["ok"]
     assert started.wait(60) and ins.work["busy"]
     t0 = time.perf_counter()
-    monkeypatch.setattr(views, "findings_payload", real)
+    monkeypatch.setattr(panels, "findings_payload", real)
     assert ins.handle_action("set_training", {"param_dtype": "float32"})["ok"]
     assert time.perf_counter() - t0 < 3  # the old job was stopped, not waited for (6 s)
     assert ins.wait(120)
@@ -72,7 +72,7 @@ def test_a_new_edit_cancels_the_work_of_the_last(model, ins, monkeypatch):
 
 
 def test_cancel_stops_the_work_and_says_so(ins, monkeypatch):
-    from shardviz.widget import views
+    from shardviz.widget import panels
 
     started = threading.Event()
 
@@ -81,7 +81,7 @@ def test_cancel_stops_the_work_and_says_so(ins, monkeypatch):
         while True:
             time.sleep(0.01)
 
-    monkeypatch.setattr(views, "findings_payload", endless)
+    monkeypatch.setattr(panels, "findings_payload", endless)
     assert ins.handle_action("apply_preset", {"name": "auto-ignored"})["ok"]
     assert started.wait(60)
     ack = ins.handle_action("cancel", {})

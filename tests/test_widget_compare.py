@@ -10,14 +10,14 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState, views
+from shardviz.widget import Inspector, InspectorState, panels
 from shardviz.widget.protocol import ACTIONS as FRONT_END_ACTIONS
 
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
 Q0 = L0 + ".self_attn.q_proj"
 MESH = sv.Mesh(shard=4)
-from shardviz.widget.state import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
+from shardviz.widget.controller import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, tra
     table = cmp.table
     assert view["pinned"] and view["available"]
     keys = [r["key"] for r in view["rows"]]
-    assert keys == [k for k, *_ in views.COMPARISON_ROWS]
+    assert keys == [k for k, *_ in panels.COMPARISON_ROWS]
     for r in view["rows"]:
         assert r["a"] == int(table.at["A", r["key"]]), r
         assert r["b"] == int(table.at["B", r["key"]]), r
@@ -56,7 +56,7 @@ def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, tra
         assert got["warnings"] == sum(f.severity == "warning" for f in a.findings)
     diff = cmp.diff("A", "B")
     assert view["n_diff"] == len(diff)
-    assert [d["fqn"] for d in view["diff"]] == list(diff["fqn"])[: views.MAX_DIFF_SHOWN]
+    assert [d["fqn"] for d in view["diff"]] == list(diff["fqn"])[: panels.MAX_DIFF_SHOWN]
     return cmp
 
 
@@ -136,7 +136,7 @@ def test_mesh_change_after_pin(model, st):
 
 
 def test_diff_is_capped_for_display(model, st, monkeypatch):
-    monkeypatch.setattr(views, "MAX_DIFF_SHOWN", 3)
+    monkeypatch.setattr(panels, "MAX_DIFF_SHOWN", 3)
     st.pin()
     st.apply_preset("auto-ignored")
     view = st.comparison
@@ -180,4 +180,4 @@ def test_compare_chart_notes_every_layout_and_its_training(model):
                      training=DEFAULT_TRAINING)
     payload = cmp.memory_payload()
     assert payload["by_layout"] is True and [b["label"] for b in payload["bars"]] == ["LoRA ignored", "LoRA sharded"]
-    assert payload["training"] == views.training_text(DEFAULT_TRAINING) == "AdamW · bf16 params · fp32 reduce · no batch (model state only)"
+    assert payload["training"] == panels.training_text(DEFAULT_TRAINING) == "AdamW · bf16 params · fp32 reduce · no batch (model state only)"

@@ -12,9 +12,9 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz import views
+from shardviz import display
 from shardviz.widget import Inspector, InspectorState
-from shardviz.widget.state import DEFAULT_TRAINING, plan_changes
+from shardviz.widget.controller import DEFAULT_TRAINING, plan_changes
 
 L0 = "base_model.model.model.layers.0"
 Q0 = L0 + ".self_attn.q_proj"
@@ -152,11 +152,11 @@ def test_tied_embedding_counted_once_in_subtree_sizes():
 def test_chart_labels_keep_the_end_that_names_the_module():
     names = ["base_model.model.model.layers.1", "base_model.model.model.layers.10",
              "[base_model.model.model.norm, base_model.model.lm_head]", None, ""]
-    got = views.short_labels(names)
+    got = display.short_labels(names)
     assert got[:2] == ["model.layers.1", "model.layers.10"]
     assert got[2] == "[model.norm, lm_head]"
     assert got[3] == "(outside FSDP)"
-    long = views.short_labels(["a.very_long_module_name.layers.11.mlp.down_proj", "b.x"], width=24)
+    long = display.short_labels(["a.very_long_module_name.layers.11.mlp.down_proj", "b.x"], width=24)
     assert long[0] == "…layers.11.mlp.down_proj" and not long[0].startswith("…_")
 
 
@@ -193,7 +193,7 @@ def test_batch_size_brings_activations_into_the_chart_and_the_moment_of_the_peak
     assert ins.handle_action("set_training", {"batch_size": 2, "seq_len": 64})["ok"]
     a = sv.analyze(model, ins.plan, MESH, ins.training)
     parts = ins.memory["bars"][0]["parts"]
-    assert parts == views.peak_breakdown(a, ins.memory["bars"][0]["first"])
+    assert parts == display.peak_breakdown(a, ins.memory["bars"][0]["first"])
     assert parts["activations"] > 0 and sum(parts.values()) == ins.memory["bars"][0]["peak"]
     worst = ins.memory["worst"]
     row = a.memory.loc[a.memory["peak"].idxmax()]
@@ -202,7 +202,7 @@ def test_batch_size_brings_activations_into_the_chart_and_the_moment_of_the_peak
     # checkpointing every block: the chart follows analyze of the checkpointed plan
     assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
     b = sv.analyze(model, ins.plan, MESH, ins.training)
-    assert ins.plan.checkpoint and ins.memory["bars"][0]["parts"] == views.peak_breakdown(b, ins.memory["bars"][0]["first"])
+    assert ins.plan.checkpoint and ins.memory["bars"][0]["parts"] == display.peak_breakdown(b, ins.memory["bars"][0]["first"])
 
 
 @pytest.mark.parametrize("mesh", [sv.Mesh(shard=1, replicate=64, device="H100"), sv.Mesh(shard=4, replicate=2, device="H100"),

@@ -50,7 +50,7 @@ module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets 
 
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_costs, unit_flops
 from .measure import clear_cache, config_use_cache, measure_activations
-from .profile import ActivationProfile, Event, ModuleActivations
+from .profile import ActivationProfile, ModuleEvent, ModuleActivations
 
-__all__ = ["FLOP_COLUMNS", "ActivationProfile", "Event", "ModuleActivations", "ModuleFlops", "clear_cache",
+__all__ = ["FLOP_COLUMNS", "ActivationProfile", "ModuleEvent", "ModuleActivations", "ModuleFlops", "clear_cache",
            "config_use_cache", "flop_formulas", "measure_activations", "unit_costs", "unit_flops"]

@@ -8,7 +8,7 @@ import functools
 from typing import NamedTuple
 
 from .opcost import combined, difference
-from .profile import Event
+from .profile import ModuleEvent
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -126,7 +126,7 @@ def _cheap_counter_class():
     return CheapCounter
 
 
-def _spans(timeline: list[Event], ends: dict[str, int]) -> list[tuple[int, int, str, str]]:
+def _spans(timeline: list[ModuleEvent], ends: dict[str, int]) -> list[tuple[int, int, str, str]]:
     """(open, close, fqn, phase) of every module's forward, backward and recomputation, each close
     matched with the latest open of the same module and kind. Opens left unmatched are instants,
     not spans (the next block's first events, spliced at the end of a run with no change); a
@@ -145,7 +145,7 @@ def _spans(timeline: list[Event], ends: dict[str, int]) -> list[tuple[int, int, 
     return [s for s in spans if s[1] > s[0]]  # an instant holds no operation
 
 
-def _owned(timeline: list[Event], ends: dict[str, int]):
+def _owned(timeline: list[ModuleEvent], ends: dict[str, int]):
     """(fqn, phase, event) of every event that carries work: what ran since the previous event
     belongs to the innermost (shortest) span running then, in its phase (torch opens a module's
     backward and its parent's at one instant: the order they open in does not say which is inside)."""
@@ -164,7 +164,7 @@ def _owned(timeline: list[Event], ends: dict[str, int]):
         running.extend(opens.get(j, ()))
 
 
-def module_flops(timeline: list[Event], ends: dict[str, int]) -> dict[str, ModuleFlops]:
+def module_flops(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str, ModuleFlops]:
     """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), by ``_owned``."""
     totals: dict[tuple[str, str], int] = {}
     for fqn, phase, ev in _owned(timeline, ends):
@@ -177,7 +177,7 @@ def module_flops(timeline: list[Event], ends: dict[str, int]) -> dict[str, Modul
     return out
 
 
-def module_costs(timeline: list[Event], ends: dict[str, int]) -> dict[str, tuple]:
+def module_costs(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str, tuple]:
     """fqn -> (forward, backward, recompute) ``opcost`` costs of its own ops, by ``_owned``."""
     out: dict[str, list] = {}
     for fqn, phase, ev in _owned(timeline, ends):

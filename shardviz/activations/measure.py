@@ -17,7 +17,7 @@ from ..tree import ModelTree, as_tree
 from .flops import flop_counter, module_costs, module_flops
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
-from .profile import ActivationProfile, Event, strip_wrapper
+from .profile import ActivationProfile, ModuleEvent, strip_wrapper
 from .reduced import ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
 from .stats import event_index, last_in_subtree, module_stats
@@ -175,7 +175,7 @@ class _DtypePolicy:
 class Measurement:
     """What one run of a (reduced) copy recorded."""
 
-    events: list[Event]
+    events: list[ModuleEvent]
     attention: tuple[str, ...]
     kv_release: KVRelease | None = None  # the key/value cache's death, when the step keeps one
 

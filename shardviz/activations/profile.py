@@ -16,7 +16,7 @@ def strip_wrapper(fqn: str) -> str:
     return ".".join(p for p in fqn.split(".") if p != WRAPPED)
 
 
-class Event(NamedTuple):
+class ModuleEvent(NamedTuple):
     """One module event of the step.
 
     kind: pre_fw, post_fw, pre_bw, post_bw, pre_rc/post_rc (forward recomputed in backward by
@@ -83,7 +83,7 @@ class ActivationProfile:
     peak: ``(bytes, phase, module_fqn)``: the highest activation level of the step, whether it
         happens in ``"forward"`` or ``"backward"``, and the innermost module running then
         (``""`` = the root, e.g. the loss).
-    timeline: the full model's events (``Event``: kind, fqn, phase, level, peak since the previous
+    timeline: the full model's events (``ModuleEvent``: kind, fqn, phase, level, peak since the previous
         event), in order.
     attention: the attention kernels torch ran (aten op names), e.g.
         ``_scaled_dot_product_flash_attention_for_cpu``.
@@ -99,7 +99,7 @@ class ActivationProfile:
     peak: tuple[int, str, str]
     modules: dict[str, ModuleActivations]
     blocks: list[str]
-    timeline: list[Event] = field(repr=False)
+    timeline: list[ModuleEvent] = field(repr=False)
     attention: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     measured_blocks: int = 0  # block copies the reduced model ran

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import opcost
 from .kvcache import CacheTracker
-from .profile import Event
+from .profile import ModuleEvent
 
 ACTIVATION_KINDS = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
 ATTENTION_OPS = frozenset({
@@ -38,7 +38,7 @@ class _PendingRelease:
 
 
 class Recorder(MemTracker):
-    """``MemTracker`` whose module hooks append ``Event``s to a flat timeline instead of
+    """``MemTracker`` whose module hooks append ``ModuleEvent``s to a flat timeline instead of
     deep-copying per-module snapshots, and whose per-op peak update is O(1)."""
 
     def __init__(self, keys: dict[int, object], block_keys: set, flop_counter=None):
@@ -48,7 +48,7 @@ class Recorder(MemTracker):
         self._cost: dict = {}  # opcost buckets of the ops since the previous event
         self.keys = keys  # id(module) -> key
         self.block_keys = block_keys
-        self.events: list[Event] = []
+        self.events: list[ModuleEvent] = []
         self.attention: dict[str, int] = {}
         self._seg_peak = 0
         self._inputs: dict[object, set[int]] = {}
@@ -135,8 +135,8 @@ class Recorder(MemTracker):
         if self._pending is not None:
             pending, self._pending = self._pending, None
             before = self.events[-1].level
-            self.events.append(Event("gap", pending.key, "fw", before - pending.freed, before))
-        self.events.append(Event(kind, key, phase, lvl, max(self._seg_peak, lvl), self._flops_since(),
+            self.events.append(ModuleEvent("gap", pending.key, "fw", before - pending.freed, before))
+        self.events.append(ModuleEvent(kind, key, phase, lvl, max(self._seg_peak, lvl), self._flops_since(),
                                  self._cost_since()))
         self._seg_peak = lvl
 

@@ -7,15 +7,15 @@ from dataclasses import dataclass, replace
 
 from .kvcache import KVRelease
 from .opcost import combined
-from .profile import Event
+from .profile import ModuleEvent
 from .reduced import PLAIN, WHOLE_BLOCK, ListPlan
 
 
-def _is_block_event(ev: Event, li: int) -> bool:
+def _is_block_event(ev: ModuleEvent, li: int) -> bool:
     return isinstance(ev.key, tuple) and ev.key[0] == li
 
 
-def _run_ends(events: list[Event], li: int, phase: str) -> tuple[dict, dict]:
+def _run_ends(events: list[ModuleEvent], li: int, phase: str) -> tuple[dict, dict]:
     """rep -> index of its first event in ``phase``, and of its last one that is not a post-backward."""
     first, last = {}, {}
     for j, ev in enumerate(events):
@@ -28,7 +28,7 @@ def _run_ends(events: list[Event], li: int, phase: str) -> tuple[dict, dict]:
     return first, last
 
 
-def _backward_run_end(events: list[Event], next_first: int) -> int:
+def _backward_run_end(events: list[ModuleEvent], next_first: int) -> int:
     """Just after the next rep's first event, and after the events at the same instant."""
     end = next_first + 1
     level = events[end - 1].level
@@ -56,7 +56,7 @@ class _Region:
         return replace(self, stop=at, runs=runs)
 
 
-def _region(events: list[Event], li: int, phase: str) -> _Region | None:
+def _region(events: list[ModuleEvent], li: int, phase: str) -> _Region | None:
     """List ``li``'s region in ``phase``.
 
     Forward: a run starts at the rep's first event and ends where the next one starts. Backward:
@@ -85,7 +85,7 @@ def _region(events: list[Event], li: int, phase: str) -> _Region | None:
     return _Region(first[order[0]], start, li, phase, runs, order)
 
 
-def _regions(events: list[Event], lists: list[ListPlan]) -> list[_Region]:
+def _regions(events: list[ModuleEvent], lists: list[ListPlan]) -> list[_Region]:
     """Every list's forward and backward region, in timeline order. A region may end with hook
     events torch fires late (an identity module on an encoder output: its pre-backward waits for
     the gradient summed over all decoder blocks) inside the next region: it is clipped there; those
@@ -99,7 +99,7 @@ def _regions(events: list[Event], lists: list[ListPlan]) -> list[_Region]:
     return found
 
 
-def _deltas(events: list[Event]) -> list[Event]:
+def _deltas(events: list[ModuleEvent]) -> list[ModuleEvent]:
     """The events with level and peak as changes against the previous event's level."""
     out, prev = [], 0
     for ev in events:
@@ -108,7 +108,7 @@ def _deltas(events: list[Event]) -> list[Event]:
     return out
 
 
-def _without_lead(run: list[Event], li: int, r: int) -> list[Event]:
+def _without_lead(run: list[ModuleEvent], li: int, r: int) -> list[ModuleEvent]:
     """A region's first run reused at another position: the first run begins with work outside the
     blocks (in backward: the final norm's backward, carried by the last block's first event; an
     encoder's: the decoder blocks' late post-backward) that the previous run already brought. The
@@ -120,7 +120,7 @@ def _without_lead(run: list[Event], li: int, r: int) -> list[Event]:
                         cost=None) for ev in run[:lead]] + run[lead:]
 
 
-def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Event:
+def _renamed(ev: ModuleEvent, region: _Region, r: int, names: tuple, edge: bool) -> ModuleEvent:
     """``ev`` of rep ``r``'s run with its module named in the full model (None: dropped).
     names: (this position, the previous processed one, the next one). Events of the previous
     representative that fire inside this run (in backward, a block's post-backward fires after the
@@ -142,7 +142,7 @@ def _renamed(ev: Event, region: _Region, r: int, names: tuple, edge: bool) -> Ev
     return ev._replace(key=fqn)
 
 
-def _region_events(region: _Region, deltas: list[Event], lp: ListPlan) -> tuple[list[Event], list[int]]:
+def _region_events(region: _Region, deltas: list[ModuleEvent], lp: ListPlan) -> tuple[list[ModuleEvent], list[int]]:
     """The region replaced by one run per position (forward in order, backward in reverse), and the
     index in the copy's timeline of each event."""
     n = len(lp.positions)
@@ -165,12 +165,12 @@ def _region_events(region: _Region, deltas: list[Event], lp: ListPlan) -> tuple[
     return out, sources
 
 
-def _outside(evs: list[Event]) -> list[Event]:
+def _outside(evs: list[ModuleEvent]) -> list[ModuleEvent]:
     """Events outside the regions; a block's event there is not expected: dropped, its level kept."""
     return [ev._replace(key=None) if isinstance(ev.key, tuple) else ev for ev in evs]
 
 
-def _absolute(result: list[Event]) -> list[Event]:
+def _absolute(result: list[ModuleEvent]) -> list[ModuleEvent]:
     """Changes back to absolute levels; dropped events (key None) carry their change and their
     FLOPs forward (trailing ones go to the last event)."""
     timeline, level, carry_peak, carry_flops, carry_cost = [], 0, None, 0, None
@@ -191,7 +191,7 @@ def _absolute(result: list[Event]) -> list[Event]:
     return timeline
 
 
-def _cache_kept(events: list[Event], release: KVRelease) -> list[Event]:
+def _cache_kept(events: list[ModuleEvent], release: KVRelease) -> list[ModuleEvent]:
     """The copy's timeline as if its key/value cache never died: from the death on, its bytes stay."""
     freed = release.in_copy()
     out = events[:release.event]
@@ -202,7 +202,7 @@ def _cache_kept(events: list[Event], release: KVRelease) -> list[Event]:
     return out
 
 
-def _cache_dies(result: list[Event], sources: list[int], release: KVRelease, lists: list[ListPlan]) -> None:
+def _cache_dies(result: list[ModuleEvent], sources: list[int], release: KVRelease, lists: list[ListPlan]) -> None:
     """The cache's death in the full model's timeline (changes), at the last event made from the
     copy's event that saw it (a block run is reused at every position of its representative; the
     cache dies once, in the last one): every position's share freed."""
@@ -210,7 +210,7 @@ def _cache_dies(result: list[Event], sources: list[int], release: KVRelease, lis
     result[at] = result[at]._replace(level=result[at].level - release.in_model(lists))
 
 
-def splice(events: list[Event], lists: list[ListPlan], release: KVRelease | None = None) -> list[Event]:
+def splice(events: list[ModuleEvent], lists: list[ListPlan], release: KVRelease | None = None) -> list[ModuleEvent]:
     """The full model's timeline: the reduced timeline with each block list's forward and backward
     regions replaced by one run per position (a dropped event's level change is carried to the
     next event, so levels stay exact). ``release``: the key/value cache's death in the copy
@@ -233,7 +233,7 @@ def splice(events: list[Event], lists: list[ListPlan], release: KVRelease | None
     return _absolute(result)
 
 
-def _rep_saved(events: list[Event]) -> dict[tuple[int, int], int]:
+def _rep_saved(events: list[ModuleEvent]) -> dict[tuple[int, int], int]:
     """(list, rep) -> bytes the rep's forward leaves allocated (level after its inputs' release
     minus level at its first pre-forward)."""
     out, start = {}, {}
@@ -249,7 +249,7 @@ def _rep_saved(events: list[Event]) -> dict[tuple[int, int], int]:
     return out
 
 
-def block_saved(events: list[Event], lists: list[ListPlan]) -> dict[str, tuple]:
+def block_saved(events: list[ModuleEvent], lists: list[ListPlan]) -> dict[str, tuple]:
     """Block fqn -> (saved bytes plain, saved bytes checkpointed), from the steady representatives
     (the first block's own variant from the first copy)."""
     rep_saved = _rep_saved(events)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .profile import Event, ModuleActivations
+from .profile import ModuleEvent, ModuleActivations
 
 
-def event_index(timeline: list[Event]) -> dict[str, dict[str, int]]:
+def event_index(timeline: list[ModuleEvent]) -> dict[str, dict[str, int]]:
     """fqn -> {event kind: index} (first pre-forward/backward, last post-forward/backward/gap) and
     ``"last"``: the module's last event."""
     idx: dict[str, dict[str, int]] = {}
@@ -49,7 +49,7 @@ def backward_end(fqn: str, d: dict[str, int], ends: dict[str, int]) -> int:
 class _Levels:
     """The timeline's levels and peaks as arrays, and the highest level over a span of events."""
 
-    def __init__(self, timeline: list[Event]):
+    def __init__(self, timeline: list[ModuleEvent]):
         import numpy as np
 
         n = len(timeline)
@@ -84,7 +84,7 @@ def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> ModuleA
                              plain, ckpt, is_ck)
 
 
-def module_stats(timeline: list[Event], idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
+def module_stats(timeline: list[ModuleEvent], idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
     """({fqn: ModuleActivations}, (peak bytes, phase, innermost module running then)); ``idx``
     and ``ends``: ``event_index`` and ``last_in_subtree`` of the timeline."""
     lv = _Levels(timeline)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .params import sharded_params, tree_arrays, whole_params
 from .simulation import StepResult, simulate_step
-from .state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
+from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
 from .training import Training
 from .units import UnitCost, root_post_forwards, unit_costs
 from .walk import execution_walk

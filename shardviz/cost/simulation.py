@@ -157,7 +157,7 @@ class StepSimulation:
 
     ``root_posts``: (post-forward position, plan unit index) of every root call;
     ``unmanaged_grads``: gradients computed outside every call; ``averaging``: the exported code's
-    gradient averaging (``cost.state.GradientAveraging``) or None; ``levels``: activation levels
+    gradient averaging (``cost.rank_state.GradientAveraging``) or None; ``levels``: activation levels
     (``cost.levels``)."""
 
     def __init__(self, units: list[UnitCost], root_posts, unmanaged_grads: int, averaging, levels,

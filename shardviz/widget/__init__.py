@@ -1,21 +1,23 @@
 """The Jupyter widget: ``sv.Inspector(model)``.
 
-- ``state.InspectorState``: every action as a plain Python method (no browser needed): history,
+- ``controller.InspectorState``: every action as a plain Python method (no browser needed): history,
   analysis and views; its plan edits in ``plan_actions``, the plan's name after edits in ``plan_names``,
   what the typed fields accept in ``inputs``;
 - ``tree_view``: expansion, filters and the visible rows, over ``folding`` (repeated blocks as one
   row) and ``module_stats`` (per-module sizes, bytes and badges);
-- ``views``: the chart and findings payloads, read from ``sv.analyze``, and plotly figures;
+- ``panels``: the findings and A vs B payloads, read from ``sv.analyze`` (the charts' are ``shardviz.display``'s);
 - ``planfile``: the atomically saved, restorable plan file;
 - ``protocol``: the message schema both halves check;
 - ``inspector.Inspector``: one anywidget, controls included (``charts.js`` + ``front/*.js``,
   one file per component, ``inspector.css``: shipped files, no build step, no network);
-- ``chart.Chart``: one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
+- ``Chart`` (made by ``shardviz/chart.py``): one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
 """
 
-from .chart import Chart
+from ..chart import chart_class
+from .controller import InspectorState
 from .inspector import Inspector, InspectorView
 from .planfile import PlanFileError
-from .state import InspectorState
+
+Chart = chart_class()
 
 __all__ = ["Chart", "Inspector", "InspectorState", "InspectorView", "PlanFileError"]

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from ..analysis import analyze
 from ..format import format_count
-from . import views
-from .views import host_ram_text
+from . import panels
+from .panels import host_ram_text
 
 #: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
 NUMBERS_WAIT_S = 1.0
@@ -164,7 +164,7 @@ class BackgroundPush:
         a.__dict__["run_order"] = self._run_order  # the order does not depend on dtypes, shapes or checkpointing
         note = (f"activations at {format_count(tr.batch_size)} x {format_count(tr.seq_len)} tokens: being measured "
                 "(the bars show the model state only)")
-        return {"memory": {**views.memory_payload(a), "pending": note}, "traffic": views.traffic_payload(a),
+        return {"memory": {**panels.memory_payload(a), "pending": note}, "traffic": panels.traffic_payload(a),
                 "host_ram": host_ram_text(a),
                 "timeline": {"available": False, "reason": f"step time: {note}", "pending": True}}
 

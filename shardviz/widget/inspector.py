@@ -4,7 +4,7 @@ The front end (``charts.js`` and the files of ``front/``, concatenated in the or
 ``FRONT_FILES`` into one ES module, and ``inspector.css``; shipped in the package: no build step,
 nothing fetched at run time) draws the controls, the module tree, the memory and traffic charts
 (SVG, the same drawing code as the HTML report), the findings, A vs B and the export. Every
-number comes from ``InspectorState`` (``state.py``), which takes them from ``sv.analyze``; the
+number comes from ``InspectorState`` (``controller.py``), which takes them from ``sv.analyze``; the
 front end formats them and sends back what the user did.
 
 One set of traits, written only by Python:
@@ -39,12 +39,12 @@ from comm import DummyComm
 from ..format import format_bytes, format_count, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
-from . import protocol, views
+from . import panels, protocol
 from .background import BackgroundPush, Worker
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
 from .plan_names import EDITED
-from .state import PRESETS, InspectorState
-from .views import training_text
+from .controller import PRESETS, InspectorState
+from .panels import training_text
 
 HERE = Path(__file__).parent
 GIB = 1024**3
@@ -173,11 +173,11 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
 
     def memory_figure(self):
         """The memory chart as a plotly figure (same payload as the widget's)."""
-        return views.memory_figure(self.controller.memory)
+        return panels.memory_figure(self.controller.memory)
 
     def traffic_figure(self):
         """The traffic chart as a plotly figure (same payload as the widget's)."""
-        return views.traffic_figure(self.controller.traffic)
+        return panels.traffic_figure(self.controller.traffic)
 
     # ------------------------------------------------------------------------------------
     # pushing state to the front end

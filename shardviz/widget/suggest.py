@@ -17,7 +17,7 @@ from dataclasses import replace
 from ..format import format_bytes, format_count, format_duration, format_percent, format_plural
 from ..plan import Plan
 from ..search import Search, count_candidates, search
-from .views import training_text
+from .panels import training_text
 
 DEFAULT_TOP = 8
 NO_MEMORY = ("Suggest needs the device memory to tell what fits: type it in the device field (e.g. 80GiB), or "

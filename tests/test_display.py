@@ -6,9 +6,9 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.format import (COLUMNS, byte_unit, format_bytes, format_count, format_percent, format_seconds,
+from shardviz.format import (COLUMNS, byte_unit, format_bytes, format_count, format_duration, format_percent,
                              format_shape, worst_rank)
-from shardviz.views import DEFAULT_TRAINING, training_text
+from shardviz.display import DEFAULT_TRAINING, training_text
 
 NBSP = "\u00a0"
 
@@ -28,7 +28,7 @@ def test_one_formatter_per_kind_of_number():
     assert byte_unit(3 * 2**30) == (2**30, "GiB") and byte_unit(10) == (1, "B")
     assert format_count(855654400) == "855,654,400"
     assert format_shape((128256, 8192)) == "128,256 × 8,192" and format_shape(()) == "scalar"
-    assert format_seconds(0.55234) == "0.552 s" and format_seconds(float("nan")) == "–"
+    assert format_duration(0.55234) == "0.552 s" and format_duration(float("nan")) == "–"
     assert [format_percent(x) for x in (0.0004, 0.054, 0.54)] == ["<0.1%", "5.4%", "54%"]
 
 

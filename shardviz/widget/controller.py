@@ -32,8 +32,8 @@ from ..files import write_text_atomic
 from ..fsdp import Mesh
 from ..plan import Plan, as_plan
 from ..tree import ModelTree
-from ..views import DEFAULT_TRAINING  # what the Inspector assumes when no training is given
-from . import views
+from ..display import DEFAULT_TRAINING  # what the Inspector assumes when no training is given
+from . import panels
 from .plan_actions import PRESETS, PlanActions
 from .plan_names import EDITED, Edit, PlanNames, base_name, plan_changes
 from .planfile import PlanFile
@@ -214,28 +214,28 @@ class InspectorState(PlanActions, SuggestActions):
     @property
     def memory(self) -> dict:
         """The memory chart's data: per-rank bars stacked by category, from ``analysis.memory``."""
-        return self._lazy("memory", lambda: views.memory_payload(self.analysis))
+        return self._lazy("memory", lambda: panels.memory_payload(self.analysis))
 
     @property
     def traffic(self) -> dict:
         """The traffic chart's data: bytes per step by collective and by call, from ``analysis.comm``."""
-        return self._lazy("traffic", lambda: views.traffic_payload(self.analysis))
+        return self._lazy("traffic", lambda: panels.traffic_payload(self.analysis))
 
     @property
     def timeline(self) -> dict:
-        """The step's timeline (``views.timeline_payload``): why there is none without a device or a batch."""
-        return self._lazy("timeline", lambda: views.timeline_payload(self.analysis))
+        """The step's timeline (``panels.timeline_payload``): why there is none without a device or a batch."""
+        return self._lazy("timeline", lambda: panels.timeline_payload(self.analysis))
 
     @property
     def findings(self) -> list[dict]:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
-        return self._lazy("findings", lambda: views.findings_payload(self.analysis))
+        return self._lazy("findings", lambda: panels.findings_payload(self.analysis))
 
     @property
     def comparison(self) -> dict:
-        """The A vs B view's data (``views.comparison_payload``); ``{"pinned": False}`` until ``pin()``."""
+        """The A vs B view's data (``panels.comparison_payload``); ``{"pinned": False}`` until ``pin()``."""
         return self._lazy("comparison", lambda: shortened_diff(
-            views.comparison_payload(self.pinned_comparison(), self.pinned, self.current)))
+            panels.comparison_payload(self.pinned_comparison(), self.pinned, self.current)))
 
     def pinned_comparison(self) -> Comparison | None:
         """``sv.Comparison`` of the pinned state ("A") and the current one ("B"); None when nothing is pinned.

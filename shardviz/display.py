@@ -13,7 +13,7 @@ import math
 import os
 
 from .cost import BREAKDOWN
-from .format import byte_unit, format_bytes, format_duration, format_percent, worst_rank
+from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
 # the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
 from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
 
@@ -38,7 +38,6 @@ PART_HELP = {
 }
 MAX_UNITS_SHOWN = 24
 COLLECTIVES_ORDER = ("all_gather", "reduce_scatter", "all_reduce")
-OUTSIDE_FSDP = "(outside FSDP)"
 # Ranks whose values in these columns (and moment of the peak) agree share one bar.
 _SAME_BAR_COLUMNS = ("params_sharded", "params_whole", "buffers", "grads", "optimizer", "peak",
                      "peak_transient", "activations")

@@ -1,7 +1,7 @@
 """The Inspector's own payloads: the findings list and the A vs B view, as plain JSON-able data.
 
 What the widget shares with the report and ``compare`` (the memory and traffic charts, their
-plotly figures, the training text) lives one layer down in ``shardviz/views.py``; the names the
+plotly figures, the training text) lives one layer down in ``shardviz/display.py``; the names the
 Inspector reads through this module are re-exported here so it has one place to read payloads from.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..format import format_bytes
-from ..views import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
+from ..display import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
                      training_text)
 
 __all__ = ["COMPARISON_ROWS", "MAX_DIFF_SHOWN", "comparison_payload", "findings_payload", "memory_figure",
