@@ -59,6 +59,15 @@ class WeirdKeys(nn.Module):
         self.blocks = nn.ModuleDict({k: nn.Linear(4, 3 + i) for i, k in enumerate(self.KEYS)})
 
 
+class Stages(nn.Module):
+    """Funnel-like: a ModuleList of ModuleLists (``blocks.0`` is a bare container), and a ModuleDict."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.ModuleList([nn.Linear(4, 4) for _ in range(2)]) for _ in range(2)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 3), "b": nn.Linear(4, 5)})
+
+
 def handmade_cases():
     """(name, model factory, list of unit specs) covering every handmade rule."""
     return [

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import shardviz as sv
 from shardviz import zoo
-from test_codegen import apply_under_fake_pg
+from exported_code import apply_under_fake_pg
 
 KINDS = {"all_gather": "_allgather_base_", "reduce_scatter": "_reduce_scatter_base_"}
 

@@ -15,7 +15,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz.oracle import apply_plan, device_mesh, fake_process_group
-from test_codegen import layout_mismatches, load_exported
+from exported_code import layout_mismatches, load_exported
 
 NASTY = [
     "0", "7up", "class", "def", "None", "lambda", "import", "quote'", 'dq"', "'''", '"""', "back\\slash",

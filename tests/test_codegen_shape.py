@@ -11,7 +11,7 @@ import pytest
 import shardviz as sv
 from shardviz import codegen
 from shardviz.codegen import LOOP_FROM
-from test_codegen import apply_under_fake_pg, fully_shard_targets, imports_of, layout_mismatches, tiny_plans
+from exported_code import apply_under_fake_pg, fully_shard_targets, imports_of, layout_mismatches, tiny_plans
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MP = sv.Training(param_dtype="bfloat16", reduce_dtype="float32")

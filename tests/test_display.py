@@ -5,17 +5,11 @@ import pandas as pd
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.format import (COLUMNS, byte_unit, format_bytes, format_count, format_duration, format_percent,
                              format_shape, worst_rank)
 from shardviz.display import DEFAULT_TRAINING, training_text
 
 NBSP = "\u00a0"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 @pytest.fixture(scope="module")

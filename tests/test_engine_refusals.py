@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import shardviz as sv
+from handmade import Stages
 from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
 MESH = sv.Mesh(4)
@@ -19,15 +20,6 @@ def torch_applies(model, plan, mesh=MESH):
     """Apply ``plan`` with torch's fully_shard on a meta copy (raises what torch raises)."""
     with fake_process_group(0, mesh.world):
         apply_plan(meta_copy(model), plan, device_mesh(mesh))
-
-
-class Stages(nn.Module):
-    """Funnel-like: a ModuleList of ModuleLists (``blocks.0`` is a bare container), and a ModuleDict."""
-
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList([nn.ModuleList([nn.Linear(4, 4) for _ in range(2)]) for _ in range(2)])
-        self.heads = nn.ModuleDict({"a": nn.Linear(4, 3), "b": nn.Linear(4, 5)})
 
 
 class ListWithForward(nn.ModuleList):

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 import shardviz as sv
-from handmade import MixedFrozen, Nested, Odd, Tied, handmade_cases
+from handmade import MixedFrozen, Nested, Odd, Stages, Tied, handmade_cases
 from shardviz import zoo
-from test_engine_refusals import Stages
 
 MESHES = (sv.Mesh(8), sv.Mesh(3, replicate=2))
 VERSIONS = ("2.4", "2.6", None)

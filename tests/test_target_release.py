@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.cli import main
 from shardviz.report import render_report
 from shardviz.widget import Inspector
@@ -17,11 +16,6 @@ def has_ignored_params(version: str) -> bool:
     """``fully_shard(ignored_params=...)`` exists from torch 2.7 (pyproject allows torch >= 2.6)."""
     major, minor = (int(x) for x in version.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 7)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 @pytest.fixture(scope="module")

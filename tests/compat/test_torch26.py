@@ -5,7 +5,7 @@ tiny Llama and shardviz's engine): build it with ``scripts/compat_env.sh`` and p
 ``SHARDVIZ_COMPAT_PYTHON`` at its python, or leave it where the script puts it
 (``~/.cache/shardviz/compat-venv-2.6``). Run with ``pytest -m compat tests/compat``. docs/compat.md records a run.
 
-The checks are those of tests/test_codegen_torchrun.py (same worker, same tolerances), under
+The checks are those of tests/test_codegen_torchrun.py (same worker and tolerances: tests/torchrun_export.py), under
 ``torchrun --nproc_per_node=2`` and ``=4`` of the 2.6 environment: placements and local shapes as
 predicted, the LoRA weights identical on all ranks and equal to a single-process reference
 trained on the combined batch, one all-reduce per step.
@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from test_codegen_torchrun import check_results, launch, make_jobs  # noqa: E402
+from torchrun_export import check_results, launch, make_jobs  # noqa: E402
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 CANDIDATES = [os.environ.get("SHARDVIZ_COMPAT_PYTHON", ""), str(CACHE / "shardviz/compat-venv-2.6/bin/python")]
 
