@@ -1,7 +1,7 @@
 """``fix_plan``: a finding's fix applied as a new plan, when the fix is a change of plan.
 
 One function per finding code (``FIXES``); each leaves a plan torch accepts as far as that finding
-goes and raises no new error-level finding (``tests/test_finding_fixes.py`` applies every one on the
+goes and raises no new error-level finding (``tests/test_fixes.py`` applies every one on the
 zoo and handmade models). Below ``checks`` in the layers: SV106's wording asks ``split_unit`` here
 whether a split exists.
 """
