@@ -221,7 +221,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "dtypes": DTYPES,
             "optimizers": opts,
             # reshard_after_forward: default, True, False, or an int that divides the shard size
-            "raf_choices": ["default", "true", "false"] + [str(d) for d in (2, 4, 8, 16) if d < shard and shard % d == 0],
+            "reshard_choices": ["default", "true", "false"] + [str(d) for d in (2, 4, 8, 16) if d < shard and shard % d == 0],
             "n_blocks": len(blocks),
             "n_blocks_checkpointed": sum(1 for b in blocks if b in ck),
         }

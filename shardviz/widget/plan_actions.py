@@ -100,7 +100,7 @@ class PlanActions:
     def set_reshard_after_forward(self, fqn: str, value) -> None:
         """``reshard_after_forward`` of the call containing ``fqn``: None (torch's default), bool or int."""
         self._module(fqn)
-        value = parse_rar(value)
+        value = parse_reshard_after_forward(value)
         if self.plan.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
         self._commit(plan=self.plan.with_unit_options(fqn, reshard_after_forward=value))
@@ -109,7 +109,7 @@ class PlanActions:
         """Any ``sv.Unit`` option of the call containing ``fqn`` (param_dtype, reduce_dtype, offload, ...)."""
         self._module(fqn)
         if "reshard_after_forward" in options:
-            options["reshard_after_forward"] = parse_rar(options["reshard_after_forward"])
+            options["reshard_after_forward"] = parse_reshard_after_forward(options["reshard_after_forward"])
         if self.plan.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
         self._commit(plan=self.plan.with_unit_options(fqn, **options))
@@ -234,7 +234,7 @@ class PlanActions:
         elif action == "uncheckpoint":
             plan = plan.without_checkpoint(fqns)
         else:
-            value = parse_rar(kw.get("value", kw.get("reshard_after_forward")))
+            value = parse_reshard_after_forward(kw.get("value", kw.get("reshard_after_forward")))
             for f in fqns:
                 if plan.unit_of(f) is not None:
                     plan = plan.with_unit_options(f, reshard_after_forward=value)
@@ -281,7 +281,7 @@ class PlanActions:
         self._commit(plan=plan, edit=False)
 
 
-def parse_rar(value):
+def parse_reshard_after_forward(value):
     """'default'/None -> None; 'true'/'false' -> bool; digits -> int."""
     if value is None or value == "default":
         return None
