@@ -192,7 +192,7 @@ def cmd_plan_search(args) -> int:
     from .search import search
     from .terminal import answer, say, seq_len_warning
 
-    if getattr(args, "device", None) is None and args.device_memory is None:
+    if args.device is None and args.device_memory is None:
         raise CliError("plan search needs --device or --device-memory: what fits depends on it")
     mesh, training, notes = resolve_setup(args)
     _, tree = build_model(args)
@@ -280,7 +280,7 @@ def cmd_report(args) -> int:
     mesh, training, notes = resolve_setup(args, plan)
     layouts = None
     if not args.no_compare and any(p.role == "lora" for p in tree.params):
-        checkpoint = getattr(args, "checkpoint", None)
+        checkpoint = args.checkpoint
         layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_LAYOUTS}
     a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     label = model_label(args.model)

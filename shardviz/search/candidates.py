@@ -65,7 +65,7 @@ def _divisors(n: int) -> list[int]:
 def _micro_batches(mesh: Mesh, training: Training) -> list[tuple[int | None, int]]:
     """(micro-batch, accumulation) pairs, smallest micro-batch first."""
     if training.global_batch is None:
-        return [(training.batch_size, getattr(training, "grad_accum", 1))]
+        return [(training.batch_size, training.grad_accum)]
     per_rank, rest = divmod(training.global_batch, mesh.world)
     if rest:
         raise ValueError(f"Training.global_batch={training.global_batch} is not a multiple of the world size "

@@ -189,11 +189,11 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         from ..cost import OPTIMIZERS
 
         opts = list(OPTIMIZERS)
-        if str(getattr(tr, "optimizer", "adamw")) not in opts:
+        if str(tr.optimizer) not in opts:
             opts.append(str(tr.optimizer))
         blocks = st.blocks()
         ck = set(st.plan.checkpoint)
-        offload = bool(getattr(tr, "offload", False)) or any(u.offload for u in st.plan.units)
+        offload = tr.offload or any(u.offload for u in st.plan.units)
         return {
             "revision": st.revision,
             "world": mesh.world,
@@ -204,16 +204,16 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "device_gib": round(mesh.device_memory / GIB, 3) if mesh.device_memory else None,
             # what the field shows: GiB as typed, or the size with its unit when it is not whole GiB
             "device_text": _device_text(mesh.device_memory),
-            "optimizer": str(getattr(tr, "optimizer", "adamw")),
-            "param_dtype": getattr(tr, "param_dtype", None) or "",
-            "reduce_dtype": getattr(tr, "reduce_dtype", None) or "",
+            "optimizer": str(tr.optimizer),
+            "param_dtype": tr.param_dtype or "",
+            "reduce_dtype": tr.reduce_dtype or "",
             # on when the training offloads or the plan's calls do (a Suggest row's CPU offload)
             "offload": offload,
             "offload_text": self._host_ram_text if offload else "",  # the host RAM it needs, per rank and node
-            "batch_size": getattr(tr, "batch_size", None),
-            "seq_len": getattr(tr, "seq_len", None),
+            "batch_size": tr.batch_size,
+            "seq_len": tr.seq_len,
             # only for a length the user chose (the default 2048 is not flagged on a tiny model)
-            "seq_len_note": seq_len_note(st.model, getattr(tr, "seq_len", None)) if st.seq_len_set else None,
+            "seq_len_note": seq_len_note(st.model, tr.seq_len) if st.seq_len_set else None,
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
             "presets": ([] if _preset_of(st.plan.name) else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
@@ -273,7 +273,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "filter": {"text": st.view.filter_text, "status": st.view.filter_status, "role": st.view.filter_role},
             "truncated": st.view.truncated,
             "has_model": st.model is not None,
-            "optimizer": str(getattr(tr, "optimizer", "")),
+            "optimizer": str(tr.optimizer),
             "pinned": st.pinned is not None,
         }
 
@@ -449,7 +449,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
 def _plan_offload_text(plan, training) -> str:
     """The training line's offload when the plan's calls offload rather than ``Training.offload``."""
     n = sum(1 for u in plan.units if u.offload)
-    if not n or getattr(training, "offload", False):
+    if not n or training.offload:
         return ""
     return f" · CPU offload ({format_count(n)} of the plan's calls)" if n < len(plan.units) else " · CPU offload (every call)"
 
@@ -505,6 +505,3 @@ for _name in PYTHON_API:
 for _name in PYTHON_PROPERTIES:
     if _name not in Inspector.class_traits():
         setattr(Inspector, _name, _forward_property(_name))
-
-#: Kept for older imports: the front end and the Python half are one widget now.
-InspectorView = Inspector
