@@ -39,10 +39,10 @@ from comm import DummyComm
 from ..format import format_bytes, format_count, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
+from ..presets import preset_key
 from . import panels, protocol
 from .background import BackgroundPush, Worker
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
-from .plan_names import EDITED
 from .controller import PRESETS, InspectorState
 from .panels import training_text
 
@@ -194,6 +194,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         blocks = st.blocks()
         ck = set(st.plan.checkpoint)
         offload = tr.offload or any(u.offload for u in st.plan.units)
+        preset = preset_key(st.tree, st.plan)  # "" for an edited or custom plan: any preset in the menu applies
         return {
             "revision": st.revision,
             "world": mesh.world,
@@ -216,8 +217,8 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "seq_len_note": seq_len_note(st.model, tr.seq_len) if st.seq_len_set else None,
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
-            "presets": ([] if _preset_of(st.plan.name) else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
-            "preset": _preset_of(st.plan.name),
+            "presets": ([] if preset else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
+            "preset": preset,
             "dtypes": DTYPES,
             "optimizers": opts,
             # reshard_after_forward: default, True, False, or an int that divides the shard size
@@ -468,17 +469,6 @@ def _severity_text(counts: dict | None) -> dict | None:
         return None
     return {**{k: format_plural(n, k, "info" if k == "info" else None) for k, n in counts.items()},
             "total": format_plural(sum(counts.values()), "finding")}
-
-
-def _preset_of(name: str) -> str:
-    """The preset a plan is ("auto-sharded" for "auto (LoRA sharded)", also with its blocks
-    checkpointed: a preset keeps the checkpointing); "" for an edited or custom plan, so that
-    choosing any preset in the menu applies it."""
-    for key, label in (("auto-sharded", "auto (LoRA sharded"), ("auto-ignored", "auto (LoRA ignored"),
-                       ("auto-separate", "auto (LoRA separate"), ("root-only", "root only"), ("none", "no calls")):
-        if name.startswith(label) and EDITED not in name:
-            return key
-    return ""
 
 
 def _forward(name: str):

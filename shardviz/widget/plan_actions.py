@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..plan import LORA_LAYOUTS, Plan, Unit, as_plan
+from .. import presets
+from ..plan import Plan, Unit, as_plan
 from .plan_names import edited_name, renamed
 
-PRESETS = {
-    "auto-sharded": "auto: LoRA in its block's call",
-    "auto-ignored": "auto: LoRA ignored",
-    "auto-separate": "auto: a call per LoRA adapter",
-    "root-only": "root only",
-    "none": "no calls",
-}
+#: The menu's presets, key -> label (``presets.PRESETS``, the one registry).
+PRESETS = {p.key: p.label for p in presets.PRESETS}
 #: Actions that ``apply_to_many`` / ``apply_to_type`` can repeat over several modules.
 BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward",
                  "checkpoint", "uncheckpoint")
@@ -254,7 +250,7 @@ class PlanActions:
         """Replace the plan's calls and ignored parameters with a preset (``PRESETS``; "auto-<lora>"
         is ``Plan.auto``), keeping the current checkpointing: the preset says what to shard, not
         what to recompute. A message says what was kept (undo goes back)."""
-        preset = self._preset_plan(name)
+        preset = presets.preset_plan(self.tree, name)
         kept = tuple(f for f in self.plan.checkpoint if f not in preset.checkpoint)
         if not kept:
             self._commit(plan=preset, edit=False)
@@ -264,15 +260,6 @@ class PlanActions:
         what = "every block" if set(plan.checkpoint) == set(self.blocks()) else f"{len(plan.checkpoint)} checkpointed modules"
         self._commit(plan=plan, edit=False, note=f"preset {PRESETS[name]!r} applied; it keeps your checkpointing "
                                                  f"({what}). Undo goes back to the plan before it.")
-
-    def _preset_plan(self, name: str) -> Plan:
-        if name.startswith("auto-") and name[5:] in LORA_LAYOUTS:
-            return Plan.auto(self.tree, lora=name[5:])
-        if name == "root-only":
-            return Plan([""], name="root only")
-        if name == "none":
-            return Plan([], name="no calls")
-        raise ValueError(f"preset {name!r}: expected one of {list(PRESETS)}")
 
     def set_plan(self, plan) -> None:
         """Replace the plan (a ``Plan``, JSON text or dict); validated against the model."""
