@@ -22,7 +22,7 @@ SETUP_FIELDS = ("mesh", "training")  # what a version-2 file records of the run 
 CAPTURE_FIELDS = ("prefetch", "origin")  # what a captured plan adds (sv.capture)
 PREFETCH_DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
-LORA_LAYOUTS = ("sharded", "ignored", "separate")
+LORA_OPTIONS = ("sharded", "ignored", "separate")  # Plan.auto(lora=...): where LoRA parameters go
 CHECKPOINT_PRESETS = (None, "blocks", "every k", "selective")  # "every k": "every 2", "every 3", ...
 CHECKPOINT_POLICIES = ("full", "selective")
 
@@ -523,8 +523,8 @@ class Plan:
         """
         from .presets import auto_plan
 
-        if lora not in LORA_LAYOUTS:
-            raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
+        if lora not in LORA_OPTIONS:
+            raise ValueError(f"lora={lora!r}: expected one of {LORA_OPTIONS}")
         checkpoint_preset(checkpoint)  # a bad value fails before the walk
         tree = as_tree(model)
         plan = auto_plan(tree, lora, checkpoint)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .fsdp import Layout, Mesh, children_with_params, subtree_numel
-from .plan import LORA_LAYOUTS, Plan, Unit, checkpoint_preset
+from .plan import LORA_OPTIONS, Plan, Unit, checkpoint_preset
 from .tree import ModelTree
 
 
@@ -181,7 +181,7 @@ class Preset(NamedTuple):
 
 
 #: The one registry of presets: the Inspector's menu, its plan names and the export's read it; its
-#: ``lora`` values are ``plan.LORA_LAYOUTS`` (what ``Plan.auto``, the CLI's --layout and the search take).
+#: ``lora`` values are ``plan.LORA_OPTIONS`` (what ``Plan.auto``, the CLI's --layout and the search take).
 PRESETS = (
     Preset("auto-sharded", "auto: LoRA in its block's call", "sharded"),
     Preset("auto-ignored", "auto: LoRA ignored", "ignored"),
@@ -189,7 +189,7 @@ PRESETS = (
     Preset("root-only", "root only"),
     Preset("none", "no calls"),
 )
-assert tuple(p.lora for p in PRESETS if p.lora) == LORA_LAYOUTS
+assert tuple(p.lora for p in PRESETS if p.lora) == LORA_OPTIONS
 
 
 def preset_plan(tree: ModelTree, key: str, checkpoint: str | None = None) -> Plan:
@@ -240,7 +240,7 @@ def preset_key(tree: ModelTree, plan: Plan) -> str:
 
 def named_plan(tree: ModelTree, plan: Plan) -> Plan:
     """``plan`` under the name it goes by everywhere (widget, export, CLI): a preset's name when it
-    equals that preset (its own name when that is one of them: without LoRA the three layouts are one
+    equals that preset (its own name when that is one of them: without LoRA the three LoRA options are one
     plan), else its own name."""
     presets = preset_plans(tree)
     if presets.get(plan.name) == plan:
