@@ -304,7 +304,7 @@ USE_CACHE_FIX = ("Training(use_cache=False) (CLI: --no-use-cache); in the traini
 def _keeps_cache(analysis) -> bool:
     """The step is a Hugging Face forward run with ``use_cache=True`` (``Analysis.use_cache``: the
     training's, else the config's unless the plan checkpoints)."""
-    return bool(getattr(analysis, "use_cache", False))
+    return bool(analysis.use_cache)
 
 
 def selective_with_cache(analysis) -> list[Finding]:
@@ -393,10 +393,10 @@ CHECKS = (
 def run_checks(analysis, torch_version=None) -> list[Finding]:
     """Every finding for ``analysis``, errors first.
 
-    ``torch_version``: the release the plan will run on (default: the analysis's ``torch_version``
-    attribute if it has one, else the installed torch).
+    ``torch_version``: the release the plan will run on (default: the analysis's ``torch_version``,
+    else the installed torch).
     """
-    version = torch_version if torch_version is not None else getattr(analysis, "torch_version", None)
+    version = torch_version if torch_version is not None else analysis.torch_version
     findings = list(analysis.layout.errors)
     findings += release_findings(analysis.layout, version)
     for check in CHECKS:

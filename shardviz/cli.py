@@ -192,7 +192,7 @@ def cmd_plan_search(args) -> int:
     from .search import search
     from .terminal import answer, say, seq_len_warning
 
-    if getattr(args, "device", None) is None and args.device_memory is None:
+    if args.device is None and args.device_memory is None:
         raise CliError("plan search needs --device or --device-memory: what fits depends on it")
     mesh, training, notes = resolve_setup(args)
     _, tree = build_model(args)
@@ -270,7 +270,7 @@ def _add_allocator_args(p) -> None:
 
 def cmd_report(args) -> int:
     from .analysis import analyze
-    from .plan import LORA_LAYOUTS, Plan
+    from .plan import LORA_OPTIONS, Plan
     from .report import render_report
     from .terminal import answer, report_lines, say
 
@@ -278,13 +278,13 @@ def cmd_report(args) -> int:
     model, tree = build_model(args)
     plan = _build_plan(tree, args, model)
     mesh, training, notes = resolve_setup(args, plan)
-    layouts = None
+    lora_plans = None
     if not args.no_compare and any(p.role == "lora" for p in tree.params):
-        checkpoint = getattr(args, "checkpoint", None)
-        layouts = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_LAYOUTS}
+        checkpoint = args.checkpoint
+        lora_plans = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_OPTIONS}
     a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     label = model_label(args.model)
-    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=layouts, analysis=a,
+    text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=lora_plans, analysis=a,
                          model_label=label)
     emit(text, args.output, args.force)
     to_file = args.output not in (None, "-")
@@ -407,9 +407,9 @@ def _add_search_parser(plan_sub) -> None:
 
 
 def _add_plan_choice(p) -> None:
-    from .plan import LORA_LAYOUTS
+    from .plan import LORA_OPTIONS
 
-    p.add_argument("--layout", choices=LORA_LAYOUTS, help="per-block preset (sv.Plan.auto); default sharded")
+    p.add_argument("--layout", choices=LORA_OPTIONS, help="per-block preset (sv.Plan.auto); default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset (its mesh and training too, if it has them)")
     _add_checkpoint_arg(p)
 
@@ -420,9 +420,9 @@ def _add_output_args(p, what: str = "output file") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .plan import LORA_LAYOUTS
+    from .plan import LORA_OPTIONS
 
-    parser = _Parser(prog="shardviz", description="Plan, check and export PyTorch FSDP2 fully_shard layouts.")
+    parser = _Parser(prog="shardviz", description="Plan, check and export PyTorch FSDP2 fully_shard plans.")
     parser.add_argument("--version", action="store_true", help="shardviz's version and the libraries it measures with")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_sub = p.add_subparsers(dest="plan_command", required=True, parser_class=_Parser)
     w = plan_sub.add_parser("write", help="write the per-block preset for a model as JSON")
     _add_model_args(w)
-    w.add_argument("--layout", choices=LORA_LAYOUTS, default="sharded")
+    w.add_argument("--layout", choices=LORA_OPTIONS, default="sharded")
     _add_checkpoint_arg(w)
     _add_output_args(w)
     w.set_defaults(func=cmd_plan_write)
@@ -465,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(p, "draw the limit and flag a peak that does not fit")
     _add_training_args(p)
     _add_allocator_args(p)
-    p.add_argument("--no-compare", action="store_true", help="leave out the LoRA layouts compared side by side")
+    p.add_argument("--no-compare", action="store_true", help="leave out the LoRA options (sharded, ignored, separate) compared side by side")
     _add_output_args(p)
     p.set_defaults(func=cmd_report)
     return parser

@@ -139,8 +139,8 @@ def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
     from .tree import ModelTree
 
-    model = model_from_spec(args.model, lora=not args.no_lora, adapter=getattr(args, "adapter", None),
-                       dtype=getattr(args, "dtype", None), attn_implementation=getattr(args, "attn_implementation", None))
+    model = model_from_spec(args.model, lora=not args.no_lora, adapter=args.adapter,
+                       dtype=args.dtype, attn_implementation=args.attn_implementation)
     return model, ModelTree(model)
 
 
@@ -150,7 +150,7 @@ def build_plan(tree, args, model=None):
     from .plan import Plan
     from .presets import named_plan
 
-    checkpoint = getattr(args, "checkpoint", None)
+    checkpoint = args.checkpoint
     if getattr(args, "accelerate_config", None) or getattr(args, "plan_from", None):
         return captured_plan(model, args)
     if args.plan and args.layout:
@@ -168,8 +168,8 @@ def build_plan(tree, args, model=None):
         if tensor_degree(args) > 1 and plan.tensor_parallel:  # names, styles, divisibility: before any command runs
             from .tp import local_tree
 
-            if getattr(args, "world_size", None) is not None:
-                make_mesh(args.world_size, getattr(args, "replicate", None) or 1, tensor_degree(args))  # the mesh first
+            if args.world_size is not None:  # export and report: the only commands with --tensor-parallel
+                make_mesh(args.world_size, args.replicate or 1, tensor_degree(args))  # the mesh first
 
             try:
                 local_tree(tree, plan.tensor_parallel, tensor_degree(args))
@@ -186,11 +186,11 @@ def captured_plan(model, args):
     """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
     from .frameworks import plan_from_source
 
-    given = [f for f in ("layout", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f, None)]
+    given = [f for f in ("layout", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f)]
     if len(given) > 1:
         raise CliError("give one of --layout, --plan, --accelerate-config, --plan-from; got "
                        + ", ".join('--' + f.replace('_', '-') for f in given))
-    if getattr(args, "world_size", None) is None:
+    if args.world_size is None:
         raise CliError("--world-size is required with --accelerate-config / --plan-from")
     try:
         return plan_from_source(model, make_mesh(args.world_size, args.replicate or 1, tensor_degree(args)),

@@ -239,11 +239,11 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     if refusals:
         raise PlanError(refusals)
     units = [plan.units[u] for u in layout.order]
-    if training is not None and hasattr(training, "unit_defaults"):
+    if training is not None:
         units = [training.unit_defaults(u) for u in units]
     cache_off = config_use_cache(tree.model) and not analysis.use_cache
-    return _Export(tree.root_type, plan, mesh, units, release, getattr(training, "grad_accum", 1),
-                   getattr(training, "sync_every_microbatch", False), _expandable_reason(tree, plan, mesh, training),
+    return _Export(tree.root_type, plan, mesh, units, release, training.grad_accum if training else 1,
+                   training.sync_every_microbatch if training else False, _expandable_reason(tree, plan, mesh, training),
                    cache_off)
 
 

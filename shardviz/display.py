@@ -164,13 +164,13 @@ def memory_payload(analysis) -> dict:
 def training_text(tr) -> str:
     """ "AdamW · bf16 params · fp32 reduce · batch 1 × 2048" - what the numbers assume."""
     names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "model dtype"}
-    opt = str(getattr(tr, "optimizer", ""))
+    opt = str(tr.optimizer)
     parts = [{"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd_momentum": "SGD+momentum"}.get(opt, opt)]
-    parts.append(f"{names.get(getattr(tr, 'param_dtype', None), getattr(tr, 'param_dtype', None))} params")
-    parts.append(f"{names.get(getattr(tr, 'reduce_dtype', None), getattr(tr, 'reduce_dtype', None))} reduce")
-    if getattr(tr, "offload", False):
+    parts.append(f"{names.get(tr.param_dtype, tr.param_dtype)} params")
+    parts.append(f"{names.get(tr.reduce_dtype, tr.reduce_dtype)} reduce")
+    if tr.offload:
         parts.append("CPU offload")
-    bs = getattr(tr, "batch_size", None)
+    bs = tr.batch_size
     parts.append(f"batch {bs} × {tr.seq_len} tokens" if bs else "no batch (model state only)")
     return " · ".join(parts)
 
@@ -256,7 +256,7 @@ def _units_shown(by_unit: dict) -> list[dict]:
 
 
 def _time_per_step(df, mesh) -> float | None:
-    time_s = df.attrs.get("time_per_step_s") if hasattr(df, "attrs") else None
+    time_s = df.attrs.get("time_per_step_s")
     if mesh.intra_node_gbps is None and mesh.inter_node_gbps is None:
         return None  # no bandwidth given: no time estimate
     if isinstance(time_s, float) and math.isnan(time_s):

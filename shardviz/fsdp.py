@@ -437,20 +437,20 @@ class Layout:
 # ---------------------------------------------------------------------------
 # What torch refuses, read off a Layout's ownership (one function per refusal)
 # ---------------------------------------------------------------------------
-def reshard_group_ok(rar, shard: int) -> bool:
+def reshard_group_ok(reshard, shard: int) -> bool:
     """An int ``reshard_after_forward`` is a group size to reshard to (``_get_post_forward_mesh_info``):
     a divisor of the shard size."""
-    return isinstance(rar, bool) or (rar <= shard and shard % rar == 0)
+    return isinstance(reshard, bool) or (reshard <= shard and shard % reshard == 0)
 
 
-def resolved_reshard(rar, shard: int):
+def resolved_reshard(reshard, shard: int):
     """The effective value as torch reads it: an int of 1 means False and the shard size means True;
     a refused int (SV005) is shown as True."""
-    if isinstance(rar, bool):
-        return rar
-    if not reshard_group_ok(rar, shard):
+    if isinstance(reshard, bool):
+        return reshard
+    if not reshard_group_ok(reshard, shard):
         return True
-    return rar == shard if rar in (1, shard) else rar
+    return reshard == shard if reshard in (1, shard) else reshard
 
 
 def _sharded_params(lay: Layout):
@@ -568,11 +568,11 @@ def refuse_bad_reshard_groups(lay: Layout) -> list[Finding]:
     """SV005: an int ``reshard_after_forward`` that does not divide the shard size."""
     out = []
     for ul in lay.units:
-        rar = effective_reshard_after_forward(ul.unit, ul.is_root)
-        if not reshard_group_ok(rar, lay.mesh.shard):
+        reshard = effective_reshard_after_forward(ul.unit, ul.is_root)
+        if not reshard_group_ok(reshard, lay.mesh.shard):
             out.append(Finding(
                 "SV005", "error",
-                f"call {ul.unit.name}: reshard_after_forward={rar} is not a divisor of the shard size "
+                f"call {ul.unit.name}: reshard_after_forward={reshard} is not a divisor of the shard size "
                 f"{lay.mesh.shard}; fully_shard raises ValueError",
                 ul.unit.modules, "use True, False or a divisor of the shard size such as the ranks per node",
             ))

@@ -80,7 +80,7 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
         for c in plan.checkpoint)}
     out = []
     cache_off = (" (the step then runs with use_cache=False, as Hugging Face's gradient checkpointing does)"
-                 if getattr(analysis, "use_cache", False) and analysis.training.use_cache is None else "")
+                 if analysis.use_cache and analysis.training.use_cache is None else "")
     for preset in CHECKPOINT_FIXES:
         more = _every_kth(tree, blocks, preset, covered)
         if not more:
@@ -101,10 +101,9 @@ def _batch_fix(analysis) -> list[MemoryFix]:
     batch = training.batch_size // 2
     while batch >= 1:
         k = training.batch_size // batch
-        accum = {"grad_accum": k * training.grad_accum} if hasattr(training, "grad_accum") else {}
         fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
-                      micro_batches=1 if accum else k, training=replace(training, batch_size=batch, **accum),
+                      training=replace(training, batch_size=batch, grad_accum=k * training.grad_accum),
                       flags=f"--batch-size {batch} (with {k} micro-batches per step)")
         if _fits(analysis, fix):
             return [fix]
@@ -143,7 +142,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
                            flags="--layout sharded"))
-    if training.with_activations and getattr(analysis, "use_cache", False) and not analysis.cache_refused:
+    if training.with_activations and analysis.use_cache and not analysis.cache_refused:
         out.append(_priced(analysis, "run the step without the key/value cache (Training(use_cache=False), CLI "
                                      "--no-use-cache; model.config.use_cache = False)",
                            training=replace(training, use_cache=False), flags="--no-use-cache"))

@@ -22,7 +22,7 @@ SETUP_FIELDS = ("mesh", "training")  # what a version-2 file records of the run 
 CAPTURE_FIELDS = ("prefetch", "origin")  # what a captured plan adds (sv.capture)
 PREFETCH_DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
-LORA_LAYOUTS = ("sharded", "ignored", "separate")
+LORA_OPTIONS = ("sharded", "ignored", "separate")  # Plan.auto(lora=...): where LoRA parameters go
 CHECKPOINT_PRESETS = (None, "blocks", "every k", "selective")  # "every k": "every 2", "every 3", ...
 CHECKPOINT_POLICIES = ("full", "selective")
 
@@ -122,16 +122,16 @@ class Unit:
                 raise ValueError(f"Unit module names must be strings, got {m!r}")
         if len(set(modules)) != len(modules):
             raise ValueError(f"Unit {list(modules)} lists a module twice")
-        rar = reshard_after_forward
-        if rar is not None and not isinstance(rar, (bool, int)):
-            raise ValueError(f"reshard_after_forward of unit {list(modules)} must be None, a bool or an int, got {rar!r}")
-        if not isinstance(rar, bool) and isinstance(rar, int) and rar < 1:
-            raise ValueError(f"reshard_after_forward={rar} of unit {list(modules)}: an int is a group size, a divisor of the shard size")
+        reshard = reshard_after_forward
+        if reshard is not None and not isinstance(reshard, (bool, int)):
+            raise ValueError(f"reshard_after_forward of unit {list(modules)} must be None, a bool or an int, got {reshard!r}")
+        if not isinstance(reshard, bool) and isinstance(reshard, int) and reshard < 1:
+            raise ValueError(f"reshard_after_forward={reshard} of unit {list(modules)}: an int is a group size, a divisor of the shard size")
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if value is not None and value not in DTYPE_NAMES:
                 raise ValueError(f"{key}={value!r} of unit {list(modules)}: expected one of {DTYPE_NAMES}")
         object.__setattr__(self, "modules", modules)
-        object.__setattr__(self, "reshard_after_forward", rar)
+        object.__setattr__(self, "reshard_after_forward", reshard)
         object.__setattr__(self, "param_dtype", param_dtype)
         object.__setattr__(self, "reduce_dtype", reduce_dtype)
         object.__setattr__(self, "offload", bool(offload))
@@ -523,8 +523,8 @@ class Plan:
         """
         from .presets import auto_plan
 
-        if lora not in LORA_LAYOUTS:
-            raise ValueError(f"lora={lora!r}: expected one of {LORA_LAYOUTS}")
+        if lora not in LORA_OPTIONS:
+            raise ValueError(f"lora={lora!r}: expected one of {LORA_OPTIONS}")
         checkpoint_preset(checkpoint)  # a bad value fails before the walk
         tree = as_tree(model)
         plan = auto_plan(tree, lora, checkpoint)

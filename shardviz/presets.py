@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import replace
+from typing import NamedTuple
 
 from .fsdp import Layout, Mesh, children_with_params, subtree_numel
-from .plan import LORA_LAYOUTS, Plan, Unit, checkpoint_preset
+from .plan import LORA_OPTIONS, Plan, Unit, checkpoint_preset
 from .tree import ModelTree
 
 
@@ -61,6 +62,12 @@ def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
 
 
 def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan:
+    plan, blocks = _auto_calls(tree, lora)
+    return checkpointed(plan, blocks, lora, checkpoint)
+
+
+def _auto_calls(tree: ModelTree, lora: str) -> tuple[Plan, list[str]]:
+    """``Plan.auto``'s calls and ignored parameters (no checkpointing), and its blocks' FQNs."""
     if tree.modules[0].bare_container:  # a ModuleList as the model: no root call, one per child
         blocks = children_with_params(tree, 0)
     else:
@@ -81,8 +88,7 @@ def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan
             units.append(fqn(group[0]) if len(group) == 1 else [fqn(m) for m in group])
     if not tree.modules[0].bare_container:
         units.append(Unit(""))
-    plan = _join_shared_calls(tree, Plan(units, ignored, name=f"auto (LoRA {lora})"))
-    return checkpointed(plan, [fqn(b) for b in blocks], lora, checkpoint)
+    return _join_shared_calls(tree, Plan(units, ignored, name=f"auto (LoRA {lora})")), [fqn(b) for b in blocks]
 
 
 def _embeddings_and_head(tree: ModelTree, blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -163,28 +169,78 @@ def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
 #: The checkpointing presets a plan is recognised by ("every k" stands for k = 2, torchtitan's default).
 NAMED_CHECKPOINTS = (None, "blocks", "every 2", "selective")
 
-_PRESETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tree -> {name: Plan}
+
+class Preset(NamedTuple):
+    """One preset: ``key`` is how the Inspector's menu and ``apply_preset`` name it, ``label`` what
+    the menu shows, ``lora`` the ``Plan.auto(lora=...)`` it is (the CLI's ``--layout``, the
+    search's ``Candidate.lora``), None for the two plans that are not ``Plan.auto``."""
+
+    key: str
+    label: str
+    lora: str | None = None
 
 
-def preset_plans(tree: ModelTree) -> dict[str, Plan]:
-    """Every preset of this model by its name: ``Plan.auto`` for each LoRA layout, with and without
-    checkpointed blocks, then the root alone and no calls. Computed once per tree."""
+#: The one registry of presets: the Inspector's menu, its plan names and the export's read it; its
+#: ``lora`` values are ``plan.LORA_OPTIONS`` (what ``Plan.auto``, the CLI's --layout and the search take).
+PRESETS = (
+    Preset("auto-sharded", "auto: LoRA in its block's call", "sharded"),
+    Preset("auto-ignored", "auto: LoRA ignored", "ignored"),
+    Preset("auto-separate", "auto: a call per LoRA adapter", "separate"),
+    Preset("root-only", "root only"),
+    Preset("none", "no calls"),
+)
+assert tuple(p.lora for p in PRESETS if p.lora) == LORA_OPTIONS
+
+
+def preset_plan(tree: ModelTree, key: str, checkpoint: str | None = None) -> Plan:
+    """The plan of preset ``key`` (``PRESETS``) for this model; ``checkpoint`` as ``Plan.auto``'s."""
+    preset = next((p for p in PRESETS if p.key == key), None)
+    if preset is None:
+        raise ValueError(f"preset {key!r}: expected one of {[p.key for p in PRESETS]}")
+    if preset.lora is not None:
+        return auto_plan(tree, preset.lora, checkpoint)
+    return Plan([""] if key == "root-only" else [], name=preset.label)
+
+
+_PRESETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tree -> {(key, checkpoint): Plan}
+
+
+def _preset_variants(tree: ModelTree) -> dict[tuple[str, str | None], Plan]:
+    """Every preset of this model with each of ``NAMED_CHECKPOINTS`` (the two plans that are not
+    ``Plan.auto`` without checkpointing only). Computed once per tree."""
     if tree not in _PRESETS:
-        plans = []
-        for checkpoint in NAMED_CHECKPOINTS:
-            for lora in LORA_LAYOUTS:
-                try:
-                    plans.append(auto_plan(tree, lora, checkpoint))
-                except ValueError:  # a model no per-block preset fits (calls that cannot go bottom-up)
-                    continue
-        plans += [Plan([""], name="root only"), Plan([], name="no calls")]
-        _PRESETS[tree] = {p.name: p for p in plans}
+        out = {}
+        for preset in PRESETS:
+            if preset.lora is None:
+                out[preset.key, None] = preset_plan(tree, preset.key)
+                continue
+            try:
+                plan, blocks = _auto_calls(tree, preset.lora)  # once per preset: checkpointing only wraps it
+            except ValueError:  # a model no per-block preset fits (calls that cannot go bottom-up)
+                continue
+            out.update({(preset.key, c): checkpointed(plan, blocks, preset.lora, c) for c in NAMED_CHECKPOINTS})
+        _PRESETS[tree] = out
     return _PRESETS[tree]
+
+
+def preset_plans(tree: ModelTree, checkpoints=NAMED_CHECKPOINTS) -> dict[str, Plan]:
+    """Every preset of this model by its name, with each of ``checkpoints``: ``Plan.auto`` for each
+    LoRA option, then the root alone and no calls."""
+    variants = _preset_variants(tree)
+    plans = [plan for c in checkpoints for p in PRESETS if p.lora
+             if (plan := variants.get((p.key, c))) is not None and (c is None or plan.checkpoint)]
+    return {plan.name: plan for plan in plans + [variants[p.key, None] for p in PRESETS if not p.lora]}
+
+
+def preset_key(tree: ModelTree, plan: Plan) -> str:
+    """The key of the preset ``plan`` is (with any of ``NAMED_CHECKPOINTS``: a preset keeps the
+    checkpointing), compared as plans, not by name; "" for any other plan."""
+    return next((key for (key, _), preset in _preset_variants(tree).items() if preset == plan), "")
 
 
 def named_plan(tree: ModelTree, plan: Plan) -> Plan:
     """``plan`` under the name it goes by everywhere (widget, export, CLI): a preset's name when it
-    equals that preset (its own name when that is one of them: without LoRA the three layouts are one
+    equals that preset (its own name when that is one of them: without LoRA the three LoRA options are one
     plan), else its own name."""
     presets = preset_plans(tree)
     if presets.get(plan.name) == plan:

@@ -58,7 +58,7 @@ STYLE_FIELDS = ("style", "input_layouts", "output_layouts", "use_local_output", 
 def _layout(value, where: str) -> str | None:
     if value is None:
         return None
-    if hasattr(value, "__class__") and type(value).__name__ in ("Replicate", "Shard"):
+    if type(value).__name__ in ("Replicate", "Shard"):
         value = "Replicate()" if type(value).__name__ == "Replicate" else f"Shard({value.dim})"
     if not isinstance(value, str) or not LAYOUT_RE.match(value.replace(" ", "").replace("dim=", "")):
         raise ValueError(f"{where}: layout {value!r} is not 'Replicate()' or 'Shard(d)'")

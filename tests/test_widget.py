@@ -724,7 +724,7 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
     c = ins.controls
     assert (c["world"], c["replicate"], c["rank"], c["device_gib"]) == (4, 1, 0, None)
     assert (c["param_dtype"], c["reduce_dtype"], c["optimizer"]) == ("bfloat16", "float32", "adamw")
-    assert c["batch_size"] is None and not c["can_undo"] and c["raf_choices"] == ["default", "true", "false", "2"]
+    assert c["batch_size"] is None and not c["can_undo"] and c["reshard_choices"] == ["default", "true", "false", "2"]
     ins.handle_action("remove_unit", {"fqn": L0})
     assert ins.controls["can_undo"] and not ins.controls["can_redo"]
     assert ins.handle_action("undo", {})["ok"]

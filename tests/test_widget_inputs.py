@@ -55,6 +55,18 @@ def test_a_preset_keeps_the_checkpointing(model, ins):
     assert ins.controls["preset"] == ""  # an edited plan: choosing any preset in the menu applies it
 
 
+
+def test_the_preset_menu_compares_plans_not_names(model, ins):
+    """The menu selects the preset a plan equals (presets.preset_key), whatever its name: a plan
+    named after a preset but with other calls is no preset, a preset under another name is one."""
+    ignored = sv.Plan.auto(model, lora="ignored")
+    ins.controller.set_plan(sv.Plan(ignored.units, ignored.ignored, "my plan"))
+    assert ins.controls["preset"] == "auto-ignored"
+    ins.controller.set_plan(sv.Plan([L0, ""], name=sv.Plan.auto(model).name))
+    assert ins.controls["preset"] == "" and ins.controls["presets"][0] == ["", "custom or edited plan"]
+    ins.controller.set_plan(sv.Plan.auto(model, lora="separate", checkpoint="every 2"))
+    assert ins.controls["preset"] == "auto-separate"  # a preset keeps the checkpointing
+
 def test_junk_device_memory_is_refused_with_a_message(ins):
     for text, want in (("80", 80 * 1024**3), ("80GiB", 80 * 1024**3), ("96 GB", 96 * 10**9), ("", None)):
         assert ins.handle_action("set_mesh", {"device_memory": text})["ok"], text

@@ -39,12 +39,12 @@ class CostModel:
         from .reserved import replay
 
         if expandable_segments is None:
-            expandable_segments = bool(getattr(self.mesh, "expandable_segments", False))
+            expandable_segments = self.mesh.expandable_segments
         if expandable_segments not in self._reserved:
             if not self.replay_inputs:
                 return 0
             resident = int(self.resident.total + self.optimizer.device.max() + self.optimizer.whole)
-            device = getattr(self.mesh, "device", None)
+            device = self.mesh.device
             alloc = replay(*self.replay_inputs, resident, int(self.optimizer.step_temporaries.max()),
                            expandable_segments, device)
             tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts

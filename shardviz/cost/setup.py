@@ -86,8 +86,8 @@ def setup_obj(mesh: Mesh | None = None, training: Training | None = None) -> dic
 
 
 def read_setup(plan) -> tuple[Mesh | None, Training | None]:
-    """The mesh and training a plan file recorded (``plan.setup``), each None when it has none."""
-    setup = getattr(plan, "setup", None) or {}
+    """The mesh and training a plan file recorded (``plan.setup``), each None when it has none (or no plan)."""
+    setup = plan.setup if plan is not None else {}  # no plan yet (plan search)
     mesh = mesh_from_obj(setup["mesh"]) if "mesh" in setup else None
     training = training_from_obj(setup["training"]) if "training" in setup else None
     return mesh, training

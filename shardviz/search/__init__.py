@@ -67,7 +67,7 @@ class _Runner:
     def __init__(self, tree: ModelTree, mesh: Mesh, training: Training):
         self.tree, self.mesh, self.training = tree, mesh, training
         self.limit = mesh.usable_memory  # device memory less the reserve: what every verdict here uses
-        self.limit_words = usable_text(mesh.device_memory, mesh.memory_reserve)  # "79.00 GiB usable"
+        self.usable_text = usable_text(mesh.device_memory, mesh.memory_reserve)  # "79.00 GiB usable"
         self.has_lora = any(p.role == "lora" for p in tree.params)
         self.config_keeps = config_use_cache(tree.model)  # the config's use_cache (the cache knob's default)
         self._auto: dict = {}
@@ -170,7 +170,7 @@ class _Runner:
 
     def pruned_by(self, c: Candidate) -> str | None:
         """Why ``c`` cannot fit without analysing it, or None."""
-        gib, less = self.limit_words, "(checkpoints less: not analysed)"
+        gib, less = self.usable_text, "(checkpoints less: not analysed)"
         cache = self.cache_of(c)
         act = self.act_over.get(((c.lora, c.tensor), c.batch_size, c.checkpoint, cache))
         if act is not None:  # the same activations whatever the mesh and options
@@ -213,7 +213,7 @@ class _Runner:
         if kept <= self.limit:
             return None
         how = "no reshard after forward" if c.reshard is False else f"resharding to {c.reshard} ranks after forward"
-        return (f"over {self.limit_words}: with {how}, the calls' unsharded parameters alone are {format_bytes(kept)} "
+        return (f"over {self.usable_text}: with {how}, the calls' unsharded parameters alone are {format_bytes(kept)} "
                 "when forward ends (not analysed)")
 
     def evaluate(self, c: Candidate) -> dict:
@@ -259,7 +259,7 @@ def _run(runner: _Runner, cands: list[Candidate]) -> list[tuple[Candidate, dict]
     for i, c in enumerate(cands):
         if nowhere is not None and c.batch_size is not None and c.batch_size > nowhere:
             rows.append((c, {"analysed": False, "fits": False, "peak": None,
-                             "why": f"over {runner.limit_words}: micro-batch {nowhere} fits with no plan"}))
+                             "why": f"over {runner.usable_text}: micro-batch {nowhere} fits with no plan"}))
             continue
         rows.append((c, runner.evaluate(c)))
         last_of_batch = i + 1 == len(cands) or cands[i + 1].batch_size != c.batch_size
@@ -312,7 +312,7 @@ def what_would_fit(runner: _Runner, rows: list, max_factor: int = 64) -> str:
     sizes doubling up to ``max_factor`` times the mesh's)."""
     batch = min((c.batch_size for c, _ in rows if c.batch_size is not None), default=None)
     lean = _lean(runner, batch)
-    head = f"nothing fits in {runner.limit_words} on {runner.mesh.world} ranks"
+    head = f"nothing fits in {runner.usable_text} on {runner.mesh.world} ranks"
     a = runner.analysis(lean)
     act = a.activation_profile.peak[0] if a.activation_profile is not None else 0
     hints = []
@@ -343,7 +343,7 @@ class Search:
         world, vary = runner.mesh.world, runner.training.global_batch is not None
         records, above = [], None
         for c, r in rows:
-            why = _why(r, above if r["fits"] else None, runner.limit, runner.limit_words)
+            why = _why(r, above if r["fits"] else None, runner.limit, runner.usable_text)
             if r["fits"] and r["analysed"]:
                 above = r
             name = c.name(world, runner.has_lora, vary)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..checks import CHECKPOINT_FIXES
 from ..cost import Training
 from ..fsdp import Mesh
-from ..plan import LORA_LAYOUTS
+from ..plan import LORA_OPTIONS
 
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
 CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
@@ -65,7 +65,7 @@ def _divisors(n: int) -> list[int]:
 def _micro_batches(mesh: Mesh, training: Training) -> list[tuple[int | None, int]]:
     """(micro-batch, accumulation) pairs, smallest micro-batch first."""
     if training.global_batch is None:
-        return [(training.batch_size, getattr(training, "grad_accum", 1))]
+        return [(training.batch_size, training.grad_accum)]
     per_rank, rest = divmod(training.global_batch, mesh.world)
     if rest:
         raise ValueError(f"Training.global_batch={training.global_batch} is not a multiple of the world size "
@@ -90,7 +90,7 @@ def _distinct_checkpoints(runner) -> list[str | None]:
 
 def candidates(runner, offload=(False, True)) -> list[Candidate]:
     """Every candidate, in the order pruning needs: micro-batch, then checkpointing, most first."""
-    layouts = LORA_LAYOUTS if runner.has_lora else ("sharded",)
+    layouts = LORA_OPTIONS if runner.has_lora else ("sharded",)
     with_batch = runner.training.batch_size is not None or runner.training.global_batch is not None
     checkpoints = _distinct_checkpoints(runner) if with_batch else (None,)
     out = []

@@ -132,15 +132,15 @@ def _tight_words(r: dict) -> str:
             f"inside the {format_bytes(r['safety'])} safety margin")
 
 
-def _why(r: dict, above: dict | None, limit: int, limit_words: str) -> str:
-    """``limit``: the usable memory (device memory less the reserve), ``limit_words`` it in words.
+def _why(r: dict, above: dict | None, limit: int, usable_text: str) -> str:
+    """``limit``: the usable memory (device memory less the reserve), ``usable_text`` it in words.
     Over and tight are judged on the reserved peak (``devices.memory_fit``)."""
     if not r["analysed"]:
         return r["why"]
     if not r["fits"]:
         judged = limit - r["margin"] if r.get("margin") is not None else r["peak"]
         held = f" (reserved peak {format_bytes(judged)})" if judged != r["peak"] else ""
-        return f"over {limit_words} by {format_bytes(judged - limit)}{held}"
+        return f"over {usable_text} by {format_bytes(judged - limit)}{held}"
     tight = r.get("verdict") == "tight"
     if above is None:
         return "fastest that fits" + (f", but {_tight_words(r)}: no plan keeping the margin is within "

@@ -15,9 +15,9 @@
 
 from ..chart import chart_class
 from .controller import InspectorState
-from .inspector import Inspector, InspectorView
+from .inspector import Inspector
 from .planfile import PlanFileError
 
 Chart = chart_class()
 
-__all__ = ["Chart", "Inspector", "InspectorState", "InspectorView", "PlanFileError"]
+__all__ = ["Chart", "Inspector", "InspectorState", "PlanFileError"]

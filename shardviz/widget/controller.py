@@ -167,7 +167,7 @@ class InspectorState(PlanActions, SuggestActions):
     # ------------------------------------------------------------------------------------
     def _analyze(self, snap: Snapshot) -> Analysis:
         return analyze(self.tree, snap.plan, snap.mesh, snap.training, strict=False,
-                       torch_version=getattr(self, "torch_version", None))
+                       torch_version=self.torch_version)
 
     def set_torch_version(self, version: str | None) -> None:
         """The release the exported code targets ("2.6", ...; None or "": the installed torch).

@@ -39,10 +39,10 @@ from comm import DummyComm
 from ..format import format_bytes, format_count, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
+from ..presets import preset_key
 from . import panels, protocol
 from .background import BackgroundPush, Worker
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
-from .plan_names import EDITED
 from .controller import PRESETS, InspectorState
 from .panels import training_text
 
@@ -189,11 +189,12 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         from ..cost import OPTIMIZERS
 
         opts = list(OPTIMIZERS)
-        if str(getattr(tr, "optimizer", "adamw")) not in opts:
+        if str(tr.optimizer) not in opts:
             opts.append(str(tr.optimizer))
         blocks = st.blocks()
         ck = set(st.plan.checkpoint)
-        offload = bool(getattr(tr, "offload", False)) or any(u.offload for u in st.plan.units)
+        offload = tr.offload or any(u.offload for u in st.plan.units)
+        preset = preset_key(st.tree, st.plan)  # "" for an edited or custom plan: any preset in the menu applies
         return {
             "revision": st.revision,
             "world": mesh.world,
@@ -204,24 +205,24 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "device_gib": round(mesh.device_memory / GIB, 3) if mesh.device_memory else None,
             # what the field shows: GiB as typed, or the size with its unit when it is not whole GiB
             "device_text": _device_text(mesh.device_memory),
-            "optimizer": str(getattr(tr, "optimizer", "adamw")),
-            "param_dtype": getattr(tr, "param_dtype", None) or "",
-            "reduce_dtype": getattr(tr, "reduce_dtype", None) or "",
+            "optimizer": str(tr.optimizer),
+            "param_dtype": tr.param_dtype or "",
+            "reduce_dtype": tr.reduce_dtype or "",
             # on when the training offloads or the plan's calls do (a Suggest row's CPU offload)
             "offload": offload,
             "offload_text": self._host_ram_text if offload else "",  # the host RAM it needs, per rank and node
-            "batch_size": getattr(tr, "batch_size", None),
-            "seq_len": getattr(tr, "seq_len", None),
+            "batch_size": tr.batch_size,
+            "seq_len": tr.seq_len,
             # only for a length the user chose (the default 2048 is not flagged on a tiny model)
-            "seq_len_note": seq_len_note(st.model, getattr(tr, "seq_len", None)) if st.seq_len_set else None,
+            "seq_len_note": seq_len_note(st.model, tr.seq_len) if st.seq_len_set else None,
             "can_undo": st.can_undo,
             "can_redo": st.can_redo,
-            "presets": ([] if _preset_of(st.plan.name) else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
-            "preset": _preset_of(st.plan.name),
+            "presets": ([] if preset else [["", "custom or edited plan"]]) + [[k, v] for k, v in PRESETS.items()],
+            "preset": preset,
             "dtypes": DTYPES,
             "optimizers": opts,
             # reshard_after_forward: default, True, False, or an int that divides the shard size
-            "raf_choices": ["default", "true", "false"] + [str(d) for d in (2, 4, 8, 16) if d < shard and shard % d == 0],
+            "reshard_choices": ["default", "true", "false"] + [str(d) for d in (2, 4, 8, 16) if d < shard and shard % d == 0],
             "n_blocks": len(blocks),
             "n_blocks_checkpointed": sum(1 for b in blocks if b in ck),
         }
@@ -273,7 +274,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "filter": {"text": st.view.filter_text, "status": st.view.filter_status, "role": st.view.filter_role},
             "truncated": st.view.truncated,
             "has_model": st.model is not None,
-            "optimizer": str(getattr(tr, "optimizer", "")),
+            "optimizer": str(tr.optimizer),
             "pinned": st.pinned is not None,
         }
 
@@ -449,7 +450,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
 def _plan_offload_text(plan, training) -> str:
     """The training line's offload when the plan's calls offload rather than ``Training.offload``."""
     n = sum(1 for u in plan.units if u.offload)
-    if not n or getattr(training, "offload", False):
+    if not n or training.offload:
         return ""
     return f" · CPU offload ({format_count(n)} of the plan's calls)" if n < len(plan.units) else " · CPU offload (every call)"
 
@@ -468,17 +469,6 @@ def _severity_text(counts: dict | None) -> dict | None:
         return None
     return {**{k: format_plural(n, k, "info" if k == "info" else None) for k, n in counts.items()},
             "total": format_plural(sum(counts.values()), "finding")}
-
-
-def _preset_of(name: str) -> str:
-    """The preset a plan is ("auto-sharded" for "auto (LoRA sharded)", also with its blocks
-    checkpointed: a preset keeps the checkpointing); "" for an edited or custom plan, so that
-    choosing any preset in the menu applies it."""
-    for key, label in (("auto-sharded", "auto (LoRA sharded"), ("auto-ignored", "auto (LoRA ignored"),
-                       ("auto-separate", "auto (LoRA separate"), ("root-only", "root only"), ("none", "no calls")):
-        if name.startswith(label) and EDITED not in name:
-            return key
-    return ""
 
 
 def _forward(name: str):
@@ -505,6 +495,3 @@ for _name in PYTHON_API:
 for _name in PYTHON_PROPERTIES:
     if _name not in Inspector.class_traits():
         setattr(Inspector, _name, _forward_property(_name))
-
-#: Kept for older imports: the front end and the Python half are one widget now.
-InspectorView = Inspector

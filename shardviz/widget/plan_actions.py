@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..plan import LORA_LAYOUTS, Plan, Unit, as_plan
+from .. import presets
+from ..plan import Plan, Unit, as_plan
 from .plan_names import edited_name, renamed
 
-PRESETS = {
-    "auto-sharded": "auto: LoRA in its block's call",
-    "auto-ignored": "auto: LoRA ignored",
-    "auto-separate": "auto: a call per LoRA adapter",
-    "root-only": "root only",
-    "none": "no calls",
-}
+#: The menu's presets, key -> label (``presets.PRESETS``, the one registry).
+PRESETS = {p.key: p.label for p in presets.PRESETS}
 #: Actions that ``apply_to_many`` / ``apply_to_type`` can repeat over several modules.
 BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward",
                  "checkpoint", "uncheckpoint")
@@ -100,7 +96,7 @@ class PlanActions:
     def set_reshard_after_forward(self, fqn: str, value) -> None:
         """``reshard_after_forward`` of the call containing ``fqn``: None (torch's default), bool or int."""
         self._module(fqn)
-        value = parse_rar(value)
+        value = parse_reshard_after_forward(value)
         if self.plan.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
         self._commit(plan=self.plan.with_unit_options(fqn, reshard_after_forward=value))
@@ -109,7 +105,7 @@ class PlanActions:
         """Any ``sv.Unit`` option of the call containing ``fqn`` (param_dtype, reduce_dtype, offload, ...)."""
         self._module(fqn)
         if "reshard_after_forward" in options:
-            options["reshard_after_forward"] = parse_rar(options["reshard_after_forward"])
+            options["reshard_after_forward"] = parse_reshard_after_forward(options["reshard_after_forward"])
         if self.plan.unit_of(fqn) is None:
             raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
         self._commit(plan=self.plan.with_unit_options(fqn, **options))
@@ -234,7 +230,7 @@ class PlanActions:
         elif action == "uncheckpoint":
             plan = plan.without_checkpoint(fqns)
         else:
-            value = parse_rar(kw.get("value", kw.get("reshard_after_forward")))
+            value = parse_reshard_after_forward(kw.get("value", kw.get("reshard_after_forward")))
             for f in fqns:
                 if plan.unit_of(f) is not None:
                     plan = plan.with_unit_options(f, reshard_after_forward=value)
@@ -254,7 +250,7 @@ class PlanActions:
         """Replace the plan's calls and ignored parameters with a preset (``PRESETS``; "auto-<lora>"
         is ``Plan.auto``), keeping the current checkpointing: the preset says what to shard, not
         what to recompute. A message says what was kept (undo goes back)."""
-        preset = self._preset_plan(name)
+        preset = presets.preset_plan(self.tree, name)
         kept = tuple(f for f in self.plan.checkpoint if f not in preset.checkpoint)
         if not kept:
             self._commit(plan=preset, edit=False)
@@ -265,15 +261,6 @@ class PlanActions:
         self._commit(plan=plan, edit=False, note=f"preset {PRESETS[name]!r} applied; it keeps your checkpointing "
                                                  f"({what}). Undo goes back to the plan before it.")
 
-    def _preset_plan(self, name: str) -> Plan:
-        if name.startswith("auto-") and name[5:] in LORA_LAYOUTS:
-            return Plan.auto(self.tree, lora=name[5:])
-        if name == "root-only":
-            return Plan([""], name="root only")
-        if name == "none":
-            return Plan([], name="no calls")
-        raise ValueError(f"preset {name!r}: expected one of {list(PRESETS)}")
-
     def set_plan(self, plan) -> None:
         """Replace the plan (a ``Plan``, JSON text or dict); validated against the model."""
         plan = as_plan(plan)
@@ -281,7 +268,7 @@ class PlanActions:
         self._commit(plan=plan, edit=False)
 
 
-def parse_rar(value):
+def parse_reshard_after_forward(value):
     """'default'/None -> None; 'true'/'false' -> bool; digits -> int."""
     if value is None or value == "default":
         return None

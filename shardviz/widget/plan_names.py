@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from ..plan import LORA_LAYOUTS, Plan
+from ..plan import Plan
+from ..presets import preset_plans
 from ..tree import ModelTree
 
 EDITED = ", edited"
@@ -72,17 +73,7 @@ class PlanNames:
 
     def known(self) -> dict[str, Plan]:
         if self._presets is None:
-            self._presets = {}
-            for lora in LORA_LAYOUTS:
-                for checkpoint in (None, "blocks"):
-                    try:
-                        p = Plan.auto(self.tree, lora=lora, checkpoint=checkpoint)
-                    except ValueError:
-                        continue
-                    if checkpoint is None or p.checkpoint:
-                        self._presets[p.name] = p
-            for p in (Plan([""], name="root only"), Plan([], name="no calls")):
-                self._presets[p.name] = p
+            self._presets = preset_plans(self.tree, (None, "blocks"))  # what the tree's menus make
         return {**self._presets, **self.bases}
 
     def match(self, plan: Plan) -> str | None:

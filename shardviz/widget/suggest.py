@@ -28,7 +28,7 @@ def search_key(mesh, training) -> tuple:
     """What a search depends on: the mesh (any HSDP split of its world: the search tries them all),
     the training (with ``global_batch``: any micro-batch; CPU offload and the key/value cache are
     options there)."""
-    vary_batch = getattr(training, "global_batch", None) is not None
+    vary_batch = training.global_batch is not None
     tr = replace(training, offload=False, use_cache=None, **({"batch_size": None, "grad_accum": 1} if vary_batch else {}))
     return replace(mesh, shard=mesh.world, replicate=1), tr
 
@@ -48,7 +48,7 @@ def _mesh_text(mesh) -> str:
 
 
 def _batch(tr) -> str:
-    return f"{tr.batch_size} x {getattr(tr, 'grad_accum', 1)}" if tr.batch_size else "none"
+    return f"{tr.batch_size} x {tr.grad_accum}" if tr.batch_size else "none"
 
 
 def changes_text(cur_mesh, mesh, cur_tr, tr) -> list[str]:
@@ -56,7 +56,7 @@ def changes_text(cur_mesh, mesh, cur_tr, tr) -> list[str]:
     out = []
     if (mesh.shard, mesh.replicate) != (cur_mesh.shard, cur_mesh.replicate):
         out.append(f"mesh {mesh} (was {cur_mesh})")
-    if (tr.batch_size, getattr(tr, "grad_accum", 1)) != (cur_tr.batch_size, getattr(cur_tr, "grad_accum", 1)):
+    if (tr.batch_size, tr.grad_accum) != (cur_tr.batch_size, cur_tr.grad_accum):
         out.append(f"micro-batch x accumulation {_batch(tr)} (was {_batch(cur_tr)})")
     if tr.offload != cur_tr.offload:
         out.append("Training.offload off (the plan's calls offload instead)" if not tr.offload else "Training.offload on")

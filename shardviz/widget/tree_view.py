@@ -253,8 +253,8 @@ class TreeView:
             row["tp"] = stats.tp_styles[m]
         if own >= 0:
             ul = lay.units[own]
-            row["rar"] = _rar_value(ul.unit.reshard_after_forward)
-            row["rar_effective"] = _rar_value(ul.reshard_after_forward)
+            row["reshard_after_forward"] = _reshard_choice(ul.unit.reshard_after_forward)
+            row["reshard_after_forward_effective"] = _reshard_choice(ul.reshard_after_forward)
             row["grouped"] = ul.unit.is_grouped
             row["unit"] = ul.unit.name
         return row
@@ -275,7 +275,7 @@ class TreeView:
             badge = {"kind": "mixed", "label": "mixed", "title": f"{n_units} of {len(members)} blocks are their own unit"}
         n_lora = sum(static.n_lora[c] for c in members)
         lora_ign = sum(stats.lora_ignored[c] for c in members)
-        rars = {_rar_value(stats.layout.units[stats.own_unit[c]].unit.reshard_after_forward) for c in members if stats.own_unit[c] >= 0}
+        reshards = {_reshard_choice(stats.layout.units[stats.own_unit[c]].unit.reshard_after_forward) for c in members if stats.own_unit[c] >= 0}
         return {
             "kind": "group",
             "depth": depth,
@@ -293,7 +293,7 @@ class TreeView:
             "n_units": n_units,
             "lora": None if not n_lora else ("ignored" if lora_ign == n_lora else ("kept" if lora_ign == 0 else "partly ignored")),
             "n_lora": n_lora,
-            "rar": rars.pop() if len(rars) == 1 and n_units == len(members) else None,
+            "reshard_after_forward": reshards.pop() if len(reshards) == 1 and n_units == len(members) else None,
             "n_checkpointed": sum(1 for c in members if c in stats.checkpointed),
         }
 
@@ -352,6 +352,6 @@ class TreeView:
         return order, rows
 
 
-def _rar_value(value):
+def _reshard_choice(value):
     """reshard_after_forward as JSON: None -> "default", bools and ints as they are."""
     return "default" if value is None else value

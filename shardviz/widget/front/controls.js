@@ -144,13 +144,13 @@ function controlsComponent(ctx, { onRafChoices }) {
     el.dataset.revision = String(c.revision);
   }
   wireControls(ctx, ctl, showState);
-  let rafKey = "";
+  let reshardKey = "";
   function render() {
     showState();
-    // the rows' reshard_after_forward menus list controls.raf_choices: redraw them only when those change
-    const key = JSON.stringify((ctx.model.get("controls") || {}).raf_choices || []);
-    if (key !== rafKey) {
-      rafKey = key;
+    // the rows' reshard_after_forward menus list controls.reshard_choices: redraw them only when those change
+    const key = JSON.stringify((ctx.model.get("controls") || {}).reshard_choices || []);
+    if (key !== reshardKey) {
+      reshardKey = key;
       onRafChoices();
     }
   }

@@ -21,12 +21,12 @@ function toggleBtn(label, on, cls, title, onclick) {
   return b;
 }
 
-// reshard_after_forward of a call; the choices come from Python (controls.raf_choices): the ints
+// reshard_after_forward of a call; the choices come from Python (controls.reshard_choices): the ints
 // that divide the shard size
-function rarSelect(choices, value, onchange, mixed = false) {
+function reshardSelect(choices, value, onchange, mixed = false) {
   const sel = h(
     "select",
-    { class: "sv-rar", title: "reshard_after_forward of this call" },
+    { class: "sv-reshard", title: "reshard_after_forward of this call" },
     ...(mixed ? [h("option", { value: "", text: "RAF mixed" })] : []),
     h("option", { value: "default", text: "RAF default" }),
     h("option", { value: "true", text: "RAF True" }),
@@ -77,7 +77,7 @@ function buildRow(ctx, id, r, flashed) {
   // the indent per level is CSS (--sv-indent: less in a narrow widget); the full name is the tooltip
   const name = h("span", { class: "sv-col-name", style: `--depth:${r.depth}`, title: rowTip(r) }, caretOf(ctx, id, r));
   const actions = h("span", { class: "sv-col-actions" });
-  const choices = (ctx.model.get("controls") || {}).raf_choices || ["default", "true", "false"];
+  const choices = (ctx.model.get("controls") || {}).reshard_choices || ["default", "true", "false"];
   const cells = r.kind === "module" ? moduleCells(r) : r.kind === "group" ? groupCells(r) : paramCells(r);
   name.append(...cells.name);
   row.append(name, ...cells.middle, actions);
@@ -158,7 +158,7 @@ function moduleActions(send, r, choices) {
   if (r.is_unit) {
     const title = r.grouped ? `remove the grouped call ${r.unit} (all its modules)` : "remove this fully_shard call";
     out.push(actionBtn("− unit", "sv-act-unit sv-act-remove", title, () => send("toggle_unit", { fqn })));
-    out.push(rarSelect(choices, r.rar, (v) => send("set_reshard_after_forward", { fqn, value: v })));
+    out.push(reshardSelect(choices, r.reshard_after_forward, (v) => send("set_reshard_after_forward", { fqn, value: v })));
   } else if (r.can_unit) {
     out.push(actionBtn("+ unit", "sv-act-unit sv-act-make", "give this module its own fully_shard call", () => send("toggle_unit", { fqn })));
   }
@@ -188,8 +188,8 @@ function groupActions(send, id, r, choices) {
   const ckTitle = allCk ? `stop checkpointing the ${r.count} blocks` : `checkpoint each of the ${r.count} blocks (${r.n_checkpointed} now)`;
   out.push(toggleBtn("ckpt", allCk, "sv-act-ckpt", ckTitle, many(allCk ? "uncheckpoint" : "checkpoint")));
   if (r.n_units > 0) {
-    const mixed = r.rar === null || r.rar === undefined;
-    out.push(rarSelect(choices, r.rar ?? "default", (v) => many("set_reshard_after_forward", { value: v })(), mixed));
+    const mixed = r.reshard_after_forward === null || r.reshard_after_forward === undefined;
+    out.push(reshardSelect(choices, r.reshard_after_forward ?? "default", (v) => many("set_reshard_after_forward", { value: v })(), mixed));
   }
   if (r.n_lora > 0) {
     out.push(
