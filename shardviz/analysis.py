@@ -323,11 +323,12 @@ class Analysis:
         return self.step_time.table
 
     @property
-    def step(self) -> dict:
-        """step_time_s (one optimizer step, every micro-batch), tokens_per_s (per rank), mfu, hfu,
-        exposed_comm_s, compute_s, flops and model_flops (per rank, one micro-batch), grad_accum,
-        step_time_sync_every_s (reducing on every micro-batch), device, dtype; ``reason`` (and None
-        figures) when there is no step to time (docs/step-time.md)."""
+    def step(self):
+        """The step's figures (``steptime.StepSummary``): step_time_s (one optimizer step, every
+        micro-batch), tokens_per_s (per rank), mfu, hfu, exposed_comm_s, compute_s, flops and
+        model_flops (per rank, one micro-batch), grad_accum, step_time_sync_every_s (reducing on every
+        micro-batch), device, dtype; ``reason`` (and None figures) when there is no step to time
+        (docs/step-time.md)."""
         return self.step_time.step
 
     def timeline(self):

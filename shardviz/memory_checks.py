@@ -47,7 +47,7 @@ def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False,
     try:
         a = analysis.what_if(**change)
         peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
-        new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
+        new, own = a.step.step_time_s, analysis.step.step_time_s
     except Exception as exc:  # noqa: BLE001 - the finding says it could not be priced instead
         return MemoryFix(text, None, hardware=hardware, flags=flags, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
     if new is None or own is None:
@@ -119,7 +119,7 @@ def _expandable_fix(analysis) -> list[MemoryFix]:
     if mesh.expandable_segments or mesh.judge != "reserved":
         return []
     peak = int(analysis.memory["peak"].max())
-    own = analysis.step.get("step_time_s")
+    own = analysis.step.step_time_s
     return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
                       "the exported code then sets it)", peak, own, None if own is None else 0.0,
                       reserved=peak + analysis.costs.reserved_overhead(True), flags="--expandable-segments")]
