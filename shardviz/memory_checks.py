@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .finding import Finding
 from .format import format_bytes, format_duration, worst_rank
-from .plan import checkpoint_preset
+from .checkpointing import parse_checkpoint
 from .presets import find_blocks
 
 
@@ -57,8 +57,7 @@ def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False,
 
 def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     """The blocks ``Plan.auto(checkpoint=preset)`` checkpoints (every k-th, counted from 1), less those covered."""
-    _, k = checkpoint_preset(preset)
-    return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
+    return [b for b in parse_checkpoint(preset).chosen(blocks) if b not in covered]
 
 
 def _fits(analysis, fix: MemoryFix) -> bool:
@@ -85,7 +84,7 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
         more = _every_kth(tree, blocks, preset, covered)
         if not more:
             continue
-        what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
+        what = parse_checkpoint(preset).which_blocks
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
                                 f"checkpoint={preset!r}): {len(more)} more){cache_off}", plan=plan.with_checkpoint(more),
                       flags=f"--checkpoint {preset}" if " " not in preset else f"--checkpoint '{preset}'")
