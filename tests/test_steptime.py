@@ -176,6 +176,19 @@ def test_without_a_device_or_a_batch_the_step_says_why(model, flops):
         assert "step time:" in sv.display.step_text(a.step)
 
 
+def test_the_step_is_a_frozen_value_of_typed_fields(model, flops):
+    """Issue 25: ``a.step`` is a ``StepSummary`` dataclass, not a dict; one value, no later edits."""
+    import dataclasses
+
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device=ROUND, efficiency=EXACT), TRAINING)
+    step = a.step
+    assert isinstance(step, steptime.StepSummary) and step is a.step_time.step
+    assert step.step_time_s > 0 and step.reason is None and step.tensor_comm_s is None  # no tensor dim
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.step_time_s = 0.0
+    assert dataclasses.replace(step, reason="x") != step and dataclasses.replace(step) == step
+
+
 def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
     a = analysis(model, "ignored")
     p = sv.display.timeline_payload(a)
