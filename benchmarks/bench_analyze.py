@@ -149,8 +149,8 @@ def bench_step(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: i
     change = min(changed() for _ in range(5))
     print(f"\nstep time: {name}+LoRA, {world} x H100, batch {batch}, seq {seq}: cold analyze with activations "
           f"{cold:.2f} s, then a.step {cold_step * 1e3:.1f} ms ({100 * cold_step / cold:.1f} % of it, target < 10 %); "
-          f"change of plan: a.step {change * 1e3:.1f} ms (target < 20 ms); step {step['step_time_s']:.2f} s, "
-          f"{step['tokens_per_s']:,.0f} tokens/s per rank, MFU {100 * step['mfu']:.1f} %")
+          f"change of plan: a.step {change * 1e3:.1f} ms (target < 20 ms); step {step.step_time_s:.2f} s, "
+          f"{step.tokens_per_s:,.0f} tokens/s per rank, MFU {100 * step.mfu:.1f} %")
 
 
 def main():

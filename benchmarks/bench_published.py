@@ -118,8 +118,8 @@ def predict(row: Row, efficiency: Efficiency | None = None) -> dict:
     t0 = time.perf_counter()
     a = analyze(row, efficiency or Efficiency.for_stack(row.stack, row.device))
     step = a.step
-    return {"row": row, "predicted": step["tokens_per_s"], "mfu": step["mfu"], "step_time_s": step["step_time_s"],
-            "exposed_comm_s": step["exposed_comm_s"], "reason": step["reason"],
+    return {"row": row, "predicted": step.tokens_per_s, "mfu": step.mfu, "step_time_s": step.step_time_s,
+            "exposed_comm_s": step.exposed_comm_s, "reason": step.reason,
             "allocated_gib": int(a.memory.peak.max()) / GiB, "seconds": time.perf_counter() - t0}
 
 

@@ -95,7 +95,7 @@ def fit_rows():
                                                                   if mem.at[worst, "peak_module"] is not None else ""),
                     "reserved": int(mem.at[worst, "reserved_peak"]),
                     "verdict": a.fit.verdict,  # the reserved peak, the reserve and the safety margin (Analysis.fit)
-                    **{k: a.step[k] for k in ("step_time_s", "tokens_per_s", "mfu", "exposed_comm_s")},
+                    **{k: getattr(a.step, k) for k in ("step_time_s", "tokens_per_s", "mfu", "exposed_comm_s")},
                 }
 
 

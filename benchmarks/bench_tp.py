@@ -60,8 +60,8 @@ def main() -> int:
     for device in (TETON, TETON_LOW):
         a = predict(device)
         step = a.step
-        rows.append((device.bf16_tflops, step["tokens_per_s"], step["step_time_s"], step["tensor_comm_s"],
-                     step["exposed_comm_s"], int(a.memory.peak.max())))
+        rows.append((device.bf16_tflops, step.tokens_per_s, step.step_time_s, step.tensor_comm_s,
+                     step.exposed_comm_s, int(a.memory.peak.max())))
     print(f"Llama-3.1-70B, FSDP 32 x TP 8 (torchtitan's plan), 256 H100s, batch 16 x 8192, full AC "
           f"({time.perf_counter() - t0:.0f} s)")
     print("| peak TFLOPS | predicted tokens/s/GPU | vs published bf16 597.3 | step time | TP collectives | exposed FSDP "

@@ -1,4 +1,16 @@
-"""``sv.analyze``: tree + plan + mesh (+ training) -> tables. Computed lazily, never touching the model."""
+"""``sv.analyze``: tree + plan + mesh (+ training) -> tables. Computed lazily, never touching the model.
+
+The pipeline, one stage after the other (each computed on first use, once):
+
+1. the tree (``tree.ModelTree``; with a tensor dim, its TP-local shapes: ``tp.local_tree``);
+2. the plan (``plan.Plan``: the ``fully_shard`` calls, ignored parameters, checkpointing);
+3. the layout (``fsdp.Layout``: what each call holds, per rank): ``params``, ``units``;
+4. the activation profile (one training step run by torch: ``activations.measure_activations``):
+   ``activation_profile``, ``activations``, ``flops``;
+5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
+6. the step in seconds (``steptime.step_time``): ``time``, ``step``, ``timeline()``;
+7. the findings (``checks.run_checks``).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +20,17 @@ from functools import cached_property
 import pandas as pd
 from torch import nn
 
-from .checks import run_checks
+from .activations import FLOP_COLUMNS, config_use_cache, measure_activations, unit_flops
+from .checks import run_checks, selective_with_cache
+from .cost import (ActivationLevels, NoActivations, Training, calls_with_nested_calls, comm_table, cost_model,
+                   memory_table, worst_rank)
+from .cost import peak_breakdown as peak_breakdown_of
 from .finding import Finding
-from .fsdp import Layout, Mesh
+from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
+from .steptime import StepSummary, StepTime, timeline_figure, timeline_payload
+from .steptime import step_time as time_the_step
+from .tp import local_model, local_tree, tensor_collectives
 from .tree import ModelTree, as_tree
 
 
@@ -20,17 +39,15 @@ def _dtype_name(dtype) -> str:
 
 
 class Analysis:
-    """What a plan does on a mesh. Tables are pandas DataFrames built on first access."""
+    """What a plan does on a mesh: the stages of the module docstring, each built on first
+    access. Tables are pandas DataFrames."""
 
+    # -- 1-3. the tree, the plan, the layout ---------------------------------------------------
     def __init__(self, tree: ModelTree, plan: Plan, mesh: Mesh, training=None, torch_version=None, model=None):
-        from .cost import Training
-
         # with a tensor dim, the FSDP rules run on the TP-local tree (shardviz.tp): every parameter
         # at its parallelize_module local shape; full_tree keeps the model's own shapes
         self.full_tree, self.tp_placements = tree, {}
         if mesh.tensor > 1 and plan.tensor_parallel:
-            from .tp import local_tree
-
             tree, self.tp_placements = local_tree(tree, plan.tensor_parallel, mesh.tensor)
         self.tree, self.plan, self.mesh = tree, plan, mesh
         # The release the plan will run on: the findings follow it (None: the installed torch).
@@ -45,8 +62,6 @@ class Analysis:
         self.cache_refused: str | None = None
 
     def _runs_a_step(self) -> bool:
-        from .cost import calls_with_nested_calls
-
         return self.training.with_activations or bool(calls_with_nested_calls(self.layout, self.tree.modules))
 
     def what_if(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None) -> "Analysis":
@@ -59,17 +74,7 @@ class Analysis:
         cache a Hugging Face config keeps so)."""
         return self.what_if(training=replace(self.training, use_cache=False))
 
-    @property
-    def use_cache(self) -> bool:
-        """The ``use_cache`` the training step runs with (``Training.step_use_cache``): the
-        training's, else the config's, off with checkpointing (Hugging Face's rule)."""
-        from .activations import config_use_cache
-
-        t = self.training
-        keeps = t.example_inputs is None and config_use_cache(self.tree.model)
-        return t.step_use_cache(keeps, bool(self.plan.checkpoint))
-
-    # -- the engine's answers ----------------------------------------------------
+    # -- 3. the layout's tables: what each fully_shard call holds, per parameter and per call ----
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
         return self.layout.local_shape(fqn, rank)
 
@@ -123,75 +128,14 @@ class Analysis:
                    "trainable_numel", "unsharded_bytes", "padded_unsharded_bytes", "padded_shard_bytes"]
         return pd.DataFrame(rows, columns=columns).sort_values("order", ignore_index=True)
 
-    @cached_property
-    def costs(self):
-        """The cost model (``cost.CostModel``): built once, from the layout and the activation levels."""
-        from .cost import cost_model
-
-        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels(), self.run_order)
-
-    @cached_property
-    def memory(self) -> pd.DataFrame:
-        from .cost import memory_table
-
-        return memory_table(self.costs)
-
+    # -- 4. the activation profile: one training step measured by torch --------------------------
     @property
-    def fit(self):
-        """The fits verdict of the worst rank (``Mesh.fit`` -> ``devices.memory_fit``): its allocated
-        peak judged on the caching allocator's reserved peak (``memory.reserved_peak``) under the
-        mesh's allocator setting and safety margin; None without device memory."""
-        mem = self.memory
-        return self.mesh.fit(int(mem["peak"].max()), int(mem["reserved_peak"].max()))
-
-    @cached_property
-    def comm(self) -> pd.DataFrame:
-        from .cost import comm_table
-
-        table = comm_table(self.costs, self._tensor_rows())
-        if self.tp_placements and not self.training.with_activations:
-            table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
-                                              "Training(batch_size=..., seq_len=...) to count them")
-        return table
-
-    def _tensor_rows(self) -> list[tuple]:
-        """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,
-        count, dtype, bytes), one per module and kind; a checkpointed module's forward ones again in
-        backward (its recompute). None without a tensor dim or a micro-batch (their size is its)."""
+    def use_cache(self) -> bool:
+        """The ``use_cache`` the training step runs with (``Training.step_use_cache``): the
+        training's, else the config's, off with checkpointing (Hugging Face's rule)."""
         t = self.training
-        if not self.tp_placements or not t.with_activations:
-            return []
-        from .tp import tensor_collectives
-
-        dtype = t.param_dtype or _dtype_name(next(p.dtype for p in self.full_tree.params if p.dtype.is_floating_point))
-        itemsize = {"float32": 4, "float64": 8}.get(dtype, 2)
-        tokens, lay, rows = t.batch_size * t.seq_len, self.layout, []
-        checkpointed = [self.tree.module_index[c] for c in self.plan.checkpoint]
-        for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
-            m = self.tree.module_index[fqn]
-            unit = self.unit_label(lay.module_unit[m])
-            elements = -width if width < 0 else tokens * width  # < 0: a parameter gradient's elements
-            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, elements * itemsize)
-            rows.append(row)
-            if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
-                rows.append(row[:2] + ("backward",) + row[3:])
-        return rows
-
-    def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
-        """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:
-        sharded params, whole params, buffers, optimizer states, gradients, unsharded params,
-        communication buffers, activations, temporaries. The values sum to ``memory.peak``."""
-        from .cost import peak_breakdown, worst_rank
-
-        return peak_breakdown(self.costs, worst_rank(self.memory) if rank is None else rank)
-
-    def activation_levels(self):
-        """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""
-        from .cost import ActivationLevels, NoActivations
-
-        if not self.training.with_activations:
-            return NoActivations()
-        return ActivationLevels(self.activation_profile, self.tree)
+        keeps = t.example_inputs is None and config_use_cache(self.tree.model)
+        return t.step_use_cache(keeps, bool(self.plan.checkpoint))
 
     @cached_property
     def activation_profile(self):
@@ -201,23 +145,7 @@ class Analysis:
             return None
         return self._measured_step(self.training.batch_size, self.training.seq_len)
 
-    @cached_property
-    def run_order(self) -> tuple[str, ...] | None:
-        """Module names in the order a training step first runs them, when one is measured: with
-        activations, or (a step of batch 1) when calls are nested; None: registration order."""
-
-        profile = self.activation_profile
-        if profile is None and self.model is not None:
-            try:  # the order does not depend on dtypes or checkpointing: one small step serves every plan
-                profile = self._measured_step(1, min(self.training.seq_len, 32), for_order_only=True)
-            except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
-                return None
-        return None if profile is None else profile.run_order
-
     def _measured_step(self, batch_size: int, seq_len: int, for_order_only: bool = False):
-        from .activations import measure_activations
-        from .checks import selective_with_cache
-
         model = self.model
         if model is None:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
@@ -235,7 +163,7 @@ class Analysis:
             model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole, checkpoint=self.plan.checkpoint,
             example_inputs=t.example_inputs, tree=tree, use_cache=use_cache)
         use_cache = self.use_cache
-        if use_cache and (refusal := selective_with_cache(self)):
+        if use_cache and (refusal := selective_with_cache(self.plan.checkpoint, use_cache)):
             self.cache_refused = refusal[0].message  # torch raises in that step's backward: there is no such step
         elif use_cache:
             try:
@@ -248,8 +176,6 @@ class Analysis:
 
     def _with_cache_note(self, profile):
         """The profile with the ``use_cache`` it was measured with, and why, in its assumptions."""
-        from .activations import config_use_cache
-
         t, keeps = self.training, config_use_cache(self.tree.model)
         if self.cache_refused:
             note = (f"use_cache=False: torch cannot run this plan with the key/value cache, priced without it "
@@ -268,9 +194,20 @@ class Analysis:
 
     @cached_property
     def _tp_local_model(self):
-        from .tp import local_model
-
         return local_model(self.model, self.full_tree, self.tp_placements, self.plan.tensor_parallel, self.mesh.tensor)
+
+    @cached_property
+    def run_order(self) -> tuple[str, ...] | None:
+        """Module names in the order a training step first runs them, when one is measured: with
+        activations, or (a step of batch 1) when calls are nested; None: registration order."""
+
+        profile = self.activation_profile
+        if profile is None and self.model is not None:
+            try:  # the order does not depend on dtypes or checkpointing: one small step serves every plan
+                profile = self._measured_step(1, min(self.training.seq_len, 32), for_order_only=True)
+            except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
+                return None
+        return None if profile is None else profile.run_order
 
     @cached_property
     def activations(self) -> pd.DataFrame:
@@ -291,8 +228,6 @@ class Analysis:
         backward_flops, recompute_flops (checkpointed modules' forward again in backward); a last
         row with unit None for what runs outside every call, if anything. Empty without
         ``Training.batch_size``: there is no step to count."""
-        from .activations import FLOP_COLUMNS, unit_flops
-
         profile = self.activation_profile
         rows = unit_flops(profile, self.plan.units) if profile is not None else []
         return pd.DataFrame(rows, columns=FLOP_COLUMNS)
@@ -306,13 +241,71 @@ class Analysis:
             return {"flops": 0, "model_flops": 0}
         return {"flops": profile.flops, "model_flops": profile.model_flops}
 
+    def activation_levels(self):
+        """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""
+        if not self.training.with_activations:
+            return NoActivations()
+        return ActivationLevels(self.activation_profile, self.tree)
+
+    # -- 5. the step in bytes: memory per rank and traffic (cost.CostModel) ----------------------
     @cached_property
-    def step_time(self):
+    def costs(self):
+        """The cost model (``cost.CostModel``): built once, from the layout and the activation levels."""
+        return cost_model(self.tree, self.layout, self.mesh, self.training, self.activation_levels(), self.run_order)
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        return memory_table(self.costs)
+
+    @property
+    def fit(self):
+        """The fits verdict of the worst rank (``Mesh.fit`` -> ``devices.memory_fit``): its allocated
+        peak judged on the caching allocator's reserved peak (``memory.reserved_peak``) under the
+        mesh's allocator setting and safety margin; None without device memory."""
+        mem = self.memory
+        return self.mesh.fit(int(mem["peak"].max()), int(mem["reserved_peak"].max()))
+
+    def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
+        """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:
+        sharded params, whole params, buffers, optimizer states, gradients, unsharded params,
+        communication buffers, activations, temporaries. The values sum to ``memory.peak``."""
+        return peak_breakdown_of(self.costs, worst_rank(self.memory) if rank is None else rank)
+
+    @cached_property
+    def comm(self) -> pd.DataFrame:
+        table = comm_table(self.costs, self._tensor_rows())
+        if self.tp_placements and not self.training.with_activations:
+            table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
+                                              "Training(batch_size=..., seq_len=...) to count them")
+        return table
+
+    def _tensor_rows(self) -> list[tuple]:
+        """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,
+        count, dtype, bytes), one per module and kind; a checkpointed module's forward ones again in
+        backward (its recompute). None without a tensor dim or a micro-batch (their size is its)."""
+        t = self.training
+        if not self.tp_placements or not t.with_activations:
+            return []
+        dtype = t.param_dtype or _dtype_name(next(p.dtype for p in self.full_tree.params if p.dtype.is_floating_point))
+        itemsize = {"float32": 4, "float64": 8}.get(dtype, 2)
+        tokens, lay, rows = t.batch_size * t.seq_len, self.layout, []
+        checkpointed = [self.tree.module_index[c] for c in self.plan.checkpoint]
+        for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
+            m = self.tree.module_index[fqn]
+            unit = self.unit_label(lay.module_unit[m])
+            elements = -width if width < 0 else tokens * width  # < 0: a parameter gradient's elements
+            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, elements * itemsize)
+            rows.append(row)
+            if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
+                rows.append(row[:2] + ("backward",) + row[3:])
+        return rows
+
+    # -- 6. the step in seconds: FSDP2's schedule (steptime) --------------------------------------
+    @cached_property
+    def step_time(self) -> StepTime:
         """The step as FSDP2 schedules it (``steptime.StepTime``), computed once: ``time``, ``step``
         and ``timeline()`` read it. Needs ``Mesh(device=...)`` and ``Training(batch_size=...)``."""
-        from .steptime import step_time
-
-        return step_time(self)
+        return time_the_step(self)
 
     @property
     def time(self) -> pd.DataFrame:
@@ -323,20 +316,20 @@ class Analysis:
         return self.step_time.table
 
     @property
-    def step(self) -> dict:
-        """step_time_s (one optimizer step, every micro-batch), tokens_per_s (per rank), mfu, hfu,
-        exposed_comm_s, compute_s, flops and model_flops (per rank, one micro-batch), grad_accum,
-        step_time_sync_every_s (reducing on every micro-batch), device, dtype; ``reason`` (and None
-        figures) when there is no step to time (docs/step-time.md)."""
+    def step(self) -> StepSummary:
+        """The step's figures (``steptime.StepSummary``): step_time_s (one optimizer step, every
+        micro-batch), tokens_per_s (per rank), mfu, hfu, exposed_comm_s, compute_s, flops and
+        model_flops (per rank, one micro-batch), grad_accum, step_time_sync_every_s (reducing on every
+        micro-batch), device, dtype; ``reason`` (and None figures) when there is no step to time
+        (docs/step-time.md)."""
         return self.step_time.step
 
     def timeline(self):
         """The step as a plotly figure: compute and communication streams, unit by unit, exposed
-        communication in red (``views.timeline_payload``, the payload the report and the Inspector draw)."""
-        from .steptime import timeline_figure, timeline_payload
-
+        communication in red (``display.timeline_payload``, the payload the report and the Inspector draw)."""
         return timeline_figure(timeline_payload(self))
 
+    # -- 7. findings -----------------------------------------------------------------------------
     @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
@@ -373,8 +366,6 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
     if torch_version is not None:
-        from .fsdp import parse_version
-
         parse_version(torch_version)  # a bad version string fails here, not in the findings
     result = Analysis(tree, plan, mesh, training, torch_version, model=model if isinstance(model, nn.Module) else None)
     if strict:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from .checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from .finding import Finding
 from .fsdp import Mesh, parse_version
 from .oracle import device_mesh, fake_process_group, meta_copy
@@ -140,8 +141,8 @@ def _unit(state, modules: list[str]) -> Unit:
     return Unit(modules, reshard, _dtype_name(mp.param_dtype), _dtype_name(mp.reduce_dtype), offload)
 
 
-def checkpoint_policy(wrapper) -> str:
-    """"full", "selective" (shardviz's exported policy) or the name of the policy torch was given."""
+def checkpoint_policy(wrapper) -> CheckpointPolicy | str:
+    """``FULL``, ``SELECTIVE`` (shardviz's exported policy) or the name of the policy torch was given."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import OffloadWrapper
 
     from .export_runtime import _selective_checkpoint_context
@@ -151,9 +152,9 @@ def checkpoint_policy(wrapper) -> str:
     fn = getattr(wrapper, "checkpoint_fn", None)
     context_fn = getattr(fn, "keywords", {}).get("context_fn")
     if context_fn is None or getattr(context_fn, "__name__", "") == "noop_context_fn":
-        return "full"
+        return FULL
     if context_fn is _selective_checkpoint_context:
-        return "selective"
+        return SELECTIVE
     inner = getattr(context_fn, "func", context_fn)
     return getattr(inner, "__qualname__", type(inner).__name__)
 
@@ -171,9 +172,9 @@ def _checkpoints(root: nn.Module, names: dict, cap: Capture):
         if name in policies or any(name.startswith(p + ".") for p in policies if p):
             continue
         policy = checkpoint_policy(module)
-        if policy not in ("full", "selective"):
+        if not isinstance(policy, CheckpointPolicy):
             unknown.append((name, policy))
-            policy = "full"
+            policy = FULL
         policies[name] = policy
     return policies, unknown
 

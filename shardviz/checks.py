@@ -307,13 +307,13 @@ def _keeps_cache(analysis) -> bool:
     return bool(analysis.use_cache)
 
 
-def selective_with_cache(analysis) -> list[Finding]:
-    """SV113 as an error: modules checkpointed selectively in a step that keeps the key/value cache.
-    The recomputation updates the cache again, so it runs other ops than the forward did, and torch's
-    selective checkpointing raises in backward (checked: tests/test_activation_truth.py). The plan is
-    then priced without the cache (``Analysis._measured_step``)."""
-    selective = analysis.plan.checkpoint.selective
-    if not selective or not _keeps_cache(analysis):
+def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
+    """SV113 as an error: modules checkpointed selectively (``checkpoint``: a ``Plan.checkpoint``) in
+    a step that keeps the key/value cache (``use_cache``). The recomputation updates the cache again,
+    so it runs other ops than the forward did, and torch's selective checkpointing raises in backward
+    (checked: tests/test_activation_truth.py). The analysis then measures the step without the cache."""
+    selective = checkpoint.selective
+    if not selective or not use_cache:
         return []
     return [Finding(
         "SV113", "error",
@@ -345,7 +345,7 @@ def check_use_cache(analysis) -> list[Finding]:
     checkpointing, a recomputation that fails): the plan is priced without it."""
     if not _keeps_cache(analysis):
         return []
-    refusal = selective_with_cache(analysis)
+    refusal = selective_with_cache(analysis.plan.checkpoint, True)
     if refusal or not (analysis.training.with_activations and analysis.model is not None):
         return refusal or ([Finding(
             "SV113", "warning",

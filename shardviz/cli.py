@@ -317,10 +317,10 @@ def _add_checkpoint_arg(p) -> None:
 
 
 def _checkpoint_preset(value: str) -> str:
-    from .plan import checkpoint_preset
+    from .checkpointing import parse_checkpoint
 
     try:
-        checkpoint_preset(value)
+        parse_checkpoint(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value

@@ -45,9 +45,8 @@ def summarize(a: Analysis) -> dict:
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         row[f"n_{kind}"] = int(comm.loc[comm.collective == kind, "count"].sum()) if len(comm) else 0
     row["time_per_step_s"] = comm.attrs.get("time_per_step_s", float("nan"))
-    step = a.step  # None figures without a device or a micro-batch (a.step["reason"])
-    for key in ("step_time_s", "tokens_per_s", "mfu"):
-        row[key] = step[key]
+    step = a.step  # None figures without a device or a micro-batch (a.step.reason)
+    row["step_time_s"], row["tokens_per_s"], row["mfu"] = step.step_time_s, step.tokens_per_s, step.mfu
     findings = a.findings
     row["errors"] = sum(f.severity == "error" for f in findings)
     row["warnings"] = sum(f.severity == "warning" for f in findings)

@@ -94,7 +94,7 @@ def _shard_trainable_ignored(analysis, finding):  # SV102 (not 0-dim or strided 
 def _per_block(analysis, finding):  # SV105
     plan = analysis.plan
     auto = auto_plan(analysis.tree, "sharded")
-    fixed = plan._edited(units=auto.units, ignored=plan.ignored + auto.ignored)
+    fixed = plan.with_units(auto.units).with_ignored(auto.ignored)
     return fixed if _grouping_allowed(analysis) else ungroup(analysis.tree, fixed)
 
 

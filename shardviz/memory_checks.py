@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .finding import Finding
 from .format import format_bytes, format_duration, worst_rank
-from .plan import checkpoint_preset
+from .checkpointing import parse_checkpoint
 from .presets import find_blocks
 
 
@@ -47,7 +47,7 @@ def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False,
     try:
         a = analysis.what_if(**change)
         peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
-        new, own = a.step.get("step_time_s"), analysis.step.get("step_time_s")
+        new, own = a.step.step_time_s, analysis.step.step_time_s
     except Exception as exc:  # noqa: BLE001 - the finding says it could not be priced instead
         return MemoryFix(text, None, hardware=hardware, flags=flags, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
     if new is None or own is None:
@@ -57,8 +57,7 @@ def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False,
 
 def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     """The blocks ``Plan.auto(checkpoint=preset)`` checkpoints (every k-th, counted from 1), less those covered."""
-    _, k = checkpoint_preset(preset)
-    return [b for i, b in enumerate(blocks) if (i + 1) % k == 0 and b not in covered]
+    return [b for b in parse_checkpoint(preset).chosen(blocks) if b not in covered]
 
 
 def _fits(analysis, fix: MemoryFix) -> bool:
@@ -85,7 +84,7 @@ def _checkpoint_fixes(analysis) -> list[MemoryFix]:
         more = _every_kth(tree, blocks, preset, covered)
         if not more:
             continue
-        what = {"blocks": "every block", "every 2": "every 2nd block", "every 3": "every 3rd block"}[preset]
+        what = parse_checkpoint(preset).which_blocks
         fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
                                 f"checkpoint={preset!r}): {len(more)} more){cache_off}", plan=plan.with_checkpoint(more),
                       flags=f"--checkpoint {preset}" if " " not in preset else f"--checkpoint '{preset}'")
@@ -118,7 +117,7 @@ def _expandable_fix(analysis) -> list[MemoryFix]:
     if mesh.expandable_segments or mesh.judge != "reserved":
         return []
     peak = int(analysis.memory["peak"].max())
-    own = analysis.step.get("step_time_s")
+    own = analysis.step.step_time_s
     return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
                       "the exported code then sets it)", peak, own, None if own is None else 0.0,
                       reserved=peak + analysis.costs.reserved_overhead(True), flags="--expandable-segments")]

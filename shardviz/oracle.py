@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .activations.profile import strip_wrapper
+from .checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from .analysis import analyze
 from .fsdp import Mesh
 from .plan import Plan, as_plan
@@ -154,12 +155,12 @@ def apply_checkpointing(model: nn.Module, fqns) -> dict:
     parent's slot; returns {fqn: wrapper}. Modules are found before any is wrapped."""
     from .export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
 
-    pairs = fqns.items() if hasattr(fqns, "items") else [(f, "full") for f in fqns]
-    found = [(f, p, model.get_submodule(f.rpartition(".")[0]), f.rpartition(".")[2], model.get_submodule(f))
+    pairs = fqns.items() if hasattr(fqns, "items") else [(f, FULL) for f in fqns]
+    found = [(f, CheckpointPolicy.parse(p, f"checkpoint[{f!r}]"), model.get_submodule(f.rpartition(".")[0]), f.rpartition(".")[2], model.get_submodule(f))
              for f, p in pairs]
     wrappers = {}
     for fqn, policy, parent, name, module in found:
-        wrappers[fqn] = _checkpoint_wrapped(module, _selective_checkpoint_context if policy == "selective" else None)
+        wrappers[fqn] = _checkpoint_wrapped(module, _selective_checkpoint_context if policy is SELECTIVE else None)
         parent.register_module(name, wrappers[fqn])
     return wrappers
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence, Union
 
+from .checkpointing import FULL, POLICY_SPELLINGS, SELECTIVE, CheckpointPolicy, CheckpointPreset, parse_checkpoint
 from .finding import Finding
 from .tp import TensorParallel
 from .tree import ModelTree, as_tree
@@ -23,8 +24,7 @@ CAPTURE_FIELDS = ("prefetch", "origin")  # what a captured plan adds (sv.capture
 PREFETCH_DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_OPTIONS = ("sharded", "ignored", "separate")  # Plan.auto(lora=...): where LoRA parameters go
-CHECKPOINT_PRESETS = (None, "blocks", "every k", "selective")  # "every k": "every 2", "every 3", ...
-CHECKPOINT_POLICIES = ("full", "selective")
+CHECKPOINT_POLICIES = POLICY_SPELLINGS  # checkpointing.CheckpointPolicy's spellings
 
 
 def closest_hint(name: str, candidates: Iterable[str], n: int = 3) -> str:
@@ -36,49 +36,47 @@ def closest_hint(name: str, candidates: Iterable[str], n: int = 3) -> str:
 
 class Checkpoints(tuple):
     """The modules a plan checkpoints: a tuple of module FQNs (iterating, ``in``, ``len`` and
-    comparing with a tuple of names work as before), each with its policy: ``"full"`` (torch's
-    ``checkpoint_wrapper``) or ``"selective"`` (op-level selective checkpointing inside it).
+    comparing with a tuple of names work as before), each with its ``CheckpointPolicy``: ``FULL``
+    (torch's ``checkpoint_wrapper``) or ``SELECTIVE`` (op-level selective checkpointing inside it).
 
     Built from a list/tuple of names (every one ``"full"``), a mapping name -> policy, or another
     ``Checkpoints``. Equal to a plain tuple of names only when every policy is ``"full"``."""
 
-    policies: tuple[str, ...]
+    policies: tuple[CheckpointPolicy, ...]
 
     def __new__(cls, entries=()):
         if isinstance(entries, Checkpoints):
             return entries
         if isinstance(entries, str):
             entries = [entries]
-        pairs = entries.items() if hasattr(entries, "items") else ((name, "full") for name in entries)
-        merged: dict[str, str] = {}
+        pairs = entries.items() if hasattr(entries, "items") else ((name, FULL) for name in entries)
+        merged: dict[str, CheckpointPolicy] = {}
         for name, policy in pairs:
             if not isinstance(name, str):
                 raise ValueError(f"checkpoint entries must be module FQNs (str), got {name!r}")
-            if policy not in CHECKPOINT_POLICIES:
-                raise ValueError(f"checkpoint[{name!r}]: policy {policy!r} is not one of {CHECKPOINT_POLICIES}")
-            merged.setdefault(name, policy)  # the first entry of a repeated name wins, as before
+            merged.setdefault(name, CheckpointPolicy.parse(policy, f"checkpoint[{name!r}]"))  # the first entry of a repeated name wins, as before
         self = super().__new__(cls, merged)
         self.policies = tuple(merged.values())
         return self
 
-    def policy(self, name: str) -> str:
-        """``"full"`` or ``"selective"``; KeyError for a module that is not checkpointed."""
+    def policy(self, name: str) -> CheckpointPolicy:
+        """``FULL`` or ``SELECTIVE``; KeyError for a module that is not checkpointed."""
         for n, p in zip(self, self.policies):
             if n == name:
                 return p
         raise KeyError(f"checkpoint: module {name!r} is not checkpointed")
 
-    def items(self) -> list[tuple[str, str]]:
+    def items(self) -> list[tuple[str, CheckpointPolicy]]:
         return list(zip(self, self.policies))
 
     @property
     def selective(self) -> tuple[str, ...]:
         """The modules checkpointed with the selective policy."""
-        return tuple(n for n, p in zip(self, self.policies) if p == "selective")
+        return tuple(n for n, p in zip(self, self.policies) if p is SELECTIVE)
 
     def to_obj(self):
         """JSON: a list of names when every policy is "full" (schema v1 as before), else a mapping."""
-        return dict(self.items()) if self.selective else list(self)
+        return {n: p.value for n, p in self.items()} if self.selective else list(self)
 
     def __eq__(self, other):
         if isinstance(other, Checkpoints):
@@ -95,10 +93,10 @@ class Checkpoints(tuple):
         return hash(tuple(self)) if not self.selective else hash((tuple(self), self.policies))
 
     def __reduce__(self):
-        return (Checkpoints, (dict(self.items()),))
+        return (Checkpoints, (self.to_obj(),))
 
     def __repr__(self):
-        return repr(tuple(self)) if not self.selective else f"Checkpoints({dict(self.items())!r})"
+        return repr(tuple(self)) if not self.selective else f"Checkpoints({self.to_obj()!r})"
 
 
 @dataclass(frozen=True)
@@ -351,7 +349,7 @@ class Plan:
         drop = set(fqns)
         return self._edited(ignored=[f for f in self.ignored if f not in drop])
 
-    def with_checkpoint(self, fqns: Iterable[str] | dict, policy: str = "full") -> "Plan":
+    def with_checkpoint(self, fqns: Iterable[str] | dict, policy: CheckpointPolicy | str = FULL) -> "Plan":
         """Also wrap these modules in ``checkpoint_wrapper`` with ``policy`` (a mapping gives each
         its own); a module already checkpointed takes the new policy."""
         added = Checkpoints(fqns if hasattr(fqns, "items") else {f: policy for f in ([fqns] if isinstance(fqns, str) else fqns)})
@@ -508,7 +506,8 @@ class Plan:
         return from_accelerate(model, config, world_size=world_size, mesh=mesh)
 
     @classmethod
-    def auto(cls, model, lora: str = "sharded", checkpoint: str | None = None, tensor_parallel=None) -> "Plan":
+    def auto(cls, model, lora: str = "sharded", checkpoint: str | CheckpointPreset | None = None,
+             tensor_parallel=None) -> "Plan":
         """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.
 
         ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
@@ -516,7 +515,7 @@ class Plan:
         ``checkpoint``: None; "blocks" wraps every block in ``checkpoint_wrapper``; "every k"
         (``"every 2"``, ...) every k-th block, as torchtitan's "selective layer" option does
         (its 1-based block counter: blocks k-1, 2k-1, ... counting from 0); "selective" every
-        block with the "selective" policy (torchtitan's "selective op").
+        block with the "selective" policy (torchtitan's "selective op"); or a ``CheckpointPreset``.
         ``tensor_parallel``: None; True: the model's own plan (what transformers'
         ``from_pretrained(tp_plan="auto")`` applies); "torchtitan": torchtitan's Llama-family plan
         (``shardviz.tp``); or a mapping module FQN -> style.
@@ -525,9 +524,9 @@ class Plan:
 
         if lora not in LORA_OPTIONS:
             raise ValueError(f"lora={lora!r}: expected one of {LORA_OPTIONS}")
-        checkpoint_preset(checkpoint)  # a bad value fails before the walk
+        preset = parse_checkpoint(checkpoint)  # a bad value fails before the walk
         tree = as_tree(model)
-        plan = auto_plan(tree, lora, checkpoint)
+        plan = auto_plan(tree, lora, preset)
         if tensor_parallel is None or tensor_parallel is False:
             return plan
         from .tp_presets import preset
@@ -550,27 +549,6 @@ def _check_setup(setup: dict) -> None:
             raise ValueError(f"plan JSON: unknown field {key!r}; a plan file records {SETUP_FIELDS}")
         if not isinstance(value, dict):
             raise ValueError(f"plan JSON: field {key!r} must be an object of {key} fields, got {value!r}")
-
-
-def checkpoint_preset(checkpoint: str | None) -> tuple[str, int] | None:
-    """``Plan.auto``'s ``checkpoint`` -> (policy, k): every k-th block with that policy; None: none."""
-    if checkpoint is None:
-        return None
-    expected = "expected None, 'blocks', 'every k' (k a positive int, e.g. 'every 2') or 'selective'"
-    if not isinstance(checkpoint, str):
-        raise ValueError(f"checkpoint={checkpoint!r}: {expected}")
-    words = checkpoint.split()
-    if checkpoint == "blocks":
-        return "full", 1
-    if checkpoint == "selective":
-        return "selective", 1
-    if len(words) == 2 and words[0] == "every":
-        if not words[1].isdigit() or int(words[1]) < 1:
-            raise ValueError(f"checkpoint={checkpoint!r}: k in 'every k' must be a positive int "
-                             "(checkpoint every k-th block, torchtitan's selective layer option); "
-                             f"got {words[1]!r}")
-        return "full", int(words[1])
-    raise ValueError(f"checkpoint={checkpoint!r}: {expected}")
 
 
 def as_plan(plan) -> Plan:

@@ -9,8 +9,9 @@ import weakref
 from dataclasses import replace
 from typing import NamedTuple
 
+from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
 from .fsdp import Layout, Mesh, children_with_params, subtree_numel
-from .plan import LORA_OPTIONS, Plan, Unit, checkpoint_preset
+from .plan import LORA_OPTIONS, Plan, Unit
 from .tree import ModelTree
 
 
@@ -61,7 +62,7 @@ def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
         module = parent
 
 
-def auto_plan(tree: ModelTree, lora: str, checkpoint: str | None = None) -> Plan:
+def auto_plan(tree: ModelTree, lora: str, checkpoint: str | CheckpointPreset | None = None) -> Plan:
     plan, blocks = _auto_calls(tree, lora)
     return checkpointed(plan, blocks, lora, checkpoint)
 
@@ -131,22 +132,16 @@ def _join_shared_calls(tree: ModelTree, plan: Plan) -> Plan:
     return plan
 
 
-def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | None) -> Plan:
+def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | CheckpointPreset | None) -> Plan:
     """``plan`` with the blocks checkpointed as ``Plan.auto(checkpoint=...)`` says: every block in
     full ("blocks"), every k-th in full ("every k": torchtitan's selective layer option counts
     blocks from 1 and wraps those where count % k == 0), every block selectively ("selective")."""
-    preset = checkpoint_preset(checkpoint)
+    preset = parse_checkpoint(checkpoint)
     if preset is None:
         return plan
-    policy, k = preset
-    chosen = {b: policy for i, b in enumerate(blocks) if (i + 1) % k == 0}
-    what = ("blocks checkpointed" if k == 1 else f"every {_ordinal(k)} block checkpointed") + (
-        " selectively" if policy == "selective" else "")
-    return Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, {what})", chosen)
-
-
-def _ordinal(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+    what = ("blocks" if preset.every == 1 else preset.which_blocks) + " checkpointed" + (
+        " selectively" if preset.policy is SELECTIVE else "")
+    return Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, {what})", preset.chosen(blocks))
 
 
 def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:

@@ -187,7 +187,7 @@ def comparison_section(c, own: str | None = None) -> str:
 
 def time_section(a) -> str:
     """Seconds per call of the step (``a.time``) and what they rest on; nothing without a step time."""
-    if a.step["step_time_s"] is None:
+    if a.step.step_time_s is None:
         return ""
     notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in a.step_time.assumptions)
     return ("<h2>Step time by call</h2>" + f'<p class="note">{_esc(display.step_text(a.step))}</p>' + notes

@@ -5,7 +5,7 @@ step's bytes and CPU offload's copies. Computed once here; ``Analysis.time``, ``
 
 It reads the analysis it is given (duck-typed, like ``checks``), never imports it. Without a
 device (``Mesh(device=...)``) or without a micro-batch (``Training(batch_size=...)``) there is
-no step to time: ``step["step_time_s"]`` is None and ``step["reason"]`` says why.
+no step to time: ``a.step.step_time_s`` is None and ``a.step.reason`` says why.
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_se
 
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
-STEP_KEYS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "exposed_comm_s", "compute_s", "flops", "model_flops",
-             "grad_accum", "step_time_sync_every_s", "tokens_per_s_sync_every", "step_time_sync_last_s",
-             "tokens_per_s_sync_last", "device", "dtype", "reason")
 
 #: Host <-> device copies of CPU offload (GB/s, one direction, per GPU): the PCIe link of each
 #: ``DEVICES`` row (Gen4 x16: 32, Gen5 x16: 64, the datasheets of docs/step-time.md); other devices: 32.
@@ -33,12 +30,40 @@ HOST_LINK_GBPS = {"A100-40GB": 32.0, "A100-80GB": 32.0, "H100": 64.0, "H100-PCIe
 
 
 @dataclass(frozen=True)
+class StepSummary:
+    """``a.step``: one optimizer step (every micro-batch) on one rank. Times in seconds,
+    ``tokens_per_s`` per rank, ``flops`` and ``model_flops`` (without recomputation) per rank and
+    micro-batch. Without a device or a micro-batch the times are None and ``reason`` says why
+    (the FLOPs are still there when a micro-batch was measured)."""
+
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    exposed_comm_s: float | None = None
+    compute_s: float | None = None
+    flops: float | None = None
+    model_flops: float | None = None
+    grad_accum: int = 1
+    #: the step if every micro-batch reduced (``sync_every_microbatch``) / if only the last one does
+    step_time_sync_every_s: float | None = None
+    tokens_per_s_sync_every: float | None = None
+    step_time_sync_last_s: float | None = None
+    tokens_per_s_sync_last: float | None = None
+    device: str | None = None
+    dtype: str | None = None
+    reason: str | None = None
+    #: tensor parallelism's collectives (seconds on the compute stream); None without a tensor dim
+    tensor_comm_s: float | None = None
+
+
+@dataclass(frozen=True)
 class StepTime:
     """``schedule``: the schedule of the micro-batch that synchronises (the last one), or None;
     ``step``: what ``a.step`` shows; ``assumptions``: what the figures rest on, in words."""
 
     schedule: Schedule | None
-    step: dict
+    step: StepSummary
     assumptions: tuple[str, ...] = field(default=())
 
     @property
@@ -49,15 +74,13 @@ class StepTime:
             df = pd.DataFrame(columns=TIME_COLUMNS)
         else:
             df = pd.DataFrame(self.schedule.rows(), columns=TIME_COLUMNS)
-        df.attrs["reason"] = self.step["reason"]
+        df.attrs["reason"] = self.step.reason
         return df
 
 
 def _unavailable(reason: str, grad_accum: int = 1, flops: dict | None = None) -> StepTime:
     """No step to time; the FLOPs still, when a micro-batch was measured (they need no device)."""
-    step = {k: None for k in STEP_KEYS}
-    step.update(reason=reason, grad_accum=grad_accum, **(flops or {}))
-    return StepTime(None, step)
+    return StepTime(None, StepSummary(reason=reason, grad_accum=grad_accum, **(flops or {})))
 
 
 def _measured_flops(a) -> dict | None:
@@ -304,18 +327,17 @@ def step_time(a) -> StepTime:
     step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
     tokens = a.training.batch_size * a.training.seq_len * k / a.mesh.tensor  # a tensor group trains one batch
     peak = device.peak_flops(dtype)
-    step = {
-        "step_time_s": step_s, "tokens_per_s": tokens / step_s,
-        "mfu": totals["model_flops"] * k / (step_s * peak), "hfu": totals["flops"] * k / (step_s * peak),
-        "exposed_comm_s": (k - 1) * between.exposed_comm_s + last.exposed_comm_s,
-        "compute_s": (k - 1) * between.compute_s + last.compute_s,
-        "flops": totals["flops"], "model_flops": totals["model_flops"], "grad_accum": k,
-        "step_time_sync_every_s": every_s, "tokens_per_s_sync_every": tokens / every_s,
-        "step_time_sync_last_s": sync_last_s, "tokens_per_s_sync_last": tokens / sync_last_s,
-        "device": device.name, "dtype": dtype, "reason": None,
-    }
-    if a.mesh.tensor > 1:  # a.step names it only with a tensor dim (tensor=1 unchanged)
-        step["tensor_comm_s"] = k * sum(v for c in comm_s.values() for key, v in c.items() if key.startswith("tensor_"))
+    tensor_s = (k * sum(v for c in comm_s.values() for key, v in c.items() if key.startswith("tensor_"))
+                if a.mesh.tensor > 1 else None)  # only with a tensor dim (tensor=1 unchanged)
+    step = StepSummary(
+        step_time_s=step_s, tokens_per_s=tokens / step_s,
+        mfu=totals["model_flops"] * k / (step_s * peak), hfu=totals["flops"] * k / (step_s * peak),
+        exposed_comm_s=(k - 1) * between.exposed_comm_s + last.exposed_comm_s,
+        compute_s=(k - 1) * between.compute_s + last.compute_s,
+        flops=totals["flops"], model_flops=totals["model_flops"], grad_accum=k,
+        step_time_sync_every_s=every_s, tokens_per_s_sync_every=tokens / every_s,
+        step_time_sync_last_s=sync_last_s, tokens_per_s_sync_last=tokens / sync_last_s,
+        device=device.name, dtype=dtype, tensor_comm_s=tensor_s)
     return StepTime(last, step, _assumptions(a, device, eff, dtype, k, sync_every, host_params))
 
 
@@ -356,12 +378,12 @@ def timeline_payload(a) -> dict:
     except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
         return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
     if st.schedule is None:
-        return {"available": False, "reason": st.step["reason"]}
+        return {"available": False, "reason": st.step.reason}
     sched, step = st.schedule, st.step
     # a collective of no bytes (an all-gather in shard groups of 1 rank) takes no time: not drawn
     events = [e for e in sched.timeline() if e["end_s"] > e["start_s"]]
-    k = step["grad_accum"]
-    note = (f"the last of {k} micro-batches (the one that reduces); the step is {step['step_time_s']:.3f} s"
+    k = step.grad_accum
+    note = (f"the last of {k} micro-batches (the one that reduces); the step is {step.step_time_s:.3f} s"
             if k > 1 else "")
     return {
         "available": True, "streams": list(STREAMS), "events": events,
@@ -390,13 +412,13 @@ def _short_names(names: list[str]) -> dict:
     return out
 
 
-def step_text(step: dict) -> str:
+def step_text(step: StepSummary) -> str:
     """One line: step time, tokens/s per rank, MFU, exposed communication (or why there is none)."""
-    if step.get("step_time_s") is None:
-        return f"step time: {step.get('reason')}"
-    return (f"step {format_duration(step['step_time_s'])} · {step['tokens_per_s']:,.0f} tokens/s per rank · "
-            f"MFU {100 * step['mfu']:.1f}% · exposed communication {format_duration(step['exposed_comm_s'])}"
-            f" ({step['device']})")
+    if step.step_time_s is None:
+        return f"step time: {step.reason}"
+    return (f"step {format_duration(step.step_time_s)} · {step.tokens_per_s:,.0f} tokens/s per rank · "
+            f"MFU {100 * step.mfu:.1f}% · exposed communication {format_duration(step.exposed_comm_s)}"
+            f" ({step.device})")
 
 
 # the chart palette of widget/inspector.css, kind by kind as charts.js's TL_CLASS; red only for the waits

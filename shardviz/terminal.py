@@ -105,7 +105,7 @@ def seq_len_warning(tree, training) -> str | None:
 
 def _step_line(a) -> str:
     """``display.step_text``; without a step time for want of a micro-batch, the flags that give one."""
-    if a.step.get("step_time_s") is None and not a.training.with_activations:
+    if a.step.step_time_s is None and not a.training.with_activations:
         return "step time: none without a micro-batch (--batch-size B --seq-len S; and --device for the FLOPS)"
     return display.step_text(a.step)
 

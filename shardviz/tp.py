@@ -170,7 +170,8 @@ def _closest(name: str, candidates) -> str:
     return f" Closest: {', '.join(repr(m) for m in matches)}." if matches else ""
 
 
-def _pattern(key: str) -> re.Pattern:
+def key_pattern(key: str) -> re.Pattern:
+    """A tensor-parallel key (a module FQN, ``*`` for one name part: ``layers.*.mlp``) as a regex."""
     return re.compile("^" + r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in key.split(".")) + "$")
 
 
@@ -180,7 +181,7 @@ def resolve(tree: ModelTree, tp: TensorParallel) -> tuple[dict[int, tuple[str, T
     modules: dict[int, tuple[str, TPStyle]] = {}
     params: dict[int, tuple[str, TPStyle]] = {}
     for key, style in tp.items():
-        pattern, hits = _pattern(key), 0
+        pattern, hits = key_pattern(key), 0
         for fqn, m in tree.module_index.items():
             if pattern.match(fqn):
                 modules[m], hits = (fqn, style), hits + 1

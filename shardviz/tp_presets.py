@@ -13,7 +13,7 @@ style torch has no counterpart for (``packed_colwise``, ``moe_tp_experts``, ...)
 
 from __future__ import annotations
 
-from .tp import TensorParallel, TPStyle, _pattern, resolve
+from .tp import TensorParallel, TPStyle, key_pattern, resolve
 from .tree import ModelTree
 
 
@@ -60,7 +60,7 @@ def torchtitan_plan(tree: ModelTree) -> dict:
     plan = {prefix + k: v for k, v in _TITAN_TOP.items()}
     plan.update({f"{prefix}model.layers.*.{k}": v for k, v in _TITAN_BLOCK.items()})
     for key in plan:
-        if not any(_pattern(key).match(fqn) for fqn in tree.module_index):
+        if not any(key_pattern(key).match(fqn) for fqn in tree.module_index):
             raise ValueError(f"tensor_parallel='torchtitan' is torchtitan's Llama-family plan; {tree.root_type} has no "
                              f"module {key!r} (that shape: model.embed_tokens, model.layers.*.self_attn.q_proj, "
                              "... mlp.gate_proj, model.norm, lm_head)")
@@ -128,7 +128,7 @@ def with_lora(tree: ModelTree, entries: dict) -> dict:
         return entries
     tp = TensorParallel(entries)
     modules, _ = resolve(tree, tp)
-    lora_keys = {key for key in tp.keys() if any(_pattern(key).match(f) and _is_lora_layer(tree, f)
+    lora_keys = {key for key in tp.keys() if any(key_pattern(key).match(f) and _is_lora_layer(tree, f)
                                                  for f, _ in modules.values())}
     out = {}
     for key, style in tp.items():

@@ -243,8 +243,8 @@ def test_the_reasons_come_from_the_step_model():
     t = s.table
     assert s.fits and t.step_time_s.notna().all() == t.analysed.all()
     a = sv.analyze(model(), s.best, s.best_mesh, s.best_training or TRAINING)
-    assert t.step_time_s.iloc[0] == pytest.approx(a.step["step_time_s"])  # a.step itself, not an estimate
-    assert t.tokens_per_s.iloc[0] == pytest.approx(a.step["tokens_per_s"]) and t.mfu.iloc[0] == pytest.approx(a.step["mfu"])
+    assert t.step_time_s.iloc[0] == pytest.approx(a.step.step_time_s)  # a.step itself, not an estimate
+    assert t.tokens_per_s.iloc[0] == pytest.approx(a.step.tokens_per_s) and t.mfu.iloc[0] == pytest.approx(a.step.mfu)
     # with room for everything the fastest does not recompute; a checkpointed plan says what it costs
     assert t.checkpoint.isna().iloc[0]
     blocks = len(sv.Plan.auto(model(), checkpoint="blocks").checkpoint)
@@ -277,8 +277,8 @@ def test_sv201_prices_each_fix_with_the_step_model():
     assert fixes[-1].hardware or not any(f.hardware for f in fixes)  # more ranks last
     ckpt = next(f for f in fixes if f.text.startswith("checkpoint every block"))
     fixed = sv.analyze(model(), plan.with_checkpoint(plan_blocks()), a.mesh, TRAINING)
-    assert ckpt.step_time_s == pytest.approx(fixed.step["step_time_s"])
-    assert ckpt.cost_s == pytest.approx(fixed.step["step_time_s"] - a.step["step_time_s"]) and ckpt.cost_s > 0
+    assert ckpt.step_time_s == pytest.approx(fixed.step.step_time_s)
+    assert ckpt.cost_s == pytest.approx(fixed.step.step_time_s - a.step.step_time_s) and ckpt.cost_s > 0
     finding = next(f for f in a.findings if f.code == "SV201")
     assert finding.fix.startswith("cheapest fix: ") and "for the same tokens, +" in finding.fix
 

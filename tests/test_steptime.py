@@ -107,8 +107,8 @@ def test_a_time_equals_the_hand_built_schedule(model, flops, lora, plan_kw):
     expected = schedule_step(units, root=root, extras=extras)
     assert list(a.time.columns) == TIME_COLUMNS
     pd.testing.assert_frame_equal(a.time, pd.DataFrame(expected.rows(), columns=TIME_COLUMNS), check_exact=False)
-    assert a.step["step_time_s"] == pytest.approx(expected.step_time_s)
-    assert a.step["exposed_comm_s"] == pytest.approx(expected.exposed_comm_s)
+    assert a.step.step_time_s == pytest.approx(expected.step_time_s)
+    assert a.step.exposed_comm_s == pytest.approx(expected.exposed_comm_s)
     # the embedding is frozen and runs first: no pre-backward for it
     assert not [u for u in units if "embed" in u.name][0].backward_hook
     if lora == "ignored":
@@ -122,13 +122,13 @@ def test_a_time_equals_the_hand_built_schedule(model, flops, lora, plan_kw):
 def test_step_flops_are_the_sum_of_a_flops_and_mfu_follows(model, flops):
     a = analysis(model)
     f = a.flops
-    assert a.step["flops"] == f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum()
-    assert a.step["model_flops"] == f.forward_flops.sum() + f.backward_flops.sum()
+    assert a.step.flops == f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum()
+    assert a.step.model_flops == f.forward_flops.sum() + f.backward_flops.sum()
     tokens = TRAINING.batch_size * TRAINING.seq_len
-    assert a.step["tokens_per_s"] == pytest.approx(tokens / a.step["step_time_s"])
-    assert a.step["mfu"] == pytest.approx(a.step["model_flops"] / (a.step["step_time_s"] * 1e12))
-    assert a.step["hfu"] >= a.step["mfu"]
-    assert a.step["compute_s"] + a.step["exposed_comm_s"] == pytest.approx(a.step["step_time_s"])
+    assert a.step.tokens_per_s == pytest.approx(tokens / a.step.step_time_s)
+    assert a.step.mfu == pytest.approx(a.step.model_flops / (a.step.step_time_s * 1e12))
+    assert a.step.hfu >= a.step.mfu
+    assert a.step.compute_s + a.step.exposed_comm_s == pytest.approx(a.step.step_time_s)
 
 
 def test_step_flops_equal_torchs_count(model):
@@ -136,8 +136,8 @@ def test_step_flops_equal_torchs_count(model):
         pytest.skip("Analysis.flops (torch's FLOP count) not in this build")
     a = analysis(model)
     f = a.flops
-    assert a.step["flops"] == pytest.approx(float(f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum()))
-    assert a.step["flops"] > 0 and a.step["step_time_s"] > 0
+    assert a.step.flops == pytest.approx(float(f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum()))
+    assert a.step.flops > 0 and a.step.step_time_s > 0
 
 
 @pytest.mark.parametrize("lora", ["sharded", "ignored"])
@@ -152,28 +152,41 @@ def test_gradient_accumulation_reduces_on_the_last_micro_batch_only(model, flops
                           root=replace(root, reduce_scatter_s=None, all_reduce_s=None),
                           extras=StepExtras(extras.ignored_all_reduce_s, 0.0))
     every = schedule_step(units, root=root, extras=StepExtras(extras.ignored_all_reduce_s, 0.0))
-    last = one.step["step_time_s"]
-    assert a.step["grad_accum"] == k
-    assert a.step["step_time_s"] == a.step["step_time_sync_last_s"] == pytest.approx((k - 1) * quiet.step_time_s + last)
-    assert a.step["step_time_sync_every_s"] == pytest.approx((k - 1) * every.step_time_s + last)
+    last = one.step.step_time_s
+    assert a.step.grad_accum == k
+    assert a.step.step_time_s == a.step.step_time_sync_last_s == pytest.approx((k - 1) * quiet.step_time_s + last)
+    assert a.step.step_time_sync_every_s == pytest.approx((k - 1) * every.step_time_s + last)
     if lora == "sharded":  # with ignored LoRA no call reduces: the two are the same
-        assert a.step["step_time_sync_every_s"] > a.step["step_time_s"]
-    assert a.step["tokens_per_s"] == pytest.approx(k * TRAINING.batch_size * TRAINING.seq_len / a.step["step_time_s"])
-    assert a.step["flops"] == one.step["flops"]  # per micro-batch
+        assert a.step.step_time_sync_every_s > a.step.step_time_s
+    assert a.step.tokens_per_s == pytest.approx(k * TRAINING.batch_size * TRAINING.seq_len / a.step.step_time_s)
+    assert a.step.flops == one.step.flops  # per micro-batch
     synced = one.what_if(training=replace(TRAINING, grad_accum=k, sync_every_microbatch=True))
-    assert synced.step["step_time_s"] == pytest.approx(a.step["step_time_sync_every_s"])
+    assert synced.step.step_time_s == pytest.approx(a.step.step_time_sync_every_s)
 
 
 def test_without_a_device_or_a_batch_the_step_says_why(model, flops):
     no_device = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
     no_batch = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), sv.Training())
     for a, word in ((no_device, "device"), (no_batch, "batch")):
-        assert a.step["step_time_s"] is None and a.step["mfu"] is None
-        assert word in a.step["reason"]
+        assert a.step.step_time_s is None and a.step.mfu is None
+        assert word in a.step.reason
         assert a.time.empty and list(a.time.columns) == TIME_COLUMNS and word in a.time.attrs["reason"]
         p = timeline_payload(a)
-        assert p == {"available": False, "reason": a.step["reason"]}
+        assert p == {"available": False, "reason": a.step.reason}
         assert "step time:" in sv.display.step_text(a.step)
+
+
+def test_the_step_is_a_frozen_value_of_typed_fields(model, flops):
+    """Issue 25: ``a.step`` is a ``StepSummary`` dataclass, not a dict; one value, no later edits."""
+    import dataclasses
+
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device=ROUND, efficiency=EXACT), TRAINING)
+    step = a.step
+    assert isinstance(step, steptime.StepSummary) and step is a.step_time.step
+    assert step.step_time_s > 0 and step.reason is None and step.tensor_comm_s is None  # no tensor dim
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.step_time_s = 0.0
+    assert dataclasses.replace(step, reason="x") != step and dataclasses.replace(step) == step
 
 
 def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
@@ -187,7 +200,7 @@ def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, f
     assert max(e["end_s"] for e in events) == pytest.approx(p["step_time_s"])
     exposed = [e for e in events if e["exposed"]]
     assert exposed and all(e["exposed_s"] > 0 and e["stream"] != "compute" for e in exposed)
-    assert sum(e["exposed_s"] for e in events) == pytest.approx(a.step["exposed_comm_s"])
+    assert sum(e["exposed_s"] for e in events) == pytest.approx(a.step.exposed_comm_s)
     assert any(e["kind"] == "ignored_all_reduce" and e["exposed"] for e in events)
     # the compute stream never runs two things at once
     compute = [e for e in events if e["stream"] == "compute"]
@@ -204,7 +217,7 @@ def test_comparison_and_sweep_gain_step_time_tokens_and_mfu(model, flops):
     c = sv.compare(model, plans, mesh=mesh, training=TRAINING)
     for name, a in c.analyses.items():
         for key in ("step_time_s", "tokens_per_s", "mfu"):
-            assert c.table.loc[name, key] == a.step[key]
+            assert c.table.loc[name, key] == getattr(a.step, key)
     shown = sv.fmt(c.table)
     assert {"step time", "tokens/s per rank", "MFU"} <= set(shown.columns)
     s = sv.sweep(model, plans, world_sizes=[2, 4], mesh=mesh, training=TRAINING)
@@ -293,12 +306,12 @@ H100_EAGER = Efficiency.for_stack("torchtitan-eager", "H100")
 
 
 def test_flops_are_given_without_a_device(model):
-    """Issue 24: FLOPs do not depend on a device; before, a.step["flops"] was None without one."""
+    """Issue 24: FLOPs do not depend on a device; before, a.step.flops was None without one."""
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)
     f = a.flops
-    assert a.step["step_time_s"] is None and "device" in a.step["reason"]
-    assert a.step["flops"] == f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum() > 0
-    assert a.step["model_flops"] == f.forward_flops.sum() + f.backward_flops.sum()
+    assert a.step.step_time_s is None and "device" in a.step.reason
+    assert a.step.flops == f.forward_flops.sum() + f.backward_flops.sum() + f.recompute_flops.sum() > 0
+    assert a.step.model_flops == f.forward_flops.sum() + f.backward_flops.sum()
 
 
 def test_op_costs_hold_torchs_flop_count_and_the_memory_bound_kernels(model):
@@ -311,7 +324,7 @@ def test_op_costs_hold_torchs_flop_count_and_the_memory_bound_kernels(model):
               if opcost.kind_of(k) == opcost.MEMORY]
     assert memory and all(fl == 0 and n > 0 for fl, _, n in memory)  # norms, casts, the loss: no FLOPs, kernels
     assert sum(b for _, b, _ in memory) > 0
-    assert a.step["mfu"] < H100_EAGER.matmul  # the memory-bound kernels take time: MFU is an output
+    assert a.step.mfu < H100_EAGER.matmul  # the memory-bound kernels take time: MFU is an output
 
 
 def test_a_unit_is_the_roofline_of_its_ops():
@@ -336,15 +349,15 @@ def test_lora_dropout_costs_time_but_no_flops():
                                                target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
     steps = [sv.analyze(m, sv.Plan.auto(m), sv.Mesh(4, device="H100"), TRAINING).step for m in (lora(0.0), lora(0.1))]
-    assert steps[0]["flops"] == steps[1]["flops"]
-    assert steps[1]["compute_s"] > steps[0]["compute_s"]
+    assert steps[0].flops == steps[1].flops
+    assert steps[1].compute_s > steps[0].compute_s
 
 
 def test_every_kernel_takes_at_least_the_floor(model):
     slow = replace(H100_EAGER, kernel_us=1000.0)
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100", efficiency=slow), TRAINING)
     kernels = sum(opcost.totals(cost)[2] for c in steptime.unit_op_costs(a).values() for cost in c.values())
-    assert a.step["compute_s"] >= kernels * 1e-3
+    assert a.step.compute_s >= kernels * 1e-3
 
 
 def test_the_default_efficiency_is_the_preset_of_the_models_stack(model):
@@ -387,9 +400,9 @@ def test_llama3_8b_lora_search_offloads_only_where_the_host_time_pays():
     a = sv.analyze(model, plan, mesh, chosen)
     sched = a.step_time.schedule
     host = sum(e.end_s - e.start_s for e in sched.events if e.kind in ("h2d", "d2h", "optimizer"))
-    assert host > 0.05 * a.step["step_time_s"]  # the host time is a real share of the step
+    assert host > 0.05 * a.step.step_time_s  # the host time is a real share of the step
     not_offloaded = table[(~table.offload) & table.fits & table.analysed]
-    assert len(not_offloaded) and not_offloaded.step_time_s.min() > a.step["step_time_s"]
+    assert len(not_offloaded) and not_offloaded.step_time_s.min() > a.step.step_time_s
     big = sv.search(model, sv.Mesh(8, device="H100"), training).table
     assert not big.offload.iloc[0]
     # an offloaded plan is analysed only where its twin without offload does not fit (the margin included)

@@ -285,13 +285,13 @@ def test_step_time_puts_tensor_collectives_on_the_critical_path():
 
     eff = efficiency(a).collective_bus  # the stack preset the step used; each call alpha + n / beta
     seconds = lambda r: float(((r.time_s / eff + r.latency_s) * r["count"]).sum())  # noqa: E731
-    assert a.step["tensor_comm_s"] == pytest.approx(seconds(rows))
+    assert a.step.tensor_comm_s == pytest.approx(seconds(rows))
     # on the compute stream: the units' forward and backward hold them, the comm streams do not
     fwd = rows[rows.phase == "forward"].groupby("unit").apply(seconds)
     table = a.time.set_index("unit")
     for unit, seconds in fwd.items():
         assert table.loc[unit, "forward_s"] >= seconds > 0
-    assert "tensor_comm_s" not in sv.analyze(m, plan, sv.Mesh(shard=2, device="H100"), training).step
+    assert sv.analyze(m, plan, sv.Mesh(shard=2, device="H100"), training).step.tensor_comm_s is None
 
 
 # -- the command line ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
 from ..tree import ModelTree, as_tree
 from .flops import flop_counter, module_costs, module_flops
@@ -118,9 +119,9 @@ class _Request:
     use_cache: bool = False  # a Hugging Face forward's use_cache (its config's unless asked otherwise)
 
     @property
-    def policies(self) -> dict[str, str]:
-        """Checkpointed module -> "full" | "selective"."""
-        return {c: "selective" if c in self.selective else "full" for c in self.checkpoint}
+    def policies(self) -> dict[str, CheckpointPolicy]:
+        """Checkpointed module -> its policy."""
+        return {c: SELECTIVE if c in self.selective else FULL for c in self.checkpoint}
 
 
 def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs, use_cache) -> _Request:
@@ -129,12 +130,10 @@ def _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example
         raise ValueError("batch_size and seq_len must be >= 1")
     pdt = as_dtype(param_dtype)
     whole = frozenset(whole_params) if pdt is not None else frozenset()
-    pairs = checkpoint.items() if hasattr(checkpoint, "items") else ((c, "full") for c in checkpoint)
+    pairs = checkpoint.items() if hasattr(checkpoint, "items") else ((c, FULL) for c in checkpoint)
     policies = {strip_wrapper(c): policy for c, policy in pairs}
-    for c, policy in policies.items():
-        if policy not in ("full", "selective"):
-            raise ValueError(f"checkpoint[{c!r}]: policy {policy!r} is not one of ('full', 'selective')")
-    selective = frozenset(c for c, policy in policies.items() if policy == "selective")
+    policies = {c: CheckpointPolicy.parse(policy, f"checkpoint[{c!r}]") for c, policy in policies.items()}
+    selective = frozenset(c for c, policy in policies.items() if policy is SELECTIVE)
     return _Request(batch_size, seq_len, pdt, whole, frozenset(policies), example_inputs, selective, bool(use_cache))
 
 

@@ -134,7 +134,7 @@ def _cast_in_place(module: nn.Module, dtype: torch.dtype, recorder) -> None:
                     new = nn.Parameter(new, requires_grad=t.requires_grad)
                 table[name] = new
                 if recorder is not None:
-                    recorder._update_and_maybe_create_winfos(new, kind)
+                    recorder.track_tensor(new, kind)
                     if isinstance(new, nn.Parameter) and new.requires_grad:
                         recorder.track_params(mod)  # its gradient is a gradient too (copy only)
 

@@ -62,6 +62,10 @@ class Recorder(MemTracker):
             return []
         return [w for st in get_untyped_storages(tensor) if (w := self._WINFO.get(st, (None, None))[0]) is not None]
 
+    def track_tensor(self, tensor: torch.Tensor, kind) -> None:
+        """Count ``tensor`` as a ``kind`` (torch's ``_MemRefType``: a parameter, a buffer), not an activation."""
+        self._update_and_maybe_create_winfos(tensor, kind)
+
     def track_params(self, module: nn.Module) -> list:
         """Categorise parameters and buffers, and the gradients of trainable parameters as
         gradients (MemTracker's own helper hooks every parameter, frozen ones included, which

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
 from ..tree import ModelTree
 from .profile import strip_wrapper
 
-# A variant's checkpointed paths: frozenset of (path inside the block, "full" | "selective").
-WHOLE_BLOCK = frozenset({("", "full")})  # a variant whose block itself is checkpointed in full
+# A variant's checkpointed paths: frozenset of (path inside the block, CheckpointPolicy).
+WHOLE_BLOCK = frozenset({("", FULL)})  # a variant whose block itself is checkpointed in full
 PLAIN = frozenset()
 
 
@@ -38,7 +39,7 @@ class ListPlan:
 
 def _variant(tree: ModelTree, b: int, compute_dtype, checkpoint: dict) -> tuple:
     """(kind, checkpointed (path, policy)) of block ``b``; a kind is (class, parameter
-    names/shapes/compute dtypes/requires_grad); ``checkpoint``: fqn -> "full" | "selective"."""
+    names/shapes/compute dtypes/requires_grad); ``checkpoint``: fqn -> ``CheckpointPolicy``."""
     info = tree.modules[b]
     prefix = info.fqn + "."
     sig = []
@@ -102,7 +103,7 @@ def _representatives(members: list[int], variants: list[tuple], toggles: bool = 
 
 def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: dict,
                toggles: bool = True) -> list[ListPlan]:
-    """One ``ListPlan`` per list holding ``blocks``; ``checkpoint``: fqn -> "full" | "selective";
+    """One ``ListPlan`` per list holding ``blocks``; ``checkpoint``: fqn -> ``CheckpointPolicy``;
     ``toggles``: also a plain and a checkpointed copy of every kind (``_representatives``)."""
     by_list: dict[int, list[int]] = {}
     for b in blocks:
@@ -123,12 +124,12 @@ def _fake_param(p: torch.Tensor, dtype: torch.dtype, fake_mode) -> torch.Tensor:
     return t
 
 
-def _wrapped(module: nn.Module, policy: str) -> nn.Module:
+def _wrapped(module: nn.Module, policy: CheckpointPolicy) -> nn.Module:
     """``module`` in the export's own ``checkpoint_wrapper`` (``export_runtime``), full or selective."""
-    return _checkpoint_wrapped(module, _selective_checkpoint_context if policy == "selective" else None)
+    return _checkpoint_wrapped(module, _selective_checkpoint_context if policy is SELECTIVE else None)
 
 
-def _wrap(root: nn.Module, path: str, policy: str) -> nn.Module:
+def _wrap(root: nn.Module, path: str, policy: CheckpointPolicy) -> nn.Module:
     """``root`` with its submodule ``path`` (``""``: itself) checkpoint-wrapped with ``policy``."""
     if path == "":
         return _wrapped(root, policy)

@@ -26,7 +26,7 @@ its reason:
   (or 1/k of them), all alive when forward ends, are over the device;
 - a micro-batch larger than one with which nothing fits.
 
-The plans that fit are ranked by ``a.step["step_time_s"]`` (the step model, ``steptime.py``: the
+The plans that fit are ranked by ``a.step.step_time_s`` (the step model, ``steptime.py``: the
 mesh needs a ``device``); ``why`` names the parts of the step that make a plan slower than the one
 above it (recomputation, exposed collectives, offload copies, the optimizer). Without a device there
 is no step time: the search says so in ``note`` and ranks by the collectives' seconds instead.
@@ -241,7 +241,7 @@ class _Runner:
         if profile is not None:
             self.bound_others(c, profile)
         return {"analysed": True, "fits": fits, "peak": peak, "reserved_peak": int(a.memory.reserved_peak.max()),
-                "tensor_comm_s": a.step.get("tensor_comm_s"), "verdict": fit.verdict, "margin": fit.margin, "safety": fit.safety, **step_numbers(a, c.grad_accum),
+                "tensor_comm_s": a.step.tensor_comm_s, "verdict": fit.verdict, "margin": fit.margin, "safety": fit.safety, **step_numbers(a, c.grad_accum),
                 "comm_s": float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum,
                 "parts": _time_parts(a, c.grad_accum), "recompute": len(a.plan.checkpoint), "calls": len(a.plan.units),
                 "mesh": a.mesh, "use_cache": cache, "cache_refused": a.cache_refused}

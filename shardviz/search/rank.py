@@ -21,12 +21,12 @@ def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
     """step_time_s (one optimizer step: ``grad_accum`` micro-batches), tokens_per_s (per rank) and
     mfu from ``a.step``; None with ``reason`` when ``a.step`` has no time (no device, no micro-batch)."""
     step = a.step
-    if step.get("step_time_s") is None:
-        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "reason": step.get("reason")}
+    if step.step_time_s is None:
+        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "reason": step.reason}
     scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
     # without Training.grad_accum the micro-batches repeat one step: the same tokens per second
-    return {"step_time_s": float(step["step_time_s"]) * scale, "tokens_per_s": float(step["tokens_per_s"]),
-            "mfu": float(step["mfu"]), "reason": None}
+    return {"step_time_s": float(step.step_time_s) * scale, "tokens_per_s": float(step.tokens_per_s),
+            "mfu": float(step.mfu), "reason": None}
 
 
 def _where(kind: str, mesh: Mesh) -> str:

@@ -148,7 +148,7 @@ class SuggestActions:
         """What the search cannot use: the device memory (no search) and what the step time needs."""
         out = [NO_MEMORY] if self.mesh.device_memory is None else []
         try:
-            reason = self.analysis.step.get("reason")
+            reason = self.analysis.step.reason
         except Exception as exc:  # noqa: BLE001 - the panel says so rather than break the widget
             reason = f"{type(exc).__name__}: {exc}"
         if reason:
