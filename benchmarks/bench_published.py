@@ -1,8 +1,8 @@
 """Predicted against published FSDP2 throughput: the table of docs/step-time.md, "Predicted vs published".
 
-Each row is a published FSDP2 run with its settings (FSDP only, bf16 parameters, fp32 reductions,
-AdamW); the prediction is ``sv.analyze(...).step`` for the same model, ranks, device, micro-batch and
-checkpointing (torchtitan's "selective op" is ``checkpoint="selective"``, "selective layer" every
+Each row is a published FSDP2 run with its settings (FSDP only, float32 parameters computed in bf16,
+fp32 reductions, AdamW); the prediction is ``sv.analyze(...).step`` for the same model, ranks, device,
+the cluster's network (``Row.network``), micro-batch and checkpointing (torchtitan's "selective op" is ``checkpoint="selective"``, "selective layer" every
 second block in full), with torch's FLOP count, each op's bytes, and the preset of the row's stack
 (``sv.Efficiency.for_stack``). Rows marked ``calibration`` fixed the presets' free figures
 (``--calibrate`` refits them); the others check them. Run (a few minutes: every model measures a
