@@ -125,9 +125,20 @@ def build(name: str):
     return _MODELS[name]
 
 
+def torchtitan_plan(model, checkpoint):
+    """torchtitan's layout (``parallelize_llama`` at both commits the rows ran: 0413364 and 9dec370):
+    ``fully_shard`` on each transformer block, the last one with ``reshard_after_forward=False``
+    ("FSDP would prefetch it immediately"), then on the whole model, so the root call holds the
+    embedding, the final norm and the output projection (``Plan.auto`` gives those calls of their
+    own). Checkpointing as ``Plan.auto`` places it."""
+    blocks = [f"model.layers.{name}" for name, _ in model.model.layers.named_children()]
+    units = [sv.Unit(b, reshard_after_forward=i < len(blocks) - 1) for i, b in enumerate(blocks)] + [""]
+    return sv.Plan.auto(model, checkpoint=checkpoint).with_units(units)
+
+
 def analyze(row: Row, efficiency: Efficiency):
     model = build(row.model)
-    plan = sv.Plan.auto(model, checkpoint=row.checkpoint)
+    plan = torchtitan_plan(model, row.checkpoint)
     training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=row.batch,
                            seq_len=row.seq)
     bus = row.network["collective_bus"]

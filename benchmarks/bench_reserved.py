@@ -3,9 +3,10 @@
 Each row is a published FSDP2 run whose ``torch.cuda.max_memory_reserved`` was logged (torchtitan's
 ``memory:`` field); the prediction is ``a.memory.reserved_peak`` for the same model, ranks, micro-batch
 and checkpointing, with torch's default allocator and with ``expandable_segments``. The model has
-torchtitan's float32 parameters (``bench_published.torchtitan_weights``). None of these rows was used
-to build the allocator model (its rules are torch's, docs/cost-model.md). Run (a few minutes: every
-row measures a step under FakeTensorMode):
+torchtitan's float32 parameters and layout (``bench_published.torchtitan_weights``,
+``torchtitan_plan``). None of these rows was used to build the allocator model (its rules are
+torch's, docs/cost-model.md); the check rows are far off (open, docs/cost-model.md says why). Run
+(a few minutes: every row measures a step under FakeTensorMode):
 
     .venv/bin/python benchmarks/bench_reserved.py
 """
@@ -17,7 +18,7 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
-from bench_published import torchtitan_weights  # noqa: E402
+from bench_published import torchtitan_plan, torchtitan_weights  # noqa: E402
 from shardviz import zoo  # noqa: E402
 
 GiB = 2**30
@@ -42,7 +43,7 @@ def model():
 def predict(row, m) -> tuple[int, int, int]:
     """(allocated peak, reserved peak, reserved peak with expandable segments) in bytes for ``row``."""
     _, ranks, batch, seq, ckpt, *_ = row
-    plan = sv.Plan.auto(m, checkpoint=ckpt)
+    plan = torchtitan_plan(m, ckpt)
     tr = sv.Training(batch_size=batch, seq_len=seq, param_dtype="bfloat16", reduce_dtype="float32")
     out = []
     for expandable in (False, True):
