@@ -1,8 +1,8 @@
 """Predicted against published FSDP2 throughput: the table of docs/step-time.md, "Predicted vs published".
 
-Each row is a published FSDP2 run with its settings (FSDP only, bf16 parameters, fp32 reductions,
-AdamW); the prediction is ``sv.analyze(...).step`` for the same model, ranks, device, micro-batch and
-checkpointing (torchtitan's "selective op" is ``checkpoint="selective"``, "selective layer" every
+Each row is a published FSDP2 run with its settings (FSDP only, float32 parameters computed in bf16,
+fp32 reductions, AdamW); the prediction is ``sv.analyze(...).step`` for the same model, ranks, device,
+the cluster's network (``Row.network``), micro-batch and checkpointing (torchtitan's "selective op" is ``checkpoint="selective"``, "selective layer" every
 second block in full), with torch's FLOP count, each op's bytes, and the preset of the row's stack
 (``sv.Efficiency.for_stack``). Rows marked ``calibration`` fixed the presets' free figures
 (``--calibrate`` refits them); the others check them. Run (a few minutes: every model measures a
@@ -36,6 +36,15 @@ TITAN_2024 = ("torchtitan docs/performance.md (2024, 64 A100)",
 TITAN_H100 = ("torchtitan benchmarks/llama3_h100_202412 (Grand Teton H100, 500 W)",
               "https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md")
 
+# The 2024 A100 runs were on AWS: torchtitan's multinode_trainer.slurm at the same commit is "optimized
+# for AWS with EFA" ("Enable for A100": FI_PROVIDER=efa); AWS's A100 80GB node (p4de.24xlarge, as
+# p4d) has 400 Gbps of EFA, 4 NICs of 100 Gbps ("Amazon EC2 P4d instances deep dive", AWS blog,
+# 2020; SkyPilot's AWS EFA example: 4 EFA on p4d/p4de), not a DGX's 8 x 200 Gb/s HDR. NCCL reaches
+# 340 of its 400 Gbps in all_reduce tests (stas00/ml-engineering, network/README.md, "EFA v1 0.4 Tbps
+# (effective 340 Gbps for all_reduce tests) (P4 AWS instances)"): the bus fraction of these rows.
+AWS_P4DE = {"mesh": {"nics_per_node": 4, "nic_gbps": 12.5}, "collective_bus": 340 / 400}
+GRAND_TETON = {"mesh": {}, "collective_bus": None}  # the device's default: one NIC per GPU, the default bus
+
 LLAMA2 = {  # config.json fields of meta-llama/Llama-2-13b-hf and Llama-2-70b-hf (shapes only, written by hand)
     "13b": {"hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
             "intermediate_size": 13824},
@@ -58,22 +67,23 @@ class Row(NamedTuple):
     calibration: bool  # used to fit the stack's figures (else a check)
     source: tuple
     note: str = ""
+    network: dict = GRAND_TETON  # the cluster's NICs (Mesh fields) and NCCL's bus fraction on them
 
 
 ROWS = [
     Row(1, "llama3_8b", "A100-80GB", 64, 1, 8192, "every 2", "torchtitan-eager", 2904, None, False, TITAN_2024,
-        "selective layer"),
+        "selective layer", network=AWS_P4DE),
     Row(2, "llama3_8b", "A100-80GB", 64, 1, 8192, "selective", "torchtitan-eager", 2973, None, True, TITAN_2024,
-        "selective op"),
-    Row(3, "llama3_70b", "A100-80GB", 64, 1, 8192, "blocks", "torchtitan-eager", 331, None, False, TITAN_2024),
-    Row(4, "llama2_13b", "A100-80GB", 64, 2, 4096, None, "torchtitan-eager", 2162, None, True, TITAN_2024),
+        "selective op", network=AWS_P4DE),
+    Row(3, "llama3_70b", "A100-80GB", 64, 1, 8192, "blocks", "torchtitan-eager", 331, None, False, TITAN_2024, network=AWS_P4DE),
+    Row(4, "llama2_13b", "A100-80GB", 64, 2, 4096, None, "torchtitan-eager", 2162, None, True, TITAN_2024, network=AWS_P4DE),
     Row(5, "llama2_13b", "A100-80GB", 64, 2, 4096, "every 2", "torchtitan-eager", 1914, None, False, TITAN_2024,
-        "selective layer"),
+        "selective layer", network=AWS_P4DE),
     Row(6, "llama2_13b", "A100-80GB", 64, 2, 4096, "selective", "torchtitan-eager", 1904, None, False, TITAN_2024,
-        "selective op"),
+        "selective op", network=AWS_P4DE),
     Row(7, "llama2_70b", "A100-80GB", 64, 1, 4096, "selective", "torchtitan-eager", 355, None, False, TITAN_2024,
-        "selective op"),
-    Row(8, "llama2_70b", "A100-80GB", 64, 2, 4096, "blocks", "torchtitan-eager", 353, None, False, TITAN_2024),
+        "selective op", network=AWS_P4DE),
+    Row(8, "llama2_70b", "A100-80GB", 64, 2, 4096, "blocks", "torchtitan-eager", 353, None, False, TITAN_2024, network=AWS_P4DE),
     Row(9, "llama3_8b", "H100-500W", 8, 2, 8192, "selective", "torchtitan-eager", 5762, 82.4, True, TITAN_H100,
         "Table 1"),
     Row(10, "llama3_8b", "H100-500W", 128, 2, 8192, "selective", "torchtitan-eager", 5605, 67.0, False, TITAN_H100,
@@ -98,20 +108,43 @@ def llama2(size: str):
 _MODELS: dict = {}
 
 
+def torchtitan_weights(model):
+    """``model`` with float32 parameters, as torchtitan trains: its models are built in the default
+    dtype (float32) and ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``
+    casts only what is all-gathered (torchtitan's parallelize_llama; its docs/fsdp.md), so the
+    sharded parameters, their gradients and AdamW's states are float32. (The Hugging Face configs
+    say bfloat16, which halves all three.)"""
+    return model.float()
+
+
 def build(name: str):
     if name not in _MODELS:
         model = llama2(name.split("_")[1]) if name.startswith("llama2_") else zoo.build(name, lora=False)
         model.config.use_cache = False  # training, as torchtitan's models (which have no cache)
-        _MODELS[name] = model
+        _MODELS[name] = torchtitan_weights(model)
     return _MODELS[name]
+
+
+def torchtitan_plan(model, checkpoint):
+    """torchtitan's layout (``parallelize_llama`` at both commits the rows ran: 0413364 and 9dec370):
+    ``fully_shard`` on each transformer block, the last one with ``reshard_after_forward=False``
+    ("FSDP would prefetch it immediately"), then on the whole model, so the root call holds the
+    embedding, the final norm and the output projection (``Plan.auto`` gives those calls of their
+    own). Checkpointing as ``Plan.auto`` places it."""
+    blocks = [f"model.layers.{name}" for name, _ in model.model.layers.named_children()]
+    units = [sv.Unit(b, reshard_after_forward=i < len(blocks) - 1) for i, b in enumerate(blocks)] + [""]
+    return sv.Plan.auto(model, checkpoint=checkpoint).with_units(units)
 
 
 def analyze(row: Row, efficiency: Efficiency):
     model = build(row.model)
-    plan = sv.Plan.auto(model, checkpoint=row.checkpoint)
+    plan = torchtitan_plan(model, row.checkpoint)
     training = sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32", batch_size=row.batch,
                            seq_len=row.seq)
-    return sv.analyze(model, plan, sv.Mesh(shard=row.ranks, device=row.device, efficiency=efficiency), training)
+    bus = row.network["collective_bus"]
+    efficiency = dataclasses.replace(efficiency, collective_bus=bus) if bus else efficiency
+    mesh = sv.Mesh(shard=row.ranks, device=row.device, efficiency=efficiency, **row.network["mesh"])
+    return sv.analyze(model, plan, mesh, training)
 
 
 def predict(row: Row, efficiency: Efficiency | None = None) -> dict:

@@ -2,9 +2,11 @@
 
 Each row is a published FSDP2 run whose ``torch.cuda.max_memory_reserved`` was logged (torchtitan's
 ``memory:`` field); the prediction is ``a.memory.reserved_peak`` for the same model, ranks, micro-batch
-and checkpointing, with and without ``expandable_segments``. None of these rows was used to build
-the allocator model (its rules are torch's, docs/cost-model.md). Run (a few minutes: every row
-measures a step under FakeTensorMode):
+and checkpointing, with torch's default allocator and with ``expandable_segments``. The model has
+torchtitan's float32 parameters and layout (``bench_published.torchtitan_weights``,
+``torchtitan_plan``). None of these rows was used to build the allocator model (its rules are
+torch's, docs/cost-model.md); the check rows are far off (open, docs/cost-model.md says why). Run
+(a few minutes: every row measures a step under FakeTensorMode):
 
     .venv/bin/python benchmarks/bench_reserved.py
 """
@@ -16,34 +18,51 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
+from bench_published import torchtitan_plan, torchtitan_weights  # noqa: E402
 from shardviz import zoo  # noqa: E402
 
 GiB = 2**30
-# (what, micro-batch, seq, checkpoint, published reserved GiB or None, source)
+TABLE_1 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 1 'FSDP'"
+TABLE_3 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 3 'FSDP'"
+PR_132445 = "pytorch/pytorch PR 132445, 'Before' (after PR 129721), steps >= 2"
+# (what, ranks, micro-batch, seq, checkpoint, published reserved GiB, a check row?, source). All on
+# Grand Teton H100s with 96 GB (PR 132445's log: 77.29 GiB is 81.32 % of the device).
 ROWS = [
-    ("Llama-3-8B, FSDP 8 x H100, no AC", 1, 8192, None, 77.29,
-     "pytorch/pytorch PR 132445, 'Before' (after PR 129721), steps >= 2"),
-    ("Llama-3.1-8B, FSDP 8 x H100 (96 GB), selective", 2, 8192, "selective", 82.4,
-     "pytorch/torchtitan docs/performance.md, Table 1 'FSDP' (torchtitan's selective op AC)"),
+    ("Llama-3-8B, FSDP 8 x H100 (96 GB), no AC", 8, 1, 8192, None, 77.29, False, PR_132445),
+    ("Llama-3.1-8B, FSDP 8 x H100 (96 GB), selective op", 8, 2, 8192, "selective", 82.4, True, TABLE_1),
+    ("Llama-3.1-8B, FSDP 128 x H100 (96 GB), selective op", 128, 2, 8192, "selective", 67.0, True, TABLE_3),
 ]
 
 
+def model():
+    m = zoo.llama3_8b(lora=False)
+    m.config.use_cache = False  # torchtitan's Llama keeps no cache
+    return torchtitan_weights(m)  # float32 parameters, gradients and AdamW states, as torchtitan's
+
+
+def predict(row, m) -> tuple[int, int, int]:
+    """(allocated peak, reserved peak, reserved peak with expandable segments) in bytes for ``row``."""
+    _, ranks, batch, seq, ckpt, *_ = row
+    plan = torchtitan_plan(m, ckpt)
+    tr = sv.Training(batch_size=batch, seq_len=seq, param_dtype="bfloat16", reduce_dtype="float32")
+    out = []
+    for expandable in (False, True):
+        a = sv.analyze(m, plan, sv.Mesh(ranks, device="H100-500W", expandable_segments=expandable), tr)
+        out.append((int(a.memory.peak.max()), int(a.memory.reserved_peak.max())))
+    (peak, reserved), (_, grown) = out
+    return peak, reserved, grown
+
+
 def main() -> None:
-    model = zoo.llama3_8b(lora=False)
-    model.config.use_cache = False  # torchtitan's Llama keeps no cache
-    training = dict(param_dtype="bfloat16", reduce_dtype="float32")
-    print(f"{'run':50} {'published':>10} {'allocated':>10} {'reserved':>10} {'vs pub.':>8} {'expandable':>11}")
-    for what, batch, seq, ckpt, published, source in ROWS:
-        plan = sv.Plan.auto(model, checkpoint=ckpt)
-        tr = sv.Training(batch_size=batch, seq_len=seq, **training)
-        out = []
-        for expandable in (False, True):
-            a = sv.analyze(model, plan, sv.Mesh(8, device="H100", expandable_segments=expandable), tr)
-            out.append((int(a.memory.peak.max()), int(a.memory.reserved_peak.max())))
-        (peak, reserved), (_, grown) = out
-        delta = f"{100 * (reserved / GiB / published - 1):+.1f}%" if published else "–"
-        print(f"{what:50} {published or '–':>10} {peak / GiB:>10.2f} {reserved / GiB:>10.2f} {delta:>8} "
-              f"{grown / GiB:>11.2f}   ({source})")
+    m = model()
+    print(f"{'run':54} {'use':>5} {'published':>10} {'allocated':>10} {'reserved':>10} {'vs pub.':>8} "
+          f"{'expandable':>11} {'vs pub.':>8}")
+    for row in ROWS:
+        what, *_, published, check, source = row
+        peak, reserved, grown = predict(row, m)
+        print(f"{what:54} {'check' if check else '–':>5} {published:>10} {peak / GiB:>10.2f} {reserved / GiB:>10.2f} "
+              f"{100 * (reserved / GiB / published - 1):>+7.1f}% {grown / GiB:>11.2f} "
+              f"{100 * (grown / GiB / published - 1):>+7.1f}%   ({source})")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ first, its forward compute (norm, LM head) runs after the blocks, its backward c
 theirs, and its post-backward (reduce-scatter) comes last.
 
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
-backward hook as the GPU gets there; collectives on different streams do not slow each other.
+backward hook as the GPU gets there; collectives on different communicators (HSDP's all-reduce,
+a separate reduce-scatter group) do not slow each other.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class UnitTime:
     ``backward_hook=False``: the unit's output needs no gradient (a frozen embedding that runs
     first), so torch registers no pre-backward for it: it computes nothing in backward, an
     all-gather prefetched for it is dropped, its post-backward runs at the end of backward.
+    ``backward_gather_own_group=True``: the backward all-gather goes over the post-forward group
+    (an int ``reshard_after_forward``), not the communicator the reduce-scatters use.
     """
 
     name: str
@@ -73,6 +76,7 @@ class UnitTime:
     h2d_s: float = 0.0
     d2h_s: float = 0.0
     backward_hook: bool = True
+    backward_gather_own_group: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -81,7 +85,7 @@ class UnitTime:
         for f in fields(self):
             if f.name.endswith("_s"):
                 _check_seconds(owner, f.name, getattr(self, f.name), f.name in ("reduce_scatter_s", "all_reduce_s"))
-        for key in ("reshard_after_forward", "backward_hook"):
+        for key in ("reshard_after_forward", "backward_hook", "backward_gather_own_group"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{owner}.{key} must be a bool, got {getattr(self, key)!r}")
 
@@ -185,11 +189,19 @@ class _Simulator:
     gathers: dict = field(default_factory=dict)  # (unit, phase) -> its all-gather bar
     pending_rs: _Bar | None = None
     reductions: list = field(default_factory=list)
+    shared_group: bool = True  # all-gathers and reduce-scatters share one communicator (torch's default)
+    group_free: float = 0.0  # that communicator's next free time
 
-    def comm(self, stream: str, unit: UnitTime | None, kind: str, phase: str, ready: float, seconds: float) -> _Bar:
-        start = max(ready, self.free[stream])
+    def comm(self, stream: str, unit: UnitTime | None, kind: str, phase: str, ready: float, seconds: float,
+             shard_group: bool = False) -> _Bar:
+        """A bar on ``stream`` from ``ready``; ``shard_group``: a collective of the shard group's
+        communicator, which runs one collective at a time in issue order."""
+        shared = shard_group and self.shared_group
+        start = max(ready, self.free[stream], self.group_free if shared else 0.0)
         bar = _Bar(stream, unit.name if unit else None, kind, phase, start, start + seconds)
         self.free[stream] = bar.end_s
+        if shared:
+            self.group_free = bar.end_s
         self.bars.append(bar)
         self.issued.append((kind, bar.unit))
         return bar
@@ -216,7 +228,8 @@ class _Simulator:
         if unit.h2d_s > 0:
             ready = self.comm(ALL_GATHER, unit, "h2d", phase, issue_at, unit.h2d_s).end_s
         seconds = unit.all_gather_forward_s if phase == "forward" else unit.all_gather_backward_s
-        self.gathers[(unit.name, phase)] = self.comm(ALL_GATHER, unit, ALL_GATHER, phase, ready, seconds)
+        shard_group = phase == "forward" or not unit.backward_gather_own_group
+        self.gathers[(unit.name, phase)] = self.comm(ALL_GATHER, unit, ALL_GATHER, phase, ready, seconds, shard_group)
 
     def targets(self, names, owner: str, phase: str) -> list[UnitTime]:
         out = []
@@ -264,7 +277,7 @@ def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
     if unit.reduce_scatter_s is None and unit.all_reduce_s is None:
         return
     if unit.reduce_scatter_s is not None:
-        last = sim.comm(REDUCE_SCATTER, unit, REDUCE_SCATTER, "backward", sim.now, unit.reduce_scatter_s)
+        last = sim.comm(REDUCE_SCATTER, unit, REDUCE_SCATTER, "backward", sim.now, unit.reduce_scatter_s, True)
         sim.pending_rs = last
     if unit.all_reduce_s is not None:  # HSDP; alone when the shard groups are of 1 rank (no reduce-scatter)
         start = last.end_s if unit.reduce_scatter_s is not None else sim.now
@@ -315,14 +328,18 @@ def _check_units(units, root) -> list[UnitTime]:
 
 
 def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
-                  forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> Schedule:
+                  forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
+                  separate_reduce_scatter_group: bool = False) -> Schedule:
     """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
     on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
-    of the units its hook prefetches, when the plan sets them (torch's explicit prefetch)."""
+    of the units its hook prefetches, when the plan sets them (torch's explicit prefetch).
+    ``separate_reduce_scatter_group``: the reduce-scatters have a communicator of their own
+    (``set_separate_reduce_scatter_group``), so they overlap the all-gathers."""
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()
     every = ([root] if root is not None else []) + units
-    sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}))
+    sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}),
+                     shared_group=not separate_reduce_scatter_group)
     _forward(sim, every, root)
     _backward(sim, ([root] if root is not None else []) + units[::-1], root)
     _step_end(sim, extras)
@@ -381,6 +398,8 @@ def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dic
             ignored = (ignored or 0.0) + seconds
             continue
         key = f"all_gather_{phase}_s" if collective == "all_gather" else f"{collective}_s"
+        if collective == "all_gather" and group == "post_forward":  # its own communicator, not the shard group's
+            per_unit.setdefault(unit, {})["post_forward_gather"] = True
         if group == "tensor":  # tensor parallelism's: blocking, on the compute stream (no async TP)
             key = f"tensor_{phase}_s"
         slot = per_unit.setdefault(unit, {})

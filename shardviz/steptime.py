@@ -253,7 +253,8 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
             reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
             reshard_after_forward="all_gather_backward_s" in c, h2d_s=h2d,
             d2h_s=d2h if c.get("reduce_scatter_s") is not None else 0.0,
-            backward_hook=True if is_root or name == OUTSIDE_FSDP else seen_grad)
+            backward_hook=True if is_root or name == OUTSIDE_FSDP else seen_grad,
+            backward_gather_own_group=bool(c.get("post_forward_gather")))
         if is_root:
             root = unit
         else:

@@ -57,8 +57,13 @@ def test_a_forward_all_gather_longer_than_the_previous_compute_shows_the_differe
     assert span(bar(s, "C", "all_gather", "forward")) == (4, 5) and span(bar(s, "C", "forward")) == (6, 8)
 
 
+# The rules with the reduce-scatters on a communicator of their own (``set_separate_reduce_scatter_group``);
+# torch's default, one communicator for both, is tested below ("shared communicator").
+SEPARATE = {"separate_reduce_scatter_group": True}
+
+
 def test_backward_all_gathers_are_prefetched_one_ahead_in_reverse_order():
-    s = schedule_step(three())
+    s = schedule_step(three(), **SEPARATE)
     # backward starts at 7 with C: its own all-gather [7, 8] is exposed, B's is prefetched right behind it
     assert span(bar(s, "C", "all_gather", "backward")) == (7, 8) and bar(s, "C", "all_gather", "backward").exposed_s == 1
     assert span(bar(s, "B", "all_gather", "backward")) == (8, 9)
@@ -81,7 +86,8 @@ def test_each_reduce_scatter_overlaps_the_next_backward_and_the_last_is_exposed(
 
 
 def test_a_reduce_scatter_longer_than_the_next_backward_holds_the_compute_stream():
-    s = schedule_step(three(A={"reduce_scatter_s": 5.0}, B={"reduce_scatter_s": 5.0}, C={"reduce_scatter_s": 5.0}))
+    s = schedule_step(three(A={"reduce_scatter_s": 5.0}, B={"reduce_scatter_s": 5.0}, C={"reduce_scatter_s": 5.0}),
+                      **SEPARATE)
     # C's [12, 17] outlasts B's backward [12, 16]: B's post-backward waits until 17 (1 s on C)
     assert span(bar(s, "C", "reduce_scatter")) == (12, 17) and bar(s, "C", "reduce_scatter").exposed_s == 1
     assert span(bar(s, "B", "reduce_scatter")) == (17, 22)
@@ -89,6 +95,35 @@ def test_a_reduce_scatter_longer_than_the_next_backward_holds_the_compute_stream
     assert bar(s, "B", "reduce_scatter").exposed_s == 1  # A's post-backward waits 21 -> 22
     assert span(bar(s, "A", "reduce_scatter")) == (22, 27) and bar(s, "A", "reduce_scatter").exposed_s == 5
     assert s.step_time_s == 27
+
+
+def test_shared_communicator_a_prefetched_all_gather_queues_behind_the_reduce_scatter_issued_before_it():
+    """torch's default: all-gathers and reduce-scatters go through one communicator, one at a time in
+    issue order (``FSDPModule.set_separate_reduce_scatter_group``'s docstring)."""
+    s = schedule_step(three())
+    # C's reduce-scatter [12, 13.5] is issued before B's pre-backward prefetches A: A's all-gather waits for it
+    assert span(bar(s, "C", "reduce_scatter")) == (12, 13.5)
+    assert span(bar(s, "A", "all_gather", "backward")) == (13.5, 14.5)  # still under B's backward [12, 16]
+    assert span(bar(s, "B", "reduce_scatter")) == (16, 17.5) and span(bar(s, "A", "reduce_scatter")) == (20, 21.5)
+    assert s.step_time_s == 21.5 and s.exposed_comm_s == 3.5
+
+
+def test_shared_communicator_long_reduce_scatters_delay_the_next_all_gather_and_each_other():
+    s = schedule_step(three(A={"reduce_scatter_s": 5.0}, B={"reduce_scatter_s": 5.0}, C={"reduce_scatter_s": 5.0}))
+    # C's [12, 17]; A's all-gather, issued at 12, runs after it [17, 18]; B's post-backward waits for C's until 17
+    assert span(bar(s, "C", "reduce_scatter")) == (12, 17) and bar(s, "C", "reduce_scatter").exposed_s == 1
+    assert span(bar(s, "A", "all_gather", "backward")) == (17, 18) and bar(s, "A", "all_gather", "backward").exposed_s == 1
+    # B's reduce-scatter, issued at 17, waits for A's all-gather on the communicator: [18, 23]
+    assert span(bar(s, "B", "reduce_scatter")) == (18, 23) and span(bar(s, "A", "backward")) == (18, 22)
+    assert bar(s, "B", "reduce_scatter").exposed_s == 1  # A's post-backward waits 22 -> 23
+    assert span(bar(s, "A", "reduce_scatter")) == (23, 28) and s.step_time_s == 28
+
+
+def test_a_backward_all_gather_over_the_post_forward_group_does_not_queue_behind_reduce_scatters():
+    s = schedule_step(three(A={"reduce_scatter_s": 5.0, "backward_gather_own_group": True},
+                            B={"reduce_scatter_s": 5.0}, C={"reduce_scatter_s": 5.0}))
+    assert span(bar(s, "A", "all_gather", "backward")) == (12, 13)  # its own communicator
+    assert span(bar(s, "B", "reduce_scatter")) == (17, 22) and s.step_time_s == 27
 
 
 def test_reshard_after_forward_false_saves_the_backward_all_gather():
@@ -294,6 +329,9 @@ def test_invariants_on_random_steps(seed):
         bars = sorted((e for e in s.events if e.stream == stream), key=lambda e: e.start_s)
         for a, b in zip(bars, bars[1:]):
             assert b.start_s >= a.end_s - 1e-12, (stream, a, b)
+    collectives = sorted((e for e in s.events if e.kind in ("all_gather", "reduce_scatter")), key=lambda e: e.start_s)
+    for a, b in zip(collectives, collectives[1:]):  # one communicator: one collective at a time
+        assert b.start_s >= a.end_s - 1e-12, (a, b)
     for e in s.events:
         if e.kind in ("forward", "backward", "recompute") and e.unit is not None:
             gathers = [g for g in s.events if g.unit == e.unit and g.kind == "all_gather" and g.phase == e.phase]
