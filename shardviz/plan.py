@@ -47,8 +47,12 @@ class Checkpoints(tuple):
     def __new__(cls, entries=()):
         if isinstance(entries, Checkpoints):
             return entries
+        if entries is None:  # Plan(checkpoint=None): nothing checkpointed, as Plan.auto(checkpoint=None)
+            entries = ()
         if isinstance(entries, str):
             entries = [entries]
+        if not hasattr(entries, "__iter__"):
+            raise ValueError(f"checkpoint must be module FQNs (a list, or a mapping name -> policy), got {entries!r}")
         pairs = entries.items() if hasattr(entries, "items") else ((name, FULL) for name in entries)
         merged: dict[str, CheckpointPolicy] = {}
         for name, policy in pairs:

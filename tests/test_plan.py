@@ -189,3 +189,11 @@ def test_selective_checkpointing_is_measured_and_exported():
     code = sv.export_code(model, plan, mesh=sv.Mesh(2), torch_version="2.5")
     assert "SELECTIVE = (" in code and "dict.fromkeys(SELECTIVE, _selective_checkpoint_context)" in code
     assert "create_selective_checkpoint_contexts" in code
+
+
+def test_checkpoint_none_is_nothing_and_junk_is_named():
+    """``Plan(checkpoint=None)`` checkpoints nothing, as ``Plan.auto(checkpoint=None)`` does; a value
+    that is not a list of names is refused with the field named, not a TypeError."""
+    assert sv.Plan(units=["model"], checkpoint=None).checkpoint == ()
+    with pytest.raises(ValueError, match="checkpoint must be module FQNs.*5"):
+        sv.Plan(units=["model"], checkpoint=5)
