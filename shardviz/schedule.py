@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
 STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -242,16 +243,16 @@ def _forward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> N
         sim.compute(root, "forward", "forward", root.forward_s)  # norm and LM head, after the blocks
 
 
-def _pre_backward(sim: _Simulator, order: list[UnitTime], k: int) -> None:
+def _pre_backward(sim: _Simulator, unit: UnitTime, default_target: UnitTime | None) -> None:
     """``FSDPState._pre_backward``: the group's pre-backward (own all-gather, wait, the default
-    one-ahead prefetch unless the unit has an explicit list), then the explicit targets."""
-    unit, issue_at = order[k], sim.now  # runs as the GPU reaches this unit
+    prefetch of ``default_target`` unless the unit has an explicit list), then the explicit targets."""
+    issue_at = sim.now  # runs as the GPU reaches this unit
     explicit = unit.name in sim.backward_prefetch
     if unit.reshard_after_forward:
         sim.all_gather(unit, "backward", issue_at)
     sim.wait(sim.gathers.get((unit.name, "backward")))
-    if not explicit and k + 1 < len(order) and order[k + 1].reshard_after_forward:
-        sim.all_gather(order[k + 1], "backward", issue_at)
+    if not explicit and default_target is not None and default_target.reshard_after_forward:
+        sim.all_gather(default_target, "backward", issue_at)
     sim.issued.append(("backward", unit.name))
     for target in sim.targets(sim.backward_prefetch.get(unit.name, ()), unit.name, "backward"):
         if target.reshard_after_forward:
@@ -274,11 +275,16 @@ def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
     sim.reductions.append(last)
 
 
-def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> None:
-    for k, unit in enumerate(order):
+def _backward(sim: _Simulator, units: list[UnitTime], root: UnitTime | None) -> None:
+    """``units``: the calls under the root in forward order. Their forwards end in that order, the
+    root's last (the schedule's assumption: no call nested in another but the root's)."""
+    first = [root] if root is not None else []
+    targets = backward_prefetch_targets([u.name for u in units + first])
+    for unit in first + units[::-1]:
         if not unit.backward_hook:
             continue
-        _pre_backward(sim, order, k)
+        target = targets.get(unit.name)
+        _pre_backward(sim, unit, sim.units[target] if target is not None else None)
         if unit.recompute_s > 0:
             sim.issued.append(("recompute", unit.name))
             sim.compute(unit, "recompute", "backward", unit.recompute_s)
@@ -286,8 +292,9 @@ def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> 
         if unit is not root:
             _post_backward(sim, unit)
     # post-backwards torch runs from its final callback: the root's (its input needs no gradient),
-    # then those of units that never got a pre-backward
-    for unit in ([root] if root is not None else []) + [u for u in order if not u.backward_hook and u is not root]:
+    # then those of units that never got a pre-backward (the schedule's assumption: every other
+    # call's input needs a gradient)
+    for unit in final_callback_order(first + units, lambda u: post_backward_in_backward(u.backward_hook, u is not root)):
         _post_backward(sim, unit)
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
@@ -324,7 +331,7 @@ def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | N
     every = ([root] if root is not None else []) + units
     sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}))
     _forward(sim, every, root)
-    _backward(sim, ([root] if root is not None else []) + units[::-1], root)
+    _backward(sim, units, root)
     _step_end(sim, extras)
     events = tuple(Event(b.stream, b.unit, b.kind, b.phase, b.start_s, b.end_s, b.exposed_s) for b in sim.bars)
     compute_s = sum(e.end_s - e.start_s for e in events if e.stream == COMPUTE)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import NamedTuple
 
+from ..hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
 from .units import GradientsAt, Position, UnitCost
 
 
@@ -269,14 +270,12 @@ class StepSimulation:
                     gradients=h.all_gradients())
 
     def prefetch_order(self) -> list[int]:
-        """The call before each in its context's post-forward order (``comm_ctx.post_forward_order``),
-        which ``FSDPParamGroup._backward_prefetch`` unshards; -1: none."""
+        """The call each call's pre-backward prefetches (``hook_rules.backward_prefetch_targets``,
+        in its root context's post-forward order); -1: none."""
         units = self.units
-        before, last_in_context = [-1] * len(units), {}
-        for k in sorted(range(len(units)), key=lambda k: units[k].post_forward):
-            before[k] = last_in_context.get(units[k].root, -1)
-            last_in_context[units[k].root] = k
-        return before
+        post_forward_order = sorted(range(len(units)), key=lambda k: units[k].post_forward)
+        before = backward_prefetch_targets(post_forward_order, lambda k: units[k].root)
+        return [before.get(k, -1) for k in range(len(units))]
 
     def backward_events(self) -> list[BackwardEvent]:
         """Reverse module order: a call's pre-backward where its forward ended, its gradients where
@@ -289,7 +288,7 @@ class StepSimulation:
             events.append(BackwardEvent(u.post_forward, BackwardKind.PRE_BACKWARD, k))
             for part in u.grads_at or ():
                 events.append(BackwardEvent(part.position, BackwardKind.GRADIENTS, k, part))
-            if u.in_grad:
+            if post_backward_in_backward(u.out_grad, u.in_grad):
                 events.append(BackwardEvent(u.pre_forward, BackwardKind.POST_BACKWARD, k))
         events.sort(key=BackwardEvent.order, reverse=True)
         return events
@@ -307,10 +306,10 @@ class StepSimulation:
                 self.post_backward(event.index)
         if self.mb.first:  # later micro-batches accumulate into them in place
             self.held.gradients += self.unmanaged_grads
-        # FSDPState._root_post_backward_final_callback: post_backward for every call not done yet,
-        # in the root's named_modules order
+        # the root's final callback: post_backward for every call backward did not reach
         units = self.units
-        for k in sorted((k for k, u in enumerate(units) if not (u.out_grad and u.in_grad)), key=lambda k: units[k].first):
+        registration = sorted(range(len(units)), key=lambda k: units[k].first)
+        for k in final_callback_order(registration, lambda k: post_backward_in_backward(units[k].out_grad, units[k].in_grad)):
             self.post_backward(k)
         self.held.end_backward()
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
