@@ -1,5 +1,6 @@
-"""One ``UnitCost`` per ``fully_shard`` call that manages parameters: its buffers in bytes per rank,
-and where its hooks run in the step (positions in the module walk)."""
+"""One ``CallHooks`` per ``fully_shard`` call: where its hooks run in the step (positions in the
+module walk) and which it gets (``hook_rules``); one ``UnitCost`` per call that manages
+parameters: its buffers in bytes per rank, with its ``CallHooks``."""
 
 from __future__ import annotations
 
@@ -55,6 +56,19 @@ class GradientsAt(NamedTuple):
     span: tuple[int, ...] = ()
 
 
+class CallHooks(NamedTuple):
+    """Where one ``fully_shard`` call's hooks run in the module walk and which of them torch
+    registers (``hook_rules``): every call of the plan, with parameters or without."""
+
+    unit: int  # index in plan.units
+    first: int  # tree index of its first module (registration order: the final callback's)
+    pre_forward: Position  # its pre-forward (first module entered)
+    post_forward: Position  # its post-forward (last module left)
+    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
+    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
+    root: int  # the root call whose communication context it shares (hook_rules.roots)
+
+
 @dataclass(frozen=True)
 class UnitCost:
     """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank."""
@@ -78,12 +92,7 @@ class UnitCost:
     accumulated_grads: int
     converts_grads: bool  # that cast happens: the accumulated gradients are a second buffer
     whole_grads: int  # gradients of trainable whole parameters under this call
-    first: int  # tree index of its first module (registration order: the final callback's)
-    pre_forward: Position  # its pre-forward (first module entered)
-    post_forward: Position  # its post-forward (last module left)
-    out_grad: bool  # gets a pre-backward hook: its output needs a gradient (CallHooks)
-    in_grad: bool  # its post-backward runs in backward (else in the root's final callback)
-    root: int  # the root call whose communication context it shares (plan unit index)
+    hooks: CallHooks  # where its hooks run and which it gets
     modules: tuple[int, ...]  # its modules (tree indices)
     # per module that owns its parameters, when other calls are nested inside it (their backward
     # runs in between) or when activations are counted (each module's backward has its own
@@ -235,19 +244,6 @@ def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
                 accumulated_grads=accumulated, converts_grads=converts)
 
 
-class CallHooks(NamedTuple):
-    """Where one ``fully_shard`` call's hooks run in the module walk and which of them torch
-    registers (``hook_rules``): every call of the plan, with parameters or without."""
-
-    unit: int  # index in plan.units
-    first: int  # tree index of its first module (registration order: the final callback's)
-    pre_forward: Position  # its pre-forward (first module entered)
-    post_forward: Position  # its post-forward (last module left)
-    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
-    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
-    root: int  # the root call whose communication context it shares (hook_rules.roots)
-
-
 def call_hooks(arr, layout, modules, walk: Walk) -> list[CallHooks]:
     """One ``CallHooks`` per call of ``layout``, in plan order."""
     root_of = roots(layout, modules)
@@ -278,8 +274,6 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
             gather=int(sums.gather[i]), staged=int(sums.staged[i]), gather_dtype=sums.gather_dtype[i],
             **_reduction(sums, i, policies[i], shard),
             unsharded_grads=int(sums.unsharded_grads[i]), whole_grads=int(whole.grads_per_unit[i]),
-            first=hooks.first, pre_forward=hooks.pre_forward, post_forward=hooks.post_forward,
-            out_grad=hooks.out_grad, in_grad=hooks.in_grad, root=hooks.root,
-            modules=tuple(ul.modules), grads_at=grads_at.get(i),
+            hooks=hooks, modules=tuple(ul.modules), grads_at=grads_at.get(i),
         ))
     return out
