@@ -26,6 +26,9 @@ The root call (the one on the whole model) encloses every other unit: its all-ga
 first, its forward compute (norm, LM head) runs after the blocks, its backward compute before
 theirs, and its post-backward (reduce-scatter) comes last.
 
+The rules it shares with the bytes model (``cost.simulation``) are ``hook_rules``' functions: the
+default backward prefetch target, the final callback's post-backwards (docs/step-rules.md).
+
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
 backward hook as the GPU gets there; collectives on different streams do not slow each other.
 """

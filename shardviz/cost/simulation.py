@@ -3,7 +3,8 @@
 Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
 (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
 root's final callback and the exported code's gradient averaging. The optimizer step is not here:
-its size differs by rank (``cost.model``).
+its size differs by rank (``cost.model``). Which hooks a call gets, what the backward prefetch
+targets and what the final callback runs are ``hook_rules``' (shared with ``schedule``).
 """
 
 from __future__ import annotations
