@@ -26,6 +26,9 @@ The root call (the one on the whole model) encloses every other unit: its all-ga
 first, its forward compute (norm, LM head) runs after the blocks, its backward compute before
 theirs, and its post-backward (reduce-scatter) comes last.
 
+The rules it shares with the bytes model (``cost.simulation``) are ``hook_rules``' functions: the
+default backward prefetch target, the final callback's post-backwards (docs/step-rules.md).
+
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
 backward hook as the GPU gets there; collectives on different communicators (HSDP's all-reduce,
 a separate reduce-scatter group) do not slow each other.
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
 STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -255,16 +259,16 @@ def _forward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> N
         sim.compute(root, "forward", "forward", root.forward_s)  # norm and LM head, after the blocks
 
 
-def _pre_backward(sim: _Simulator, order: list[UnitTime], k: int) -> None:
+def _pre_backward(sim: _Simulator, unit: UnitTime, default_target: UnitTime | None) -> None:
     """``FSDPState._pre_backward``: the group's pre-backward (own all-gather, wait, the default
-    one-ahead prefetch unless the unit has an explicit list), then the explicit targets."""
-    unit, issue_at = order[k], sim.now  # runs as the GPU reaches this unit
+    prefetch of ``default_target`` unless the unit has an explicit list), then the explicit targets."""
+    issue_at = sim.now  # runs as the GPU reaches this unit
     explicit = unit.name in sim.backward_prefetch
     if unit.reshard_after_forward:
         sim.all_gather(unit, "backward", issue_at)
     sim.wait(sim.gathers.get((unit.name, "backward")))
-    if not explicit and k + 1 < len(order) and order[k + 1].reshard_after_forward:
-        sim.all_gather(order[k + 1], "backward", issue_at)
+    if not explicit and default_target is not None and default_target.reshard_after_forward:
+        sim.all_gather(default_target, "backward", issue_at)
     sim.issued.append(("backward", unit.name))
     for target in sim.targets(sim.backward_prefetch.get(unit.name, ()), unit.name, "backward"):
         if target.reshard_after_forward:
@@ -287,11 +291,16 @@ def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
     sim.reductions.append(last)
 
 
-def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> None:
-    for k, unit in enumerate(order):
+def _backward(sim: _Simulator, units: list[UnitTime], root: UnitTime | None) -> None:
+    """``units``: the calls under the root in forward order. Their forwards end in that order, the
+    root's last (the schedule's assumption: no call nested in another but the root's)."""
+    first = [root] if root is not None else []
+    targets = backward_prefetch_targets([u.name for u in units + first])
+    for unit in first + units[::-1]:
         if not unit.backward_hook:
             continue
-        _pre_backward(sim, order, k)
+        target = targets.get(unit.name)
+        _pre_backward(sim, unit, sim.units[target] if target is not None else None)
         if unit.recompute_s > 0:
             sim.issued.append(("recompute", unit.name))
             sim.compute(unit, "recompute", "backward", unit.recompute_s)
@@ -299,8 +308,9 @@ def _backward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> 
         if unit is not root:
             _post_backward(sim, unit)
     # post-backwards torch runs from its final callback: the root's (its input needs no gradient),
-    # then those of units that never got a pre-backward
-    for unit in ([root] if root is not None else []) + [u for u in order if not u.backward_hook and u is not root]:
+    # then those of units that never got a pre-backward (the schedule's assumption: every other
+    # call's input needs a gradient)
+    for unit in final_callback_order(first + units, lambda u: post_backward_in_backward(u.backward_hook, u is not root)):
         _post_backward(sim, unit)
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
@@ -341,7 +351,7 @@ def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | N
     sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}),
                      shared_group=not separate_reduce_scatter_group)
     _forward(sim, every, root)
-    _backward(sim, ([root] if root is not None else []) + units[::-1], root)
+    _backward(sim, units, root)
     _step_end(sim, extras)
     events = tuple(Event(b.stream, b.unit, b.kind, b.phase, b.start_s, b.end_s, b.exposed_s) for b in sim.bars)
     compute_s = sum(e.end_s - e.start_s for e in events if e.stream == COMPUTE)

@@ -11,11 +11,11 @@ no step to time: ``a.step.step_time_s`` is None and ``a.step.reason`` says why.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 
 from .activations import opcost
 from .format import OUTSIDE_FSDP, format_duration
+from .hook_rules import enclosing_root
 from .devices import Device, Efficiency, default_efficiency, stack_of
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
@@ -157,24 +157,6 @@ def compute_dtype(a) -> str:
     return best if best in ("bfloat16", "float16", "float32") else "float32"
 
 
-_NEEDS_GRAD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _needs_grad(tree) -> frozenset:
-    """Every module prefix that holds a trainable parameter (its output then needs a gradient);
-    computed once per tree (a change of plan keeps it)."""
-    found = _NEEDS_GRAD.get(tree)
-    if found is None:
-        out = set()
-        for p in tree.params:
-            if p.requires_grad:
-                for fqn in p.fqns:
-                    parts = fqn.split(".")
-                    out.update(".".join(parts[:i]) for i in range(len(parts)))
-        found = _NEEDS_GRAD[tree] = frozenset(out)
-    return found
-
-
 def _unit_flops(a) -> tuple[list[str], dict, dict]:
     """Forward order of the units, FLOPs per unit, and the totals, from ``a.flops``."""
     order, flops, table = [], {}, a.flops
@@ -186,19 +168,6 @@ def _unit_flops(a) -> tuple[list[str], dict, dict]:
     totals = {"flops": sum(sum(f.values()) for f in flops.values()),
               "model_flops": sum(f["forward"] + f["backward"] for f in flops.values())}
     return order, flops, totals
-
-
-def _enclosing(units: dict) -> str | None:
-    """The call that encloses every other one (the root: ``""``, or one module above all the
-    others), whose forward compute runs after theirs; None when there is none."""
-    for name, u in units.items():
-        if len(u.modules) != 1:
-            continue
-        m = u.modules[0]
-        if all(other is u or all(x == m or x.startswith(m + ".") or m == "" for x in other.modules)
-               for other in units.values()):
-            return name
-    return None
 
 
 def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[float, float]:
@@ -233,14 +202,14 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
     """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
     units = {u.name: u for u in a.plan.units}
     offloaded, numbers = _offloaded(a)
-    grad_modules = _needs_grad(a.tree)
-    root_name = _enclosing(units)
-    seen_grad, root, rows = False, None, []
+    plan_units = a.plan.units
+    hooks = {plan_units[c.unit].name: c for c in a.costs.calls}
+    root_index = enclosing_root(a.layout, a.tree.modules)
+    root_name = plan_units[root_index].name if root_index is not None else None
+    root, rows = None, []
     for name in order + [n for n in units if n not in order]:
         f, c = costs.get(name, {}), comm_s.get(name, {})
         is_root = name == root_name
-        if not is_root:
-            seen_grad = seen_grad or any(m in grad_modules for m in (units[name].modules if name in units else ()))
         h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
         # tensor parallelism's collectives block the compute stream (torch's TP is synchronous):
         # on the critical path, inside the unit's forward and backward
@@ -253,7 +222,7 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
             reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
             reshard_after_forward="all_gather_backward_s" in c, h2d_s=h2d,
             d2h_s=d2h if c.get("reduce_scatter_s") is not None else 0.0,
-            backward_hook=True if is_root or name == OUTSIDE_FSDP else seen_grad,
+            backward_hook=True if is_root or name == OUTSIDE_FSDP else hooks[name].out_grad,
             backward_gather_own_group=bool(c.get("post_forward_gather")))
         if is_root:
             root = unit

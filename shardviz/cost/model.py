@@ -11,7 +11,7 @@ from .params import sharded_params, tree_arrays, whole_params
 from .simulation import StepResult, simulate_step
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
 from .training import Training
-from .units import UnitCost, root_post_forwards, unit_costs
+from .units import CallHooks, UnitCost, call_hooks, root_post_forwards, unit_costs
 from .walk import execution_walk
 
 
@@ -29,6 +29,7 @@ class CostModel:
     averaging: GradientAveraging | None
     step: StepResult
     replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
+    calls: tuple[CallHooks, ...] = ()  # where every call's hooks run, which it gets (the schedule reads them too)
     _reserved: dict = field(default_factory=dict, compare=False, repr=False)
 
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
@@ -67,10 +68,11 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     policies = [training.unit_defaults(ul.unit) for ul in layout.units]
     sh = sharded_params(arr, layout, policies, S)
     whole = whole_params(arr, layout, sh)
-    units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations)
+    calls = call_hooks(arr, layout, tree.modules, walk)
+    units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations, calls)
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
     inputs = (units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
               S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)
     step = simulate_step(*inputs)
     return CostModel(mesh, training, units, resident_state(arr, sh, whole, units, S),
-                     optimizer_state(training, arr, sh, whole, S), averaging, step, inputs)
+                     optimizer_state(training, arr, sh, whole, S), averaging, step, inputs, tuple(calls))

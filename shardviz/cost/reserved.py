@@ -70,10 +70,10 @@ class TracingSimulation(StepSimulation):
         if self.S > 1:
             self.take(("ag", k), u.gather, "ag")
         self.take(("param", k), u.gather)  # copy-out into the unsharded parameters
-        previous = self.context_gather.pop(u.root, None)
+        previous = self.context_gather.pop(u.hooks.root, None)
         if previous is not None:
             self.drop(previous)
-        self.context_gather[u.root] = ("ag", k)
+        self.context_gather[u.hooks.root] = ("ag", k)
         super().pre_forward(k)
 
     def post_forward(self, k: int) -> None:

@@ -3,7 +3,8 @@
 Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
 (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
 root's final callback and the exported code's gradient averaging. The optimizer step is not here:
-its size differs by rank (``cost.model``).
+its size differs by rank (``cost.model``). Which hooks a call gets, what the backward prefetch
+targets and what the final callback runs are ``hook_rules``' (shared with ``schedule``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import NamedTuple
 
+from ..hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
 from .units import GradientsAt, Position, UnitCost
 
 
@@ -199,8 +201,8 @@ class StepSimulation:
 
     # -- forward ----------------------------------------------------------------------------------
     def forward_events(self) -> list[ForwardEvent]:
-        events = [ForwardEvent(u.pre_forward, ForwardKind.PRE_FORWARD, k) for k, u in enumerate(self.units)]
-        events += [ForwardEvent(u.post_forward, ForwardKind.POST_FORWARD, k) for k, u in enumerate(self.units)]
+        events = [ForwardEvent(u.hooks.pre_forward, ForwardKind.PRE_FORWARD, k) for k, u in enumerate(self.units)]
+        events += [ForwardEvent(u.hooks.post_forward, ForwardKind.POST_FORWARD, k) for k, u in enumerate(self.units)]
         events += [ForwardEvent(p, ForwardKind.ROOT_POST_FORWARD, root) for p, root in self.root_posts]
         return sorted(events)
 
@@ -226,11 +228,11 @@ class StepSimulation:
         # drops comm_ctx.all_gather_state first, but its local prev_all_gather_state holds it until it returns)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
                      communication_buffers=h.forward_gathers + ag, gradients=h.all_gradients())
-        h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
+        h.forward_gathers -= h.last_gather_of_context.get(u.hooks.root, 0)
         if self.S > 1:
             self.collectives.append(Collective(k, "all_gather", "forward", "shard", self.S))
         h.unsharded_params += u.gather
-        h.last_gather_of_context[u.root] = ag
+        h.last_gather_of_context[u.hooks.root] = ag
         h.forward_gathers += ag
         self.state[k] = UnitState.UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded. The root's
@@ -269,14 +271,12 @@ class StepSimulation:
                     gradients=h.all_gradients())
 
     def prefetch_order(self) -> list[int]:
-        """The call before each in its context's post-forward order (``comm_ctx.post_forward_order``),
-        which ``FSDPParamGroup._backward_prefetch`` unshards; -1: none."""
+        """The call each call's pre-backward prefetches (``hook_rules.backward_prefetch_targets``,
+        in its root context's post-forward order); -1: none."""
         units = self.units
-        before, last_in_context = [-1] * len(units), {}
-        for k in sorted(range(len(units)), key=lambda k: units[k].post_forward):
-            before[k] = last_in_context.get(units[k].root, -1)
-            last_in_context[units[k].root] = k
-        return before
+        post_forward_order = sorted(range(len(units)), key=lambda k: units[k].hooks.post_forward)
+        before = backward_prefetch_targets(post_forward_order, lambda k: units[k].hooks.root)
+        return [before.get(k, -1) for k in range(len(units))]
 
     def backward_events(self) -> list[BackwardEvent]:
         """Reverse module order: a call's pre-backward where its forward ended, its gradients where
@@ -284,13 +284,14 @@ class StepSimulation:
         inside its parent's."""
         events = []
         for k, u in enumerate(self.units):
-            if not u.out_grad:
+            hooks = u.hooks
+            if not hooks.out_grad:
                 continue  # no pre-backward hook: nothing after it needed a gradient
-            events.append(BackwardEvent(u.post_forward, BackwardKind.PRE_BACKWARD, k))
+            events.append(BackwardEvent(hooks.post_forward, BackwardKind.PRE_BACKWARD, k))
             for part in u.grads_at or ():
                 events.append(BackwardEvent(part.position, BackwardKind.GRADIENTS, k, part))
-            if u.in_grad:
-                events.append(BackwardEvent(u.pre_forward, BackwardKind.POST_BACKWARD, k))
+            if post_backward_in_backward(hooks.out_grad, hooks.in_grad):
+                events.append(BackwardEvent(hooks.pre_forward, BackwardKind.POST_BACKWARD, k))
         events.sort(key=BackwardEvent.order, reverse=True)
         return events
 
@@ -307,10 +308,11 @@ class StepSimulation:
                 self.post_backward(event.index)
         if self.mb.first:  # later micro-batches accumulate into them in place
             self.held.gradients += self.unmanaged_grads
-        # FSDPState._root_post_backward_final_callback: post_backward for every call not done yet,
-        # in the root's named_modules order
+        # the root's final callback: post_backward for every call backward did not reach
         units = self.units
-        for k in sorted((k for k, u in enumerate(units) if not (u.out_grad and u.in_grad)), key=lambda k: units[k].first):
+        registration = sorted(range(len(units)), key=lambda k: units[k].hooks.first)
+        hooks = [u.hooks for u in units]
+        for k in final_callback_order(registration, lambda k: post_backward_in_backward(hooks[k].out_grad, hooks[k].in_grad)):
             self.post_backward(k)
         self.held.end_backward()
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback

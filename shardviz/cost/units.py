@@ -1,5 +1,6 @@
-"""One ``UnitCost`` per ``fully_shard`` call that manages parameters: its buffers in bytes per rank,
-and where its hooks run in the step (positions in the module walk)."""
+"""One ``CallHooks`` per ``fully_shard`` call: where its hooks run in the step (positions in the
+module walk) and which it gets (``hook_rules``); one ``UnitCost`` per call that manages
+parameters: its buffers in bytes per rank, with its ``CallHooks``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..hook_rules import input_needs_grad, output_needs_grad, roots
 from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
 from .training import itemsize
 from .walk import Walk
@@ -54,6 +56,19 @@ class GradientsAt(NamedTuple):
     span: tuple[int, ...] = ()
 
 
+class CallHooks(NamedTuple):
+    """Where one ``fully_shard`` call's hooks run in the module walk and which of them torch
+    registers (``hook_rules``): every call of the plan, with parameters or without."""
+
+    unit: int  # index in plan.units
+    first: int  # tree index of its first module (registration order: the final callback's)
+    pre_forward: Position  # its pre-forward (first module entered)
+    post_forward: Position  # its post-forward (last module left)
+    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
+    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
+    root: int  # the root call whose communication context it shares (hook_rules.roots)
+
+
 @dataclass(frozen=True)
 class UnitCost:
     """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank."""
@@ -77,12 +92,7 @@ class UnitCost:
     accumulated_grads: int
     converts_grads: bool  # that cast happens: the accumulated gradients are a second buffer
     whole_grads: int  # gradients of trainable whole parameters under this call
-    first: int  # tree index of its first module (registration order: the final callback's)
-    pre_forward: Position  # its pre-forward (first module entered)
-    post_forward: Position  # its post-forward (last module left)
-    out_grad: bool  # gets a pre-backward hook: its output needs a gradient
-    in_grad: bool  # its post-backward runs in backward (else in the root's final callback)
-    root: int  # the root call whose communication context it shares (plan unit index)
+    hooks: CallHooks  # where its hooks run and which it gets
     modules: tuple[int, ...]  # its modules (tree indices)
     # per module that owns its parameters, when other calls are nested inside it (their backward
     # runs in between) or when activations are counted (each module's backward has its own
@@ -104,28 +114,6 @@ def first_trainable(arr, walk: Walk) -> int:
     """Where forward enters the first module holding a trainable parameter (past the end: none)."""
     owners = arr.owner[arr.trainable]
     return min((walk.enter[o] for o in owners.tolist()), default=len(walk.enter))
-
-
-def roots(layout, modules) -> list[int]:
-    """The root call above each call (itself for a root).
-
-    Each FSDP root has its own communication context (``FSDPState._lazy_init`` shares one
-    ``FSDPCommContext`` with the states below it): a plan without a root call has several."""
-    owner = layout.module_unit
-    root_of = [-1] * len(layout.units)
-    for ul in layout.units:
-        chain, u = [], ul.index
-        while root_of[u] < 0:
-            chain.append(u)
-            parent = modules[min(layout.units[u].modules)].parent
-            up = owner[parent] if parent >= 0 else -1
-            if up < 0 or up == u:
-                root_of[u] = u
-                break
-            u = up
-        for c in chain:
-            root_of[c] = root_of[u]
-    return root_of
 
 
 def root_post_forwards(layout, walk: Walk) -> list[tuple[Position, int]]:
@@ -256,30 +244,36 @@ def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
                 accumulated_grads=accumulated, converts_grads=converts)
 
 
-def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
-               with_activations: bool) -> list[UnitCost]:
-    """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
-    group, no buffers, no collectives)."""
-    sums = _per_unit(sh, policies, shard)
+def call_hooks(arr, layout, modules, walk: Walk) -> list[CallHooks]:
+    """One ``CallHooks`` per call of ``layout``, in plan order."""
     root_of = roots(layout, modules)
-    grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     trainable_from = first_trainable(arr, walk)
     out = []
     for ul in layout.units:
+        first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
+        out.append(CallHooks(
+            ul.index, min(ul.modules), Position.enter(walk, first), Position.leave(walk, last),
+            output_needs_grad(trainable_from, walk.end[last]), input_needs_grad(trainable_from, walk.enter[first]),
+            root_of[ul.index]))
+    return out
+
+
+def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
+               with_activations: bool, calls: list[CallHooks]) -> list[UnitCost]:
+    """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
+    group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
+    sums = _per_unit(sh, policies, shard)
+    grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
+    out = []
+    for ul, hooks in zip(layout.units, calls):
         i = ul.index
         if not sums.n_params[i]:
             continue
-        first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
         out.append(UnitCost(
             unit=i, name=ul.unit.name, reshard=ul.reshard_after_forward, offload=policies[i].offload,
             gather=int(sums.gather[i]), staged=int(sums.staged[i]), gather_dtype=sums.gather_dtype[i],
             **_reduction(sums, i, policies[i], shard),
             unsharded_grads=int(sums.unsharded_grads[i]), whole_grads=int(whole.grads_per_unit[i]),
-            first=min(ul.modules), pre_forward=Position.enter(walk, first), post_forward=Position.leave(walk, last),
-            # autograd: a call's output needs a gradient when a trainable parameter ran before it
-            # ends (FSDPState._register_pre_backward_hook), its input when one ran before it starts
-            # (FSDPParamGroup._register_post_backward_hook); the order modules run stands in for data flow
-            out_grad=trainable_from < walk.end[last], in_grad=trainable_from < walk.enter[first],
-            root=root_of[i], modules=tuple(ul.modules), grads_at=grads_at.get(i),
+            hooks=hooks, modules=tuple(ul.modules), grads_at=grads_at.get(i),
         ))
     return out
