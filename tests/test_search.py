@@ -102,6 +102,31 @@ def test_plans_that_cannot_fit_are_pruned_not_measured():
     assert (t.index[t.fits & t.analysed].max() < slower.index).all()  # below every analysed fitting plan
 
 
+@pytest.mark.parametrize("order", ["reversed", "shuffled"])
+def test_pruning_does_not_depend_on_the_order_of_the_candidates(order, monkeypatch):
+    """The same candidates given in another order: the same plans analysed, the same pruned with the
+    same reasons, the same table (ranking, ties included)."""
+    import importlib
+    import random
+
+    import pandas as pd
+
+    search_module = importlib.import_module("shardviz.search")  # the package (sv.search is the function)
+    given = search_module.candidates
+
+    def reordered(*args, **kwargs):
+        cands = given(*args, **kwargs)
+        random.Random(0).shuffle(cands) if order == "shuffled" else cands.reverse()
+        return cands
+
+    reference = found("between")
+    monkeypatch.setattr(search_module, "candidates", reordered)
+    s = sv.search(model(), mesh=replace(MESH, shard=8, device_memory=limits()["between"]), training=TRAINING)
+    assert s.n_candidates == reference.n_candidates and s.n_analysed == reference.n_analysed
+    assert not s.table.analysed.all() and s.table.analysed.any()  # the premise: some are pruned
+    pd.testing.assert_frame_equal(s.table, reference.table)
+
+
 @functools.lru_cache(maxsize=None)
 def deep_model():
     """A Llama of 24 small blocks with LoRA, on meta: its parameters, all unsharded at once, are
