@@ -38,7 +38,7 @@ from ..fsdp import Mesh
 from ..plan import Plan
 from ..tree import ModelTree, as_tree
 from .candidates import CHECKPOINTS, Candidate, candidates
-from .rank import COLUMNS, _rank_key, explain, kept_margin_note, step_numbers, table
+from .rank import COLUMNS, explain, kept_margin_note, ranked, step_numbers, table
 from .rows import Measured, Pruned, Row, Rule
 from .running import run, what_would_fit
 from .space import Space, tensor_degrees
@@ -63,7 +63,7 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     space, notes = _space(model, mesh, training, offload, tensor)
     cands = candidates(space, offload)
     rows, n_analysed = run(space, cands)
-    rows = sorted(rows, key=_rank_key(space.limit))
+    rows = ranked(rows, space.limit)
     untimed = next((r.untimed for r in rows if r.analysed and r.untimed), None)
     if untimed:
         notes.append(f"no step time ({untimed}): the plans that fit are ranked by their collectives' seconds per "

@@ -60,7 +60,8 @@ class Evidence:
 
     @property
     def n_analysed(self) -> int:
-        """The analyses made for the floors (model state; ``unsharded`` is not counted, as before)."""
+        """The analyses made for the floors: the model-state ones (``unsharded`` reads only the
+        layout of its analysis, no memory table: not counted)."""
         return len(self.state)
 
 

@@ -104,6 +104,11 @@ def _rank_key(limit: int):
     return key
 
 
+def ranked(rows: list[Row], limit: int) -> list[Row]:
+    """``rows`` best first (``_rank_key``); ties keep their order (the search's, ``pruning_order``)."""
+    return sorted(rows, key=_rank_key(limit))
+
+
 def _slower_because(r: Measured, above: Measured) -> str:
     """What costs a fitting row its time against the fitting row above it: the part of the step
     (``_time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
