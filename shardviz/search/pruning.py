@@ -88,7 +88,7 @@ def pruned_by(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
 
 def _over_by_evidence(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
     """``c`` holds no less than a plan analysed (or bounded) over the device."""
-    gib, less = space.limit_words, "(checkpoints less: not analysed)"
+    gib, less = space.usable_text, "(checkpoints less: not analysed)"
     cache = space.cache_of(c)
     act = ev.activations.get(((c.lora, c.tensor), c.batch_size, c.checkpoint, cache))
     if act is not None:  # the same activations whatever the mesh and options
@@ -116,7 +116,7 @@ def _state_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
         ev.state[key] = int(space.analysis(lean, with_batch=False).memory.peak.max())
     if ev.state[key] <= space.limit:
         return None
-    return Pruned(c, Rule.MODEL_STATE, f"over {space.limit_words}: the model state alone is "
+    return Pruned(c, Rule.MODEL_STATE, f"over {space.usable_text}: the model state alone is "
                   f"{format_bytes(ev.state[key])} with the leanest options (activations not measured)")
 
 
@@ -134,7 +134,7 @@ def _unsharded_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
     if kept <= space.limit:
         return None
     how = "no reshard after forward" if c.reshard is False else f"resharding to {c.reshard} ranks after forward"
-    return Pruned(c, Rule.UNSHARDED_KEPT, f"over {space.limit_words}: with {how}, the calls' unsharded parameters "
+    return Pruned(c, Rule.UNSHARDED_KEPT, f"over {space.usable_text}: with {how}, the calls' unsharded parameters "
                   f"alone are {format_bytes(kept)} when forward ends (not analysed)")
 
 

@@ -146,15 +146,15 @@ def _tight_words(r: Measured) -> str:
             f"inside the {format_bytes(r.safety)} safety margin")
 
 
-def _why(r: Row, above: Measured | None, limit: int, limit_words: str) -> str:
-    """``limit``: the usable memory (device memory less the reserve), ``limit_words`` it in words.
+def _why(r: Row, above: Measured | None, limit: int, usable_text: str) -> str:
+    """``limit``: the usable memory (device memory less the reserve), ``usable_text`` it in words.
     Over and tight are judged on the reserved peak (``devices.memory_fit``)."""
     if not r.analysed:
         return r.why
     if not r.fits:
         judged = limit - r.margin
         held = f" (reserved peak {format_bytes(judged)})" if judged != r.peak else ""
-        return f"over {limit_words} by {format_bytes(judged - limit)}{held}"
+        return f"over {usable_text} by {format_bytes(judged - limit)}{held}"
     tight = r.verdict == "tight"
     if above is None:
         return "fastest that fits" + (f", but {_tight_words(r)}: no plan keeping the margin is within "
@@ -207,7 +207,7 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
     world, vary, tp = space.mesh.world, space.training.global_batch is not None, space.tensors != (1,)
     records, above = [], None
     for r in rows:
-        c, why = r.candidate, _why(r, above if r.fits else None, space.limit, space.limit_words)
+        c, why = r.candidate, _why(r, above if r.fits else None, space.limit, space.usable_text)
         if r.fits and r.analysed:
             above = r
         name = c.name(world, space.has_lora, vary)

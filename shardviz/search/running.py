@@ -24,7 +24,7 @@ def run(space: Space, cands: list[Candidate]) -> tuple[list[Row], int]:
     nowhere: int | None = None  # the smallest micro-batch with which nothing fits
     for batch, group in groupby(pruning_order(cands), key=lambda c: c.batch_size):
         if nowhere is not None and batch is not None:
-            words = f"over {space.limit_words}: micro-batch {nowhere} fits with no plan"
+            words = f"over {space.usable_text}: micro-batch {nowhere} fits with no plan"
             rows += [Pruned(c, Rule.MICRO_BATCH, words) for c in group]
             continue
         batch_rows = [_evaluate(space, ev, c) for c in group]
@@ -69,7 +69,7 @@ def what_would_fit(space: Space, rows: list[Row], max_factor: int = 64) -> tuple
     batch = min((r.candidate.batch_size for r in rows if r.candidate.batch_size is not None), default=None)
     lean = Candidate("sharded", "blocks" if batch is not None else None, None, 1, True, batch, 1)  # holds least
     world, name = space.mesh.world, lambda c, w: c.name(w, space.has_lora, False)
-    head = f"nothing fits in {space.limit_words} on {world} ranks"
+    head = f"nothing fits in {space.usable_text} on {world} ranks"
     a = space.analysis(lean)
     act = a.activation_profile.peak[0] if a.activation_profile is not None else 0
     if act > space.limit:  # the activations alone: more ranks do not shrink them

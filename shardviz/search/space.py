@@ -11,7 +11,7 @@ from functools import cached_property
 from ..activations import config_use_cache
 from ..analysis import Analysis, analyze
 from ..cost import Training
-from ..devices import usable_text
+from .. import devices
 from ..fsdp import Mesh
 from ..plan import Plan, Unit
 from ..tree import ModelTree
@@ -38,8 +38,8 @@ class Space:
         return self.mesh.usable_memory
 
     @cached_property
-    def limit_words(self) -> str:
-        return usable_text(self.mesh.device_memory, self.mesh.memory_reserve)  # "79.00 GiB usable"
+    def usable_text(self) -> str:
+        return devices.usable_text(self.mesh.device_memory, self.mesh.memory_reserve)  # "79.00 GiB usable"
 
     @cached_property
     def has_lora(self) -> bool:
