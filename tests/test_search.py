@@ -102,6 +102,48 @@ def test_plans_that_cannot_fit_are_pruned_not_measured():
     assert (t.index[t.fits & t.analysed].max() < slower.index).all()  # below every analysed fitting plan
 
 
+def test_each_row_is_typed_and_each_pruned_row_names_its_rule():
+    """``Search.rows``: one ``Measured`` or ``Pruned`` per line of the table, in its order; a pruned
+    row's ``Rule`` agrees with its words (refused by torch, fits without offload, or over)."""
+    from shardviz.search import Measured, Pruned, Rule
+
+    s = found("between")
+    assert len(s.rows) == len(s.table)
+    for r, (_, line) in zip(s.rows, s.table.iterrows()):
+        assert isinstance(r, (Measured, Pruned)) and (r.analysed, r.fits) == (line.analysed, line.fits)
+        assert line["name"].startswith(r.candidate.name(8, True, False))
+        if isinstance(r, Pruned):
+            assert line.why == r.why and line.fits == (r.rule is Rule.OFFLOAD_NEEDLESS)
+            assert line.why.startswith("torch would refuse") == (r.rule is Rule.REFUSED)
+    rules = {r.rule for r in s.rows if isinstance(r, Pruned)}
+    assert Rule.OFFLOAD_NEEDLESS in rules and rules - {Rule.OFFLOAD_NEEDLESS, Rule.REFUSED}  # and plans over
+
+
+@pytest.mark.parametrize("order", ["reversed", "shuffled"])
+def test_pruning_does_not_depend_on_the_order_of_the_candidates(order, monkeypatch):
+    """The same candidates given in another order: the same plans analysed, the same pruned with the
+    same reasons, the same table (ranking, ties included)."""
+    import importlib
+    import random
+
+    import pandas as pd
+
+    search_module = importlib.import_module("shardviz.search")  # the package (sv.search is the function)
+    given = search_module.candidates
+
+    def reordered(*args, **kwargs):
+        cands = given(*args, **kwargs)
+        random.Random(0).shuffle(cands) if order == "shuffled" else cands.reverse()
+        return cands
+
+    reference = found("between")
+    monkeypatch.setattr(search_module, "candidates", reordered)
+    s = sv.search(model(), mesh=replace(MESH, shard=8, device_memory=limits()["between"]), training=TRAINING)
+    assert s.n_candidates == reference.n_candidates and s.n_analysed == reference.n_analysed
+    assert not s.table.analysed.all() and s.table.analysed.any()  # the premise: some are pruned
+    pd.testing.assert_frame_equal(s.table, reference.table)
+
+
 @functools.lru_cache(maxsize=None)
 def deep_model():
     """A Llama of 24 small blocks with LoRA, on meta: its parameters, all unsharded at once, are

@@ -1,7 +1,7 @@
 """The plans ``sv.search`` tries: one ``Candidate`` per LoRA layout x checkpointing x cache x tensor
 degree x HSDP split x reshard x offload x micro-batch, in the order pruning needs (``candidates``).
-The runner they are given (``search._Runner``) answers which checkpointing each preset gives and
-whether a step keeps the key/value cache.
+The ``search.space.Space`` they are given answers which checkpointing each preset gives and
+whether a step keeps the key/value cache; ``pruning.pruning_order`` sets the order they run in.
 """
 
 from __future__ import annotations

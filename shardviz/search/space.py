@@ -1,0 +1,105 @@
+"""What every candidate of one search shares (``Space``): the model, the mesh, the training, the
+tensor degrees searched and the device limit, and how a ``Candidate`` becomes the Plan, Mesh and
+Training that ``analyze`` takes. Built once per search and never changed (it remembers each
+preset's plan, computed once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from ..activations import config_use_cache
+from ..analysis import Analysis, analyze
+from ..cost import Training
+from .. import devices
+from ..fsdp import Mesh
+from ..plan import Plan, Unit
+from ..tree import ModelTree
+from .candidates import Candidate
+from .rank import _TRAINING_FIELDS
+
+
+@dataclass(frozen=True, eq=False)
+class Space:
+    """One search's model, mesh, training and options; ``plan`` / ``mesh_for`` / ``training_for``
+    turn a candidate into what ``analyze`` takes."""
+
+    tree: ModelTree
+    mesh: Mesh
+    training: Training
+    tensors: tuple[int, ...] = (1,)  # the tensor degrees searched (search(..., tensor=...))
+    tp_entries: dict = field(default_factory=dict)  # the model's own TP plan, when a degree > 1 is searched
+    lean_offload: bool = True  # whether the leanest options offload (search(..., offload=...) allows it)
+    _auto: dict = field(default_factory=dict, repr=False)  # (lora, checkpoint, tensor) -> Plan.auto
+
+    @cached_property
+    def limit(self) -> int:
+        """Device memory less the reserve: what every verdict here uses."""
+        return self.mesh.usable_memory
+
+    @cached_property
+    def usable_text(self) -> str:
+        return devices.usable_text(self.mesh.device_memory, self.mesh.memory_reserve)  # "79.00 GiB usable"
+
+    @cached_property
+    def has_lora(self) -> bool:
+        return any(p.role == "lora" for p in self.tree.params)
+
+    @cached_property
+    def config_keeps(self) -> bool:
+        return config_use_cache(self.tree.model)  # the config's use_cache (the cache knob's default)
+
+    def plan(self, c: Candidate) -> Plan:
+        key = (c.lora, c.checkpoint, c.tensor)
+        if key not in self._auto:
+            auto = Plan.auto(self.tree, lora=c.lora, checkpoint=c.checkpoint)
+            self._auto[key] = auto.with_tensor_parallel(self.tp_entries) if c.tensor > 1 else auto
+        auto = self._auto[key]
+        if c.reshard is None and not c.offload:
+            return auto
+        units = [Unit(u.modules, u.reshard_after_forward if u.modules == ("",) or c.reshard is None else c.reshard,
+                      u.param_dtype, u.reduce_dtype, u.offload or c.offload) for u in auto.units]
+        return auto.with_units(units)
+
+    def mesh_for(self, c: Candidate, world: int | None = None) -> Mesh:
+        world = world or self.mesh.world
+        return replace(self.mesh, shard=world // (c.replicate * c.tensor), replicate=c.replicate, tensor=c.tensor)
+
+    def training_for(self, c: Candidate, with_batch: bool = True) -> Training:
+        kw = {"batch_size": c.batch_size if with_batch else None, "offload": False}
+        if c.use_cache is not None:
+            kw["use_cache"] = c.use_cache
+        if "grad_accum" in _TRAINING_FIELDS:
+            kw["grad_accum"] = c.grad_accum
+        return replace(self.training, **kw)
+
+    def analysis(self, c: Candidate, world: int | None = None, with_batch: bool = True) -> Analysis:
+        return analyze(self.tree, self.plan(c), self.mesh_for(c, world), self.training_for(c, with_batch))
+
+    def cache_of(self, c: Candidate) -> bool:
+        """Whether ``c``'s step keeps the key/value cache (``Training.step_use_cache``)."""
+        t = self.training_for(c)
+        return t.step_use_cache(self.config_keeps and t.example_inputs is None, bool(self.plan(c).checkpoint))
+
+
+def tensor_degrees(tree: ModelTree, mesh: Mesh, tensor) -> tuple[tuple[int, ...], dict, list[str]]:
+    """The degrees of ``tensor`` that can run, the model's TP plan for them, and the notes on those
+    left out (over a node, not dividing the world, or the model's heads or widths)."""
+    from ..tp import local_tree
+    from ..tp_presets import preset
+
+    kept, notes, entries = [], [], {}
+    for t in sorted(set(tensor)):
+        why = None if t == 1 else (f"over the {mesh.ranks_per_node} ranks of a node" if t > mesh.ranks_per_node
+                                    else f"does not divide {mesh.world} ranks" if mesh.world % t else None)
+        if why is None and t > 1:
+            try:
+                entries = entries or preset(tree, True)
+                local_tree(tree, Plan(tensor_parallel=entries).tensor_parallel, t)
+            except ValueError as exc:
+                why = str(exc)
+        if why is None:
+            kept.append(t)
+        else:
+            notes.append(f"tensor parallelism over {t} ranks left out: {why}")
+    return tuple(kept) or (1,), entries, notes
