@@ -1,16 +1,14 @@
 """The search's step numbers and reasons: ``step_numbers`` (``a.step``), the parts of the step a
-plan spends its time on (``_time_parts``), the order of the rows (``_rank_key``), each row's
+plan spends its time on (``time_parts``), the order of the rows (``_rank_key``), each row's
 ``why`` against the row above it, and the table of them (``table``)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from ..analysis import Analysis
-from ..cost import Training
 from ..format import format_bytes, format_duration, format_plural
 from ..fsdp import Mesh
 
@@ -18,23 +16,21 @@ if TYPE_CHECKING:
     from .rows import Measured, Row
     from .space import Space
 
-_TRAINING_FIELDS = {f.name for f in fields(Training)}
 
 
 # ---------------------------------------------------------------------------
 # Step time: a.step (the step model of steptime.py), or the collectives when there is no device
 # ---------------------------------------------------------------------------
-def step_numbers(a: Analysis, grad_accum: int = 1) -> dict:
-    """step_time_s (one optimizer step: ``grad_accum`` micro-batches), tokens_per_s (per rank) and
+def step_numbers(a: Analysis) -> dict:
+    """step_time_s (one optimizer step, every micro-batch), tokens_per_s (per rank) and
     mfu from ``a.step``; None with ``reason`` when ``a.step`` has no time (no device, no micro-batch);
     tensor_comm_s: the tensor-parallel collectives on the critical path. The search's only read of ``a.step``."""
     step = a.step
     tp = {"tensor_comm_s": step.tensor_comm_s}
     if step.step_time_s is None:
         return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "reason": step.reason, **tp}
-    scale = 1 if "grad_accum" in _TRAINING_FIELDS else grad_accum  # a.step counts the accumulation itself
-    # without Training.grad_accum the micro-batches repeat one step: the same tokens per second
-    return {"step_time_s": float(step.step_time_s) * scale, "tokens_per_s": float(step.tokens_per_s),
+    # a.step counts the accumulation itself (Training.grad_accum)
+    return {"step_time_s": float(step.step_time_s), "tokens_per_s": float(step.tokens_per_s),
             "mfu": float(step.mfu), "reason": None, **tp}
 
 
@@ -44,7 +40,7 @@ def _where(kind: str, mesh: Mesh) -> str:
     return f"at {format_plural(mesh.shard, 'rank')}" if not mesh.is_hsdp else f"in shard groups of {format_plural(mesh.shard, 'rank')}"
 
 
-def _time_parts(a: Analysis, grad_accum: int = 1) -> dict:
+def time_parts(a: Analysis, grad_accum: int = 1) -> dict:
     """Seconds per step by what takes them, from the step model's schedule: compute-stream work by
     kind, communication only where the compute stream waits for it (exposed). What ``why`` names
     when a plan is slower than the one above it (``_label`` writes a part for a row). Without a
@@ -111,7 +107,7 @@ def ranked(rows: list[Row], limit: int) -> list[Row]:
 
 def _slower_because(r: Measured, above: Measured) -> str:
     """What costs a fitting row its time against the fitting row above it: the part of the step
-    (``_time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
+    (``time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
     timed = r.step_time_s is not None and above.step_time_s is not None
     t, t_above = (r.step_time_s, above.step_time_s) if timed else (r.comm_s, above.comm_s)
     dt = t - t_above

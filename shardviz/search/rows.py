@@ -54,7 +54,7 @@ class Measured:
     untimed: str | None  # why there is no step time
     tensor_comm_s: float | None  # the tensor-parallel collectives on the critical path
     comm_s: float  # the collectives one after another (the ranking without a step time)
-    parts: dict = field(repr=False)  # seconds per step by what takes them (rank._time_parts)
+    parts: dict = field(repr=False)  # seconds per step by what takes them (rank.time_parts)
     recompute: int = 0  # blocks recomputed
     calls: int = 0  # fully_shard calls
     mesh: Mesh | None = None

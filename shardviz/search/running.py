@@ -12,7 +12,7 @@ from ..finding import PlanError
 from ..format import format_bytes
 from .candidates import Candidate
 from .pruning import Evidence, pruned_by, pruning_order, record
-from .rank import _time_parts, step_numbers
+from .rank import time_parts, step_numbers
 from .rows import Measured, Pruned, Row, Rule
 from .space import Space
 
@@ -49,13 +49,13 @@ def _evaluate(space: Space, ev: Evidence, c: Candidate) -> Row:
 
 def measured(space: Space, c: Candidate, a: Analysis) -> Measured:
     """``c``'s row from its analysis ``a``: judged on the reserved peak, with the safety margin."""
-    fit, step = a.fit, step_numbers(a, c.grad_accum)
+    fit, step = a.fit, step_numbers(a)
     return Measured(
         c, fits=fit.fits, verdict=fit.verdict, peak=int(a.memory.peak.max()),
         reserved_peak=int(a.memory.reserved_peak.max()), margin=fit.margin, safety=fit.safety,
         step_time_s=step["step_time_s"], tokens_per_s=step["tokens_per_s"], mfu=step["mfu"],
         untimed=step["reason"], tensor_comm_s=step["tensor_comm_s"],
-        comm_s=float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum, parts=_time_parts(a, c.grad_accum),
+        comm_s=float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum, parts=time_parts(a, c.grad_accum),
         recompute=len(a.plan.checkpoint), calls=len(a.plan.units), mesh=a.mesh,
         use_cache=space.cache_of(c) and not a.cache_refused, cache_refused=a.cache_refused)
 

@@ -16,7 +16,6 @@ from ..fsdp import Mesh
 from ..plan import Plan, Unit
 from ..tree import ModelTree
 from .candidates import Candidate
-from .rank import _TRAINING_FIELDS
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,11 +65,9 @@ class Space:
         return replace(self.mesh, shard=world // (c.replicate * c.tensor), replicate=c.replicate, tensor=c.tensor)
 
     def training_for(self, c: Candidate, with_batch: bool = True) -> Training:
-        kw = {"batch_size": c.batch_size if with_batch else None, "offload": False}
+        kw = {"batch_size": c.batch_size if with_batch else None, "offload": False, "grad_accum": c.grad_accum}
         if c.use_cache is not None:
             kw["use_cache"] = c.use_cache
-        if "grad_accum" in _TRAINING_FIELDS:
-            kw["grad_accum"] = c.grad_accum
         return replace(self.training, **kw)
 
     def analysis(self, c: Candidate, world: int | None = None, with_batch: bool = True) -> Analysis:
