@@ -747,7 +747,7 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
     assert ins.training.optimizer == "sgd" and ins.training.param_dtype is None
     assert ins.controls["param_dtype"] == "" and "model dtype params" in ins.summary["training"]
     assert_numbers_match(model, ins.controller)
-    ins.undo()  # undo restores the training, and the controls follow
+    ins.controller.undo()  # undo restores the training, and the controls follow
     assert ins.controls["param_dtype"] == "bfloat16" and ins.training.param_dtype == "bfloat16"
     assert ins.handle_action("set_training", {"batch_size": 2, "seq_len": 64})["ok"]
     assert (ins.training.batch_size, ins.training.seq_len) == (2, 64) and ins.controls["batch_size"] == 2
@@ -764,7 +764,7 @@ def test_widget_controls_are_actions_and_follow_the_state(model, ins):
 
 
 def test_widget_checkpoint_actions(model, ins):
-    blocks = ins.blocks()
+    blocks = ins.controller.blocks()
     assert blocks == [L0, L1] and ins.controls["n_blocks"] == 2
     assert ins.handle_action("toggle_checkpoint", {"fqn": L0})["ok"]
     assert ins.plan.checkpoint == (L0,) and ins.controls["n_blocks_checkpointed"] == 1
@@ -774,7 +774,7 @@ def test_widget_checkpoint_actions(model, ins):
     assert ins.handle_action("checkpoint_blocks", {"on": False})["ok"] and ins.plan.checkpoint == ()
     bad = ins.handle_action("toggle_checkpoint", {"fqn": ""})  # torch cannot wrap the root
     assert not bad["ok"] and "root" in bad["error"]
-    ins.reveal(Q0)
+    ins.controller.reveal(Q0)
     assert ins.handle_action("apply_to_many", {"targets": group_id(ins.controller), "action": "checkpoint"})["ok"]
     assert set(ins.plan.checkpoint) == set(blocks)
     rows = {r["fqn"]: r for r in ins.controller.rows()[1].values() if r["kind"] == "module"}
@@ -867,9 +867,9 @@ def test_widget_plan_file_messages(model, tmp_path):
 
 
 def test_python_api_and_figures(model, ins):
-    assert ins.can_undo is False
-    ins.make_unit(Q0)
-    assert ins.plan.unit_of(Q0) is not None and ins.can_undo
+    assert ins.controller.can_undo is False
+    ins.controller.make_unit(Q0)
+    assert ins.plan.unit_of(Q0) is not None and ins.controller.can_undo
     fig = ins.memory_figure()
     bar = ins.controller.memory["bars"][0]
     # the plotly figure stacks the same parts, in a unit picked for the chart (KiB for the tiny model)
@@ -879,7 +879,7 @@ def test_python_api_and_figures(model, ins):
     assert total == pytest.approx(bar["peak"])
     tfig = ins.traffic_figure()
     assert len(tfig.data) == 1 + len(ins.controller.traffic["collectives"])
-    assert "make_unit" in dir(ins)
+    assert "make_unit" in dir(ins.controller)  # the actions are the state's; the widget forwards none
     with pytest.raises(AttributeError):
         ins.no_such_thing  # noqa: B018
 

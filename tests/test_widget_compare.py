@@ -156,8 +156,8 @@ def test_widget_pin_and_unpin_actions(model):
     shown = ins.view.comparison
     assert shown["revision"] == ins.controller.revision
     assert_view_equals_compare(model, shown, a_plan, ins.plan)
-    assert {d["fqn"] for d in shown["diff"]} == set(ins.lora_params(L0))
-    assert ins.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
+    assert {d["fqn"] for d in shown["diff"]} == set(ins.controller.lora_params(L0))
+    assert ins.controller.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
     assert ins.handle_action("unpin", {})["ok"]
     assert ins.view.comparison["pinned"] is False and ins.view.summary["pinned"] is False
     assert not ins.handle_action("pin", {"fqn": L0})["ok"]  # pin takes no argument

@@ -32,7 +32,7 @@ def ins(model):
 
 
 def block_run(ins) -> str:
-    ins.reveal(Q0)
+    ins.controller.reveal(Q0)
     order, rows = ins.controller.rows()
     return next(rid for rid in order if rows[rid]["kind"] == "group")
 
@@ -99,8 +99,8 @@ def test_the_edit_count_is_the_users_actions(model, ins):
 
 
 def test_the_same_plan_has_the_same_name_in_the_widget_the_export_and_the_cli(model, ins, tmp_path):
-    ins.apply_preset("auto-ignored")
-    ins.checkpoint_blocks()
+    ins.controller.apply_preset("auto-ignored")
+    ins.controller.checkpoint_blocks()
     out = tmp_path / "plan.json"
     assert cli_main(["plan", "write", "zoo:tiny_llama_lora", "--layout", "ignored", "--checkpoint", "blocks", "-o", str(out)]) == 0
     cli_plan = sv.Plan.from_json(out.read_text())

@@ -48,22 +48,22 @@ def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
 def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_path):
     path = tmp_path / "plan.json"
     ins = Inspector(model, mesh=MESH, plan_path=path)
-    ins.apply_preset("auto-ignored")
+    ins.controller.apply_preset("auto-ignored")
     assert ins.plan.name == "auto (LoRA ignored)"
-    ins.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
+    ins.controller.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
     assert ins.plan == sv.Plan.auto(model, lora="sharded")
     assert ins.plan.name == "auto (LoRA sharded)"
     assert "LoRA ignored" not in ins.view.summary["plan_name"]
-    ins.make_unit(Q0)
-    ins.remove_unit(L0)
-    ins.ignore([Q0 + ".lora_A.default.weight"])
+    ins.controller.make_unit(Q0)
+    ins.controller.remove_unit(L0)
+    ins.controller.ignore([Q0 + ".lora_A.default.weight"])
     assert ins.plan.name == "auto (LoRA sharded), edited: 3 changes"
     assert ins.view.summary["plan_name"] == ins.plan.name
     assert json.loads(path.read_text())["name"] == ins.plan.name  # the saved plan carries it
     assert "auto (LoRA sharded), edited: 3 changes" in ins.controller.export_code()  # and the export header
-    ins.undo()
+    ins.controller.undo()
     assert ins.plan.name == "auto (LoRA sharded), edited: 2 changes"
-    ins.make_unit(L0)  # undoes the removal by hand: one change left
+    ins.controller.make_unit(L0)  # undoes the removal by hand: one change left
     assert ins.plan.name == "auto (LoRA sharded), edited: 1 change"
     assert plan_changes(sv.Plan.auto(model), ins.plan) == 1
 
