@@ -11,24 +11,10 @@ import json
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.cli import main as cli_main
 from shardviz.widget import Inspector
-
-L0 = "base_model.model.model.layers.0"
-L1 = "base_model.model.model.layers.1"
-Q0 = L0 + ".self_attn.q_proj"
-MESH = sv.Mesh(shard=4)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
-
-
-@pytest.fixture
-def ins(model):
-    return Inspector(model, mesh=MESH)
+from widget_helpers import L0, L1, MESH, Q0
+from widget_helpers import ins, model  # noqa: F401 - fixtures
 
 
 def block_run(ins) -> str:

@@ -15,15 +15,8 @@ from shardviz import zoo
 from shardviz import display
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.controller import DEFAULT_TRAINING, plan_changes
-
-L0 = "base_model.model.model.layers.0"
-Q0 = L0 + ".self_attn.q_proj"
-MESH = sv.Mesh(shard=4)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
+from widget_helpers import L0, MESH, Q0
+from widget_helpers import model  # noqa: F401 - fixtures
 
 
 def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
