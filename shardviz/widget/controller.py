@@ -12,8 +12,9 @@ is view state, like the filters: not an undo step (undo moves B, A stays where i
 
 Every change either fully happens or raises ``ValueError`` and changes nothing: the new plan is
 analysed before it becomes current: an ``Analysis`` is never changed once made. The plan edits
-are plain functions of this state in ``plan_actions.py`` (each returns the new plan; the methods
-here make it current), the plan's name after edits in ``plan_names.py``, the Suggest panel
+(and the mesh and training edits) are plain functions of this state in ``plan_actions.py`` and
+``setup_actions.py`` (each returns the new value; the methods here make it current), the plan's
+name after edits in ``plan_names.py``, the Suggest panel
 (``sv.search``) in ``suggest.py``. Listeners hear what changed as a ``Change`` (a flag, not a string).
 """
 
