@@ -6,28 +6,13 @@ tree) on the two plans, never against the widget's own arithmetic.
 
 from __future__ import annotations
 
-import pytest
 
 import shardviz as sv
-from shardviz import zoo
-from shardviz.widget import Inspector, InspectorState, panels
+from shardviz.widget import Inspector, panels
 from shardviz.widget.protocol import ACTIONS as FRONT_END_ACTIONS
-
-L0 = "base_model.model.model.layers.0"
-L1 = "base_model.model.model.layers.1"
-Q0 = L0 + ".self_attn.q_proj"
-MESH = sv.Mesh(shard=4)
-from shardviz.widget.controller import DEFAULT_TRAINING  # noqa: E402 - the Inspector's training when none is given
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
-
-
-@pytest.fixture
-def st(model):
-    return InspectorState(model, mesh=MESH)
+from shardviz.widget.controller import DEFAULT_TRAINING  # the Inspector's training when none is given
+from widget_helpers import L0, L1, MESH, Q0
+from widget_helpers import model, st  # noqa: F401 - fixtures
 
 
 def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, training=DEFAULT_TRAINING):
@@ -156,8 +141,8 @@ def test_widget_pin_and_unpin_actions(model):
     shown = ins.view.comparison
     assert shown["revision"] == ins.controller.revision
     assert_view_equals_compare(model, shown, a_plan, ins.plan)
-    assert {d["fqn"] for d in shown["diff"]} == set(ins.lora_params(L0))
-    assert ins.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
+    assert {d["fqn"] for d in shown["diff"]} == set(ins.controller.lora_params(L0))
+    assert ins.controller.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
     assert ins.handle_action("unpin", {})["ok"]
     assert ins.view.comparison["pinned"] is False and ins.view.summary["pinned"] is False
     assert not ins.handle_action("pin", {"fqn": L0})["ok"]  # pin takes no argument

@@ -11,28 +11,14 @@ import json
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.cli import main as cli_main
 from shardviz.widget import Inspector
-
-L0 = "base_model.model.model.layers.0"
-L1 = "base_model.model.model.layers.1"
-Q0 = L0 + ".self_attn.q_proj"
-MESH = sv.Mesh(shard=4)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
-
-
-@pytest.fixture
-def ins(model):
-    return Inspector(model, mesh=MESH)
+from widget_helpers import L0, L1, MESH, Q0
+from widget_helpers import ins, model  # noqa: F401 - fixtures
 
 
 def block_run(ins) -> str:
-    ins.reveal(Q0)
+    ins.controller.reveal(Q0)
     order, rows = ins.controller.rows()
     return next(rid for rid in order if rows[rid]["kind"] == "group")
 
@@ -111,8 +97,8 @@ def test_the_edit_count_is_the_users_actions(model, ins):
 
 
 def test_the_same_plan_has_the_same_name_in_the_widget_the_export_and_the_cli(model, ins, tmp_path):
-    ins.apply_preset("auto-ignored")
-    ins.checkpoint_blocks()
+    ins.controller.apply_preset("auto-ignored")
+    ins.controller.checkpoint_blocks()
     out = tmp_path / "plan.json"
     assert cli_main(["plan", "write", "zoo:tiny_llama_lora", "--layout", "ignored", "--checkpoint", "blocks", "-o", str(out)]) == 0
     cli_plan = sv.Plan.from_json(out.read_text())

@@ -15,15 +15,8 @@ from shardviz import zoo
 from shardviz import display
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.controller import DEFAULT_TRAINING, plan_changes
-
-L0 = "base_model.model.model.layers.0"
-Q0 = L0 + ".self_attn.q_proj"
-MESH = sv.Mesh(shard=4)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
+from widget_helpers import L0, MESH, Q0
+from widget_helpers import model  # noqa: F401 - fixtures
 
 
 def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
@@ -48,22 +41,22 @@ def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
 def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_path):
     path = tmp_path / "plan.json"
     ins = Inspector(model, mesh=MESH, plan_path=path)
-    ins.apply_preset("auto-ignored")
+    ins.controller.apply_preset("auto-ignored")
     assert ins.plan.name == "auto (LoRA ignored)"
-    ins.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
+    ins.controller.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
     assert ins.plan == sv.Plan.auto(model, lora="sharded")
     assert ins.plan.name == "auto (LoRA sharded)"
     assert "LoRA ignored" not in ins.view.summary["plan_name"]
-    ins.make_unit(Q0)
-    ins.remove_unit(L0)
-    ins.ignore([Q0 + ".lora_A.default.weight"])
+    ins.controller.make_unit(Q0)
+    ins.controller.remove_unit(L0)
+    ins.controller.ignore([Q0 + ".lora_A.default.weight"])
     assert ins.plan.name == "auto (LoRA sharded), edited: 3 changes"
     assert ins.view.summary["plan_name"] == ins.plan.name
     assert json.loads(path.read_text())["name"] == ins.plan.name  # the saved plan carries it
     assert "auto (LoRA sharded), edited: 3 changes" in ins.controller.export_code()  # and the export header
-    ins.undo()
+    ins.controller.undo()
     assert ins.plan.name == "auto (LoRA sharded), edited: 2 changes"
-    ins.make_unit(L0)  # undoes the removal by hand: one change left
+    ins.controller.make_unit(L0)  # undoes the removal by hand: one change left
     assert ins.plan.name == "auto (LoRA sharded), edited: 1 change"
     assert plan_changes(sv.Plan.auto(model), ins.plan) == 1
 

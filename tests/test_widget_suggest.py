@@ -179,7 +179,7 @@ def test_an_applied_offload_row_sets_the_box_and_unchecking_it_undoes_it():
     mesh = sv.Mesh(shard=4, device_memory="80GiB")
     ins = Inspector(model(), mesh=mesh)
     plan = sv.Plan([sv.Unit(u.modules, offload=True) for u in ins.plan.units], ins.plan.ignored, "offloaded")
-    ins.set_plan(plan)  # as apply_suggestion makes it: the plan's calls offload, Training.offload stays off
+    ins.controller.set_plan(plan)  # as apply_suggestion makes it: the plan's calls offload, Training.offload stays off
     assert not ins.training.offload and ins.controls["offload"] is True
     assert "CPU offload" in ins.summary["training"]
     cpu = int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["cpu_peak"].max())
@@ -189,7 +189,7 @@ def test_an_applied_offload_row_sets_the_box_and_unchecking_it_undoes_it():
     assert not any(u.offload for u in ins.plan.units) and ins.controls["offload"] is False
     assert ins.summary["peak"] > peak and ins.controls["offload_text"] == ""
     assert ins.summary["peak"] == int(sv.analyze(model(), ins.plan, mesh, ins.training).memory["peak"].max())
-    ins.undo()  # one undo step brings the plan's offload back
+    ins.controller.undo()  # one undo step brings the plan's offload back
     assert ins.controls["offload"] is True and ins.summary["peak"] == peak
 
 

@@ -1,8 +1,9 @@
 """The Jupyter widget: ``sv.Inspector(model)``.
 
-- ``controller.InspectorState``: every action as a plain Python method (no browser needed): history,
-  analysis and views; its plan edits in ``plan_actions``, the plan's name after edits in ``plan_names``,
-  what the typed fields accept in ``inputs``;
+- ``controller.InspectorState``: the one state object, every action as a plain Python method (no
+  browser needed): history, analysis and views; its plan edits (``plan_actions``) and mesh and
+  training edits (``setup_actions``) are plain functions of it, the plan's name after edits in
+  ``plan_names``, what the typed fields accept in ``inputs``;
 - ``tree_view``: expansion, filters and the visible rows, over ``folding`` (repeated blocks as one
   row) and ``module_stats`` (per-module sizes, bytes and badges);
 - ``panels``: the findings and A vs B payloads, read from ``sv.analyze`` (the charts' are ``shardviz.display``'s);

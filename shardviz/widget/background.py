@@ -227,10 +227,10 @@ class BackgroundPush:
         if not self._worker.cancel():
             return False
         st = self.controller
-        if st._suggest_status.get("state") == "running":
-            st._suggest_status = {"state": "cancelled", "error": "the search was cancelled"}
+        if st.suggest_status.get("state") == "running":
+            st.suggest_status = {"state": "cancelled", "error": "the search was cancelled"}
             self.suggestions = {**st.suggestions, "revision": st.revision}
-        st._message("info", f"cancelled: {label}; the numbers shown are those sent before")
+        st.say("info", f"cancelled: {label}; the numbers shown are those sent before", notify=False)
         with self._lock:
             self.work = self._work()
             self._push_messages()
@@ -238,14 +238,14 @@ class BackgroundPush:
 
     def _stop_background(self) -> None:
         st = self.controller
-        searching = st._suggest_status.get("state") == "running"
+        searching = st.suggest_status.get("state") == "running"
         if self._worker.cancel():
             self._interrupted = True
             if searching:
-                st._suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
+                st.suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
 
     def _on_worker_error(self, exc: BaseException) -> None:
-        self.controller._message("error", f"{type(exc).__name__}: {exc}")
+        self.controller.say("error", f"{type(exc).__name__}: {exc}", notify=False)
         with self._lock:
             self.work = {"busy": False, "revision": self.controller.revision}
             self._push_messages()

@@ -11,18 +11,19 @@ sets A against the current state ("B") with ``sv.Comparison``, updated after eve
 is view state, like the filters: not an undo step (undo moves B, A stays where it was pinned).
 
 Every change either fully happens or raises ``ValueError`` and changes nothing: the new plan is
-analysed before it becomes current. The plan edits themselves live in ``plan_actions.py`` (mixed
-in), the plan's name after edits in ``plan_names.py``, the Suggest panel (``sv.search``) in ``suggest.py``.
+analysed before it becomes current: an ``Analysis`` is never changed once made. The plan edits
+(and the mesh and training edits) are plain functions of this state in ``plan_actions.py`` and
+``setup_actions.py`` (each returns the new value; the methods here make it current), the plan's
+name after edits in ``plan_names.py``, the Suggest panel
+(``sv.search``) in ``suggest.py``. Listeners hear what changed as a ``Change`` (a flag, not a string).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import time
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Flag, auto
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,15 @@ from ..fsdp import Mesh
 from ..plan import Plan, as_plan
 from ..tree import ModelTree
 from ..display import DEFAULT_TRAINING  # what the Inspector assumes when no training is given
-from . import panels
-from .plan_actions import PRESETS, PlanActions
+from . import panels, plan_actions, setup_actions, suggest
+from .panels import raised_by, shortened_diff
+from .plan_actions import PRESETS, BlockAction
 from .plan_names import EDITED, Edit, PlanNames, base_name, plan_changes
 from .planfile import PlanFile
-from .suggest import SuggestActions
 from .tree_view import ModuleStats, TreeView
 
-__all__ = ["DEFAULT_TRAINING", "PRESETS", "InspectorState", "Snapshot", "base_name", "plan_changes"]
+__all__ = ["DEFAULT_TRAINING", "PRESETS", "BlockAction", "Change", "InspectorState", "Snapshot", "base_name",
+           "plan_changes"]
 
 HISTORY_LIMIT = 1000
 
@@ -54,7 +56,20 @@ class Snapshot:
     edits: tuple[Edit, ...] = field(default=(), compare=False)
 
 
-class InspectorState(PlanActions, SuggestActions):
+class Change(Flag):
+    """What a change moved, as listeners hear it (``InspectorState.observe``)."""
+
+    STATE = auto()  # plan, mesh or training: every view
+    ROWS = auto()  # the tree only (expansion, filters, rank)
+    REVEAL = auto()  # the tree opened down to ``last_reveal``
+    MESSAGES = auto()
+    VERIFY = auto()
+    PIN = auto()  # "A" of A vs B pinned or forgotten
+    SUGGEST = auto()  # the Suggest panel's search state
+    FINDINGS = auto()  # same plan, other findings (the target release)
+
+
+class InspectorState:
     """Plan, mesh and training being inspected, with undo/redo and an optional plan file."""
 
     def __init__(self, model, plan=None, mesh: Mesh | None = None, training=None, plan_path=None):
@@ -73,7 +88,7 @@ class InspectorState(PlanActions, SuggestActions):
         self.view = TreeView(self.tree)
         self.messages: list[dict] = []  # {id, level, text, at}; the widget shows the latest ones
         self._message_id = 0
-        self.listeners: list[Callable[[set], None]] = []
+        self.listeners: list[Callable[[Change], None]] = []
         #: called before the current analysis or a derived view is replaced (the widget stops its
         #: background work there, so that nothing computed for the old state lands in the new one)
         self.before_change: list[Callable[[], object]] = []
@@ -85,6 +100,11 @@ class InspectorState(PlanActions, SuggestActions):
         self.torch_version: str | None = None  # the export target; the findings follow it (set_torch_version)
         self.pinned: Snapshot | None = None  # "A" of the A vs B view (see pin())
         self._pinned_analysis: Analysis | None = None
+        self._blocks: tuple[str, ...] | None = None
+        #: the Suggest panel (suggest.py): its search's state, rows shown, and the last search
+        self.suggest_status: dict = {"state": "idle"}
+        self.suggest_top = suggest.DEFAULT_TOP
+        self.found: suggest.FoundPlans | None = None
 
         explicit = as_plan(plan) if plan is not None else None
         self.plan_file = PlanFile(plan_path) if plan_path is not None else None
@@ -97,10 +117,10 @@ class InspectorState(PlanActions, SuggestActions):
                     self._analyze(Snapshot(restored, mesh, training))
                 except ValueError as exc:
                     restored = None
-                    result = self.plan_file._refuse(
+                    result = self.plan_file.refuse(
                         f"plan file {self.plan_file.path} holds a plan that cannot be applied to this model ({exc})")
             if restored is not None or result.level == "error":
-                self._message(result.level, result.message)
+                self.say(result.level, result.message, notify=False)
         start = restored or explicit or Plan.auto(self.tree)
         self.names = PlanNames(self.tree)
         self.names.remember(start)
@@ -111,9 +131,7 @@ class InspectorState(PlanActions, SuggestActions):
             self.plan_file.save(start)  # a fresh file: the starting plan is on disk at once
         self.timings["init_s"] = time.perf_counter() - t0
 
-    # ------------------------------------------------------------------------------------
-    # current state
-    # ------------------------------------------------------------------------------------
+    # -- current state -----------------------------------------------------------------------
     @property
     def current(self) -> Snapshot:
         return self._history[self._pos]
@@ -138,12 +156,11 @@ class InspectorState(PlanActions, SuggestActions):
     def can_redo(self) -> bool:
         return self._pos < len(self._history) - 1
 
-    def observe(self, callback: Callable[[set], None]) -> None:
-        """``callback(changed)`` after every change; ``changed`` names what moved:
-        "state" (plan/mesh/training: every view), "rows" (tree only), "messages", "verify"."""
+    def observe(self, callback: Callable[[Change], None]) -> None:
+        """``callback(changed)`` after every change; ``changed`` (a ``Change``) says what moved."""
         self.listeners.append(callback)
 
-    def _notify(self, changed: set) -> None:
+    def _notify(self, changed: Change) -> None:
         for cb in list(self.listeners):
             cb(changed)
 
@@ -151,20 +168,21 @@ class InspectorState(PlanActions, SuggestActions):
         for cb in list(self.before_change):
             cb()
 
-    def _message(self, level: str, text: str) -> None:
+    def say(self, level: str, text: str, notify: bool = True) -> None:
+        """A message ("info" or "error") between changes (a change clears them); ``notify``: tell the listeners."""
         self._message_id += 1
         self.messages.append({"id": self._message_id, "level": level, "text": text, "at": time.time()})
         del self.messages[:-20]
+        if notify:
+            self._notify(Change.MESSAGES)
 
     def dismiss_messages(self) -> None:
         """Clear the messages (the widget's "×"); a change that succeeds clears them too."""
         if self.messages:
             self.messages.clear()
-            self._notify({"messages"})
+            self._notify(Change.MESSAGES)
 
-    # ------------------------------------------------------------------------------------
-    # recompute
-    # ------------------------------------------------------------------------------------
+    # -- recompute ---------------------------------------------------------------------------
     def _analyze(self, snap: Snapshot) -> Analysis:
         return analyze(self.tree, snap.plan, snap.mesh, snap.training, strict=False,
                        torch_version=self.torch_version)
@@ -181,10 +199,9 @@ class InspectorState(PlanActions, SuggestActions):
             return
         self._before_change()
         self.torch_version = version
-        self.analysis.torch_version = version
-        self.analysis.__dict__.pop("findings", None)  # a cached_property: recomputed for the new release
-        self._derived.pop("findings", None)
-        self._notify({"findings"})
+        self.analysis = self._analyze(self.current)  # a new analysis: the findings follow the release
+        self._derived.pop("findings", None)  # the numbers do not depend on it
+        self._notify(Change.FINDINGS)
 
     def _recompute(self, snap: Snapshot, analysis: Analysis | None = None) -> None:
         """Make ``analysis`` current; every derived view is rebuilt lazily, on first use."""
@@ -205,6 +222,10 @@ class InspectorState(PlanActions, SuggestActions):
             self._derived[key] = build()
             self.timings[f"{key}_s"] = time.perf_counter() - t0
         return self._derived[key]
+
+    def computed(self, key: str):
+        """A derived view ("findings", "memory", ...) if it is built already, else None (nothing runs)."""
+        return self._derived.get(key)
 
     @property
     def stats(self) -> ModuleStats:
@@ -247,8 +268,8 @@ class InspectorState(PlanActions, SuggestActions):
             return None
         return Comparison({"A": self._pinned_analysis, "B": self.analysis})
 
-    def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, what: str = "",
-                edit: bool = True, note: str | None = None) -> bool:
+    def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, edit: bool = True,
+                note: str | None = None) -> bool:
         """Make (plan, mesh, training) current as one undo step; False when nothing changed.
 
         ``edit``: the plan is one user edit of the current one (named after its base, see
@@ -271,7 +292,7 @@ class InspectorState(PlanActions, SuggestActions):
         analysis = self._analyze(snap)  # raises ValueError: nothing has changed yet
         self.messages.clear()
         if note:
-            self._message("info", note)
+            self.say("info", note, notify=False)
         del self._history[self._pos + 1:]
         self._history.append(snap)
         if len(self._history) > HISTORY_LIMIT:
@@ -280,7 +301,7 @@ class InspectorState(PlanActions, SuggestActions):
         self._recompute(snap, analysis)
         if snap.plan != cur.plan or snap.plan.name != cur.plan.name:
             self._autosave()
-        self._notify({"state"})
+        self._notify(Change.STATE)
         return True
 
     def _autosave(self) -> None:
@@ -292,13 +313,96 @@ class InspectorState(PlanActions, SuggestActions):
         try:
             pf.save(self.plan)
         except OSError as exc:
-            self._message("error", f"could not save the plan to {pf.path}: {exc}")
-            self._notify({"messages"})
+            self.say("error", f"could not save the plan to {pf.path}: {exc}")
             return
         self.timings["save_s"] = time.perf_counter() - t0
         if was_ok and not pf.writable:
-            self._message("error", pf.problem)
-            self._notify({"messages"})
+            self.say("error", pf.problem)
+
+    # -- the plan: each edit is a plain function of this state (plan_actions.py), one undo step here
+    def make_unit(self, fqn: str, **options) -> None:
+        """Give module ``fqn`` its own ``fully_shard`` call (``options``: ``sv.Unit`` keywords)."""
+        self._commit(plan=plan_actions.make_unit(self, fqn, **options))
+
+    def make_group_unit(self, fqns: Iterable[str], **options) -> None:
+        """One grouped call ``fully_shard([a, b, ...])``."""
+        self._commit(plan=plan_actions.make_group_unit(self, fqns, **options))
+
+    def remove_unit(self, fqn: str) -> None:
+        """Drop the call that contains module ``fqn`` (the whole group if it is grouped)."""
+        self._commit(plan=plan_actions.remove_unit(self, fqn))
+
+    def toggle_unit(self, fqn: str) -> None:
+        self._commit(plan=plan_actions.toggle_unit(self, fqn))
+
+    def set_reshard_after_forward(self, fqn: str, value) -> None:
+        """``reshard_after_forward`` of the call containing ``fqn``: None (torch's default), bool or int."""
+        self._commit(plan=plan_actions.set_unit_options(self, fqn, reshard_after_forward=value))
+
+    def set_unit_options(self, fqn: str, **options) -> None:
+        """Any ``sv.Unit`` option of the call containing ``fqn`` (param_dtype, reduce_dtype, offload, ...)."""
+        self._commit(plan=plan_actions.set_unit_options(self, fqn, **options))
+
+    def ignore(self, fqns) -> None:
+        """Keep these parameters out of FSDP (``ignored_params``)."""
+        self._commit(plan=plan_actions.ignore(self, fqns))
+
+    def unignore(self, fqns) -> None:
+        """Give these parameters back to FSDP (every alias of a tied parameter)."""
+        self._commit(plan=plan_actions.unignore(self, fqns))
+
+    def toggle_ignored(self, fqn: str) -> None:
+        self._commit(plan=plan_actions.toggle_ignored(self, fqn))
+
+    def lora_params(self, module_fqn: str = "") -> list[str]:
+        """Canonical FQNs of the LoRA parameters under a module (the whole model by default)."""
+        return plan_actions.lora_params(self.tree, module_fqn)
+
+    def ignore_lora(self, module_fqn: str = "") -> None:
+        """Ignore every LoRA parameter under ``module_fqn``."""
+        self._commit(plan=plan_actions.ignore_lora(self, module_fqn))
+
+    def unignore_lora(self, module_fqn: str = "") -> None:
+        """Give every LoRA parameter under ``module_fqn`` back to FSDP."""
+        self._commit(plan=plan_actions.unignore_lora(self, module_fqn))
+
+    def checkpoint(self, fqns) -> None:
+        """Wrap these modules in ``checkpoint_wrapper`` (their activations are recomputed in backward)."""
+        self._commit(plan=plan_actions.checkpoint(self, fqns))
+
+    def uncheckpoint(self, fqns) -> None:
+        self._commit(plan=plan_actions.uncheckpoint(self, fqns))
+
+    def toggle_checkpoint(self, fqn: str) -> None:
+        self._commit(plan=plan_actions.toggle_checkpoint(self, fqn))
+
+    def blocks(self) -> list[str]:
+        """The repeated blocks ``Plan.auto(model, checkpoint="blocks")`` checkpoints."""
+        if self._blocks is None:
+            self._blocks = plan_actions.repeated_blocks(self.tree)
+        return list(self._blocks)
+
+    def checkpoint_blocks(self, on: bool = True) -> None:
+        """Checkpoint every repeated block (``on``), or none of them; one undo step."""
+        self._commit(plan=plan_actions.checkpoint_blocks(self, on))
+
+    def apply_to_many(self, targets, action: BlockAction | str, **kw) -> None:
+        """Repeat one ``BlockAction`` over many modules as ONE undo step (``plan_actions.apply_to_many``)."""
+        self._commit(plan=plan_actions.apply_to_many(self, targets, action, **kw))
+
+    def apply_to_type(self, type_or_fqn: str, action: BlockAction | str, within: str = "", **kw) -> None:
+        """Apply a block action to every module of one class (given by name or by one of its FQNs)."""
+        self._commit(plan=plan_actions.apply_to_type(self, type_or_fqn, action, within, **kw))
+
+    def apply_preset(self, name: str) -> None:
+        """Replace the plan's calls and ignored parameters with a preset (``PRESETS``), keeping the
+        current checkpointing; a message says what was kept (undo goes back)."""
+        plan, note = plan_actions.preset_keeping_checkpointing(self, name)
+        self._commit(plan=plan, edit=False, note=note)
+
+    def set_plan(self, plan) -> None:
+        """Replace the plan (a ``Plan``, JSON text or dict); validated against the model."""
+        self._commit(plan=plan_actions.validated_plan(self.tree, plan), edit=False)
 
     # -- mesh and training ----------------------------------------------------------------
     def set_mesh(self, world: int | None = None, replicate: int | None = None, device_memory=...,
@@ -307,65 +411,21 @@ class InspectorState(PlanActions, SuggestActions):
 
         ``device_memory``: bytes, "80GiB", or None for no limit. Other ``sv.Mesh`` fields pass through.
         """
-        cur = self.mesh
-        replicate = cur.replicate if replicate is None else int(replicate)
-        tensor = int(fields.pop("tensor", cur.tensor))
-        if tensor != cur.tensor:
-            return self.set_tensor(tensor, world)
-        if shard is None:
-            world = cur.world if world is None else int(world)
-            if world < 1:
-                raise ValueError(f"world size {world}: give the number of ranks, 1 or more")
-            if replicate < 1:
-                raise ValueError(f"HSDP replicate {replicate}: give the number of copies, 1 or more (1: plain FSDP)")
-            if world % (replicate * tensor):
-                raise ValueError(f"world size {world} is not a multiple of the HSDP replicate size {replicate}"
-                                 + (f" x the tensor degree {tensor}" if tensor > 1 else ""))
-            shard = world // (replicate * tensor)
-        changes = dict(shard=int(shard), replicate=replicate, **fields)
-        if device_memory is not ...:
-            changes["device_memory"] = device_memory
-        self._commit(mesh=dataclasses.replace(cur, **changes))
+        self._commit(*setup_actions.mesh_edit(self, world, replicate, device_memory, shard, **fields))
 
     def set_tensor(self, tensor: int, world: int | None = None) -> None:
         """The tensor-parallel degree (the world kept): with T > 1 and a plan without tensor-parallel
         entries, the model's own plan is added (one undo step); T = 1 keeps the entries, unused."""
-        from ..tp_presets import preset
-
-        cur, tensor = self.mesh, int(tensor)
-        world = cur.world if world is None else int(world)
-        if tensor < 1 or world % (cur.replicate * tensor):
-            raise ValueError(f"tensor degree {tensor}: give a divisor of world size {world} / replicate {cur.replicate}")
-        plan = None
-        if tensor > 1 and not self.plan.tensor_parallel:
-            plan = self.plan.with_tensor_parallel(preset(self.tree, True))
-        mesh = dataclasses.replace(cur, shard=world // (cur.replicate * tensor), tensor=tensor)
-        self._commit(plan=plan, mesh=mesh)
+        self._commit(*setup_actions.tensor_edit(self, tensor, world))
 
     def set_training(self, **fields) -> None:
         """Change ``sv.Training`` fields (optimizer, param_dtype, reduce_dtype, offload, ...)."""
-        cur = self.training
-        if dataclasses.is_dataclass(cur):
-            names = {f.name for f in dataclasses.fields(cur)}
-            unknown = set(fields) - names
-            if unknown:
-                raise ValueError(f"Training has no field(s) {sorted(unknown)}; fields: {sorted(names)}")
-            new = dataclasses.replace(cur, **fields)
-        else:
-            raise ValueError("the training object is not a dataclass; pass a new sv.Training instead")
-        self._commit(training=new)
+        self._commit(*setup_actions.training_edit(self, **fields))
 
     def set_offload(self, on: bool, **fields) -> None:
         """CPU offload on (``Training.offload``) or off: off also for the plan's calls that offload
         (a Suggest row offloads by its calls), in one undo step; ``fields``: other training fields."""
-        plan = self.plan
-        if on or not any(u.offload for u in plan.units):
-            self.set_training(**fields, offload=bool(on))
-            return
-        units = [dataclasses.replace(u, offload=False) for u in plan.units]
-        fields["offload"] = False
-        self._commit(plan=plan.with_units(units),
-                     training=dataclasses.replace(self.training, **fields))
+        self._commit(*setup_actions.offload_edit(self, on, **fields))
 
     # -- history --------------------------------------------------------------------------
     def undo(self) -> bool:
@@ -387,11 +447,9 @@ class InspectorState(PlanActions, SuggestActions):
         self._recompute(self.current)
         if self.current.plan != before.plan or self.current.plan.name != before.plan.name:
             self._autosave()
-        self._notify({"state"})
+        self._notify(Change.STATE)
 
-    # ------------------------------------------------------------------------------------
-    # view (not undoable)
-    # ------------------------------------------------------------------------------------
+    # -- view (not undoable) -----------------------------------------------------------------
     def pin(self) -> None:
         """Keep the current plan, mesh and training as "A" (replacing an earlier pin); the current
         state, as it changes from now on, is "B" in ``comparison``."""
@@ -399,7 +457,7 @@ class InspectorState(PlanActions, SuggestActions):
         self.pinned = self.current
         self._pinned_analysis = self.analysis
         self._derived.pop("comparison", None)
-        self._notify({"pin"})
+        self._notify(Change.PIN)
 
     def unpin(self) -> bool:
         """Forget "A"; False when nothing was pinned."""
@@ -409,23 +467,23 @@ class InspectorState(PlanActions, SuggestActions):
         self.pinned = None
         self._pinned_analysis = None
         self._derived.pop("comparison", None)
-        self._notify({"pin"})
+        self._notify(Change.PIN)
         return True
 
     def expand(self, target, open: bool = True) -> None:
         self.view.set_expanded(target, open)
-        self._notify({"rows"})
+        self._notify(Change.ROWS)
 
     def collapse(self, target) -> None:
         self.expand(target, False)
 
     def collapse_all(self) -> None:
         self.view.collapse_all()
-        self._notify({"rows"})
+        self._notify(Change.ROWS)
 
     def set_filter(self, text=None, status=None, role=None) -> None:
         self.view.set_filter(text, status, role)
-        self._notify({"rows"})
+        self._notify(Change.ROWS)
 
     def filter_finding(self, code: str) -> None:
         """Show in the tree only what a finding is about: every name, not only those it lists."""
@@ -434,14 +492,14 @@ class InspectorState(PlanActions, SuggestActions):
             raise ValueError(f"finding {code!r}: the current plan has no such finding")
         names = set().union(*(f.all_fqns for f in found))
         self.view.filter_to_names(names, f"{code}: {len(names):,} name{'' if len(names) == 1 else 's'}")
-        self._notify({"rows"})
+        self._notify(Change.ROWS)
 
     def set_rank(self, rank: int) -> None:
         rank = int(rank)
         if not 0 <= rank < self.mesh.world:
             raise ValueError(f"rank {rank} is outside the mesh of {self.mesh.world} ranks")
         self.view.rank = rank
-        self._notify({"rows"})
+        self._notify(Change.ROWS)
 
     def reveal(self, fqn: str) -> str:
         """Open the tree down to a module or parameter (clearing filters that hide it); its row id."""
@@ -449,16 +507,40 @@ class InspectorState(PlanActions, SuggestActions):
             self.view.set_filter("", "", "")
         row = self.view.expand_to(fqn)
         self.last_reveal = row
-        self._notify({"rows", "reveal"})
+        self._notify(Change.ROWS | Change.REVEAL)
         return row
 
     def rows(self) -> tuple[list[str], dict[str, dict]]:
         """Visible row ids in order and their payloads (what the tree shows now)."""
         return self.view.rows(self.stats)
 
-    # ------------------------------------------------------------------------------------
-    # export and verify
-    # ------------------------------------------------------------------------------------
+    # -- the Suggest panel (suggest.py) ----------------------------------------------------
+    def set_suggest_status(self, status: dict) -> None:
+        self.suggest_status = status
+        self._notify(Change.SUGGEST)
+
+    def suggest(self, top: int = suggest.DEFAULT_TOP):
+        """Run ``sv.search`` for the current model, mesh and training; the panel shows its ``top`` rows."""
+        return suggest.run_search(self, top)
+
+    @property
+    def suggestion_search(self):
+        """The last ``sv.search`` the panel ran (None before the first)."""
+        return self.found.search if self.found is not None else None
+
+    def apply_suggestion(self, index: int) -> None:
+        """Make row ``index`` (0: the best) of the last search current, as one undo step: its plan,
+        HSDP split and micro-batch together; a message says what changed besides the plan."""
+        plan, mesh, training, note = suggest.suggestion(self, index)
+        if not self._commit(plan=plan, mesh=mesh, training=training, edit=False, note=note):
+            self.say("info", f"suggestion {int(index) + 1} is already the current plan")
+
+    @property
+    def suggestions(self) -> dict:
+        """The Suggest panel's data (``suggest.suggestions_payload``)."""
+        return suggest.suggestions_payload(self)
+
+    # -- export and verify -------------------------------------------------------------------
     def export_code(self, torch_version=None) -> str:
         """``sv.export_code`` for the current plan, mesh and training (cached until the next change)."""
         key = ("code", torch_version)
@@ -499,7 +581,7 @@ class InspectorState(PlanActions, SuggestActions):
         result["revision"] = self.revision
         result["plan_json"] = plan.to_json(indent=None)
         self.verify_result = result
-        self._notify({"verify"})
+        self._notify(Change.VERIFY)
         return result
 
     # -- plan file -------------------------------------------------------------------------
@@ -508,45 +590,10 @@ class InspectorState(PlanActions, SuggestActions):
         if self.plan_file is None:
             raise ValueError("this Inspector has no plan_path")
         self.plan_file.overwrite(self.plan)
-        self._message("info", f"saved the current plan to {self.plan_file.path}; autosave is on")
-        self._notify({"messages"})
+        self.say("info", f"saved the current plan to {self.plan_file.path}; autosave is on")
 
     def plan_file_status(self) -> dict | None:
         pf = self.plan_file
         if pf is None:
             return None
         return {"path": str(pf.path), "autosave": pf.writable, "problem": pf.problem, "saves": pf.saves}
-
-
-def raised_by(exc: BaseException) -> str:
-    """"torch" when the exception was raised inside torch (a refusal of the plan), else "shardviz"
-    (the verification itself failed: the message must not blame torch)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return "torch" if frames and f"{os.sep}torch{os.sep}" in frames[-1].filename else "shardviz"
-
-
-def shortened_diff(payload: dict) -> dict:
-    """The A vs B diff with names a narrow table can show: each parameter without the dotted
-    prefix every listed name shares ("self_attn.q_proj.lora_A.default.weight"), and each side
-    as "sharded in layers.0"; the full names stay for the tooltip and for reveal."""
-    diff = payload.get("diff") or []
-    if not diff:
-        return payload
-    parts = [d["fqn"].split(".") for d in diff]
-    k = 0
-    while all(len(p) > k + 3 for p in parts) and len({p[k] for p in parts}) == 1:
-        k += 1  # a shared part, and every name keeps at least its last three
-    for d, p in zip(diff, parts):
-        d["fqn_short"] = ".".join(p[k:])
-        for side in ("a", "b"):
-            unit = d[f"unit_{side}"]
-            d[f"where_{side}"] = d[f"status_{side}"] + (f" in {short_unit_label(unit)}" if unit else "")
-    return payload
-
-
-def short_unit_label(name: str) -> str:
-    """A call's name as the tree's badges show it: "layers.0" for "base_model.model.model.layers.0"."""
-    if not name or name.startswith("["):
-        return name or "<root>"
-    parts = name.split(".")
-    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]

@@ -27,7 +27,6 @@ runs, the summary shows it with a cancel button.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from ..presets import preset_key
 from . import panels, protocol
 from .background import BackgroundPush, Worker
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
-from .controller import PRESETS, InspectorState
+from .controller import PRESETS, BlockAction, Change, InspectorState
 from .panels import training_text
 
 HERE = Path(__file__).parent
@@ -54,20 +53,6 @@ NUMBERS_WAIT_S = 1.0
 #: Releases offered in the export's "target torch" menu ("" = detected when the code runs).
 TORCH_RELEASES = ["", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4"]
 DTYPES = [["", "model's dtype"], ["bfloat16", "bfloat16"], ["float16", "float16"], ["float32", "float32"]]
-#: InspectorState methods and properties also reachable on the widget (``inspector.make_unit(...)``).
-PYTHON_API = (
-    "make_unit", "make_group_unit", "remove_unit", "toggle_unit", "set_reshard_after_forward", "set_unit_options",
-    "ignore", "unignore", "toggle_ignored", "ignore_lora", "unignore_lora", "lora_params",
-    "checkpoint", "uncheckpoint", "toggle_checkpoint", "checkpoint_blocks", "blocks",
-    "apply_to_many", "apply_to_type", "apply_preset", "set_plan", "set_mesh", "set_training", "undo", "redo",
-    "expand", "collapse", "collapse_all", "set_filter", "filter_finding", "set_rank", "reveal", "rows", "export_code",
-    "save_code", "verify", "overwrite_plan_file", "plan_file_status", "pin", "unpin", "pinned_comparison",
-    "dismiss_messages", "suggest", "apply_suggestion",
-)
-PYTHON_PROPERTIES = ("can_undo", "can_redo", "tree", "memory", "traffic", "timeline", "findings", "stats", "pinned",
-                     "comparison", "timings", "messages", "revision", "suggestions", "suggestion_search")
-
-
 #: The front end's files (``front/``), one per component, concatenated in this order into one ES
 #: module after ``charts.js``: they share top-level names; ``inspector.js`` (``render``,
 #: ``export default``) comes last.
@@ -93,9 +78,10 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
     (default: when a front end is connected): the slow work after a change on a worker thread;
     ``inspector.wait()`` waits for it, ``inspector.cancel()`` stops it.
 
-    ``inspector.plan`` is always the current plan; every action is a plain method
-    (``inspector.make_unit(fqn)``, ``inspector.undo()``, ...), the same ones the controls call,
-    held by ``inspector.controller`` (an ``InspectorState``, usable without a browser).
+    ``inspector.plan`` is always the current plan. Every action the controls call is a plain method
+    of ``inspector.controller``, the one state object (an ``InspectorState``, usable without a
+    browser): ``inspector.controller.make_unit(fqn)``, ``inspector.controller.undo()``, ...; the
+    widget itself holds only what the front end needs (the traits, the messages, the background work).
     """
 
     _esm = _read_esm()
@@ -231,7 +217,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         st = self.controller
         mesh, tree = st.mesh, st.tree
         sev = {"error": 0, "warning": 0, "info": 0}
-        findings = st._derived.get("findings")
+        findings = st.computed("findings")
         if findings is not None:
             for f in findings:
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
@@ -318,35 +304,35 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         except ValueError as exc:  # PlanError is a ValueError: torch would refuse the plan
             self.code = {"text": "", "torch_version": self.torch_version, "revision": st.revision, "error": str(exc)}
 
-    def _on_change(self, changed: set) -> None:
-        if "state" in changed:
+    def _on_change(self, changed: Change) -> None:
+        if Change.STATE in changed:
             self._push_state()
             return
-        if "rows" in changed:
+        if Change.ROWS in changed:
             with self._lock, self.hold_sync():
                 self._push_rows()
                 self.summary = self._summary()
                 self.controls = self._controls()  # the rank
-        if self._interrupted and changed & {"pin", "findings"}:
+        if self._interrupted and changed & (Change.PIN | Change.FINDINGS):
             self._interrupted = False
             self._push_state()  # the work a pin or a target release stopped, again for the new view
             return
-        if "pin" in changed:
+        if Change.PIN in changed:
             with self.hold_sync():
                 self.comparison = {**self.controller.comparison, "revision": self.controller.revision}
                 self.summary = self._summary()
-        if "suggest" in changed:  # at once, not held: "searching N plans…" shows while the search runs
+        if Change.SUGGEST in changed:  # at once, not held: "searching N plans…" shows while the search runs
             with self._lock:
                 self.suggestions = {**self.controller.suggestions, "revision": self.controller.revision}
                 self.work = self._work()
-        if "reveal" in changed:
+        if Change.REVEAL in changed:
             self._send_msg({"type": "reveal", "id": self.controller.last_reveal})
-        if "messages" in changed:
+        if Change.MESSAGES in changed:
             self._push_messages()
             self.summary = self._summary()
-        if "verify" in changed:
+        if Change.VERIFY in changed:
             self.verify_result = dict(self.controller.verify_result or {})
-        if "findings" in changed:  # the target release changed: same plan, other findings
+        if Change.FINDINGS in changed:  # the target release changed: same plan, other findings
             self.findings = self.controller.findings
             self.summary = self._summary()
 
@@ -357,7 +343,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             try:
                 self.controller.set_torch_version(self.torch_version or None)
             except ValueError as exc:
-                self.controller._message("error", str(exc))
+                self.controller.say("error", str(exc), notify=False)
                 self._push_messages()
         if self.tab == "export":
             self._push_code()
@@ -398,23 +384,27 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             except Exception as exc:  # noqa: BLE001 - a bug must not leave the page waiting
                 ack.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         if not ack["ok"] and not ack.get("exists"):
-            self.controller._message("error", ack["error"])
+            self.controller.say("error", ack["error"], notify=False)
             self._push_messages()
             self.controls = self._controls()  # a refused edit: the controls show the state again
         ack["ms"] = round((time.perf_counter() - t0) * 1000, 1)
         self._send_msg(ack)
         return ack
 
+    def _set_training(self, kw: dict) -> None:
+        st = self.controller
+        fields = training_fields(kw, st.training)
+        st.seq_len_set = st.seq_len_set or "seq_len" in fields
+        if fields.get("offload") is False and any(u.offload for u in st.plan.units):
+            return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
+        return st.set_training(**fields)
+
     def _run(self, action: str, kw: dict):
         st = self.controller
         if action == "set_mesh":
             return st.set_mesh(**mesh_fields(kw, st.mesh))
         if action == "set_training":
-            fields = training_fields(kw, st.training)
-            st.seq_len_set = st.seq_len_set or "seq_len" in fields
-            if fields.get("offload") is False and any(u.offload for u in st.plan.units):
-                return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
-            return st.set_training(**fields)
+            return self._set_training(kw)
         if action == "set_rank":
             return st.set_rank(whole("rank", kw["rank"], 0, st.mesh.world - 1))
         if action == "set_tab":
@@ -442,8 +432,10 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             self._worker.start(job, "searching plans")
             self.work = self._work()
             return None
-        if action in ("apply_to_many", "apply_to_type") and kw.get("value", 0) is None:
-            del kw["value"]
+        if action in ("apply_to_many", "apply_to_type"):
+            kw["action"] = BlockAction.parse(kw["action"])  # the front end's name, as a type from here on
+            if kw.get("value", 0) is None:
+                del kw["value"]
         return getattr(st, action)(**kw)
 
 
@@ -471,27 +463,3 @@ def _severity_text(counts: dict | None) -> dict | None:
             "total": format_plural(sum(counts.values()), "finding")}
 
 
-def _forward(name: str):
-    target = getattr(InspectorState, name)
-
-    @functools.wraps(target)
-    def method(self, *args, **kwargs):
-        return getattr(self.controller, name)(*args, **kwargs)
-
-    return method
-
-
-def _forward_property(name: str):
-    def read(self):
-        self.wait(120)  # what the background work computes (findings, timings, suggestions) is complete
-        return getattr(self.controller, name)
-
-    return property(read,
-                    doc=getattr(getattr(InspectorState, name, None), "__doc__", None))
-
-
-for _name in PYTHON_API:
-    setattr(Inspector, _name, _forward(_name))
-for _name in PYTHON_PROPERTIES:
-    if _name not in Inspector.class_traits():
-        setattr(Inspector, _name, _forward_property(_name))

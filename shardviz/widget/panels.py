@@ -8,6 +8,8 @@ Inspector reads through this module are re-exported here so it has one place to 
 from __future__ import annotations
 
 import math
+import os
+import traceback
 
 from ..format import format_bytes
 from ..display import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
@@ -108,3 +110,37 @@ def host_ram_text(analysis) -> str:
         return ""
     per_node = analysis.mesh.ranks_per_node or 8
     return f"host RAM {format_bytes(cpu)} per rank, {format_bytes(cpu * per_node)} per node of {per_node} ranks"
+
+
+def raised_by(exc: BaseException) -> str:
+    """"torch" when the exception was raised inside torch (a refusal of the plan), else "shardviz"
+    (the verification itself failed: the message must not blame torch)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return "torch" if frames and f"{os.sep}torch{os.sep}" in frames[-1].filename else "shardviz"
+
+
+def shortened_diff(payload: dict) -> dict:
+    """The A vs B diff with names a narrow table can show: each parameter without the dotted
+    prefix every listed name shares ("self_attn.q_proj.lora_A.default.weight"), and each side
+    as "sharded in layers.0"; the full names stay for the tooltip and for reveal."""
+    diff = payload.get("diff") or []
+    if not diff:
+        return payload
+    parts = [d["fqn"].split(".") for d in diff]
+    k = 0
+    while all(len(p) > k + 3 for p in parts) and len({p[k] for p in parts}) == 1:
+        k += 1  # a shared part, and every name keeps at least its last three
+    for d, p in zip(diff, parts):
+        d["fqn_short"] = ".".join(p[k:])
+        for side in ("a", "b"):
+            unit = d[f"unit_{side}"]
+            d[f"where_{side}"] = d[f"status_{side}"] + (f" in {short_unit_label(unit)}" if unit else "")
+    return payload
+
+
+def short_unit_label(name: str) -> str:
+    """A call's name as the tree's badges show it: "layers.0" for "base_model.model.model.layers.0"."""
+    if not name or name.startswith("["):
+        return name or "<root>"
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]

@@ -1,271 +1,317 @@
 """The Inspector's plan edits: every change of plan the tree and the Python API offer.
 
-``PlanActions`` is mixed into ``InspectorState``: each public method builds the new (immutable)
-plan and hands it to ``self._commit``, which makes it one undo step, or raises ``ValueError`` and
-changes nothing. Names are checked against the model first, so an error names the module or
-parameter and the closest real name.
+Each edit is a plain function of the Inspector's state (``InspectorState``: its ``tree``, current
+``plan``, ``view`` and ``blocks()``) that returns the new, immutable plan; it changes nothing.
+``InspectorState`` makes the returned plan current as one undo step. Names are checked against the
+model first, so an error (``ValueError``) names the module or parameter and the closest real name.
+``apply_to_many`` repeats a ``BlockAction`` over many modules: the action is a type, not a string.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from enum import Enum
 
 from .. import presets
-from ..plan import Plan, Unit, as_plan
+from ..plan import Plan, Unit, as_plan, closest_hint
 from .plan_names import edited_name, renamed
 
 #: The menu's presets, key -> label (``presets.PRESETS``, the one registry).
 PRESETS = {p.key: p.label for p in presets.PRESETS}
-#: Actions that ``apply_to_many`` / ``apply_to_type`` can repeat over several modules.
-BLOCK_ACTIONS = ("make_unit", "remove_unit", "ignore_lora", "unignore_lora", "set_reshard_after_forward",
-                 "checkpoint", "uncheckpoint")
 
 
-class PlanActions:
-    """The plan edits of ``InspectorState`` (which provides ``tree``, ``plan``, ``view`` and ``_commit``)."""
+class BlockAction(Enum):
+    """What ``apply_to_many`` / ``apply_to_type`` can repeat over several modules (the value is the
+    name the front end sends)."""
 
-    # ------------------------------------------------------------------------------------
-    # names
-    # ------------------------------------------------------------------------------------
-    def _module(self, fqn: str) -> int:
-        if fqn not in self.tree.module_index:
-            from ..plan import closest_hint
+    MAKE_UNIT = "make_unit"
+    REMOVE_UNIT = "remove_unit"
+    IGNORE_LORA = "ignore_lora"
+    UNIGNORE_LORA = "unignore_lora"
+    SET_RESHARD_AFTER_FORWARD = "set_reshard_after_forward"
+    CHECKPOINT = "checkpoint"
+    UNCHECKPOINT = "uncheckpoint"
 
-            hint = (f" {fqn!r} is a parameter." if fqn in self.tree.param_index
-                    else closest_hint(fqn, self.tree.module_index))
-            raise ValueError(f"no module named {fqn!r} in {self.tree.root_type}.{hint}")
-        return self.tree.module_index[fqn]
+    @classmethod
+    def parse(cls, action) -> BlockAction:
+        """A ``BlockAction`` or its name ("make_unit"); ``ValueError`` listing the names otherwise."""
+        if isinstance(action, cls):
+            return action
+        try:
+            return cls(action)
+        except ValueError:
+            raise ValueError(f"action {action!r}: expected one of {tuple(a.value for a in cls)}") from None
 
-    def _param(self, fqn: str) -> int:
-        if fqn not in self.tree.param_index:
-            from ..plan import closest_hint
 
-            hint = (f" {fqn!r} is a module; use ignore_lora or list its parameters." if fqn in self.tree.module_index
-                    else closest_hint(fqn, self.tree.param_index))
-            raise ValueError(f"no parameter named {fqn!r} in {self.tree.root_type}.{hint}")
-        return self.tree.param_index[fqn]
+#: The names of ``BlockAction`` (kept for callers that list them).
+BLOCK_ACTIONS = tuple(a.value for a in BlockAction)
 
-    def module_fqns(self, target) -> list[str]:
-        """A module FQN, a row id ("m12"), a group id ("g3_4") or a list of those -> module FQNs."""
-        if isinstance(target, (list, tuple)):
-            out: list[str] = []
-            for t in target:
-                out.extend(self.module_fqns(t))
-            return out
-        if isinstance(target, str) and target.startswith("g") and "_" in target and target not in self.tree.module_index:
-            g = self.view.folding.run(target)
-            return [self.tree.modules[m].fqn for m in g.members]
-        if isinstance(target, str) and target.startswith("m") and target[1:].isdigit() and target not in self.tree.module_index:
-            return [self.tree.modules[int(target[1:])].fqn]
-        self._module(target)
-        return [target]
 
-    # ------------------------------------------------------------------------------------
-    # plan actions (each one undo step)
-    # ------------------------------------------------------------------------------------
-    def _with_unit(self, plan: Plan, fqn: str, options: dict) -> Plan:
-        self._module(fqn)
-        if plan.unit_of(fqn) is not None:
-            raise ValueError(f"module {fqn!r} is already in a fully_shard call ({plan.unit_of(fqn).name})")
-        return plan.with_unit(Unit(fqn, **options))
+# ------------------------------------------------------------------------------------
+# names
+# ------------------------------------------------------------------------------------
+def module_index(tree, fqn: str) -> int:
+    if fqn not in tree.module_index:
+        hint = f" {fqn!r} is a parameter." if fqn in tree.param_index else closest_hint(fqn, tree.module_index)
+        raise ValueError(f"no module named {fqn!r} in {tree.root_type}.{hint}")
+    return tree.module_index[fqn]
 
-    def make_unit(self, fqn: str, **options) -> None:
-        """Give module ``fqn`` its own ``fully_shard`` call (``options``: ``sv.Unit`` keywords)."""
-        self._commit(plan=self._with_unit(self.plan, fqn, options), what=f"make {fqn} a unit")
 
-    def make_group_unit(self, fqns: Iterable[str], **options) -> None:
-        """One grouped call ``fully_shard([a, b, ...])``."""
-        fqns = list(fqns)
-        for f in fqns:
-            self._module(f)
-            if self.plan.unit_of(f) is not None:
-                raise ValueError(f"module {f!r} is already in a fully_shard call ({self.plan.unit_of(f).name})")
-        self._commit(plan=self.plan.with_unit(Unit(tuple(fqns), **options)))
+def param_index(tree, fqn: str) -> int:
+    if fqn not in tree.param_index:
+        hint = (f" {fqn!r} is a module; use ignore_lora or list its parameters." if fqn in tree.module_index
+                else closest_hint(fqn, tree.param_index))
+        raise ValueError(f"no parameter named {fqn!r} in {tree.root_type}.{hint}")
+    return tree.param_index[fqn]
 
-    def remove_unit(self, fqn: str) -> None:
-        """Drop the call that contains module ``fqn`` (the whole group if it is grouped)."""
-        self._module(fqn)
-        self._commit(plan=self.plan.without_unit(fqn))
 
-    def toggle_unit(self, fqn: str) -> None:
-        if self.plan.unit_of(fqn) is None:
-            self.make_unit(fqn)
-        else:
-            self.remove_unit(fqn)
+def module_fqns(state, target) -> list[str]:
+    """A module FQN, a row id ("m12"), a group id ("g3_4") or a list of those -> module FQNs."""
+    tree = state.tree
+    if isinstance(target, (list, tuple)):
+        return [f for t in target for f in module_fqns(state, t)]
+    if isinstance(target, str) and target.startswith("g") and "_" in target and target not in tree.module_index:
+        return [tree.modules[m].fqn for m in state.view.folding.run(target).members]
+    if isinstance(target, str) and target.startswith("m") and target[1:].isdigit() and target not in tree.module_index:
+        return [tree.modules[int(target[1:])].fqn]
+    module_index(tree, target)
+    return [target]
 
-    def set_reshard_after_forward(self, fqn: str, value) -> None:
-        """``reshard_after_forward`` of the call containing ``fqn``: None (torch's default), bool or int."""
-        self._module(fqn)
-        value = parse_reshard_after_forward(value)
-        if self.plan.unit_of(fqn) is None:
-            raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
-        self._commit(plan=self.plan.with_unit_options(fqn, reshard_after_forward=value))
 
-    def set_unit_options(self, fqn: str, **options) -> None:
-        """Any ``sv.Unit`` option of the call containing ``fqn`` (param_dtype, reduce_dtype, offload, ...)."""
-        self._module(fqn)
-        if "reshard_after_forward" in options:
-            options["reshard_after_forward"] = parse_reshard_after_forward(options["reshard_after_forward"])
-        if self.plan.unit_of(fqn) is None:
-            raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
-        self._commit(plan=self.plan.with_unit_options(fqn, **options))
+def _not_in_a_call(plan: Plan, fqn: str) -> None:
+    if plan.unit_of(fqn) is not None:
+        raise ValueError(f"module {fqn!r} is already in a fully_shard call ({plan.unit_of(fqn).name})")
 
-    def _canonical(self, fqns) -> list[str]:
-        if isinstance(fqns, str):
-            fqns = [fqns]
-        return [self.tree.params[self._param(f)].fqn for f in fqns]
 
-    def _drop_ignored(self, plan: Plan, params: set[int]) -> Plan:
-        keep = [f for f in plan.ignored if self.tree.param_index[f] not in params]
-        return plan._edited(ignored=keep)
+def _in_a_call(plan: Plan, fqn: str) -> None:
+    if plan.unit_of(fqn) is None:
+        raise ValueError(f"module {fqn!r} is not in any fully_shard call; make it a unit first")
 
-    def ignore(self, fqns) -> None:
-        """Keep these parameters out of FSDP (``ignored_params``)."""
-        names = self._canonical(fqns)
-        have = {self.tree.param_index[f] for f in self.plan.ignored}
-        add = [f for f in names if self.tree.param_index[f] not in have]
-        self._commit(plan=self.plan.with_ignored(add))
 
-    def unignore(self, fqns) -> None:
-        """Give these parameters back to FSDP (every alias of a tied parameter)."""
-        names = self._canonical(fqns)
-        self._commit(plan=self._drop_ignored(self.plan, {self.tree.param_index[f] for f in names}))
+# ------------------------------------------------------------------------------------
+# calls
+# ------------------------------------------------------------------------------------
+def make_unit(state, fqn: str, **options) -> Plan:
+    """Module ``fqn`` in its own ``fully_shard`` call (``options``: ``sv.Unit`` keywords)."""
+    module_index(state.tree, fqn)
+    _not_in_a_call(state.plan, fqn)
+    return state.plan.with_unit(Unit(fqn, **options))
 
-    def toggle_ignored(self, fqn: str) -> None:
-        p = self._param(fqn)
-        if any(self.tree.param_index[f] == p for f in self.plan.ignored):
-            self.unignore([fqn])
-        else:
-            self.ignore([fqn])
 
-    def lora_params(self, module_fqn: str = "") -> list[str]:
-        """Canonical FQNs of the LoRA parameters under a module (the whole model by default)."""
-        m = self._module(module_fqn)
-        return [self.tree.params[p].fqn for p in self.tree.subtree_params(m) if self.tree.params[p].role == "lora"]
+def make_group_unit(state, fqns: Iterable[str], **options) -> Plan:
+    """One grouped call ``fully_shard([a, b, ...])``."""
+    fqns = list(fqns)
+    for f in fqns:
+        module_index(state.tree, f)
+        _not_in_a_call(state.plan, f)
+    return state.plan.with_unit(Unit(tuple(fqns), **options))
 
-    def _lora_plan(self, plan: Plan, modules: list[str], ignore: bool) -> Plan:
-        params: list[str] = []
-        for m in modules:
-            params.extend(self.lora_params(m))
-        if ignore:
-            have = {self.tree.param_index[f] for f in plan.ignored}
-            return plan.with_ignored([f for f in params if self.tree.param_index[f] not in have])
-        return self._drop_ignored(plan, {self.tree.param_index[f] for f in params})
 
-    def ignore_lora(self, module_fqn: str = "") -> None:
-        """Ignore every LoRA parameter under ``module_fqn``."""
-        if not self.lora_params(module_fqn):
-            raise ValueError(f"no LoRA parameters under {module_fqn or '<root>'!r}")
-        self._commit(plan=self._lora_plan(self.plan, [module_fqn], True))
+def remove_unit(state, fqn: str) -> Plan:
+    """Without the call that contains module ``fqn`` (the whole group if it is grouped)."""
+    module_index(state.tree, fqn)
+    return state.plan.without_unit(fqn)
 
-    def unignore_lora(self, module_fqn: str = "") -> None:
-        """Give every LoRA parameter under ``module_fqn`` back to FSDP."""
-        if not self.lora_params(module_fqn):
-            raise ValueError(f"no LoRA parameters under {module_fqn or '<root>'!r}")
-        self._commit(plan=self._lora_plan(self.plan, [module_fqn], False))
 
-    # -- activation checkpointing ------------------------------------------------------------
-    def checkpoint(self, fqns) -> None:
-        """Wrap these modules in ``checkpoint_wrapper`` (their activations are recomputed in backward)."""
-        fqns = [fqns] if isinstance(fqns, str) else list(fqns)
-        for f in fqns:
-            self._module(f)
-        self._commit(plan=self.plan.with_checkpoint([f for f in fqns if f not in self.plan.checkpoint]))
+def toggle_unit(state, fqn: str) -> Plan:
+    return make_unit(state, fqn) if state.plan.unit_of(fqn) is None else remove_unit(state, fqn)
 
-    def uncheckpoint(self, fqns) -> None:
-        fqns = [fqns] if isinstance(fqns, str) else list(fqns)
-        for f in fqns:
-            self._module(f)
-        self._commit(plan=self.plan.without_checkpoint(fqns))
 
-    def toggle_checkpoint(self, fqn: str) -> None:
-        if fqn in self.plan.checkpoint:
-            self.uncheckpoint([fqn])
-        else:
-            self.checkpoint([fqn])
+def set_unit_options(state, fqn: str, **options) -> Plan:
+    """Any ``sv.Unit`` option of the call containing ``fqn`` (param_dtype, reduce_dtype, offload,
+    reshard_after_forward: None for torch's default, a bool or an int)."""
+    module_index(state.tree, fqn)
+    if "reshard_after_forward" in options:
+        options["reshard_after_forward"] = parse_reshard_after_forward(options["reshard_after_forward"])
+    _in_a_call(state.plan, fqn)
+    return state.plan.with_unit_options(fqn, **options)
 
-    def blocks(self) -> list[str]:
-        """The repeated blocks ``Plan.auto(model, checkpoint="blocks")`` checkpoints."""
-        if not hasattr(self, "_blocks"):
-            self._blocks = list(Plan.auto(self.tree, checkpoint="blocks").checkpoint)
-        return self._blocks
 
-    def checkpoint_blocks(self, on: bool = True) -> None:
-        """Checkpoint every repeated block (``on``), or none of them; one undo step."""
-        blocks = self.blocks()
-        if not blocks:
-            raise ValueError(f"{self.tree.root_type} has no repeated blocks to checkpoint")
-        plan = self.plan
-        if on:
-            # a module inside a block, or a block's ancestor, cannot be checkpointed as well
-            keep = [f for f in plan.checkpoint if not any(f.startswith(b + ".") or b.startswith(f + ".") for b in blocks)]
-            plan = plan.without_checkpoint([f for f in plan.checkpoint if f not in keep]).with_checkpoint(
-                [b for b in blocks if b not in plan.checkpoint])
-        else:
-            plan = plan.without_checkpoint(blocks)
-        self._commit(plan=plan)
+# ------------------------------------------------------------------------------------
+# ignored parameters
+# ------------------------------------------------------------------------------------
+def _canonical(tree, fqns) -> list[str]:
+    return [tree.params[param_index(tree, f)].fqn for f in ([fqns] if isinstance(fqns, str) else fqns)]
 
-    def apply_to_many(self, targets, action: str, **kw) -> None:
-        """Repeat one block action over many modules as ONE undo step.
 
-        ``targets``: module FQNs, row ids or a folded group id ("layers.0-79" rows). ``action``:
-        one of ``BLOCK_ACTIONS``; modules where it is a no-op (already a unit, ...) are skipped.
-        """
-        if action not in BLOCK_ACTIONS:
-            raise ValueError(f"action {action!r}: expected one of {BLOCK_ACTIONS}")
-        fqns = self.module_fqns(targets)
-        plan = self.plan
-        if action == "make_unit":
-            for f in fqns:
-                if plan.unit_of(f) is None:
-                    plan = plan.with_unit(Unit(f, **kw))
-        elif action == "remove_unit":
-            for f in fqns:
-                if plan.unit_of(f) is not None:
-                    plan = plan.without_unit(f)
-        elif action in ("ignore_lora", "unignore_lora"):
-            plan = self._lora_plan(plan, fqns, action == "ignore_lora")
-        elif action == "checkpoint":
-            plan = plan.with_checkpoint([f for f in fqns if f not in plan.checkpoint])
-        elif action == "uncheckpoint":
-            plan = plan.without_checkpoint(fqns)
-        else:
-            value = parse_reshard_after_forward(kw.get("value", kw.get("reshard_after_forward")))
-            for f in fqns:
-                if plan.unit_of(f) is not None:
-                    plan = plan.with_unit_options(f, reshard_after_forward=value)
-        self._commit(plan=plan)
+def _drop_ignored(tree, plan: Plan, params: set[int]) -> Plan:
+    return plan.without_ignored([f for f in plan.ignored if tree.param_index[f] in params])
 
-    def apply_to_type(self, type_or_fqn: str, action: str, within: str = "", **kw) -> None:
-        """Apply a block action to every module of one class (given by name or by one of its FQNs)."""
-        type_name = self.tree.module(type_or_fqn).type_name if type_or_fqn in self.tree.module_index else type_or_fqn
-        mods = self.view.static.by_type.get(type_name)
-        if not mods:
-            raise ValueError(f"no module of type {type_name!r} in {self.tree.root_type}")
-        root = self._module(within)
-        fqns = [self.tree.modules[m].fqn for m in mods if self.tree.is_inside(m, root)]
-        self.apply_to_many(fqns, action, **kw)
 
-    def apply_preset(self, name: str) -> None:
-        """Replace the plan's calls and ignored parameters with a preset (``PRESETS``; "auto-<lora>"
-        is ``Plan.auto``), keeping the current checkpointing: the preset says what to shard, not
-        what to recompute. A message says what was kept (undo goes back)."""
-        preset = presets.preset_plan(self.tree, name)
-        kept = tuple(f for f in self.plan.checkpoint if f not in preset.checkpoint)
-        if not kept:
-            self._commit(plan=preset, edit=False)
-            return
-        plan = Plan(preset.units, preset.ignored, preset.name, preset.checkpoint + kept)
-        plan = renamed(plan, self.names.match(plan) or edited_name(preset.name, 1))
-        what = "every block" if set(plan.checkpoint) == set(self.blocks()) else f"{len(plan.checkpoint)} checkpointed modules"
-        self._commit(plan=plan, edit=False, note=f"preset {PRESETS[name]!r} applied; it keeps your checkpointing "
-                                                 f"({what}). Undo goes back to the plan before it.")
+def _add_ignored(tree, plan: Plan, names: list[str]) -> Plan:
+    have = {tree.param_index[f] for f in plan.ignored}
+    return plan.with_ignored([f for f in names if tree.param_index[f] not in have])
 
-    def set_plan(self, plan) -> None:
-        """Replace the plan (a ``Plan``, JSON text or dict); validated against the model."""
-        plan = as_plan(plan)
-        plan.validate(self.tree)
-        self._commit(plan=plan, edit=False)
+
+def ignore(state, fqns) -> Plan:
+    """These parameters kept out of FSDP (``ignored_params``)."""
+    return _add_ignored(state.tree, state.plan, _canonical(state.tree, fqns))
+
+
+def unignore(state, fqns) -> Plan:
+    """These parameters given back to FSDP (every alias of a tied parameter)."""
+    tree = state.tree
+    return _drop_ignored(tree, state.plan, {tree.param_index[f] for f in _canonical(tree, fqns)})
+
+
+def toggle_ignored(state, fqn: str) -> Plan:
+    tree = state.tree
+    p = param_index(tree, fqn)
+    ignored = any(tree.param_index[f] == p for f in state.plan.ignored)
+    return unignore(state, [fqn]) if ignored else ignore(state, [fqn])
+
+
+def lora_params(tree, module_fqn: str = "") -> list[str]:
+    """Canonical FQNs of the LoRA parameters under a module (the whole model by default)."""
+    m = module_index(tree, module_fqn)
+    return [tree.params[p].fqn for p in tree.subtree_params(m) if tree.params[p].role == "lora"]
+
+
+def _lora_plan(tree, plan: Plan, modules: list[str], ignore: bool) -> Plan:
+    params = [f for m in modules for f in lora_params(tree, m)]
+    if ignore:
+        return _add_ignored(tree, plan, params)
+    return _drop_ignored(tree, plan, {tree.param_index[f] for f in params})
+
+
+def _lora_under(state, module_fqn: str, ignore: bool) -> Plan:
+    if not lora_params(state.tree, module_fqn):
+        raise ValueError(f"no LoRA parameters under {module_fqn or '<root>'!r}")
+    return _lora_plan(state.tree, state.plan, [module_fqn], ignore)
+
+
+def ignore_lora(state, module_fqn: str = "") -> Plan:
+    """Every LoRA parameter under ``module_fqn`` ignored."""
+    return _lora_under(state, module_fqn, True)
+
+
+def unignore_lora(state, module_fqn: str = "") -> Plan:
+    """Every LoRA parameter under ``module_fqn`` given back to FSDP."""
+    return _lora_under(state, module_fqn, False)
+
+
+# ------------------------------------------------------------------------------------
+# activation checkpointing
+# ------------------------------------------------------------------------------------
+def _module_names(state, fqns) -> list[str]:
+    fqns = [fqns] if isinstance(fqns, str) else list(fqns)
+    for f in fqns:
+        module_index(state.tree, f)
+    return fqns
+
+
+def checkpoint(state, fqns) -> Plan:
+    """These modules in ``checkpoint_wrapper`` (their activations are recomputed in backward)."""
+    fqns = _module_names(state, fqns)
+    return state.plan.with_checkpoint([f for f in fqns if f not in state.plan.checkpoint])
+
+
+def uncheckpoint(state, fqns) -> Plan:
+    return state.plan.without_checkpoint(_module_names(state, fqns))
+
+
+def toggle_checkpoint(state, fqn: str) -> Plan:
+    return uncheckpoint(state, [fqn]) if fqn in state.plan.checkpoint else checkpoint(state, [fqn])
+
+
+def repeated_blocks(tree) -> tuple[str, ...]:
+    """The repeated blocks ``Plan.auto(model, checkpoint="blocks")`` checkpoints."""
+    return Plan.auto(tree, checkpoint="blocks").checkpoint
+
+
+def checkpoint_blocks(state, on: bool = True) -> Plan:
+    """Every repeated block checkpointed (``on``), or none of them."""
+    blocks = state.blocks()
+    if not blocks:
+        raise ValueError(f"{state.tree.root_type} has no repeated blocks to checkpoint")
+    plan = state.plan
+    if not on:
+        return plan.without_checkpoint(blocks)
+    # a module inside a block, or a block's ancestor, cannot be checkpointed as well
+    keep = [f for f in plan.checkpoint if not any(f.startswith(b + ".") or b.startswith(f + ".") for b in blocks)]
+    return plan.without_checkpoint([f for f in plan.checkpoint if f not in keep]).with_checkpoint(
+        [b for b in blocks if b not in plan.checkpoint])
+
+
+# ------------------------------------------------------------------------------------
+# one action over many modules
+# ------------------------------------------------------------------------------------
+def _make_units(tree, plan: Plan, fqns: list[str], kw: dict) -> Plan:
+    for f in fqns:
+        if plan.unit_of(f) is None:
+            plan = plan.with_unit(Unit(f, **kw))
+    return plan
+
+
+def _remove_units(tree, plan: Plan, fqns: list[str], kw: dict) -> Plan:
+    for f in fqns:
+        if plan.unit_of(f) is not None:
+            plan = plan.without_unit(f)
+    return plan
+
+
+def _set_reshard(tree, plan: Plan, fqns: list[str], kw: dict) -> Plan:
+    value = parse_reshard_after_forward(kw.get("value", kw.get("reshard_after_forward")))
+    for f in fqns:
+        if plan.unit_of(f) is not None:
+            plan = plan.with_unit_options(f, reshard_after_forward=value)
+    return plan
+
+
+#: Each ``BlockAction`` as a function (tree, plan, module fqns, keywords) -> plan; a module where
+#: the action is a no-op (already a unit, ...) is skipped.
+_ON_MANY: dict[BlockAction, Callable[[object, Plan, list[str], dict], Plan]] = {
+    BlockAction.MAKE_UNIT: _make_units,
+    BlockAction.REMOVE_UNIT: _remove_units,
+    BlockAction.IGNORE_LORA: lambda tree, plan, fqns, kw: _lora_plan(tree, plan, fqns, True),
+    BlockAction.UNIGNORE_LORA: lambda tree, plan, fqns, kw: _lora_plan(tree, plan, fqns, False),
+    BlockAction.SET_RESHARD_AFTER_FORWARD: _set_reshard,
+    BlockAction.CHECKPOINT: lambda tree, plan, fqns, kw: plan.with_checkpoint([f for f in fqns if f not in plan.checkpoint]),
+    BlockAction.UNCHECKPOINT: lambda tree, plan, fqns, kw: plan.without_checkpoint(fqns),
+}
+
+
+def apply_to_many(state, targets, action: BlockAction | str, **kw) -> Plan:
+    """One block action over many modules. ``targets``: module FQNs, row ids or a folded group id
+    ("layers.0-79" rows); ``action``: a ``BlockAction`` (or its name)."""
+    action = BlockAction.parse(action)
+    return _ON_MANY[action](state.tree, state.plan, module_fqns(state, targets), kw)
+
+
+def apply_to_type(state, type_or_fqn: str, action: BlockAction | str, within: str = "", **kw) -> Plan:
+    """A block action on every module of one class (given by name or by one of its FQNs)."""
+    tree = state.tree
+    type_name = tree.module(type_or_fqn).type_name if type_or_fqn in tree.module_index else type_or_fqn
+    mods = state.view.static.by_type.get(type_name)
+    if not mods:
+        raise ValueError(f"no module of type {type_name!r} in {tree.root_type}")
+    root = module_index(tree, within)
+    return apply_to_many(state, [tree.modules[m].fqn for m in mods if tree.is_inside(m, root)], action, **kw)
+
+
+# ------------------------------------------------------------------------------------
+# whole plans
+# ------------------------------------------------------------------------------------
+def preset_keeping_checkpointing(state, name: str) -> tuple[Plan, str | None]:
+    """Preset ``name`` (``PRESETS``) in place of the plan's calls and ignored parameters, keeping the
+    current checkpointing (the preset says what to shard, not what to recompute), and the message
+    that says what was kept (None when nothing was)."""
+    preset = presets.preset_plan(state.tree, name)
+    kept = tuple(f for f in state.plan.checkpoint if f not in preset.checkpoint)
+    if not kept:
+        return preset, None
+    plan = Plan(preset.units, preset.ignored, preset.name, preset.checkpoint + kept)
+    plan = renamed(plan, state.names.match(plan) or edited_name(preset.name, 1))
+    what = "every block" if set(plan.checkpoint) == set(state.blocks()) else f"{len(plan.checkpoint)} checkpointed modules"
+    return plan, (f"preset {PRESETS[name]!r} applied; it keeps your checkpointing ({what}). "
+                  "Undo goes back to the plan before it.")
+
+
+def validated_plan(tree, plan) -> Plan:
+    """A ``Plan``, JSON text or dict, validated against the model."""
+    plan = as_plan(plan)
+    plan.validate(tree)
+    return plan
 
 
 def parse_reshard_after_forward(value):

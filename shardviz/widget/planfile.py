@@ -69,16 +69,16 @@ class PlanFile:
         try:
             plan = Plan.from_json(data.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
-            return self._refuse(f"plan file {self.path} is not a valid shardviz plan ({exc})")
+            return self.refuse(f"plan file {self.path} is not a valid shardviz plan ({exc})")
         try:
             plan.validate(tree)
         except ValueError as exc:
-            return self._refuse(f"plan file {self.path} does not match this model ({exc})")
+            return self.refuse(f"plan file {self.path} does not match this model ({exc})")
         self.writable, self.problem = True, None
         self.setup = dict(plan.setup)
         return LoadResult(plan, "info", f"restored {len(plan.units)} units and {len(plan.ignored)} ignored parameters from {self.path}")
 
-    def _refuse(self, why: str) -> LoadResult:
+    def refuse(self, why: str) -> LoadResult:
         self.writable = False
         self.problem = (
             f"{why}. It was left untouched and autosave is OFF: overwrite it with the current plan "

@@ -1,18 +1,18 @@
 """The Inspector's "Suggest" panel: ``sv.search`` for the current model, mesh and training, its top
 rows as the panel shows them, and one click to apply a row.
 
-``SuggestActions`` is mixed into ``InspectorState``. ``suggest()`` says first how many plans it
-will try (the panel shows "searching N plans…" while the search runs), then runs ``sv.search``
-on the Inspector's tree. ``apply_suggestion(i)`` makes row ``i`` current as ONE undo step: its plan,
-and with it the HSDP split and the micro-batch the row was found with (``Search.candidate``), so
-that the numbers shown after applying are the row's. Every figure of the panel is formatted here
+Plain functions of ``InspectorState``, whose ``suggest`` and ``apply_suggestion`` call them.
+``run_search`` says first how many plans it will try (the panel shows "searching N plans…"
+while the search runs), then runs ``sv.search`` on the Inspector's tree. ``suggestion(state, i)``
+is row ``i`` as ONE undo step: its plan, and with it the HSDP split and the micro-batch the row
+was found with (``Search.candidate``), so that the numbers shown after applying are the row's. Every figure of the panel is formatted here
 (``shardviz.format``); the front end only draws the text it is sent.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..format import format_bytes, format_count, format_duration, format_percent, format_plural
 from ..plan import Plan
@@ -63,98 +63,88 @@ def changes_text(cur_mesh, mesh, cur_tr, tr) -> list[str]:
     return out
 
 
-class SuggestActions:
-    """The Suggest panel's state and actions (``InspectorState`` provides tree, mesh, training,
-    analysis, plan, ``_commit``, ``_message`` and ``_notify``)."""
+@dataclass(frozen=True)
+class FoundPlans:
+    """The last search the panel ran: what it found, for which mesh and training
+    (``search_key``), and how long it took."""
 
-    _search: Search | None = None
-    _search_key: tuple | None = None
-    _search_s: float = 0.0
-    _suggest_top: int = DEFAULT_TOP
-    _suggest_status: dict = {"state": "idle"}  # noqa: RUF012 - replaced, never mutated
+    search: Search
+    key: tuple
+    seconds: float
 
-    def _set_suggest(self, status: dict) -> None:
-        self._suggest_status = status
-        self._notify({"suggest"})
 
-    def suggest(self, top: int = DEFAULT_TOP) -> Search:
-        """Run ``sv.search`` for the current model, mesh and training; the panel shows its ``top`` rows.
+def run_search(state, top: int = DEFAULT_TOP) -> Search:
+    """Run ``sv.search`` for the state's model, mesh and training; the panel shows its ``top`` rows.
 
-        Raises ``ValueError`` naming what is missing (the device memory) or what the search refused;
-        the panel shows the same message."""
-        if int(top) < 1:
-            raise ValueError(f"top={top}: show at least 1 plan")
-        self._suggest_top = int(top)
-        mesh, training = self.mesh, self.training
-        try:
-            if mesh.device_memory is None:
-                raise ValueError(NO_MEMORY)
-            n = count_candidates(self.tree, mesh, training)
-        except ValueError as exc:
-            self._set_suggest({"state": "error", "error": str(exc)})
-            raise
-        self._set_suggest({"state": "running", "n_candidates": n})
-        t0 = time.perf_counter()
-        try:
-            found = search(self.tree, mesh, training)
-        except Exception as exc:
-            self._set_suggest({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
-            raise
-        self._search, self._search_key, self._search_s = found, search_key(mesh, training), time.perf_counter() - t0
-        self._set_suggest({"state": "done"})
-        return found
+    Raises ``ValueError`` naming what is missing (the device memory) or what the search refused;
+    the panel shows the same message (``state.set_suggest_status``)."""
+    if int(top) < 1:
+        raise ValueError(f"top={top}: show at least 1 plan")
+    state.suggest_top = int(top)
+    mesh, training = state.mesh, state.training
+    try:
+        if mesh.device_memory is None:
+            raise ValueError(NO_MEMORY)
+        n = count_candidates(state.tree, mesh, training)
+    except ValueError as exc:
+        state.set_suggest_status({"state": "error", "error": str(exc)})
+        raise
+    state.set_suggest_status({"state": "running", "n_candidates": n})
+    t0 = time.perf_counter()
+    try:
+        found = search(state.tree, mesh, training)
+    except Exception as exc:
+        state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
+        raise
+    state.found = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
+    state.set_suggest_status({"state": "done"})
+    return found
 
-    @property
-    def suggestion_search(self) -> Search | None:
-        """The last ``sv.search`` the panel ran (None before the first)."""
-        return self._search
 
-    def apply_suggestion(self, index: int) -> None:
-        """Make row ``index`` (0: the best) of the last search current, as one undo step: its plan,
-        HSDP split and micro-batch together; a message says what changed besides the plan."""
-        found = self._search
-        if found is None:
-            raise ValueError("no suggestions yet: run suggest() (the Suggest tab's button) first")
-        if self._search_key != search_key(self.mesh, self.training):
-            raise ValueError("the suggestions were found for another mesh or training: search again")
-        n = len(found.table)
-        if not 0 <= int(index) < n:
-            raise ValueError(f"suggestion {index}: the search has {n} rows (0 to {n - 1})")
-        plan, mesh, training = found.candidate(int(index))
-        name = found.table.name.iloc[int(index)]
-        plan = Plan(plan.units, plan.ignored, f"search: {name}", plan.checkpoint)
-        mesh = replace(self.mesh, shard=mesh.shard, replicate=mesh.replicate)  # the user's device and links stay
-        also = changes_text(self.mesh, mesh, self.training, training)
-        note = (f"suggestion {int(index) + 1} applied: {name}"
-                + (f"; also changed: {'; '.join(also)}" if also else "") + ". Undo goes back to the plan before it.")
-        if not self._commit(plan=plan, mesh=mesh, training=training, edit=False, note=note):
-            self._message("info", f"suggestion {int(index) + 1} is already the current plan")
-            self._notify({"messages"})
+def suggestion(state, index: int) -> tuple[Plan, object, object, str]:
+    """Row ``index`` (0: the best) of the last search as (plan, mesh, training, the message that
+    says what applying it changes besides the plan); ``ValueError`` when it cannot be applied."""
+    if state.found is None:
+        raise ValueError("no suggestions yet: run suggest() (the Suggest tab's button) first")
+    found = state.found.search
+    if state.found.key != search_key(state.mesh, state.training):
+        raise ValueError("the suggestions were found for another mesh or training: search again")
+    n = len(found.table)
+    if not 0 <= int(index) < n:
+        raise ValueError(f"suggestion {index}: the search has {n} rows (0 to {n - 1})")
+    plan, mesh, training = found.candidate(int(index))
+    name = found.table.name.iloc[int(index)]
+    plan = Plan(plan.units, plan.ignored, f"search: {name}", plan.checkpoint)
+    mesh = replace(state.mesh, shard=mesh.shard, replicate=mesh.replicate)  # the user's device and links stay
+    also = changes_text(state.mesh, mesh, state.training, training)
+    note = (f"suggestion {int(index) + 1} applied: {name}"
+            + (f"; also changed: {'; '.join(also)}" if also else "") + ". Undo goes back to the plan before it.")
+    return plan, mesh, training, note
 
-    @property
-    def suggestions(self) -> dict:
-        """The Suggest panel's data: the search's state, what it is for, what is missing, its rows."""
-        out = {**self._suggest_status, "inputs": f"{_mesh_text(self.mesh)} · {training_text(self.training)}",
-               "missing": self._missing(), "top": self._suggest_top,
-               "needs_memory": self.mesh.device_memory is None}
-        if out["state"] == "running":
-            out["text"] = f"searching {out['n_candidates']} plans…"
-        if self._search is not None:
-            out.update(search_payload(self._search, self._search_s, self._suggest_top, self))
-            out["stale"] = self._search_key != search_key(self.mesh, self.training)
-        return out
 
-    def _missing(self) -> list[str]:
-        """What the search cannot use: the device memory (no search) and what the step time needs."""
-        out = [NO_MEMORY] if self.mesh.device_memory is None else []
-        try:
-            reason = self.analysis.step.reason
-        except Exception as exc:  # noqa: BLE001 - the panel says so rather than break the widget
-            reason = f"{type(exc).__name__}: {exc}"
-        if reason:
-            out.append(f"No step time ({reason}): the plans are ranked by their collectives' seconds per step "
-                       "instead (one after another, no compute), then by less recomputation.")
-        return out
+def suggestions_payload(state) -> dict:
+    """The Suggest panel's data: the search's state, what it is for, what is missing, its rows."""
+    out = {**state.suggest_status, "inputs": f"{_mesh_text(state.mesh)} · {training_text(state.training)}",
+           "missing": _missing(state), "top": state.suggest_top, "needs_memory": state.mesh.device_memory is None}
+    if out["state"] == "running":
+        out["text"] = f"searching {out['n_candidates']} plans…"
+    if state.found is not None:
+        out.update(search_payload(state.found.search, state.found.seconds, state.suggest_top, state))
+        out["stale"] = state.found.key != search_key(state.mesh, state.training)
+    return out
+
+
+def _missing(state) -> list[str]:
+    """What the search cannot use: the device memory (no search) and what the step time needs."""
+    out = [NO_MEMORY] if state.mesh.device_memory is None else []
+    try:
+        reason = state.analysis.step.reason
+    except Exception as exc:  # noqa: BLE001 - the panel says so rather than break the widget
+        reason = f"{type(exc).__name__}: {exc}"
+    if reason:
+        out.append(f"No step time ({reason}): the plans are ranked by their collectives' seconds per step "
+                   "instead (one after another, no compute), then by less recomputation.")
+    return out
 
 
 def search_payload(found: Search, seconds: float, top: int, state) -> dict:

@@ -225,9 +225,9 @@ def test_llama70b_shapes_and_statuses_are_not_cut(lab_server, shared_lab_page):
     setup = (
         "import shardviz as sv\nfrom shardviz import zoo\n"
         "inspector = sv.Inspector(zoo.llama3_70b(lora=True), mesh=sv.Mesh(shard=64, device_memory='80GiB'))\n"
-        f"inspector.reveal({last + '.mlp.down_proj.base_layer.weight'!r})\n"
-        f"inspector.reveal({last + '.mlp.down_proj.lora_A.default.weight'!r})\n"
-        f"inspector.reveal({last + '.self_attn.q_proj.lora_B.default.weight'!r})\n"
+        f"inspector.controller.reveal({last + '.mlp.down_proj.base_layer.weight'!r})\n"
+        f"inspector.controller.reveal({last + '.mlp.down_proj.lora_A.default.weight'!r})\n"
+        f"inspector.controller.reveal({last + '.self_attn.q_proj.lora_B.default.weight'!r})\n"
     )
     widget = open_at_1280(page, lab_server, [setup, "inspector"], "inspector_70b.ipynb")
     expect(widget.locator(".sv-sum-size")).to_contain_text("70.76 billion parameter elements")  # format_large_count
