@@ -1,6 +1,6 @@
 """Issue 27, "Must show": the check rows of benchmarks/bench_published.py (not used to calibrate) within
 15 % of the published tokens/s, and those of benchmarks/bench_reserved.py within 5 % of the
-published reserved peak (not yet: a strict xfail, so it fails once the replay is fixed). The published figures are the runs' own (their sources are in the rows);
+published reserved peak. The published figures are the runs' own (their sources are in the rows);
 the predictions are shardviz's, with the rows' settings (float32 parameters, each cluster's network)."""
 
 import sys
@@ -28,10 +28,6 @@ def test_published_check_rows_are_within_15_percent_on_tokens_per_s():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open (issue 27): with torchtitan's layout (the root holds the embedding and "
-                   "the output) the replay reserves 40-52 % above the published peaks; each rise of the activation "
-                   "level is one block in the replay, and every block's forward transient leaves a fragment "
-                   "(docs/cost-model.md, 'Reserved memory')")
 def test_reserved_check_rows_are_within_5_percent_of_the_published_reserved_peak():
     model = bench_reserved.model()
     errors = {}

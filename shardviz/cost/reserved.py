@@ -7,7 +7,9 @@ frees the tensors the hook creates and drops, on the stream FSDP2 uses for them 
 parameters (copy-out), gradients, reduce-scatter inputs and activations on the default stream, the
 reduce-scatter outputs (the new sharded gradients) on the reduce-scatter stream ("rs"). The
 activations are one block per rise of the measured activation level, freed last-in first-out as
-the level falls (forward saves tensors in order, backward frees them in reverse). The resident
+the level falls (forward saves tensors in order, backward frees them in reverse), in the order
+the hooks run: a gradient's level leaves out the nested calls' modules that its span covers
+(``TracingSimulation.own_span``), which were replayed at their own hooks. The resident
 state (sharded parameters, optimizer states) is allocated first, one block per call.
 
 The reserved peak is ``peak`` + (the replay's reserved peak − its requested peak without the cuBLAS
@@ -35,6 +37,30 @@ class TracingSimulation(StepSimulation):
         self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
         self.last_rs_input = None
         self.serial = itertools.count()
+        self.owners: dict[int, int] | None = None  # module -> the call that manages it (``owner``)
+
+    def own_span(self, k: int, span: tuple) -> tuple:
+        """``span`` without the modules of other calls nested in call ``k``: their backward ran
+        before these gradients, at their own hooks (replayed there), and its level is gone by now.
+        The step simulation counts the span's highest level with these gradients (an upper bound
+        of the peak); replayed, that level would be a new allocation at the end of the span (the
+        embedding's gradients, after every block's backward: a segment as large as the blocks'
+        highest backward level)."""
+        tree = getattr(self.act, "tree", None)
+        if tree is None or len(span) < 2:
+            return span
+        return tuple(m for m in span if self.owner(m, tree) == k)
+
+    def owner(self, m: int, tree) -> int | None:
+        """The call whose parameters' module holds ``m`` most closely (the innermost call around it)."""
+        if self.owners is None:
+            self.owners = {}
+            for j, u in enumerate(self.units):
+                for r in u.modules:
+                    self.owners[r] = j
+        while m >= 0 and m not in self.owners:
+            m = tree.modules[m].parent  # -1 above the root
+        return self.owners.get(m)
 
     # -- the tensors ------------------------------------------------------------------------------
     def take(self, key, size: int, stream: str = "default") -> None:
@@ -109,7 +135,7 @@ class TracingSimulation(StepSimulation):
 
     def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> None:
         new_unsharded, new_whole = self.new_gradients(k, unsharded, whole)
-        super().gradients(k, unsharded, whole, module, span)
+        super().gradients(k, unsharded, whole, module, self.own_span(k, span))
         n = next(self.serial)
         self.take(("grad", k, n), new_unsharded)
         self.take(("whole_grad", k, n), new_whole)
