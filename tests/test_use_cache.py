@@ -84,3 +84,19 @@ def test_cli_selective_checkpointing_with_the_config_s_cache_answers(tmp_path, c
         out, err = capsys.readouterr()
         assert code == 0 and "Traceback" not in out + err, err
         assert ("SV113" in target.read_text()) == bool(extra)
+
+
+def test_the_cache_refusal_is_part_of_the_measured_step():
+    """Why a step was measured without the cache belongs to the activation stage (a frozen
+    ``MeasuredStep``), set once when it is measured; the analysis only reads it."""
+    import dataclasses
+
+    model = zoo.tiny_llama_lora()
+    a = sv.analyze(model, sv.Plan.auto(model, checkpoint="selective"), MESH, sv.Training(batch_size=1, seq_len=16,
+                                                                                          use_cache=True))
+    assert a.cache_refused and a.cache_refused == a.measured_step.cache_refused
+    with pytest.raises(AttributeError):
+        a.cache_refused = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.measured_step.cache_refused = None
+    assert a.cache == sv.activations.step_cache(model, a.training, True) and a.cache.use_cache
