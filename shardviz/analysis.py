@@ -9,7 +9,7 @@ The pipeline, one stage after the other (each computed on first use, once):
    ``activation_profile``, ``activations``, ``flops``;
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
 6. the step in seconds (``steptime.step_time``): ``time``, ``step``, ``timeline()``;
-7. the findings (``checks.run_checks``).
+7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pandas as pd
 from torch import nn
 
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, step_cache, unit_flops
-from .checks import run_checks, selective_with_cache
+from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
+from .checks import findings_of, selective_with_cache
 from .cost import (ActivationLevels, NoActivations, Training, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
 from .cost import peak_breakdown as peak_breakdown_of
@@ -340,8 +341,30 @@ class Analysis:
     # -- 7. findings -----------------------------------------------------------------------------
     @cached_property
     def findings(self) -> list[Finding]:
-        """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
-        return run_checks(self)
+        """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.findings_of``
+        the stages ``check_inputs`` hands them)."""
+        return findings_of(self.check_inputs())
+
+    def check_inputs(self, torch_version=None) -> CheckInputs:
+        """The stages the findings read (``check_inputs.CheckInputs``), the costly ones as functions
+        computed on first call; ``torch_version``: the release judged (default: the analysis')."""
+        return CheckInputs(
+            self.layout, self.training, torch_version if torch_version is not None else self.torch_version,
+            self.cache, self.model is not None, memory=lambda: self.memory, units=lambda: self.units,
+            params=lambda: self.params, comm=lambda: self.comm, fit=lambda: self.fit,
+            peak_breakdown=self.peak_breakdown, reserved_overhead=lambda expandable: self.costs.reserved_overhead(expandable),
+            step_time_s=lambda: self.step.step_time_s, cache_refused=lambda: self.cache_refused, price=self.price)
+
+    def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, *, timed: bool = False,
+              traffic: bool = False) -> Priced:
+        """This model with another plan, mesh or training, priced (``check_inputs.Priced``): its peaks;
+        ``timed``: its step time; ``traffic``: its reduce-scatter bytes. The findings' what-ifs."""
+        variant = Analysis(self.full_tree, plan or self.plan, mesh or self.mesh, training or self.training,
+                           self.torch_version, self.model)
+        memory = variant.memory
+        return Priced(int(memory["peak"].max()), int(memory["reserved_peak"].max()),
+                      variant.step.step_time_s if timed else None,
+                      reduce_scatter_sent(variant.comm) if traffic else None)
 
     @property
     def errors(self) -> list[Finding]:

@@ -58,14 +58,14 @@ def test_a_what_if_that_fails_is_a_line_in_the_finding(monkeypatch):
     step) is 'not priced' in the fix, and the analysis has its findings."""
     model = zoo.tiny_llama_lora()
     a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), sv.Mesh(4, device_memory="1MiB", memory_reserve=0), STEP)
-    original = sv.Analysis.what_if
+    original = sv.Analysis.price
 
-    def what_if(self, plan=None, mesh=None, training=None):
+    def price(self, plan=None, mesh=None, training=None, **figures):
         if plan is not None and plan.checkpoint:
             raise RuntimeError("recomputation failed")
-        return original(self, plan, mesh, training)
+        return original(self, plan, mesh, training, **figures)
 
-    monkeypatch.setattr(sv.Analysis, "what_if", what_if)
+    monkeypatch.setattr(sv.Analysis, "price", price)
     sv201 = [f for f in a.findings if f.code == "SV201"]
     assert len(sv201) == 1
     assert "could not be priced (RuntimeError: recomputation failed)" in sv201[0].fix
