@@ -305,12 +305,6 @@ USE_CACHE_FIX = ("Training(use_cache=False) (CLI: --no-use-cache); in the traini
                  "model.config.use_cache = False (or pass use_cache=False to the forward)")
 
 
-def _keeps_cache(inputs: CheckInputs) -> bool:
-    """The step is a Hugging Face forward run with ``use_cache=True`` (``Analysis.use_cache``: the
-    training's, else the config's unless the plan checkpoints)."""
-    return inputs.cache.use_cache
-
-
 def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
     """SV113 as an error: modules checkpointed selectively (``checkpoint``: a ``Plan.checkpoint``) in
     a step that keeps the key/value cache (``use_cache``). The recomputation updates the cache again,
@@ -347,7 +341,7 @@ def check_use_cache(inputs: CheckInputs) -> list[Finding]:
     a batch there is nothing to price: a warning only when modules are checkpointed (the cache keeps
     what checkpointing frees). An error when torch cannot run the plan with the cache (selective
     checkpointing, a recomputation that fails): the plan is priced without it."""
-    if not _keeps_cache(inputs):
+    if not inputs.cache.use_cache:  # the step's decision (activations.step_cache)
         return []
     refusal = selective_with_cache(inputs.plan.checkpoint, True)
     if refusal or not (inputs.training.with_activations and inputs.measures):
