@@ -5,19 +5,21 @@
 | SV120 | warning  | an adapter's ``target_modules`` list names projections this model does not have, so it adapts only some of them (fused ``qkv_proj`` / ``gate_up_proj``) |
 | SV121 | warning / info | the config declares ``torch_dtype: float32``: every weight in fp32, twice bf16's bytes |
 
-Below ``checks`` in the layers (``run_checks`` calls them); they read ``analysis.tree.model``, the
+Below ``checks`` in the layers (``run_checks`` calls them); they read ``inputs.tree.model``, the
 peft config on it and ``load.source_of`` (the files ``load_model`` read), nothing else.
 """
 
 from __future__ import annotations
 
+from .check_inputs import CheckInputs
 from .finding import Finding
 from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
+from .tree import ModelTree
 
 
-def _block_projections(analysis) -> dict[str, bool]:
+def _block_projections(tree: ModelTree) -> dict[str, bool]:
     """Leaf name -> adapted? for every linear layer inside the repeated blocks (peft's adapter layers
     count as adapted; the layers inside them, ``base_layer`` and ``lora_A``, are not listed)."""
     from torch import nn
@@ -26,7 +28,7 @@ def _block_projections(analysis) -> dict[str, bool]:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:
         return {}
-    tree, model = analysis.tree, analysis.tree.model
+    model = tree.model
     out: dict[str, bool] = {}
     for b in find_blocks(tree):
         block = model.get_submodule(tree.modules[b].fqn)
@@ -54,14 +56,14 @@ def _fused(name: str, stems: set[str]) -> bool:
     return ok[-1] and rest not in stems
 
 
-def check_adapter_targets(analysis) -> list[Finding]:
+def check_adapter_targets(inputs: CheckInputs) -> list[Finding]:
     """SV120: a ``target_modules`` list some of whose names match no layer of this model, while some
     of the blocks' linear layers go unadapted (Llama's list on Phi-3's fused ``qkv_proj``)."""
-    model = analysis.tree.model
+    model = inputs.tree.model
     configs = getattr(model, "peft_config", None)
     if model is None or not isinstance(configs, dict):
         return []
-    projections = _block_projections(analysis)
+    projections = _block_projections(inputs.tree)
     source = source_of(model)
     out = []
     for name, config in configs.items():
@@ -86,15 +88,15 @@ def check_adapter_targets(analysis) -> list[Finding]:
     return out
 
 
-def check_fp32_config(analysis) -> list[Finding]:
+def check_fp32_config(inputs: CheckInputs) -> list[Finding]:
     """SV121: the config file declares float32 weights. With frozen base weights (an adapter) that is
     twice the bytes for nothing (a warning); trained weights in fp32 are a choice (fp32 master weights
     under bf16 compute): said as info."""
-    model = analysis.tree.model
+    model = inputs.tree.model
     source = source_of(model) if model is not None else None
     if source is None or source.declared_dtype != "float32":
         return []
-    params = [p for p in analysis.tree.params if p.dtype.is_floating_point and p.itemsize == 4]
+    params = [p for p in inputs.tree.params if p.dtype.is_floating_point and p.itemsize == 4]
     frozen = [p for p in params if not p.requires_grad]
     total = sum(p.nbytes for p in params)
     severity = "warning" if frozen else "info"

@@ -9,7 +9,7 @@ The pipeline, one stage after the other (each computed on first use, once):
    ``activation_profile``, ``activations``, ``flops``;
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
 6. the step in seconds (``steptime.step_time``): ``time``, ``step``, ``timeline()``;
-7. the findings (``checks.run_checks``).
+7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from functools import cached_property
 import pandas as pd
 from torch import nn
 
-from .activations import FLOP_COLUMNS, config_use_cache, measure_activations, unit_flops
-from .checks import run_checks, selective_with_cache
+from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, step_cache, unit_flops
+from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
+from .checks import findings_of, selective_with_cache
 from .cost import (ActivationLevels, NoActivations, Training, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
 from .cost import peak_breakdown as peak_breakdown_of
@@ -57,9 +58,6 @@ class Analysis:
         # the module itself, held only when it is run: to measure activations, or to see the order its
         # modules run in when calls are nested (their gradients interleave by it, cost.walk)
         self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
-        # why the step was priced without the key/value cache the training asks for (torch cannot
-        # run the plan with it), set when the activations are measured; None: priced as asked
-        self.cache_refused: str | None = None
 
     def _runs_a_step(self) -> bool:
         return self.training.with_activations or bool(calls_with_nested_calls(self.layout, self.tree.modules))
@@ -129,31 +127,48 @@ class Analysis:
         return pd.DataFrame(rows, columns=columns).sort_values("order", ignore_index=True)
 
     # -- 4. the activation profile: one training step measured by torch --------------------------
+    @cached_property
+    def cache(self) -> StepCache:
+        """The step's key/value-cache decision (``activations.step_cache``): its ``use_cache`` and why."""
+        return step_cache(self.tree.model, self.training, bool(self.plan.checkpoint))
+
     @property
     def use_cache(self) -> bool:
         """The ``use_cache`` the training step runs with (``Training.step_use_cache``): the
         training's, else the config's, off with checkpointing (Hugging Face's rule)."""
-        t = self.training
-        keeps = t.example_inputs is None and config_use_cache(self.tree.model)
-        return t.step_use_cache(keeps, bool(self.plan.checkpoint))
+        return self.cache.use_cache
 
     @cached_property
-    def activation_profile(self):
-        """The step's activations measured by torch (``activations.measure_activations``), or None
-        without ``Training.batch_size``. Cached across analyses (in ``activations``' one cache)."""
+    def measured_step(self) -> MeasuredStep | None:
+        """The activation stage (``activations.MeasuredStep``): the step measured by torch and, when
+        torch cannot run it with the cache asked for, why it was measured without; None without
+        ``Training.batch_size``. The profiles are cached across analyses (in ``activations``' one cache)."""
         if not self.training.with_activations:
             return None
-        return self._measured_step(self.training.batch_size, self.training.seq_len)
+        return self._measure(self.training.batch_size, self.training.seq_len)
 
-    def _measured_step(self, batch_size: int, seq_len: int, for_order_only: bool = False):
-        model = self.model
-        if model is None:
+    @property
+    def activation_profile(self):
+        """The step's activations measured by torch (``activations.measure_activations``), or None
+        without ``Training.batch_size``."""
+        measured = self.measured_step
+        return None if measured is None else measured.profile
+
+    @property
+    def cache_refused(self) -> str | None:
+        """Why the step was priced without the key/value cache the training asks for (torch cannot
+        run the plan with it); None: priced as asked (or no step measured)."""
+        measured = self.measured_step
+        return None if measured is None else measured.cache_refused
+
+    def _live_model(self):
+        if self.model is None:
             raise ValueError("Training(batch_size=...) measures activations by running the model, which no longer "
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
-        lay, t = self.layout, self.training
-        if for_order_only:
-            return measure_activations(model, batch_size, seq_len, example_inputs=t.example_inputs, tree=self.full_tree)
-        tree = self.tree
+        return self.model
+
+    def _measure(self, batch_size: int, seq_len: int) -> MeasuredStep:
+        model, tree, lay, t = self._live_model(), self.tree, self.layout, self.training
         if self.tp_placements:  # one tensor rank's step: its local parameters, the gathers its styles do
             model, tree = self._tp_local_model, None
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
@@ -162,34 +177,27 @@ class Analysis:
         measure = lambda use_cache: measure_activations(  # noqa: E731
             model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole, checkpoint=self.plan.checkpoint,
             example_inputs=t.example_inputs, tree=tree, use_cache=use_cache)
-        use_cache = self.use_cache
-        if use_cache and (refusal := selective_with_cache(self.plan.checkpoint, use_cache)):
-            self.cache_refused = refusal[0].message  # torch raises in that step's backward: there is no such step
-        elif use_cache:
+        refused = None
+        if self.use_cache and (refusal := selective_with_cache(self.plan.checkpoint, True)):
+            refused = refusal[0].message  # torch raises in that step's backward: there is no such step
+        elif self.use_cache:
             try:
-                return self._with_cache_note(measure(True))
+                return MeasuredStep(self._with_cache_note(measure(True)))
             except ValueError as exc:  # the cache's step fails in torch (or cannot be measured): try without it
                 if not self.plan.checkpoint:
                     raise
-                self.cache_refused = f"the step with use_cache=True cannot be measured: {exc}"
-        return self._with_cache_note(measure(False))
+                refused = f"the step with use_cache=True cannot be measured: {exc}"
+        return MeasuredStep(self._with_cache_note(measure(False), refused), refused)
 
-    def _with_cache_note(self, profile):
+    def _with_cache_note(self, profile, refused: str | None = None):
         """The profile with the ``use_cache`` it was measured with, and why, in its assumptions."""
-        t, keeps = self.training, config_use_cache(self.tree.model)
-        if self.cache_refused:
+        if refused:
             note = (f"use_cache=False: torch cannot run this plan with the key/value cache, priced without it "
-                    f"({self.cache_refused[:300]})")
-        elif t.use_cache is not None:
-            note = f"use_cache={t.use_cache} (Training(use_cache={t.use_cache}))"
-        elif keeps and self.plan.checkpoint and t.example_inputs is None:
-            note = ("use_cache=False: the config keeps use_cache=True, but the plan checkpoints modules, and Hugging "
-                    "Face's own gradient checkpointing turns the cache off in training (transformers "
-                    "utils/generic.py, merge_with_config_defaults); the exported code sets model.config.use_cache = False")
-        elif t.example_inputs is None:
-            note = f"use_cache={keeps} (the config's)"
-        else:
+                    f"({refused[:300]})")
+        elif self.cache.why is None:
             return profile
+        else:
+            note = self.cache.why
         return replace(profile, assumptions=profile.assumptions + (note,))
 
     @cached_property
@@ -204,7 +212,8 @@ class Analysis:
         profile = self.activation_profile
         if profile is None and self.model is not None:
             try:  # the order does not depend on dtypes or checkpointing: one small step serves every plan
-                profile = self._measured_step(1, min(self.training.seq_len, 32), for_order_only=True)
+                profile = measure_activations(self._live_model(), 1, min(self.training.seq_len, 32),
+                                              example_inputs=self.training.example_inputs, tree=self.full_tree)
             except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
                 return None
         return None if profile is None else profile.run_order
@@ -332,8 +341,30 @@ class Analysis:
     # -- 7. findings -----------------------------------------------------------------------------
     @cached_property
     def findings(self) -> list[Finding]:
-        """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.run_checks``)."""
-        return run_checks(self)
+        """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.findings_of``
+        the stages ``check_inputs`` hands them)."""
+        return findings_of(self.check_inputs())
+
+    def check_inputs(self, torch_version=None) -> CheckInputs:
+        """The stages the findings read (``check_inputs.CheckInputs``), the costly ones as functions
+        computed on first call; ``torch_version``: the release judged (default: the analysis')."""
+        return CheckInputs(
+            self.layout, self.training, torch_version if torch_version is not None else self.torch_version,
+            self.cache, self.model is not None, memory=lambda: self.memory, units=lambda: self.units,
+            params=lambda: self.params, comm=lambda: self.comm, fit=lambda: self.fit,
+            peak_breakdown=self.peak_breakdown, reserved_overhead=lambda expandable: self.costs.reserved_overhead(expandable),
+            step_time_s=lambda: self.step.step_time_s, cache_refused=lambda: self.cache_refused, price=self.price)
+
+    def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, *, timed: bool = False,
+              traffic: bool = False) -> Priced:
+        """This model with another plan, mesh or training, priced (``check_inputs.Priced``): its peaks;
+        ``timed``: its step time; ``traffic``: its reduce-scatter bytes. The findings' what-ifs."""
+        variant = Analysis(self.full_tree, plan or self.plan, mesh or self.mesh, training or self.training,
+                           self.torch_version, self.model)
+        memory = variant.memory
+        return Priced(int(memory["peak"].max()), int(memory["reserved_peak"].max()),
+                      variant.step.step_time_s if timed else None,
+                      reduce_scatter_sent(variant.comm) if traffic else None)
 
     @property
     def errors(self) -> list[Finding]:

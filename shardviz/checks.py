@@ -5,9 +5,10 @@ checks below (SV1xx) and the memory check (``check_memory``, SV201), errors firs
 stable: tests, users and the widget grep for them. ``fixes.fix_plan(analysis, finding)`` turns a
 finding's fix into a new plan when the fix is a change of plan.
 
-Below ``analysis`` in the layers: every check reads the analysis it is given and never imports
-``Analysis``; SV201 prices its fixes with ``analysis.what_if(...)``: their peak, and the time each
-costs from the fixed analysis' ``a.step``.
+Below ``analysis`` in the layers: every check reads the stages it is given
+(``check_inputs.CheckInputs``: the layout, the training, the key/value-cache decision, the memory
+table, ...), never the ``Analysis``; the what-ifs (SV113, SV201's fixes, SV304) go through its
+``price`` (``check_inputs.Priced``: the variant's peak, and its step time or traffic when asked).
 
 | code  | severity | what |
 |-------|----------|------|
@@ -30,7 +31,10 @@ costs from the fixed analysis' ``a.step``.
 from __future__ import annotations
 
 
+from dataclasses import replace
+
 from .adapter_checks import check_adapter_targets, check_fp32_config
+from .check_inputs import CheckInputs
 from .finding import Finding
 from .memory_checks import CHECKPOINT_FIXES, MemoryFix, check_memory, memory_fixes  # noqa: F401 - SV201, importable here
 from .fixes import split_unit
@@ -114,10 +118,10 @@ def release_findings(layout: Layout, torch_version=None) -> list[Finding]:
 # ---------------------------------------------------------------------------
 # Plan checks
 # ---------------------------------------------------------------------------
-def check_unsynchronised(analysis) -> list[Finding]:
-    lay, tree = analysis.layout, analysis.tree
+def check_unsynchronised(inputs: CheckInputs) -> list[Finding]:
+    lay, tree = inputs.layout, inputs.tree
     out = []
-    world = analysis.mesh.world
+    world = inputs.mesh.world
     ignored = [p for p in tree.params if lay.param_status[p.index] == "ignored" and p.requires_grad]
     loose = [p for p in tree.params if lay.param_status[p.index] == "unmanaged" and p.requires_grad]
     frozen = [p for p in tree.params if lay.param_status[p.index] == "unmanaged" and not p.requires_grad]
@@ -155,8 +159,8 @@ def check_unsynchronised(analysis) -> list[Finding]:
     return out
 
 
-def check_root_only(analysis) -> list[Finding]:
-    plan, lay = analysis.plan, analysis.layout
+def check_root_only(inputs: CheckInputs) -> list[Finding]:
+    plan, lay = inputs.plan, inputs.layout
     if len(plan.units) != 1 or plan.units[0].modules != ("",):
         return []
     size = lay.unit_numbers[0]["unsharded_bytes"]
@@ -171,9 +175,9 @@ def check_root_only(analysis) -> list[Finding]:
     )]
 
 
-def check_dominant_unit(analysis) -> list[Finding]:
+def check_dominant_unit(inputs: CheckInputs) -> list[Finding]:
     """One call's unsharded parameters dominate a rank's peak: most of it, and far above every other call."""
-    lay = analysis.layout
+    lay = inputs.layout
     numbers = lay.unit_numbers
     if len(numbers) < 2:
         return []  # a single call is SV105's business (or has no alternative)
@@ -181,7 +185,7 @@ def check_dominant_unit(analysis) -> list[Finding]:
     biggest, second = sizes[-1], sizes[-2]
     if biggest == 0 or biggest <= 2 * second:
         return []
-    peak = int(analysis.memory["peak"].max())
+    peak = int(inputs.memory()["peak"].max())
     out = []
     for ul, n in zip(lay.units, numbers):
         size = n["padded_unsharded_bytes"]
@@ -199,15 +203,15 @@ def check_dominant_unit(analysis) -> list[Finding]:
                 ul.unit.modules,
                 "split it: give its largest submodules (embeddings, [norm, lm_head], blocks) their own units, "
                 "keeping modules that share a parameter in one call (sv.fix_plan does)"
-                if split_unit(analysis, ul) is not None else
+                if split_unit(inputs.layout, ul) is not None else
                 "it cannot be split without breaking a shared parameter or a module apart: shard over more "
                 "ranks, or use a lower param_dtype",
             ))
     return out
 
 
-def check_padding(analysis) -> list[Finding]:
-    lay, tree, shard = analysis.layout, analysis.tree, analysis.mesh.shard
+def check_padding(inputs: CheckInputs) -> list[Finding]:
+    lay, tree, shard = inputs.layout, inputs.tree, inputs.mesh.shard
     if shard == 1:
         return []
     allocated = waste = 0
@@ -234,8 +238,8 @@ def check_padding(analysis) -> list[Finding]:
     )]
 
 
-def check_empty_shards(analysis) -> list[Finding]:
-    lay, tree, shard = analysis.layout, analysis.tree, analysis.mesh.shard
+def check_empty_shards(inputs: CheckInputs) -> list[Finding]:
+    lay, tree, shard = inputs.layout, inputs.tree, inputs.mesh.shard
     hit = []
     for p in tree.params:
         if lay.param_status[p.index] != "sharded" or not p.shape:
@@ -259,9 +263,9 @@ def check_empty_shards(analysis) -> list[Finding]:
     )]
 
 
-def check_all_ignored_units(analysis) -> list[Finding]:
-    lay, tree = analysis.layout, analysis.tree
-    ignored = {tree.param_index[f] for f in analysis.plan.ignored}
+def check_all_ignored_units(inputs: CheckInputs) -> list[Finding]:
+    lay, tree = inputs.layout, inputs.tree
+    ignored = {tree.param_index[f] for f in inputs.plan.ignored}
     out = []
     for ul in lay.units:
         params = {p for m in ul.modules for p in tree.subtree_params(m)}
@@ -276,11 +280,11 @@ def check_all_ignored_units(analysis) -> list[Finding]:
     return out
 
 
-def check_mixed_optimizer_groups(analysis) -> list[Finding]:
+def check_mixed_optimizer_groups(inputs: CheckInputs) -> list[Finding]:
     """Sharded parameters are DTensors, whole ones plain tensors; torch's foreach optimizer kernels
     (the default for accelerator tensors) raise "got mixed torch.Tensor and DTensor" on one group
     holding both (checked against torch in tests/test_mixed_optimizer.py)."""
-    lay, tree = analysis.layout, analysis.tree
+    lay, tree = inputs.layout, inputs.tree
     trainable = [p for p in tree.params if p.requires_grad]
     sharded = [p for p in trainable if lay.param_status[p.index] == "sharded"]
     whole = [p for p in trainable if lay.param_status[p.index] != "sharded"]
@@ -301,12 +305,6 @@ USE_CACHE_FIX = ("Training(use_cache=False) (CLI: --no-use-cache); in the traini
                  "model.config.use_cache = False (or pass use_cache=False to the forward)")
 
 
-def _keeps_cache(analysis) -> bool:
-    """The step is a Hugging Face forward run with ``use_cache=True`` (``Analysis.use_cache``: the
-    training's, else the config's unless the plan checkpoints)."""
-    return bool(analysis.use_cache)
-
-
 def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
     """SV113 as an error: modules checkpointed selectively (``checkpoint``: a ``Plan.checkpoint``) in
     a step that keeps the key/value cache (``use_cache``). The recomputation updates the cache again,
@@ -324,18 +322,18 @@ def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
     )]
 
 
-def _cache_refused(analysis) -> list[Finding]:
+def _cache_refused(inputs: CheckInputs) -> list[Finding]:
     """SV113 as an error: torch cannot run the plan with the cache the training asks for (its
     checkpointed recomputation fails), so the numbers are those of the step without it."""
     return [Finding(
         "SV113", "error",
-        f"use_cache=True with this plan's checkpointing is a step torch cannot run: {analysis.cache_refused[:400]}; "
+        f"use_cache=True with this plan's checkpointing is a step torch cannot run: {inputs.cache_refused()[:400]}; "
         "priced with use_cache=False",
-        **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
+        **_first(inputs.plan.checkpoint), fix=USE_CACHE_FIX,
     )]
 
 
-def check_use_cache(analysis) -> list[Finding]:
+def check_use_cache(inputs: CheckInputs) -> list[Finding]:
     """SV113: the step runs with ``use_cache=True`` (the config's, without checkpointing, or the
     training's): each training forward also fills a key/value cache holding every layer's keys and
     values until the output is dropped. The predicted peak counts it; with a batch, the finding says
@@ -343,36 +341,36 @@ def check_use_cache(analysis) -> list[Finding]:
     a batch there is nothing to price: a warning only when modules are checkpointed (the cache keeps
     what checkpointing frees). An error when torch cannot run the plan with the cache (selective
     checkpointing, a recomputation that fails): the plan is priced without it."""
-    if not _keeps_cache(analysis):
+    if not inputs.cache.use_cache:  # the step's decision (activations.step_cache)
         return []
-    refusal = selective_with_cache(analysis.plan.checkpoint, True)
-    if refusal or not (analysis.training.with_activations and analysis.model is not None):
+    refusal = selective_with_cache(inputs.plan.checkpoint, True)
+    if refusal or not (inputs.training.with_activations and inputs.measures):
         return refusal or ([Finding(
             "SV113", "warning",
-            f"{_plural(len(analysis.plan.checkpoint), 'module')} are checkpointed with use_cache=True: each "
+            f"{_plural(len(inputs.plan.checkpoint), 'module')} are checkpointed with use_cache=True: each "
             "training forward also fills a key/value cache that keeps every layer's keys and "
             "values alive until the loss (give Training(batch_size=...) to have it measured and priced)",
-            **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
-        )] if analysis.plan.checkpoint else [])
-    peak = int(analysis.memory["peak"].max())
-    if analysis.cache_refused:
-        return _cache_refused(analysis)
+            **_first(inputs.plan.checkpoint), fix=USE_CACHE_FIX,
+        )] if inputs.plan.checkpoint else [])
+    peak = int(inputs.memory()["peak"].max())
+    if inputs.cache_refused():
+        return _cache_refused(inputs)
     try:
-        without = int(analysis.without_kv_cache().memory["peak"].max())
+        without = inputs.price(training=replace(inputs.training, use_cache=False)).peak
     except Exception as exc:  # noqa: BLE001 - a what-if never crashes the analysis: it becomes the finding's words
         return [Finding("SV113", "warning", "the step keeps a key/value cache (use_cache=True); the step without it "
                         f"could not be priced ({type(exc).__name__}: {str(exc)[:200]})", fix=USE_CACHE_FIX)]
     if without >= peak:
         return []
-    ckpt = (f" ({_plural(len(analysis.plan.checkpoint), 'module')} checkpointed: the cache keeps what they would free)"
-            if analysis.plan.checkpoint else "")
+    ckpt = (f" ({_plural(len(inputs.plan.checkpoint), 'module')} checkpointed: the cache keeps what they would free)"
+            if inputs.plan.checkpoint else "")
     return [Finding(
         "SV113", "warning",
         "the step runs with use_cache=True: each training forward also fills a key/value cache that keeps "
         f"every layer's keys and values alive until the output is dropped{ckpt}; the predicted peak "
         f"({format_bytes(peak)}) counts it, use_cache=False saves {format_bytes(peak - without)} "
         f"({peak - without:,} bytes) on the worst rank (peak {format_bytes(without)})",
-        **_first(analysis.plan.checkpoint), fix=USE_CACHE_FIX,
+        **_first(inputs.plan.checkpoint), fix=USE_CACHE_FIX,
     )]
 
 
@@ -391,17 +389,21 @@ CHECKS = (
 
 
 def run_checks(analysis, torch_version=None) -> list[Finding]:
-    """Every finding for ``analysis``, errors first.
+    """Every finding for ``analysis``, errors first (``findings_of`` its ``check_inputs``).
 
     ``torch_version``: the release the plan will run on (default: the analysis's ``torch_version``,
     else the installed torch).
     """
-    version = torch_version if torch_version is not None else analysis.torch_version
-    findings = list(analysis.layout.errors)
-    findings += release_findings(analysis.layout, version)
+    return findings_of(analysis.check_inputs(torch_version))
+
+
+def findings_of(inputs: CheckInputs) -> list[Finding]:
+    """Every finding for the stages ``inputs`` (``check_inputs.CheckInputs``), errors first."""
+    findings = list(inputs.layout.errors)
+    findings += release_findings(inputs.layout, inputs.torch_version)
     for check in CHECKS:
-        findings += check(analysis)
-    findings += check_memory(analysis)
-    findings = in_user_terms(findings + check_origin(analysis), analysis.plan)  # captured plans (SV3xx)
+        findings += check(inputs)
+    findings += check_memory(inputs)
+    findings = in_user_terms(findings + check_origin(inputs), inputs.plan)  # captured plans (SV3xx)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))

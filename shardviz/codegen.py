@@ -220,7 +220,6 @@ def export_code(model, plan, mesh: Mesh | None = None, training=None, torch_vers
 
 def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     """Check the inputs and what torch would refuse; the units in the order the calls are made."""
-    from .activations import config_use_cache
     from .checks import release_findings
 
     tree = as_tree(model)
@@ -241,7 +240,7 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     units = [plan.units[u] for u in layout.order]
     if training is not None:
         units = [training.unit_defaults(u) for u in units]
-    cache_off = config_use_cache(tree.model) and not analysis.use_cache
+    cache_off = analysis.cache.turned_off
     return _Export(tree.root_type, plan, mesh, units, release, training.grad_accum if training else 1,
                    training.sync_every_microbatch if training else False, _expandable_reason(tree, plan, mesh, training),
                    cache_off)

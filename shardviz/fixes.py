@@ -18,61 +18,62 @@ from .presets import auto_plan, join_calls
 
 def fix_plan(analysis, finding: Finding):
     """The plan that ``finding.fix`` describes, applied to ``analysis.plan``; None when the fix is not a
-    change of plan (another release, mesh or training, or the exported code) or no plan change helps."""
+    change of plan (another release, mesh or training, or the exported code) or no plan change helps.
+    Each fix reads the analysis' layout (its tree, plan and mesh) and target release, nothing else."""
     fix = FIXES.get(finding.code)
-    return fix(analysis, finding) if fix is not None else None
+    return fix(analysis.layout, finding, analysis.torch_version) if fix is not None else None
 
 
 def _with_root(plan: Plan) -> Plan:
     return plan if plan.unit_of("") is not None else plan.with_unit("")
 
 
-def _layout(analysis, plan: Plan) -> Layout:
-    return Layout(analysis.tree, plan, analysis.mesh)
+def _layout(layout: Layout, plan: Plan) -> Layout:
+    return Layout(layout.tree, plan, layout.mesh)
 
 
-def _grouping_allowed(analysis) -> bool:
-    return analysis.torch_version is None or supports_grouped_call(analysis.torch_version)
+def _grouping_allowed(release: str | None) -> bool:
+    return release is None or supports_grouped_call(release)
 
 
-def _ignore_first(analysis, finding):  # SV002, SV008: a refused parameter is kept out of FSDP
-    tree = analysis.tree
-    return analysis.plan.with_ignored([tree.params[tree.param_index[f]].fqn for f in finding.fqns[:1]])
+def _ignore_first(layout: Layout, finding: Finding, release):  # SV002, SV008: a refused parameter is kept out of FSDP
+    tree = layout.tree
+    return layout.plan.with_ignored([tree.params[tree.param_index[f]].fqn for f in finding.fqns[:1]])
 
 
-def _join_shared(analysis, finding):  # SV001
-    joined = join_calls(analysis.tree, analysis.plan, finding.fqns)
-    if not _grouping_allowed(analysis):
-        joined = ungroup(analysis.tree, joined)  # no groups before 2.5: the module around them instead
-    grouped_roots = [f for f in _layout(analysis, joined).errors if f.code == "SV004"]
+def _join_shared(layout: Layout, finding: Finding, release):  # SV001
+    joined = join_calls(layout.tree, layout.plan, finding.fqns)
+    if not _grouping_allowed(release):
+        joined = ungroup(layout.tree, joined)  # no groups before 2.5: the module around them instead
+    grouped_roots = [f for f in _layout(layout, joined).errors if f.code == "SV004"]
     return _with_root(joined) if grouped_roots else joined
 
 
-def _add_root(analysis, finding):  # SV004, SV006, SV103, SV104
+def _add_root(layout: Layout, finding: Finding, release):  # SV004, SV006, SV103, SV104
     # The root takes every leftover; a tied parameter it now reaches twice goes in one call.
-    fixed = _with_root(analysis.plan)
-    before = {f.fqns for f in analysis.layout.errors if f.code == "SV001"}
+    fixed = _with_root(layout.plan)
+    before = {f.fqns for f in layout.errors if f.code == "SV001"}
     for _ in range(len(fixed.units)):
-        split = [f for f in _layout(analysis, fixed).errors if f.code == "SV001" and f.fqns not in before]
+        split = [f for f in _layout(layout, fixed).errors if f.code == "SV001" and f.fqns not in before]
         if not split:
             break
-        fixed = join_calls(analysis.tree, fixed, split[0].fqns)
+        fixed = join_calls(layout.tree, fixed, split[0].fqns)
     return fixed
 
 
-def _reshard_true(analysis, finding):  # SV005
-    return analysis.plan.with_unit_options(finding.fqns[0], reshard_after_forward=True)
+def _reshard_true(layout: Layout, finding: Finding, release):  # SV005
+    return layout.plan.with_unit_options(finding.fqns[0], reshard_after_forward=True)
 
 
-def _unit_per_child(analysis, finding):  # SV007
-    tree, plan = analysis.tree, analysis.plan
+def _unit_per_child(layout: Layout, finding: Finding, release):  # SV007
+    tree, plan = layout.tree, layout.plan
     unit = plan.unit_of(finding.fqns[0])
     children = [tree.modules[c].fqn for c in children_with_params(tree, tree.module_index[finding.fqns[0]])]
     return plan.with_units([u for u in plan.units if u is not unit] + [replace(unit, modules=[c]) for c in children])
 
 
-def _ignore_minor_dtypes(analysis, finding):  # SV003: keep the dtype with the most elements
-    tree, lay = analysis.tree, analysis.layout
+def _ignore_minor_dtypes(layout: Layout, finding: Finding, release):  # SV003: keep the dtype with the most elements
+    tree, lay = layout.tree, layout
     ul = lay.units[lay.param_unit[tree.param_index[finding.fqns[0]]]]
     by_dtype: dict = {}
     for p in ul.params:
@@ -80,37 +81,37 @@ def _ignore_minor_dtypes(analysis, finding):  # SV003: keep the dtype with the m
         if info.requires_grad:
             by_dtype.setdefault(info.dtype, []).append(info)
     keep = max(by_dtype, key=lambda d: (sum(i.numel for i in by_dtype[d]), str(d)))
-    return analysis.plan.with_ignored([i.fqn for d, group in by_dtype.items() if d != keep for i in group])
+    return layout.plan.with_ignored([i.fqn for d, group in by_dtype.items() if d != keep for i in group])
 
 
-def _shard_trainable_ignored(analysis, finding):  # SV102 (not 0-dim or strided ones: torch refuses them)
-    tree, plan = analysis.tree, analysis.plan
+def _shard_trainable_ignored(layout: Layout, finding: Finding, release):  # SV102 (not 0-dim or strided ones: torch refuses them)
+    tree, plan = layout.tree, layout.plan
     ignored = {tree.param_index[f] for f in plan.ignored}
     back = [tree.params[p].fqn for p in ignored
             if tree.params[p].requires_grad and tree.params[p].shape and tree.params[p].contiguous]
     return plan.without_ignored(back) if back else None
 
 
-def _per_block(analysis, finding):  # SV105
-    plan = analysis.plan
-    auto = auto_plan(analysis.tree, "sharded")
+def _per_block(layout: Layout, finding: Finding, release):  # SV105
+    plan = layout.plan
+    auto = auto_plan(layout.tree, "sharded")
     fixed = plan.with_units(auto.units).with_ignored(auto.ignored)
-    return fixed if _grouping_allowed(analysis) else ungroup(analysis.tree, fixed)
+    return fixed if _grouping_allowed(release) else ungroup(layout.tree, fixed)
 
 
-def _split_dominant(analysis, finding):  # SV106
-    for ul in analysis.layout.units:
+def _split_dominant(layout: Layout, finding: Finding, release):  # SV106
+    for ul in layout.units:
         if ul.unit.modules == tuple(finding.fqns):
-            return split_unit(analysis, ul)
+            return split_unit(layout, ul)
     return None
 
 
-def _drop_unit(analysis, finding):  # SV109
-    return analysis.plan.without_unit(finding.fqns[0])
+def _drop_unit(layout: Layout, finding: Finding, release):  # SV109
+    return layout.plan.without_unit(finding.fqns[0])
 
 
-def _ungroup_all(analysis, finding):  # SV110
-    return ungroup(analysis.tree, analysis.plan)
+def _ungroup_all(layout: Layout, finding: Finding, release):  # SV110
+    return ungroup(layout.tree, layout.plan)
 
 
 FIXES = {
@@ -163,9 +164,9 @@ def _movable_parts(tree, ul, candidates: list[int], keep_outer: bool) -> dict[in
     return groups
 
 
-def split_unit(analysis, ul):
+def split_unit(layout: Layout, ul):
     """``ul``'s call split into calls that keep every shared parameter in one call, or None."""
-    tree, plan = analysis.tree, analysis.plan
+    tree, plan = layout.tree, layout.plan
     unit = ul.unit
     if unit.is_grouped:
         candidates, keep_outer = list(ul.modules), False

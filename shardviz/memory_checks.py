@@ -1,11 +1,11 @@
 """SV201: the predicted peak against the device, and the cheapest change that makes it fit.
 
-``check_memory(analysis)`` judges the worst rank's peak with the one fits verdict (``Analysis.fit``:
+``check_memory(inputs)`` judges the worst rank's peak with the one fits verdict (``Analysis.fit``:
 the caching allocator's reserved peak against device memory less the reserve, with the safety
 margin); when it is over or tight, ``memory_fixes`` tries the changes ``sv.search`` tries, one at a
-time, each priced with ``analysis.what_if`` (its peak and its step time) and written both in Python
+time, each priced with ``CheckInputs.price`` (its peak and its step time) and written both in Python
 and as CLI flags. A what-if that fails is a fix marked ``failed``, said in the finding, never raised.
-Called by ``checks.run_checks``; below ``analysis`` in the layers, like ``checks``.
+Called by ``checks.findings_of``; it reads the stages it is given (``check_inputs.CheckInputs``), never the analysis.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+from .check_inputs import CheckInputs
 from .finding import Finding
 from .format import format_bytes, format_duration, worst_rank
 from .checkpointing import parse_checkpoint
@@ -26,7 +27,7 @@ CHECKPOINT_FIXES = ("blocks", "every 2", "every 3")
 
 class MemoryFix(NamedTuple):
     """A change that brings the peak under the usable memory (``Mesh.fit``): what to do, the new peak, and what it
-    costs in time (``a.step`` of the changed analysis): ``step_time_s`` for the same tokens per rank
+    costs in time (the changed step's ``Priced.step_time_s``): ``step_time_s`` for the same tokens per rank
     as the plan's own step, ``cost_s`` its difference from the plan's own; None without a step time
     (no device or no micro-batch). ``hardware``: the fix adds ranks rather than time."""
 
@@ -40,14 +41,14 @@ class MemoryFix(NamedTuple):
     failed: str | None = None  # the what-if could not be analysed: why (peak is then None)
 
 
-def _priced(analysis, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
-    """``text``'s change tried with ``analyze`` (``what_if``): its peak, and its step time from
-    ``a.step`` (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens).
+def _priced(inputs: CheckInputs, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
+    """``text``'s change priced (``CheckInputs.price``): its peak, and its step time
+    (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens).
     A what-if that fails is a fix with ``failed`` set: it never crashes the analysis."""
     try:
-        a = analysis.what_if(**change)
-        peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
-        new, own = a.step.step_time_s, analysis.step.step_time_s
+        priced = inputs.price(**change, timed=True)
+        peak, reserved = priced.peak, priced.reserved_peak
+        new, own = priced.step_time_s, inputs.step_time_s()
     except Exception as exc:  # noqa: BLE001 - the finding says it could not be priced instead
         return MemoryFix(text, None, hardware=hardware, flags=flags, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
     if new is None or own is None:
@@ -60,108 +61,108 @@ def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     return [b for b in parse_checkpoint(preset).chosen(blocks) if b not in covered]
 
 
-def _fits(analysis, fix: MemoryFix) -> bool:
+def _fits(inputs: CheckInputs, fix: MemoryFix) -> bool:
     """The one fits verdict (``Mesh.fit``: device memory less the reserve, judged on the reserved
     peak): the fix keeps the safety margin, or at least fits when the plan itself is over; a what-if
     that failed does not fit."""
     if fix.peak is None:
         return False
-    fit = analysis.mesh.fit(fix.peak, fix.reserved)
-    return fit.verdict == "fits" or (fit.fits and not analysis.fit.fits)
+    fit = inputs.mesh.fit(fix.peak, fix.reserved)
+    return fit.verdict == "fits" or (fit.fits and not inputs.fit().fits)
 
 
-def _checkpoint_fixes(analysis) -> list[MemoryFix]:
+def _checkpoint_fixes(inputs: CheckInputs) -> list[MemoryFix]:
     """Every block checkpointed, then every 2nd, every 3rd (``CHECKPOINT_FIXES``) while they fit."""
-    tree, plan = analysis.tree, analysis.plan
+    tree, plan = inputs.tree, inputs.plan
     blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
     covered = {b for b in blocks if b in plan.checkpoint or any(
         tree.is_inside(tree.module_index[b], tree.module_index[c]) or tree.is_inside(tree.module_index[c], tree.module_index[b])
         for c in plan.checkpoint)}
     out = []
     cache_off = (" (the step then runs with use_cache=False, as Hugging Face's gradient checkpointing does)"
-                 if analysis.use_cache and analysis.training.use_cache is None else "")
+                 if inputs.cache.use_cache and inputs.training.use_cache is None else "")
     for preset in CHECKPOINT_FIXES:
         more = _every_kth(tree, blocks, preset, covered)
         if not more:
             continue
         what = parse_checkpoint(preset).which_blocks
-        fix = _priced(analysis, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
+        fix = _priced(inputs, f"checkpoint {what} (Plan(checkpoint=[...]) or sv.Plan.auto(model, "
                                 f"checkpoint={preset!r}): {len(more)} more){cache_off}", plan=plan.with_checkpoint(more),
                       flags=f"--checkpoint {preset}" if " " not in preset else f"--checkpoint '{preset}'")
         out.append(fix)
-        if not _fits(analysis, fix):
+        if not _fits(inputs, fix):
             break  # fewer blocks checkpointed hold more: none of the rest fits
     return out
 
 
-def _batch_fix(analysis) -> list[MemoryFix]:
+def _batch_fix(inputs: CheckInputs) -> list[MemoryFix]:
     """The largest smaller micro-batch (halving) that fits, with accumulation for the same tokens."""
-    training = analysis.training
+    training = inputs.training
     batch = training.batch_size // 2
     while batch >= 1:
         k = training.batch_size // batch
-        fix = _priced(analysis, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
+        fix = _priced(inputs, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
                                 f"per step (gradient accumulation) for the same tokens",
                       training=replace(training, batch_size=batch, grad_accum=k * training.grad_accum),
                       flags=f"--batch-size {batch} (with {k} micro-batches per step)")
-        if _fits(analysis, fix):
+        if _fits(inputs, fix):
             return [fix]
         batch //= 2
     return []
 
 
-def _expandable_fix(analysis) -> list[MemoryFix]:
+def _expandable_fix(inputs: CheckInputs) -> list[MemoryFix]:
     """``expandable_segments:True``: the same step, the reserved peak of the other allocator setting
     (``CostModel.reserved_overhead``, no new analysis), at no cost in time."""
-    mesh = analysis.mesh
+    mesh = inputs.mesh
     if mesh.expandable_segments or mesh.judge != "reserved":
         return []
-    peak = int(analysis.memory["peak"].max())
-    own = analysis.step.step_time_s
+    peak = inputs.peak()
+    own = inputs.step_time_s()
     return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
                       "the exported code then sets it)", peak, own, None if own is None else 0.0,
-                      reserved=peak + analysis.costs.reserved_overhead(True), flags="--expandable-segments")]
+                      reserved=peak + inputs.reserved_overhead(True), flags="--expandable-segments")]
 
 
-def memory_fixes(analysis) -> list[MemoryFix]:
+def memory_fixes(inputs: CheckInputs) -> list[MemoryFix]:
     """Changes that bring the peak under the usable memory (``Mesh.fit``), cheapest first, each with its new peak
-    and the time it costs (``MemoryFix``), each tried with ``analyze`` itself (``Analysis.what_if``).
+    and the time it costs (``MemoryFix``), each priced as the analysis prices its own step (``CheckInputs.price``).
 
     The changes are those ``sv.search`` tries, one at a time: shard the LoRA adapters instead of
     ignoring them, the step without the key/value cache (when it keeps one), checkpoint every block / every 2nd / every 3rd (``CHECKPOINT_FIXES``), a smaller
     micro-batch with accumulation, CPU offload; then more ranks (more hardware, always last).
-    Cheapest: the smallest ``cost_s`` (the step's seconds for the same tokens, from ``a.step``);
+    Cheapest: the smallest ``cost_s`` (the step's seconds for the same tokens, ``Priced.step_time_s``);
     without a step time (no device or no micro-batch), the order above, fewest blocks checkpointed first.
     """
-    plan, training, mesh = analysis.plan, analysis.training, analysis.mesh
-    tree = analysis.tree
-    out = _expandable_fix(analysis)
+    plan, training, mesh = inputs.plan, inputs.training, inputs.mesh
+    tree = inputs.tree
+    out = _expandable_fix(inputs)
     lora_ignored = [f for f in plan.ignored if tree.param(f).role == "lora"]
     if lora_ignored:
-        out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
+        out.append(_priced(inputs, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
                            flags="--layout sharded"))
-    if training.with_activations and analysis.use_cache and not analysis.cache_refused:
-        out.append(_priced(analysis, "run the step without the key/value cache (Training(use_cache=False), CLI "
+    if training.with_activations and inputs.cache.use_cache and not inputs.cache_refused():
+        out.append(_priced(inputs, "run the step without the key/value cache (Training(use_cache=False), CLI "
                                      "--no-use-cache; model.config.use_cache = False)",
                            training=replace(training, use_cache=False), flags="--no-use-cache"))
     if training.with_activations:
-        out += _checkpoint_fixes(analysis)[::-1]
+        out += _checkpoint_fixes(inputs)[::-1]
         if training.batch_size > 1:
-            out += _batch_fix(analysis)
+            out += _batch_fix(inputs)
     if not training.offload:
-        out.append(_priced(analysis, "offload parameters, gradients and optimizer states to the CPU "
+        out.append(_priced(inputs, "offload parameters, gradients and optimizer states to the CPU "
                                      "(Training(offload=True); the optimizer step then runs on the host: its time is the host AdamW's)",
                            training=replace(training, offload=True), flags="--offload"))
     failed = [f for f in out if f.failed]
-    out = [f for f in out if _fits(analysis, f)]
+    out = [f for f in out if _fits(inputs, f)]
     if out and all(f.cost_s is not None for f in out):
         out.sort(key=lambda f: f.cost_s)
     for factor in (2, 4, 8):
         bigger = replace(mesh, shard=mesh.shard * factor)
-        fix = _priced(analysis, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger,
+        fix = _priced(inputs, f"shard over {bigger.shard} ranks instead of {mesh.shard}", hardware=True, mesh=bigger,
                       flags=f"--world-size {bigger.world}")
-        if _fits(analysis, fix):
+        if _fits(inputs, fix):
             out.append(fix)
             break
         failed += [fix] if fix.failed else []
@@ -183,31 +184,31 @@ def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
-def check_memory(analysis) -> list[Finding]:
+def check_memory(inputs: CheckInputs) -> list[Finding]:
     """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
     ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
     an error; or it fits inside the safety margin ("tight"), a warning. The fix is the cheapest
     change that makes it fit (``memory_fixes``)."""
-    if analysis.mesh.device_memory is None:
+    if inputs.mesh.device_memory is None:
         return []
-    mem = analysis.memory
+    mem = inputs.memory()
     worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
     peak, reserved = int(mem.at[worst, "peak"]), int(mem.at[worst, "reserved_peak"])
-    fit = analysis.fit
+    fit = inputs.fit()
     if fit.verdict == "fits":
         return []
     rank = int(mem.at[worst, "rank"])
-    parts = sorted(analysis.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
+    parts = sorted(inputs.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)
-    units = sorted(analysis.units.itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
+    units = sorted(inputs.units().itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
     big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
     phase = mem.at[worst, "peak_phase"]
     where = f" in {phase}" + (f" at {mem.at[worst, 'peak_unit']}" if mem.at[worst, "peak_unit"] else "")
     if mem.at[worst, "peak_module"]:
         where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
-    counted = "" if analysis.training.with_activations else " (activations not counted: give Training(batch_size=...))"
+    counted = "" if inputs.training.with_activations else " (activations not counted: give Training(batch_size=...))"
     # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
-    fixes = [f for f in _expandable_fix(analysis) if _fits(analysis, f)] if fit.tight else memory_fixes(analysis)
+    fixes = [f for f in _expandable_fix(inputs) if _fits(inputs, f)] if fit.tight else memory_fixes(inputs)
     failed = [f for f in fixes if f.failed]
     fixes = [f for f in fixes if not f.failed]
     flags = ""

@@ -13,7 +13,7 @@
 | SV309 | info     | explicit prefetch recorded; the step time keeps torch's default prefetch (not modelled) |
 
 ``capture_findings`` runs when the plan is captured (it needs only the model and the calls);
-``check_origin`` runs among ``run_checks`` (SV304 prices fp32 with ``analysis.what_if``);
+``check_origin`` runs among ``run_checks`` (SV304 prices fp32 with ``CheckInputs.price``);
 ``in_user_terms`` adds to the engine's own findings (SV001 a tie split by two calls, SV103 trainable
 parameters in no call, ...) the fix said where the user makes it: the YAML key, the line of their code.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .check_inputs import CheckInputs, reduce_scatter_sent
 from .finding import Finding
 from .format import format_bytes
 from .plan import Plan
@@ -122,18 +123,19 @@ def capture_findings(model, plan: Plan, env: dict | None = None) -> list[Finding
     return found
 
 
-def low_precision_reduce(analysis) -> list[Finding]:
+def low_precision_reduce(inputs: CheckInputs) -> list[Finding]:
     """SV304: trainable gradients reduced in bf16/fp16, with what fp32 reduction would cost."""
-    plan, training = analysis.plan, analysis.training
+    plan, training = inputs.plan, inputs.training
     units = [u for u in plan.units if (training.unit_defaults(u).reduce_dtype if training else u.reduce_dtype) in LOW_PRECISION]
-    trainable = set(analysis.params.loc[analysis.params["requires_grad"], "unit"].dropna())
+    params = inputs.params()
+    trainable = set(params.loc[params["requires_grad"], "unit"].dropna())
     units = [u for u in units if u.name in trainable]
     if not units:
         return []
     fp32 = plan.with_units([replace(u, reduce_dtype="float32") if u in units else u for u in plan.units])
-    other = analysis.what_if(fp32)
-    rs_now, rs_fp32 = (_reduce_bytes(a) for a in (analysis, other))
-    peak_now, peak_fp32 = (int(a.memory["peak"].max()) for a in (analysis, other))
+    other = inputs.price(fp32, traffic=True)
+    rs_now, rs_fp32 = reduce_scatter_sent(inputs.comm()), other.reduce_scatter_sent
+    peak_now, peak_fp32 = inputs.peak(), other.peak
     dtype = training.unit_defaults(units[0]).reduce_dtype if training else units[0].reduce_dtype
     return [Finding(
         "SV304", "warning",
@@ -145,21 +147,17 @@ def low_precision_reduce(analysis) -> list[Finding]:
         n_fqns=len(units), all_fqns=tuple(u.name for u in units))]
 
 
-def _reduce_bytes(analysis) -> int:
-    comm = analysis.comm
-    return int(comm.loc[comm["collective"] == "reduce_scatter", "sent_bytes"].sum())
-
-
-def check_origin(analysis) -> list[Finding]:
+def check_origin(inputs: CheckInputs) -> list[Finding]:
     """The capture's own findings (SV301-SV306) and SV304, for a captured plan; [] for any other."""
-    origin = analysis.plan.origin
+    plan = inputs.plan
+    origin = plan.origin
     if origin is None:
         return []
-    prefetch = [] if not analysis.plan.prefetch else [Finding(
-        "SV309", "info", f"{len(analysis.plan.prefetch)} explicit prefetch settings (set_modules_to_forward/backward_"
+    prefetch = [] if not plan.prefetch else [Finding(
+        "SV309", "info", f"{len(plan.prefetch)} explicit prefetch settings (set_modules_to_forward/backward_"
         "prefetch) are recorded in the plan; the step time keeps torch's default prefetch (one call ahead)",
-        tuple(m for m, _, _ in analysis.plan.prefetch[:3]))]
-    return list(origin.findings) + low_precision_reduce(analysis) + prefetch
+        tuple(m for m, _, _ in plan.prefetch[:3]))]
+    return list(origin.findings) + low_precision_reduce(inputs) + prefetch
 
 
 def in_user_terms(findings: list[Finding], plan: Plan) -> list[Finding]:

@@ -81,6 +81,24 @@ def test_analysis_findings_calls_run_checks():
     assert "SV105" in [f.code for f in a.findings]
 
 
+def test_findings_price_their_what_ifs_without_the_analysis(monkeypatch):
+    """The checks read the stages they are given (``CheckInputs``); SV201's fixes and SV113 are
+    priced with its ``price``, never by calling back into ``Analysis.what_if``."""
+    from shardviz import zoo
+
+    model = zoo.tiny_llama_lora()
+    mesh = sv.Mesh(4, device="H100", device_memory=2_600_000, memory_reserve=0, judge="allocated")
+    a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), mesh, sv.Training(batch_size=4, seq_len=64))
+
+    def what_if(self, *args, **kwargs):
+        raise AssertionError("a check called Analysis.what_if")
+
+    monkeypatch.setattr(sv.Analysis, "what_if", what_if)
+    sv201 = [f for f in a.findings if f.code == "SV201"]
+    assert len(sv201) == 1 and sv201[0].fix.startswith("cheapest fix: checkpoint every block")
+    assert "step " in sv201[0].fix and "could not be priced" not in sv201[0].fix
+
+
 # ---------------------------------------------------------------------------
 # Engine refusals come through run_checks
 # ---------------------------------------------------------------------------

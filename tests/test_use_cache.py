@@ -58,14 +58,14 @@ def test_a_what_if_that_fails_is_a_line_in_the_finding(monkeypatch):
     step) is 'not priced' in the fix, and the analysis has its findings."""
     model = zoo.tiny_llama_lora()
     a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), sv.Mesh(4, device_memory="1MiB", memory_reserve=0), STEP)
-    original = sv.Analysis.what_if
+    original = sv.Analysis.price
 
-    def what_if(self, plan=None, mesh=None, training=None):
+    def price(self, plan=None, mesh=None, training=None, **figures):
         if plan is not None and plan.checkpoint:
             raise RuntimeError("recomputation failed")
-        return original(self, plan, mesh, training)
+        return original(self, plan, mesh, training, **figures)
 
-    monkeypatch.setattr(sv.Analysis, "what_if", what_if)
+    monkeypatch.setattr(sv.Analysis, "price", price)
     sv201 = [f for f in a.findings if f.code == "SV201"]
     assert len(sv201) == 1
     assert "could not be priced (RuntimeError: recomputation failed)" in sv201[0].fix
@@ -84,3 +84,19 @@ def test_cli_selective_checkpointing_with_the_config_s_cache_answers(tmp_path, c
         out, err = capsys.readouterr()
         assert code == 0 and "Traceback" not in out + err, err
         assert ("SV113" in target.read_text()) == bool(extra)
+
+
+def test_the_cache_refusal_is_part_of_the_measured_step():
+    """Why a step was measured without the cache belongs to the activation stage (a frozen
+    ``MeasuredStep``), set once when it is measured; the analysis only reads it."""
+    import dataclasses
+
+    model = zoo.tiny_llama_lora()
+    a = sv.analyze(model, sv.Plan.auto(model, checkpoint="selective"), MESH, sv.Training(batch_size=1, seq_len=16,
+                                                                                          use_cache=True))
+    assert a.cache_refused and a.cache_refused == a.measured_step.cache_refused
+    with pytest.raises(AttributeError):
+        a.cache_refused = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.measured_step.cache_refused = None
+    assert a.cache == sv.activations.step_cache(model, a.training, True) and a.cache.use_cache

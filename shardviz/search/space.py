@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from ..activations import config_use_cache
+from ..activations import step_cache
 from ..analysis import Analysis, analyze
 from ..cost import Training
 from .. import devices
@@ -44,10 +44,6 @@ class Space:
     def has_lora(self) -> bool:
         return any(p.role == "lora" for p in self.tree.params)
 
-    @cached_property
-    def config_keeps(self) -> bool:
-        return config_use_cache(self.tree.model)  # the config's use_cache (the cache knob's default)
-
     def plan(self, c: Candidate) -> Plan:
         key = (c.lora, c.checkpoint, c.tensor)
         if key not in self._auto:
@@ -74,9 +70,8 @@ class Space:
         return analyze(self.tree, self.plan(c), self.mesh_for(c, world), self.training_for(c, with_batch))
 
     def cache_of(self, c: Candidate) -> bool:
-        """Whether ``c``'s step keeps the key/value cache (``Training.step_use_cache``)."""
-        t = self.training_for(c)
-        return t.step_use_cache(self.config_keeps and t.example_inputs is None, bool(self.plan(c).checkpoint))
+        """Whether ``c``'s step keeps the key/value cache (``activations.step_cache``)."""
+        return step_cache(self.tree.model, self.training_for(c), bool(self.plan(c).checkpoint)).use_cache
 
 
 def tensor_degrees(tree: ModelTree, mesh: Mesh, tensor) -> tuple[tuple[int, ...], dict, list[str]]:
