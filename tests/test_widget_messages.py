@@ -8,7 +8,8 @@ import pytest
 
 import shardviz as sv
 from shardviz import display
-from shardviz.widget import panels
+from shardviz.widget import panels, protocol
+from shardviz.widget.inspector import ACTION_HANDLERS
 from widget_helpers import EMBED, L0, L1, Q0, Q0_A, Wire, assert_numbers_match, fresh, group_id, torch_shard
 from widget_helpers import ins, model  # noqa: F401 - fixtures
 
@@ -203,6 +204,20 @@ def test_widget_refuses_unknown_actions_and_arguments(ins):
     assert ins.view.messages[-1]["level"] == "error"
     ins._on_msg(ins.view, {"type": "mystery", "req": 3}, [])
     assert wire.msgs("ack")[-1] == {"type": "ack", "req": 3, "ok": False, "error": "unknown message type 'mystery'"}
+
+
+def test_every_protocol_action_has_exactly_one_handler():
+    # a dict has one handler per key: the table and the protocol name the same actions
+    assert set(ACTION_HANDLERS) == set(protocol.ACTIONS)
+    assert set(protocol.REQUIRED) <= set(ACTION_HANDLERS)
+    assert all(callable(h) for h in ACTION_HANDLERS.values())
+
+
+def test_a_controller_method_outside_the_protocol_is_not_run(ins):
+    before = ins.plan
+    ack = ins.handle_action("set_plan", {"plan": "{}"})
+    assert not ack["ok"] and "unknown action 'set_plan'" in ack["error"]
+    assert ins.plan is before
 
 
 def test_python_api_and_figures(model, ins):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anywidget
@@ -374,7 +375,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             ack.update(ok=False, error=problem)
         else:
             try:
-                result = self._run(action, dict(args))
+                result = ACTION_HANDLERS[action](self, dict(args))
                 if action == "save_code":
                     ack["path"] = str(result)  # the export panel shows it
             except FileExistsError as exc:
@@ -391,52 +392,105 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         self._send_msg(ack)
         return ack
 
-    def _set_training(self, kw: dict) -> None:
-        st = self.controller
-        fields = training_fields(kw, st.training)
-        st.seq_len_set = st.seq_len_set or "seq_len" in fields
-        if fields.get("offload") is False and any(u.offload for u in st.plan.units):
-            return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
-        return st.set_training(**fields)
 
-    def _run(self, action: str, kw: dict):
-        st = self.controller
-        if action == "set_mesh":
-            return st.set_mesh(**mesh_fields(kw, st.mesh))
-        if action == "set_training":
-            return self._set_training(kw)
-        if action == "set_rank":
-            return st.set_rank(whole("rank", kw["rank"], 0, st.mesh.world - 1))
-        if action == "set_tab":
-            if kw["tab"] not in protocol.TABS:
-                raise ValueError(f"tab {kw['tab']!r}: expected one of {protocol.TABS}")
-            self.tab = kw["tab"]  # _on_tab computes the code when the export opens
-            return None
-        if action == "set_torch_version":
-            if kw["version"] not in TORCH_RELEASES:
-                raise ValueError(f"torch release {kw['version']!r}: expected one of {TORCH_RELEASES}")
-            self.torch_version = kw["version"]
-            return None
-        if action == "save_code":
-            kw["torch_version"] = self.torch_version or None
-        if action == "cancel":
-            return self.cancel()
-        if action == "verify":
-            self._worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
-        if action == "suggest" and self.background and st.mesh.device_memory is not None:
-            def job():
-                st.suggest(**kw)
-                with self._lock:
-                    self.work = self._work(done=True)
 
-            self._worker.start(job, "searching plans")
-            self.work = self._work()
-            return None
-        if action in ("apply_to_many", "apply_to_type"):
-            kw["action"] = BlockAction.parse(kw["action"])  # the front end's name, as a type from here on
-            if kw.get("value", 0) is None:
-                del kw["value"]
-        return getattr(st, action)(**kw)
+# ------------------------------------------------------------------------------------
+# what each front-end action runs: one handler per action of the protocol (protocol.ACTIONS)
+# ------------------------------------------------------------------------------------
+#: A handler gets the widget and the action's checked arguments; what it returns goes in the ack.
+ActionHandler = Callable[[Inspector, dict], object]
+
+
+def _set_training(ins: Inspector, kw: dict) -> None:
+    st = ins.controller
+    fields = training_fields(kw, st.training)
+    st.seq_len_set = st.seq_len_set or "seq_len" in fields
+    if fields.get("offload") is False and any(u.offload for u in st.plan.units):
+        return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
+    return st.set_training(**fields)
+
+
+def _set_tab(ins: Inspector, kw: dict) -> None:
+    if kw["tab"] not in protocol.TABS:
+        raise ValueError(f"tab {kw['tab']!r}: expected one of {protocol.TABS}")
+    ins.tab = kw["tab"]  # _on_tab computes the code when the export opens
+
+
+def _set_torch_version(ins: Inspector, kw: dict) -> None:
+    if kw["version"] not in TORCH_RELEASES:
+        raise ValueError(f"torch release {kw['version']!r}: expected one of {TORCH_RELEASES}")
+    ins.torch_version = kw["version"]
+
+
+def _verify(ins: Inspector, kw: dict) -> dict:
+    ins._worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
+    return ins.controller.verify(**kw)
+
+
+def _suggest(ins: Inspector, kw: dict) -> None:
+    st = ins.controller
+    if not (ins.background and st.mesh.device_memory is not None):
+        return st.suggest(**kw)
+
+    def job():
+        st.suggest(**kw)
+        with ins._lock:
+            ins.work = ins._work(done=True)
+
+    ins._worker.start(job, "searching plans")
+    ins.work = ins._work()
+    return None
+
+
+def _block_action_args(kw: dict) -> dict:
+    """The front end's block action by name, as a type from here on; no value when it sent null."""
+    kw["action"] = BlockAction.parse(kw["action"])
+    if kw.get("value", 0) is None:
+        del kw["value"]
+    return kw
+
+
+ACTION_HANDLERS: dict[str, ActionHandler] = {
+    # the plan
+    "toggle_unit": lambda ins, kw: ins.controller.toggle_unit(**kw),
+    "make_unit": lambda ins, kw: ins.controller.make_unit(**kw),
+    "remove_unit": lambda ins, kw: ins.controller.remove_unit(**kw),
+    "set_reshard_after_forward": lambda ins, kw: ins.controller.set_reshard_after_forward(**kw),
+    "toggle_ignored": lambda ins, kw: ins.controller.toggle_ignored(**kw),
+    "ignore": lambda ins, kw: ins.controller.ignore(**kw),
+    "unignore": lambda ins, kw: ins.controller.unignore(**kw),
+    "ignore_lora": lambda ins, kw: ins.controller.ignore_lora(**kw),
+    "unignore_lora": lambda ins, kw: ins.controller.unignore_lora(**kw),
+    "toggle_checkpoint": lambda ins, kw: ins.controller.toggle_checkpoint(**kw),
+    "checkpoint_blocks": lambda ins, kw: ins.controller.checkpoint_blocks(**kw),
+    "apply_to_many": lambda ins, kw: ins.controller.apply_to_many(**_block_action_args(kw)),
+    "apply_to_type": lambda ins, kw: ins.controller.apply_to_type(**_block_action_args(kw)),
+    "apply_preset": lambda ins, kw: ins.controller.apply_preset(**kw),
+    # mesh and training
+    "set_mesh": lambda ins, kw: ins.controller.set_mesh(**mesh_fields(kw, ins.controller.mesh)),
+    "set_training": _set_training,
+    "apply_suggestion": lambda ins, kw: ins.controller.apply_suggestion(**kw),
+    "undo": lambda ins, kw: ins.controller.undo(),
+    "redo": lambda ins, kw: ins.controller.redo(),
+    # the view
+    "expand": lambda ins, kw: ins.controller.expand(**kw),
+    "collapse_all": lambda ins, kw: ins.controller.collapse_all(),
+    "set_filter": lambda ins, kw: ins.controller.set_filter(**kw),
+    "filter_finding": lambda ins, kw: ins.controller.filter_finding(**kw),
+    "set_rank": lambda ins, kw: ins.controller.set_rank(whole("rank", kw["rank"], 0, ins.controller.mesh.world - 1)),
+    "reveal": lambda ins, kw: ins.controller.reveal(**kw),
+    "pin": lambda ins, kw: ins.controller.pin(),
+    "suggest": _suggest,
+    "cancel": lambda ins, kw: ins.cancel(),
+    "unpin": lambda ins, kw: ins.controller.unpin(),
+    # export
+    "set_tab": _set_tab,
+    "set_torch_version": _set_torch_version,
+    "save_code": lambda ins, kw: ins.controller.save_code(**kw, torch_version=ins.torch_version or None),
+    "verify": _verify,
+    "overwrite_plan_file": lambda ins, kw: ins.controller.overwrite_plan_file(),
+    "dismiss_messages": lambda ins, kw: ins.controller.dismiss_messages(),
+}
 
 
 def _plan_offload_text(plan, training) -> str:
