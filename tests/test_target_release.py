@@ -79,13 +79,13 @@ def test_cli_plan_read_and_export_show_sv101_for_a_2_6_target(tmp_path, capsys):
 def test_widget_findings_follow_the_export_target(model, plan):
     installed_sv101 = not has_ignored_params(torch.__version__)
     ins = Inspector(model, plan=plan, mesh=MESH)
-    assert ("SV101" in codes(ins.view.findings)) == installed_sv101
-    ins.view.torch_version = "2.6"  # the export panel's release picker
-    assert "SV101" in codes(ins.view.findings)
-    assert ins.view.findings == ins.controller.findings
-    assert ins.view.summary["findings"]["warning"] == sum(f["severity"] == "warning" for f in ins.view.findings)
+    assert ("SV101" in codes(ins.findings)) == installed_sv101
+    ins.torch_version = "2.6"  # the export panel's release picker
+    assert "SV101" in codes(ins.findings)
+    assert ins.findings == ins.controller.findings
+    assert ins.summary["findings"]["warning"] == sum(f["severity"] == "warning" for f in ins.findings)
     # An edit keeps the target: the new analysis is made for 2.6 too.
     ins.controller.set_mesh(world=2)
-    assert ins.mesh.world == 2 and "SV101" in codes(ins.view.findings)
-    ins.view.torch_version = ""  # back to the installed torch
-    assert ("SV101" in codes(ins.view.findings)) == installed_sv101
+    assert ins.mesh.world == 2 and "SV101" in codes(ins.findings)
+    ins.torch_version = ""  # back to the installed torch
+    assert ("SV101" in codes(ins.findings)) == installed_sv101

@@ -46,12 +46,12 @@ def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_pat
     ins.controller.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
     assert ins.plan == sv.Plan.auto(model, lora="sharded")
     assert ins.plan.name == "auto (LoRA sharded)"
-    assert "LoRA ignored" not in ins.view.summary["plan_name"]
+    assert "LoRA ignored" not in ins.summary["plan_name"]
     ins.controller.make_unit(Q0)
     ins.controller.remove_unit(L0)
     ins.controller.ignore([Q0 + ".lora_A.default.weight"])
     assert ins.plan.name == "auto (LoRA sharded), edited: 3 changes"
-    assert ins.view.summary["plan_name"] == ins.plan.name
+    assert ins.summary["plan_name"] == ins.plan.name
     assert json.loads(path.read_text())["name"] == ins.plan.name  # the saved plan carries it
     assert "auto (LoRA sharded), edited: 3 changes" in ins.controller.export_code()  # and the export header
     ins.controller.undo()

@@ -153,11 +153,6 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         """``sv.analyze`` of the current plan, mesh and training (on the cached tree)."""
         return self.controller.analysis
 
-    @property
-    def view(self) -> Inspector:
-        """The widget itself (kept for code written when the front end was a separate widget)."""
-        return self
-
     def memory_figure(self):
         """The memory chart as a plotly figure (same payload as the widget's)."""
         return panels.memory_figure(self.controller.memory)
