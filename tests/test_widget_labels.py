@@ -169,6 +169,33 @@ def test_a_module_with_no_parameters_at_all():
     assert rows["1"]["can_unit"] is False and rows["0"]["can_unit"] is True
 
 
+def test_the_history_carries_the_base_and_the_edits_not_the_name(model):
+    # a user's name that merely contains ", edited" is a base like any other: never cut at it
+    st = InspectorState(model, plan=sv.Plan([L0, ""], name="mine, edited by hand"), mesh=MESH)
+    st.make_unit(Q0)
+    assert st.plan.name == "mine, edited by hand, edited: 1 change"
+    assert st.current.base == "mine, edited by hand" and len(st.current.edits) == 1
+    st.remove_unit(Q0)
+    assert st.plan.name == "mine, edited by hand" and st.current.edits == ()
+    st.apply_preset("root-only")
+    st.make_unit(Q0)
+    assert st.plan.name == "root only, edited: 1 change"
+    assert st.current.base == "root only" and sum(e.weight for e in st.current.edits) == 1
+
+
+def test_a_restored_plan_file_counts_on_from_its_edits(model, tmp_path):
+    path = tmp_path / "plan.json"
+    st = InspectorState(model, mesh=MESH, plan_path=path)
+    st.make_unit(Q0)
+    st.remove_unit(L0)
+    assert st.plan.name == "auto (LoRA sharded), edited: 2 changes"
+    again = InspectorState(model, mesh=MESH, plan_path=path)
+    assert again.plan == st.plan and again.plan.name == st.plan.name
+    assert again.current.base == "auto (LoRA sharded)"
+    again.ignore([Q0 + ".lora_A.default.weight"])
+    assert again.plan.name == "auto (LoRA sharded), edited: 3 changes"
+
+
 def test_every_preset_is_a_known_base(model):
     st = InspectorState(model, mesh=MESH)
     st.apply_preset("root-only")
