@@ -273,8 +273,8 @@ class InspectorState:
             return None
         return Comparison({"A": self._pinned_analysis, "B": self.analysis})
 
-    def _commit(self, plan: Plan | NamedPlan | None = None, mesh: Mesh | None = None, training=None,
-                edit: bool = True, note: str | None = None) -> bool:
+    def _commit(self, plan: Plan | NamedPlan | None = None, mesh: Mesh | None = None, training=None, edit: bool = True,
+                note: str | None = None) -> bool:
         """Make (plan, mesh, training) current as one undo step; False when nothing changed.
 
         ``edit``: the plan is one user edit of the current one (named after its base, see
@@ -282,12 +282,10 @@ class InspectorState:
         keeps its own name, or a ``NamedPlan`` named already (a preset that kept the checkpointing). A change that happens clears the earlier messages (they were about an
         earlier state); ``note`` is then the one message shown."""
         cur = self.current
-        if plan is None:
-            named = cur.named
-        elif isinstance(plan, NamedPlan):
-            named = plan
-        else:
+        if isinstance(plan, Plan):
             named = self.names.after_edit(plan, cur.named) if edit else self.names.arrived(plan)
+        else:
+            named = plan or cur.named  # a NamedPlan named already, or the current plan
         snap = Snapshot(named.plan, mesh if mesh is not None else cur.mesh,
                         training if training is not None else cur.training, named.edits, named.base)
         if snap == cur and snap.plan.name == cur.plan.name:
