@@ -140,7 +140,7 @@ def memory_fixes(analysis) -> list[MemoryFix]:
     if lora_ignored:
         out.append(_priced(analysis, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
-                           flags="--layout sharded"))
+                           flags="--lora sharded"))
     if training.with_activations and analysis.use_cache and not analysis.cache_refused:
         out.append(_priced(analysis, "run the step without the key/value cache (Training(use_cache=False), CLI "
                                      "--no-use-cache; model.config.use_cache = False)",

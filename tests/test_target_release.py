@@ -58,7 +58,7 @@ def test_report_shows_sv101_for_a_2_6_target(model, plan):
 
 def test_cli_report_shows_sv101_for_a_2_6_target(tmp_path, capsys):
     out = tmp_path / "r.html"
-    args = ["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "4", "--no-compare", "-o"]
+    args = ["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "4", "--no-compare", "-o"]
     assert main(args + [str(out), "--torch", "2.6"]) == 0
     assert "SV101" in out.read_text()
     assert main(args + [str(out), "--torch", "2.7", "--force"]) == 0
@@ -67,11 +67,11 @@ def test_cli_report_shows_sv101_for_a_2_6_target(tmp_path, capsys):
 
 def test_cli_plan_read_and_export_show_sv101_for_a_2_6_target(tmp_path, capsys):
     path = tmp_path / "plan.json"
-    assert main(["plan", "write", "zoo:tiny_llama_lora", "--layout", "ignored", "-o", str(path)]) == 0
+    assert main(["plan", "write", "zoo:tiny_llama_lora", "--lora", "ignored", "-o", str(path)]) == 0
     capsys.readouterr()
     assert main(["plan", "read", str(path), "--model", "zoo:tiny_llama_lora", "--world-size", "4", "--torch", "2.6"]) == 0
     assert "SV101" in capsys.readouterr().out
-    assert main(["export", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "4", "--torch", "2.6",
+    assert main(["export", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "4", "--torch", "2.6",
                  "-o", str(tmp_path / "a.py")]) == 0
     assert "SV101" in capsys.readouterr().err
 
