@@ -157,11 +157,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["llama3_70b", "largest_moe"])
     parser.add_argument("--world", type=int, default=64)
-    parser.add_argument("--layout", default="sharded", choices=["sharded", "ignored", "separate"])
+    parser.add_argument("--lora", default="sharded", choices=["sharded", "ignored", "separate"])
     parser.add_argument("--no-activations", action="store_true", help="skip the activations timing")
     args = parser.parse_args()
     names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
-    rows = [bench(n, args.world, args.layout) for n in names]
+    rows = [bench(n, args.world, args.lora) for n in names]
     header = ("model", "world", "modules", "params", "units", "walk_ms", "torch_walk_ms", "cold_ms", "analyze_ms", "engine_ms",
               "costs_ms", "torch_ms", "cold_ratio", "toggle_ms", "toggle_median_ms")
     print(" | ".join(header))

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
-.venv/bin/shardviz report zoo:tiny_llama_lora --layout ignored --world-size 8 --device-memory 80GiB \
+.venv/bin/shardviz report zoo:tiny_llama_lora --lora ignored --world-size 8 --device-memory 80GiB \
   --batch-size 2 --seq-len 512 -o report.html --force
 exec .venv/bin/python - <<'PY'
 import warnings

@@ -171,7 +171,7 @@ def check_root_only(inputs: CheckInputs) -> list[Finding]:
         "communication with compute",
         ("",),
         "add a unit per repeated block (sv.Plan.auto(model) does), keeping the root as the last call",
-        flags="--layout sharded (a fully_shard call per block, the root last)",
+        flags="--lora sharded (a fully_shard call per block, the root last)",
     )]
 
 

@@ -1,14 +1,14 @@
 """The ``shardviz`` command line.
 
     shardviz --version
-    shardviz export MODEL (--layout sharded|ignored|separate [--checkpoint blocks] | --plan PLAN.json)
+    shardviz export MODEL (--lora sharded|ignored|separate [--checkpoint blocks] | --plan PLAN.json)
                     --world-size N [--replicate R] [--torch X.Y] [--param-dtype D] [--reduce-dtype D]
                     [-o apply_fsdp.py] [--force]
-    shardviz plan write MODEL --layout L [--checkpoint blocks] -o plan.json [--force]
+    shardviz plan write MODEL --lora LORA [--checkpoint blocks] -o plan.json [--force]
     shardviz plan read PLAN.json [--model MODEL --world-size N [--replicate R] [--torch X.Y]]
     shardviz plan search MODEL --world-size N (--device H100 | --device-memory 80GiB)
                     [--batch-size B --seq-len S] [--global-batch G] [--top K] -o plan.json [--force]
-    shardviz report MODEL (--layout L | --plan PLAN.json) --world-size N [--replicate R]
+    shardviz report MODEL (--lora LORA | --plan PLAN.json) --world-size N [--replicate R]
                     [--device H100 | --device-memory 80GiB] [--optimizer adamw] [--param-dtype D]
                     [--reduce-dtype D] [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
 
@@ -409,7 +409,8 @@ def _add_search_parser(plan_sub) -> None:
 def _add_plan_choice(p) -> None:
     from .plan import LORA_OPTIONS
 
-    p.add_argument("--layout", choices=LORA_OPTIONS, help="per-block preset (sv.Plan.auto); default sharded")
+    p.add_argument("--lora", choices=LORA_OPTIONS, help="the per-block preset (sv.Plan.auto(lora=...)): LoRA parameters in "
+                   "their block's call, ignored, or a call each; default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset (its mesh and training too, if it has them)")
     _add_checkpoint_arg(p)
 
@@ -443,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_sub = p.add_subparsers(dest="plan_command", required=True, parser_class=_Parser)
     w = plan_sub.add_parser("write", help="write the per-block preset for a model as JSON")
     _add_model_args(w)
-    w.add_argument("--layout", choices=LORA_OPTIONS, default="sharded")
+    w.add_argument("--lora", choices=LORA_OPTIONS, default="sharded")
     _add_checkpoint_arg(w)
     _add_output_args(w)
     w.set_defaults(func=cmd_plan_write)

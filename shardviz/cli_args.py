@@ -145,7 +145,7 @@ def build_model(args):
 
 
 def build_plan(tree, args, model=None):
-    """The command's plan: a preset (--layout), a plan file (--plan), or what the user's framework or
+    """The command's plan: a preset (--lora), a plan file (--plan), or what the user's framework or
     function makes (--accelerate-config, --plan-from: ``captured_plan``)."""
     from .plan import Plan
     from .presets import named_plan
@@ -153,16 +153,16 @@ def build_plan(tree, args, model=None):
     checkpoint = args.checkpoint
     if getattr(args, "accelerate_config", None) or getattr(args, "plan_from", None):
         return captured_plan(model, args)
-    if args.plan and args.layout:
-        raise CliError("give either --layout or --plan, not both")
+    if args.plan and args.lora:
+        raise CliError("give either --lora or --plan, not both")
     if args.plan and checkpoint:
-        raise CliError("--checkpoint goes with --layout; a plan file lists its own 'checkpoint' modules")
+        raise CliError("--checkpoint goes with --lora; a plan file lists its own 'checkpoint' modules")
     if args.plan:
         plan = read_plan(args.plan)
     else:
         tensor_parallel = True if tensor_degree(args) > 1 else None  # the model's own TP plan
         try:
-            plan = Plan.auto(tree, lora=args.layout or "sharded", checkpoint=checkpoint, tensor_parallel=tensor_parallel)
+            plan = Plan.auto(tree, lora=args.lora or "sharded", checkpoint=checkpoint, tensor_parallel=tensor_parallel)
         except ValueError as exc:
             raise CliError(str(exc)) from None
         if tensor_degree(args) > 1 and plan.tensor_parallel:  # names, styles, divisibility: before any command runs
@@ -186,9 +186,9 @@ def captured_plan(model, args):
     """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
     from .frameworks import plan_from_source
 
-    given = [f for f in ("layout", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f)]
+    given = [f for f in ("lora", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f)]
     if len(given) > 1:
-        raise CliError("give one of --layout, --plan, --accelerate-config, --plan-from; got "
+        raise CliError("give one of --lora, --plan, --accelerate-config, --plan-from; got "
                        + ", ".join('--' + f.replace('_', '-') for f in given))
     if args.world_size is None:
         raise CliError("--world-size is required with --accelerate-config / --plan-from")

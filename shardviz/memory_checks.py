@@ -141,7 +141,7 @@ def memory_fixes(inputs: CheckInputs) -> list[MemoryFix]:
     if lora_ignored:
         out.append(_priced(inputs, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
-                           flags="--layout sharded"))
+                           flags="--lora sharded"))
     if training.with_activations and inputs.cache.use_cache and not inputs.cache_refused():
         out.append(_priced(inputs, "run the step without the key/value cache (Training(use_cache=False), CLI "
                                      "--no-use-cache; model.config.use_cache = False)",

@@ -167,7 +167,7 @@ NAMED_CHECKPOINTS = (None, "blocks", "every 2", "selective")
 
 class Preset(NamedTuple):
     """One preset: ``key`` is how the Inspector's menu and ``apply_preset`` name it, ``label`` what
-    the menu shows, ``lora`` the ``Plan.auto(lora=...)`` it is (the CLI's ``--layout``, the
+    the menu shows, ``lora`` the ``Plan.auto(lora=...)`` it is (the CLI's ``--lora``, the
     search's ``Candidate.lora``), None for the two plans that are not ``Plan.auto``."""
 
     key: str
@@ -176,7 +176,7 @@ class Preset(NamedTuple):
 
 
 #: The one registry of presets: the Inspector's menu, its plan names and the export's read it; its
-#: ``lora`` values are ``plan.LORA_OPTIONS`` (what ``Plan.auto``, the CLI's --layout and the search take).
+#: ``lora`` values are ``plan.LORA_OPTIONS`` (what ``Plan.auto``, the CLI's --lora and the search take).
 PRESETS = (
     Preset("auto-sharded", "auto: LoRA in its block's call", "sharded"),
     Preset("auto-ignored", "auto: LoRA ignored", "ignored"),

@@ -68,8 +68,8 @@ def test_cli_report_and_export_read_captured_plans(workdir, capsys):
     assert "captured: my_train.apply_fsdp" in (workdir / "out.py").read_text()
     written = (workdir / "acc.yaml").read_text()
     assert "cannot express" in written and "embed_tokens" in written  # accelerate makes calls this plan does not
-    assert main(["report", model, "--plan-from", "my_train:apply_fsdp", "--layout", "sharded", "--world-size", "8"]) == 2
-    assert "--layout, --plan-from" in capsys.readouterr().err
+    assert main(["report", model, "--plan-from", "my_train:apply_fsdp", "--lora", "sharded", "--world-size", "8"]) == 2
+    assert "--lora, --plan-from" in capsys.readouterr().err
     assert main(["report", model, "--plan-from", "my_train:nothing", "--world-size", "8"]) == 2
     assert "has no attribute 'nothing'" in capsys.readouterr().err
 

@@ -71,7 +71,7 @@ def one_line_error(err: str) -> str:
 # ---------------------------------------------------------------------------
 def test_export_zoo_model_to_file(tmp_path, capsys):
     target = tmp_path / "apply_fsdp.py"
-    code, out, err = run(["export", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8",
+    code, out, err = run(["export", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "8",
                           "--replicate", "2", "--torch", "2.6", "-o", str(target)], capsys)
     assert code == 0 and out == ""
     text = target.read_text()
@@ -158,7 +158,7 @@ def test_write_is_atomic_and_never_clobbers(tmp_path):
     (["export", "mymodels:make"], "--world-size"),
     (["export", "mymodels:make", "--world-size", "2", "--torch", "2.3"], "needs torch >= 2.4"),
     (["export", "mymodels:make", "--world-size", "2", "--torch", "latest"], "torch version"),
-    (["export", "mymodels:make", "--world-size", "2", "--layout", "weird"], "invalid choice"),
+    (["export", "mymodels:make", "--world-size", "2", "--lora", "weird"], "invalid choice"),
     (["export", "mymodels:make", "--world-size", "2", "--plan", "missing.json"], "cannot read plan"),
     (["export", "mymodels:make", "--world-size", "2", "--plan", "bad.json"], "not valid JSON"),
     (["export", "mymodels:make", "--world-size", "2", "--plan", "other.json"], "no module named"),
@@ -191,7 +191,7 @@ def test_plan_torch_would_refuse_exits_1(tmp_path, capsys):
 # plan write / read
 # ---------------------------------------------------------------------------
 def test_plan_write_then_read(tmp_path, factory, capsys):
-    code, _, err = run(["plan", "write", f"{factory}:make", "--layout", "ignored", "-o", "plan.json"], capsys)
+    code, _, err = run(["plan", "write", f"{factory}:make", "--lora", "ignored", "-o", "plan.json"], capsys)
     assert code == 0 and "wrote plan.json" in err
     plan = sv.Plan.from_json((tmp_path / "plan.json").read_text())
     assert [u.modules for u in plan.units][-1] == ("",)

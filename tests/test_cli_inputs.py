@@ -147,7 +147,7 @@ def test_a_sequence_beyond_the_model_positions_is_flagged(capsys):
 
 def test_the_report_explains_itself(tmp_path, capsys):
     out = tmp_path / "r.html"
-    assert main(["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8", "--device", "H100",
+    assert main(["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "8", "--device", "H100",
                  "-o", str(out)]) == 0
     html = out.read_text()
     title = re.search(r"<h1>(.*?)</h1>", html).group(1)
@@ -179,7 +179,7 @@ def test_main_called_from_python_leaves_the_process_as_it_was(capsys):
 
 
 def test_release_findings_read_as_the_command_line_there(capsys):
-    code, _, err = run(["export", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8", "--torch", "2.6"],
+    code, _, err = run(["export", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "8", "--torch", "2.6"],
                        capsys)
     line = next(x for x in err.splitlines() if "SV101" in x)
     assert code == 0 and "Fix: shardviz export ... --torch 2.6" in line and "sv.export_code(" not in line

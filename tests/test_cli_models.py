@@ -25,7 +25,7 @@ def run(argv, capsys):
 
 
 def test_export_and_report_on_a_config_path(tmp_path, capsys):
-    code, out, err = run(["export", T5, "--adapter", T5_DORA, "--layout", "ignored", "--world-size", 8, "-q"], capsys)
+    code, out, err = run(["export", T5, "--adapter", T5_DORA, "--lora", "ignored", "--world-size", 8, "-q"], capsys)
     assert code == 0 and err == "", err
     model = sv.load_model(T5, adapter=T5_DORA)
     assert out == sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(8), training=DEFAULT_TRAINING)
@@ -58,9 +58,9 @@ def test_config_path_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["export", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", 8, "--param-dtype", "bfloat16"],
-    ["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", 8],
-    ["plan", "write", "zoo:tiny_llama_lora", "--layout", "separate"],
+    ["export", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", 8, "--param-dtype", "bfloat16"],
+    ["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", 8],
+    ["plan", "write", "zoo:tiny_llama_lora", "--lora", "separate"],
     ["plan", "read", "PLAN", "--model", "zoo:tiny_llama_lora", "--world-size", 8],
 ], ids=["export", "report", "plan write", "plan read"])
 def test_each_command_walks_the_model_once(tmp_path, capsys, monkeypatch, argv):
@@ -84,7 +84,7 @@ def test_report_training_options_match_analyze(tmp_path, capsys):
     from shardviz import zoo
 
     out = tmp_path / "r.html"
-    code, _, err = run(["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", 4, "--no-compare",
+    code, _, err = run(["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", 4, "--no-compare",
                         "--optimizer", "sgd", "--param-dtype", "bfloat16", "--reduce-dtype", "float32",
                         "-o", out], capsys)
     assert code == 0, err

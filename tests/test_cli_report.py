@@ -13,7 +13,7 @@ from shardviz.cli import main
 
 def test_report_writes_one_offline_file(tmp_path, capsys):
     out = tmp_path / "report.html"
-    rc = main(["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8",
+    rc = main(["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "8",
                "--device-memory", "80GiB", "-o", str(out)])
     assert rc == 0 and out.exists()
     text = out.read_text()

@@ -58,7 +58,7 @@ def test_report_shows_sv101_for_a_2_6_target(model, plan):
 
 def test_cli_report_shows_sv101_for_a_2_6_target(tmp_path, capsys):
     out = tmp_path / "r.html"
-    args = ["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "4", "--no-compare", "-o"]
+    args = ["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "4", "--no-compare", "-o"]
     assert main(args + [str(out), "--torch", "2.6"]) == 0
     assert "SV101" in out.read_text()
     assert main(args + [str(out), "--torch", "2.7", "--force"]) == 0
@@ -67,11 +67,11 @@ def test_cli_report_shows_sv101_for_a_2_6_target(tmp_path, capsys):
 
 def test_cli_plan_read_and_export_show_sv101_for_a_2_6_target(tmp_path, capsys):
     path = tmp_path / "plan.json"
-    assert main(["plan", "write", "zoo:tiny_llama_lora", "--layout", "ignored", "-o", str(path)]) == 0
+    assert main(["plan", "write", "zoo:tiny_llama_lora", "--lora", "ignored", "-o", str(path)]) == 0
     capsys.readouterr()
     assert main(["plan", "read", str(path), "--model", "zoo:tiny_llama_lora", "--world-size", "4", "--torch", "2.6"]) == 0
     assert "SV101" in capsys.readouterr().out
-    assert main(["export", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "4", "--torch", "2.6",
+    assert main(["export", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "4", "--torch", "2.6",
                  "-o", str(tmp_path / "a.py")]) == 0
     assert "SV101" in capsys.readouterr().err
 
@@ -79,13 +79,13 @@ def test_cli_plan_read_and_export_show_sv101_for_a_2_6_target(tmp_path, capsys):
 def test_widget_findings_follow_the_export_target(model, plan):
     installed_sv101 = not has_ignored_params(torch.__version__)
     ins = Inspector(model, plan=plan, mesh=MESH)
-    assert ("SV101" in codes(ins.view.findings)) == installed_sv101
-    ins.view.torch_version = "2.6"  # the export panel's release picker
-    assert "SV101" in codes(ins.view.findings)
-    assert ins.view.findings == ins.controller.findings
-    assert ins.view.summary["findings"]["warning"] == sum(f["severity"] == "warning" for f in ins.view.findings)
+    assert ("SV101" in codes(ins.findings)) == installed_sv101
+    ins.torch_version = "2.6"  # the export panel's release picker
+    assert "SV101" in codes(ins.findings)
+    assert ins.findings == ins.controller.findings
+    assert ins.summary["findings"]["warning"] == sum(f["severity"] == "warning" for f in ins.findings)
     # An edit keeps the target: the new analysis is made for 2.6 too.
     ins.controller.set_mesh(world=2)
-    assert ins.mesh.world == 2 and "SV101" in codes(ins.view.findings)
-    ins.view.torch_version = ""  # back to the installed torch
-    assert ("SV101" in codes(ins.view.findings)) == installed_sv101
+    assert ins.mesh.world == 2 and "SV101" in codes(ins.findings)
+    ins.torch_version = ""  # back to the installed torch
+    assert ("SV101" in codes(ins.findings)) == installed_sv101

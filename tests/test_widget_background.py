@@ -85,7 +85,7 @@ def test_cancel_stops_the_work_and_says_so(ins, monkeypatch):
     assert ins.handle_action("apply_preset", {"name": "auto-ignored"})["ok"]
     assert started.wait(60)
     ack = ins.handle_action("cancel", {})
-    assert ack["ok"] and not ins._worker.busy and ins.work["busy"] is False
+    assert ack["ok"] and not ins.pushes.worker.busy and ins.work["busy"] is False
     assert "cancelled" in ins.messages[-1]["text"]
     monkeypatch.undo()
     assert ins.handle_action("undo", {})["ok"] and ins.wait(120)  # the widget goes on as before

@@ -132,19 +132,19 @@ def test_diff_is_capped_for_display(model, st, monkeypatch):
 def test_widget_pin_and_unpin_actions(model):
     ins = Inspector(model, mesh=MESH)
     assert "pin" in FRONT_END_ACTIONS and "unpin" in FRONT_END_ACTIONS
-    assert ins.view.comparison["pinned"] is False
+    assert ins.comparison["pinned"] is False
     assert ins.handle_action("pin", {})["ok"]
-    assert ins.view.comparison["pinned"] and ins.view.comparison["n_diff"] == 0
-    assert ins.view.summary["pinned"] is True
+    assert ins.comparison["pinned"] and ins.comparison["n_diff"] == 0
+    assert ins.summary["pinned"] is True
     a_plan = ins.plan
     assert ins.handle_action("ignore_lora", {"module_fqn": L0})["ok"]
-    shown = ins.view.comparison
+    shown = ins.comparison
     assert shown["revision"] == ins.controller.revision
     assert_view_equals_compare(model, shown, a_plan, ins.plan)
     assert {d["fqn"] for d in shown["diff"]} == set(ins.controller.lora_params(L0))
     assert ins.controller.pinned.plan == a_plan and ins.controller.comparison == {k: v for k, v in shown.items() if k != "revision"}
     assert ins.handle_action("unpin", {})["ok"]
-    assert ins.view.comparison["pinned"] is False and ins.view.summary["pinned"] is False
+    assert ins.comparison["pinned"] is False and ins.summary["pinned"] is False
     assert not ins.handle_action("pin", {"fqn": L0})["ok"]  # pin takes no argument
 
 

@@ -36,26 +36,26 @@ def test_verify_runs_torch(model, st):
 
 
 def test_widget_export_tab_save_and_verify(model, ins, tmp_path):
-    assert ins.view.code.get("stale")  # not computed until the tab is opened
-    ins.view.tab = "export"
-    assert ins.view.code["text"] == sv.export_code(model, ins.plan, mesh=ins.mesh, training=ins.training)
-    ins.view.torch_version = "2.6"
-    assert ins.view.code["text"] == sv.export_code(model, ins.plan, mesh=ins.mesh, training=ins.training, torch_version="2.6")
+    assert ins.code.get("stale")  # not computed until the tab is opened
+    ins.tab = "export"
+    assert ins.code["text"] == sv.export_code(model, ins.plan, mesh=ins.mesh, training=ins.training)
+    ins.torch_version = "2.6"
+    assert ins.code["text"] == sv.export_code(model, ins.plan, mesh=ins.mesh, training=ins.training, torch_version="2.6")
     target = tmp_path / "out.py"
     ack = ins.handle_action("save_code", {"path": str(target)})
-    assert ack["ok"] and target.read_text() == ins.view.code["text"]
+    assert ack["ok"] and target.read_text() == ins.code["text"]
     target.write_text("# mine\n")
     ack = ins.handle_action("save_code", {"path": str(target)})
     assert not ack["ok"] and ack["exists"] and target.read_text() == "# mine\n"
     ack = ins.handle_action("save_code", {"path": str(target), "overwrite": True})
-    assert ack["ok"] and target.read_text() == ins.view.code["text"]
+    assert ack["ok"] and target.read_text() == ins.code["text"]
     ins.handle_action("toggle_unit", {"fqn": Q0})  # code follows the plan while the tab is open
-    assert ins.view.code["text"] == sv.export_code(model, ins.plan, mesh=ins.mesh, training=ins.training, torch_version="2.6")
+    assert ins.code["text"] == sv.export_code(model, ins.plan, mesh=ins.mesh, training=ins.training, torch_version="2.6")
     ins.handle_action("remove_unit", {"fqn": ""})  # torch would refuse: the export says why
-    assert ins.view.code["error"] and "SV004" in ins.view.code["error"]
+    assert ins.code["error"] and "SV004" in ins.code["error"]
     ins.handle_action("undo", {})
     ack = ins.handle_action("verify", {})
-    assert ack["ok"] and ins.view.verify_result["ok"] is True
+    assert ack["ok"] and ins.verify_result["ok"] is True
 
 
 def test_exported_code_is_highlighted_in_python_once(ins):
@@ -66,8 +66,8 @@ def test_exported_code_is_highlighted_in_python_once(ins):
     from shardviz import report
     from shardviz.highlight import python_html
 
-    ins.view.tab = "export"
-    code = ins.view.code
+    ins.tab = "export"
+    code = ins.code
     assert code["html"] == python_html(code["text"]) and code["n_lines"] == len(code["text"].splitlines())
     assert html.unescape(re.sub(r"<[^>]+>", "", code["html"])) == code["text"]  # every character, escaped
     assert code["html"].count('<span class="sv-tok-kw">') > 10

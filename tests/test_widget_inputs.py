@@ -100,7 +100,7 @@ def test_the_same_plan_has_the_same_name_in_the_widget_the_export_and_the_cli(mo
     ins.controller.apply_preset("auto-ignored")
     ins.controller.checkpoint_blocks()
     out = tmp_path / "plan.json"
-    assert cli_main(["plan", "write", "zoo:tiny_llama_lora", "--layout", "ignored", "--checkpoint", "blocks", "-o", str(out)]) == 0
+    assert cli_main(["plan", "write", "zoo:tiny_llama_lora", "--lora", "ignored", "--checkpoint", "blocks", "-o", str(out)]) == 0
     cli_plan = sv.Plan.from_json(out.read_text())
     assert cli_plan == ins.plan and cli_plan.name == ins.plan.name == ins.summary["plan_name"]
     assert ins.plan.name in ins.controller.export_code()

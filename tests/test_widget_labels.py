@@ -46,12 +46,12 @@ def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_pat
     ins.controller.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
     assert ins.plan == sv.Plan.auto(model, lora="sharded")
     assert ins.plan.name == "auto (LoRA sharded)"
-    assert "LoRA ignored" not in ins.view.summary["plan_name"]
+    assert "LoRA ignored" not in ins.summary["plan_name"]
     ins.controller.make_unit(Q0)
     ins.controller.remove_unit(L0)
     ins.controller.ignore([Q0 + ".lora_A.default.weight"])
     assert ins.plan.name == "auto (LoRA sharded), edited: 3 changes"
-    assert ins.view.summary["plan_name"] == ins.plan.name
+    assert ins.summary["plan_name"] == ins.plan.name
     assert json.loads(path.read_text())["name"] == ins.plan.name  # the saved plan carries it
     assert "auto (LoRA sharded), edited: 3 changes" in ins.controller.export_code()  # and the export header
     ins.controller.undo()
@@ -167,6 +167,33 @@ def test_a_module_with_no_parameters_at_all():
     st.expand("m0")
     rows = {r["fqn"]: r for r in st.rows()[1].values()}
     assert rows["1"]["can_unit"] is False and rows["0"]["can_unit"] is True
+
+
+def test_the_history_carries_the_base_and_the_edits_not_the_name(model):
+    # a user's name that merely contains ", edited" is a base like any other: never cut at it
+    st = InspectorState(model, plan=sv.Plan([L0, ""], name="mine, edited by hand"), mesh=MESH)
+    st.make_unit(Q0)
+    assert st.plan.name == "mine, edited by hand, edited: 1 change"
+    assert st.current.base == "mine, edited by hand" and len(st.current.edits) == 1
+    st.remove_unit(Q0)
+    assert st.plan.name == "mine, edited by hand" and st.current.edits == ()
+    st.apply_preset("root-only")
+    st.make_unit(Q0)
+    assert st.plan.name == "root only, edited: 1 change"
+    assert st.current.base == "root only" and sum(e.weight for e in st.current.edits) == 1
+
+
+def test_a_restored_plan_file_counts_on_from_its_edits(model, tmp_path):
+    path = tmp_path / "plan.json"
+    st = InspectorState(model, mesh=MESH, plan_path=path)
+    st.make_unit(Q0)
+    st.remove_unit(L0)
+    assert st.plan.name == "auto (LoRA sharded), edited: 2 changes"
+    again = InspectorState(model, mesh=MESH, plan_path=path)
+    assert again.plan == st.plan and again.plan.name == st.plan.name
+    assert again.current.base == "auto (LoRA sharded)"
+    again.ignore([Q0 + ".lora_A.default.weight"])
+    assert again.plan.name == "auto (LoRA sharded), edited: 3 changes"
 
 
 def test_every_preset_is_a_known_base(model):

@@ -8,22 +8,23 @@ import pytest
 
 import shardviz as sv
 from shardviz import display
-from shardviz.widget import panels
+from shardviz.widget import panels, protocol
+from shardviz.widget.inspector import ACTION_HANDLERS
 from widget_helpers import EMBED, L0, L1, Q0, Q0_A, Wire, assert_numbers_match, fresh, group_id, torch_shard
 from widget_helpers import ins, model  # noqa: F401 - fixtures
 
 
 def test_widget_initial_traits_equal_analyze(model, ins):
     assert ins.plan == sv.Plan.auto(model)
-    assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
-    assert ins.view.summary["n_units"] == len(ins.plan.units)
-    assert ins.view.findings == panels.findings_payload(fresh(model, ins))
+    assert ins.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
+    assert ins.summary["n_units"] == len(ins.plan.units)
+    assert ins.findings == panels.findings_payload(fresh(model, ins))
     assert_numbers_match(model, ins.controller)
 
 
 def test_widget_hello_sends_all_visible_rows(ins):
     wire = Wire(ins)
-    ins._on_msg(ins.view, {"type": "hello", "req": 0}, [])
+    ins._on_msg(ins, {"type": "hello", "req": 0}, [])
     rows = wire.msgs("rows")[-1]
     assert rows["reset"] and rows["order"] == ["m0", "m1"] and set(rows["rows"]) == {"m0", "m1"}
     assert wire.msgs("ack")[-1]["ok"]
@@ -47,8 +48,8 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
     assert "order" not in rows  # nothing opened or closed: the order is not resent
     _, all_rows = ins.controller.rows()
     assert len(rows["rows"]) < len(all_rows)  # only what changed
-    assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
-    assert ins.view.memory["revision"] == ins.controller.revision
+    assert ins.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
+    assert ins.memory["revision"] == ins.controller.revision
     assert_numbers_match(model, ins.controller)
     # a change whose findings change: without the root's call torch refuses the [norm, lm_head] group
     before = panels.findings_payload(fresh(model, ins))
@@ -58,7 +59,7 @@ def test_widget_toggle_sends_charts_then_changed_rows_then_findings(model, ins):
     assert after != before and "SV004" in {f["code"] for f in after}
     names = [x if t == "trait" else x["type"] for t, x in wire.log]
     assert names.index("memory") < names.index("rows") < names.index("findings") < names.index("ack")
-    assert ins.view.findings == after
+    assert ins.findings == after
 
 
 def test_widget_ignore_lora_under_block_changes_badges(model, ins):
@@ -73,7 +74,7 @@ def test_widget_ignore_lora_under_block_changes_badges(model, ins):
     by_fqn = {r["fqn"]: r for r in rows.values()}
     assert by_fqn[Q0_A]["badge"]["kind"] == "ignored"
     assert by_fqn[Q0]["lora"] == "ignored"
-    assert ins.view.summary["n_ignored"] == len(ins.controller.lora_params(L0))
+    assert ins.summary["n_ignored"] == len(ins.controller.lora_params(L0))
     assert_numbers_match(model, ins.controller)
 
 
@@ -97,11 +98,11 @@ def test_widget_actions(model, ins, action, args, check):
     assert ack["ok"], ack
     assert check(ins.plan)
     assert wire.msgs("ack")[-1]["req"] == 1
-    assert ins.view.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
-    assert ins.view.memory == {**ins.controller.memory, "revision": ins.controller.revision}
-    assert ins.view.traffic == {**ins.controller.traffic, "revision": ins.controller.revision}
-    assert ins.view.findings == ins.controller.findings
-    assert ins.view.summary["revision"] == ins.controller.revision
+    assert ins.memory["max_peak"] == int(fresh(model, ins).memory["peak"].max())
+    assert ins.memory == {**ins.controller.memory, "revision": ins.controller.revision}
+    assert ins.traffic == {**ins.controller.traffic, "revision": ins.controller.revision}
+    assert ins.findings == ins.controller.findings
+    assert ins.summary["revision"] == ins.controller.revision
     assert_numbers_match(model, ins.controller)
 
 
@@ -111,7 +112,7 @@ def test_widget_view_actions_send_rows(model, ins):
     msg = wire.msgs("rows")[-1]
     params = {r["fqn"] for r in msg["rows"].values() if r["kind"] == "param"}
     assert params == {n for n, _ in model.named_parameters() if "lora_B" in n} and msg["filtering"]
-    assert ins.view.summary["filter"]["text"] == "lora_B"
+    assert ins.summary["filter"]["text"] == "lora_B"
     ins.handle_action("set_filter", {"text": ""})
     assert wire.msgs("rows")[-1]["order"] == ["m0", "m1"]
     ins.handle_action("reveal", {"fqn": EMBED + ".weight"})
@@ -200,9 +201,23 @@ def test_widget_refuses_unknown_actions_and_arguments(ins):
     assert not ins.handle_action("toggle_unit", {"fqn": L0, "evil": 1})["ok"]
     bad = ins.handle_action("toggle_unit", {"fqn": "nope"})
     assert not bad["ok"] and "no module named" in bad["error"]
-    assert ins.view.messages[-1]["level"] == "error"
-    ins._on_msg(ins.view, {"type": "mystery", "req": 3}, [])
+    assert ins.messages[-1]["level"] == "error"
+    ins._on_msg(ins, {"type": "mystery", "req": 3}, [])
     assert wire.msgs("ack")[-1] == {"type": "ack", "req": 3, "ok": False, "error": "unknown message type 'mystery'"}
+
+
+def test_every_protocol_action_has_exactly_one_handler():
+    # a dict has one handler per key: the table and the protocol name the same actions
+    assert set(ACTION_HANDLERS) == set(protocol.ACTIONS)
+    assert set(protocol.REQUIRED) <= set(ACTION_HANDLERS)
+    assert all(callable(h) for h in ACTION_HANDLERS.values())
+
+
+def test_a_controller_method_outside_the_protocol_is_not_run(ins):
+    before = ins.plan
+    ack = ins.handle_action("set_plan", {"plan": "{}"})
+    assert not ack["ok"] and "unknown action 'set_plan'" in ack["error"]
+    assert ins.plan is before
 
 
 def test_python_api_and_figures(model, ins):
@@ -232,7 +247,7 @@ def test_a_failing_cost_model_is_shown_not_raised(model, ins, monkeypatch):
     monkeypatch.setattr(shardviz.analysis, "memory_table", broken)  # where Analysis.memory reads it
     ack = ins.handle_action("toggle_unit", {"fqn": Q0}, req=5)
     assert ack["ok"] and ins.plan.unit_of(Q0) is not None
-    assert ins.view.memory["available"] is False and "boom" in ins.view.memory["reason"]
+    assert ins.memory["available"] is False and "boom" in ins.memory["reason"]
     monkeypatch.undo()
     ins.handle_action("undo", {})
-    assert ins.view.memory["available"] is True
+    assert ins.memory["available"] is True

@@ -89,9 +89,9 @@ def test_widget_plan_file_messages(model, tmp_path):
     path = tmp_path / "p.json"
     path.write_text("garbage")
     ins = Inspector(model, mesh=MESH, plan_path=path)
-    assert ins.view.summary["plan_file"]["autosave"] is False
-    assert "not a valid shardviz plan" in ins.view.summary["plan_file"]["problem"]
+    assert ins.summary["plan_file"]["autosave"] is False
+    assert "not a valid shardviz plan" in ins.summary["plan_file"]["problem"]
     ins.handle_action("remove_unit", {"fqn": L0})
     assert path.read_text() == "garbage"
     ins.handle_action("overwrite_plan_file", {})
-    assert saved(path) == ins.plan and ins.view.summary["plan_file"]["autosave"] is True
+    assert saved(path) == ins.plan and ins.summary["plan_file"]["autosave"] is True

@@ -22,7 +22,7 @@ def test_llama70b_lora_is_quick_and_sends_little(tmp_path):
     st = ins.controller
     assert st.tree.n_modules > 6000
     wire = Wire(ins)
-    ins._on_msg(ins.view, {"type": "hello"}, [])
+    ins._on_msg(ins, {"type": "hello"}, [])
     first = wire.msgs("rows")[-1]
     assert len(first["order"]) < 10 and len(json.dumps(first)) < 10_000  # never the whole tree
     for f in ("base_model", "base_model.model", "base_model.model.model", "base_model.model.model.layers"):
@@ -36,7 +36,7 @@ def test_llama70b_lora_is_quick_and_sends_little(tmp_path):
     assert all(len(m["rows"]) < 20 for m in wire.msgs("rows"))
     assert saved(tmp_path / "p.json") == ins.plan
     a = sv.analyze(st.tree, ins.plan, ins.mesh, ins.training, strict=False)
-    assert ins.view.memory["max_peak"] == int(a.memory["peak"].max())
+    assert ins.memory["max_peak"] == int(a.memory["peak"].max())
     ins.handle_action("apply_to_many", {"targets": group_id(st), "action": "ignore_lora"})
     assert len(ins.plan.ignored) == sum(p.role == "lora" for p in st.tree.params
                                         if p.fqn.startswith("base_model.model.model.layers."))
@@ -63,7 +63,7 @@ def test_largest_moe_opens():
     shown = [rows[i]["fqn"] for i in order if text in rows[i]["fqn"].lower()]
     assert shown == matches[:MAX_FILTER_ROWS]
     assert st.view.truncated == len(matches) - MAX_FILTER_ROWS
-    assert wire.msgs("rows")[-1]["truncated"] == st.view.truncated and ins.view.summary["truncated"] == st.view.truncated
+    assert wire.msgs("rows")[-1]["truncated"] == st.view.truncated and ins.summary["truncated"] == st.view.truncated
     st.set_filter(text="")
     expert = next(f for f in st.tree.module_index if f.endswith("experts.expert_5"))
     row = st.reveal(expert)

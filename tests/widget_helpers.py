@@ -131,8 +131,8 @@ class Wire:
 
     def __init__(self, ins: Inspector):
         self.log: list[tuple[str, object]] = []
-        ins.view.send = lambda msg, buffers=None: self.log.append(("msg", msg))
-        ins.view.observe(lambda c: self.log.append(("trait", c["name"])),
+        ins.send = lambda msg, buffers=None: self.log.append(("msg", msg))
+        ins.observe(lambda c: self.log.append(("trait", c["name"])),
                          names=["memory", "traffic", "findings", "summary", "code", "messages", "verify_result"])
 
     def msgs(self, kind):

@@ -16,11 +16,15 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..analysis import analyze
 from ..format import format_count
 from . import panels
 from .panels import host_ram_text
+
+if TYPE_CHECKING:
+    from .inspector import Inspector
 
 #: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
 NUMBERS_WAIT_S = 1.0
@@ -75,11 +79,20 @@ class Worker:
 
 
 class BackgroundPush:
-    """The Inspector's pushes after a change, the slow part on a ``Worker`` (mixed into ``Inspector``,
-    which provides the traits, ``controller``, ``_lock``, ``_worker``, ``_summary``, ``_controls``,
-    ``_push_rows``, ``_push_code`` and ``_push_messages``)."""
+    """The Inspector's pushes after a change, the slow part on a ``Worker``: the widget holds one
+    (``Inspector.pushes``) and this sets the widget's traits, one thread at a time (``lock``)."""
 
-    def _push_state(self, initial: bool = False) -> None:
+    def __init__(self, widget: Inspector):
+        self.widget = widget
+        self.worker = Worker(self.on_worker_error)
+        self.lock = threading.RLock()  # one thread at a time sets the traits
+        self.interim_revision: int | None = None  # the model-state numbers of this revision went first
+        self.run_order = None  # the last analysis's module order (the model-state numbers reuse it)
+        self.shown_memory: dict | None = None  # the memory chart's payload as sent (interim or full)
+        self.host_ram_text = ""
+        self.interrupted = False  # a change of view (pin, target release) stopped the background work
+
+    def push_state(self, initial: bool = False) -> None:
         """After a change of plan, mesh or training: charts first, then rows, then findings.
 
         With a front end (``background``), what is slow runs on the worker thread. With a
@@ -88,15 +101,16 @@ class BackgroundPush:
         or plan needs a new measurement, about a second on 70B) and sends the full numbers; the
         findings (SV201's what-ifs), A vs B and the Suggest panel's state follow from the worker,
         so the next edit, which cancels it, never waits for them."""
-        st = self.controller
-        self._worker.cancel()
-        self._interrupted = False
-        if initial or not self.background:
-            self._push_first(initial)
+        w = self.widget
+        st = w.controller
+        self.worker.cancel()
+        self.interrupted = False
+        if initial or not w.background:
+            self.push_first(initial)
             return
         rev = st.revision
         t0 = time.perf_counter()
-        interim = self._model_state_numbers()
+        interim = self.model_state_numbers()
         st.timings["model_state_s"] = time.perf_counter() - t0
         ready, go = threading.Event(), threading.Event()
 
@@ -105,148 +119,156 @@ class BackgroundPush:
                 pass
             for key in ("memory", "traffic", "timeline"):
                 getattr(st, key)
-            with self._lock:
+            with self.lock:
                 ready.set()
-                self._worker.label = "checking the plan (findings, SV201's what-ifs)"
-                if self._interim_revision == rev:  # the model-state numbers went first: the full ones now
-                    self._push_numbers()
-            self._push_rest(rev)
+                self.worker.label = "checking the plan (findings, SV201's what-ifs)"
+                if self.interim_revision == rev:  # the model-state numbers went first: the full ones now
+                    self.push_numbers()
+            self.push_rest(rev)
 
-        self._worker.start(job, "measuring the activations" if interim else "checking the plan")
+        self.worker.start(job, "measuring the activations" if interim else "checking the plan")
         try:
             if interim is None:  # no micro-batch: the numbers are quick
                 go.set()
                 ready.wait(NUMBERS_WAIT_S)
-            with self._lock:
+            with self.lock:
                 if ready.is_set():
-                    self._push_numbers()
+                    self.push_numbers()
                 else:
-                    self._interim_revision = rev
+                    self.interim_revision = rev
                     if interim is not None:
-                        self._push_numbers(interim)
-                self._push_rows()
-                self.verify_result = {}
-                self.code = {"stale": True, "revision": rev}
-                self.work = self._work()
+                        self.push_numbers(interim)
+                w.push_rows()
+                w.verify_result = {}
+                w.code = {"stale": True, "revision": rev}
+                w.work = self.work_state()
         finally:
             go.set()
         st.timings["numbers_sent_s"] = time.perf_counter() - t0
 
-    def _push_first(self, initial: bool) -> None:
+    def push_first(self, initial: bool) -> None:
         """Everything at once (no front end), or the first numbers and the rest in the background."""
-        st = self.controller
+        w = self.widget
+        st = w.controller
         rev = st.revision
-        with self._lock:
-            self._push_numbers()
-            self._push_rows(reset=initial)
-        if not self.background:
-            self._push_rest(rev)
+        with self.lock:
+            self.push_numbers()
+            w.push_rows(reset=initial)
+        if not w.background:
+            self.push_rest(rev)
             return
 
         def rest():
             st.names.known()  # the presets an edit's name is measured from: built once, here
-            self._push_rest(rev)
+            self.push_rest(rev)
 
-        self._worker.start(rest, "checking the plan (findings, SV201's what-ifs)")
-        self.work = self._work()
+        self.worker.start(rest, "checking the plan (findings, SV201's what-ifs)")
+        w.work = self.work_state()
 
-    def _model_state_numbers(self) -> dict | None:
+    def model_state_numbers(self) -> dict | None:
         """The charts' payloads without activations (parameters, gradients, optimizer states,
         communication buffers: what does not need a measured step), in milliseconds, with the
         run order of the last analysis; None without a micro-batch (the numbers are quick) or
         when no run order is known yet."""
-        st = self.controller
+        w = self.widget
+        st = w.controller
         tr = st.training
-        if not tr.with_activations or self._run_order is None:
+        if not tr.with_activations or self.run_order is None:
             return None
         a = analyze(st.tree, st.plan, st.mesh, dataclasses.replace(tr, batch_size=None), strict=False,
                     torch_version=st.torch_version)
-        a.__dict__["run_order"] = self._run_order  # the order does not depend on dtypes, shapes or checkpointing
+        a.__dict__["run_order"] = self.run_order  # the order does not depend on dtypes, shapes or checkpointing
         note = (f"activations at {format_count(tr.batch_size)} x {format_count(tr.seq_len)} tokens: being measured "
                 "(the bars show the model state only)")
         return {"memory": {**panels.memory_payload(a), "pending": note}, "traffic": panels.traffic_payload(a),
                 "host_ram": host_ram_text(a),
                 "timeline": {"available": False, "reason": f"step time: {note}", "pending": True}}
 
-    def _push_numbers(self, interim: dict | None = None) -> None:
+    def push_numbers(self, interim: dict | None = None) -> None:
         """The charts, the summary and the controls: the full numbers, or ``interim``'s."""
-        st = self.controller
+        w = self.widget
+        st = w.controller
         rev = st.revision
         numbers = interim or {key: getattr(st, key) for key in ("memory", "traffic", "timeline")}
         if interim is None:
-            self._interim_revision = None
-            self._run_order = st.analysis.__dict__.get("run_order", self._run_order)
-        self._host_ram_text = interim["host_ram"] if interim else host_ram_text(st.analysis)
-        self._shown_memory = numbers["memory"]
-        with self.hold_sync():
-            self.memory = {**numbers["memory"], "revision": rev}
-            self.traffic = {**numbers["traffic"], "revision": rev}
-            self.timeline = {**numbers["timeline"], "revision": rev}
-            self.summary = self._summary()
-            self.controls = self._controls()
-            self.work = self._work()
+            self.interim_revision = None
+            self.run_order = st.analysis.__dict__.get("run_order", self.run_order)
+        self.host_ram_text = interim["host_ram"] if interim else host_ram_text(st.analysis)
+        self.shown_memory = numbers["memory"]
+        with w.hold_sync():
+            w.memory = {**numbers["memory"], "revision": rev}
+            w.traffic = {**numbers["traffic"], "revision": rev}
+            w.timeline = {**numbers["timeline"], "revision": rev}
+            w.summary = w.summary_payload()
+            w.controls = w.controls_payload()
+            w.work = self.work_state()
 
-    def _push_rest(self, rev: int) -> None:
+    def push_rest(self, rev: int) -> None:
         """The findings, A vs B and the Suggest panel's state, once computed (on the worker, in the
         background), unless the state has changed since ``rev``."""
-        st = self.controller
+        w = self.widget
+        st = w.controller
         findings = st.findings
         comparison = {**st.comparison, "revision": rev}
         suggestions = {**st.suggestions, "revision": rev}
-        with self._lock:
+        with self.lock:
             if st.revision != rev:
                 return
-            self.findings = findings
-            with self.hold_sync():
-                self.comparison = comparison
-                self.suggestions = suggestions
-                self.summary = self._summary()
-                self.verify_result = {}
-                if self.tab == "export":
-                    self._push_code()
+            w.findings = findings
+            with w.hold_sync():
+                w.comparison = comparison
+                w.suggestions = suggestions
+                w.summary = w.summary_payload()
+                w.verify_result = {}
+                if w.tab == "export":
+                    w.push_code()
                 else:
-                    self.code = {"stale": True, "revision": rev}
-                self.work = self._work(done=True)
-            self._push_messages()
+                    w.code = {"stale": True, "revision": rev}
+                w.work = self.work_state(done=True)
+            w.push_messages()
 
-    def _work(self, done: bool = False) -> dict:
+    def work_state(self, done: bool = False) -> dict:
         """What the worker is doing (the summary shows it, with a cancel button), or nothing."""
-        w = self._worker
-        if done or not w.busy:
-            return {"busy": False, "revision": self.controller.revision}
-        return {"busy": True, "label": w.label, "since": w.started, "revision": self.controller.revision}
+        job, revision = self.worker, self.widget.controller.revision
+        if done or not job.busy:
+            return {"busy": False, "revision": revision}
+        return {"busy": True, "label": job.label, "since": job.started, "revision": revision}
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the work after the last change (activations, findings, Suggest) is done and
         sent; True once nothing runs. Without a front end everything runs at once and this returns."""
-        return self._worker.wait(timeout)
+        return self.worker.wait(timeout)
 
     def cancel(self) -> bool:
         """Stop the work running in the background (the summary's "cancel"); True if something ran."""
-        label = self._worker.label
-        if not self._worker.cancel():
+        w = self.widget
+        label = self.worker.label
+        if not self.worker.cancel():
             return False
-        st = self.controller
+        st = w.controller
         if st.suggest_status.get("state") == "running":
             st.suggest_status = {"state": "cancelled", "error": "the search was cancelled"}
-            self.suggestions = {**st.suggestions, "revision": st.revision}
+            w.suggestions = {**st.suggestions, "revision": st.revision}
         st.say("info", f"cancelled: {label}; the numbers shown are those sent before", notify=False)
-        with self._lock:
-            self.work = self._work()
-            self._push_messages()
+        with self.lock:
+            w.work = self.work_state()
+            w.push_messages()
         return True
 
-    def _stop_background(self) -> None:
-        st = self.controller
+    def stop(self) -> None:
+        """Before the state changes: cancel the running job (it was for the state left behind)."""
+        w = self.widget
+        st = w.controller
         searching = st.suggest_status.get("state") == "running"
-        if self._worker.cancel():
-            self._interrupted = True
+        if self.worker.cancel():
+            self.interrupted = True
             if searching:
                 st.suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
 
-    def _on_worker_error(self, exc: BaseException) -> None:
-        self.controller.say("error", f"{type(exc).__name__}: {exc}", notify=False)
-        with self._lock:
-            self.work = {"busy": False, "revision": self.controller.revision}
-            self._push_messages()
+    def on_worker_error(self, exc: BaseException) -> None:
+        w = self.widget
+        w.controller.say("error", f"{type(exc).__name__}: {exc}", notify=False)
+        with self.lock:
+            w.work = {"busy": False, "revision": w.controller.revision}
+            w.push_messages()
 

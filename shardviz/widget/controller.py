@@ -37,12 +37,11 @@ from ..display import DEFAULT_TRAINING  # what the Inspector assumes when no tra
 from . import panels, plan_actions, setup_actions, suggest
 from .panels import raised_by, shortened_diff
 from .plan_actions import PRESETS, BlockAction
-from .plan_names import EDITED, Edit, PlanNames, base_name, plan_changes
+from .plan_names import Edit, NamedPlan, PlanNames, plan_changes
 from .planfile import PlanFile
 from .tree_view import ModuleStats, TreeView
 
-__all__ = ["DEFAULT_TRAINING", "PRESETS", "BlockAction", "Change", "InspectorState", "Snapshot", "base_name",
-           "plan_changes"]
+__all__ = ["DEFAULT_TRAINING", "PRESETS", "BlockAction", "Change", "InspectorState", "Snapshot", "plan_changes"]
 
 HISTORY_LIMIT = 1000
 
@@ -54,6 +53,12 @@ class Snapshot:
     training: Any
     #: the user's edits since the plan's base (its name counts them; see plan_names.py)
     edits: tuple[Edit, ...] = field(default=(), compare=False)
+    #: the name of the known plan (a preset, a plan the user set) the edits count from
+    base: str = field(default="", compare=False)
+
+    @property
+    def named(self) -> NamedPlan:
+        return NamedPlan(self.plan, self.base, self.edits)
 
 
 class Change(Flag):
@@ -123,8 +128,8 @@ class InspectorState:
                 self.say(result.level, result.message, notify=False)
         start = restored or explicit or Plan.auto(self.tree)
         self.names = PlanNames(self.tree)
-        self.names.remember(start)
-        self._history = [Snapshot(start, mesh, training, self.names.carried_edits(start) if EDITED in start.name else ())]
+        named = self.names.arrived(start)
+        self._history = [Snapshot(start, mesh, training, named.edits, named.base)]
         self._pos = 0
         self._recompute(self._history[0])  # raises ValueError for an unusable explicit plan
         if self.plan_file is not None and restored is None and self.plan_file.writable:
@@ -268,25 +273,21 @@ class InspectorState:
             return None
         return Comparison({"A": self._pinned_analysis, "B": self.analysis})
 
-    def _commit(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, edit: bool = True,
+    def _commit(self, plan: Plan | NamedPlan | None = None, mesh: Mesh | None = None, training=None, edit: bool = True,
                 note: str | None = None) -> bool:
         """Make (plan, mesh, training) current as one undo step; False when nothing changed.
 
         ``edit``: the plan is one user edit of the current one (named after its base, see
-        ``PlanNames.after_edit``); False for a plan that replaces it (a preset, ``set_plan``), which
-        keeps its own name. A change that happens clears the earlier messages (they were about an
+        ``PlanNames.after_edit``); False for a plan that replaces it (``set_plan``, a suggestion), which
+        keeps its own name, or a ``NamedPlan`` named already (a preset that kept the checkpointing). A change that happens clears the earlier messages (they were about an
         earlier state); ``note`` is then the one message shown."""
         cur = self.current
-        edits = cur.edits
-        if plan is not None:
-            if edit:
-                plan, edits = self.names.after_edit(plan, cur.plan, cur.edits)
-            else:
-                self.names.remember(plan)
-                edits = self.names.carried_edits(plan) if EDITED in plan.name else ()
-        snap = Snapshot(plan if plan is not None else cur.plan,
-                        mesh if mesh is not None else cur.mesh,
-                        training if training is not None else cur.training, edits)
+        if isinstance(plan, Plan):
+            named = self.names.after_edit(plan, cur.named) if edit else self.names.arrived(plan)
+        else:
+            named = plan or cur.named  # a NamedPlan named already, or the current plan
+        snap = Snapshot(named.plan, mesh if mesh is not None else cur.mesh,
+                        training if training is not None else cur.training, named.edits, named.base)
         if snap == cur and snap.plan.name == cur.plan.name:
             return False
         analysis = self._analyze(snap)  # raises ValueError: nothing has changed yet

@@ -27,8 +27,8 @@ runs, the summary shows it with a cancel button.
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anywidget
@@ -40,15 +40,13 @@ from ..fsdp import Mesh
 from ..highlight import python_html
 from ..presets import preset_key
 from . import panels, protocol
-from .background import BackgroundPush, Worker
+from .background import BackgroundPush
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
 from .controller import PRESETS, BlockAction, Change, InspectorState
 from .panels import training_text
 
 HERE = Path(__file__).parent
 GIB = 1024**3
-#: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
-NUMBERS_WAIT_S = 1.0
 
 #: Releases offered in the export's "target torch" menu ("" = detected when the code runs).
 TORCH_RELEASES = ["", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4"]
@@ -68,7 +66,7 @@ def _read_esm() -> str:
     return (HERE / "charts.js").read_text() + "\n" + front
 
 
-class Inspector(BackgroundPush, anywidget.AnyWidget):
+class Inspector(anywidget.AnyWidget):
     """Inspect and edit an FSDP2 plan interactively: ``sv.Inspector(model)`` in a notebook.
 
     ``plan``: the starting plan (default ``sv.Plan.auto(model)``). ``mesh``, ``training``: as for
@@ -111,16 +109,10 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         controller = InspectorState(model, plan=plan, mesh=mesh, training=training, plan_path=plan_path)
         super().__init__(**kwargs)
         self.controller = controller
-        #: slow work off the kernel's thread (default: when a front end is connected; see _push_state)
+        #: slow work off the kernel's thread (default: when a front end is connected; see BackgroundPush)
         self.background = background if background is not None else not isinstance(self.comm, DummyComm)
-        self._worker = Worker(self._on_worker_error)
-        self._lock = threading.RLock()  # one thread at a time sets the traits
-        self._interim_revision: int | None = None
-        self._run_order = None
-        self._shown_memory: dict | None = None
-        self._host_ram_text = ""
-        self._interrupted = False  # a change of view (pin, target release) stopped the background work
-        controller.before_change.append(self._stop_background)
+        self.pushes = BackgroundPush(self)  # the pushes after a change, the slow part on a worker thread
+        controller.before_change.append(self.pushes.stop)
         self._sent_order: list[str] | None = None
         self._sent_rows: dict[str, dict] = {}
         self._outbox: list[dict] = []  # custom messages, for tests (the last few)
@@ -128,7 +120,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         controller.observe(self._on_change)
         self.on_msg(self._on_msg)
         self.observe(self._on_tab, names=["tab", "torch_version"])
-        self._push_state(initial=True)
+        self.pushes.push_state(initial=True)
         controller.timings["widget_init_s"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------
@@ -152,10 +144,14 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         """``sv.analyze`` of the current plan, mesh and training (on the cached tree)."""
         return self.controller.analysis
 
-    @property
-    def view(self) -> Inspector:
-        """The widget itself (kept for code written when the front end was a separate widget)."""
-        return self
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the work after the last change (activations, findings, Suggest) is done and
+        sent; True once nothing runs. Without a front end everything runs at once and this returns."""
+        return self.pushes.wait(timeout)
+
+    def cancel(self) -> bool:
+        """Stop the work running in the background (the summary's "cancel"); True if something ran."""
+        return self.pushes.cancel()
 
     def memory_figure(self):
         """The memory chart as a plotly figure (same payload as the widget's)."""
@@ -168,7 +164,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
     # ------------------------------------------------------------------------------------
     # pushing state to the front end
     # ------------------------------------------------------------------------------------
-    def _controls(self) -> dict:
+    def controls_payload(self) -> dict:
         st = self.controller
         mesh, tr = st.mesh, st.training
         shard = mesh.shard
@@ -196,7 +192,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "reduce_dtype": tr.reduce_dtype or "",
             # on when the training offloads or the plan's calls do (a Suggest row's CPU offload)
             "offload": offload,
-            "offload_text": self._host_ram_text if offload else "",  # the host RAM it needs, per rank and node
+            "offload_text": self.pushes.host_ram_text if offload else "",  # the host RAM it needs, per rank and node
             "batch_size": tr.batch_size,
             "seq_len": tr.seq_len,
             # only for a length the user chose (the default 2048 is not flagged on a tiny model)
@@ -213,7 +209,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "n_blocks_checkpointed": sum(1 for b in blocks if b in ck),
         }
 
-    def _summary(self) -> dict:
+    def summary_payload(self) -> dict:
         st = self.controller
         mesh, tree = st.mesh, st.tree
         sev = {"error": 0, "warning": 0, "info": 0}
@@ -223,7 +219,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
             self._last_severities = sev
         stale = findings is None  # the checks of this change run after the charts and rows are sent
-        mem = self._shown_memory if self._shown_memory is not None else st.memory
+        mem = self.pushes.shown_memory if self.pushes.shown_memory is not None else st.memory
         tr = st.training
         return {
             "revision": st.revision,
@@ -264,7 +260,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             "pinned": st.pinned is not None,
         }
 
-    def _push_messages(self) -> None:
+    def push_messages(self) -> None:
         self.messages = [dict(m) for m in self.controller.messages[-5:]]
 
     def _send_msg(self, msg: dict) -> None:
@@ -272,7 +268,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         del self._outbox[:-20]
         self.send(msg)
 
-    def _push_rows(self, reset: bool = False) -> None:
+    def push_rows(self, reset: bool = False) -> None:
         """Send the visible rows that changed since the last message (all of them on reset)."""
         t0 = time.perf_counter()
         st = self.controller
@@ -294,7 +290,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         st.timings["rows_s"] = time.perf_counter() - t0
         st.timings["rows_sent"] = len(changed)
 
-    def _push_code(self) -> None:
+    def push_code(self) -> None:
         st = self.controller
         version = self.torch_version or None
         try:
@@ -306,35 +302,35 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
 
     def _on_change(self, changed: Change) -> None:
         if Change.STATE in changed:
-            self._push_state()
+            self.pushes.push_state()
             return
         if Change.ROWS in changed:
-            with self._lock, self.hold_sync():
-                self._push_rows()
-                self.summary = self._summary()
-                self.controls = self._controls()  # the rank
-        if self._interrupted and changed & (Change.PIN | Change.FINDINGS):
-            self._interrupted = False
-            self._push_state()  # the work a pin or a target release stopped, again for the new view
+            with self.pushes.lock, self.hold_sync():
+                self.push_rows()
+                self.summary = self.summary_payload()
+                self.controls = self.controls_payload()  # the rank
+        if self.pushes.interrupted and changed & (Change.PIN | Change.FINDINGS):
+            self.pushes.interrupted = False
+            self.pushes.push_state()  # the work a pin or a target release stopped, again for the new view
             return
         if Change.PIN in changed:
             with self.hold_sync():
                 self.comparison = {**self.controller.comparison, "revision": self.controller.revision}
-                self.summary = self._summary()
+                self.summary = self.summary_payload()
         if Change.SUGGEST in changed:  # at once, not held: "searching N plans…" shows while the search runs
-            with self._lock:
+            with self.pushes.lock:
                 self.suggestions = {**self.controller.suggestions, "revision": self.controller.revision}
-                self.work = self._work()
+                self.work = self.pushes.work_state()
         if Change.REVEAL in changed:
             self._send_msg({"type": "reveal", "id": self.controller.last_reveal})
         if Change.MESSAGES in changed:
-            self._push_messages()
-            self.summary = self._summary()
+            self.push_messages()
+            self.summary = self.summary_payload()
         if Change.VERIFY in changed:
             self.verify_result = dict(self.controller.verify_result or {})
         if Change.FINDINGS in changed:  # the target release changed: same plan, other findings
             self.findings = self.controller.findings
-            self.summary = self._summary()
+            self.summary = self.summary_payload()
 
     def _on_tab(self, change) -> None:
         if change["name"] == "torch_version":
@@ -344,9 +340,9 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
                 self.controller.set_torch_version(self.torch_version or None)
             except ValueError as exc:
                 self.controller.say("error", str(exc), notify=False)
-                self._push_messages()
+                self.push_messages()
         if self.tab == "export":
-            self._push_code()
+            self.push_code()
 
     # ------------------------------------------------------------------------------------
     # messages from the front end
@@ -357,7 +353,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
         kind = content.get("type")
         req = content.get("req")
         if kind == "hello":
-            self._push_rows(reset=True)
+            self.push_rows(reset=True)
             self._send_msg({"type": "ack", "req": req, "ok": True, "error": None})
             return
         if kind != "action":
@@ -374,7 +370,7 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
             ack.update(ok=False, error=problem)
         else:
             try:
-                result = self._run(action, dict(args))
+                result = ACTION_HANDLERS[action](self, dict(args))
                 if action == "save_code":
                     ack["path"] = str(result)  # the export panel shows it
             except FileExistsError as exc:
@@ -385,58 +381,111 @@ class Inspector(BackgroundPush, anywidget.AnyWidget):
                 ack.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         if not ack["ok"] and not ack.get("exists"):
             self.controller.say("error", ack["error"], notify=False)
-            self._push_messages()
-            self.controls = self._controls()  # a refused edit: the controls show the state again
+            self.push_messages()
+            self.controls = self.controls_payload()  # a refused edit: the controls show the state again
         ack["ms"] = round((time.perf_counter() - t0) * 1000, 1)
         self._send_msg(ack)
         return ack
 
-    def _set_training(self, kw: dict) -> None:
-        st = self.controller
-        fields = training_fields(kw, st.training)
-        st.seq_len_set = st.seq_len_set or "seq_len" in fields
-        if fields.get("offload") is False and any(u.offload for u in st.plan.units):
-            return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
-        return st.set_training(**fields)
 
-    def _run(self, action: str, kw: dict):
-        st = self.controller
-        if action == "set_mesh":
-            return st.set_mesh(**mesh_fields(kw, st.mesh))
-        if action == "set_training":
-            return self._set_training(kw)
-        if action == "set_rank":
-            return st.set_rank(whole("rank", kw["rank"], 0, st.mesh.world - 1))
-        if action == "set_tab":
-            if kw["tab"] not in protocol.TABS:
-                raise ValueError(f"tab {kw['tab']!r}: expected one of {protocol.TABS}")
-            self.tab = kw["tab"]  # _on_tab computes the code when the export opens
-            return None
-        if action == "set_torch_version":
-            if kw["version"] not in TORCH_RELEASES:
-                raise ValueError(f"torch release {kw['version']!r}: expected one of {TORCH_RELEASES}")
-            self.torch_version = kw["version"]
-            return None
-        if action == "save_code":
-            kw["torch_version"] = self.torch_version or None
-        if action == "cancel":
-            return self.cancel()
-        if action == "verify":
-            self._worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
-        if action == "suggest" and self.background and st.mesh.device_memory is not None:
-            def job():
-                st.suggest(**kw)
-                with self._lock:
-                    self.work = self._work(done=True)
 
-            self._worker.start(job, "searching plans")
-            self.work = self._work()
-            return None
-        if action in ("apply_to_many", "apply_to_type"):
-            kw["action"] = BlockAction.parse(kw["action"])  # the front end's name, as a type from here on
-            if kw.get("value", 0) is None:
-                del kw["value"]
-        return getattr(st, action)(**kw)
+# ------------------------------------------------------------------------------------
+# what each front-end action runs: one handler per action of the protocol (protocol.ACTIONS)
+# ------------------------------------------------------------------------------------
+#: A handler gets the widget and the action's checked arguments; what it returns goes in the ack.
+ActionHandler = Callable[[Inspector, dict], object]
+
+
+def _set_training(ins: Inspector, kw: dict) -> None:
+    st = ins.controller
+    fields = training_fields(kw, st.training)
+    st.seq_len_set = st.seq_len_set or "seq_len" in fields
+    if fields.get("offload") is False and any(u.offload for u in st.plan.units):
+        return st.set_offload(False, **fields)  # the box showed the plan's offload: off for its calls too
+    return st.set_training(**fields)
+
+
+def _set_tab(ins: Inspector, kw: dict) -> None:
+    if kw["tab"] not in protocol.TABS:
+        raise ValueError(f"tab {kw['tab']!r}: expected one of {protocol.TABS}")
+    ins.tab = kw["tab"]  # _on_tab computes the code when the export opens
+
+
+def _set_torch_version(ins: Inspector, kw: dict) -> None:
+    if kw["version"] not in TORCH_RELEASES:
+        raise ValueError(f"torch release {kw['version']!r}: expected one of {TORCH_RELEASES}")
+    ins.torch_version = kw["version"]
+
+
+def _verify(ins: Inspector, kw: dict) -> dict:
+    ins.pushes.worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
+    return ins.controller.verify(**kw)
+
+
+def _suggest(ins: Inspector, kw: dict) -> None:
+    st = ins.controller
+    if not (ins.background and st.mesh.device_memory is not None):
+        return st.suggest(**kw)
+
+    def job():
+        st.suggest(**kw)
+        with ins.pushes.lock:
+            ins.work = ins.pushes.work_state(done=True)
+
+    ins.pushes.worker.start(job, "searching plans")
+    ins.work = ins.pushes.work_state()
+    return None
+
+
+def _block_action_args(kw: dict) -> dict:
+    """The front end's block action by name, as a type from here on; no value when it sent null."""
+    kw["action"] = BlockAction.parse(kw["action"])
+    if kw.get("value", 0) is None:
+        del kw["value"]
+    return kw
+
+
+ACTION_HANDLERS: dict[str, ActionHandler] = {
+    # the plan
+    "toggle_unit": lambda ins, kw: ins.controller.toggle_unit(**kw),
+    "make_unit": lambda ins, kw: ins.controller.make_unit(**kw),
+    "remove_unit": lambda ins, kw: ins.controller.remove_unit(**kw),
+    "set_reshard_after_forward": lambda ins, kw: ins.controller.set_reshard_after_forward(**kw),
+    "toggle_ignored": lambda ins, kw: ins.controller.toggle_ignored(**kw),
+    "ignore": lambda ins, kw: ins.controller.ignore(**kw),
+    "unignore": lambda ins, kw: ins.controller.unignore(**kw),
+    "ignore_lora": lambda ins, kw: ins.controller.ignore_lora(**kw),
+    "unignore_lora": lambda ins, kw: ins.controller.unignore_lora(**kw),
+    "toggle_checkpoint": lambda ins, kw: ins.controller.toggle_checkpoint(**kw),
+    "checkpoint_blocks": lambda ins, kw: ins.controller.checkpoint_blocks(**kw),
+    "apply_to_many": lambda ins, kw: ins.controller.apply_to_many(**_block_action_args(kw)),
+    "apply_to_type": lambda ins, kw: ins.controller.apply_to_type(**_block_action_args(kw)),
+    "apply_preset": lambda ins, kw: ins.controller.apply_preset(**kw),
+    # mesh and training
+    "set_mesh": lambda ins, kw: ins.controller.set_mesh(**mesh_fields(kw, ins.controller.mesh)),
+    "set_training": _set_training,
+    "apply_suggestion": lambda ins, kw: ins.controller.apply_suggestion(**kw),
+    "undo": lambda ins, kw: ins.controller.undo(),
+    "redo": lambda ins, kw: ins.controller.redo(),
+    # the view
+    "expand": lambda ins, kw: ins.controller.expand(**kw),
+    "collapse_all": lambda ins, kw: ins.controller.collapse_all(),
+    "set_filter": lambda ins, kw: ins.controller.set_filter(**kw),
+    "filter_finding": lambda ins, kw: ins.controller.filter_finding(**kw),
+    "set_rank": lambda ins, kw: ins.controller.set_rank(whole("rank", kw["rank"], 0, ins.controller.mesh.world - 1)),
+    "reveal": lambda ins, kw: ins.controller.reveal(**kw),
+    "pin": lambda ins, kw: ins.controller.pin(),
+    "suggest": _suggest,
+    "cancel": lambda ins, kw: ins.cancel(),
+    "unpin": lambda ins, kw: ins.controller.unpin(),
+    # export
+    "set_tab": _set_tab,
+    "set_torch_version": _set_torch_version,
+    "save_code": lambda ins, kw: ins.controller.save_code(**kw, torch_version=ins.torch_version or None),
+    "verify": _verify,
+    "overwrite_plan_file": lambda ins, kw: ins.controller.overwrite_plan_file(),
+    "dismiss_messages": lambda ins, kw: ins.controller.dismiss_messages(),
+}
 
 
 def _plan_offload_text(plan, training) -> str:

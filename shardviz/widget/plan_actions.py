@@ -14,7 +14,7 @@ from enum import Enum
 
 from .. import presets
 from ..plan import Plan, Unit, as_plan, closest_hint
-from .plan_names import edited_name, renamed
+from .plan_names import NamedPlan
 
 #: The menu's presets, key -> label (``presets.PRESETS``, the one registry).
 PRESETS = {p.key: p.label for p in presets.PRESETS}
@@ -292,18 +292,18 @@ def apply_to_type(state, type_or_fqn: str, action: BlockAction | str, within: st
 # ------------------------------------------------------------------------------------
 # whole plans
 # ------------------------------------------------------------------------------------
-def preset_keeping_checkpointing(state, name: str) -> tuple[Plan, str | None]:
+def preset_keeping_checkpointing(state, name: str) -> tuple[NamedPlan, str | None]:
     """Preset ``name`` (``PRESETS``) in place of the plan's calls and ignored parameters, keeping the
-    current checkpointing (the preset says what to shard, not what to recompute), and the message
-    that says what was kept (None when nothing was)."""
+    current checkpointing (the preset says what to shard, not what to recompute), named (one edit of
+    the preset when something was kept), and the message that says what was kept (None when nothing was)."""
     preset = presets.preset_plan(state.tree, name)
     kept = tuple(f for f in state.plan.checkpoint if f not in preset.checkpoint)
     if not kept:
-        return preset, None
-    plan = Plan(preset.units, preset.ignored, preset.name, preset.checkpoint + kept)
-    plan = renamed(plan, state.names.match(plan) or edited_name(preset.name, 1))
+        return state.names.arrived(preset), None
+    named = state.names.from_preset(preset, Plan(preset.units, preset.ignored, preset.name, preset.checkpoint + kept))
+    plan = named.plan
     what = "every block" if set(plan.checkpoint) == set(state.blocks()) else f"{len(plan.checkpoint)} checkpointed modules"
-    return plan, (f"preset {PRESETS[name]!r} applied; it keeps your checkpointing ({what}). "
+    return named, (f"preset {PRESETS[name]!r} applied; it keeps your checkpointing ({what}). "
                   "Undo goes back to the plan before it.")
 
 

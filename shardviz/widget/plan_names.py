@@ -5,6 +5,8 @@ user started from or set) takes that plan's name, the name ``Plan.auto`` and the
 Any other plan is "<base>, edited: N changes", where N counts the user's edits: each action
 ("checkpoint all blocks", "ignore LoRA" under a block, one toggle) is one edit however many
 entries it touches, and an edit whose every entry is back as in the base no longer counts.
+The history carries the base and the edits (``NamedPlan``); the name is written from them and
+never read back, except from a plan that arrives from outside (a plan file, ``set_plan``).
 The name travels with the plan: the summary, the plan file and the exported code.
 """
 
@@ -16,9 +18,6 @@ from typing import NamedTuple
 from ..plan import Plan
 from ..presets import preset_plans
 from ..tree import ModelTree
-
-EDITED = ", edited"
-
 
 class Edit(NamedTuple):
     """One user action on the plan: the plan entries it changed, and how many edits it stands for
@@ -48,14 +47,24 @@ def plan_changes(a: Plan, b: Plan) -> int:
     return len(changed_entries(a, b))
 
 
-def edit_count(base: Plan, plan: Plan, edits: tuple[Edit, ...]) -> int:
-    """The user's edits that still make ``plan`` differ from ``base``."""
-    diff = changed_entries(base, plan)
-    return sum(e.weight for e in edits if e.entries & diff)
-
-
 def edited_name(base: str, n: int) -> str:
     return f"{base}, edited: {n} change{'' if n == 1 else 's'}" if n else base
+
+
+def read_edited_name(name: str) -> tuple[str, int] | None:
+    """(base, N) of a name ``edited_name`` wrote, else None. Only for a plan that arrives from outside
+    the Inspector's history (a plan file, ``set_plan``): the history carries both explicitly."""
+    found = re.fullmatch(r"(.*), edited(?:: (\d+) changes?)?", name or "")
+    return (found.group(1), int(found.group(2) or 1)) if found else None
+
+
+class NamedPlan(NamedTuple):
+    """A plan with its name, the known plan its edits count from ("" when none: an unnamed custom
+    plan), and the user's edits since then: what the Inspector's history carries."""
+
+    plan: Plan
+    base: str = ""
+    edits: tuple[Edit, ...] = ()
 
 
 class PlanNames:
@@ -66,11 +75,6 @@ class PlanNames:
         self.bases: dict[str, Plan] = {}
         self._presets: dict[str, Plan] | None = None
 
-    def remember(self, plan: Plan) -> None:
-        """A plan the user started from or set: later edits are named after it."""
-        if plan.name and EDITED not in plan.name:
-            self.bases[plan.name] = plan
-
     def known(self) -> dict[str, Plan]:
         if self._presets is None:
             self._presets = preset_plans(self.tree, (None, "blocks"))  # what the tree's menus make
@@ -80,33 +84,40 @@ class PlanNames:
         """The name of a known plan equal to ``plan`` (same entries), if any."""
         return next((name for name, p in self.known().items() if name and not changed_entries(p, plan)), None)
 
-    def after_edit(self, plan: Plan, current: Plan, edits: tuple[Edit, ...]) -> tuple[Plan, tuple[Edit, ...]]:
-        """``plan``, made by one user action on ``current`` (edited ``edits`` times since its base),
-        with its name, and the edits that now lead to it."""
+    def after_edit(self, plan: Plan, current: NamedPlan) -> NamedPlan:
+        """``plan``, made by one user action on ``current``, with its name and the edits that now
+        lead to it from ``current``'s base."""
         name = self.match(plan)
         if name is not None:
-            return renamed(plan, name), ()
-        edits = edits + (Edit(changed_entries(current, plan)),)
-        base = base_name(current.name)
-        ref = self.known().get(base)
+            return NamedPlan(renamed(plan, name), name)
+        edits = current.edits + (Edit(changed_entries(current.plan, plan)),)
+        ref = self.known().get(current.base) if current.base else None
         if ref is None:
-            return renamed(plan, f"{base or 'custom plan'}, edited"), edits
-        return renamed(plan, edited_name(base, edit_count(ref, plan, edits))), edits
+            return NamedPlan(renamed(plan, f"{current.base or 'custom plan'}, edited"), current.base, edits)
+        diff = changed_entries(ref, plan)  # an edit whose every entry is back as in the base no longer counts
+        return NamedPlan(renamed(plan, edited_name(current.base, sum(e.weight for e in edits if e.entries & diff))),
+                         current.base, edits)
 
-    def carried_edits(self, plan: Plan) -> tuple[Edit, ...]:
-        """For a plan that arrives named (a plan file, ``set_plan``, a preset that kept the
-        checkpointing): what it differs in from its base, as the edits its name counts."""
-        ref = self.known().get(base_name(plan.name))
-        diff = changed_entries(ref, plan) if ref is not None else frozenset()
-        if not diff:
-            return ()
-        counted = re.search(r"edited: (\d+) change", plan.name)
-        return (Edit(diff, int(counted.group(1)) if counted else 1),)
+    def from_preset(self, preset: Plan, plan: Plan) -> NamedPlan:
+        """``plan``: preset ``preset`` with something kept from the plan it replaces (the
+        checkpointing), one edit of the preset unless it equals a known plan."""
+        name = self.match(plan)
+        if name is not None:
+            return NamedPlan(renamed(plan, name), name)
+        return NamedPlan(renamed(plan, edited_name(preset.name, 1)), preset.name, (Edit(changed_entries(preset, plan)),))
 
-
-def base_name(name: str) -> str:
-    """The name a plan was edited from: "auto (LoRA sharded), edited: 3 changes" -> "auto (LoRA sharded)"."""
-    return name.split(EDITED, 1)[0] if name else ""
+    def arrived(self, plan: Plan) -> NamedPlan:
+        """A plan that replaces the current one (the start, ``set_plan``, a preset, a suggestion),
+        keeping its own name: a named plan becomes a base of later edits, and one an Inspector
+        named after its edits (a plan file) counts on from them."""
+        edited = read_edited_name(plan.name)
+        ref = self.known().get(edited[0]) if edited else None
+        if edited and ref is not None:
+            diff = changed_entries(ref, plan)
+            return NamedPlan(plan, edited[0], (Edit(diff, edited[1]),) if diff else ())
+        if plan.name and not edited:
+            self.bases[plan.name] = plan
+        return NamedPlan(plan, edited[0] if edited else plan.name)
 
 
 def renamed(plan: Plan, name: str) -> Plan:

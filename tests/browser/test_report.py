@@ -138,7 +138,7 @@ def test_report_70b_lora_reads_at_1280(tmp_path, chromium_browser):
     word broken, no table wider than the page, long tables folded; the first view fits 25,000 px."""
     warnings.filterwarnings("ignore")
     path = tmp_path / "r.html"
-    assert cli_main(["report", "zoo:llama3_70b", "--layout", "ignored", "--world-size", "64", "--optimizer", "adamw",
+    assert cli_main(["report", "zoo:llama3_70b", "--lora", "ignored", "--world-size", "64", "--optimizer", "adamw",
                      "--param-dtype", "bfloat16", "--reduce-dtype", "float32", "-o", str(path)]) == 0
     context, page, _, errors = open_offline(chromium_browser, path, width=1280)
     # the first view: every <details> closed
@@ -179,7 +179,7 @@ def test_report_explains_itself_and_copies_its_code(tmp_path, chromium_browser):
     the report's own plan marked among the layouts, and a button that copies the exported code."""
     warnings.filterwarnings("ignore")
     path = tmp_path / "r.html"
-    assert cli_main(["report", "zoo:tiny_llama_lora", "--layout", "ignored", "--world-size", "8", "--device", "H100",
+    assert cli_main(["report", "zoo:tiny_llama_lora", "--lora", "ignored", "--world-size", "8", "--device", "H100",
                      "--batch-size", "1", "--seq-len", "256", "-o", str(path)]) == 0
     context, page, requests, errors = open_offline(chromium_browser, path, width=1280)
     context.grant_permissions(["clipboard-read", "clipboard-write"])
