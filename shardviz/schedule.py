@@ -182,7 +182,7 @@ class _Bar:
 
 @dataclass
 class _Simulator:
-    """Walks the hooks in the order the CPU runs them; keeps each stream's next free time."""
+    """Folds the hooks (``step_events``) into seconds; keeps each stream's next free time."""
 
     units: dict
     forward_prefetch: dict
