@@ -1,8 +1,9 @@
 """FSDP2's hook rules, one function each: which call is a root, which hooks a call gets, which call
 a hook prefetches, which post-backwards the root's final callback runs.
 
-Both models of the step call them: ``cost.simulation`` (bytes) and ``schedule`` (seconds); so do
-``cost.units`` and ``steptime``, which build their inputs. Each cites the torch 2.13 code it
+``step_events``, the one walk of the hooks that both models of the step fold (``cost.simulation``
+in bytes, ``schedule`` in seconds), calls them; so do ``cost.units`` and ``steptime``, which build
+their inputs. Each cites the torch 2.13 code it
 mirrors (``torch/distributed/fsdp/_fully_shard``); the table is in ``docs/step-rules.md``.
 Positions are whatever orders the hooks of one pass (``cost.units.Position`` in the module walk).
 """

@@ -26,8 +26,9 @@ The root call (the one on the whole model) encloses every other unit: its all-ga
 first, its forward compute (norm, LM head) runs after the blocks, its backward compute before
 theirs, and its post-backward (reduce-scatter) comes last.
 
-The rules it shares with the bytes model (``cost.simulation``) are ``hook_rules``' functions: the
-default backward prefetch target, the final callback's post-backwards (docs/step-rules.md).
+The order of the hooks is the one walk ``step_events`` (shared with the bytes model,
+``cost.simulation``, and built on ``hook_rules``: the default backward prefetch target, the
+final callback's post-backwards); this module folds it into seconds (docs/step-rules.md).
 
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
 backward hook as the GPU gets there; collectives on different communicators (HSDP's all-reduce,
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
-from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
+from .step_events import Hook, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
 STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -181,7 +182,7 @@ class _Bar:
 
 @dataclass
 class _Simulator:
-    """Walks the hooks in the order the CPU runs them; keeps each stream's next free time."""
+    """Folds the hooks (``step_events``) into seconds; keeps each stream's next free time."""
 
     units: dict
     forward_prefetch: dict
@@ -244,19 +245,24 @@ class _Simulator:
         return out
 
 
-def _forward(sim: _Simulator, order: list[UnitTime], root: UnitTime | None) -> None:
+def _forward(sim: _Simulator, every: list[UnitTime], events) -> None:
+    """Folds the forward hooks: a pre-forward issues its call's all-gather (and explicit
+    targets), the compute stream waits for it; the call computes until its post-forward (the
+    root's own compute, norm and LM head, at its post-forward, after the blocks)."""
     previous_start = 0.0
-    for unit in order:
-        issue_at = previous_start  # the CPU is one unit ahead: this hook runs while the GPU computes the previous unit
-        sim.all_gather(unit, "forward", issue_at)
-        sim.wait(sim.gathers[(unit.name, "forward")])
-        sim.issued.append(("forward", unit.name))  # FSDPParamGroup.pre_forward has returned
-        # explicit targets: FSDPState._pre_forward issues them after the group's pre-forward
-        for target in sim.targets(sim.forward_prefetch.get(unit.name, ()), unit.name, "forward"):
-            sim.all_gather(target, "forward", issue_at)
-        previous_start = sim.compute(unit, "forward", "forward", 0.0 if unit is root else unit.forward_s)
-    if root is not None:
-        sim.compute(root, "forward", "forward", root.forward_s)  # norm and LM head, after the blocks
+    for event in events:
+        unit = every[event.call]
+        if event.kind is Hook.PRE_FORWARD:
+            issue_at = previous_start  # the CPU is one unit ahead: this hook runs while the GPU computes the previous unit
+            sim.all_gather(unit, "forward", issue_at)
+            sim.wait(sim.gathers[(unit.name, "forward")])
+            sim.issued.append(("forward", unit.name))  # FSDPParamGroup.pre_forward has returned
+            # explicit targets: FSDPState._pre_forward issues them after the group's pre-forward
+            for target in sim.targets(sim.forward_prefetch.get(unit.name, ()), unit.name, "forward"):
+                sim.all_gather(target, "forward", issue_at)
+            previous_start = sim.now  # the call's compute starts here
+        elif event.kind is Hook.POST_FORWARD:
+            sim.compute(unit, "forward", "forward", unit.forward_s)
 
 
 def _pre_backward(sim: _Simulator, unit: UnitTime, default_target: UnitTime | None) -> None:
@@ -291,28 +297,41 @@ def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
     sim.reductions.append(last)
 
 
-def _backward(sim: _Simulator, units: list[UnitTime], root: UnitTime | None) -> None:
-    """``units``: the calls under the root in forward order. Their forwards end in that order, the
-    root's last (the schedule's assumption: no call nested in another but the root's)."""
-    first = [root] if root is not None else []
-    targets = backward_prefetch_targets([u.name for u in units + first])
-    for unit in first + units[::-1]:
-        if not unit.backward_hook:
-            continue
-        target = targets.get(unit.name)
-        _pre_backward(sim, unit, sim.units[target] if target is not None else None)
-        if unit.recompute_s > 0:
-            sim.issued.append(("recompute", unit.name))
-            sim.compute(unit, "recompute", "backward", unit.recompute_s)
-        sim.compute(unit, "backward", "backward", unit.backward_s)
-        if unit is not root:
-            _post_backward(sim, unit)
-    # post-backwards torch runs from its final callback: the root's (its input needs no gradient),
-    # then those of units that never got a pre-backward (the schedule's assumption: every other
-    # call's input needs a gradient)
-    for unit in final_callback_order(first + units, lambda u: post_backward_in_backward(u.backward_hook, u is not root)):
-        _post_backward(sim, unit)
+def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
+    """Folds the backward hooks: each pre-backward (own all-gather, the default prefetch, the
+    recomputation, the backward compute), each post-backward (its reductions), those the root's
+    final callback runs, then ``finalize_backward``: the compute stream waits for every reduction."""
+    for event in events:
+        if event.kind is Hook.PRE_BACKWARD:
+            unit = every[event.call]
+            _pre_backward(sim, unit, every[event.prefetch] if event.prefetch >= 0 else None)
+            if unit.recompute_s > 0:
+                sim.issued.append(("recompute", unit.name))
+                sim.compute(unit, "recompute", "backward", unit.recompute_s)
+            sim.compute(unit, "backward", "backward", unit.backward_s)
+        elif event.kind is Hook.POST_BACKWARD:
+            _post_backward(sim, every[event.call])
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
+
+
+class _Call(NamedTuple):
+    """A unit as ``step_events`` walks it (the fields of ``cost.units.CallHooks`` it reads)."""
+
+    first: int
+    pre_forward: tuple
+    post_forward: tuple
+    out_grad: bool
+    in_grad: bool
+    root: int = 0
+
+
+def _calls(every: list[UnitTime], root: UnitTime | None) -> list[_Call]:
+    """The units' hooks under the schedule's assumptions: no call nested in another but the root,
+    whose forward begins first and ends last; every input but the root's needs a gradient
+    (docs/step-rules.md, "What the seconds model simplifies")."""
+    end = (2 * len(every),)
+    return [_Call(j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
+                  u is not root) for j, u in enumerate(every)]
 
 
 def _step_end(sim: _Simulator, extras: StepExtras) -> None:
@@ -350,8 +369,9 @@ def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | N
     every = ([root] if root is not None else []) + units
     sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}),
                      shared_group=not separate_reduce_scatter_group)
-    _forward(sim, every, root)
-    _backward(sim, units, root)
+    events = step_events(_calls(every, root))
+    _forward(sim, every, events.forward)
+    _backward(sim, every, events.backward)
     _step_end(sim, extras)
     events = tuple(Event(b.stream, b.unit, b.kind, b.phase, b.start_s, b.end_s, b.exposed_s) for b in sim.bars)
     compute_s = sum(e.end_s - e.start_s for e in events if e.stream == COMPUTE)

@@ -125,7 +125,7 @@ def stack_for(tree) -> str:
 def efficiency_for(tree, mesh) -> Efficiency:
     """The mesh's ``Efficiency``, else the preset of the model's stack on the mesh's device: what
     every step time of that model on that mesh uses (the analysis, the search's notes)."""
-    return getattr(mesh, "efficiency", None) or default_efficiency(mesh.device, stack_for(tree))
+    return mesh.efficiency or default_efficiency(mesh.device, stack_for(tree))
 
 
 def stack(a) -> str:
@@ -253,7 +253,7 @@ def _one_micro_batch(comm, k: int, training):
     reducing micro-batches) is divided back."""
     if k <= 1:
         return comm
-    syncs = k if getattr(training, "sync_every_microbatch", False) else 1
+    syncs = k if training.sync_every_microbatch else 1
     per = [k if (c == "all_gather" or u is None or u != u) else syncs
            for c, u in zip(comm["collective"].tolist(), comm["unit"].tolist())]
     counts = [n // d if n >= d and n % d == 0 else n for n, d in zip(comm["count"].tolist(), per)]
@@ -270,7 +270,7 @@ def _why_not(a) -> str | None:
 
 def step_time(a) -> StepTime:
     """The step of analysis ``a`` as FSDP2 schedules it (see the module docstring)."""
-    k = int(getattr(a.training, "grad_accum", 1) or 1)
+    k = a.training.grad_accum
     reason = _why_not(a)
     if reason:
         return _unavailable(reason, k, _measured_flops(a))
@@ -293,7 +293,7 @@ def step_time(a) -> StepTime:
     every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
     sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s
-    sync_every = bool(getattr(a.training, "sync_every_microbatch", False))
+    sync_every = a.training.sync_every_microbatch
     step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
     tokens = a.training.batch_size * a.training.seq_len * k / a.mesh.tensor  # a tensor group trains one batch
     peak = device.peak_flops(dtype)
@@ -318,7 +318,7 @@ def _assumptions(a, device: Device, eff: Efficiency, dtype: str, k: int, sync_ev
     mesh = a.mesh
     notes = [f"{device.name}: {peak:g} TFLOPS {dtype} peak, HBM {device.hbm_gbps:g} GB/s; each op timed by its roofline "
              f"(FLOPs, bytes read and written, one kernel)",
-             eff.describe() + (" (the mesh's own)" if getattr(mesh, "efficiency", None) else
+             eff.describe() + (" (the mesh's own)" if mesh.efficiency else
                                f" (the preset of the stack a {a.tree.root_type} most likely trains with)"),
              f"links: {mesh.intra_node_gbps:g} GB/s per GPU inside a node of {mesh.ranks_per_node}, "
              f"{mesh.node_network_gbps:g} GB/s per node across nodes ({mesh.nics_per_node} NICs x {mesh.nic_gbps:g} GB/s; "

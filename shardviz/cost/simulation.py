@@ -3,18 +3,18 @@
 Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
 (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
 root's final callback and the exported code's gradient averaging. The optimizer step is not here:
-its size differs by rank (``cost.model``). Which hooks a call gets, what the backward prefetch
-targets and what the final callback runs are ``hook_rules``' (shared with ``schedule``).
+its size differs by rank (``cost.model``). The hooks and their order are the one walk
+``step_events`` (built on ``hook_rules``, shared with ``schedule``); this module folds it into bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 from typing import NamedTuple
 
-from ..hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
-from .units import GradientsAt, Position, UnitCost
+from ..step_events import Hook, step_events
+from .units import UnitCost
 
 
 class UnitState(Enum):
@@ -23,39 +23,6 @@ class UnitState(Enum):
     SHARDED = "sharded"
     UNSHARDED = "unsharded"
     POST_FORWARD_SHARD = "post-forward shard"  # int reshard_after_forward: a smaller shard kept after forward
-
-
-class ForwardKind(IntEnum):
-    """Forward hooks; at one position of the walk, in this order."""
-
-    POST_FORWARD = 0
-    ROOT_POST_FORWARD = 1  # FSDPState._post_forward of a root: frees its context's last all-gather output
-    PRE_FORWARD = 2
-
-
-class ForwardEvent(NamedTuple):
-    position: Position
-    kind: ForwardKind
-    index: int  # the UnitCost's index; for ROOT_POST_FORWARD the root's plan unit index (its context)
-
-
-class BackwardKind(IntEnum):
-    """Backward hooks; at one position of the (reversed) walk, in this order."""
-
-    PRE_BACKWARD = 0
-    GRADIENTS = 1
-    POST_BACKWARD = 2
-
-
-class BackwardEvent(NamedTuple):
-    position: Position
-    kind: BackwardKind
-    index: int  # the UnitCost's index
-    gradients: GradientsAt | None = None  # GRADIENTS: the part of the call's gradients computed here
-
-    def order(self):
-        """Sort key, descending: backward walks the forward positions in reverse."""
-        return self.position, -self.kind
 
 
 @dataclass(frozen=True)
@@ -177,6 +144,8 @@ class StepSimulation:
         self.collectives: list[Collective] = []
         self.state = [UnitState.SHARDED] * len(units)
         self.held = Held()
+        # the one walk of the hooks, the same every micro-batch
+        self.events = step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at)
 
     def run(self) -> StepResult:
         for mb in microbatches(self.grad_accum, self.sync_every):
@@ -200,17 +169,11 @@ class StepSimulation:
             self.moment = Moment(phase, k, Alive(activations=level, **alive), module)
 
     # -- forward ----------------------------------------------------------------------------------
-    def forward_events(self) -> list[ForwardEvent]:
-        events = [ForwardEvent(u.hooks.pre_forward, ForwardKind.PRE_FORWARD, k) for k, u in enumerate(self.units)]
-        events += [ForwardEvent(u.hooks.post_forward, ForwardKind.POST_FORWARD, k) for k, u in enumerate(self.units)]
-        events += [ForwardEvent(p, ForwardKind.ROOT_POST_FORWARD, root) for p, root in self.root_posts]
-        return sorted(events)
-
     def forward(self) -> None:
-        handlers = {ForwardKind.PRE_FORWARD: self.pre_forward, ForwardKind.POST_FORWARD: self.post_forward,
-                    ForwardKind.ROOT_POST_FORWARD: self.root_post_forward}
-        for event in self.forward_events():
-            handlers[event.kind](event.index)
+        handlers = {Hook.PRE_FORWARD: self.pre_forward, Hook.POST_FORWARD: self.post_forward,
+                    Hook.ROOT_POST_FORWARD: self.root_post_forward}
+        for event in self.events.forward:
+            handlers[event.kind](event.call)
         # the step's largest forward moment may fall outside every call (the loss of a plan
         # without a root call): the activations' own peak with what is held then
         h = self.held
@@ -270,50 +233,18 @@ class StepSimulation:
         return dict(unsharded_params=h.unsharded_params, communication_buffers=h.prefetched_bytes + h.reduce_scatter_input,
                     gradients=h.all_gradients())
 
-    def prefetch_order(self) -> list[int]:
-        """The call each call's pre-backward prefetches (``hook_rules.backward_prefetch_targets``,
-        in its root context's post-forward order); -1: none."""
-        units = self.units
-        post_forward_order = sorted(range(len(units)), key=lambda k: units[k].hooks.post_forward)
-        before = backward_prefetch_targets(post_forward_order, lambda k: units[k].hooks.root)
-        return [before.get(k, -1) for k in range(len(units))]
-
-    def backward_events(self) -> list[BackwardEvent]:
-        """Reverse module order: a call's pre-backward where its forward ended, its gradients where
-        their modules ran, its post-backward where its forward began; a nested call's backward runs
-        inside its parent's."""
-        events = []
-        for k, u in enumerate(self.units):
-            hooks = u.hooks
-            if not hooks.out_grad:
-                continue  # no pre-backward hook: nothing after it needed a gradient
-            events.append(BackwardEvent(hooks.post_forward, BackwardKind.PRE_BACKWARD, k))
-            for part in u.grads_at or ():
-                events.append(BackwardEvent(part.position, BackwardKind.GRADIENTS, k, part))
-            if post_backward_in_backward(hooks.out_grad, hooks.in_grad):
-                events.append(BackwardEvent(hooks.pre_forward, BackwardKind.POST_BACKWARD, k))
-        events.sort(key=BackwardEvent.order, reverse=True)
-        return events
-
     def backward(self) -> None:
-        before = self.prefetch_order()
         self.observe("backward", None, act=self.act.during("backward", (0,)), **self.backward_alive())
-        for event in self.backward_events():
-            if event.kind == BackwardKind.PRE_BACKWARD:
-                self.pre_backward(event.index, before[event.index])
-            elif event.kind == BackwardKind.GRADIENTS:
+        for event in self.events.backward:
+            if event.kind == Hook.PRE_BACKWARD:
+                self.pre_backward(event.call, event.prefetch)
+            elif event.kind == Hook.GRADIENTS:
                 part = event.gradients
-                self.gradients(event.index, part.unsharded, part.whole, part.module, part.span)
-            else:
-                self.post_backward(event.index)
-        if self.mb.first:  # later micro-batches accumulate into them in place
-            self.held.gradients += self.unmanaged_grads
-        # the root's final callback: post_backward for every call backward did not reach
-        units = self.units
-        registration = sorted(range(len(units)), key=lambda k: units[k].hooks.first)
-        hooks = [u.hooks for u in units]
-        for k in final_callback_order(registration, lambda k: post_backward_in_backward(hooks[k].out_grad, hooks[k].in_grad)):
-            self.post_backward(k)
+                self.gradients(event.call, part.unsharded, part.whole, part.module, part.span)
+            elif event.kind == Hook.POST_BACKWARD:
+                self.post_backward(event.call)
+            elif self.mb.first:  # the final callback starts; later micro-batches accumulate into them in place
+                self.held.gradients += self.unmanaged_grads
         self.held.end_backward()
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
             self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.all_gradients(),

@@ -1,0 +1,63 @@
+"""The one walk of FSDP2's hooks (``shardviz/step_events.py``) against torch: the order the
+parameter groups' pre/post-forward and pre/post-backward run in a real step of the tiny Llama
+under the fake process group, nested calls and the root's final callback included."""
+
+from __future__ import annotations
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from shardviz.step_events import Hook, step_events
+
+WORLD = 4
+L = "model.layers."
+HOOKS = {"pre_forward": Hook.PRE_FORWARD, "post_forward": Hook.POST_FORWARD,
+         "pre_backward": Hook.PRE_BACKWARD, "post_backward": Hook.POST_BACKWARD}
+
+
+def _torch_hooks(model, plan: sv.Plan) -> list[tuple[Hook, str]]:
+    """The group hooks of one real step (after a warm-up), in the order they ran; a pre-backward
+    that returns at once (``FSDPParamGroup.pre_backward`` already in ``PRE_BACKWARD``: the hook
+    runs again for the root's second output) is not one."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    ran: list = []
+    with fake_process_group(0, WORLD):
+        apply_plan(model, plan, device_mesh(sv.Mesh(WORLD)), training=sv.Training())
+        states = {u.name: fully_shard.state(model.get_submodule(u.modules[0])) for u in plan.units}
+        labels = {id(g): name for name, s in states.items() for g in s._fsdp_param_groups}
+        ids = zoo.tiny_batch()["input_ids"]
+        saved = {name: getattr(FSDPParamGroup, name) for name in HOOKS}
+
+        def recording(name):
+            def hook(self, *args, **kwargs):
+                if not (name == "pre_backward" and self._training_state == TrainingState.PRE_BACKWARD):
+                    ran.append((HOOKS[name], labels[id(self)]))
+                return saved[name](self, *args, **kwargs)
+            return hook
+
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # lazy init
+        for name in HOOKS:
+            setattr(FSDPParamGroup, name, recording(name))
+        try:
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        finally:
+            for name, fn in saved.items():
+                setattr(FSDPParamGroup, name, fn)
+    return ran
+
+
+def test_the_walk_runs_the_hooks_in_torchs_order():
+    """A call nested in a block's call, the blocks, the root: the stream's hooks, in order, are
+    the ones torch runs (the nested call's backward inside its parent's, the root's post-backward
+    in its final callback: its input, the token ids, needs no gradient)."""
+    plan = sv.Plan(units=[L + "0.self_attn", L + "0", L + "1", ""])
+    a = sv.analyze(zoo.tiny_llama_lora(lora=False), plan, sv.Mesh(WORLD))
+    units = a.costs.units
+    events = step_events([u.hooks for u in units], (), lambda k: units[k].grads_at)
+    predicted = [(e.kind, units[e.call].name) for e in events.forward + events.backward if e.kind in HOOKS.values()]
+    truth = _torch_hooks(zoo.tiny_llama_lora(lora=False), plan)
+    assert predicted == truth
+    assert truth[-1] == (Hook.POST_BACKWARD, plan.units[-1].name)  # the root's, in its final callback
