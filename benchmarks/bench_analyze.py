@@ -11,6 +11,7 @@ cold analyze / torch, and re-analysing after one unit is added or removed on the
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -124,7 +125,7 @@ def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int 
         for p in plans[1:]:
             change(p)
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("ROWS", 25)))
     return median
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 import re
-import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -31,7 +30,7 @@ from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, 
 from .finding import Finding, PlanError
 from .format import format_plural, parse_size
 from .plan import Plan, Unit, closest_hint
-from .tree import ModelTree
+from .tree import ModelTree, tree_index
 
 def parse_bytes(value) -> int | None:
     """80e9, "80GB" or "80GiB" -> bytes (None stays None)."""
@@ -249,39 +248,6 @@ def children_with_params(tree: ModelTree, module: int) -> list[int]:
 # ---------------------------------------------------------------------------
 # The layout of one plan on one model
 # ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TreeIndex:
-    """What every layout of one tree reads, as arrays: computed once per tree (``tree_index``)."""
-
-    subtree_end: np.ndarray  # per module (preorder): one past its last descendant
-    depth: np.ndarray  # per module
-    single: np.ndarray  # parameters with one name (the common case)
-    single_owner: np.ndarray  # the module that registers each of them
-    several_names: tuple[int, ...]  # tied parameters, or under a module reached along several paths
-    scalars: tuple[int, ...]  # 0-dim parameters (SV002)
-    non_contiguous: tuple[int, ...]  # SV008
-
-
-_TREE_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def tree_index(tree: ModelTree) -> TreeIndex:
-    """The tree's ``TreeIndex``, built on first use and kept while the tree lives."""
-    index = _TREE_INDEX.get(tree)
-    if index is None:
-        params = tree.params
-        single = [p.index for p in params if len(p.fqns) == 1]
-        index = _TREE_INDEX[tree] = TreeIndex(
-            np.array([m.subtree_end for m in tree.modules], dtype=np.int64),
-            np.array([m.depth for m in tree.modules], dtype=np.int64),
-            np.array(single, dtype=np.int64),
-            np.array([params[p].owners[0] for p in single], dtype=np.int64),
-            tuple(p.index for p in params if len(p.fqns) > 1),
-            tuple(p.index for p in params if len(p.shape) == 0),
-            tuple(p.index for p in params if not p.contiguous))
-    return index
-
-
 @dataclass
 class UnitLayout:
     index: int  # position in plan.units
