@@ -4,12 +4,14 @@ For each model: the tree walk alone, a cold `analyze` (a fresh model object, so 
 included, plus the params/units tables), `analyze` on a cached tree, torch's `fully_shard` for
 the same plan under the fake process group (on a meta copy, the copy not timed), the ratio
 cold analyze / torch, and re-analysing after one unit is added or removed on the cached tree
-(what a widget toggle costs). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
+(what a widget toggle costs), and the Inspector's change of plan in CPU time
+(``--change-of-plan`` for that alone, ``--profile`` to cProfile it). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -89,6 +91,44 @@ def bench(name: str, world: int, layout: str) -> dict:
     }
 
 
+def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int = 21, profile: bool = False) -> float:
+    """The Inspector's change of plan (issue 25, target 5 ms): one block's call removed, the new plan
+    analysed on the cached tree up to the model-state numbers (``a.memory``, ``a.comm``; no
+    activations). CPU time (``time.process_time``), median over ``repeat`` edits, each of another
+    block (no plan seen twice, so no cache keyed on the plan helps), so that the load matters less."""
+    model = zoo.build(name, lora=True)  # kept alive, as the Inspector keeps it (a step of it orders the walk)
+    tree = sv.ModelTree(model)
+    mesh = sv.Mesh(world)
+    plan = sv.Plan.auto(tree, lora="sharded")
+    blocks = [u.modules[0] for u in plan.units if u.modules[0]][: repeat + 1]
+    plans = [plan.without_unit(b) for b in blocks]  # the edit itself is not timed, only what follows it
+
+    def change(p):
+        a = sv.analyze(tree, p, mesh, strict=False)
+        a.memory, a.comm  # noqa: B018 - what the Inspector redraws after an edit
+
+    change(plans[0])  # warm: the tree's cached arrays
+    times = []
+    for p in plans[1:]:
+        t0 = time.process_time()
+        change(p)
+        times.append(time.process_time() - t0)
+    median = statistics.median(times)
+    print(f"change of plan: {name}+LoRA, {world} ranks, one block's call removed: analyze + memory + comm "
+          f"{median * 1e3:.2f} ms CPU (median of {len(times)}, min {min(times) * 1e3:.2f}; target 5 ms)")
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for p in plans[1:]:
+            change(p)
+        prof.disable()
+        pstats.Stats(prof).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("ROWS", 25)))
+    return median
+
+
 def bench_activations(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: int = 8192) -> None:
     """The time to add activations (issue targets: under 3 s cold, under 20 ms for a change of plan or a
     checkpoint toggle at the same batch and sequence) on a cached tree."""
@@ -159,7 +199,13 @@ def main():
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--lora", default="sharded", choices=["sharded", "ignored", "separate"])
     parser.add_argument("--no-activations", action="store_true", help="skip the activations timing")
+    parser.add_argument("--change-of-plan", action="store_true",
+                        help="only the Inspector's change of plan on llama3_70b (CPU time)")
+    parser.add_argument("--profile", action="store_true", help="with --change-of-plan: cProfile it")
     args = parser.parse_args()
+    if args.change_of_plan:
+        bench_change_of_plan(world=args.world, profile=args.profile)
+        return
     names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
     rows = [bench(n, args.world, args.lora) for n in names]
     header = ("model", "world", "modules", "params", "units", "walk_ms", "torch_walk_ms", "cold_ms", "analyze_ms", "engine_ms",
@@ -172,6 +218,8 @@ def main():
           "tables; analyze_ms: the same on a cached tree; engine_ms: the layout alone; costs_ms: analyze + memory + comm + "
           "findings; cold_ratio = cold analyze / torch's fully_shard (target <= 0.10); toggle_ms: best re-analysis after "
           "one unit is removed or added (target <= 20 ms on 70B)")
+    print()
+    bench_change_of_plan(world=args.world)
     if not args.no_activations:
         bench_activations()
         bench_step()

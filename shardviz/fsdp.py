@@ -30,7 +30,7 @@ from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, 
 from .finding import Finding, PlanError
 from .format import format_plural, parse_size
 from .plan import Plan, Unit, closest_hint
-from .tree import ModelTree
+from .tree import ModelTree, tree_index
 
 def parse_bytes(value) -> int | None:
     """80e9, "80GB" or "80GiB" -> bytes (None stays None)."""
@@ -277,48 +277,53 @@ class Layout:
             ul.reshard_after_forward = resolved_reshard(effective_reshard_after_forward(ul.unit, ul.is_root), mesh.shard)
 
     def _assign_modules(self) -> None:
-        """Which unit each module opens, then the nearest enclosing unit (a preorder sweep)."""
-        tree = self.tree
+        """Which unit each module opens, then the nearest enclosing unit: each unit module's
+        subtree (a preorder slice), the outer ones first, so that the nearest one wins."""
+        tree, index = self.tree, tree_index(self.tree)
         self.units = [
             UnitLayout(i, u, tuple(tree.module_index[m] for m in u.modules)) for i, u in enumerate(self.plan.units)
         ]
-        own = [-1] * tree.n_modules
+        own = np.full(tree.n_modules, -1, dtype=np.int64)
         for ul in self.units:
-            for m in ul.modules:
-                own[m] = ul.index
-        owner = own[:]
-        for i, parent in enumerate(tree.parents):  # preorder: a parent is settled before its children
-            if owner[i] < 0 and parent >= 0:
-                owner[i] = owner[parent]
-        self.module_unit = owner
-        self._own = own
-        self._order_units(own, owner)
+            own[list(ul.modules)] = ul.index
+        owner = np.full(tree.n_modules, -1, dtype=np.int64)
+        opened = np.nonzero(own >= 0)[0]
+        for m in opened[np.argsort(index.depth[opened], kind="stable")].tolist():
+            owner[m:index.subtree_end[m]] = own[m]
+        self._owner = owner
+        self.module_unit = owner.tolist()
+        self._own = own.tolist()
+        self._order_units(self._own, self.module_unit)
 
     def _assign_params(self) -> None:
         """Each parameter: ignored, managed by the first call that reaches it, or under none."""
-        tree = self.tree
-        ignored = {tree.param_index[f] for f in self.plan.ignored}
-        n_params = len(tree.params)
-        self.param_unit = [-1] * n_params
-        self.param_status = ["unmanaged"] * n_params
-        self.would_be_unit = [-1] * n_params  # the call an ignored parameter sits in
+        tree, index = self.tree, tree_index(self.tree)
+        unit = np.full(len(tree.params), -1, dtype=np.int64)
+        unit[index.single] = self._owner[index.single_owner]  # the common case: its module's call
         self.shared_calls: dict[int, list[int]] = {}  # parameter -> the several calls that reach it (SV001)
-        for p in tree.params:
-            calls = self._calls_reaching(p)
-            if calls:
-                self.would_be_unit[p.index] = calls[0]
-            if p.index in ignored:
-                self.param_status[p.index] = "ignored"
-            elif calls:
-                self.param_unit[p.index] = calls[0]  # the first call to reach it manages it
-                self.param_status[p.index] = "sharded"
-                self.units[calls[0]].params.append(p.index)
-                if len(calls) > 1:
-                    self.shared_calls[p.index] = calls
+        for p in index.several_names:
+            calls = self._calls_reaching(tree.params[p])
+            unit[p] = calls[0] if calls else -1  # the first call to reach it manages it
+            if len(calls) > 1:
+                self.shared_calls[p] = calls
+        self.would_be_unit = unit.tolist()  # the call an ignored parameter sits in
+        ignored = sorted({tree.param_index[f] for f in self.plan.ignored})
+        for p in ignored:
+            self.shared_calls.pop(p, None)
+        unit[ignored] = -1
+        status = np.where(unit >= 0, 0, 2)
+        status[ignored] = 1
+        self.param_unit = unit.tolist()
+        self.param_status = [self.STATUS[s] for s in status.tolist()]
+        sharded = np.nonzero(unit >= 0)[0]
+        by_unit = sharded[np.argsort(unit[sharded], kind="stable")]  # each call's parameters in tree order
+        starts = np.searchsorted(unit[by_unit], np.arange(len(self.units) + 1))
+        for ul in self.units:
+            ul.params = by_unit[starts[ul.index]:starts[ul.index + 1]].tolist()
 
     def _calls_reaching(self, p) -> list[int]:
         """The calls whose DFS reaches parameter ``p``, in bottom-up order."""
-        if len(p.fqns) == 1:  # the common case, kept cheap: a toggle re-runs this for every parameter
+        if len(p.fqns) == 1:
             unit = self.module_unit[p.owners[0]]
             return [unit] if unit >= 0 else []
         # tied, or under a module reached along several paths: every name's enclosing call
@@ -453,8 +458,9 @@ def resolved_reshard(reshard, shard: int):
     return reshard == shard if reshard in (1, shard) else reshard
 
 
-def _sharded_params(lay: Layout):
-    return [p for p in lay.tree.params if lay.param_status[p.index] == "sharded"]
+def _sharded_params(lay: Layout, among):
+    """The sharded ones of the parameters ``among`` (indices, in tree order)."""
+    return [lay.tree.params[p] for p in among if lay.param_status[p] == "sharded"]
 
 
 def refuse_shared_across_calls(lay: Layout) -> list[Finding]:
@@ -485,14 +491,14 @@ def refuse_scalars(lay: Layout) -> list[Finding]:
         "SV002", "error",
         f"parameter {p.fqn!r} is a scalar (0-dim); fully_shard raises ValueError: it cannot be sharded on dim 0",
         p.fqns, "reshape it to a 1-D tensor of one element, or list it in the plan's ignored parameters",
-    ) for p in _sharded_params(lay) if len(p.shape) == 0]
+    ) for p in _sharded_params(lay, tree_index(lay.tree).scalars)]
 
 
 def refuse_loose_aliases(lay: Layout) -> list[Finding]:
     """SV006: a tied parameter sharded by one call while one of its names is under no call."""
     out = []
-    for p in _sharded_params(lay):
-        loose = [f for f in p.fqns if lay.alias_unit(f) < 0] if len(p.fqns) > 1 else []
+    for p in _sharded_params(lay, tree_index(lay.tree).several_names):
+        loose = [f for f in p.fqns if lay.alias_unit(f) < 0]
         if loose:
             out.append(Finding(
                 "SV006", "error",
@@ -512,7 +518,7 @@ def refuse_non_contiguous(lay: Layout) -> list[Finding]:
         "raises NotImplementedError: FSDP does not support non-contiguous parameters",
         p.fqns, "make it contiguous before fully_shard (module.x = nn.Parameter(module.x.contiguous())), "
         "or list it in the plan's ignored parameters",
-    ) for p in _sharded_params(lay) if not p.contiguous]
+    ) for p in _sharded_params(lay, tree_index(lay.tree).non_contiguous)]
 
 
 def refuse_bare_containers(lay: Layout) -> list[Finding]:

@@ -14,6 +14,7 @@ import math
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -298,6 +299,40 @@ class ModelTree:
 
     def __repr__(self) -> str:
         return f"ModelTree({self.root_type}: {len(self.modules)} modules, {len(self.params)} parameters)"
+
+
+@dataclass(frozen=True)
+class TreeIndex:
+    """What every layout of one tree reads (``fsdp.Layout``), as arrays: computed once per tree
+    (``tree_index``), so that a change of plan does not walk the parameters again."""
+
+    subtree_end: np.ndarray  # per module (preorder): one past its last descendant
+    depth: np.ndarray  # per module
+    single: np.ndarray  # parameters with one name (the common case)
+    single_owner: np.ndarray  # the module that registers each of them
+    several_names: tuple[int, ...]  # tied parameters, or under a module reached along several paths
+    scalars: tuple[int, ...]  # 0-dim parameters (SV002)
+    non_contiguous: tuple[int, ...]  # SV008
+
+
+_TREE_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tree_index(tree: ModelTree) -> TreeIndex:
+    """The tree's ``TreeIndex``, built on first use and kept while the tree lives."""
+    index = _TREE_INDEX.get(tree)
+    if index is None:
+        params = tree.params
+        single = [p.index for p in params if len(p.fqns) == 1]
+        index = _TREE_INDEX[tree] = TreeIndex(
+            np.array([m.subtree_end for m in tree.modules], dtype=np.int64),
+            np.array([m.depth for m in tree.modules], dtype=np.int64),
+            np.array(single, dtype=np.int64),
+            np.array([params[p].owners[0] for p in single], dtype=np.int64),
+            tuple(p.index for p in params if len(p.fqns) > 1),
+            tuple(p.index for p in params if len(p.shape) == 0),
+            tuple(p.index for p in params if not p.contiguous))
+    return index
 
 
 def as_tree(model_or_tree) -> ModelTree:

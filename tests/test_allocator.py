@@ -97,6 +97,22 @@ def test_freed_neighbours_merge():
     assert b.reserved == 80 * MiB
 
 
+def test_a_request_takes_the_smallest_cached_block_that_fits():
+    """``get_free_block``: the smallest free block of the pool that is large enough, wherever it
+    was cached (the cache is kept sorted: a first fit would take the 40 MiB block)."""
+    a = al.CachingAllocator()
+    blocks = [a.malloc(size * MiB) for size in (40, 12, 30, 16)]
+    for block in blocks:
+        a.free(block)
+    reserved = a.reserved
+    assert a.malloc(14 * MiB).segment is blocks[3].segment
+    assert a.malloc(11 * MiB).segment is blocks[1].segment
+    assert a.malloc(20 * MiB).segment is blocks[2].segment
+    assert a.reserved == reserved
+    a.malloc(41 * MiB)  # no cached block fits: a new segment
+    assert a.reserved == reserved + 42 * MiB
+
+
 def test_max_split_size_keeps_small_requests_off_oversize_blocks():
     a = al.CachingAllocator(max_split_size=50 * MiB)
     a.free(a.malloc(100 * MiB))

@@ -37,6 +37,7 @@ leave in the copy-in stream's cache is not reusable by the activations on the de
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
@@ -143,7 +144,10 @@ class CachingAllocator:
         self.expandable = expandable_segments
         self.max_split = NO_MAX_SPLIT if max_split_size is None else int(max_split_size)
         self.divisions = roundup_power2_divisions
-        self.free_blocks: dict[tuple[str, bool], list[Block]] = {}
+        # per (stream, small pool): the cached free blocks, sorted by get_free_block's order (size,
+        # then segment, then address) as (size, id(segment), offset, block); a block is never
+        # resized while cached, so its key holds
+        self.free_blocks: dict[tuple[str, bool], list[tuple[int, int, int, Block]]] = {}
         self.expandable_segments: dict[tuple[str, bool], Segment] = {}
         self.requested = self.allocated = self.reserved = 0
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
@@ -167,26 +171,36 @@ class CachingAllocator:
         block.allocated, block.requested = False, 0
         seg = block.segment
         i = seg.blocks.index(block)
-        cache = self.free_blocks.setdefault((seg.stream, seg.small), [])
         for j in (i + 1, i - 1):  # try_merge_blocks(block, next), then (block, prev)
             if 0 <= j < len(seg.blocks) and not seg.blocks[j].allocated:
                 other = seg.blocks[j]
-                cache.remove(other)
+                self._uncache(other)
                 block.offset, block.size = min(block.offset, other.offset), block.size + other.size
                 seg.blocks.remove(other)
-        cache.append(block)
+        self._cache(block)
+
+    def _cache(self, block: Block) -> None:
+        seg = block.segment
+        insort(self.free_blocks.setdefault((seg.stream, seg.small), []), (block.size, id(seg), block.offset, block))
+
+    def _uncache(self, block: Block) -> None:
+        seg = block.segment
+        cache = self.free_blocks[(seg.stream, seg.small)]
+        del cache[bisect_left(cache, (block.size, id(seg), block.offset))]
 
     def _best_fit(self, rounded: int, stream: str, small: bool) -> Block | None:
-        """``get_free_block``: the smallest cached block of this stream and pool that fits."""
-        fits = [b for b in self.free_blocks.get((stream, small), ()) if b.size >= rounded]
-        if not fits:
+        """``get_free_block``: the smallest cached block of this stream and pool that fits (the
+        lowest segment, then address, on a tie)."""
+        cache = self.free_blocks.get((stream, small), ())
+        i = bisect_left(cache, (rounded,))
+        if i == len(cache):
             return None
-        best = min(fits, key=lambda b: (b.size, id(b.segment), b.offset))
+        best = cache[i][3]
         if rounded < self.max_split <= best.size:  # no oversize block for a request under the limit
             return None
         if rounded >= self.max_split and best.size >= rounded + K_LARGE_BUFFER:
             return None
-        self.free_blocks[(stream, small)].remove(best)
+        del cache[i]
         return best
 
     def _new_block(self, rounded: int, stream: str, small: bool) -> Block:
@@ -212,7 +226,7 @@ class CachingAllocator:
         grow = page * ((need + page - 1) // page)
         self._reserve(grow)
         if last is not None:
-            self.free_blocks[(stream, small)].remove(last)
+            self._uncache(last)
             last.size += grow
         else:
             last = Block(seg, seg.size, grow)
@@ -230,6 +244,6 @@ class CachingAllocator:
             seg = block.segment
             rest = Block(seg, block.offset + rounded, block.size - rounded)
             seg.blocks.insert(seg.blocks.index(block) + 1, rest)
-            self.free_blocks.setdefault((seg.stream, seg.small), []).append(rest)
+            self._cache(rest)
             block.size = rounded
         block.allocated = True

@@ -124,7 +124,8 @@ def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
     sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
     bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
     time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
-    latency = [ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in zip(kinds, group, gsize)]
+    ring = {(c, g, s): ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in set(zip(kinds, group, gsize))}
+    latency = [ring[key] for key in zip(kinds, group, gsize)]
     df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
                        "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
                        "sent_bytes": sent, "time_s": time_s, "latency_s": np.asarray(latency, dtype=float)})

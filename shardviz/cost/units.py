@@ -113,7 +113,7 @@ def last_module(walk: Walk, indices) -> int:
 def first_trainable(arr, walk: Walk) -> int:
     """Where forward enters the first module holding a trainable parameter (past the end: none)."""
     owners = arr.owner[arr.trainable]
-    return min((walk.enter[o] for o in owners.tolist()), default=len(walk.enter))
+    return int(walk.enter_array[owners].min()) if owners.size else len(walk.enter)
 
 
 def root_post_forwards(layout, walk: Walk) -> list[tuple[Position, int]]:
@@ -161,13 +161,10 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     out: dict[int, list] = {}
     for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
-    by_position = [0] * len(walk.enter)  # the module forward enters at each position of the walk
-    for m, position in enumerate(walk.enter):
-        by_position[position] = m
-    return {u: _with_spans(v, walk, by_position) for u, v in out.items()}
+    return {u: _with_spans(v, walk, walk.by_position) for u, v in out.items()}
 
 
-def _with_spans(parts: list[GradientsAt], walk: Walk, by_position: list[int]) -> tuple[GradientsAt, ...]:
+def _with_spans(parts: list[GradientsAt], walk: Walk, by_position) -> tuple[GradientsAt, ...]:
     """Each part with its ``span``: a module forward ran between two owners (GPT-2's activation,
     between ``c_fc`` and ``c_proj``) runs its backward after the later owner's gradients exist and
     before the earlier one's: its level counts with them."""
@@ -195,6 +192,11 @@ class _PerUnit:
     gather_dtype: list[str]  # one dtype, or uint8 when the inputs differ (foreach_all_gather)
     trained_dtype: list[str]  # original dtype of its trainable parameters
     trained_pd: list[str]  # param dtype of its trainable parameters
+
+    def as_lists(self) -> "_PerUnit":
+        """The same sums as Python lists (read one call at a time, as ints)."""
+        return _PerUnit(**{f: getattr(self, f) if isinstance(getattr(self, f), list) else getattr(self, f).tolist()
+                           for f in self.__dataclass_fields__})
 
 
 def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
@@ -262,7 +264,7 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
                with_activations: bool, calls: list[CallHooks]) -> list[UnitCost]:
     """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
     group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
-    sums = _per_unit(sh, policies, shard)
+    sums = _per_unit(sh, policies, shard).as_lists()
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     out = []
     for ul, hooks in zip(layout.units, calls):

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,18 @@ class Walk:
     enter: tuple[int, ...]
     end: tuple[int, ...]  # one past the last descendant
     depth: tuple[int, ...]
+
+    @cached_property
+    def enter_array(self) -> np.ndarray:
+        return np.asarray(self.enter, dtype=np.int64)
+
+    @cached_property
+    def by_position(self) -> tuple[int, ...]:
+        """The module forward enters at each position of the walk."""
+        out = [0] * len(self.enter)
+        for m, position in enumerate(self.enter):
+            out[position] = m
+        return tuple(out)
 
 
 def registration_walk(tree) -> Walk:
@@ -39,11 +54,9 @@ _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def execution_walk(tree, run_order) -> Walk:
     """The walk with children sorted by ``run_order`` (module names in the order they first ran,
     as a measured step saw them); None: registration order. Computed once per tree and order."""
-    if run_order is None:
-        return registration_walk(tree)
     walks = _WALKS.setdefault(tree, {})
     if run_order not in walks:
-        walks[run_order] = _sorted_walk(tree, run_order)
+        walks[run_order] = registration_walk(tree) if run_order is None else _sorted_walk(tree, run_order)
     return walks[run_order]
 
 
