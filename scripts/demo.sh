@@ -48,6 +48,6 @@ for checkpoint in (None, "blocks"):
         step = b.step
         print(f"  LoRA {lora:8s} checkpoint {str(checkpoint):6s}: peak {row.peak / 2**30:6.2f} GiB, reserved "
               f"{row.reserved_peak / 2**30:6.2f} GiB (activations {row.activations / 2**30:6.2f} GiB) {verdict:12s} "
-              f"step {step['step_time_s']:.2f} s, {step['tokens_per_s']:,.0f} tokens/s per rank, MFU {step['mfu']:.0%}")
+              f"step {step.step_time_s:.2f} s, {step.tokens_per_s:,.0f} tokens/s per rank, MFU {step.mfu:.0%}")
 print("\nOpen report.html in a browser (works offline).")
 PY

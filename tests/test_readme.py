@@ -56,3 +56,18 @@ def test_the_example_prints_what_the_readme_says():
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md example", "exec"), {})
     assert out.getvalue() == shown, f"the README's example now prints:\n{out.getvalue()}"
+
+
+@pytest.mark.slow
+def test_the_demo_scripts_python_runs(tmp_path):
+    """The README's first command, ``scripts/demo.sh``, ends in a Python program (its heredoc): it
+    runs to the end with the installed package (the set-up and the report before it are the CLI's,
+    tested in test_cli*). It broke once when ``a.step`` became a dataclass and nothing ran it."""
+    import subprocess
+    import sys
+
+    text = (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8")
+    program = text.split("<<'PY'\n", 1)[1].rsplit("\nPY", 1)[0]
+    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tokens/s per rank" in done.stdout and "Open report.html" in done.stdout
