@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
-from .step_events import Hook, step_events
+from .step_events import Group, Hook, ParamState, StepCall, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
 STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -184,9 +184,6 @@ class _Bar:
 class _Simulator:
     """Folds the hooks (``step_events``) into seconds; keeps each stream's next free time."""
 
-    units: dict
-    forward_prefetch: dict
-    backward_prefetch: dict
     now: float = 0.0  # the compute stream's next free time
     free: dict = field(default_factory=lambda: {s: 0.0 for s in STREAMS})
     bars: list = field(default_factory=list)
@@ -225,60 +222,62 @@ class _Simulator:
                 bar.exposed_s += bar.end_s - self.now
                 self.now = bar.end_s
 
-    def all_gather(self, unit: UnitTime, phase: str, issue_at: float) -> None:
-        """``FSDPParamGroup.unshard``: a no-op when already issued (prefetched) in this phase."""
-        if (unit.name, phase) in self.gathers:
-            return
+    def all_gather(self, unit: UnitTime, phase: str, issue_at: float, group: Group = Group.SHARD) -> None:
+        """``FSDPParamGroup.unshard``: one all-gather ``step_events`` decided (a call unsharded or
+        already prefetched issues none), with its host-to-device copy under CPU offload."""
         ready = issue_at
         if unit.h2d_s > 0:
             ready = self.comm(ALL_GATHER, unit, "h2d", phase, issue_at, unit.h2d_s).end_s
         seconds = unit.all_gather_forward_s if phase == "forward" else unit.all_gather_backward_s
-        shard_group = phase == "forward" or not unit.backward_gather_own_group
+        shard_group = phase == "forward" or group is Group.SHARD
         self.gathers[(unit.name, phase)] = self.comm(ALL_GATHER, unit, ALL_GATHER, phase, ready, seconds, shard_group)
 
-    def targets(self, names, owner: str, phase: str) -> list[UnitTime]:
-        out = []
-        for name in names:
-            if name not in self.units:
+    def issue(self, every: list[UnitTime], gathers, phase: str, issue_at: float) -> None:
+        for gather in gathers:
+            self.all_gather(every[gather.call], phase, issue_at, gather.group)
+
+
+def _prefetch_lists(every: list[UnitTime], lists: dict, phase: str) -> dict:
+    """An explicit prefetch list by unit name -> by index in ``every`` (what ``step_events`` takes)."""
+    index = {u.name: j for j, u in enumerate(every)}
+    out = {}
+    for owner, names in lists.items():
+        for name in (owner, *names):
+            if name not in index:
                 raise ValueError(f"{phase}_prefetch of unit {owner!r} names {name!r}, which is not a unit")
-            out.append(self.units[name])
-        return out
+        out[index[owner]] = tuple(index[n] for n in names)
+    return out
 
 
 def _forward(sim: _Simulator, every: list[UnitTime], events) -> None:
-    """Folds the forward hooks: a pre-forward issues its call's all-gather (and explicit
-    targets), the compute stream waits for it; the call computes until its post-forward (the
-    root's own compute, norm and LM head, at its post-forward, after the blocks)."""
+    """Folds the forward hooks: a pre-forward issues its call's all-gather, the compute stream
+    waits for it, then the explicit targets' (``event.prefetches``); the call computes until its
+    post-forward (the root's own compute, norm and LM head, at its post-forward, after the blocks)."""
     previous_start = 0.0
     for event in events:
         unit = every[event.call]
         if event.kind is Hook.PRE_FORWARD:
             issue_at = previous_start  # the CPU is one unit ahead: this hook runs while the GPU computes the previous unit
-            sim.all_gather(unit, "forward", issue_at)
-            sim.wait(sim.gathers[(unit.name, "forward")])
+            sim.issue(every, event.gathers, "forward", issue_at)
+            sim.wait(sim.gathers.get((unit.name, "forward")))
             sim.issued.append(("forward", unit.name))  # FSDPParamGroup.pre_forward has returned
-            # explicit targets: FSDPState._pre_forward issues them after the group's pre-forward
-            for target in sim.targets(sim.forward_prefetch.get(unit.name, ()), unit.name, "forward"):
-                sim.all_gather(target, "forward", issue_at)
+            sim.issue(every, event.prefetches, "forward", issue_at)
             previous_start = sim.now  # the call's compute starts here
         elif event.kind is Hook.POST_FORWARD:
             sim.compute(unit, "forward", "forward", unit.forward_s)
 
 
-def _pre_backward(sim: _Simulator, unit: UnitTime, default_target: UnitTime | None) -> None:
-    """``FSDPState._pre_backward``: the group's pre-backward (own all-gather, wait, the default
-    prefetch of ``default_target`` unless the unit has an explicit list), then the explicit targets."""
+def _pre_backward(sim: _Simulator, every: list[UnitTime], event) -> None:
+    """``FSDPState._pre_backward``: the group's pre-backward (its own all-gather, the wait, the
+    default prefetch: ``event.gathers``), then an explicit list's (``event.prefetches``)."""
+    unit = every[event.call]
     issue_at = sim.now  # runs as the GPU reaches this unit
-    explicit = unit.name in sim.backward_prefetch
-    if unit.reshard_after_forward:
-        sim.all_gather(unit, "backward", issue_at)
+    own = tuple(g for g in event.gathers if g.call == event.call)
+    sim.issue(every, own, "backward", issue_at)
     sim.wait(sim.gathers.get((unit.name, "backward")))
-    if not explicit and default_target is not None and default_target.reshard_after_forward:
-        sim.all_gather(default_target, "backward", issue_at)
+    sim.issue(every, event.gathers[len(own):], "backward", issue_at)
     sim.issued.append(("backward", unit.name))
-    for target in sim.targets(sim.backward_prefetch.get(unit.name, ()), unit.name, "backward"):
-        if target.reshard_after_forward:
-            sim.all_gather(target, "backward", issue_at)
+    sim.issue(every, event.prefetches, "backward", issue_at)
 
 
 def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
@@ -304,7 +303,7 @@ def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
     for event in events:
         if event.kind is Hook.PRE_BACKWARD:
             unit = every[event.call]
-            _pre_backward(sim, unit, every[event.prefetch] if event.prefetch >= 0 else None)
+            _pre_backward(sim, every, event)
             if unit.recompute_s > 0:
                 sim.issued.append(("recompute", unit.name))
                 sim.compute(unit, "recompute", "backward", unit.recompute_s)
@@ -314,24 +313,21 @@ def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
 
-class _Call(NamedTuple):
-    """A unit as ``step_events`` walks it (the fields of ``cost.units.CallHooks`` it reads)."""
-
-    first: int
-    pre_forward: tuple
-    post_forward: tuple
-    out_grad: bool
-    in_grad: bool
-    root: int = 0
-
-
-def _calls(every: list[UnitTime], root: UnitTime | None) -> list[_Call]:
-    """The units' hooks under the schedule's assumptions: no call nested in another but the root,
-    whose forward begins first and ends last; every input but the root's needs a gradient
-    (docs/step-rules.md, "What the seconds model simplifies")."""
+def _calls(every: list[UnitTime], root: UnitTime | None) -> list[StepCall]:
+    """The units as ``step_events`` walks them, under the schedule's assumptions: no call nested
+    in another but the root, whose forward begins first and ends last; every input but the root's
+    needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
     end = (2 * len(every),)
-    return [_Call(j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
-                  u is not root) for j, u in enumerate(every)]
+    return [StepCall(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
+                     u is not root, 0, _after_forward(u)) for j, u in enumerate(every)]
+
+
+def _after_forward(unit: UnitTime) -> ParamState:
+    """The unit's parameters after forward, as its seconds say: no backward all-gather (unsharded),
+    one over the post-forward group (a post-forward shard), or over the shard group (sharded)."""
+    if not unit.reshard_after_forward:
+        return ParamState.UNSHARDED
+    return ParamState.POST_FORWARD_SHARD if unit.backward_gather_own_group else ParamState.SHARDED
 
 
 def _step_end(sim: _Simulator, extras: StepExtras) -> None:
@@ -367,9 +363,9 @@ def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | N
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()
     every = ([root] if root is not None else []) + units
-    sim = _Simulator({u.name: u for u in every}, dict(forward_prefetch or {}), dict(backward_prefetch or {}),
-                     shared_group=not separate_reduce_scatter_group)
-    events = step_events(_calls(every, root))
+    sim = _Simulator(shared_group=not separate_reduce_scatter_group)
+    events = step_events(_calls(every, root), forward_prefetch=_prefetch_lists(every, forward_prefetch or {}, "forward"),
+                         backward_prefetch=_prefetch_lists(every, backward_prefetch or {}, "backward"))
     _forward(sim, every, events.forward)
     _backward(sim, every, events.backward)
     _step_end(sim, extras)

@@ -1,25 +1,63 @@
-"""FSDP2's step as one ordered stream of hook events: the one walk of the hooks.
+"""FSDP2's step as one ordered stream of hook events: the one walk of the hooks, with the
+all-gathers each hook issues.
 
 ``step_events`` walks the hooks ``fully_shard`` registers once, in the order torch runs them, and
 returns typed, immutable events: each call's pre-forward and post-forward, each root's
 post-forward, each pre-backward (with the call its default backward prefetch targets), the
 gradients autograd computes, each post-backward, and the root's final callback with the
-post-backwards it runs. Which hooks run and when is ``hook_rules``'; what a hook does is each
-consumer's: ``cost.simulation`` folds the stream into bytes (what each hook allocates and frees,
-the all-gathers and reduce-scatters it issues), ``schedule`` into seconds (the all-gathers,
+post-backwards it runs. Each pre-forward and pre-backward carries the all-gathers it issues
+(``Gather``): its own call's unless already unsharded or prefetched, then its prefetch targets',
+decided once here by each call's parameter state (``ParamState``). Which hooks run and when is
+``hook_rules``'; what a hook costs is each consumer's: ``cost.simulation`` folds the stream into
+bytes (what each hook allocates and frees), ``schedule`` into seconds (the all-gathers,
 copy-outs, compute and reductions on their streams). See docs/step-rules.md.
 
-A call is anything with the fields of ``cost.units.CallHooks`` that the walk reads: ``first``
-(registration order), ``pre_forward`` / ``post_forward`` (positions in the module walk; any
-ordered values), ``out_grad``, ``in_grad`` and ``root`` (its communication context).
+A call is one ``StepCall``: the one record both models walk (the bytes model's from the
+layout, ``cost.units.call_hooks``; the seconds model's from its ``UnitTime`` rows).
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Callable, Hashable, NamedTuple, Sequence
 
 from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
+
+
+class ParamState(Enum):
+    """A call's parameters during the step (``FSDPParamGroup``'s sharded state)."""
+
+    SHARDED = "sharded"
+    UNSHARDED = "unsharded"
+    POST_FORWARD_SHARD = "post-forward shard"  # int reshard_after_forward: a smaller shard kept after forward
+
+
+class StepCall(NamedTuple):
+    """One ``fully_shard`` call as the stream walks it: where its hooks run, which of them torch
+    registers (``hook_rules``) and the state its post-forward leaves its parameters in."""
+
+    unit: int  # the consumer's name for it (the bytes model's: its index in plan.units)
+    first: int  # registration order (the final callback's): the tree index of its first module
+    pre_forward: tuple  # its pre-forward's position (first module entered; any ordered value)
+    post_forward: tuple  # its post-forward's position (last module left)
+    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
+    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
+    root: Hashable  # the root call whose communication context it shares (hook_rules.roots)
+    after_forward: ParamState = ParamState.SHARDED  # effective reshard_after_forward: True, an int, False
+
+
+class Group(Enum):
+    """The process group an all-gather runs over."""
+
+    SHARD = "shard"  # the shard group (the reduce-scatters' communicator)
+    POST_FORWARD = "post_forward"  # the smaller group of an int reshard_after_forward's shard
+
+
+class Gather(NamedTuple):
+    """One all-gather a hook issues: ``FSDPParamGroup.unshard`` of ``call`` over ``group``."""
+
+    call: int
+    group: Group
 
 
 class Hook(IntEnum):
@@ -39,13 +77,18 @@ class HookEvent(NamedTuple):
     """One hook of the step. ``call``: the consumer's index of the call (for ``ROOT_POST_FORWARD``
     the root's ``root`` value, its context; None for ``FINAL_CALLBACK``); ``gradients``: for
     ``GRADIENTS``, the consumer's part (``cost.units.GradientsAt``); ``prefetch``: for
-    ``PRE_BACKWARD``, the call its default backward prefetch targets (-1: none)."""
+    ``PRE_BACKWARD``, the call its default backward prefetch targets (-1: none). For ``PRE_FORWARD``
+    and ``PRE_BACKWARD``, the all-gathers the hook issues, in issue order: ``gathers`` inside the
+    group's hook (its own call's, then the default backward prefetch), ``prefetches`` after it
+    returns (an explicit prefetch list's, ``FSDPState._pre_forward`` / ``_pre_backward``)."""
 
     position: tuple | None
     kind: Hook
     call: Hashable | None
     gradients: object = None
     prefetch: int = -1
+    gathers: tuple[Gather, ...] = ()
+    prefetches: tuple[Gather, ...] = ()
 
     def backward_order(self):
         """Sort key, descending: backward walks the forward positions in reverse."""
@@ -60,7 +103,7 @@ class StepEvents(NamedTuple):
     backward: tuple[HookEvent, ...]
 
 
-def forward_events(calls: Sequence, root_posts=()) -> list[HookEvent]:
+def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[HookEvent]:
     """Pre-forward where each call's first module starts, post-forward where its last one returns
     (``FSDPState._pre_forward`` / ``_post_forward``); ``root_posts``: (position, root) of each
     root's own post-forward."""
@@ -70,7 +113,7 @@ def forward_events(calls: Sequence, root_posts=()) -> list[HookEvent]:
     return sorted(events)
 
 
-def backward_events(calls: Sequence, gradients_of: Callable | None = None) -> list[HookEvent]:
+def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = None) -> list[HookEvent]:
     """Reverse module order: a call's pre-backward where its forward ended (only with a
     pre-backward hook: ``out_grad``), its gradients where their modules ran (``gradients_of(k)``:
     the call's parts, each with a ``position``; none: computed at once by the consumer), its
@@ -95,6 +138,73 @@ def backward_events(calls: Sequence, gradients_of: Callable | None = None) -> li
     return events
 
 
-def step_events(calls: Sequence, root_posts=(), gradients_of: Callable | None = None) -> StepEvents:
-    """The step's one walk of the hooks (see the module docstring)."""
-    return StepEvents(tuple(forward_events(calls, root_posts)), tuple(backward_events(calls, gradients_of)))
+class ParamStates:
+    """Each call's ``ParamState`` through one micro-batch (every call starts it sharded: each
+    post-backward reshards), and the all-gathers issued and not yet copied out."""
+
+    def __init__(self, calls: Sequence[StepCall]):
+        self.calls = calls
+        self.state = [ParamState.SHARDED] * len(calls)
+        self.issued: set[int] = set()
+
+    def unshard(self, k: int) -> tuple[Gather, ...]:
+        """``FSDPParamGroup.unshard``: a no-op when the call is unsharded (``reshard_after_forward=False``
+        keeps it so after forward) or its all-gather is already issued (prefetched); a post-forward
+        shard gathers over its own, smaller group."""
+        if self.state[k] is ParamState.UNSHARDED or k in self.issued:
+            return ()
+        self.issued.add(k)
+        return (Gather(k, Group.SHARD if self.state[k] is ParamState.SHARDED else Group.POST_FORWARD),)
+
+    def copy_out(self, k: int) -> None:
+        """``FSDPParamGroup.wait_for_unshard``: the all-gather output becomes the unsharded parameters."""
+        self.issued.discard(k)
+        self.state[k] = ParamState.UNSHARDED
+
+    def unshard_all(self, calls) -> tuple[Gather, ...]:
+        return tuple(g for k in calls for g in self.unshard(k))
+
+    def pre_hook(self, k: int, default=(), explicit=None) -> tuple[tuple[Gather, ...], tuple[Gather, ...]]:
+        """A pre-forward or pre-backward's all-gathers: inside the group's hook the call's own
+        unshard, its copy-out and the ``default`` prefetch; after it, the ``explicit`` list's
+        (which replaces the default one, ``FSDPState._pre_backward``)."""
+        gathers = self.unshard(k)
+        self.copy_out(k)
+        if explicit is None:
+            return gathers + self.unshard_all(default), ()
+        return gathers, self.unshard_all(explicit)
+
+
+def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Sequence[StepCall],
+                 forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> StepEvents:
+    """Each pre-forward and pre-backward with the all-gathers it issues. ``forward_prefetch`` /
+    ``backward_prefetch``: call -> the calls an explicit ``set_modules_to_forward_prefetch`` /
+    ``set_modules_to_backward_prefetch`` list names; a backward list replaces the default
+    prefetch (``FSDPState._pre_backward``), a forward list adds to the implicit one."""
+    forward_prefetch, backward_prefetch = forward_prefetch or {}, backward_prefetch or {}
+    params = ParamStates(calls)
+    out_forward = []
+    for e in forward:
+        if e.kind is Hook.PRE_FORWARD:
+            gathers, prefetches = params.pre_hook(e.call, (), forward_prefetch.get(e.call, ()))
+            e = e._replace(gathers=gathers, prefetches=prefetches)
+        elif e.kind is Hook.POST_FORWARD:
+            params.state[e.call] = calls[e.call].after_forward
+        out_forward.append(e)
+    out_backward = []
+    for e in backward:
+        if e.kind is Hook.PRE_BACKWARD:
+            default = (e.prefetch,) if e.prefetch >= 0 else ()
+            gathers, prefetches = params.pre_hook(e.call, default, backward_prefetch.get(e.call))
+            e = e._replace(gathers=gathers, prefetches=prefetches)
+        elif e.kind is Hook.POST_BACKWARD:
+            params.state[e.call] = ParamState.SHARDED
+        out_backward.append(e)
+    return StepEvents(tuple(out_forward), tuple(out_backward))
+
+
+def step_events(calls: Sequence[StepCall], root_posts=(), gradients_of: Callable | None = None,
+                forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> StepEvents:
+    """The step's one walk of the hooks, with the all-gathers each issues (see the module docstring)."""
+    return with_gathers(forward_events(calls, root_posts), backward_events(calls, gradients_of), calls,
+                        forward_prefetch, backward_prefetch)

@@ -11,7 +11,8 @@ from .params import sharded_params, tree_arrays, whole_params
 from .simulation import StepResult, simulate_step
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
 from .training import Training
-from .units import CallHooks, UnitCost, call_hooks, root_post_forwards, unit_costs
+from ..step_events import StepCall
+from .units import UnitCost, call_hooks, root_post_forwards, unit_costs
 from .walk import execution_walk
 
 
@@ -29,7 +30,7 @@ class CostModel:
     averaging: GradientAveraging | None
     step: StepResult
     replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
-    calls: tuple[CallHooks, ...] = ()  # where every call's hooks run, which it gets (the schedule reads them too)
+    calls: tuple[StepCall, ...] = ()  # where every call's hooks run, which it gets (the schedule reads them too)
     _reserved: dict = field(default_factory=dict, compare=False, repr=False)
 
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:

@@ -91,7 +91,7 @@ class TracingSimulation(StepSimulation):
             self.act_level = level
 
     # -- forward ----------------------------------------------------------------------------------
-    def pre_forward(self, k: int) -> None:
+    def pre_forward(self, k: int, gathers) -> None:
         u = self.units[k]
         if self.S > 1:
             self.take(("ag", k), u.gather, "ag")
@@ -100,7 +100,7 @@ class TracingSimulation(StepSimulation):
         if previous is not None:
             self.drop(previous)
         self.context_gather[u.hooks.root] = ("ag", k)
-        super().pre_forward(k)
+        super().pre_forward(k, gathers)
 
     def post_forward(self, k: int) -> None:
         u = self.units[k]
@@ -118,20 +118,21 @@ class TracingSimulation(StepSimulation):
             self.drop(previous)
 
     # -- backward ---------------------------------------------------------------------------------
-    def unshard(self, k: int, act) -> None:
-        issued = k in self.held.prefetched
-        super().unshard(k, act)
-        if not issued and self.held.prefetched.get(k, 0) > 0:
-            self.take(("ag", k), self.units[k].gather, "ag")
+    def unshard(self, gather, act) -> None:
+        super().unshard(gather, act)
+        if self.held.prefetched.get(gather.call, 0) > 0:
+            self.take(("ag", gather.call), self.units[gather.call].gather, "ag")
 
-    def pre_backward(self, k: int, before: int) -> None:
+    def pre_backward(self, k: int, gathers) -> None:
         u = self.units[k]
-        self.unshard(k, self.act.enter("backward", u.modules))
+        own = tuple(g for g in gathers if g.call == k)
+        for gather in own:
+            self.unshard(gather, self.act.enter("backward", u.modules))
         if k in self.held.prefetched:  # copy-out
             self.take(("param", k), u.gather)
             self.drop(("post_forward_shard", k))
             self.drop(("ag", k))
-        super().pre_backward(k, before)
+        super().pre_backward(k, tuple(g for g in gathers if g.call != k))
 
     def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> None:
         new_unsharded, new_whole = self.new_gradients(k, unsharded, whole)

@@ -10,19 +10,10 @@ its size differs by rank (``cost.model``). The hooks and their order are the one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import NamedTuple
 
-from ..step_events import Hook, step_events
+from ..step_events import Gather, Group, Hook, ParamState, step_events
 from .units import UnitCost
-
-
-class UnitState(Enum):
-    """A call's parameters during the step (``FSDPParamGroup``'s sharded state)."""
-
-    SHARDED = "sharded"
-    UNSHARDED = "unsharded"
-    POST_FORWARD_SHARD = "post-forward shard"  # int reshard_after_forward: a smaller shard kept after forward
 
 
 @dataclass(frozen=True)
@@ -142,7 +133,7 @@ class StepSimulation:
         self.peak = -1
         self.moment: Moment | None = None
         self.collectives: list[Collective] = []
-        self.state = [UnitState.SHARDED] * len(units)
+        self.state = [ParamState.SHARDED] * len(units)
         self.held = Held()
         # the one walk of the hooks, the same every micro-batch
         self.events = step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at)
@@ -170,18 +161,25 @@ class StepSimulation:
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:
-        handlers = {Hook.PRE_FORWARD: self.pre_forward, Hook.POST_FORWARD: self.post_forward,
-                    Hook.ROOT_POST_FORWARD: self.root_post_forward}
         for event in self.events.forward:
-            handlers[event.kind](event.call)
+            if event.kind == Hook.PRE_FORWARD:
+                self.pre_forward(event.call, event.gathers)
+            elif event.kind == Hook.POST_FORWARD:
+                self.post_forward(event.call)
+            else:
+                self.root_post_forward(event.call)
         # the step's largest forward moment may fall outside every call (the loss of a plan
         # without a root call): the activations' own peak with what is held then
         h = self.held
         self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
                      communication_buffers=h.forward_gathers, gradients=h.all_gradients())
 
-    def pre_forward(self, k: int) -> None:
-        """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out)."""
+    def pre_forward(self, k: int, gathers: tuple[Gather, ...]) -> None:
+        """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out).
+        ``gathers``: the hook's all-gathers (``step_events``), its own call's: this model takes no
+        explicit forward prefetch, so each call gathers at its own pre-forward."""
+        if gathers != (Gather(k, Group.SHARD),):
+            raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
         act = self.act.enter("forward", u.modules)
@@ -197,7 +195,7 @@ class StepSimulation:
         h.unsharded_params += u.gather
         h.last_gather_of_context[u.hooks.root] = ag
         h.forward_gathers += ag
-        self.state[k] = UnitState.UNSHARDED
+        self.state[k] = ParamState.UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded. The root's
         # stand for the whole forward, whose peak comes after the next call frees this all-gather
         # output: observed at the root's post-forward instead
@@ -210,14 +208,14 @@ class StepSimulation:
         u, h = self.units[k], self.held
         if u.reshard is True:
             h.unsharded_params -= u.gather
-            self.state[k] = UnitState.SHARDED
+            self.state[k] = ParamState.SHARDED
         elif u.reshard is not False:
             shard = u.gather // u.reshard
             self.observe("forward", k, act=self.act.leave("forward", u.modules),
                          unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers,
                          gradients=h.all_gradients())
             h.unsharded_params += shard - u.gather
-            self.state[k] = UnitState.POST_FORWARD_SHARD
+            self.state[k] = ParamState.POST_FORWARD_SHARD
 
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
@@ -237,7 +235,7 @@ class StepSimulation:
         self.observe("backward", None, act=self.act.during("backward", (0,)), **self.backward_alive())
         for event in self.events.backward:
             if event.kind == Hook.PRE_BACKWARD:
-                self.pre_backward(event.call, event.prefetch)
+                self.pre_backward(event.call, event.gathers)
             elif event.kind == Hook.GRADIENTS:
                 part = event.gradients
                 self.gradients(event.call, part.unsharded, part.whole, part.module, part.span)
@@ -250,37 +248,39 @@ class StepSimulation:
             self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.all_gradients(),
                          communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
 
-    def unshard(self, k: int, act) -> None:
-        """``FSDPParamGroup.unshard`` in backward: an all-gather unless unsharded or already prefetched
-        (``act``: the activations of the call whose pre-backward issues it)."""
-        u, h = self.units[k], self.held
-        if self.state[k] is UnitState.UNSHARDED or k in h.prefetched:
-            return
-        from_shard = self.state[k] is UnitState.SHARDED
-        size = self.S if from_shard else u.reshard
+    def unshard(self, gather: Gather, act) -> None:
+        """``FSDPParamGroup.unshard`` in backward, one all-gather ``step_events`` decided (``act``:
+        the activations of the call whose pre-backward issues it); none over a group of one rank."""
+        k, h = gather.call, self.held
+        u = self.units[k]
+        size = self.S if gather.group is Group.SHARD else u.reshard
         h.prefetched[k] = 0
         if size > 1:
             h.prefetched[k] = u.gather
             alive = self.backward_alive()
             alive["communication_buffers"] += u.staged
             self.observe("backward", k, act=act, **alive)
-            self.collectives.append(Collective(k, "all_gather", "backward", "shard" if from_shard else "post_forward", size))
+            self.collectives.append(Collective(k, "all_gather", "backward", gather.group.value, size))
 
-    def pre_backward(self, k: int, before: int) -> None:
-        """``FSDPState._pre_backward``: unshard (a no-op if prefetched), copy out, prefetch ``before``."""
+    def pre_backward(self, k: int, gathers: tuple[Gather, ...]) -> None:
+        """``FSDPState._pre_backward``: unshard (``gathers``: the call's own all-gather, none if
+        unsharded or prefetched), copy out, then the prefetches (``step_events``)."""
         u, h = self.units[k], self.held
         act = self.act.enter("backward", u.modules)
-        self.unshard(k, act)
+        for gather in gathers:
+            if gather.call == k:
+                self.unshard(gather, act)
         if k in h.prefetched:
             alive = self.backward_alive()
             alive["unsharded_params"] += u.gather
             self.observe("backward", k, act=act, **alive)
-            shard = u.gather // u.reshard if self.state[k] is UnitState.POST_FORWARD_SHARD else 0
+            shard = u.gather // u.reshard if self.state[k] is ParamState.POST_FORWARD_SHARD else 0
             del h.prefetched[k]
             h.unsharded_params += u.gather - shard
-            self.state[k] = UnitState.UNSHARDED
-        if before >= 0:  # FSDPParamGroup._backward_prefetch: the previous call in post-forward order
-            self.unshard(before, act)
+            self.state[k] = ParamState.UNSHARDED
+        for gather in gathers:  # FSDPParamGroup._backward_prefetch (or the explicit list)
+            if gather.call != k:
+                self.unshard(gather, act)
         # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
         self.observe("backward", k, act=self.act.during("backward", u.modules), **self.backward_alive())
         if u.grads_at is None:
@@ -316,11 +316,11 @@ class StepSimulation:
 
     def reshard_after_backward(self, k: int) -> None:
         u, h = self.units[k], self.held
-        if self.state[k] is UnitState.UNSHARDED:
+        if self.state[k] is ParamState.UNSHARDED:
             h.unsharded_params -= u.gather
-        elif self.state[k] is UnitState.POST_FORWARD_SHARD:
+        elif self.state[k] is ParamState.POST_FORWARD_SHARD:
             h.unsharded_params -= u.gather // u.reshard
-        self.state[k] = UnitState.SHARDED
+        self.state[k] = ParamState.SHARDED
 
     def keep_gradients(self, k: int) -> None:
         """``post_backward`` without gradient sync: reshard, keep the unsharded gradients (cast to

@@ -1,6 +1,6 @@
-"""One ``CallHooks`` per ``fully_shard`` call: where its hooks run in the step (positions in the
-module walk) and which it gets (``hook_rules``); one ``UnitCost`` per call that manages
-parameters: its buffers in bytes per rank, with its ``CallHooks``."""
+"""One ``StepCall`` per ``fully_shard`` call (``step_events``' record): where its hooks run in the
+step (positions in the module walk), which it gets (``hook_rules``) and its state after forward;
+one ``UnitCost`` per call that manages parameters: its buffers in bytes per rank, with its ``StepCall``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..hook_rules import input_needs_grad, output_needs_grad, roots
+from ..step_events import ParamState, StepCall
 from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
 from .training import itemsize
 from .walk import Walk
@@ -56,19 +57,6 @@ class GradientsAt(NamedTuple):
     span: tuple[int, ...] = ()
 
 
-class CallHooks(NamedTuple):
-    """Where one ``fully_shard`` call's hooks run in the module walk and which of them torch
-    registers (``hook_rules``): every call of the plan, with parameters or without."""
-
-    unit: int  # index in plan.units
-    first: int  # tree index of its first module (registration order: the final callback's)
-    pre_forward: Position  # its pre-forward (first module entered)
-    post_forward: Position  # its post-forward (last module left)
-    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
-    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
-    root: int  # the root call whose communication context it shares (hook_rules.roots)
-
-
 @dataclass(frozen=True)
 class UnitCost:
     """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank."""
@@ -92,7 +80,7 @@ class UnitCost:
     accumulated_grads: int
     converts_grads: bool  # that cast happens: the accumulated gradients are a second buffer
     whole_grads: int  # gradients of trainable whole parameters under this call
-    hooks: CallHooks  # where its hooks run and which it gets
+    hooks: StepCall  # where its hooks run, which it gets, its state after forward
     modules: tuple[int, ...]  # its modules (tree indices)
     # per module that owns its parameters, when other calls are nested inside it (their backward
     # runs in between) or when activations are counted (each module's backward has its own
@@ -246,22 +234,30 @@ def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
                 accumulated_grads=accumulated, converts_grads=converts)
 
 
-def call_hooks(arr, layout, modules, walk: Walk) -> list[CallHooks]:
-    """One ``CallHooks`` per call of ``layout``, in plan order."""
+def after_forward(reshard_after_forward: bool | int) -> ParamState:
+    """The state a call's post-forward leaves its parameters in (``FSDPParamGroup.post_forward``):
+    sharded (True), a post-forward shard (an int, the smaller group's size), unsharded (False)."""
+    if reshard_after_forward is True:
+        return ParamState.SHARDED
+    return ParamState.UNSHARDED if reshard_after_forward is False else ParamState.POST_FORWARD_SHARD
+
+
+def call_hooks(arr, layout, modules, walk: Walk) -> list[StepCall]:
+    """One ``StepCall`` per call of ``layout``, in plan order."""
     root_of = roots(layout, modules)
     trainable_from = first_trainable(arr, walk)
     out = []
     for ul in layout.units:
         first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
-        out.append(CallHooks(
+        out.append(StepCall(
             ul.index, min(ul.modules), Position.enter(walk, first), Position.leave(walk, last),
             output_needs_grad(trainable_from, walk.end[last]), input_needs_grad(trainable_from, walk.enter[first]),
-            root_of[ul.index]))
+            root_of[ul.index], after_forward(ul.reshard_after_forward)))
     return out
 
 
 def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
-               with_activations: bool, calls: list[CallHooks]) -> list[UnitCost]:
+               with_activations: bool, calls: list[StepCall]) -> list[UnitCost]:
     """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
     group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
     sums = _per_unit(sh, policies, shard).as_lists()
