@@ -280,10 +280,11 @@ def _pre_backward(sim: _Simulator, every: list[UnitTime], event) -> None:
     sim.issue(every, event.prefetches, "backward", issue_at)
 
 
-def _post_backward(sim: _Simulator, unit: UnitTime) -> None:
+def _post_backward(sim: _Simulator, unit: UnitTime, reduce: bool) -> None:
+    """``FSDPParamGroup.post_backward``: the reductions, when ``step_events`` says it reduces."""
     sim.wait(sim.pending_rs)  # the previous reduce-scatter still in flight (one input buffer kept)
     sim.pending_rs = None
-    if unit.reduce_scatter_s is None and unit.all_reduce_s is None:
+    if not reduce:
         return
     if unit.reduce_scatter_s is not None:
         last = sim.comm(REDUCE_SCATTER, unit, REDUCE_SCATTER, "backward", sim.now, unit.reduce_scatter_s, True)
@@ -309,7 +310,7 @@ def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
                 sim.compute(unit, "recompute", "backward", unit.recompute_s)
             sim.compute(unit, "backward", "backward", unit.backward_s)
         elif event.kind is Hook.POST_BACKWARD:
-            _post_backward(sim, every[event.call])
+            _post_backward(sim, every[event.call], event.reduce)
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
 
@@ -319,7 +320,8 @@ def _calls(every: list[UnitTime], root: UnitTime | None) -> list[StepCall]:
     needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
     end = (2 * len(every),)
     return [StepCall(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
-                     u is not root, 0, _after_forward(u)) for j, u in enumerate(every)]
+                     u is not root, 0, _after_forward(u), u.reduce_scatter_s is not None or u.all_reduce_s is not None)
+            for j, u in enumerate(every)]
 
 
 def _after_forward(unit: UnitTime) -> ParamState:
@@ -354,18 +356,19 @@ def _check_units(units, root) -> list[UnitTime]:
 
 def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
                   forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
-                  separate_reduce_scatter_group: bool = False) -> Schedule:
+                  separate_reduce_scatter_group: bool = False, sync: bool = True) -> Schedule:
     """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
     on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
     of the units its hook prefetches, when the plan sets them (torch's explicit prefetch).
     ``separate_reduce_scatter_group``: the reduce-scatters have a communicator of their own
-    (``set_separate_reduce_scatter_group``), so they overlap the all-gathers."""
+    (``set_separate_reduce_scatter_group``), so they overlap the all-gathers. ``sync=False``: a
+    micro-batch under ``set_requires_gradient_sync(False)``: no reduction (nor its host copy)."""
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()
     every = ([root] if root is not None else []) + units
     sim = _Simulator(shared_group=not separate_reduce_scatter_group)
     events = step_events(_calls(every, root), forward_prefetch=_prefetch_lists(every, forward_prefetch or {}, "forward"),
-                         backward_prefetch=_prefetch_lists(every, backward_prefetch or {}, "backward"))
+                         backward_prefetch=_prefetch_lists(every, backward_prefetch or {}, "backward"), sync=sync)
     _forward(sim, every, events.forward)
     _backward(sim, every, events.backward)
     _step_end(sim, extras)

@@ -44,6 +44,7 @@ class StepCall(NamedTuple):
     in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
     root: Hashable  # the root call whose communication context it shares (hook_rules.roots)
     after_forward: ParamState = ParamState.SHARDED  # effective reshard_after_forward: True, an int, False
+    reduces: bool = True  # its post-backward reduces gradients (it has trainable parameters)
 
 
 class Group(Enum):
@@ -80,7 +81,8 @@ class HookEvent(NamedTuple):
     ``PRE_BACKWARD``, the call its default backward prefetch targets (-1: none). For ``PRE_FORWARD``
     and ``PRE_BACKWARD``, the all-gathers the hook issues, in issue order: ``gathers`` inside the
     group's hook (its own call's, then the default backward prefetch), ``prefetches`` after it
-    returns (an explicit prefetch list's, ``FSDPState._pre_forward`` / ``_pre_backward``)."""
+    returns (an explicit prefetch list's, ``FSDPState._pre_forward`` / ``_pre_backward``).
+    ``reduce``: for ``POST_BACKWARD``, whether it reduces the call's gradients."""
 
     position: tuple | None
     kind: Hook
@@ -89,6 +91,7 @@ class HookEvent(NamedTuple):
     prefetch: int = -1
     gathers: tuple[Gather, ...] = ()
     prefetches: tuple[Gather, ...] = ()
+    reduce: bool = False  # POST_BACKWARD: it reduce-scatters (all-reduces on HSDP) the call's gradients
 
     def backward_order(self):
         """Sort key, descending: backward walks the forward positions in reverse."""
@@ -96,8 +99,8 @@ class HookEvent(NamedTuple):
 
 
 class StepEvents(NamedTuple):
-    """The step's hooks: ``forward`` in the order they run, ``backward`` likewise, its final
-    callback included (the same every micro-batch: the walk is built once per plan)."""
+    """A micro-batch's hooks: ``forward`` in the order they run, ``backward`` likewise, its final
+    callback included (the same for every micro-batch that syncs, or that does not)."""
 
     forward: tuple[HookEvent, ...]
     backward: tuple[HookEvent, ...]
@@ -113,12 +116,15 @@ def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[HookEvent]:
     return sorted(events)
 
 
-def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = None) -> list[HookEvent]:
+def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = None,
+                    sync: bool = True) -> list[HookEvent]:
     """Reverse module order: a call's pre-backward where its forward ended (only with a
     pre-backward hook: ``out_grad``), its gradients where their modules ran (``gradients_of(k)``:
     the call's parts, each with a ``position``; none: computed at once by the consumer), its
     post-backward where its forward began (when it runs in backward); a nested call's backward
-    runs inside its parent's. Then the root's final callback and the post-backwards it runs."""
+    runs inside its parent's. Then the root's final callback and the post-backwards it runs.
+    A post-backward reduces its call's gradients only when the micro-batch syncs (``sync``,
+    ``set_requires_gradient_sync``) and the call has some (``FSDPParamGroup.post_backward``)."""
     post_forward_order = sorted(range(len(calls)), key=lambda k: calls[k].post_forward)
     before = backward_prefetch_targets(post_forward_order, lambda k: calls[k].root)
     events = []
@@ -129,12 +135,13 @@ def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = N
         for part in (gradients_of(k) if gradients_of is not None else None) or ():
             events.append(HookEvent(part.position, Hook.GRADIENTS, k, part))
         if post_backward_in_backward(c.out_grad, c.in_grad):
-            events.append(HookEvent(c.pre_forward, Hook.POST_BACKWARD, k))
+            events.append(HookEvent(c.pre_forward, Hook.POST_BACKWARD, k, reduce=sync and c.reduces))
     events.sort(key=HookEvent.backward_order, reverse=True)
     events.append(HookEvent(None, Hook.FINAL_CALLBACK, None))
     registration = sorted(range(len(calls)), key=lambda k: calls[k].first)
     done = [post_backward_in_backward(c.out_grad, c.in_grad) for c in calls]
-    events += [HookEvent(None, Hook.POST_BACKWARD, k) for k in final_callback_order(registration, done.__getitem__)]
+    events += [HookEvent(None, Hook.POST_BACKWARD, k, reduce=sync and calls[k].reduces)
+               for k in final_callback_order(registration, done.__getitem__)]
     return events
 
 
@@ -204,7 +211,9 @@ def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Seq
 
 
 def step_events(calls: Sequence[StepCall], root_posts=(), gradients_of: Callable | None = None,
-                forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> StepEvents:
-    """The step's one walk of the hooks, with the all-gathers each issues (see the module docstring)."""
-    return with_gathers(forward_events(calls, root_posts), backward_events(calls, gradients_of), calls,
+                forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
+                sync: bool = True) -> StepEvents:
+    """One micro-batch's walk of the hooks, with the all-gathers each issues and the reductions
+    (``sync``: the micro-batch reduces; see the module docstring)."""
+    return with_gathers(forward_events(calls, root_posts), backward_events(calls, gradients_of, sync), calls,
                         forward_prefetch, backward_prefetch)

@@ -239,13 +239,6 @@ def optimizer_bytes(a) -> int:
     return int(3 * int(mem["grads"].to_numpy()[worst]) + 2 * int(mem["optimizer"].to_numpy()[worst]))
 
 
-def _no_sync(u: UnitTime) -> UnitTime:
-    """The unit in a micro-batch under ``set_requires_gradient_sync(False)``: no reduction."""
-    from dataclasses import replace
-
-    return replace(u, reduce_scatter_s=None, all_reduce_s=None, d2h_s=0.0)
-
-
 def _one_micro_batch(comm, k: int, training):
     """The comm table of one micro-batch. Every row is issued once per micro-batch (all-gathers,
     the averager of ignored gradients) or once per reducing micro-batch (reduce-scatter, HSDP
@@ -288,8 +281,7 @@ def step_time(a) -> StepTime:
     opt_s = optimizer_seconds(optimizer_bytes(a), device, eff) if not offload else host_optimizer_seconds(host_params, eff)
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s))
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
-    quiet = schedule_step([_no_sync(u) for u in units], root=_no_sync(root) if root else None,
-                          extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
+    quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False) if k > 1 else last
     every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
     sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s

@@ -219,8 +219,8 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
     class Watched(TracingSimulation):
         blocks_done = False
 
-        def post_backward(self, k):
-            super().post_backward(k)
+        def post_backward(self, k, reduce):
+            super().post_backward(k, reduce)
             self.blocks_done |= k == first_block
 
         def set_activations(self, level):

@@ -141,10 +141,10 @@ class TracingSimulation(StepSimulation):
         self.take(("grad", k, n), new_unsharded)
         self.take(("whole_grad", k, n), new_whole)
 
-    def post_backward(self, k: int) -> None:
+    def post_backward(self, k: int, reduce: bool) -> None:
         u = self.units[k]
         sync = self.mb.sync
-        super().post_backward(k)
+        super().post_backward(k, reduce)
         self.drop(("param", k))  # resharded
         self.drop(("post_forward_shard", k))
         if not sync:
@@ -154,12 +154,12 @@ class TracingSimulation(StepSimulation):
             return
         if self.last_rs_input is not None:
             self.drop(self.last_rs_input)
-        if u.trainable:
+        if reduce:
             self.take(("rs_input", k), u.rs_input)
             self.last_rs_input = ("rs_input", k)
         self.drop_all("grad", k)
         self.drop(("accumulated", k))
-        if u.trainable:
+        if reduce:
             key = ("rs_output", k, next(self.serial))
             self.take(key, u.rs_output, "rs")
             if not (u.offload or u.cast) and ("sharded_grad", k) not in self.blocks:

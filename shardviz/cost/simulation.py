@@ -135,12 +135,14 @@ class StepSimulation:
         self.collectives: list[Collective] = []
         self.state = [ParamState.SHARDED] * len(units)
         self.held = Held()
-        # the one walk of the hooks, the same every micro-batch
-        self.events = step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at)
+        # the one walk of the hooks: one for the micro-batches that sync, one for those that do not
+        self.walks = {sync: step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at, sync=sync)
+                      for sync in {mb.sync for mb in microbatches(grad_accum, sync_every)}}
+        self.events = self.walks[True]
 
     def run(self) -> StepResult:
         for mb in microbatches(self.grad_accum, self.sync_every):
-            self.mb, self.collectives = mb, []
+            self.mb, self.collectives, self.events = mb, [], self.walks[mb.sync]
             self.forward()
             self.backward()
         return StepResult(self.peak, self.moment, tuple(self.step_collectives()))
@@ -240,7 +242,7 @@ class StepSimulation:
                 part = event.gradients
                 self.gradients(event.call, part.unsharded, part.whole, part.module, part.span)
             elif event.kind == Hook.POST_BACKWARD:
-                self.post_backward(event.call)
+                self.post_backward(event.call, event.reduce)
             elif self.mb.first:  # the final callback starts; later micro-batches accumulate into them in place
                 self.held.gradients += self.unmanaged_grads
         self.held.end_backward()
@@ -338,8 +340,9 @@ class StepSimulation:
             self.observe("backward", k, act=self.act.leave("backward", u.modules), **self.backward_alive())
         h.unsharded_grads -= fresh
 
-    def post_backward(self, k: int) -> None:
-        """``FSDPParamGroup.post_backward``: reshard, then reduce-scatter (and all-reduce on HSDP)."""
+    def post_backward(self, k: int, reduce: bool) -> None:
+        """``FSDPParamGroup.post_backward``: reshard, then (``reduce``, ``step_events``) reduce-scatter
+        (and all-reduce on HSDP)."""
         u, h = self.units[k], self.held
         if not self.mb.sync:
             self.keep_gradients(k)
@@ -351,7 +354,7 @@ class StepSimulation:
             h.unsharded_grads -= fresh
             fresh = 0
         ug = fresh + h.accumulated_grads_of.pop(k, 0)
-        if not u.trainable:
+        if not reduce:  # no trainable parameter
             h.unsharded_grads -= ug
             return
         act = self.act.leave("backward", u.modules)
