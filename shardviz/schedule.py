@@ -320,8 +320,20 @@ def _calls(every: list[UnitTime], root: UnitTime | None) -> list[StepCall]:
     needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
     end = (2 * len(every),)
     return [StepCall(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
-                     u is not root, 0, _after_forward(u), u.reduce_scatter_s is not None or u.all_reduce_s is not None)
-            for j, u in enumerate(every)]
+                     u is not root, 0, _after_forward(u), _reduces(u)) for j, u in enumerate(every)]
+
+
+def _placed(calls: list[StepCall], every: list[UnitTime]) -> list[StepCall]:
+    """The layout's calls, with what the units' seconds say happens to each: its parameters'
+    state after forward (a backward all-gather, over which group) and whether it reduces (the
+    collectives priced, which the bytes model issued from the same stream)."""
+    if len(calls) != len(every) or not all(isinstance(c, StepCall) for c in calls):
+        raise ValueError(f"calls: one StepCall per unit (root first), {len(every)} of them; got {calls!r}")
+    return [c._replace(after_forward=_after_forward(u), reduces=_reduces(u)) for c, u in zip(calls, every)]
+
+
+def _reduces(unit: UnitTime) -> bool:
+    return unit.reduce_scatter_s is not None or unit.all_reduce_s is not None
 
 
 def _after_forward(unit: UnitTime) -> ParamState:
@@ -356,18 +368,23 @@ def _check_units(units, root) -> list[UnitTime]:
 
 def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
                   forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
-                  separate_reduce_scatter_group: bool = False, sync: bool = True) -> Schedule:
+                  separate_reduce_scatter_group: bool = False, sync: bool = True,
+                  calls: list[StepCall] | None = None) -> Schedule:
     """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
     on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
     of the units its hook prefetches, when the plan sets them (torch's explicit prefetch).
     ``separate_reduce_scatter_group``: the reduce-scatters have a communicator of their own
     (``set_separate_reduce_scatter_group``), so they overlap the all-gathers. ``sync=False``: a
-    micro-batch under ``set_requires_gradient_sync(False)``: no reduction (nor its host copy)."""
+    micro-batch under ``set_requires_gradient_sync(False)``: no reduction (nor its host copy).
+    ``calls``: each unit's ``StepCall`` (root first, then ``units``) where the layout places its
+    hooks (``cost.units.call_hooks``: nesting, contexts, which hooks torch registers); None: laid
+    out under the schedule's assumptions (``_calls``), for rows made by hand."""
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()
     every = ([root] if root is not None else []) + units
     sim = _Simulator(shared_group=not separate_reduce_scatter_group)
-    events = step_events(_calls(every, root), forward_prefetch=_prefetch_lists(every, forward_prefetch or {}, "forward"),
+    walk = _calls(every, root) if calls is None else _placed(calls, every)
+    events = step_events(walk, forward_prefetch=_prefetch_lists(every, forward_prefetch or {}, "forward"),
                          backward_prefetch=_prefetch_lists(every, backward_prefetch or {}, "backward"), sync=sync)
     _forward(sim, every, events.forward)
     _backward(sim, every, events.backward)

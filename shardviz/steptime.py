@@ -17,6 +17,7 @@ from .activations import opcost
 from .format import OUTSIDE_FSDP, format_duration
 from .hook_rules import enclosing_root
 from .devices import Device, Efficiency, default_efficiency, stack_of
+from .step_events import StepCall
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
@@ -198,8 +199,9 @@ def host_step_params(a) -> float:
     return total
 
 
-def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
-    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
+def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[StepCall]]:
+    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward
+    order; and the ``StepCall`` of each (root first): where the layout places its hooks."""
     units = {u.name: u for u in a.plan.units}
     offloaded, numbers = _offloaded(a)
     plan_units = a.plan.units
@@ -228,7 +230,17 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
             root = unit
         else:
             rows.append(unit)
-    return root, rows
+    placed = {plan_units[c.unit].name: c for c in a.costs.calls}
+    outside = _outside_call(a.costs.calls)
+    return root, rows, [placed.get(u.name, outside) for u in ([root] if root else []) + rows]
+
+
+def _outside_call(calls) -> StepCall:
+    """What runs outside every call (a plan without a call on the whole model), as the schedule
+    times it: after every call's forward, first in backward, in no call's context (no hook of
+    its own prefetches or is prefetched)."""
+    end = max((c.post_forward[0] for c in calls), default=0)
+    return StepCall(-1, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE_FSDP)
 
 
 def optimizer_bytes(a) -> int:
@@ -275,14 +287,14 @@ def step_time(a) -> StepTime:
     except ValueError as e:
         return _unavailable(str(e), k, _measured_flops(a))
     order, _, totals = _unit_flops(a)
-    root, units = _unit_times(a, order, unit_op_costs(a), comm_s, device, eff, dtype)
+    root, units, calls = _unit_times(a, order, unit_op_costs(a), comm_s, device, eff, dtype)
     offload = a.training.offload
     host_params = host_step_params(a) if offload else 0.0
     opt_s = optimizer_seconds(optimizer_bytes(a), device, eff) if not offload else host_optimizer_seconds(host_params, eff)
-    last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s))
+    last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s), calls=calls)
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
-    quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False) if k > 1 else last
-    every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0)) if k > 1 else last
+    quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False, calls=calls) if k > 1 else last
+    every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), calls=calls) if k > 1 else last
     sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s
     sync_every = a.training.sync_every_microbatch

@@ -224,3 +224,24 @@ def test_the_recorded_orders_show_the_rules():
     hsdp = torch_issue_order(PLANS["HSDP 2x2"], MESHES["HSDP 2x2"])
     i = hsdp.index(("reduce_scatter", layer1))
     assert hsdp[i + 1] == ("all_reduce", layer1)
+
+
+_LAYOUTS = {
+    "a call nested in a block's": [_L + "layers.0.self_attn", _L + "layers.0", _L + "layers.1", ""],
+    "no call on the whole model": [_L + "layers.0", _L + "layers.1"],
+    "the embedding in a call of its own": [_L + "embed_tokens", _L + "layers.0", _L + "layers.1", ""],
+}
+
+
+@pytest.mark.parametrize("name", list(_LAYOUTS))
+def test_the_analysis_schedule_walks_the_layouts_calls_in_torch_order(name):
+    """The step time of an analysis walks the calls where the layout places them (nesting, one
+    context per root, which hooks torch registers): the order it issues hooks and collectives is
+    torch's, for layouts the schedule's own assumptions (``schedule._calls``) do not hold for."""
+    plan = sv.Plan(units=_LAYOUTS[name])
+    truth = torch_issue_order(plan)
+    a = sv.analyze(zoo.tiny_llama_lora(), plan, sv.Mesh(WORLD, device="H100"), sv.Training(batch_size=2, seq_len=16))
+    grouped = {name for _, name in truth}
+    predicted = [(kind, unit) for kind, unit in a.step_time.schedule.issue_order
+                 if unit in grouped and kind in ("forward", "backward", "all_gather", "reduce_scatter", "all_reduce")]
+    assert predicted == truth, "\n".join(f"{p!s:60} {t!s}" for p, t in zip(predicted + [None] * len(truth), truth))
