@@ -41,7 +41,7 @@ def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
 def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_path):
     path = tmp_path / "plan.json"
     ins = Inspector(model, mesh=MESH, plan_path=path)
-    ins.controller.apply_preset("auto-ignored")
+    ins.controller.apply_preset("ignored")
     assert ins.plan.name == "auto (LoRA ignored)"
     ins.controller.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
     assert ins.plan == sv.Plan.auto(model, lora="sharded")
