@@ -28,8 +28,7 @@ if TYPE_CHECKING:
     from .activations import ActivationProfile
     from .cost import Training
     from .cost.units import CallHooks
-    from .fsdp import Layout, Mesh
-    from .plan import Plan
+    from .fsdp import Layout
     from .tree import ModelTree
 
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
@@ -57,18 +56,6 @@ class StepInputs:
     comm: Callable[[], pd.DataFrame]
     calls: Callable[[], tuple[CallHooks, ...]]
     memory: Callable[[], pd.DataFrame]
-
-    @property
-    def tree(self) -> ModelTree:
-        return self.layout.tree
-
-    @property
-    def plan(self) -> Plan:
-        return self.layout.plan
-
-    @property
-    def mesh(self) -> Mesh:
-        return self.layout.mesh
 
 
 @dataclass(frozen=True)
@@ -143,7 +130,7 @@ def unit_op_costs(inputs: StepInputs) -> dict:
     from .activations import unit_costs
 
     profile = inputs.profile()
-    costs = unit_costs(profile, inputs.plan.units) if profile is not None and profile.module_costs else {}
+    costs = unit_costs(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
     out = {}
     for row in inputs.flops().to_dict("records"):
         unit = row["unit"]
@@ -214,9 +201,9 @@ def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[flo
 
 def _offloaded(inputs: StepInputs) -> tuple[set, dict]:
     """The calls CPU offload keeps on the host, and the layout's numbers of each."""
-    units = {u.name: u for u in inputs.plan.units}
-    offloaded = {name for name, u in units.items() if inputs.training.unit_defaults(u).offload}
     layout = inputs.layout
+    units = {u.name: u for u in layout.plan.units}
+    offloaded = {name for name, u in units.items() if inputs.training.unit_defaults(u).offload}
     numbers = {ul.unit.name: n for ul, n in zip(layout.units, layout.unit_numbers)} if offloaded else {}
     return offloaded, numbers
 
@@ -235,11 +222,11 @@ def host_step_params(inputs: StepInputs) -> float:
 
 def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime]]:
     """UnitTime rows: the root (the call on the whole model, if any) and the others in forward order."""
-    plan_units = inputs.plan.units
+    plan_units = inputs.layout.plan.units
     units = {u.name: u for u in plan_units}
     offloaded, numbers = _offloaded(inputs)
     hooks = {plan_units[c.unit].name: c for c in inputs.calls()}
-    root_index = enclosing_root(inputs.layout, inputs.tree.modules)
+    root_index = enclosing_root(inputs.layout, inputs.layout.tree.modules)
     root_name = plan_units[root_index].name if root_index is not None else None
     root, rows = None, []
     for name in order + [n for n in units if n not in order]:
@@ -295,7 +282,7 @@ def _one_micro_batch(comm, k: int, training):
 
 
 def _why_not(inputs: StepInputs) -> str | None:
-    if inputs.mesh.device is None:
+    if inputs.layout.mesh.device is None:
         return "no device: give sv.Mesh(..., device='H100') (or an sv.Device) to time the step"
     if not inputs.training.with_activations:
         return "no micro-batch: give sv.Training(batch_size=..., seq_len=...) to count the step's FLOPs"
@@ -304,14 +291,14 @@ def _why_not(inputs: StepInputs) -> str | None:
 
 def step_time(inputs: StepInputs) -> StepTime:
     """The step of these stages as FSDP2 schedules it (see the module docstring)."""
-    training, mesh = inputs.training, inputs.mesh
+    training, tree, mesh = inputs.training, inputs.layout.tree, inputs.layout.mesh
     k = training.grad_accum
     reason = _why_not(inputs)
     if reason:
         return _unavailable(reason, k, _measured_flops(inputs))
     device: Device = mesh.device
-    eff = efficiency_for(inputs.tree, mesh)
-    dtype = compute_dtype(training, inputs.tree)
+    eff = efficiency_for(tree, mesh)
+    dtype = compute_dtype(training, tree)
     try:
         comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training), eff)
     except ValueError as e:
@@ -351,11 +338,11 @@ def _assumptions(inputs: StepInputs, device: Device, eff: Efficiency, dtype: str
     """What every figure of the step rests on, in words: the device, the stack and its
     efficiencies, the links, the host."""
     peak = device.peak_flops(dtype) / 1e12
-    mesh = inputs.mesh
+    mesh = inputs.layout.mesh
     notes = [f"{device.name}: {peak:g} TFLOPS {dtype} peak, HBM {device.hbm_gbps:g} GB/s; each op timed by its roofline "
              f"(FLOPs, bytes read and written, one kernel)",
              eff.describe() + (" (the mesh's own)" if mesh.efficiency else
-                               f" (the preset of the stack a {inputs.tree.root_type} most likely trains with)"),
+                               f" (the preset of the stack a {inputs.layout.tree.root_type} most likely trains with)"),
              f"links: {mesh.intra_node_gbps:g} GB/s per GPU inside a node of {mesh.ranks_per_node}, "
              f"{mesh.node_network_gbps:g} GB/s per node across nodes ({mesh.nics_per_node} NICs x {mesh.nic_gbps:g} GB/s; "
              "a ring spreads over them), plus NCCL's ring latency per call"]
