@@ -8,7 +8,8 @@ The pipeline, one stage after the other (each computed on first use, once):
 4. the activation profile (one training step run by torch: ``activations.measure_activations``):
    ``activation_profile``, ``activations``, ``flops``;
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
-6. the step in seconds (``steptime.step_time``): ``time``, ``step``, ``timeline()``;
+6. the step in seconds (``steptime.step_time`` of the stages ``step_inputs`` hands it): ``time``,
+   ``step``, ``timeline()``;
 7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
 """
 
@@ -29,7 +30,7 @@ from .cost import peak_breakdown as peak_breakdown_of
 from .finding import Finding
 from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
-from .steptime import StepSummary, StepTime, timeline_figure, timeline_payload
+from .steptime import StepInputs, StepSummary, StepTime, timeline_figure, timeline_payload
 from .steptime import step_time as time_the_step
 from .tp import local_model, local_tree, tensor_collectives
 from .tree import ModelTree, as_tree
@@ -311,10 +312,17 @@ class Analysis:
 
     # -- 6. the step in seconds: FSDP2's schedule (steptime) --------------------------------------
     @cached_property
+    def step_inputs(self) -> StepInputs:
+        """The stages the step time reads (``steptime.StepInputs``), the costly ones as functions
+        computed on first call."""
+        return StepInputs(self.layout, self.training, flops=lambda: self.flops, profile=lambda: self.activation_profile,
+                          comm=lambda: self.comm, calls=lambda: self.costs.calls, memory=lambda: self.memory)
+
+    @cached_property
     def step_time(self) -> StepTime:
         """The step as FSDP2 schedules it (``steptime.StepTime``), computed once: ``time``, ``step``
         and ``timeline()`` read it. Needs ``Mesh(device=...)`` and ``Training(batch_size=...)``."""
-        return time_the_step(self)
+        return time_the_step(self.step_inputs)
 
     @property
     def time(self) -> pd.DataFrame:
@@ -335,8 +343,8 @@ class Analysis:
 
     def timeline(self):
         """The step as a plotly figure: compute and communication streams, unit by unit, exposed
-        communication in red (``display.timeline_payload``, the payload the report and the Inspector draw)."""
-        return timeline_figure(timeline_payload(self))
+        communication in red (``steptime.timeline_payload``, the payload the report and the Inspector draw)."""
+        return timeline_figure(timeline_payload(self.step_time))
 
     # -- 7. findings -----------------------------------------------------------------------------
     @cached_property

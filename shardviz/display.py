@@ -14,8 +14,9 @@ import os
 
 from .cost import BREAKDOWN
 from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
-# the step's timeline: one payload (built in steptime, where a.timeline() reads it too) and its figure
-from .steptime import step_text, timeline_figure, timeline_payload  # noqa: F401 - re-exported for every view
+from . import steptime
+# the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
+from .steptime import step_text, timeline_figure  # noqa: F401 - re-exported for every view
 
 #: The training every view assumes when none is given (``cost.training.DEFAULT_TRAINING``, the one
 #: default of every entry point). Each view states it (``training_text``).
@@ -262,6 +263,16 @@ def _time_per_step(df, mesh) -> float | None:
     if isinstance(time_s, float) and math.isnan(time_s):
         return None
     return time_s
+
+
+def timeline_payload(analysis) -> dict:
+    """The step's timeline (``steptime.timeline_payload`` of ``a.step_time``): what the report and
+    the Inspector draw."""
+    try:
+        st = analysis.step_time
+    except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
+        return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
+    return steptime.timeline_payload(st)
 
 
 def traffic_payload(analysis) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence, Union
+from typing import Iterable, NamedTuple, Sequence, Union
 
 from .checkpointing import FULL, POLICY_SPELLINGS, SELECTIVE, CheckpointPolicy, CheckpointPreset, parse_checkpoint
 from .finding import Finding
@@ -17,10 +17,12 @@ from .tp import TensorParallel
 from .tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
-SCHEMA_VERSION = 2  # 2: may carry the run's "mesh" and "training" (cost.setup), a capture's "prefetch" and "origin"
+SCHEMA_VERSION = 2  # 2: may carry the run's "mesh" and "training" (cost.setup), a capture's "prefetch" and "origin",
+# the Inspector's "edited"
 READ_VERSIONS = (1, 2)  # a plan with none of version 2's fields is written as version 1, as before
 SETUP_FIELDS = ("mesh", "training")  # what a version-2 file records of the run (plain JSON objects)
 CAPTURE_FIELDS = ("prefetch", "origin")  # what a captured plan adds (sv.capture)
+EDITED_FIELDS = ("base", "edits")  # "edited": what an Inspector's name of an edited plan counts (Edited)
 PREFETCH_DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 LORA_OPTIONS = ("sharded", "ignored", "separate")  # Plan.auto(lora=...): where LoRA parameters go
@@ -231,6 +233,23 @@ class Origin:
         return cls(obj["kind"], obj["source"], obj.get("release", ""), findings, **pairs)
 
 
+class Edited(NamedTuple):
+    """The name an Inspector gives an edited plan ("<base>, edited: 3 changes"), as data: the known
+    plan (a preset, a plan the user set) its edits count from, and how many. It travels with the plan
+    (the plan file), so that an Inspector reading the plan back counts on without parsing the name."""
+
+    base: str
+    edits: int
+
+    @classmethod
+    def from_obj(cls, obj) -> "Edited":
+        if (not isinstance(obj, dict) or set(obj) != set(EDITED_FIELDS) or not isinstance(obj["base"], str)
+                or not isinstance(obj["edits"], int) or isinstance(obj["edits"], bool) or obj["edits"] < 0):
+            raise ValueError("plan JSON: field 'edited' must be an object with 'base' (the name the edits count "
+                             f"from) and 'edits' (how many, >= 0), got {obj!r}")
+        return cls(obj["base"], obj["edits"])
+
+
 def _prefetch(prefetch) -> tuple:
     """``{module: {"forward": [...], "backward": [...]}}`` -> sorted ((module, direction, targets), ...)."""
     if isinstance(prefetch, tuple):
@@ -260,6 +279,8 @@ class Plan:
     # Recorded and exported; the step-time model keeps torch's default prefetch (not modelled).
     prefetch: tuple = ()
     origin: Origin | None = field(default=None, compare=False)
+    # what ``name`` counts when an Inspector named the plan after its edits (None otherwise)
+    edited: Edited | None = field(default=None, compare=False, repr=False)
     # what the plan file it was read from says of the run ({"mesh": {...}, "training": {...}}, as
     # ``cost.setup`` writes them); not part of the plan: edits and comparisons ignore it
     setup: dict = field(default_factory=dict, compare=False, repr=False, init=False)
@@ -269,7 +290,7 @@ class Plan:
 
     def __init__(self, units: Sequence = (), ignored: Iterable[str] = (), name: str = "",
                  checkpoint: Iterable[str] | dict = (), tensor_parallel=(), *, prefetch=(),
-                 origin: Origin | None = None):
+                 origin: Origin | None = None, edited: Edited | None = None):
         if isinstance(units, (str, Unit)):
             units = [units]
         parsed = tuple(Unit.from_obj(u, where=f"units[{i}]") for i, u in enumerate(units))
@@ -295,22 +316,25 @@ class Plan:
         object.__setattr__(self, "checkpoint", checkpoint)
         object.__setattr__(self, "prefetch", _prefetch(prefetch))
         object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "edited", edited)
         object.__setattr__(self, "tensor_parallel", TensorParallel(tensor_parallel))
         object.__setattr__(self, "setup", {})
 
     # -- edits (each returns a new plan) ------------------------------------
-    def _edited(self, units=None, ignored=None, checkpoint=None, tensor_parallel=None, name=None) -> "Plan":
+    def _edited(self, units=None, ignored=None, checkpoint=None, tensor_parallel=None, name=None,
+                edited: Edited | None = None) -> "Plan":
         """A new plan with these parts changed; the tensor-parallel entries, prefetch and origin carry over
-        (edits start from a capture)."""
+        (edits start from a capture), and ``edited`` with the name it describes, unless renamed."""
         return Plan(self.units if units is None else units, self.ignored if ignored is None else ignored,
                     self.name if name is None else name,
                     self.checkpoint if checkpoint is None else checkpoint,
                     self.tensor_parallel if tensor_parallel is None else tensor_parallel,
-                    prefetch=self.prefetch, origin=self.origin)
+                    prefetch=self.prefetch, origin=self.origin, edited=self.edited if name is None else edited)
 
-    def renamed(self, name: str) -> "Plan":
-        """The same plan (tensor-parallel entries, prefetch and origin too) under another name."""
-        return self._edited(name=name)
+    def renamed(self, name: str, edited: Edited | None = None) -> "Plan":
+        """The same plan (tensor-parallel entries, prefetch and origin too) under another name, and
+        what that name counts when it says the plan was edited (``Edited``)."""
+        return self._edited(name=name, edited=edited)
 
     def with_setup(self, setup: dict) -> "Plan":
         """The same plan carrying ``setup`` (a plan file's "mesh" and "training", see ``from_json``)."""
@@ -428,10 +452,12 @@ class Plan:
                 captured["prefetch"].setdefault(module, {})[direction] = list(targets)
         if self.origin is not None:
             captured["origin"] = self.origin.to_obj()
+        edited = {"edited": dict(zip(EDITED_FIELDS, self.edited))} if self.edited is not None else {}
         return {
             "schema": SCHEMA,
-            "version": SCHEMA_VERSION if setup or captured or self.tensor_parallel else 1,
+            "version": SCHEMA_VERSION if setup or captured or edited or self.tensor_parallel else 1,
             "name": self.name,
+            **edited,
             "units": [u.to_obj() for u in self.units],
             "ignored": list(self.ignored),
             **({"checkpoint": self.checkpoint.to_obj()} if self.checkpoint else {}),
@@ -462,7 +488,7 @@ class Plan:
             )
         known = {"schema", "version", "name", "units", "ignored", "checkpoint", "tensor_parallel"}
         if version >= 2:
-            known |= set(SETUP_FIELDS) | set(CAPTURE_FIELDS)
+            known |= set(SETUP_FIELDS) | set(CAPTURE_FIELDS) | {"edited"}
         unknown = set(obj) - known
         if unknown:
             raise ValueError(f"plan JSON: unknown field(s) {sorted(unknown)}")
@@ -489,7 +515,8 @@ class Plan:
         tensor_parallel = obj.get("tensor_parallel", {})
         if not isinstance(tensor_parallel, dict):
             raise ValueError("plan JSON: field 'tensor_parallel' must be an object module FQN -> style")
-        plan = cls(units, ignored, name, checkpoint, tensor_parallel, prefetch=prefetch, origin=origin)
+        edited = Edited.from_obj(obj["edited"]) if "edited" in obj else None
+        plan = cls(units, ignored, name, checkpoint, tensor_parallel, prefetch=prefetch, origin=origin, edited=edited)
         return plan.with_setup({k: obj[k] for k in SETUP_FIELDS if k in obj})
 
     def to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:

@@ -168,7 +168,8 @@ NAMED_CHECKPOINTS = (None, "blocks", "every 2", "selective")
 class Preset(NamedTuple):
     """One preset: ``key`` is how the Inspector's menu and ``apply_preset`` name it, ``label`` what
     the menu shows, ``lora`` the ``Plan.auto(lora=...)`` it is (the CLI's ``--lora``, the
-    search's ``Candidate.lora``), None for the two plans that are not ``Plan.auto``."""
+    search's ``Candidate.lora``), None for the two plans that are not ``Plan.auto``. An auto
+    preset's key is its ``lora``: one spelling in the widget, the CLI, ``Plan.auto`` and the search."""
 
     key: str
     label: str
@@ -178,13 +179,14 @@ class Preset(NamedTuple):
 #: The one registry of presets: the Inspector's menu, its plan names and the export's read it; its
 #: ``lora`` values are ``plan.LORA_OPTIONS`` (what ``Plan.auto``, the CLI's --lora and the search take).
 PRESETS = (
-    Preset("auto-sharded", "auto: LoRA in its block's call", "sharded"),
-    Preset("auto-ignored", "auto: LoRA ignored", "ignored"),
-    Preset("auto-separate", "auto: a call per LoRA adapter", "separate"),
+    Preset("sharded", "auto, LoRA sharded: in its block's call", "sharded"),
+    Preset("ignored", "auto, LoRA ignored", "ignored"),
+    Preset("separate", "auto, LoRA separate: a call per adapter", "separate"),
     Preset("root-only", "root only"),
-    Preset("none", "no calls"),
+    Preset("no-calls", "no calls"),
 )
 assert tuple(p.lora for p in PRESETS if p.lora) == LORA_OPTIONS
+assert all(p.key == p.lora for p in PRESETS if p.lora)
 
 
 def preset_plan(tree: ModelTree, key: str, checkpoint: str | None = None) -> Plan:

@@ -1,17 +1,19 @@
 """The step time of one analysis: FSDP2's schedule (``schedule.py``) fed by torch's FLOP count
-(``a.flops``), the comm table (``a.comm``), the mesh's device and efficiencies, the optimizer
-step's bytes and CPU offload's copies. Computed once here; ``Analysis.time``, ``Analysis.step``,
+(the FLOP table), the comm table, the mesh's device and efficiencies, the optimizer step's bytes
+and CPU offload's copies. Computed once here; ``Analysis.time``, ``Analysis.step``,
 ``Analysis.timeline()`` and every view read it (docs/step-time.md, "From an analysis").
 
-It reads the analysis it is given (duck-typed, like ``checks``), never imports it. Without a
-device (``Mesh(device=...)``) or without a micro-batch (``Training(batch_size=...)``) there is
-no step to time: ``a.step.step_time_s`` is None and ``a.step.reason`` says why.
+It reads the stages it is given (``StepInputs``, built once by ``Analysis.step_inputs``), never
+the analysis. Without a device (``Mesh(device=...)``) or without a micro-batch
+(``Training(batch_size=...)``) there is no step to time: ``a.step.step_time_s`` is None and
+``a.step.reason`` says why.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from .activations import opcost
 from .format import OUTSIDE_FSDP, format_duration
@@ -21,6 +23,14 @@ from .step_events import StepCall
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .activations import ActivationProfile
+    from .cost import Training
+    from .fsdp import Layout
+    from .tree import ModelTree
+
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
 
@@ -28,6 +38,24 @@ TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_fo
 #: ``DEVICES`` row (Gen4 x16: 32, Gen5 x16: 64, the datasheets of docs/step-time.md); other devices: 32.
 HOST_LINK_GBPS = {"A100-40GB": 32.0, "A100-80GB": 32.0, "H100": 64.0, "H100-PCIe": 64.0, "H200": 64.0,
                   "B200": 64.0, "MI300X": 64.0, "L40S": 32.0, "A10G": 32.0, "RTX-4090": 32.0}
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The stages the step time reads. ``layout`` holds the tree (TP-local with a tensor dim), the
+    plan and the mesh. The callables return the analysis' stages, each computed once by it on first
+    call, so a step without a device or a micro-batch reads none but the FLOPs: ``flops`` (the FLOP
+    table, ``Analysis.flops``), ``profile`` (the activation profile, with each op's cost; None
+    without a micro-batch), ``comm`` (the comm table), ``calls`` (each call's ``StepCall``:
+    where the layout places its hooks) and ``memory`` (the memory table: the optimizer's bytes)."""
+
+    layout: Layout
+    training: Training
+    flops: Callable[[], pd.DataFrame]
+    profile: Callable[[], ActivationProfile | None]
+    comm: Callable[[], pd.DataFrame]
+    calls: Callable[[], tuple[StepCall, ...]]
+    memory: Callable[[], pd.DataFrame]
 
 
 @dataclass(frozen=True)
@@ -84,27 +112,27 @@ def _unavailable(reason: str, grad_accum: int = 1, flops: dict | None = None) ->
     return StepTime(None, StepSummary(reason=reason, grad_accum=grad_accum, **(flops or {})))
 
 
-def _measured_flops(a) -> dict | None:
+def _measured_flops(inputs: StepInputs) -> dict | None:
     """The step's FLOPs where a micro-batch is measured (a step that cannot be measured has none)."""
-    if not a.training.with_activations:
+    if not inputs.training.with_activations:
         return None
     try:
-        totals = _unit_flops(a)[2]
+        totals = _unit_flops(inputs.flops())[2]
     except ValueError:  # the step itself cannot run (PlanError, a model torch cannot measure): no FLOPs either
         return None
     return {"flops": totals["flops"], "model_flops": totals["model_flops"]}
 
 
-def unit_op_costs(a) -> dict:
+def unit_op_costs(inputs: StepInputs) -> dict:
     """unit name (``OUTSIDE_FSDP`` for what runs outside every call) -> {"forward", "backward",
     "recompute"} ``opcost`` costs of the measured step's ops; a unit measured without them (a
     profile from before op costs) gets its FLOPs as large matmuls."""
     from .activations import unit_costs
 
-    profile = a.activation_profile
-    costs = unit_costs(profile, a.plan.units) if profile is not None and profile.module_costs else {}
+    profile = inputs.profile()
+    costs = unit_costs(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
     out = {}
-    for row in a.flops.to_dict("records"):
+    for row in inputs.flops().to_dict("records"):
         unit = row["unit"]
         name = OUTSIDE_FSDP if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
         measured = costs.get(None if name == OUTSIDE_FSDP else name)
@@ -129,14 +157,6 @@ def efficiency_for(tree, mesh) -> Efficiency:
     return mesh.efficiency or default_efficiency(mesh.device, stack_for(tree))
 
 
-def stack(a) -> str:
-    return stack_for(a.tree)
-
-
-def efficiency(a) -> Efficiency:
-    return efficiency_for(a.tree, a.mesh)
-
-
 def op_seconds(cost: dict | None, device: Device, eff: Efficiency, dtype: str) -> float:
     """``opcost.seconds`` of a cost on ``device`` at ``eff``: the roofline of every op."""
     peak = device.peak_flops(dtype)
@@ -145,22 +165,22 @@ def op_seconds(cost: dict | None, device: Device, eff: Efficiency, dtype: str) -
                           memory_traffic=eff.memory_traffic)
 
 
-def compute_dtype(a) -> str:
+def compute_dtype(training: Training, tree: ModelTree) -> str:
     """The dtype the matmuls run in: the training's ``param_dtype``, else the most common
     parameter dtype (by elements)."""
-    if a.training.param_dtype:
-        return a.training.param_dtype
+    if training.param_dtype:
+        return training.param_dtype
     counts: dict = {}
-    for p in a.tree.params:
+    for p in tree.params:
         name = str(p.dtype).replace("torch.", "")
         counts[name] = counts.get(name, 0) + p.numel
     best = max(counts, key=counts.get) if counts else "float32"
     return best if best in ("bfloat16", "float16", "float32") else "float32"
 
 
-def _unit_flops(a) -> tuple[list[str], dict, dict]:
-    """Forward order of the units, FLOPs per unit, and the totals, from ``a.flops``."""
-    order, flops, table = [], {}, a.flops
+def _unit_flops(table: pd.DataFrame) -> tuple[list[str], dict, dict]:
+    """Forward order of the units, FLOPs per unit, and the totals, from the FLOP table."""
+    order, flops = [], {}
     columns = [table[c].tolist() for c in ("unit", "forward_flops", "backward_flops", "recompute_flops")]
     for unit, forward, backward, recompute in zip(*columns):
         name = OUTSIDE_FSDP if unit is None or (isinstance(unit, float) and math.isnan(unit)) else unit
@@ -179,18 +199,19 @@ def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[flo
     return shard / gbps, shard * float(numbers["trainable_numel"]) / (float(numbers["numel"]) or 1.0) / gbps
 
 
-def _offloaded(a) -> tuple[set, dict]:
+def _offloaded(inputs: StepInputs) -> tuple[set, dict]:
     """The calls CPU offload keeps on the host, and the layout's numbers of each."""
-    units = {u.name: u for u in a.plan.units}
-    offloaded = {name for name, u in units.items() if a.training.unit_defaults(u).offload}
-    numbers = {ul.unit.name: n for ul, n in zip(a.layout.units, a.layout.unit_numbers)} if offloaded else {}
+    layout = inputs.layout
+    units = {u.name: u for u in layout.plan.units}
+    offloaded = {name for name, u in units.items() if inputs.training.unit_defaults(u).offload}
+    numbers = {ul.unit.name: n for ul, n in zip(layout.units, layout.unit_numbers)} if offloaded else {}
     return offloaded, numbers
 
 
-def host_step_params(a) -> float:
+def host_step_params(inputs: StepInputs) -> float:
     """Trainable elements one rank's host optimizer steps under CPU offload: the trainable share of
     each offloaded call's shard (its padded shard elements x trainable / all elements)."""
-    offloaded, numbers = _offloaded(a)
+    offloaded, numbers = _offloaded(inputs)
     total = 0.0
     for name in offloaded:
         n = numbers[name]
@@ -199,14 +220,14 @@ def host_step_params(a) -> float:
     return total
 
 
-def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[StepCall]]:
+def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[StepCall]]:
     """UnitTime rows: the root (the call on the whole model, if any) and the others in forward
     order; and the ``StepCall`` of each (root first): where the layout places its hooks."""
-    units = {u.name: u for u in a.plan.units}
-    offloaded, numbers = _offloaded(a)
-    plan_units = a.plan.units
-    hooks = {plan_units[c.unit].name: c for c in a.costs.calls}
-    root_index = enclosing_root(a.layout, a.tree.modules)
+    plan_units = inputs.layout.plan.units
+    units = {u.name: u for u in plan_units}
+    offloaded, numbers = _offloaded(inputs)
+    hooks = {plan_units[c.unit].name: c for c in inputs.calls()}
+    root_index = enclosing_root(inputs.layout, inputs.layout.tree.modules)
     root_name = plan_units[root_index].name if root_index is not None else None
     root, rows = None, []
     for name in order + [n for n in units if n not in order]:
@@ -230,9 +251,8 @@ def _unit_times(a, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime |
             root = unit
         else:
             rows.append(unit)
-    placed = {plan_units[c.unit].name: c for c in a.costs.calls}
-    outside = _outside_call(a.costs.calls)
-    return root, rows, [placed.get(u.name, outside) for u in ([root] if root else []) + rows]
+    outside = _outside_call(inputs.calls())
+    return root, rows, [hooks.get(u.name, outside) for u in ([root] if root else []) + rows]
 
 
 def _outside_call(calls) -> StepCall:
@@ -243,10 +263,9 @@ def _outside_call(calls) -> StepCall:
     return StepCall(-1, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE_FSDP)
 
 
-def optimizer_bytes(a) -> int:
-    """Bytes the optimizer step reads and writes on the worst rank: the trainable shards (read and
-    written), their gradients (read), the optimizer states (read and written)."""
-    mem = a.memory
+def optimizer_bytes(mem: pd.DataFrame) -> int:
+    """Bytes the optimizer step reads and writes on the worst rank of the memory table ``mem``: the
+    trainable shards (read and written), their gradients (read), the optimizer states (read and written)."""
     worst = int(mem["peak"].to_numpy().argmax())
     return int(3 * int(mem["grads"].to_numpy()[worst]) + 2 * int(mem["optimizer"].to_numpy()[worst]))
 
@@ -265,44 +284,46 @@ def _one_micro_batch(comm, k: int, training):
     return comm.assign(count=counts)
 
 
-def _why_not(a) -> str | None:
-    if a.mesh.device is None:
+def _why_not(inputs: StepInputs) -> str | None:
+    if inputs.layout.mesh.device is None:
         return "no device: give sv.Mesh(..., device='H100') (or an sv.Device) to time the step"
-    if not a.training.with_activations:
+    if not inputs.training.with_activations:
         return "no micro-batch: give sv.Training(batch_size=..., seq_len=...) to count the step's FLOPs"
     return None
 
 
-def step_time(a) -> StepTime:
-    """The step of analysis ``a`` as FSDP2 schedules it (see the module docstring)."""
-    k = a.training.grad_accum
-    reason = _why_not(a)
+def step_time(inputs: StepInputs) -> StepTime:
+    """The step of these stages as FSDP2 schedules it (see the module docstring)."""
+    training, tree, mesh = inputs.training, inputs.layout.tree, inputs.layout.mesh
+    k = training.grad_accum
+    reason = _why_not(inputs)
     if reason:
-        return _unavailable(reason, k, _measured_flops(a))
-    device: Device = a.mesh.device
-    eff = efficiency(a)
-    dtype = compute_dtype(a)
+        return _unavailable(reason, k, _measured_flops(inputs))
+    device: Device = mesh.device
+    eff = efficiency_for(tree, mesh)
+    dtype = compute_dtype(training, tree)
     try:
-        comm_s, ignored_s = comm_seconds(_one_micro_batch(a.comm, k, a.training), eff)
+        comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training), eff)
     except ValueError as e:
-        return _unavailable(str(e), k, _measured_flops(a))
-    order, _, totals = _unit_flops(a)
-    root, units, calls = _unit_times(a, order, unit_op_costs(a), comm_s, device, eff, dtype)
-    offload = a.training.offload
-    host_params = host_step_params(a) if offload else 0.0
-    opt_s = optimizer_seconds(optimizer_bytes(a), device, eff) if not offload else host_optimizer_seconds(host_params, eff)
+        return _unavailable(str(e), k, _measured_flops(inputs))
+    order, _, totals = _unit_flops(inputs.flops())
+    root, units, calls = _unit_times(inputs, order, unit_op_costs(inputs), comm_s, device, eff, dtype)
+    offload = training.offload
+    host_params = host_step_params(inputs) if offload else 0.0
+    opt_s = (optimizer_seconds(optimizer_bytes(inputs.memory()), device, eff) if not offload
+             else host_optimizer_seconds(host_params, eff))
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s), calls=calls)
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
     quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False, calls=calls) if k > 1 else last
     every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), calls=calls) if k > 1 else last
     sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s
-    sync_every = a.training.sync_every_microbatch
+    sync_every = training.sync_every_microbatch
     step_s, between = (every_s, every) if sync_every else (sync_last_s, quiet)
-    tokens = a.training.batch_size * a.training.seq_len * k / a.mesh.tensor  # a tensor group trains one batch
+    tokens = training.batch_size * training.seq_len * k / mesh.tensor  # a tensor group trains one batch
     peak = device.peak_flops(dtype)
     tensor_s = (k * sum(v for c in comm_s.values() for key, v in c.items() if key.startswith("tensor_"))
-                if a.mesh.tensor > 1 else None)  # only with a tensor dim (tensor=1 unchanged)
+                if mesh.tensor > 1 else None)  # only with a tensor dim (tensor=1 unchanged)
     step = StepSummary(
         step_time_s=step_s, tokens_per_s=tokens / step_s,
         mfu=totals["model_flops"] * k / (step_s * peak), hfu=totals["flops"] * k / (step_s * peak),
@@ -312,22 +333,22 @@ def step_time(a) -> StepTime:
         step_time_sync_every_s=every_s, tokens_per_s_sync_every=tokens / every_s,
         step_time_sync_last_s=sync_last_s, tokens_per_s_sync_last=tokens / sync_last_s,
         device=device.name, dtype=dtype, tensor_comm_s=tensor_s)
-    return StepTime(last, step, _assumptions(a, device, eff, dtype, k, sync_every, host_params))
+    return StepTime(last, step, _assumptions(inputs, device, eff, dtype, k, sync_every, host_params))
 
 
-def _assumptions(a, device: Device, eff: Efficiency, dtype: str, k: int, sync_every: bool, host_params: float) -> tuple:
+def _assumptions(inputs: StepInputs, device: Device, eff: Efficiency, dtype: str, k: int, sync_every: bool, host_params: float) -> tuple:
     """What every figure of the step rests on, in words: the device, the stack and its
     efficiencies, the links, the host."""
     peak = device.peak_flops(dtype) / 1e12
-    mesh = a.mesh
+    mesh = inputs.layout.mesh
     notes = [f"{device.name}: {peak:g} TFLOPS {dtype} peak, HBM {device.hbm_gbps:g} GB/s; each op timed by its roofline "
              f"(FLOPs, bytes read and written, one kernel)",
              eff.describe() + (" (the mesh's own)" if mesh.efficiency else
-                               f" (the preset of the stack a {a.tree.root_type} most likely trains with)"),
+                               f" (the preset of the stack a {inputs.layout.tree.root_type} most likely trains with)"),
              f"links: {mesh.intra_node_gbps:g} GB/s per GPU inside a node of {mesh.ranks_per_node}, "
              f"{mesh.node_network_gbps:g} GB/s per node across nodes ({mesh.nics_per_node} NICs x {mesh.nic_gbps:g} GB/s; "
              "a ring spreads over them), plus NCCL's ring latency per call"]
-    if a.training.offload:
+    if inputs.training.offload:
         notes.append(f"CPU offload: the host's AdamW steps {host_params / 1e9:.3g} B parameters per rank at "
                      f"{eff.host_adamw_gparams_per_s:.3g} B/s; parameters and gradients cross PCIe at "
                      f"{HOST_LINK_GBPS.get(device.name, 32.0):g} GB/s x {eff.hbm:g}")
@@ -342,15 +363,11 @@ def _assumptions(a, device: Device, eff: Efficiency, dtype: str, k: int, sync_ev
 
 
 # ---------------------------------------------------------------------------
-# The timeline: one payload every view draws (views.timeline_payload re-exports it)
+# The timeline: one payload every view draws (display.timeline_payload: that of an analysis)
 # ---------------------------------------------------------------------------
-def timeline_payload(a) -> dict:
-    """The step's events as plain data, in start order: the payload ``a.timeline()``, the report
-    and the Inspector draw. ``available`` False carries the ``reason``."""
-    try:
-        st = a.step_time
-    except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
-        return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
+def timeline_payload(st: StepTime) -> dict:
+    """The events of step ``st`` as plain data, in start order: the payload ``a.timeline()``, the
+    report and the Inspector draw (``display.timeline_payload``). ``available`` False carries the ``reason``."""
     if st.schedule is None:
         return {"available": False, "reason": st.step.reason}
     sched, step = st.schedule, st.step

@@ -1,6 +1,7 @@
 """Plan validation, JSON round trips, presets: bad input is named, nothing is changed."""
 
 import copy
+import json
 
 import pytest
 
@@ -81,6 +82,21 @@ def test_json_round_trip():
     assert again == plan and again.name == "mine"
 
 
+def test_what_an_edited_name_counts_travels_as_data():
+    """An Inspector's "<base>, edited: N changes" is written with ``Plan.edited`` beside it, so a plan
+    read back counts on from the data, not from its name (issue 25)."""
+    from shardviz.plan import Edited
+
+    plan = sv.Plan(["a", ""], name="auto (LoRA sharded), edited: 2 changes", edited=Edited("auto (LoRA sharded)", 2))
+    obj = json.loads(plan.to_json())
+    assert obj["version"] == 2 and obj["edited"] == {"base": "auto (LoRA sharded)", "edits": 2}
+    again = sv.Plan.from_json(plan.to_json())
+    assert again == plan and again.edited == plan.edited and again.name == plan.name
+    assert again.with_ignored(["a.weight"]).edited == plan.edited  # same name, same meaning
+    assert again.renamed("mine").edited is None  # another name counts nothing
+    assert sv.Plan.from_json(sv.Plan(["a"], name="x, edited: 2 changes").to_json()).edited is None  # never parsed
+
+
 @pytest.mark.parametrize(
     "text,pattern",
     [
@@ -93,6 +109,9 @@ def test_json_round_trip():
         ('{"schema": "shardviz.plan", "version": 1, "units": [{"modules": ["a"], "colour": 1}]}', r"unknown field\(s\) \['colour'\]"),
         ('{"schema": "shardviz.plan", "version": 1, "ignored": [1]}', "field 'ignored' must be a list"),
         ('{"schema": "shardviz.plan", "version": 1, "extra": 1}', r"unknown field\(s\) \['extra'\]"),
+        ('{"schema": "shardviz.plan", "version": 1, "edited": {"base": "a", "edits": 1}}', r"unknown field\(s\) \['edited'\]"),
+        ('{"schema": "shardviz.plan", "version": 2, "edited": {"base": "a", "edits": -1}}', "field 'edited' must be"),
+        ('{"schema": "shardviz.plan", "version": 2, "edited": {"base": "a"}}', "field 'edited' must be"),
     ],
 )
 def test_json_rejects_what_it_cannot_read(text, pattern):

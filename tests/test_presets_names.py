@@ -6,7 +6,8 @@ from __future__ import annotations
 import shardviz as sv
 from shardviz import zoo
 from shardviz.cli import main
-from shardviz.presets import named_plan, preset_plans
+from shardviz.plan import LORA_OPTIONS
+from shardviz.presets import PRESETS, named_plan, preset_plan, preset_plans
 
 
 def header(code: str) -> str:
@@ -37,3 +38,16 @@ def test_other_plans_keep_their_own_name():
     assert "'mine'" in header(sv.export_code(model, mine, mesh=sv.Mesh(8)))
     names = list(preset_plans(tree))
     assert names[:2] == ["auto (LoRA sharded)", "auto (LoRA ignored)"] and names[-2:] == ["root only", "no calls"]
+
+
+def test_a_preset_key_is_what_the_cli_and_plan_auto_take(tmp_path):
+    """One spelling (issue 25): the menu key a user reads in the widget ("ignored") is the ``--lora``
+    they type and the ``Plan.auto(lora=...)`` they write."""
+    model = zoo.tiny_llama_lora()
+    tree = sv.ModelTree(model)
+    auto = [p.key for p in PRESETS if p.lora]
+    assert auto == list(LORA_OPTIONS)
+    for key in auto:
+        path = tmp_path / f"{key}.json"
+        assert main(["plan", "write", "zoo:tiny_llama_lora", "--lora", key, "-o", str(path)]) == 0
+        assert sv.Plan.from_json(path.read_text()) == preset_plan(tree, key) == sv.Plan.auto(model, lora=key)

@@ -39,10 +39,11 @@ def fixed_flops(self) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def fixed_costs(a) -> dict:
-    """The fixed FLOPs as large matmuls and nothing else: a unit's compute seconds are its FLOPs / peak."""
+def fixed_costs(inputs: steptime.StepInputs) -> dict:
+    """The fixed FLOPs (the patched ``Analysis.flops`` the inputs read) as large matmuls and nothing
+    else: a unit's compute seconds are its FLOPs / peak."""
     return {row.unit: {phase: opcost.flop_only(getattr(row, f"{phase}_flops")) for phase in steptime.PHASES}
-            for row in fixed_flops(a).itertuples()}
+            for row in inputs.flops().itertuples()}
 
 
 @pytest.fixture
@@ -171,8 +172,8 @@ def test_without_a_device_or_a_batch_the_step_says_why(model, flops):
         assert a.step.step_time_s is None and a.step.mfu is None
         assert word in a.step.reason
         assert a.time.empty and list(a.time.columns) == TIME_COLUMNS and word in a.time.attrs["reason"]
-        p = timeline_payload(a)
-        assert p == {"available": False, "reason": a.step.reason}
+        p = timeline_payload(a.step_time)
+        assert p == {"available": False, "reason": a.step.reason} == sv.display.timeline_payload(a)
         assert "step time:" in sv.display.step_text(a.step)
 
 
@@ -187,6 +188,26 @@ def test_the_step_is_a_frozen_value_of_typed_fields(model, flops):
     with pytest.raises(dataclasses.FrozenInstanceError):
         step.step_time_s = 0.0
     assert dataclasses.replace(step, reason="x") != step and dataclasses.replace(step) == step
+
+
+def test_the_step_is_timed_from_its_inputs_without_the_analysis(model, monkeypatch):
+    """Issue 25: ``steptime.step_time`` reads the stages it is given (``StepInputs``), never the
+    ``Analysis``: the same step from the stages' values once every stage of the analysis raises."""
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), replace(TRAINING, grad_accum=2))
+    expected = a.step_time
+    flops, profile, comm, calls, memory = a.flops, a.activation_profile, a.comm, a.costs.calls, a.memory
+    inputs = steptime.StepInputs(a.layout, a.training, flops=lambda: flops, profile=lambda: profile,
+                                 comm=lambda: comm, calls=lambda: calls, memory=lambda: memory)
+
+    def read(self):
+        raise AssertionError("the step time read the Analysis")
+
+    for name in ("flops", "activation_profile", "measured_step", "comm", "costs", "memory", "step_time",
+                 "step_inputs", "time", "step"):
+        monkeypatch.setattr(Analysis, name, property(read))
+    st = steptime.step_time(inputs)
+    assert st == expected and st.step.step_time_s > 0
+    assert steptime.timeline_payload(st)["step_time_s"] == expected.schedule.step_time_s
 
 
 def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
@@ -316,7 +337,7 @@ def test_flops_are_given_without_a_device(model):
 
 def test_op_costs_hold_torchs_flop_count_and_the_memory_bound_kernels(model):
     a = sv.analyze(model, sv.Plan.auto(model, checkpoint="blocks"), sv.Mesh(4, device="H100"), TRAINING)
-    costs = steptime.unit_op_costs(a)
+    costs = steptime.unit_op_costs(a.step_inputs)
     f = a.flops
     for phase in steptime.PHASES:
         assert sum(opcost.totals(c[phase])[0] for c in costs.values()) == f[f"{phase}_flops"].sum()
@@ -356,15 +377,16 @@ def test_lora_dropout_costs_time_but_no_flops():
 def test_every_kernel_takes_at_least_the_floor(model):
     slow = replace(H100_EAGER, kernel_us=1000.0)
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100", efficiency=slow), TRAINING)
-    kernels = sum(opcost.totals(cost)[2] for c in steptime.unit_op_costs(a).values() for cost in c.values())
+    kernels = sum(opcost.totals(cost)[2] for c in steptime.unit_op_costs(a.step_inputs).values() for cost in c.values())
     assert a.step.compute_s >= kernels * 1e-3
 
 
 def test_the_default_efficiency_is_the_preset_of_the_models_stack(model):
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), TRAINING)
-    assert steptime.stack(a) == "hf-peft" and steptime.efficiency(a) == Efficiency.for_stack("hf-peft", "H100")
+    assert steptime.stack_for(a.tree) == "hf-peft"
+    assert steptime.efficiency_for(a.tree, a.mesh) == Efficiency.for_stack("hf-peft", "H100")
     plain = zoo.tiny_llama_lora(lora=False)
-    assert steptime.stack(sv.analyze(plain, sv.Plan.auto(plain), sv.Mesh(4), TRAINING)) == "hf"
+    assert steptime.stack_for(sv.analyze(plain, sv.Plan.auto(plain), sv.Mesh(4), TRAINING).tree) == "hf"
     assert any("stack hf-peft" in n for n in a.step_time.assumptions)
     assert any("links:" in n for n in a.step_time.assumptions)
 
@@ -375,11 +397,11 @@ def test_the_offloaded_optimizer_step_is_the_host_adamw(model):
     training = replace(TRAINING, offload=True)
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), training)
     trainable = sum(p.numel for p in a.tree.params if p.requires_grad)
-    assert steptime.host_step_params(a) == pytest.approx(trainable / 4, rel=0.05)  # padding aside
+    assert steptime.host_step_params(a.step_inputs) == pytest.approx(trainable / 4, rel=0.05)  # padding aside
     opt = [e for e in a.step_time.schedule.events if e.kind == "optimizer"]
     assert len(opt) == 1
-    assert opt[0].end_s - opt[0].start_s == pytest.approx(host_optimizer_seconds(steptime.host_step_params(a),
-                                                                                 steptime.efficiency(a)))
+    assert opt[0].end_s - opt[0].start_s == pytest.approx(
+        host_optimizer_seconds(steptime.host_step_params(a.step_inputs), steptime.efficiency_for(a.tree, a.mesh)))
     assert any("host's AdamW" in n for n in a.step_time.assumptions)
 
 

@@ -82,7 +82,7 @@ def test_cancel_stops_the_work_and_says_so(ins, monkeypatch):
             time.sleep(0.01)
 
     monkeypatch.setattr(panels, "findings_payload", endless)
-    assert ins.handle_action("apply_preset", {"name": "auto-ignored"})["ok"]
+    assert ins.handle_action("apply_preset", {"name": "ignored"})["ok"]
     assert started.wait(60)
     ack = ins.handle_action("cancel", {})
     assert ack["ok"] and not ins.pushes.worker.busy and ins.work["busy"] is False

@@ -123,7 +123,7 @@ def test_mesh_change_after_pin(model, st):
 def test_diff_is_capped_for_display(model, st, monkeypatch):
     monkeypatch.setattr(panels, "MAX_DIFF_SHOWN", 3)
     st.pin()
-    st.apply_preset("auto-ignored")
+    st.apply_preset("ignored")
     view = st.comparison
     n = len(sv.compare(model, {"A": sv.Plan.auto(model), "B": st.plan}, mesh=MESH).diff("A", "B"))
     assert n > 3 and view["n_diff"] == n and len(view["diff"]) == 3

@@ -48,7 +48,7 @@ def test_undo_redo_covers_plan_mesh_and_training(model, st):
 
 
 def test_failed_action_changes_nothing(model, st):
-    st.apply_preset("none")
+    st.apply_preset("no-calls")
     st.make_group_unit([Q0, L1])
     before = (st.plan, st.mesh, st.revision, len(st._history))
     with pytest.raises(ValueError, match="no module named"):

@@ -27,7 +27,7 @@ def test_a_preset_keeps_the_checkpointing(model, ins):
     assert ins.handle_action("checkpoint_blocks", {"on": True})["ok"]
     assert ins.plan.name == sv.Plan.auto(model, checkpoint="blocks").name == "auto (LoRA sharded, blocks checkpointed)"
     peak = ins.summary["peak"]
-    assert ins.handle_action("apply_preset", {"name": "auto-ignored"})["ok"]
+    assert ins.handle_action("apply_preset", {"name": "ignored"})["ok"]
     want = sv.Plan.auto(model, lora="ignored", checkpoint="blocks")
     assert ins.plan == want and ins.plan.name == want.name  # the name Plan.auto and the CLI give it
     assert set(ins.plan.checkpoint) == {L0, L1} and ins.summary["n_checkpointed"] == 2
@@ -47,11 +47,11 @@ def test_the_preset_menu_compares_plans_not_names(model, ins):
     named after a preset but with other calls is no preset, a preset under another name is one."""
     ignored = sv.Plan.auto(model, lora="ignored")
     ins.controller.set_plan(sv.Plan(ignored.units, ignored.ignored, "my plan"))
-    assert ins.controls["preset"] == "auto-ignored"
+    assert ins.controls["preset"] == "ignored"
     ins.controller.set_plan(sv.Plan([L0, ""], name=sv.Plan.auto(model).name))
     assert ins.controls["preset"] == "" and ins.controls["presets"][0] == ["", "custom or edited plan"]
     ins.controller.set_plan(sv.Plan.auto(model, lora="separate", checkpoint="every 2"))
-    assert ins.controls["preset"] == "auto-separate"  # a preset keeps the checkpointing
+    assert ins.controls["preset"] == "separate"  # a preset keeps the checkpointing
 
 def test_junk_device_memory_is_refused_with_a_message(ins):
     for text, want in (("80", 80 * 1024**3), ("80GiB", 80 * 1024**3), ("96 GB", 96 * 10**9), ("", None)):
@@ -97,7 +97,7 @@ def test_the_edit_count_is_the_users_actions(model, ins):
 
 
 def test_the_same_plan_has_the_same_name_in_the_widget_the_export_and_the_cli(model, ins, tmp_path):
-    ins.controller.apply_preset("auto-ignored")
+    ins.controller.apply_preset("ignored")
     ins.controller.checkpoint_blocks()
     out = tmp_path / "plan.json"
     assert cli_main(["plan", "write", "zoo:tiny_llama_lora", "--lora", "ignored", "--checkpoint", "blocks", "-o", str(out)]) == 0

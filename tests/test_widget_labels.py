@@ -41,7 +41,7 @@ def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):
 def test_edited_plan_says_so_and_matching_a_preset_takes_its_name(model, tmp_path):
     path = tmp_path / "plan.json"
     ins = Inspector(model, mesh=MESH, plan_path=path)
-    ins.controller.apply_preset("auto-ignored")
+    ins.controller.apply_preset("ignored")
     assert ins.plan.name == "auto (LoRA ignored)"
     ins.controller.unignore_lora("")  # every LoRA parameter back: that is the "sharded" preset, and says so
     assert ins.plan == sv.Plan.auto(model, lora="sharded")
@@ -189,11 +189,28 @@ def test_a_restored_plan_file_counts_on_from_its_edits(model, tmp_path):
     st.make_unit(Q0)
     st.remove_unit(L0)
     assert st.plan.name == "auto (LoRA sharded), edited: 2 changes"
+    assert json.loads(path.read_text())["edited"] == {"base": "auto (LoRA sharded)", "edits": 2}  # as data
     again = InspectorState(model, mesh=MESH, plan_path=path)
     assert again.plan == st.plan and again.plan.name == st.plan.name
     assert again.current.base == "auto (LoRA sharded)"
     again.ignore([Q0 + ".lora_A.default.weight"])
     assert again.plan.name == "auto (LoRA sharded), edited: 3 changes"
+    other = InspectorState(model, mesh=MESH)
+    other.set_plan(again.plan)  # another Inspector's plan counts on too: the count goes with the plan
+    other.ignore([Q0 + ".lora_B.default.weight"])
+    assert other.plan.name == "auto (LoRA sharded), edited: 4 changes"
+
+
+def test_a_name_is_never_parsed_for_a_base(model):
+    """A user's plan whose name merely reads like an Inspector's ("..., edited: 5 changes") is a base
+    like any other: no count is read out of the name (issue 25; it was parsed before)."""
+    mine = sv.Plan([L0, ""], name="auto (LoRA sharded), edited: 5 changes")
+    st = InspectorState(model, plan=mine, mesh=MESH)
+    assert st.current.base == mine.name and st.current.edits == ()
+    st.make_unit(Q0)
+    assert st.plan.name == "auto (LoRA sharded), edited: 5 changes, edited: 1 change"
+    st.remove_unit(Q0)
+    assert st.plan.name == mine.name
 
 
 def test_every_preset_is_a_known_base(model):

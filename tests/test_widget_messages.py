@@ -89,7 +89,7 @@ def test_widget_ignore_lora_under_block_changes_badges(model, ins):
         ("unignore", {"fqns": [Q0_A]}, lambda p: p.ignored == ()),
         ("unignore_lora", {"module_fqn": L0}, lambda p: p.ignored == ()),
         ("apply_to_type", {"type_or_fqn": "LlamaDecoderLayer", "action": "remove_unit"}, lambda p: p.unit_of(L1) is None),
-        ("apply_preset", {"name": "auto-ignored"}, lambda p: len(p.ignored) > 0),
+        ("apply_preset", {"name": "ignored"}, lambda p: len(p.ignored) > 0),
     ],
 )
 def test_widget_actions(model, ins, action, args, check):

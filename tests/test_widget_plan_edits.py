@@ -157,16 +157,16 @@ def test_apply_to_type(model, st):
         st.apply_to_type("Conv2d", "make_unit")
 
 
-@pytest.mark.parametrize("preset", ["auto-sharded", "auto-ignored", "auto-separate", "root-only", "none"])
+@pytest.mark.parametrize("preset", ["sharded", "ignored", "separate", "root-only", "no-calls"])
 def test_presets(model, st, preset):
     st.remove_unit(L0)
     st.apply_preset(preset)
     expected = {
-        "auto-sharded": sv.Plan.auto(model, lora="sharded"),
-        "auto-ignored": sv.Plan.auto(model, lora="ignored"),
-        "auto-separate": sv.Plan.auto(model, lora="separate"),
+        "sharded": sv.Plan.auto(model, lora="sharded"),
+        "ignored": sv.Plan.auto(model, lora="ignored"),
+        "separate": sv.Plan.auto(model, lora="separate"),
         "root-only": sv.Plan([""]),
-        "none": sv.Plan([]),
+        "no-calls": sv.Plan([]),
     }[preset]
     assert st.plan == expected
     assert_numbers_match(model, st)

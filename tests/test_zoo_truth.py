@@ -10,10 +10,11 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
+from shardviz.presets import PRESETS, preset_plan
 
 ALL_MESHES = [sv.Mesh(1), sv.Mesh(2), sv.Mesh(3), sv.Mesh(8), sv.Mesh(64), sv.Mesh(4, replicate=2)]
 WIDE = [sv.Mesh(64), sv.Mesh(4, replicate=2)]
-LAYOUTS = ["sharded", "ignored", "separate", "root only", "none"]
+LAYOUTS = [p.key for p in PRESETS]  # Plan.auto's three LoRA options, the root alone, no calls
 
 # model -> (meshes, layouts, slow)
 MATRIX = {
@@ -32,11 +33,7 @@ def model(name):
 
 
 def plan_for(m, layout):
-    if layout == "root only":
-        return sv.Plan([""])
-    if layout == "none":
-        return sv.Plan()
-    return sv.Plan.auto(m, lora=layout)
+    return preset_plan(sv.ModelTree(m), layout)
 
 
 def cases():

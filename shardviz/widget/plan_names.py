@@ -6,16 +6,17 @@ Any other plan is "<base>, edited: N changes", where N counts the user's edits: 
 ("checkpoint all blocks", "ignore LoRA" under a block, one toggle) is one edit however many
 entries it touches, and an edit whose every entry is back as in the base no longer counts.
 The history carries the base and the edits (``NamedPlan``); the name is written from them and
-never read back, except from a plan that arrives from outside (a plan file, ``set_plan``).
-The name travels with the plan: the summary, the plan file and the exported code.
+never read back. What the name counts travels with it as data (``Plan.edited``: the base and the
+count, in the plan file too), so a plan that arrives from outside (a plan file, ``set_plan``)
+counts on from its edits. The name travels with the plan: the summary, the plan file and the
+exported code.
 """
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
-from ..plan import Plan
+from ..plan import Edited, Plan
 from ..presets import preset_plans
 from ..tree import ModelTree
 
@@ -47,15 +48,11 @@ def plan_changes(a: Plan, b: Plan) -> int:
     return len(changed_entries(a, b))
 
 
-def edited_name(base: str, n: int) -> str:
-    return f"{base}, edited: {n} change{'' if n == 1 else 's'}" if n else base
-
-
-def read_edited_name(name: str) -> tuple[str, int] | None:
-    """(base, N) of a name ``edited_name`` wrote, else None. Only for a plan that arrives from outside
-    the Inspector's history (a plan file, ``set_plan``): the history carries both explicitly."""
-    found = re.fullmatch(r"(.*), edited(?:: (\d+) changes?)?", name or "")
-    return (found.group(1), int(found.group(2) or 1)) if found else None
+def edited_plan(plan: Plan, base: str, n: int) -> Plan:
+    """``plan`` named "<base>, edited: N changes", with what the name counts (``Plan.edited``)."""
+    if not n:
+        return renamed(plan, base)
+    return renamed(plan, f"{base}, edited: {n} change{'' if n == 1 else 's'}", Edited(base, n))
 
 
 class NamedPlan(NamedTuple):
@@ -92,10 +89,11 @@ class PlanNames:
             return NamedPlan(renamed(plan, name), name)
         edits = current.edits + (Edit(changed_entries(current.plan, plan)),)
         ref = self.known().get(current.base) if current.base else None
-        if ref is None:
-            return NamedPlan(renamed(plan, f"{current.base or 'custom plan'}, edited"), current.base, edits)
+        if ref is None:  # nothing to count from: the name says edited, the data keeps the edits made
+            return NamedPlan(renamed(plan, f"{current.base or 'custom plan'}, edited",
+                                     Edited(current.base, sum(e.weight for e in edits))), current.base, edits)
         diff = changed_entries(ref, plan)  # an edit whose every entry is back as in the base no longer counts
-        return NamedPlan(renamed(plan, edited_name(current.base, sum(e.weight for e in edits if e.entries & diff))),
+        return NamedPlan(edited_plan(plan, current.base, sum(e.weight for e in edits if e.entries & diff)),
                          current.base, edits)
 
     def from_preset(self, preset: Plan, plan: Plan) -> NamedPlan:
@@ -104,22 +102,25 @@ class PlanNames:
         name = self.match(plan)
         if name is not None:
             return NamedPlan(renamed(plan, name), name)
-        return NamedPlan(renamed(plan, edited_name(preset.name, 1)), preset.name, (Edit(changed_entries(preset, plan)),))
+        return NamedPlan(edited_plan(plan, preset.name, 1), preset.name, (Edit(changed_entries(preset, plan)),))
 
     def arrived(self, plan: Plan) -> NamedPlan:
         """A plan that replaces the current one (the start, ``set_plan``, a preset, a suggestion),
-        keeping its own name: a named plan becomes a base of later edits, and one an Inspector
-        named after its edits (a plan file) counts on from them."""
-        edited = read_edited_name(plan.name)
-        ref = self.known().get(edited[0]) if edited else None
-        if edited and ref is not None:
-            diff = changed_entries(ref, plan)
-            return NamedPlan(plan, edited[0], (Edit(diff, edited[1]),) if diff else ())
-        if plan.name and not edited:
+        keeping its own name: one an Inspector named after its edits (``plan.edited``: a plan file,
+        another Inspector's plan) counts on from them, any other named plan becomes a base of later
+        edits. The name itself is never parsed: a user's "x, edited: 2 changes" is a name like any other."""
+        if plan.edited is not None:
+            base, count = plan.edited
+            ref = self.known().get(base) if base else None
+            diff = changed_entries(ref, plan) if ref is not None else frozenset()
+            return NamedPlan(plan, base, (Edit(diff, count),) if diff else ())
+        if plan.name:
             self.bases[plan.name] = plan
-        return NamedPlan(plan, edited[0] if edited else plan.name)
+        return NamedPlan(plan, plan.name)
 
 
-def renamed(plan: Plan, name: str) -> Plan:
-    return plan if plan.name == name else Plan(  # a captured plan keeps its origin and prefetch
-        plan.units, plan.ignored, name, plan.checkpoint, prefetch=plan.prefetch, origin=plan.origin)
+def renamed(plan: Plan, name: str, edited: Edited | None = None) -> Plan:
+    if plan.name == name and plan.edited == edited:
+        return plan
+    return Plan(plan.units, plan.ignored, name, plan.checkpoint,  # a captured plan keeps its origin and prefetch
+                prefetch=plan.prefetch, origin=plan.origin, edited=edited)

@@ -94,7 +94,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
 
     # a preset from the controls, then LoRA given back: the plan's name follows
     r0 = rev(widget)
-    widget.locator(".sv-preset").select_option("auto-ignored")  # choosing a preset applies it
+    widget.locator(".sv-preset").select_option("ignored")  # choosing a preset applies it
     settle(widget, r0)
     expect(widget.locator(".sv-plan-name")).to_have_text("auto (LoRA ignored)")
 

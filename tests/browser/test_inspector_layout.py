@@ -154,13 +154,13 @@ def test_inputs_never_fail_silently(lab_server, shared_lab_page, model):
 
     # choosing a preset applies it and keeps the checkpointing, and says so
     r0 = rev(widget)
-    widget.locator(".sv-preset").select_option("auto-ignored")
+    widget.locator(".sv-preset").select_option("ignored")
     settle(widget, r0)
     want = sv.Plan.auto(model, lora="ignored", checkpoint="blocks")
     expect(name).to_have_text(want.name)
     expect(widget.locator(".sv-sum-plan")).to_contain_text("2 checkpointed")
     expect(widget.locator(".sv-msg-info")).to_contain_text("keeps your checkpointing")
-    expect(widget.locator(".sv-preset")).to_have_value("auto-ignored")
+    expect(widget.locator(".sv-preset")).to_have_value("ignored")
 
     # junk device memory: refused with a message naming the field; units accepted
     field(widget, ".sv-device", "80GiB")

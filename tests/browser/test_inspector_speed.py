@@ -79,7 +79,7 @@ def test_edits_on_70b_lora_show_new_numbers_within_300_ms(lab_server, shared_lab
     expand(widget, BLOCK)
     block = f'.sv-row[data-fqn="{BLOCK}"]'
     edits = [
-        ("preset", ".sv-preset", "select", "auto-ignored"),
+        ("preset", ".sv-preset", "select", "ignored"),
         ("dtype", ".sv-param-dtype", "select", "float32"),
         ("seq len", ".sv-seq", "fill", "4096"),
         ("block ckpt", f"{block} .sv-act-ckpt", "click", ""),
