@@ -8,9 +8,8 @@ import torch
 import shardviz as sv
 from shardviz import zoo
 from shardviz.hook_rules import enclosing_root, roots
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from fsdp_steps import WORLD, recorded_step
 
-WORLD = 4
 L = "model.layers."
 
 
@@ -25,34 +24,21 @@ def _only_embedding_trains() -> torch.nn.Module:
 
 def _torch_step(model, plan: sv.Plan) -> tuple[dict, set]:
     """One real step (after a warm-up): each call's ``_is_root``, and the calls whose pre-backward ran."""
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-
     ran: set = set()
-    with fake_process_group(0, WORLD):
-        apply_plan(model, plan, device_mesh(sv.Mesh(WORLD)), training=sv.Training())
-        states = {u.name: fully_shard.state(model.get_submodule(u.modules[0])) for u in plan.units}
-        labels = {id(g): name for name, s in states.items() for g in s._fsdp_param_groups}
-        ids = zoo.tiny_batch()["input_ids"]
-        saved = FSDPParamGroup.pre_backward
 
-        def pre_backward(self, *args, **kwargs):
-            ran.add(labels[id(self)])
+    def pre_backward(saved, label_of):
+        def hook(self, *args, **kwargs):
+            ran.add(label_of(self))
             return saved(self, *args, **kwargs)
+        return hook
 
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # lazy init
-        FSDPParamGroup.pre_backward = pre_backward
-        try:
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        finally:
-            FSDPParamGroup.pre_backward = saved
-        is_root = {name: bool(s._is_root) for name, s in states.items()}
-    return is_root, ran
+    states = recorded_step(model, plan, {"pre_backward": pre_backward})
+    return {name: bool(s._is_root) for name, s in states.items()}, ran
 
 
 def test_calls_get_a_pre_backward_where_torch_runs_one():
     """The blocks hold no trainable parameter, the root's embedding does: the blocks still get a
-    pre-backward (``CallHooks.out_grad``), and the step time computes their backward."""
+    pre-backward (``StepCall.out_grad``), and the step time computes their backward."""
     plan = sv.Plan(units=[L + "0", L + "1", ""])
     _, ran = _torch_step(_only_embedding_trains(), plan)
     a = sv.analyze(_only_embedding_trains(), plan, sv.Mesh(WORLD, device="H100"), sv.Training(batch_size=2, seq_len=16))

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from fsdp_steps import WORLD, recorded_step
 from shardviz.step_events import Hook, step_events
 
-WORLD = 4
 L = "model.layers."
 HOOKS = {"pre_forward": Hook.PRE_FORWARD, "post_forward": Hook.POST_FORWARD,
          "pre_backward": Hook.PRE_BACKWARD, "post_backward": Hook.POST_BACKWARD}
@@ -19,33 +18,20 @@ def _torch_hooks(model, plan: sv.Plan) -> list[tuple[Hook, str]]:
     """The group hooks of one real step (after a warm-up), in the order they ran; a pre-backward
     that returns at once (``FSDPParamGroup.pre_backward`` already in ``PRE_BACKWARD``: the hook
     runs again for the root's second output) is not one."""
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
     ran: list = []
-    with fake_process_group(0, WORLD):
-        apply_plan(model, plan, device_mesh(sv.Mesh(WORLD)), training=sv.Training())
-        states = {u.name: fully_shard.state(model.get_submodule(u.modules[0])) for u in plan.units}
-        labels = {id(g): name for name, s in states.items() for g in s._fsdp_param_groups}
-        ids = zoo.tiny_batch()["input_ids"]
-        saved = {name: getattr(FSDPParamGroup, name) for name in HOOKS}
 
-        def recording(name):
+    def recording(name):
+        def wrap(saved, label_of):
             def hook(self, *args, **kwargs):
                 if not (name == "pre_backward" and self._training_state == TrainingState.PRE_BACKWARD):
-                    ran.append((HOOKS[name], labels[id(self)]))
-                return saved[name](self, *args, **kwargs)
+                    ran.append((HOOKS[name], label_of(self)))
+                return saved(self, *args, **kwargs)
             return hook
+        return wrap
 
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # lazy init
-        for name in HOOKS:
-            setattr(FSDPParamGroup, name, recording(name))
-        try:
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        finally:
-            for name, fn in saved.items():
-                setattr(FSDPParamGroup, name, fn)
+    recorded_step(model, plan, {name: recording(name) for name in HOOKS})
     return ran
 
 
@@ -66,34 +52,23 @@ def test_the_walk_runs_the_hooks_in_torchs_order():
 def _torch_all_gathers(model, plan: sv.Plan) -> list[tuple[str, str, str]]:
     """(phase, call, group) of each all-gather ``FSDPParamGroup.unshard`` issues in one real step
     (after a warm-up): an unshard that returns at once (unsharded, already issued) is not one."""
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
     from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
     ran: list = []
-    with fake_process_group(0, WORLD):
-        apply_plan(model, plan, device_mesh(sv.Mesh(WORLD)), training=sv.Training())
-        states = {u.name: fully_shard.state(model.get_submodule(u.modules[0])) for u in plan.units}
-        labels = {id(g): name for name, s in states.items() for g in s._fsdp_param_groups}
-        ids = zoo.tiny_batch()["input_ids"]
-        saved = FSDPParamGroup.unshard
 
+    def unshard(saved, label_of):
         def recording(self, *args, **kwargs):
             before, state = self._all_gather_result, self._sharded_state
             out = saved(self, *args, **kwargs)
             if before is None and self._all_gather_result is not None:
                 phase = "backward" if self._training_state == TrainingState.PRE_BACKWARD else "forward"
                 group = "post_forward" if state == ShardedState.SHARDED_POST_FORWARD else "shard"
-                ran.append((phase, labels[id(self)], group))
+                ran.append((phase, label_of(self), group))
             return out
+        return recording
 
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # lazy init
-        FSDPParamGroup.unshard = recording
-        try:
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        finally:
-            FSDPParamGroup.unshard = saved
+    recorded_step(model, plan, {"unshard": unshard})
     return ran
 
 

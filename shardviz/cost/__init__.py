@@ -9,7 +9,7 @@ O(parameters).
 - ``training``: ``Training`` (optimizer, policies, micro-batch);
 - ``params``: per-parameter arrays, sharded and whole parameters;
 - ``walk``: the order modules run in, which places every hook;
-- ``units``: one ``CallHooks`` per call (where its hooks run, which it gets: ``hook_rules``) and one
+- ``units``: one ``step_events.StepCall`` per call (where its hooks run, which it gets: ``hook_rules``) and one
   ``UnitCost`` per call with parameters;
 - ``state``: resident state, optimizer states, the exported gradient averaging;
 - ``levels``: activation levels around each call (``Analysis`` passes them in);
