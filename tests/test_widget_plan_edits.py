@@ -212,3 +212,16 @@ def test_listeners_hear_what_changed_as_a_change_flag(st):
     st.pin()
     st.say("info", "hello")
     assert heard == [Change.STATE, Change.ROWS, Change.ROWS | Change.REVEAL, Change.PIN, Change.MESSAGES]
+
+
+def test_an_edit_keeps_the_plans_tensor_parallel_entries():
+    """A plan with tensor parallelism, edited in the Inspector (a call removed), still
+    parallelizes the same modules: the edit changes the call, not the TP plan."""
+    from shardviz import zoo
+
+    m = zoo.tiny_llama_lora()
+    plan = sv.Plan.auto(m, tensor_parallel=True)
+    state = InspectorState(m, plan=plan, mesh=sv.Mesh(shard=2, tensor=2))
+    state.remove_unit(plan.units[0].name)
+    assert state.plan.tensor_parallel.to_obj() == plan.tensor_parallel.to_obj()
+    assert plan.units[0] not in state.plan.units

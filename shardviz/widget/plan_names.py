@@ -51,8 +51,8 @@ def plan_changes(a: Plan, b: Plan) -> int:
 def edited_plan(plan: Plan, base: str, n: int) -> Plan:
     """``plan`` named "<base>, edited: N changes", with what the name counts (``Plan.edited``)."""
     if not n:
-        return renamed(plan, base)
-    return renamed(plan, f"{base}, edited: {n} change{'' if n == 1 else 's'}", Edited(base, n))
+        return plan.renamed(base)
+    return plan.renamed(f"{base}, edited: {n} change{'' if n == 1 else 's'}", Edited(base, n))
 
 
 class NamedPlan(NamedTuple):
@@ -86,11 +86,11 @@ class PlanNames:
         lead to it from ``current``'s base."""
         name = self.match(plan)
         if name is not None:
-            return NamedPlan(renamed(plan, name), name)
+            return NamedPlan(plan.renamed(name), name)
         edits = current.edits + (Edit(changed_entries(current.plan, plan)),)
         ref = self.known().get(current.base) if current.base else None
         if ref is None:  # nothing to count from: the name says edited, the data keeps the edits made
-            return NamedPlan(renamed(plan, f"{current.base or 'custom plan'}, edited",
+            return NamedPlan(plan.renamed(f"{current.base or 'custom plan'}, edited",
                                      Edited(current.base, sum(e.weight for e in edits))), current.base, edits)
         diff = changed_entries(ref, plan)  # an edit whose every entry is back as in the base no longer counts
         return NamedPlan(edited_plan(plan, current.base, sum(e.weight for e in edits if e.entries & diff)),
@@ -101,7 +101,7 @@ class PlanNames:
         checkpointing), one edit of the preset unless it equals a known plan."""
         name = self.match(plan)
         if name is not None:
-            return NamedPlan(renamed(plan, name), name)
+            return NamedPlan(plan.renamed(name), name)
         return NamedPlan(edited_plan(plan, preset.name, 1), preset.name, (Edit(changed_entries(preset, plan)),))
 
     def arrived(self, plan: Plan) -> NamedPlan:
@@ -117,10 +117,3 @@ class PlanNames:
         if plan.name:
             self.bases[plan.name] = plan
         return NamedPlan(plan, plan.name)
-
-
-def renamed(plan: Plan, name: str, edited: Edited | None = None) -> Plan:
-    if plan.name == name and plan.edited == edited:
-        return plan
-    return Plan(plan.units, plan.ignored, name, plan.checkpoint,  # a captured plan keeps its origin and prefetch
-                prefetch=plan.prefetch, origin=plan.origin, edited=edited)
