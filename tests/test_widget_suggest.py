@@ -210,3 +210,26 @@ def test_every_row_says_what_its_mesh_means(searched):
     text = found.explain()
     assert (f"{over} of {len(found.table)} plans do not fit" in text) == bool(over)
     assert ("torch would refuse" in text) == bool(refused.any())
+
+
+def test_on_a_tensor_parallel_mesh_a_row_applies_its_tensor_degree():
+    """4 data-parallel ranks x TP 2: the panel searches with and without TP on the same 8 ranks,
+    and a row applies its own split of them, its tensor degree and its plan's TP entries (before,
+    a row without TP kept the user's tensor degree: 16 ranks, and a TP row lost its TP plan)."""
+    mesh = sv.Mesh(shard=4, tensor=2, device="H100")
+    ins = Inspector(model(), plan=sv.Plan.auto(model(), tensor_parallel=True), mesh=mesh, training=TRAINING)
+    wire = Recorder(ins)
+    assert wire.action("suggest", top=200)["ok"]
+    found = ins.controller.found.search
+    rows = ins.suggestions["rows"]
+    tensors = {r["index"]: found.candidate(r["index"])[1].tensor for r in rows}
+    assert set(tensors.values()) == {1, 2}
+    for tensor in (1, 2):
+        k = next(i for i, t in tensors.items() if t == tensor)
+        ack = wire.action("apply_suggestion", index=k)
+        assert ack["ok"], ack
+        plan, want, _ = found.candidate(k)
+        assert (ins.mesh.world, ins.mesh.shard, ins.mesh.replicate, ins.mesh.tensor) == (8, want.shard, want.replicate, tensor)
+        assert bool(ins.plan.tensor_parallel) == (tensor > 1)
+        assert ins.plan.tensor_parallel == plan.tensor_parallel
+        assert not ins.suggestions["stale"]  # the same 8 ranks: the next row applies too

@@ -24,13 +24,18 @@ NO_MEMORY = ("Suggest needs the device memory to tell what fits: type it in the 
              "give sv.Mesh(..., device='H100') or sv.Mesh(..., device_memory='80GiB').")
 
 
+def tensor_degrees(mesh) -> tuple[int, ...]:
+    """The tensor-parallel degrees the panel searches: none, and the mesh's own when it has one."""
+    return tuple(sorted({1, mesh.tensor}))
+
+
 def search_key(mesh, training) -> tuple:
-    """What a search depends on: the mesh (any HSDP split of its world: the search tries them all),
-    the training (with ``global_batch``: any micro-batch; CPU offload and the key/value cache are
-    options there)."""
+    """What a search depends on: the mesh (any HSDP x TP split of its world: a row applied keeps
+    the suggestions current), the training (with ``global_batch``: any micro-batch; CPU offload
+    and the key/value cache are options there)."""
     vary_batch = training.global_batch is not None
     tr = replace(training, offload=False, use_cache=None, **({"batch_size": None, "grad_accum": 1} if vary_batch else {}))
-    return replace(mesh, shard=mesh.world, replicate=1), tr
+    return replace(mesh, shard=mesh.world, replicate=1, tensor=1), tr
 
 
 def mesh_words(mesh) -> str:
@@ -54,7 +59,7 @@ def _batch(tr) -> str:
 def changes_text(cur_mesh, mesh, cur_tr, tr) -> list[str]:
     """What applying a row changes besides the plan, in words ("HSDP 4x1 (was FSDP 4 ranks)")."""
     out = []
-    if (mesh.shard, mesh.replicate) != (cur_mesh.shard, cur_mesh.replicate):
+    if (mesh.shard, mesh.replicate, mesh.tensor) != (cur_mesh.shard, cur_mesh.replicate, cur_mesh.tensor):
         out.append(f"mesh {mesh} (was {cur_mesh})")
     if (tr.batch_size, tr.grad_accum) != (cur_tr.batch_size, cur_tr.grad_accum):
         out.append(f"micro-batch x accumulation {_batch(tr)} (was {_batch(cur_tr)})")
@@ -85,14 +90,14 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
     try:
         if mesh.device_memory is None:
             raise ValueError(NO_MEMORY)
-        n = count_candidates(state.tree, mesh, training)
+        n = count_candidates(state.tree, mesh, training, tensor=tensor_degrees(mesh))
     except ValueError as exc:
         state.set_suggest_status({"state": "error", "error": str(exc)})
         raise
     state.set_suggest_status({"state": "running", "n_candidates": n})
     t0 = time.perf_counter()
     try:
-        found = search(state.tree, mesh, training)
+        found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh))
     except Exception as exc:
         state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
         raise
@@ -114,8 +119,9 @@ def suggestion(state, index: int) -> tuple[Plan, object, object, str]:
         raise ValueError(f"suggestion {index}: the search has {n} rows (0 to {n - 1})")
     plan, mesh, training = found.candidate(int(index))
     name = found.table.name.iloc[int(index)]
-    plan = Plan(plan.units, plan.ignored, f"search: {name}", plan.checkpoint)
-    mesh = replace(state.mesh, shard=mesh.shard, replicate=mesh.replicate)  # the user's device and links stay
+    plan = plan.renamed(f"search: {name}")  # its tensor-parallel entries too
+    # the user's device and links stay
+    mesh = replace(state.mesh, shard=mesh.shard, replicate=mesh.replicate, tensor=mesh.tensor)
     also = changes_text(state.mesh, mesh, state.training, training)
     note = (f"suggestion {int(index) + 1} applied: {name}"
             + (f"; also changed: {'; '.join(also)}" if also else "") + ". Undo goes back to the plan before it.")
