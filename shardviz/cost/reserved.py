@@ -33,6 +33,7 @@ class TracingSimulation(StepSimulation):
         super().__init__(*args, **kw)
         self.alloc = allocator
         self.blocks: dict = {}
+        self.grads: dict[int, list] = {}  # per call, the blocks of its unsharded gradients in this backward
         self.act_stack: list = []  # activation blocks, oldest first
         self.act_level = 0
         self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
@@ -74,9 +75,13 @@ class TracingSimulation(StepSimulation):
         if block is not None:
             self.alloc.free(block)
 
-    def drop_all(self, kind: str, k: int | None = None) -> None:
-        for key in [key for key in self.blocks if key[0] == kind and (k is None or key[1] == k)]:
+    def drop_all(self, kind: str) -> None:
+        for key in [key for key in self.blocks if key[0] == kind]:
             self.drop(key)
+
+    def drop_grads(self, k: int) -> None:
+        for block in self.grads.pop(k, ()):
+            self.alloc.free(block)
 
     def observe(self, phase, k, *, act=(0, None), **alive) -> None:
         super().observe(phase, k, act=act, **alive)
@@ -143,9 +148,10 @@ class TracingSimulation(StepSimulation):
         if module is not None and own != span:  # the step's first moment here counts the whole span, the replay its own
             self.replayed_level = int(self.act.during("backward", own or (module,))[0])
         super().gradients(k, unsharded, whole, module, span)
-        n = next(self.serial)
-        self.take(("grad", k, n), new_unsharded)
-        self.take(("whole_grad", k, n), new_whole)
+        if new_unsharded > 0:
+            self.grads.setdefault(k, []).append(self.alloc.malloc(new_unsharded))
+        if new_whole > 0:  # kept to the optimizer step
+            self.alloc.malloc(new_whole)
 
     def post_backward(self, k: int) -> None:
         u = self.units[k]
@@ -156,14 +162,14 @@ class TracingSimulation(StepSimulation):
         if not sync:
             if u.converts_grads:
                 self.take(("accumulated", k), u.accumulated_grads)
-                self.drop_all("grad", k)
+                self.drop_grads(k)
             return
         if self.last_rs_input is not None:
             self.drop(self.last_rs_input)
         if u.trainable:
             self.take(("rs_input", k), u.rs_input)
             self.last_rs_input = ("rs_input", k)
-        self.drop_all("grad", k)
+        self.drop_grads(k)
         self.drop(("accumulated", k))
         if u.trainable:
             key = ("rs_output", k, next(self.serial))
