@@ -112,7 +112,7 @@ def should_split(block_size: int, rounded: int, small: bool, expandable: bool = 
     return rounded < max_split_size and remaining > K_SMALL_SIZE
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     """A block of a segment (``Block``): ``offset`` within it, allocated or cached free."""
 
@@ -123,13 +123,15 @@ class Block:
     requested: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Segment:
-    """One cudaMalloc (or one expandable segment): its blocks in address order."""
+    """One cudaMalloc (or one expandable segment): its blocks in address order; ``cache``: its
+    stream and pool's cached free blocks (``CachingAllocator.free_blocks``)."""
 
     stream: str
     small: bool
     size: int
+    cache: list
     blocks: list = field(default_factory=list)
     expandable: bool = False
 
@@ -147,21 +149,24 @@ class CachingAllocator:
         # per (stream, small pool): the cached free blocks, sorted by get_free_block's order (size,
         # then segment, then address) as (size, id(segment), offset, block); a block is never
         # resized while cached, so its key holds
-        self.free_blocks: dict[tuple[str, bool], list[tuple[int, int, int, Block]]] = {}
+        self.free_blocks: dict[tuple[str, bool], list[tuple[int, int, int, Block]]] = {}  # (stream, small) -> cache
         self.expandable_segments: dict[tuple[str, bool], Segment] = {}
         self.requested = self.allocated = self.reserved = 0
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
 
     def malloc(self, size: int, stream: str = "default") -> Block:
-        rounded = round_size(int(size), self.divisions)
+        size = int(size)
+        rounded = round_size(size, self.divisions)
         small = is_small(rounded)
         block = self._best_fit(rounded, stream, small) or self._new_block(rounded, stream, small)
         self._take(block, rounded, small)
-        block.requested = int(size)
-        self.requested += block.requested
+        block.requested = size
+        self.requested += size
         self.allocated += block.size
-        self.peak_requested = max(self.peak_requested, self.requested)
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.requested > self.peak_requested:  # max(), without the call: the replay runs ~700 a plan
+            self.peak_requested = self.requested
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def free(self, block: Block) -> None:
@@ -169,24 +174,27 @@ class CachingAllocator:
         self.requested -= block.requested
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
-        seg = block.segment
-        i = seg.blocks.index(block)
+        blocks = block.segment.blocks
+        i = blocks.index(block)
         for j in (i + 1, i - 1):  # try_merge_blocks(block, next), then (block, prev)
-            if 0 <= j < len(seg.blocks) and not seg.blocks[j].allocated:
-                other = seg.blocks[j]
+            if 0 <= j < len(blocks) and not blocks[j].allocated:
+                other = blocks[j]
                 self._uncache(other)
                 block.offset, block.size = min(block.offset, other.offset), block.size + other.size
-                seg.blocks.remove(other)
+                del blocks[j]
         self._cache(block)
 
     def _cache(self, block: Block) -> None:
         seg = block.segment
-        insort(self.free_blocks.setdefault((seg.stream, seg.small), []), (block.size, id(seg), block.offset, block))
+        insort(seg.cache, (block.size, id(seg), block.offset, block))
 
     def _uncache(self, block: Block) -> None:
         seg = block.segment
-        cache = self.free_blocks[(seg.stream, seg.small)]
-        del cache[bisect_left(cache, (block.size, id(seg), block.offset))]
+        del seg.cache[bisect_left(seg.cache, (block.size, id(seg), block.offset))]
+
+    def _pool(self, stream: str, small: bool) -> list:
+        """The cached free blocks of ``stream``'s small or large pool."""
+        return self.free_blocks.setdefault((stream, small), [])
 
     def _best_fit(self, rounded: int, stream: str, small: bool) -> Block | None:
         """``get_free_block``: the smallest cached block of this stream and pool that fits (the
@@ -208,7 +216,7 @@ class CachingAllocator:
         if self.expandable:
             return self._grow(rounded, stream, small)
         size = allocation_size(rounded)
-        seg = Segment(stream, small, size)
+        seg = Segment(stream, small, size, self._pool(stream, small))
         block = Block(seg, 0, size)
         seg.blocks.append(block)
         self._reserve(size)
@@ -220,7 +228,8 @@ class CachingAllocator:
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
         seg = self.expandable_segments.get((stream, small))
         if seg is None:
-            seg = self.expandable_segments[(stream, small)] = Segment(stream, small, 0, expandable=True)
+            seg = self.expandable_segments[(stream, small)] = Segment(stream, small, 0, self._pool(stream, small),
+                                                                      expandable=True)
         last = seg.blocks[-1] if seg.blocks and not seg.blocks[-1].allocated else None
         need = rounded - (last.size if last is not None else 0)
         grow = page * ((need + page - 1) // page)
@@ -236,7 +245,8 @@ class CachingAllocator:
 
     def _reserve(self, size: int) -> None:
         self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
 
     def _take(self, block: Block, rounded: int, small: bool) -> None:
         """``alloc_found_block``: split the rest off when ``should_split`` says so."""

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .allocator import cublas_workspace_bytes
 from .params import sharded_params, tree_arrays, whole_params
-from .simulation import StepResult, simulate_step
+from .reserved import traced_step
+from .simulation import StepResult
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
 from .training import Training
 from ..step_events import StepCall
@@ -36,21 +38,15 @@ class CostModel:
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
         """Bytes the caching allocator reserves beyond the bytes tensors hold at the peak, under
         ``expandable_segments`` (None: the mesh's setting): the replay of the step through the
-        allocator's rules (``cost.reserved``), its reserved peak less its requested peak."""
-        from .allocator import cublas_workspace_bytes
-        from .reserved import replay
-
+        allocator's rules (``cost.reserved``), its reserved peak less its requested peak. The
+        mesh's setting was replayed with the step (``cost_model``); the other is replayed here."""
         if expandable_segments is None:
             expandable_segments = self.mesh.expandable_segments
         if expandable_segments not in self._reserved:
             if not self.replay_inputs:
                 return 0
-            resident = int(self.resident.total + self.optimizer.device.max() + self.optimizer.whole)
-            device = self.mesh.device
-            alloc = replay(*self.replay_inputs, resident, int(self.optimizer.step_temporaries.max()),
-                           expandable_segments, device)
-            tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts
-            self._reserved[expandable_segments] = max(alloc.peak_reserved - tensors, 0)
+            _, self._reserved[expandable_segments] = replayed_step(self.replay_inputs, self.resident, self.optimizer,
+                                                                   expandable_segments, self.mesh.device)
         return self._reserved[expandable_segments]
 
     def in_optimizer_step(self) -> np.ndarray:
@@ -74,6 +70,20 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
     inputs = (units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
               S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)
-    step = simulate_step(*inputs)
-    return CostModel(mesh, training, units, resident_state(arr, sh, whole, units, S),
-                     optimizer_state(training, arr, sh, whole, S), averaging, step, inputs, tuple(calls))
+    resident, optimizer = resident_state(arr, sh, whole, units, S), optimizer_state(training, arr, sh, whole, S)
+    # the step simulated once, its tensors replayed through the caching allocator as it runs (every
+    # a.memory shows the reserved peak under the mesh's allocator setting)
+    step, overhead = replayed_step(inputs, resident, optimizer, mesh.expandable_segments, mesh.device)
+    return CostModel(mesh, training, units, resident, optimizer, averaging, step, inputs, tuple(calls),
+                     {mesh.expandable_segments: overhead})
+
+
+def replayed_step(inputs: tuple, resident: ResidentState, optimizer: OptimizerState, expandable_segments: bool,
+                  device) -> tuple[StepResult, int]:
+    """The step (``StepSimulation.run``'s result) and the bytes the caching allocator reserves beyond the
+    tensors at its peak under ``expandable_segments``, from one run of the step with its tensors
+    replayed (``cost.reserved.traced_step``) after the resident state."""
+    resident_bytes = int(resident.total + optimizer.device.max() + optimizer.whole)
+    step, alloc = traced_step(*inputs, resident_bytes, int(optimizer.step_temporaries.max()), expandable_segments, device)
+    tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts
+    return step, max(alloc.peak_reserved - tensors, 0)

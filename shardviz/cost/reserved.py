@@ -9,7 +9,8 @@ reduce-scatter outputs (the new sharded gradients) on the reduce-scatter stream 
 activations are one block per rise of the measured activation level, freed last-in first-out as
 the level falls (forward saves tensors in order, backward frees them in reverse), in the order
 the hooks run: a gradient's level leaves out the nested calls' modules that its span covers
-(``TracingSimulation.own_span``), which were replayed at their own hooks. The resident
+(``TracingSimulation.own_span``), which were replayed at their own hooks; the step's moments stay
+the plain simulation's, so one traced run gives ``a.costs.step`` too. The resident
 state (sharded parameters, optimizer states) is allocated first, one block per call.
 
 The reserved peak is ``peak`` + (the replay's reserved peak − its requested peak without the cuBLAS
@@ -22,7 +23,7 @@ from __future__ import annotations
 import itertools
 
 from .allocator import CachingAllocator, cublas_workspace_bytes
-from .simulation import StepSimulation
+from .simulation import StepResult, StepSimulation
 
 
 class TracingSimulation(StepSimulation):
@@ -32,12 +33,14 @@ class TracingSimulation(StepSimulation):
         super().__init__(*args, **kw)
         self.alloc = allocator
         self.blocks: dict = {}
+        self.grads: dict[int, list] = {}  # per call, the blocks of its unsharded gradients in this backward
         self.act_stack: list = []  # activation blocks, oldest first
         self.act_level = 0
         self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
         self.last_rs_input = None
         self.serial = itertools.count()
         self.owners: dict[int, int] | None = None  # module -> the call that manages it (``owner``)
+        self.replayed_level: int | None = None  # the next moment's activations in the replay, where they differ
 
     def own_span(self, k: int, span: tuple) -> tuple:
         """``span`` without the modules of other calls nested in call ``k``: their backward ran
@@ -72,13 +75,19 @@ class TracingSimulation(StepSimulation):
         if block is not None:
             self.alloc.free(block)
 
-    def drop_all(self, kind: str, k: int | None = None) -> None:
-        for key in [key for key in self.blocks if key[0] == kind and (k is None or key[1] == k)]:
+    def drop_all(self, kind: str) -> None:
+        for key in [key for key in self.blocks if key[0] == kind]:
             self.drop(key)
+
+    def drop_grads(self, k: int) -> None:
+        for block in self.grads.pop(k, ()):
+            self.alloc.free(block)
 
     def observe(self, phase, k, *, act=(0, None), **alive) -> None:
         super().observe(phase, k, act=act, **alive)
-        self.set_activations(int(act[0]))
+        level = act[0] if self.replayed_level is None else self.replayed_level
+        self.replayed_level = None
+        self.set_activations(int(level))
 
     def set_activations(self, level: int) -> None:
         """The activations at ``level`` bytes: new ones a block each, the latest freed first."""
@@ -136,10 +145,14 @@ class TracingSimulation(StepSimulation):
 
     def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> None:
         new_unsharded, new_whole = self.new_gradients(k, unsharded, whole)
-        super().gradients(k, unsharded, whole, module, self.own_span(k, span))
-        n = next(self.serial)
-        self.take(("grad", k, n), new_unsharded)
-        self.take(("whole_grad", k, n), new_whole)
+        own = self.own_span(k, span)
+        if module is not None and own != span:  # the step's first moment here counts the whole span, the replay its own
+            self.replayed_level = int(self.act.during("backward", own or (module,))[0])
+        super().gradients(k, unsharded, whole, module, span)
+        if new_unsharded > 0:
+            self.grads.setdefault(k, []).append(self.alloc.malloc(new_unsharded))
+        if new_whole > 0:  # kept to the optimizer step
+            self.alloc.malloc(new_whole)
 
     def post_backward(self, k: int, reduce: bool) -> None:
         u = self.units[k]
@@ -150,14 +163,14 @@ class TracingSimulation(StepSimulation):
         if not sync:
             if u.converts_grads:
                 self.take(("accumulated", k), u.accumulated_grads)
-                self.drop_all("grad", k)
+                self.drop_grads(k)
             return
         if self.last_rs_input is not None:
             self.drop(self.last_rs_input)
         if reduce:
             self.take(("rs_input", k), u.rs_input)
             self.last_rs_input = ("rs_input", k)
-        self.drop_all("grad", k)
+        self.drop_grads(k)
         self.drop(("accumulated", k))
         if reduce:
             key = ("rs_output", k, next(self.serial))
@@ -177,11 +190,17 @@ class TracingSimulation(StepSimulation):
         self.drop_all("ag")
 
 
-def replay(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate, grad_accum, sync_every,
-           resident_bytes: int, step_temporaries: int, expandable_segments: bool, device=None) -> CachingAllocator:
-    """The allocator after the resident state (and ``device``'s cuBLAS workspaces, ``cublas_workspace_bytes``),
-    one step (forward, backward) and the optimizer step's temporaries: its peaks of requested,
-    allocated and reserved bytes."""
+def replay(*inputs, **kw) -> CachingAllocator:
+    """``traced_step``'s allocator."""
+    return traced_step(*inputs, **kw)[1]
+
+
+def traced_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate, grad_accum, sync_every,
+                resident_bytes: int, step_temporaries: int, expandable_segments: bool,
+                device=None) -> tuple[StepResult, CachingAllocator]:
+    """The step (``StepSimulation.run``'s result) and the allocator after the resident state (and
+    ``device``'s cuBLAS workspaces, ``cublas_workspace_bytes``), that step (forward, backward) and the
+    optimizer step's temporaries: its peaks of requested, allocated and reserved bytes."""
     alloc = CachingAllocator(expandable_segments=expandable_segments)
     for _ in range(2 if cublas_workspace_bytes(device) else 0):
         alloc.malloc(cublas_workspace_bytes(device) // 2)
@@ -192,8 +211,8 @@ def replay(units, root_posts, unmanaged_grads, averaging, levels, shard, replica
             alloc.malloc(share)
     sim = TracingSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
                             grad_accum, sync_every, allocator=alloc)
-    sim.run()
+    step = sim.run()
     sim.set_activations(0)
     if step_temporaries > 0:
         alloc.free(alloc.malloc(step_temporaries))
-    return alloc
+    return step, alloc

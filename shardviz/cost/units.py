@@ -202,6 +202,7 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
 
     names = code_names()
     gathered = codes(np.ones(u.size, dtype=bool), sh.pd_dtype) > 0
+    one_dtype, first_dtype = (gathered.sum(axis=1) == 1).tolist(), gathered.argmax(axis=1).tolist()
     return _PerUnit(
         n_params=np.bincount(u, minlength=n_units),
         gather=sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard,
@@ -210,7 +211,7 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
         trainable_numel=sum_per_unit(u, sh.numel * tr, n_units),
         unsharded_grads=sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units),
         has_trainable=sum_per_unit(u, tr, n_units) > 0,
-        gather_dtype=[names[row.argmax()] if row.sum() == 1 else "uint8" for row in gathered],
+        gather_dtype=[names[c] if one else "uint8" for one, c in zip(one_dtype, first_dtype)],
         trained_dtype=[names[c] for c in codes(sh.trainable, sh.dtype).argmax(axis=1)],
         trained_pd=[names[c] for c in codes(sh.trainable, sh.pd_dtype).argmax(axis=1)],
     )
