@@ -114,10 +114,10 @@ class TracingSimulation(StepSimulation):
     def post_forward(self, k: int) -> None:
         u = self.units[k]
         super().post_forward(k)
-        if u.reshard is True:
+        if u.reshard_after_forward is True:
             self.drop(("param", k))
-        elif u.reshard is not False:
-            self.take(("post_forward_shard", k), u.gather // u.reshard)
+        elif u.reshard_after_forward is not False:
+            self.take(("post_forward_shard", k), u.gather // u.reshard_after_forward)
             self.drop(("param", k))
 
     def root_post_forward(self, root: int) -> None:

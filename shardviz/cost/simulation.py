@@ -208,11 +208,11 @@ class StepSimulation:
     def post_forward(self, k: int) -> None:
         """``FSDPParamGroup.post_forward``: reshard() (to the smaller post-forward mesh for an int)."""
         u, h = self.units[k], self.held
-        if u.reshard is True:
+        if u.reshard_after_forward is True:
             h.unsharded_params -= u.gather
             self.state[k] = ParamState.SHARDED
-        elif u.reshard is not False:
-            shard = u.gather // u.reshard
+        elif u.reshard_after_forward is not False:
+            shard = u.gather // u.reshard_after_forward
             self.observe("forward", k, act=self.act.leave("forward", u.modules),
                          unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers,
                          gradients=h.all_gradients())
@@ -255,7 +255,7 @@ class StepSimulation:
         the activations of the call whose pre-backward issues it); none over a group of one rank."""
         k, h = gather.call, self.held
         u = self.units[k]
-        size = self.S if gather.group is Group.SHARD else u.reshard
+        size = self.S if gather.group is Group.SHARD else u.reshard_after_forward
         h.prefetched[k] = 0
         if size > 1:
             h.prefetched[k] = u.gather
@@ -276,7 +276,7 @@ class StepSimulation:
             alive = self.backward_alive()
             alive["unsharded_params"] += u.gather
             self.observe("backward", k, act=act, **alive)
-            shard = u.gather // u.reshard if self.state[k] is ParamState.POST_FORWARD_SHARD else 0
+            shard = u.gather // u.reshard_after_forward if self.state[k] is ParamState.POST_FORWARD_SHARD else 0
             del h.prefetched[k]
             h.unsharded_params += u.gather - shard
             self.state[k] = ParamState.UNSHARDED
@@ -321,7 +321,7 @@ class StepSimulation:
         if self.state[k] is ParamState.UNSHARDED:
             h.unsharded_params -= u.gather
         elif self.state[k] is ParamState.POST_FORWARD_SHARD:
-            h.unsharded_params -= u.gather // u.reshard
+            h.unsharded_params -= u.gather // u.reshard_after_forward
         self.state[k] = ParamState.SHARDED
 
     def keep_gradients(self, k: int) -> None:
@@ -373,9 +373,3 @@ class StepSimulation:
         if self.mb.first or not self.sync_every:  # else foreach_reduce adds into the sharded gradients
             h.gradients += device_grads
         h.reduce_scatter_input = u.rs_input
-
-
-def simulate_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
-                  grad_accum=1, sync_every=False) -> StepResult:
-    return StepSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
-                          grad_accum, sync_every).run()

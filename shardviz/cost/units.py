@@ -63,7 +63,7 @@ class UnitCost:
 
     unit: int  # index in plan.units
     name: str
-    reshard: bool | int  # effective reshard_after_forward (an int: the post-forward group size)
+    reshard_after_forward: bool | int  # effective reshard_after_forward (an int: the post-forward group size)
     offload: bool
     gather: int  # all-gather output, also the unsharded parameters (padded, param dtype)
     staged: int  # all-gather input staged before the collective
@@ -272,7 +272,7 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
         if not sums.n_params[i]:
             continue
         out.append(UnitCost(
-            unit=i, name=ul.unit.name, reshard=ul.reshard_after_forward, offload=policies[i].offload,
+            unit=i, name=ul.unit.name, reshard_after_forward=ul.reshard_after_forward, offload=policies[i].offload,
             gather=int(sums.gather[i]), staged=int(sums.staged[i]), gather_dtype=sums.gather_dtype[i],
             **_reduction(sums, i, policies[i], shard),
             unsharded_grads=int(sums.unsharded_grads[i]), whole_grads=int(whole.grads_per_unit[i]),

@@ -23,7 +23,7 @@ class Candidate:
 
     lora: str = "sharded"
     checkpoint: str | None = None
-    reshard: bool | int | None = None  # None: torch's default (True, the root False)
+    reshard_after_forward: bool | int | None = None  # None: torch's default (True, the root False)
     replicate: int = 1
     offload: bool = False
     batch_size: int | None = None
@@ -35,10 +35,10 @@ class Candidate:
         parts = [f"LoRA {self.lora}"] if has_lora else []
         parts.append({None: "no checkpointing", "blocks": "checkpoint every block",
                       "selective": "selective checkpointing"}.get(self.checkpoint, f"checkpoint {self.checkpoint}"))
-        if self.reshard is False:
+        if self.reshard_after_forward is False:
             parts.append("no reshard after forward")
-        elif self.reshard is not None:
-            parts.append(f"reshard to {self.reshard} ranks")
+        elif self.reshard_after_forward is not None:
+            parts.append(f"reshard to {self.reshard_after_forward} ranks")
         dp = world // self.tensor
         parts.append((f"HSDP {self.replicate}x{dp // self.replicate}" if self.replicate > 1 else f"FSDP {dp}")
                      + (f" x TP {self.tensor}" if self.tensor > 1 else ""))
@@ -52,7 +52,7 @@ class Candidate:
 
     @property
     def state_key(self) -> tuple:
-        return (self.lora, self.reshard, self.replicate, self.offload, self.tensor)
+        return (self.lora, self.reshard_after_forward, self.replicate, self.offload, self.tensor)
 
 
 # ---------------------------------------------------------------------------

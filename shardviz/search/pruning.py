@@ -43,7 +43,7 @@ def pruning_order(cands: list[Candidate]) -> list[Candidate]:
     layout, the tensor degree and the reshard, in the order ``candidates`` makes them)."""
     def key(c: Candidate) -> tuple:
         return (c.batch_size or 0, CHECKPOINTS.index(c.checkpoint), _CACHE_ORDER[c.use_cache],
-                LORA_OPTIONS.index(c.lora), c.tensor, c.replicate, _RESHARD_ORDER.get(c.reshard, 2), c.offload)
+                LORA_OPTIONS.index(c.lora), c.tensor, c.replicate, _RESHARD_ORDER.get(c.reshard_after_forward, 2), c.offload)
     return sorted(cands, key=key)
 
 
@@ -125,16 +125,16 @@ def _unsharded_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
     """Without resharding after forward (or resharding to k ranks), every call keeps its
     unsharded parameters (or 1/k of them) from its forward to its backward: all are alive when
     forward ends (``cost.unsharded_bytes``)."""
-    if c.reshard is None or c.reshard is True:
+    if c.reshard_after_forward is None or c.reshard_after_forward is True:
         return None
     key = (c.lora, c.tensor)
     if key not in ev.unsharded:
         a = space.analysis(Candidate(c.lora, tensor=c.tensor), with_batch=False)
         ev.unsharded[key] = unsharded_bytes(a.tree, a.layout, space.training)
-    kept = ev.unsharded[key] // (1 if c.reshard is False else c.reshard)
+    kept = ev.unsharded[key] // (1 if c.reshard_after_forward is False else c.reshard_after_forward)
     if kept <= space.limit:
         return None
-    how = "no reshard after forward" if c.reshard is False else f"resharding to {c.reshard} ranks after forward"
+    how = "no reshard after forward" if c.reshard_after_forward is False else f"resharding to {c.reshard_after_forward} ranks after forward"
     return Pruned(c, Rule.UNSHARDED_KEPT, f"over {space.usable_text}: with {how}, the calls' unsharded parameters "
                   f"alone are {format_bytes(kept)} when forward ends (not analysed)")
 
@@ -143,7 +143,7 @@ def _fewer_replicas(state: tuple, c: Candidate) -> bool:
     """``state`` (a state key) is ``c``'s plan on fewer replicas of larger shard groups: its
     sharded parameters, gradients and optimizer states per rank are a fraction of ``c``'s."""
     lora, reshard, replicate, offload, tensor = state
-    return (lora, reshard, offload, tensor) == (c.lora, c.reshard, c.offload, c.tensor) and replicate < c.replicate \
+    return (lora, reshard, offload, tensor) == (c.lora, c.reshard_after_forward, c.offload, c.tensor) and replicate < c.replicate \
         and c.replicate % replicate == 0
 
 

@@ -218,7 +218,7 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
             "name": name, "fits": bool(r.fits), "verdict": r.verdict if r.analysed else "fits" if r.fits else "over",
             "peak": r.peak, **numbers, "why": why,
             "lora": c.lora if space.has_lora else None, "checkpoint": c.checkpoint,
-            "reshard_after_forward": c.reshard, "replicate": c.replicate, "shard": world // (c.replicate * c.tensor),
+            "reshard_after_forward": c.reshard_after_forward, "replicate": c.replicate, "shard": world // (c.replicate * c.tensor),
             "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r.analysed,
             "use_cache": r.use_cache if r.analysed else space.cache_of(c),
             **({"tensor": c.tensor} if tp else {}),

@@ -50,9 +50,9 @@ class Space:
             auto = Plan.auto(self.tree, lora=c.lora, checkpoint=c.checkpoint)
             self._auto[key] = auto.with_tensor_parallel(self.tp_entries) if c.tensor > 1 else auto
         auto = self._auto[key]
-        if c.reshard is None and not c.offload:
+        if c.reshard_after_forward is None and not c.offload:
             return auto
-        units = [Unit(u.modules, u.reshard_after_forward if u.modules == ("",) or c.reshard is None else c.reshard,
+        units = [Unit(u.modules, u.reshard_after_forward if u.modules == ("",) or c.reshard_after_forward is None else c.reshard_after_forward,
                       u.param_dtype, u.reduce_dtype, u.offload or c.offload) for u in auto.units]
         return auto.with_units(units)
 
