@@ -12,7 +12,7 @@ import numpy as np
 
 from ..hook_rules import input_needs_grad, output_needs_grad, roots
 from ..step_events import ParamState, StepCall
-from .params import ShardedParams, sharded_mask, WholeParams, code_names, n_dtype_codes, sum_per_unit
+from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
 from .training import itemsize
 from .walk import Walk
 
@@ -243,13 +243,12 @@ def after_forward(reshard_after_forward: bool | int) -> ParamState:
     return ParamState.UNSHARDED if reshard_after_forward is False else ParamState.POST_FORWARD_SHARD
 
 
-def call_hooks(arr, layout, modules, walk: Walk) -> list[StepCall]:
-    """One ``StepCall`` per call of ``layout``, in plan order."""
+def call_hooks(arr, layout, modules, walk: Walk, sh: ShardedParams) -> list[StepCall]:
+    """One ``StepCall`` per call of ``layout``, in plan order (``sh``: its sharded parameters)."""
     root_of = roots(layout, modules)
     trainable_from = first_trainable(arr, walk)
     trains = np.zeros(len(layout.units), dtype=bool)  # a call that manages trainable parameters
-    managing = np.asarray(layout.param_unit, dtype=np.int64)[arr.trainable & sharded_mask(layout)]
-    trains[managing[managing >= 0]] = True
+    trains[sh.unit[sh.trainable]] = True
     out = []
     for ul in layout.units:
         first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
