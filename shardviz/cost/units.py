@@ -142,12 +142,15 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
         keep &= np.isin(units, list(calls))
     if not keep.any():
         return {}
-    pairs, inverse = np.unique(np.stack([units[keep], owners[keep]], axis=1), axis=0, return_inverse=True)
+    # the distinct (call, owner) pairs, sorted by call then owner: one integer key each (np.unique
+    # over rows is several times slower)
+    n = len(modules)
+    keys, inverse = np.unique(units[keep] * n + owners[keep], return_inverse=True)
     inverse = inverse.reshape(-1)
-    ug_at = sum_per_unit(inverse, ug[keep], len(pairs))
-    wg_at = sum_per_unit(inverse, wg[keep], len(pairs))
+    ug_at = sum_per_unit(inverse, ug[keep], len(keys))
+    wg_at = sum_per_unit(inverse, wg[keep], len(keys))
     out: dict[int, list] = {}
-    for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
+    for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
     return {u: _with_spans(v, walk, walk.by_position) for u, v in out.items()}
 
