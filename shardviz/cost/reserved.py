@@ -85,9 +85,9 @@ class TracingSimulation(StepSimulation):
 
     def at_moment(self, level: int) -> None:
         if self.replayed_level is not None:
-            level, self.replayed_level = self.replayed_level, None
-        if level != self.act_level:  # most moments keep the level: nothing to allocate or free
-            self.set_activations(int(level))
+            level = self.replayed_level
+        self.replayed_level = None
+        self.set_activations(int(level))
 
     def set_activations(self, level: int) -> None:
         """The activations at ``level`` bytes: new ones a block each, the latest freed first."""
