@@ -93,6 +93,11 @@ class HookEvent(NamedTuple):
     prefetches: tuple[Gather, ...] = ()
     reduce: bool = False  # POST_BACKWARD: it reduce-scatters (all-reduces on HSDP) the call's gradients
 
+    def with_gathers(self, gathers: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> "HookEvent":
+        """The event with the all-gathers it issues (``_replace``, without its keyword machinery)."""
+        return HookEvent(self.position, self.kind, self.call, self.gradients, self.prefetch, gathers, prefetches,
+                         self.reduce)
+
     def backward_order(self):
         """Sort key, descending: backward walks the forward positions in reverse."""
         return self.position, -self.kind
@@ -193,8 +198,7 @@ def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Seq
     out_forward = []
     for e in forward:
         if e.kind is Hook.PRE_FORWARD:
-            gathers, prefetches = params.pre_hook(e.call, (), forward_prefetch.get(e.call, ()))
-            e = e._replace(gathers=gathers, prefetches=prefetches)
+            e = e.with_gathers(*params.pre_hook(e.call, (), forward_prefetch.get(e.call, ())))
         elif e.kind is Hook.POST_FORWARD:
             params.state[e.call] = calls[e.call].after_forward
         out_forward.append(e)
@@ -202,8 +206,7 @@ def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Seq
     for e in backward:
         if e.kind is Hook.PRE_BACKWARD:
             default = (e.prefetch,) if e.prefetch >= 0 else ()
-            gathers, prefetches = params.pre_hook(e.call, default, backward_prefetch.get(e.call))
-            e = e._replace(gathers=gathers, prefetches=prefetches)
+            e = e.with_gathers(*params.pre_hook(e.call, default, backward_prefetch.get(e.call)))
         elif e.kind is Hook.POST_BACKWARD:
             params.state[e.call] = ParamState.SHARDED
         out_backward.append(e)

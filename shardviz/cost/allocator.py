@@ -157,13 +157,14 @@ class CachingAllocator:
     def malloc(self, size: int, stream: str = "default") -> Block:
         size = int(size)
         rounded = round_size(size, self.divisions)
-        small = is_small(rounded)
+        small = rounded <= K_SMALL_SIZE  # get_pool (is_small), inline: the replay runs ~700 a plan
         block = self._best_fit(rounded, stream, small) or self._new_block(rounded, stream, small)
-        self._take(block, rounded, small)
-        block.requested = size
+        if should_split(block.size, rounded, small, self.expandable, self.max_split):  # alloc_found_block
+            self._split(block, rounded)
+        block.allocated, block.requested = True, size
         self.requested += size
         self.allocated += block.size
-        if self.requested > self.peak_requested:  # max(), without the call: the replay runs ~700 a plan
+        if self.requested > self.peak_requested:  # max(), without the call
             self.peak_requested = self.requested
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
@@ -248,12 +249,10 @@ class CachingAllocator:
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
 
-    def _take(self, block: Block, rounded: int, small: bool) -> None:
-        """``alloc_found_block``: split the rest off when ``should_split`` says so."""
-        if should_split(block.size, rounded, small, self.expandable, self.max_split):
-            seg = block.segment
-            rest = Block(seg, block.offset + rounded, block.size - rounded)
-            seg.blocks.insert(seg.blocks.index(block) + 1, rest)
-            self._cache(rest)
-            block.size = rounded
-        block.allocated = True
+    def _split(self, block: Block, rounded: int) -> None:
+        """``alloc_found_block``: the rest of the block, past ``rounded`` bytes, cached apart."""
+        seg = block.segment
+        rest = Block(seg, block.offset + rounded, block.size - rounded)
+        seg.blocks.insert(seg.blocks.index(block) + 1, rest)
+        insort(seg.cache, (rest.size, id(seg), rest.offset, rest))
+        block.size = rounded

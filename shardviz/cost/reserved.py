@@ -83,9 +83,9 @@ class TracingSimulation(StepSimulation):
         for block in self.grads.pop(k, ()):
             self.alloc.free(block)
 
-    def observe(self, phase, k, *, act=(0, None), **alive) -> None:
-        super().observe(phase, k, act=act, **alive)
-        level = act[0] if self.replayed_level is None else self.replayed_level
+    def at_moment(self, level: int) -> None:
+        if self.replayed_level is not None:
+            level = self.replayed_level
         self.replayed_level = None
         self.set_activations(int(level))
 

@@ -160,6 +160,10 @@ class StepSimulation:
         if x > self.peak:
             self.peak = x
             self.moment = Moment(phase, k, Alive(activations=level, **alive), module)
+        self.at_moment(level)
+
+    def at_moment(self, level: int) -> None:
+        """Each moment observed, at its activation level (``cost.reserved`` replays the tensors there)."""
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:

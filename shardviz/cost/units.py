@@ -12,7 +12,7 @@ import numpy as np
 
 from ..hook_rules import input_needs_grad, output_needs_grad, roots
 from ..step_events import ParamState, StepCall
-from .params import ShardedParams, sharded_mask, WholeParams, code_names, n_dtype_codes, sum_per_unit
+from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
 from .training import itemsize
 from .walk import Walk
 
@@ -142,12 +142,15 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
         keep &= np.isin(units, list(calls))
     if not keep.any():
         return {}
-    pairs, inverse = np.unique(np.stack([units[keep], owners[keep]], axis=1), axis=0, return_inverse=True)
+    # the distinct (call, owner) pairs, sorted by call then owner: one integer key each (np.unique
+    # over rows is several times slower)
+    n = len(modules)
+    keys, inverse = np.unique(units[keep] * n + owners[keep], return_inverse=True)
     inverse = inverse.reshape(-1)
-    ug_at = sum_per_unit(inverse, ug[keep], len(pairs))
-    wg_at = sum_per_unit(inverse, wg[keep], len(pairs))
+    ug_at = sum_per_unit(inverse, ug[keep], len(keys))
+    wg_at = sum_per_unit(inverse, wg[keep], len(keys))
     out: dict[int, list] = {}
-    for (u, module), a, b in zip(pairs.tolist(), ug_at.tolist(), wg_at.tolist()):
+    for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
     return {u: _with_spans(v, walk, walk.by_position) for u, v in out.items()}
 
@@ -243,13 +246,12 @@ def after_forward(reshard_after_forward: bool | int) -> ParamState:
     return ParamState.UNSHARDED if reshard_after_forward is False else ParamState.POST_FORWARD_SHARD
 
 
-def call_hooks(arr, layout, modules, walk: Walk) -> list[StepCall]:
-    """One ``StepCall`` per call of ``layout``, in plan order."""
+def call_hooks(arr, layout, modules, walk: Walk, sh: ShardedParams) -> list[StepCall]:
+    """One ``StepCall`` per call of ``layout``, in plan order (``sh``: its sharded parameters)."""
     root_of = roots(layout, modules)
     trainable_from = first_trainable(arr, walk)
     trains = np.zeros(len(layout.units), dtype=bool)  # a call that manages trainable parameters
-    managing = np.asarray(layout.param_unit, dtype=np.int64)[arr.trainable & sharded_mask(layout)]
-    trains[managing[managing >= 0]] = True
+    trains[sh.unit[sh.trainable]] = True
     out = []
     for ul in layout.units:
         first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
