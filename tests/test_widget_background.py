@@ -113,6 +113,7 @@ def test_suggest_runs_in_the_background_and_can_be_cancelled(ins, monkeypatch):
 
 def test_without_device_memory_suggest_is_disabled_and_says_why(model):
     ins = Inspector(model, mesh=sv.Mesh(shard=4), background=True)
+    assert ins.wait(120)  # the Suggest panel's state is sent with the findings, by the worker
     assert ins.suggestions["needs_memory"] is True
     ack = ins.handle_action("suggest", {})
     assert not ack["ok"] and "needs the device memory" in ack["error"]
