@@ -272,10 +272,10 @@ def _pre_backward(sim: _Simulator, every: list[UnitTime], event) -> None:
     default prefetch: ``event.gathers``), then an explicit list's (``event.prefetches``)."""
     unit = every[event.call]
     issue_at = sim.now  # runs as the GPU reaches this unit
-    own = tuple(g for g in event.gathers if g.call == event.call)
+    own = event.own_gather()
     sim.issue(every, own, "backward", issue_at)
     sim.wait(sim.gathers.get((unit.name, "backward")))
-    sim.issue(every, event.gathers[len(own):], "backward", issue_at)
+    sim.issue(every, event.gathers[len(own):], "backward", issue_at)  # the default prefetch
     sim.issued.append(("backward", unit.name))
     sim.issue(every, event.prefetches, "backward", issue_at)
 

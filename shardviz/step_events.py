@@ -98,6 +98,15 @@ class HookEvent(NamedTuple):
         return HookEvent(self.position, self.kind, self.call, self.gradients, self.prefetch, gathers, prefetches,
                          self.reduce)
 
+    def own_gather(self) -> tuple[Gather, ...]:
+        """Of ``gathers``, the call's own all-gather (none when unsharded or already prefetched):
+        ``ParamStates.pre_hook`` puts it first."""
+        return self.gathers[:1] if self.gathers and self.gathers[0].call == self.call else ()
+
+    def prefetch_gathers(self) -> tuple[Gather, ...]:
+        """The hook's prefetches: the default one (inside the group's hook), then an explicit list's."""
+        return self.gathers[len(self.own_gather()):] + self.prefetches
+
     def backward_order(self):
         """Sort key, descending: backward walks the forward positions in reverse."""
         return self.position, -self.kind
@@ -155,7 +164,6 @@ class ParamStates:
     post-backward reshards), and the all-gathers issued and not yet copied out."""
 
     def __init__(self, calls: Sequence[StepCall]):
-        self.calls = calls
         self.state = [ParamState.SHARDED] * len(calls)
         self.issued: set[int] = set()
 

@@ -132,16 +132,15 @@ class TracingSimulation(StepSimulation):
         if self.held.prefetched.get(gather.call, 0) > 0:
             self.take(("ag", gather.call), self.units[gather.call].gather, "ag")
 
-    def pre_backward(self, k: int, gathers) -> None:
+    def pre_backward(self, k: int, own, prefetches) -> None:
         u = self.units[k]
-        own = tuple(g for g in gathers if g.call == k)
         for gather in own:
             self.unshard(gather, self.act.enter("backward", u.modules))
         if k in self.held.prefetched:  # copy-out
             self.take(("param", k), u.gather)
             self.drop(("post_forward_shard", k))
             self.drop(("ag", k))
-        super().pre_backward(k, tuple(g for g in gathers if g.call != k))
+        super().pre_backward(k, (), prefetches)
 
     def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> None:
         new_unsharded, new_whole = self.new_gradients(k, unsharded, whole)

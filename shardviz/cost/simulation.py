@@ -169,7 +169,7 @@ class StepSimulation:
     def forward(self) -> None:
         for event in self.events.forward:
             if event.kind == Hook.PRE_FORWARD:
-                self.pre_forward(event.call, event.gathers)
+                self.pre_forward(event.call, event.gathers + event.prefetches)
             elif event.kind == Hook.POST_FORWARD:
                 self.post_forward(event.call)
             else:
@@ -241,7 +241,7 @@ class StepSimulation:
         self.observe("backward", None, act=self.act.during("backward", (0,)), **self.backward_alive())
         for event in self.events.backward:
             if event.kind == Hook.PRE_BACKWARD:
-                self.pre_backward(event.call, event.gathers)
+                self.pre_backward(event.call, event.own_gather(), event.prefetch_gathers())
             elif event.kind == Hook.GRADIENTS:
                 part = event.gradients
                 self.gradients(event.call, part.unsharded, part.whole, part.module, part.span)
@@ -268,14 +268,14 @@ class StepSimulation:
             self.observe("backward", k, act=act, **alive)
             self.collectives.append(Collective(k, "all_gather", "backward", gather.group.value, size))
 
-    def pre_backward(self, k: int, gathers: tuple[Gather, ...]) -> None:
-        """``FSDPState._pre_backward``: unshard (``gathers``: the call's own all-gather, none if
-        unsharded or prefetched), copy out, then the prefetches (``step_events``)."""
+    def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
+        """``FSDPState._pre_backward``: unshard (``own``: the call's all-gather, none if unsharded
+        or prefetched), copy out, then the ``prefetches`` (``HookEvent.own_gather``,
+        ``prefetch_gathers``)."""
         u, h = self.units[k], self.held
         act = self.act.enter("backward", u.modules)
-        for gather in gathers:
-            if gather.call == k:
-                self.unshard(gather, act)
+        for gather in own:
+            self.unshard(gather, act)
         if k in h.prefetched:
             alive = self.backward_alive()
             alive["unsharded_params"] += u.gather
@@ -284,9 +284,8 @@ class StepSimulation:
             del h.prefetched[k]
             h.unsharded_params += u.gather - shard
             self.state[k] = ParamState.UNSHARDED
-        for gather in gathers:  # FSDPParamGroup._backward_prefetch (or the explicit list)
-            if gather.call != k:
-                self.unshard(gather, act)
+        for gather in prefetches:  # FSDPParamGroup._backward_prefetch (or the explicit list)
+            self.unshard(gather, act)
         # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
         self.observe("backward", k, act=self.act.during("backward", u.modules), **self.backward_alive())
         if u.grads_at is None:
