@@ -100,11 +100,6 @@ def per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.nda
     return (local_rows_table(pairs[:, 0], shard) * pairs[:, 1:2]).max(axis=0)
 
 
-def sharded_mask(layout) -> np.ndarray:
-    """Per parameter: a call shards it (``fsdp.Layout.param_status``)."""
-    return np.fromiter((s == "sharded" for s in layout.param_status), dtype=bool, count=len(layout.param_status))
-
-
 def sum_per_unit(unit: np.ndarray, weights, n_units: int) -> np.ndarray:
     """Integer sums of ``weights`` by unit index (``unit`` in ``[0, n_units)``)."""
     return np.rint(np.bincount(unit, weights=weights, minlength=n_units)).astype(np.int64)
@@ -134,7 +129,7 @@ def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedPara
     dtype it is gathered in (``FSDPParam.init_dtype_attrs``). ``policies``: one ``Unit`` per
     plan unit with the training's defaults filled in."""
     punit = np.asarray(layout.param_unit, dtype=np.int64)
-    is_sharded = sharded_mask(layout)
+    is_sharded = np.fromiter((s == "sharded" for s in layout.param_status), dtype=bool, count=punit.size)
     idx = np.nonzero((punit >= 0) & is_sharded)[0]
     u = punit[idx]
     pd_code = np.array([dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
