@@ -231,8 +231,10 @@ def preset_plans(tree: ModelTree, checkpoints=NAMED_CHECKPOINTS) -> dict[str, Pl
 
 def preset_key(tree: ModelTree, plan: Plan) -> str:
     """The key of the preset ``plan`` is (with any of ``NAMED_CHECKPOINTS``: a preset keeps the
-    checkpointing), compared as plans, not by name; "" for any other plan."""
-    return next((key for (key, _), preset in _preset_variants(tree).items() if preset == plan), "")
+    checkpointing, and any tensor-parallel entries: the mesh's tensor dim runs them, a preset applied
+    keeps them), compared as plans, not by name; "" for any other plan."""
+    fsdp_part = plan.with_tensor_parallel(()) if plan.tensor_parallel else plan
+    return next((key for (key, _), preset in _preset_variants(tree).items() if preset == fsdp_part), "")
 
 
 def named_plan(tree: ModelTree, plan: Plan) -> Plan:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import shardviz as sv
+from shardviz.presets import preset_key
 from shardviz.widget import InspectorState, plan_actions
 from shardviz.widget.controller import BlockAction, Change
 from widget_helpers import EMBED, L0, L1, MESH, Q0, Q0_A, Q0_BASE, assert_numbers_match, fresh, open_and_get, open_path, rows_by_fqn
@@ -225,3 +226,30 @@ def test_an_edit_keeps_the_plans_tensor_parallel_entries():
     state.remove_unit(plan.units[0].name)
     assert state.plan.tensor_parallel.to_obj() == plan.tensor_parallel.to_obj()
     assert plan.units[0] not in state.plan.units
+
+
+def test_a_preset_keeps_each_checkpointed_modules_policy(model):
+    """The kept checkpointing keeps its policy: a selective block stays selective (before, the kept
+    names were re-read as plain names, so every one became "full" while the message said "kept")."""
+    st = InspectorState(model, plan=sv.Plan.auto(model, checkpoint="selective"), mesh=MESH)
+    before = st.plan.checkpoint
+    assert before.selective
+    st.apply_preset("ignored")
+    assert st.plan.checkpoint == before and st.plan.checkpoint.selective == before.selective
+    assert "keeps your checkpointing" in st.messages[-1]["text"]
+    assert_numbers_match(model, st)
+
+
+def test_on_a_tensor_parallel_mesh_a_preset_keeps_the_tensor_parallel_plan(model):
+    """On 2 x TP 2 a preset replaces the FSDP calls and keeps the TP entries the mesh runs (before,
+    it dropped them: a 2-D mesh left with FSDP alone), and the menu shows the preset the plan is.
+    The tree's per-rank bytes are the TP-local shards' (``assert_numbers_match``: before, the
+    model's full shapes, about twice a rank's bytes on TP 2)."""
+    mesh = sv.Mesh(shard=2, tensor=2)
+    st = InspectorState(model, plan=sv.Plan.auto(model, tensor_parallel=True), mesh=mesh)
+    tp = st.plan.tensor_parallel
+    assert tp and preset_key(st.tree, st.plan) == "sharded"
+    st.apply_preset("ignored")
+    assert st.plan == sv.Plan.auto(model, lora="ignored", tensor_parallel=True) and st.plan.tensor_parallel == tp
+    assert preset_key(st.tree, st.plan) == "ignored"
+    assert_numbers_match(model, st)

@@ -294,13 +294,17 @@ def apply_to_type(state, type_or_fqn: str, action: BlockAction | str, within: st
 # ------------------------------------------------------------------------------------
 def preset_keeping_checkpointing(state, name: str) -> tuple[NamedPlan, str | None]:
     """Preset ``name`` (``PRESETS``) in place of the plan's calls and ignored parameters, keeping the
-    current checkpointing (the preset says what to shard, not what to recompute), named (one edit of
-    the preset when something was kept), and the message that says what was kept (None when nothing was)."""
+    current checkpointing, each module with its own policy (the preset says what to shard, not what
+    to recompute), and the tensor-parallel entries (the mesh's tensor dim runs them); named (one edit
+    of the preset when checkpointing was kept), and the message that says what was kept (None when nothing was)."""
     preset = presets.preset_plan(state.tree, name)
-    kept = tuple(f for f in state.plan.checkpoint if f not in preset.checkpoint)
+    if state.plan.tensor_parallel:  # what the mesh's tensor dim runs: a preset says only what FSDP shards
+        preset = preset.with_tensor_parallel(state.plan.tensor_parallel)
+    current = state.plan.checkpoint
+    kept = tuple(f for f in current if f not in preset.checkpoint)
     if not kept:
         return state.names.arrived(preset), None
-    named = state.names.from_preset(preset, Plan(preset.units, preset.ignored, preset.name, preset.checkpoint + kept))
+    named = state.names.from_preset(preset, preset.with_checkpoint({f: current.policy(f) for f in kept}))  # each its own policy
     plan = named.plan
     what = "every block" if set(plan.checkpoint) == set(state.blocks()) else f"{len(plan.checkpoint)} checkpointed modules"
     return named, (f"preset {PRESETS[name]!r} applied; it keeps your checkpointing ({what}). "
