@@ -14,7 +14,8 @@ import itertools
 
 import numpy as np
 
-from ..fsdp import Layout
+from ..cost.params import tree_arrays
+from ..fsdp import Layout, padded_shard_numel
 from ..tree import ModelTree
 
 # Status codes of one parameter; a sharded parameter's code is SHARDED + its unit index.
@@ -67,9 +68,6 @@ class StaticStats:
         self.all_m = np.array(all_m, dtype=np.int64)
         self.n = n
         self.numel_p = np.array([p.numel for p in params], dtype=np.int64)
-        self.itemsize_p = np.array([p.itemsize for p in params], dtype=np.int64)
-        self.dim0_p = np.array([p.shape[0] if p.shape else 1 for p in params], dtype=np.int64)
-        self.rowsize_p = np.where(self.dim0_p > 0, self.numel_p // np.maximum(self.dim0_p, 1), 0)
         self.lora_p = np.array([p.role == "lora" for p in params], dtype=bool)
         train = np.array([p.requires_grad for p in params], dtype=bool)
         # sizes count a tied parameter once, under its first owner: children never add up to
@@ -127,9 +125,12 @@ class ModuleStats:
         sharded = np.fromiter((s == "sharded" for s in status), dtype=bool, count=len(status))
         ignored = np.fromiter((s == "ignored" for s in status), dtype=bool, count=len(status))
         codes = np.where(sharded, SHARDED + punit, np.where(ignored, IGNORED, UNMANAGED))
-        s = layout.mesh.shard
-        padded = -(-static.dim0_p // s) * static.rowsize_p
-        rank_bytes = np.where(sharded, padded, static.numel_p) * static.itemsize_p
+        # each parameter as the layout holds it: on a 2-D mesh its tensor-parallel local shape (the
+        # layout's own tree), not the model's (before, the tree showed a TP rank twice its bytes)
+        local = tree_arrays(layout.tree)
+        rowsize = np.where(local.dim0 > 0, local.numel // np.maximum(local.dim0, 1), 0)
+        padded = padded_shard_numel(local.dim0, rowsize, layout.mesh.shard)
+        rank_bytes = np.where(sharded, padded, local.numel) * local.itemsize
         self.codes = codes.tolist()
         self.rank_bytes = static.accumulate(rank_bytes, once=True).tolist()
         self.n_ignored = static.accumulate(ignored.astype(np.int64)).tolist()
