@@ -134,6 +134,33 @@ def test_expandable_segments_grow_a_free_last_block():
     assert plain.reserved == 80 * MiB and grown.reserved == 60 * MiB
 
 
+@pytest.mark.parametrize("expandable", [False, True])
+def test_the_blocks_of_a_segment_tile_it_and_free_neighbours_are_merged(expandable):
+    """Blocks are linked to their neighbours (``Block.prev``/``next``): after any malloc / free,
+    each segment's blocks cover it end to end, no two free blocks are adjacent, and the cache
+    holds exactly the free blocks."""
+    import random
+
+    rng = random.Random(1)
+    a, live, segments = al.CachingAllocator(expandable_segments=expandable), [], set()
+    for _ in range(300):
+        if live and rng.random() < 0.45:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(a.malloc(rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 30 * MiB)]),
+                                 rng.choice(["default", "ag"])))
+            segments.add(live[-1].segment)
+        cached = set()
+        for seg in segments:
+            blocks = seg.blocks()
+            assert [b.offset for b in blocks] == [0] + [b.offset + b.size for b in blocks[:-1]]
+            assert blocks[-1].offset + blocks[-1].size == seg.size
+            assert all(b.allocated or c.allocated for b, c in zip(blocks, blocks[1:]))
+            cached |= {id(b) for b in blocks if not b.allocated}
+        assert cached == {id(entry[-1]) for cache in a.free_blocks.values() for entry in cache}
+        assert a.allocated == sum(b.size for b in live) and a.reserved == sum(seg.size for seg in segments)
+
+
 @functools.lru_cache(maxsize=None)
 def step(checkpoint, expandable=False, batch=8, seq=2048):
     m = zoo.tiny_llama_lora()

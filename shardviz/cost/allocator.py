@@ -114,26 +114,39 @@ def should_split(block_size: int, rounded: int, small: bool, expandable: bool = 
 
 @dataclass(eq=False, slots=True)
 class Block:
-    """A block of a segment (``Block``): ``offset`` within it, allocated or cached free."""
+    """A block of a segment (``Block``): ``offset`` within it, allocated or cached free; ``prev``
+    and ``next``: its neighbours in the segment, None at its ends (torch's ``Block::prev``/``next``:
+    splitting and merging touch only them)."""
 
     segment: Segment
     offset: int
     size: int
     allocated: bool = False
     requested: int = 0
+    prev: Block | None = None
+    next: Block | None = None
 
 
 @dataclass(eq=False, slots=True)
 class Segment:
-    """One cudaMalloc (or one expandable segment): its blocks in address order; ``cache``: its
-    stream and pool's cached free blocks (``CachingAllocator.free_blocks``)."""
+    """One cudaMalloc (or one expandable segment): ``last``, its last block (where an expandable
+    segment grows), the others linked by ``Block.prev``; ``cache``: its stream and pool's cached
+    free blocks (``CachingAllocator.free_blocks``)."""
 
     stream: str
     small: bool
     size: int
     cache: list
-    blocks: list = field(default_factory=list)
+    last: Block | None = None
     expandable: bool = False
+
+    def blocks(self) -> list[Block]:
+        """Its blocks in address order."""
+        out, block = [], self.last
+        while block is not None:
+            out.append(block)
+            block = block.prev
+        return out[::-1]
 
 
 class CachingAllocator:
@@ -175,15 +188,25 @@ class CachingAllocator:
         self.requested -= block.requested
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
-        blocks = block.segment.blocks
-        i = blocks.index(block)
-        for j in (i + 1, i - 1):  # try_merge_blocks(block, next), then (block, prev)
-            if 0 <= j < len(blocks) and not blocks[j].allocated:
-                other = blocks[j]
-                self._uncache(other)
-                block.offset, block.size = min(block.offset, other.offset), block.size + other.size
-                del blocks[j]
+        for other in (block.next, block.prev):  # try_merge_blocks(block, next), then (block, prev)
+            if other is not None and not other.allocated:
+                self._merge(block, other)
         self._cache(block)
+
+    def _merge(self, block: Block, other: Block) -> None:
+        """``try_merge_blocks``: ``block`` takes in its free neighbour ``other``, which leaves the cache."""
+        self._uncache(other)
+        if other is block.prev:
+            block.offset, block.prev = other.offset, other.prev
+            if block.prev is not None:
+                block.prev.next = block
+        else:
+            block.next = other.next
+            if block.next is not None:
+                block.next.prev = block
+            else:
+                block.segment.last = block
+        block.size += other.size
 
     def _cache(self, block: Block) -> None:
         seg = block.segment
@@ -218,8 +241,7 @@ class CachingAllocator:
             return self._grow(rounded, stream, small)
         size = allocation_size(rounded)
         seg = Segment(stream, small, size, self._pool(stream, small))
-        block = Block(seg, 0, size)
-        seg.blocks.append(block)
+        block = seg.last = Block(seg, 0, size)
         self._reserve(size)
         return block
 
@@ -231,7 +253,7 @@ class CachingAllocator:
         if seg is None:
             seg = self.expandable_segments[(stream, small)] = Segment(stream, small, 0, self._pool(stream, small),
                                                                       expandable=True)
-        last = seg.blocks[-1] if seg.blocks and not seg.blocks[-1].allocated else None
+        last = seg.last if seg.last is not None and not seg.last.allocated else None
         need = rounded - (last.size if last is not None else 0)
         grow = page * ((need + page - 1) // page)
         self._reserve(grow)
@@ -239,8 +261,10 @@ class CachingAllocator:
             self._uncache(last)
             last.size += grow
         else:
-            last = Block(seg, seg.size, grow)
-            seg.blocks.append(last)
+            last = Block(seg, seg.size, grow, prev=seg.last)
+            if seg.last is not None:
+                seg.last.next = last
+            seg.last = last
         seg.size += grow
         return last
 
@@ -252,7 +276,11 @@ class CachingAllocator:
     def _split(self, block: Block, rounded: int) -> None:
         """``alloc_found_block``: the rest of the block, past ``rounded`` bytes, cached apart."""
         seg = block.segment
-        rest = Block(seg, block.offset + rounded, block.size - rounded)
-        seg.blocks.insert(seg.blocks.index(block) + 1, rest)
+        rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, block.next)
+        if block.next is None:
+            seg.last = rest
+        else:
+            block.next.prev = rest
+        block.next = rest
         insort(seg.cache, (rest.size, id(seg), rest.offset, rest))
         block.size = rounded
