@@ -250,10 +250,10 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
             super().post_backward(k, reduce)
             self.blocks_done |= k == first_block
 
-        def set_activations(self, level):
-            super().set_activations(level)
-            if self.blocks_done:
-                late.append(level)
+        def at_moment(self, level):
+            super().at_moment(level)
+            if self.blocks_done:  # the activations the replay holds at this moment
+                late.append(self.act_level)
 
     Watched(*c.replay_inputs, allocator=al.CachingAllocator()).run()
     blocks_peak = max(levels.during("backward", (r,))[0] for r in block_roots)
