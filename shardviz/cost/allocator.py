@@ -188,14 +188,18 @@ class CachingAllocator:
         self.requested -= block.requested
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
-        for other in (block.next, block.prev):  # try_merge_blocks(block, next), then (block, prev)
-            if other is not None and not other.allocated:
-                self._merge(block, other)
-        self._cache(block)
+        after, before = block.next, block.prev  # try_merge_blocks(block, next), then (block, prev)
+        if after is not None and not after.allocated:
+            self._merge(block, after)
+        if before is not None and not before.allocated:
+            self._merge(block, before)
+        seg = block.segment  # back into the cache (sorted as _best_fit reads it)
+        insort(seg.cache, (block.size, id(seg), block.offset, block))
 
     def _merge(self, block: Block, other: Block) -> None:
         """``try_merge_blocks``: ``block`` takes in its free neighbour ``other``, which leaves the cache."""
-        self._uncache(other)
+        seg = other.segment  # _uncache, inline: ~400 merges a plan
+        del seg.cache[bisect_left(seg.cache, (other.size, id(seg), other.offset))]
         if other is block.prev:
             block.offset, block.prev = other.offset, other.prev
             if block.prev is not None:
@@ -207,10 +211,6 @@ class CachingAllocator:
             else:
                 block.segment.last = block
         block.size += other.size
-
-    def _cache(self, block: Block) -> None:
-        seg = block.segment
-        insort(seg.cache, (block.size, id(seg), block.offset, block))
 
     def _uncache(self, block: Block) -> None:
         seg = block.segment
