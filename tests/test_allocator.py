@@ -113,6 +113,22 @@ def test_a_request_takes_the_smallest_cached_block_that_fits():
     assert a.reserved == reserved + 42 * MiB
 
 
+def test_a_tie_between_equal_cached_blocks_goes_to_the_oldest_segment():
+    """torch breaks a tie between equal free blocks by pointer; the model takes the segments in the
+    order they were cudaMalloc'd. It took id(segment): where Python put the objects, so a reserved
+    peak changed with the process's heap (qwen3-30B-A3B, one rank, grad_accum=3: 5.68 or 5.71 GB).
+    Here the heap hands the later segments lower addresses."""
+    junk = sorted((al.Segment("junk", False, 0, []) for _ in range(64)), key=id)
+    while junk:
+        junk.pop(0)  # freed lowest address first: the heap hands them back highest first
+    a = al.CachingAllocator()
+    blocks = [a.malloc(30 * MiB) for _ in range(8)]
+    assert sorted(blocks, key=lambda b: id(b.segment)) != blocks  # the case this test is about
+    for block in blocks:
+        a.free(block)
+    assert a.malloc(30 * MiB).segment is blocks[0].segment
+
+
 def test_max_split_size_keeps_small_requests_off_oversize_blocks():
     a = al.CachingAllocator(max_split_size=50 * MiB)
     a.free(a.malloc(100 * MiB))

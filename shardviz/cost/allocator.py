@@ -139,6 +139,9 @@ class Segment:
     cache: list
     last: Block | None = None
     expandable: bool = False
+    # where a tie between equal cached blocks goes: torch compares their pointers; segments stand
+    # in the order they were cudaMalloc'd (``CachingAllocator.segments``), never where Python put them
+    address: int = 0
 
     def blocks(self) -> list[Block]:
         """Its blocks in address order."""
@@ -160,11 +163,12 @@ class CachingAllocator:
         self.max_split = NO_MAX_SPLIT if max_split_size is None else int(max_split_size)
         self.divisions = roundup_power2_divisions
         # per (stream, small pool): the cached free blocks, sorted by get_free_block's order (size,
-        # then segment, then address) as (size, id(segment), offset, block); a block is never
-        # resized while cached, so its key holds
+        # then address) as (size, segment.address, offset, block); a block is never resized while
+        # cached, so its key holds
         self.free_blocks: dict[tuple[str, bool], list[tuple[int, int, int, Block]]] = {}  # (stream, small) -> cache
         self.expandable_segments: dict[tuple[str, bool], Segment] = {}
         self.requested = self.allocated = self.reserved = 0
+        self.segments = 0  # cudaMalloc'd (or expandable segments mapped) so far
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
 
     def malloc(self, size: int, stream: str = "default") -> Block:
@@ -194,12 +198,12 @@ class CachingAllocator:
         if before is not None and not before.allocated:
             self._merge(block, before)
         seg = block.segment  # back into the cache (sorted as _best_fit reads it)
-        insort(seg.cache, (block.size, id(seg), block.offset, block))
+        insort(seg.cache, (block.size, seg.address, block.offset, block))
 
     def _merge(self, block: Block, other: Block) -> None:
         """``try_merge_blocks``: ``block`` takes in its free neighbour ``other``, which leaves the cache."""
         seg = other.segment  # _uncache, inline: ~400 merges a plan
-        del seg.cache[bisect_left(seg.cache, (other.size, id(seg), other.offset))]
+        del seg.cache[bisect_left(seg.cache, (other.size, seg.address, other.offset))]
         if other is block.prev:
             block.offset, block.prev = other.offset, other.prev
             if block.prev is not None:
@@ -214,7 +218,11 @@ class CachingAllocator:
 
     def _uncache(self, block: Block) -> None:
         seg = block.segment
-        del seg.cache[bisect_left(seg.cache, (block.size, id(seg), block.offset))]
+        del seg.cache[bisect_left(seg.cache, (block.size, seg.address, block.offset))]
+
+    def _new_address(self) -> int:
+        self.segments += 1
+        return self.segments
 
     def _pool(self, stream: str, small: bool) -> list:
         """The cached free blocks of ``stream``'s small or large pool."""
@@ -240,7 +248,7 @@ class CachingAllocator:
         if self.expandable:
             return self._grow(rounded, stream, small)
         size = allocation_size(rounded)
-        seg = Segment(stream, small, size, self._pool(stream, small))
+        seg = Segment(stream, small, size, self._pool(stream, small), address=self._new_address())
         block = seg.last = Block(seg, 0, size)
         self._reserve(size)
         return block
@@ -252,7 +260,7 @@ class CachingAllocator:
         seg = self.expandable_segments.get((stream, small))
         if seg is None:
             seg = self.expandable_segments[(stream, small)] = Segment(stream, small, 0, self._pool(stream, small),
-                                                                      expandable=True)
+                                                                      expandable=True, address=self._new_address())
         last = seg.last if seg.last is not None and not seg.last.allocated else None
         need = rounded - (last.size if last is not None else 0)
         grow = page * ((need + page - 1) // page)
@@ -282,5 +290,5 @@ class CachingAllocator:
         else:
             block.next.prev = rest
         block.next = rest
-        insort(seg.cache, (rest.size, id(seg), rest.offset, rest))
+        insort(seg.cache, (rest.size, seg.address, rest.offset, rest))
         block.size = rounded
