@@ -200,7 +200,7 @@ class StepSimulation:
         """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out).
         ``gathers``: the hook's all-gathers (``step_events``), its own call's: this model takes no
         explicit forward prefetch, so each call gathers at its own pre-forward."""
-        if gathers != (Gather(k, Group.SHARD),):
+        if gathers != ((k, Group.SHARD),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
             raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
