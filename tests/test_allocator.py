@@ -177,6 +177,27 @@ def test_the_blocks_of_a_segment_tile_it_and_free_neighbours_are_merged(expandab
         assert a.allocated == sum(b.size for b in live) and a.reserved == sum(seg.size for seg in segments)
 
 
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_forgotten_allocator_leaves_no_cycles_to_the_gc(forget):
+    """``forget`` unlinks the blocks and segments (cycles: segment <-> block, block <-> neighbour):
+    dropped, they are freed by reference counting, and the cyclic GC finds nothing of them."""
+    import gc
+    import random
+
+    rng = random.Random(2)
+    gc.collect()
+    a, live = al.CachingAllocator(), []
+    for _ in range(200):
+        if live and rng.random() < 0.4:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(a.malloc(rng.randrange(1, 30 * MiB)))
+    if forget:
+        a.forget()
+    del a, live
+    assert (gc.collect() == 0) == forget
+
+
 @functools.lru_cache(maxsize=None)
 def step(checkpoint, expandable=False, batch=8, seq=2048):
     m = zoo.tiny_llama_lora()
