@@ -38,7 +38,7 @@ leave in the copy-in stream's cache is not reusable by the activations on the de
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" allocation is 1 MiB
