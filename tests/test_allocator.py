@@ -113,6 +113,22 @@ def test_a_request_takes_the_smallest_cached_block_that_fits():
     assert a.reserved == reserved + 42 * MiB
 
 
+def test_a_tie_between_equal_cached_blocks_goes_to_the_oldest_segment():
+    """torch breaks a tie between equal free blocks by pointer; the model takes the segments in the
+    order they were cudaMalloc'd. It took id(segment): where Python put the objects, so a reserved
+    peak changed with the process's heap (qwen3-30B-A3B, one rank, grad_accum=3: 5.68 or 5.71 GB).
+    Here the heap hands the later segments lower addresses."""
+    junk = sorted((al.Segment("junk", False, 0, []) for _ in range(64)), key=id)
+    while junk:
+        junk.pop(0)  # freed lowest address first: the heap hands them back highest first
+    a = al.CachingAllocator()
+    blocks = [a.malloc(30 * MiB) for _ in range(8)]
+    assert sorted(blocks, key=lambda b: id(b.segment)) != blocks  # the case this test is about
+    for block in blocks:
+        a.free(block)
+    assert a.malloc(30 * MiB).segment is blocks[0].segment
+
+
 def test_max_split_size_keeps_small_requests_off_oversize_blocks():
     a = al.CachingAllocator(max_split_size=50 * MiB)
     a.free(a.malloc(100 * MiB))
@@ -132,6 +148,54 @@ def test_expandable_segments_grow_a_free_last_block():
         a.free(a.malloc(30 * MiB))
         a.malloc(50 * MiB)
     assert plain.reserved == 80 * MiB and grown.reserved == 60 * MiB
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_the_blocks_of_a_segment_tile_it_and_free_neighbours_are_merged(expandable):
+    """Blocks are linked to their neighbours (``Block.prev``/``next``): after any malloc / free,
+    each segment's blocks cover it end to end, no two free blocks are adjacent, and the cache
+    holds exactly the free blocks."""
+    import random
+
+    rng = random.Random(1)
+    a, live, segments = al.CachingAllocator(expandable_segments=expandable), [], set()
+    for _ in range(300):
+        if live and rng.random() < 0.45:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(a.malloc(rng.choice([rng.randrange(1, MiB), rng.randrange(MiB, 30 * MiB)]),
+                                 rng.choice(["default", "ag"])))
+            segments.add(live[-1].segment)
+        cached = set()
+        for seg in segments:
+            blocks = seg.blocks()
+            assert [b.offset for b in blocks] == [0] + [b.offset + b.size for b in blocks[:-1]]
+            assert blocks[-1].offset + blocks[-1].size == seg.size
+            assert all(b.allocated or c.allocated for b, c in zip(blocks, blocks[1:]))
+            cached |= {id(b) for b in blocks if not b.allocated}
+        assert cached == {id(entry[-1]) for cache in a.free_blocks.values() for entry in cache}
+        assert a.allocated == sum(b.size for b in live) and a.reserved == sum(seg.size for seg in segments)
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_forgotten_allocator_leaves_no_cycles_to_the_gc(forget):
+    """``forget`` unlinks the blocks and segments (cycles: segment <-> block, block <-> neighbour):
+    dropped, they are freed by reference counting, and the cyclic GC finds nothing of them."""
+    import gc
+    import random
+
+    rng = random.Random(2)
+    gc.collect()
+    a, live = al.CachingAllocator(), []
+    for _ in range(200):
+        if live and rng.random() < 0.4:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(a.malloc(rng.randrange(1, 30 * MiB)))
+    if forget:
+        a.forget()
+    del a, live
+    assert (gc.collect() == 0) == forget
 
 
 @functools.lru_cache(maxsize=None)
@@ -223,10 +287,10 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
             super().post_backward(k, reduce)
             self.blocks_done |= k == first_block
 
-        def set_activations(self, level):
-            super().set_activations(level)
-            if self.blocks_done:
-                late.append(level)
+        def at_moment(self, level):
+            super().at_moment(level)
+            if self.blocks_done:  # the activations the replay holds at this moment
+                late.append(self.act_level)
 
     Watched(*c.replay_inputs, allocator=al.CachingAllocator()).run()
     blocks_peak = max(levels.during("backward", (r,))[0] for r in block_roots)

@@ -38,7 +38,7 @@ leave in the copy-in stream's cache is not reusable by the activations on the de
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" allocation is 1 MiB
@@ -114,26 +114,43 @@ def should_split(block_size: int, rounded: int, small: bool, expandable: bool = 
 
 @dataclass(eq=False, slots=True)
 class Block:
-    """A block of a segment (``Block``): ``offset`` within it, allocated or cached free."""
+    """A block of a segment (``Block``): ``offset`` within it, allocated or cached free; ``prev``
+    and ``next``: its neighbours in the segment, None at its ends (torch's ``Block::prev``/``next``:
+    splitting and merging touch only them)."""
 
     segment: Segment
     offset: int
     size: int
     allocated: bool = False
     requested: int = 0
+    prev: Block | None = None
+    next: Block | None = None
 
 
 @dataclass(eq=False, slots=True)
 class Segment:
-    """One cudaMalloc (or one expandable segment): its blocks in address order; ``cache``: its
-    stream and pool's cached free blocks (``CachingAllocator.free_blocks``)."""
+    """One cudaMalloc (or one expandable segment): ``last``, its last block (where an expandable
+    segment grows), the others linked by ``Block.prev``; ``cache``: its stream and pool's cached
+    free blocks (``CachingAllocator.free_blocks``)."""
 
     stream: str
     small: bool
     size: int
     cache: list
-    blocks: list = field(default_factory=list)
+    last: Block | None = None
     expandable: bool = False
+    # where a tie between equal cached blocks goes: torch compares their pointers; segments stand
+    # in the order they were cudaMalloc'd (their index in ``CachingAllocator.segments``), never
+    # where Python put them
+    address: int = 0
+
+    def blocks(self) -> list[Block]:
+        """Its blocks in address order."""
+        out, block = [], self.last
+        while block is not None:
+            out.append(block)
+            block = block.prev
+        return out[::-1]
 
 
 class CachingAllocator:
@@ -147,11 +164,12 @@ class CachingAllocator:
         self.max_split = NO_MAX_SPLIT if max_split_size is None else int(max_split_size)
         self.divisions = roundup_power2_divisions
         # per (stream, small pool): the cached free blocks, sorted by get_free_block's order (size,
-        # then segment, then address) as (size, id(segment), offset, block); a block is never
-        # resized while cached, so its key holds
+        # then address) as (size, segment.address, offset, block); a block is never resized while
+        # cached, so its key holds
         self.free_blocks: dict[tuple[str, bool], list[tuple[int, int, int, Block]]] = {}  # (stream, small) -> cache
         self.expandable_segments: dict[tuple[str, bool], Segment] = {}
         self.requested = self.allocated = self.reserved = 0
+        self.segments: list[Segment] = []  # in the order they were cudaMalloc'd (or first mapped)
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
 
     def malloc(self, size: int, stream: str = "default") -> Block:
@@ -175,23 +193,52 @@ class CachingAllocator:
         self.requested -= block.requested
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
-        blocks = block.segment.blocks
-        i = blocks.index(block)
-        for j in (i + 1, i - 1):  # try_merge_blocks(block, next), then (block, prev)
-            if 0 <= j < len(blocks) and not blocks[j].allocated:
-                other = blocks[j]
-                self._uncache(other)
-                block.offset, block.size = min(block.offset, other.offset), block.size + other.size
-                del blocks[j]
-        self._cache(block)
+        after, before = block.next, block.prev  # try_merge_blocks(block, next), then (block, prev)
+        if after is not None and not after.allocated:
+            self._merge(block, after)
+        if before is not None and not before.allocated:
+            self._merge(block, before)
+        seg = block.segment  # back into the cache (sorted as _best_fit reads it)
+        insort(seg.cache, (block.size, seg.address, block.offset, block))
 
-    def _cache(self, block: Block) -> None:
-        seg = block.segment
-        insort(seg.cache, (block.size, id(seg), block.offset, block))
+    def _merge(self, block: Block, other: Block) -> None:
+        """``try_merge_blocks``: ``block`` takes in its free neighbour ``other``, which leaves the cache."""
+        seg = other.segment  # _uncache, inline: ~400 merges a plan
+        del seg.cache[bisect_left(seg.cache, (other.size, seg.address, other.offset))]
+        if other is block.prev:
+            block.offset, block.prev = other.offset, other.prev
+            if block.prev is not None:
+                block.prev.next = block
+        else:
+            block.next = other.next
+            if block.next is not None:
+                block.next.prev = block
+            else:
+                block.segment.last = block
+        block.size += other.size
 
     def _uncache(self, block: Block) -> None:
         seg = block.segment
-        del seg.cache[bisect_left(seg.cache, (block.size, id(seg), block.offset))]
+        del seg.cache[bisect_left(seg.cache, (block.size, seg.address, block.offset))]
+
+    def _new_segment(self, stream: str, small: bool, size: int, expandable: bool = False) -> Segment:
+        seg = Segment(stream, small, size, self._pool(stream, small), expandable=expandable, address=len(self.segments))
+        self.segments.append(seg)
+        return seg
+
+    def forget(self) -> None:
+        """Drops every segment and block, unlinked from each other: reference counting frees them
+        as soon as the allocator goes, rather than leaving ~1,000 objects in cycles (segment <->
+        block, block <-> neighbour) to the cyclic GC's next collections."""
+        for seg in self.segments:
+            block, seg.last = seg.last, None
+            while block is not None:
+                prev = block.prev
+                block.prev = block.next = None
+                block = prev
+            seg.cache.clear()  # its pool's: the cached blocks' keys
+        self.segments.clear()
+        self.expandable_segments.clear()
 
     def _pool(self, stream: str, small: bool) -> list:
         """The cached free blocks of ``stream``'s small or large pool."""
@@ -217,9 +264,8 @@ class CachingAllocator:
         if self.expandable:
             return self._grow(rounded, stream, small)
         size = allocation_size(rounded)
-        seg = Segment(stream, small, size, self._pool(stream, small))
-        block = Block(seg, 0, size)
-        seg.blocks.append(block)
+        seg = self._new_segment(stream, small, size)
+        block = seg.last = Block(seg, 0, size)
         self._reserve(size)
         return block
 
@@ -229,9 +275,8 @@ class CachingAllocator:
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
         seg = self.expandable_segments.get((stream, small))
         if seg is None:
-            seg = self.expandable_segments[(stream, small)] = Segment(stream, small, 0, self._pool(stream, small),
-                                                                      expandable=True)
-        last = seg.blocks[-1] if seg.blocks and not seg.blocks[-1].allocated else None
+            seg = self.expandable_segments[(stream, small)] = self._new_segment(stream, small, 0, expandable=True)
+        last = seg.last if seg.last is not None and not seg.last.allocated else None
         need = rounded - (last.size if last is not None else 0)
         grow = page * ((need + page - 1) // page)
         self._reserve(grow)
@@ -239,8 +284,10 @@ class CachingAllocator:
             self._uncache(last)
             last.size += grow
         else:
-            last = Block(seg, seg.size, grow)
-            seg.blocks.append(last)
+            last = Block(seg, seg.size, grow, prev=seg.last)
+            if seg.last is not None:
+                seg.last.next = last
+            seg.last = last
         seg.size += grow
         return last
 
@@ -252,7 +299,11 @@ class CachingAllocator:
     def _split(self, block: Block, rounded: int) -> None:
         """``alloc_found_block``: the rest of the block, past ``rounded`` bytes, cached apart."""
         seg = block.segment
-        rest = Block(seg, block.offset + rounded, block.size - rounded)
-        seg.blocks.insert(seg.blocks.index(block) + 1, rest)
-        insort(seg.cache, (rest.size, id(seg), rest.offset, rest))
+        rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, block.next)
+        if block.next is None:
+            seg.last = rest
+        else:
+            block.next.prev = rest
+        block.next = rest
+        insort(seg.cache, (rest.size, seg.address, rest.offset, rest))
         block.size = rounded

@@ -86,4 +86,6 @@ def replayed_step(inputs: tuple, resident: ResidentState, optimizer: OptimizerSt
     resident_bytes = int(resident.total + optimizer.device.max() + optimizer.whole)
     step, alloc = traced_step(*inputs, resident_bytes, int(optimizer.step_temporaries.max()), expandable_segments, device)
     tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts
-    return step, max(alloc.peak_reserved - tensors, 0)
+    overhead = max(alloc.peak_reserved - tensors, 0)
+    alloc.forget()  # its blocks freed now, not left to the cyclic GC (~0.2 ms of its time an analysis)
+    return step, overhead

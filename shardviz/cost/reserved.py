@@ -87,7 +87,8 @@ class TracingSimulation(StepSimulation):
         if self.replayed_level is not None:
             level = self.replayed_level
         self.replayed_level = None
-        self.set_activations(int(level))
+        if level != self.act_level:  # most moments leave the activations as they are
+            self.set_activations(int(level))
 
     def set_activations(self, level: int) -> None:
         """The activations at ``level`` bytes: new ones a block each, the latest freed first."""

@@ -85,8 +85,9 @@ class Held:
     # forward: each root context's last all-gather output, freed by the next copy-out (implicit prefetch)
     last_gather_of_context: dict[int, int] = field(default_factory=dict)
     forward_gathers: int = 0  # their sum
-    # backward: all-gather outputs issued (or prefetched) and not yet copied out, per call
+    # backward: all-gather outputs issued (or prefetched) and not yet copied out, per call (``prefetch``)
     prefetched: dict[int, int] = field(default_factory=dict)
+    prefetched_bytes: int = 0  # their sum, kept as they change (it is read at every backward moment)
     reduce_scatter_input: int = 0  # the last one, kept until the next post-backward
     gradients: int = 0  # sharded and whole gradients so far
     unsharded_grads_of: dict[int, int] = field(default_factory=dict)  # per call, computed in this backward
@@ -94,9 +95,14 @@ class Held:
     accumulated_grads_of: dict[int, int] = field(default_factory=dict)
     unsharded_grads: int = 0  # the sum of both
 
-    @property
-    def prefetched_bytes(self) -> int:
-        return sum(self.prefetched.values())
+    def prefetch(self, k: int, nbytes: int) -> None:
+        """Call ``k``'s all-gather output, ``nbytes``, is issued (0: none, over a group of one rank)."""
+        self.prefetched_bytes += nbytes - self.prefetched.get(k, 0)
+        self.prefetched[k] = nbytes
+
+    def copy_out(self, k: int) -> None:
+        """Call ``k``'s all-gather output is copied out (its bytes move to ``unsharded_params``)."""
+        self.prefetched_bytes -= self.prefetched.pop(k)
 
     def add_unsharded_grads(self, k: int, nbytes: int) -> None:
         self.unsharded_grads_of[k] = self.unsharded_grads_of.get(k, 0) + nbytes
@@ -110,6 +116,7 @@ class Held:
         prefetched all-gathers nobody copied out are dropped (``finalize_backward``)."""
         self.reduce_scatter_input = 0
         self.prefetched.clear()
+        self.prefetched_bytes = 0
 
 
 class StepSimulation:
@@ -151,15 +158,22 @@ class StepSimulation:
         """The last micro-batch's collectives, counted over the step: the all-gathers run in every
         micro-batch, the reduce-scatters (and HSDP all-reduces) in those that sync."""
         k = self.grad_accum
+        if k == 1:  # every collective runs once
+            return list(self.collectives)
         syncs = k if self.sync_every else 1
         return [c._replace(count=k if c.collective == "all_gather" else syncs) for c in self.collectives]
 
-    def observe(self, phase: str, k, *, act=(0, None), **alive) -> None:
+    def observe(self, phase: str, k, *, act=(0, None), unsharded_params: int = 0, communication_buffers: int = 0,
+                gradients: int = 0, temporaries: int = 0) -> None:
+        """A moment where memory can peak: ``act``, the activations (level, module), and the rest of
+        ``Alive``'s fields by name (named parameters, not ``**alive``: no dict per moment)."""
         level, module = act
-        x = level + sum(alive.values())  # Alive.total(), without building one for every moment (a search runs ~5,000 a plan)
+        # Alive.total(), without building one for every moment (a search runs ~5,000 a plan)
+        x = level + unsharded_params + communication_buffers + gradients + temporaries
         if x > self.peak:
             self.peak = x
-            self.moment = Moment(phase, k, Alive(activations=level, **alive), module)
+            self.moment = Moment(phase, k, Alive(unsharded_params, communication_buffers, gradients, level, temporaries),
+                                 module)
         self.at_moment(level)
 
     def at_moment(self, level: int) -> None:
@@ -167,10 +181,12 @@ class StepSimulation:
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:
+        # an Enum member costs ~100 ns to look up (Python 3.11): read once a walk, not at every event
+        pre_forward, post_forward = Hook.PRE_FORWARD, Hook.POST_FORWARD
         for event in self.events.forward:
-            if event.kind == Hook.PRE_FORWARD:
+            if event.kind == pre_forward:
                 self.pre_forward(event.call, event.gathers + event.prefetches)
-            elif event.kind == Hook.POST_FORWARD:
+            elif event.kind == post_forward:
                 self.post_forward(event.call)
             else:
                 self.root_post_forward(event.call)
@@ -184,7 +200,7 @@ class StepSimulation:
         """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out).
         ``gathers``: the hook's all-gathers (``step_events``), its own call's: this model takes no
         explicit forward prefetch, so each call gathers at its own pre-forward."""
-        if gathers != (Gather(k, Group.SHARD),):
+        if gathers != ((k, Group.SHARD),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
             raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
@@ -232,20 +248,24 @@ class StepSimulation:
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
 
     # -- backward ---------------------------------------------------------------------------------
-    def backward_alive(self) -> dict:
+    def observe_backward(self, k, act, params: int = 0, buffers: int = 0) -> None:
+        """A backward moment: what is held, with ``params`` more unsharded parameters and ``buffers``
+        more communication buffers."""
         h = self.held
-        return dict(unsharded_params=h.unsharded_params, communication_buffers=h.prefetched_bytes + h.reduce_scatter_input,
-                    gradients=h.all_gradients())
+        self.observe("backward", k, act=act, unsharded_params=h.unsharded_params + params,
+                     communication_buffers=h.prefetched_bytes + h.reduce_scatter_input + buffers,
+                     gradients=h.all_gradients())
 
     def backward(self) -> None:
-        self.observe("backward", None, act=self.act.during("backward", (0,)), **self.backward_alive())
+        self.observe_backward(None, self.act.during("backward", (0,)))
+        pre_backward, gradients, post_backward = Hook.PRE_BACKWARD, Hook.GRADIENTS, Hook.POST_BACKWARD  # as in forward
         for event in self.events.backward:
-            if event.kind == Hook.PRE_BACKWARD:
+            if event.kind == pre_backward:
                 self.pre_backward(event.call, event.own_gather(), event.prefetch_gathers())
-            elif event.kind == Hook.GRADIENTS:
+            elif event.kind == gradients:
                 part = event.gradients
                 self.gradients(event.call, part.unsharded, part.whole, part.module, part.span)
-            elif event.kind == Hook.POST_BACKWARD:
+            elif event.kind == post_backward:
                 self.post_backward(event.call, event.reduce)
             elif self.mb.first:  # the final callback starts; later micro-batches accumulate into them in place
                 self.held.gradients += self.unmanaged_grads
@@ -260,12 +280,9 @@ class StepSimulation:
         k, h = gather.call, self.held
         u = self.units[k]
         size = self.S if gather.group is Group.SHARD else u.reshard_after_forward
-        h.prefetched[k] = 0
+        h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
-            h.prefetched[k] = u.gather
-            alive = self.backward_alive()
-            alive["communication_buffers"] += u.staged
-            self.observe("backward", k, act=act, **alive)
+            self.observe_backward(k, act, buffers=u.staged)
             self.collectives.append(Collective(k, "all_gather", "backward", gather.group.value, size))
 
     def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
@@ -277,17 +294,15 @@ class StepSimulation:
         for gather in own:
             self.unshard(gather, act)
         if k in h.prefetched:
-            alive = self.backward_alive()
-            alive["unsharded_params"] += u.gather
-            self.observe("backward", k, act=act, **alive)
+            self.observe_backward(k, act, params=u.gather)
             shard = u.gather // u.reshard_after_forward if self.state[k] is ParamState.POST_FORWARD_SHARD else 0
-            del h.prefetched[k]
+            h.copy_out(k)
             h.unsharded_params += u.gather - shard
             self.state[k] = ParamState.UNSHARDED
         for gather in prefetches:  # FSDPParamGroup._backward_prefetch (or the explicit list)
             self.unshard(gather, act)
         # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
-        self.observe("backward", k, act=self.act.during("backward", u.modules), **self.backward_alive())
+        self.observe_backward(k, self.act.during("backward", u.modules))
         if u.grads_at is None:
             self.gradients(k, u.unsharded_grads, u.whole_grads)
 
@@ -300,14 +315,14 @@ class StepSimulation:
         if module is None:  # the call's backward at once: its peak with all its gradients
             h.add_unsharded_grads(k, unsharded)
             h.gradients += whole
-            self.observe("backward", k, act=self.act.during("backward", self.units[k].modules), **self.backward_alive())
+            self.observe_backward(k, self.act.during("backward", self.units[k].modules))
             return
         # the module's backward runs (its highest level) before its parameters' gradients are
         # accumulated; then they are, at the level its backward leaves
-        self.observe("backward", k, act=self.act.during("backward", span or (module,)), **self.backward_alive())
+        self.observe_backward(k, self.act.during("backward", span or (module,)))
         h.add_unsharded_grads(k, unsharded)
         h.gradients += whole
-        self.observe("backward", k, act=self.act.after_backward(module), **self.backward_alive())
+        self.observe_backward(k, self.act.after_backward(module))
 
     def new_gradients(self, k: int, unsharded: int, whole: int) -> tuple[int, int]:
         """The gradient bytes a backward allocates. After the first micro-batch, autograd adds into
@@ -340,7 +355,7 @@ class StepSimulation:
         if k not in h.accumulated_grads_of:  # the cast copy, while the gradients it copies exist
             h.accumulated_grads_of[k] = u.accumulated_grads
             h.unsharded_grads += u.accumulated_grads
-            self.observe("backward", k, act=self.act.leave("backward", u.modules), **self.backward_alive())
+            self.observe_backward(k, self.act.leave("backward", u.modules))
         h.unsharded_grads -= fresh
 
     def post_backward(self, k: int, reduce: bool) -> None:
