@@ -268,7 +268,7 @@ class Layout:
         """Which unit each module opens, then the nearest enclosing unit: each unit module's
         subtree (a preorder slice), the outer ones first, so that the nearest one wins."""
         tree, index = self.tree, tree_index(self.tree)
-        self.units = [UnitLayout(i, u, tuple(tree.module_index[m] for m in u.modules))
+        self.units = [UnitLayout(i, u, tuple([tree.module_index[m] for m in u.modules]))
                       for i, u in enumerate(self.plan.units)]
         modules = np.array([m for ul in self.units for m in ul.modules], dtype=np.int64)  # every call's modules
         opener = np.repeat(np.arange(len(self.units)), [len(ul.modules) for ul in self.units])
@@ -306,8 +306,9 @@ class Layout:
         sharded = np.nonzero(self.sharded)[0]
         by_unit = sharded[np.argsort(unit[sharded], kind="stable")]  # each call's parameters in tree order
         starts = np.searchsorted(unit[by_unit], np.arange(len(self.units) + 1)).tolist()
+        by_unit = by_unit.tolist()  # sliced per call: one conversion, not one per call
         for ul in self.units:
-            ul.params = by_unit[starts[ul.index]:starts[ul.index + 1]].tolist()
+            ul.params = by_unit[starts[ul.index]:starts[ul.index + 1]]
 
     def _calls_reaching(self, p) -> list[int]:
         """The calls whose DFS reaches parameter ``p``, in bottom-up order."""
