@@ -30,7 +30,7 @@ from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, 
 from .finding import Finding, PlanError
 from .format import format_plural, parse_size
 from .plan import Plan, Unit, closest_hint
-from .tree import ModelTree, tree_index
+from .tree import ModelTree, subtree_numel, tree_index
 
 def parse_bytes(value) -> int | None:
     """80e9, "80GB" or "80GiB" -> bytes (None stays None)."""
@@ -214,18 +214,6 @@ def padded_shard_numel(dim0, row_numel, shard):
 # ---------------------------------------------------------------------------
 # What a call may take (``_fsdp_init._validate_module``: no bare ModuleList/ModuleDict)
 # ---------------------------------------------------------------------------
-def subtree_numel(tree: ModelTree) -> list[int]:
-    """Parameter elements under each module, each unique parameter counted where it first appears."""
-    own = [0] * tree.n_modules
-    for p in tree.params:
-        own[p.owners[0]] += p.numel
-    total = own[:]
-    for info in reversed(tree.modules):
-        if info.parent >= 0:
-            total[info.parent] += total[info.index]
-    return total
-
-
 def children_with_params(tree: ModelTree, module: int) -> list[int]:
     """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
     numel = subtree_numel(tree)
@@ -280,20 +268,19 @@ class Layout:
         """Which unit each module opens, then the nearest enclosing unit: each unit module's
         subtree (a preorder slice), the outer ones first, so that the nearest one wins."""
         tree, index = self.tree, tree_index(self.tree)
-        self.units = [
-            UnitLayout(i, u, tuple(tree.module_index[m] for m in u.modules)) for i, u in enumerate(self.plan.units)
-        ]
+        self.units = [UnitLayout(i, u, tuple([tree.module_index[m] for m in u.modules]))
+                      for i, u in enumerate(self.plan.units)]
+        modules = np.array([m for ul in self.units for m in ul.modules], dtype=np.int64)  # every call's modules
+        opener = np.repeat(np.arange(len(self.units)), [len(ul.modules) for ul in self.units])
         own = np.full(tree.n_modules, -1, dtype=np.int64)
-        for ul in self.units:
-            own[list(ul.modules)] = ul.index
+        own[modules] = opener
         owner = np.full(tree.n_modules, -1, dtype=np.int64)
         opened = np.nonzero(own >= 0)[0]
         for m in opened[np.argsort(index.depth[opened], kind="stable")].tolist():
             owner[m:index.subtree_end[m]] = own[m]
-        self._owner = owner
+        self._owner, self._own = owner, own
         self.module_unit = owner.tolist()
-        self._own = own.tolist()
-        self._order_units(self._own, self.module_unit)
+        self._order_units(modules, opener)
 
     def _assign_params(self) -> None:
         """Each parameter: ignored, managed by the first call that reaches it, or under none."""
@@ -313,13 +300,15 @@ class Layout:
         unit[ignored] = -1
         status = np.where(unit >= 0, 0, 2)
         status[ignored] = 1
-        self.param_unit = unit.tolist()
-        self.param_status = [self.STATUS[s] for s in status.tolist()]
-        sharded = np.nonzero(unit >= 0)[0]
+        self.param_unit, self._param_unit = unit.tolist(), unit
+        self.param_status = np.array(self.STATUS, dtype=object)[status].tolist()
+        self.sharded = unit >= 0  # per parameter, as a numpy mask: param_status == "sharded"
+        sharded = np.nonzero(self.sharded)[0]
         by_unit = sharded[np.argsort(unit[sharded], kind="stable")]  # each call's parameters in tree order
-        starts = np.searchsorted(unit[by_unit], np.arange(len(self.units) + 1))
+        starts = np.searchsorted(unit[by_unit], np.arange(len(self.units) + 1)).tolist()
+        by_unit = by_unit.tolist()  # sliced per call: one conversion, not one per call
         for ul in self.units:
-            ul.params = by_unit[starts[ul.index]:starts[ul.index + 1]].tolist()
+            ul.params = by_unit[starts[ul.index]:starts[ul.index + 1]]
 
     def _calls_reaching(self, p) -> list[int]:
         """The calls whose DFS reaches parameter ``p``, in bottom-up order."""
@@ -329,45 +318,53 @@ class Layout:
         # tied, or under a module reached along several paths: every name's enclosing call
         return sorted({u for u in map(self.enclosing_unit, p.fqns) if u >= 0}, key=lambda u: self.units[u].order)
 
-    def _order_units(self, own: list[int], owner: list[int]) -> None:
-        """Bottom-up order: a call runs after every call nested inside it (torch requires it)."""
-        after: dict[int, set[int]] = {ul.index: set() for ul in self.units}  # unit -> units it must follow
-        for ul in self.units:
-            for m in ul.modules:
-                parent = self.tree.modules[m].parent
-                outer = owner[parent] if parent >= 0 else -1
-                if outer >= 0 and outer != ul.index:
-                    after[outer].add(ul.index)
-            ul.is_root = all(
-                self.tree.modules[m].parent < 0 or owner[self.tree.modules[m].parent] < 0 for m in ul.modules
-            )
-        # Kahn's algorithm; among ready calls the deepest goes first, then plan order.
-        depth = {ul.index: max(self.tree.modules[m].depth for m in ul.modules) for ul in self.units}
-        ready = [(-depth[u], u) for u, deps in after.items() if not deps]
+    def _order_units(self, modules: np.ndarray, opener: np.ndarray) -> None:
+        """Bottom-up order: a call runs after every call nested inside it (torch requires it).
+        ``modules``: every call's modules, ``opener``: the call of each."""
+        index, n = tree_index(self.tree), len(self.units)
+        parent = index.parent[modules]
+        outer = np.where(parent >= 0, self._owner[parent], -1)  # the call around each call's module
+        nested = (outer >= 0) & (outer != opener)
+        self.calls_with_nested = frozenset(outer[nested].tolist())
+        for ul, inside in zip(self.units, np.bincount(opener[outer >= 0], minlength=n).tolist()):
+            ul.is_root = not inside
+        depth = np.zeros(n, dtype=np.int64)
+        np.maximum.at(depth, opener, index.depth[modules])  # a call's deepest module
+        # The deepest call first, then plan order: without a grouped call that order already puts
+        # every call after the calls nested in it, and it is then the one Kahn's algorithm returns.
+        order = np.lexsort((np.arange(n), -depth))
+        place = np.argsort(order)
+        if (place[outer[nested]] > place[opener[nested]]).all():
+            order = order.tolist()
+        else:
+            order = self._kahn(depth.tolist(), set(zip(outer[nested].tolist(), opener[nested].tolist())))
+        for position, u in enumerate(order):
+            self.units[u].order = position
+        self.order = order
+
+    def _kahn(self, depth: list[int], edges: set[tuple[int, int]]) -> list[int]:
+        """Kahn's algorithm over the (outer, nested) ``edges``; among ready calls the deepest goes
+        first, then plan order."""
+        waiting = [0] * len(depth)  # per call: the nested calls not yet applied
+        dependents: list[list[int]] = [[] for _ in depth]
+        for o, u in sorted(edges):
+            waiting[o] += 1
+            dependents[u].append(o)
+        ready = [(-d, u) for u, d in enumerate(depth) if not waiting[u]]
         heapq.heapify(ready)
-        waiting = {u: set(deps) for u, deps in after.items() if deps}
-        dependents: dict[int, list[int]] = {}
-        for u, deps in waiting.items():
-            for d in deps:
-                dependents.setdefault(d, []).append(u)
         order: list[int] = []
         while ready:
             _, u = heapq.heappop(ready)
             order.append(u)
-            for v in dependents.get(u, ()):
-                waiting[v].discard(u)
+            for v in dependents[u]:
+                waiting[v] -= 1
                 if not waiting[v]:
-                    del waiting[v]
                     heapq.heappush(ready, (-depth[v], v))
-        if waiting:
-            names = [self.units[u].unit.name for u in waiting]
-            raise ValueError(
-                f"units {names} cannot be applied bottom-up: a grouped unit has modules both inside and "
-                "outside another unit; split the group or move the other unit"
-            )
-        for position, u in enumerate(order):
-            self.units[u].order = position
-        self.order = order
+        if len(order) < len(depth):
+            names = [ul.unit.name for ul in self.units if waiting[ul.index]]
+            raise ValueError(f"units {names} cannot be applied bottom-up: a grouped unit has modules both inside "
+                             "and outside another unit; split the group or move the other unit")
+        return order
 
     # -- per parameter ------------------------------------------------------------
     def shard_shape(self, p: int) -> tuple[int, ...]:
@@ -411,7 +408,7 @@ class Layout:
         prefixes finds the one this path meets, as torch's DFS from each call does."""
         path = fqn.rpartition(".")[0]
         while True:
-            unit = self._own[self.tree.module_index[path]]
+            unit = int(self._own[self.tree.module_index[path]])
             if unit >= 0:
                 return unit
             if not path:
@@ -460,7 +457,7 @@ def resolved_reshard(reshard, shard: int):
 
 def _sharded_params(lay: Layout, among):
     """The sharded ones of the parameters ``among`` (indices, in tree order)."""
-    return [lay.tree.params[p] for p in among if lay.param_status[p] == "sharded"]
+    return [lay.tree.params[p] for p in among if lay.sharded[p]]
 
 
 def refuse_shared_across_calls(lay: Layout) -> list[Finding]:
@@ -543,20 +540,22 @@ def refuse_bare_containers(lay: Layout) -> list[Finding]:
 
 def refuse_mixed_dtypes(lay: Layout) -> list[Finding]:
     """SV003: trainable parameters of one group must share one original dtype (``FSDPParamGroup``)."""
-    tree, out = lay.tree, []
-    for ul in lay.units:
+    tree, index, out = lay.tree, tree_index(lay.tree), []
+    trainable = lay.sharded & index.trainable
+    has_dtype = np.zeros((len(lay.units), len(index.dtypes)), dtype=bool)  # per call: the dtypes it trains
+    has_dtype[lay._param_unit[trainable], index.dtype_code[trainable]] = True
+    for ul in (lay.units[u] for u in np.nonzero(has_dtype.sum(axis=1) > 1)[0].tolist()):
         trainable = [tree.params[p] for p in ul.params if tree.params[p].requires_grad]
         dtypes = {p.dtype for p in trainable}
-        if len(dtypes) > 1:
-            out.append(Finding(
-                "SV003", "error",
-                f"call {ul.unit.name} manages trainable parameters of dtypes "
-                f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
-                "per group (AssertionError at the first forward)",
-                [p.fqn for p in trainable][:20],
-                "cast them to one dtype before fully_shard, give each dtype its own unit, or list the "
-                "trainable parameters of the other dtypes as ignored",
-            ))
+        out.append(Finding(
+            "SV003", "error",
+            f"call {ul.unit.name} manages trainable parameters of dtypes "
+            f"{sorted(str(d).replace('torch.', '') for d in dtypes)}; FSDP expects one original dtype "
+            "per group (AssertionError at the first forward)",
+            [p.fqn for p in trainable][:20],
+            "cast them to one dtype before fully_shard, give each dtype its own unit, or list the "
+            "trainable parameters of the other dtypes as ignored",
+        ))
     return out
 
 

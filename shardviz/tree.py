@@ -301,6 +301,18 @@ class ModelTree:
         return f"ModelTree({self.root_type}: {len(self.modules)} modules, {len(self.params)} parameters)"
 
 
+def subtree_numel(tree: ModelTree) -> list[int]:
+    """Parameter elements under each module, each unique parameter counted where it first appears."""
+    own = [0] * tree.n_modules
+    for p in tree.params:
+        own[p.owners[0]] += p.numel
+    total = own[:]
+    for info in reversed(tree.modules):
+        if info.parent >= 0:
+            total[info.parent] += total[info.index]
+    return total
+
+
 @dataclass(frozen=True)
 class TreeIndex:
     """What every layout of one tree reads (``fsdp.Layout``), as arrays: computed once per tree
@@ -308,11 +320,15 @@ class TreeIndex:
 
     subtree_end: np.ndarray  # per module (preorder): one past its last descendant
     depth: np.ndarray  # per module
+    parent: np.ndarray  # per module (-1: the root)
     single: np.ndarray  # parameters with one name (the common case)
     single_owner: np.ndarray  # the module that registers each of them
     several_names: tuple[int, ...]  # tied parameters, or under a module reached along several paths
     scalars: tuple[int, ...]  # 0-dim parameters (SV002)
     non_contiguous: tuple[int, ...]  # SV008
+    trainable: np.ndarray  # per parameter: requires_grad
+    dtype_code: np.ndarray  # per parameter: its dtype's position in ``dtypes``
+    dtypes: tuple  # the tree's parameter dtypes (SV003 compares them per call)
 
 
 _TREE_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -324,14 +340,19 @@ def tree_index(tree: ModelTree) -> TreeIndex:
     if index is None:
         params = tree.params
         single = [p.index for p in params if len(p.fqns) == 1]
+        dtypes = tuple(dict.fromkeys(p.dtype for p in params))
+        code = {d: i for i, d in enumerate(dtypes)}
         index = _TREE_INDEX[tree] = TreeIndex(
             np.array([m.subtree_end for m in tree.modules], dtype=np.int64),
             np.array([m.depth for m in tree.modules], dtype=np.int64),
+            np.array(tree.parents, dtype=np.int64),
             np.array(single, dtype=np.int64),
             np.array([params[p].owners[0] for p in single], dtype=np.int64),
             tuple(p.index for p in params if len(p.fqns) > 1),
             tuple(p.index for p in params if len(p.shape) == 0),
-            tuple(p.index for p in params if not p.contiguous))
+            tuple(p.index for p in params if not p.contiguous),
+            np.array([p.requires_grad for p in params], dtype=bool),
+            np.array([code[p.dtype] for p in params], dtype=np.int64), dtypes)
     return index
 
 

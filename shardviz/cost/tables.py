@@ -53,6 +53,7 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
     def per_rank(value):
         return np.full(W, value)
 
+    index = pd.RangeIndex(W)  # given, so that pandas need not align the object columns' Series to one
     return per_global_rank(pd.DataFrame({
         "rank": np.arange(W),
         "replica": np.repeat(np.arange(R), S),
@@ -69,8 +70,8 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "activations": tile(peak["activations"]),
         "peak": tile(peak["peak"]),
         "peak_phase": tile(peak["peak_phase"]),
-        "peak_unit": pd.Series(tile(peak["peak_unit"]), dtype=object),
-        "peak_module": pd.Series(tile(peak["peak_module"]), dtype=object),
+        "peak_unit": pd.Series(tile(peak["peak_unit"]), dtype=object, index=index),
+        "peak_module": pd.Series(tile(peak["peak_module"]), dtype=object, index=index),
         "peak_transient": tile(peak["peak_transient"]),
         # the caching allocator's reserved peak (torch.cuda.max_memory_reserved) under the mesh's
         # allocator setting: the peak plus what its segments hold beyond the tensors (cost.reserved)
@@ -79,7 +80,7 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "cpu_grads": tile(res.cpu_grads),
         "cpu_optimizer": tile(cpu_opt),
         "cpu_peak": tile(res.cpu_params + res.cpu_grads + cpu_opt + opt.cpu_step_temporaries),
-    }), costs.mesh.tensor)
+    }, index=index), costs.mesh.tensor)
 
 
 def per_global_rank(table: pd.DataFrame, tensor: int) -> pd.DataFrame:
@@ -93,20 +94,44 @@ def per_global_rank(table: pd.DataFrame, tensor: int) -> pd.DataFrame:
     return out
 
 
-def _collective_rows(costs: CostModel) -> list[tuple]:
-    """(unit, collective, phase, group, group size, count, dtype, bytes) per collective issued."""
-    rows = []
-    for c in costs.step.collectives:
-        u = costs.units[c.unit]
-        nbytes = {"all_gather": u.gather, "reduce_scatter": u.rs_input, "all_reduce": u.rs_output}[c.collective]
-        dtype = u.gather_dtype if c.collective == "all_gather" else u.reduce_dtype
-        rows.append((u.name, c.collective, c.phase, c.group, c.group_size, c.count, dtype, nbytes))
+#: comm_table's columns before ``dim``, and the kinds of collective in the order ``_moved`` stacks them
+ROW_FIELDS = ("unit", "collective", "phase", "group", "group_size", "count", "dtype", "bytes")
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+def _moved(costs: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Per kind of collective (``KINDS``) and call: the bytes it moves, and their dtype."""
+    units = costs.units
+    nbytes = np.array([[u.gather for u in units], [u.rs_input for u in units], [u.rs_output for u in units]],
+                      dtype=np.int64)
+    dtypes = np.array([[u.gather_dtype for u in units], [u.reduce_dtype for u in units], [u.reduce_dtype for u in units]],
+                      dtype=object)
+    return nbytes, dtypes
+
+
+def _collective_columns(costs: CostModel) -> dict[str, list]:
+    """``ROW_FIELDS`` as columns, one entry per collective the step issues (the call and the kind
+    of each pick what it moves: ``_moved``)."""
+    collectives = costs.step.collectives
+    if not collectives:
+        return {f: [] for f in ROW_FIELDS}
+    unit, kinds, phase, group, gsize, count = (list(c) for c in zip(*collectives))
+    kind_code = {k: i for i, k in enumerate(KINDS)}
+    code, call = np.array([kind_code[k] for k in kinds], dtype=np.int64), np.array(unit, dtype=np.int64)
+    nbytes, dtypes = _moved(costs)
+    names = np.array([u.name for u in costs.units], dtype=object)
+    return dict(zip(ROW_FIELDS, (names[call].tolist(), kinds, phase, group, gsize, count, dtypes[code, call].tolist(),
+                                 nbytes[code, call].tolist())))
+
+
+def _averager_rows(costs: CostModel) -> list[tuple]:
+    """The exported gradient averager's all-reduce as a ``ROW_FIELDS`` row (none without it): it
+    runs at the end of every backward, each micro-batch's."""
     avg = costs.averaging
-    if avg is not None:
-        # the exported averager runs at the end of every backward, each micro-batch's
-        rows.append((None, "all_reduce", "backward", "world", costs.mesh.world // costs.mesh.tensor, costs.training.grad_accum, avg.dtype,
-                     avg.bytes))
-    return rows
+    if avg is None:
+        return []
+    return [(None, "all_reduce", "backward", "world", costs.mesh.world // costs.mesh.tensor, costs.training.grad_accum,
+             avg.dtype, avg.bytes)]
 
 
 def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
@@ -114,28 +139,33 @@ def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
     tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
     dim the table has a ``dim`` column: "shard" | "replicate" | "tensor"."""
     mesh = costs.mesh
-    rows = _collective_rows(costs) + list(tensor_rows)
-    unit, kinds, phase, group, gsize, count, dtype, size = (list(c) for c in zip(*rows)) if rows else ([],) * 8
+    cols = _collective_columns(costs)
+    for row in [*_averager_rows(costs), *tensor_rows]:
+        for f, value in zip(ROW_FIELDS, row):
+            cols[f].append(value)
+    kinds, group, gsize = cols["collective"], cols["group"], cols["group_size"]
+    # the few distinct rings (collective, group, size): each priced once, every row reads its own
+    rings: dict[tuple, int] = {}
+    ring = np.array([rings.setdefault(key, len(rings)) for key in zip(kinds, group, gsize)], dtype=np.int64)
+    twice = np.array([2 if c == "all_reduce" else 1 for c, _, _ in rings], dtype=np.int64)
+    bw = np.array([_group_bandwidth(mesh, g, s) for _, g, s in rings], dtype=float)
+    latency = np.array([ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in rings], dtype=float)
     n = np.asarray(gsize, dtype=np.int64)
-    b = np.asarray(size, dtype=np.int64)
-    is_ar = np.asarray([c == "all_reduce" for c in kinds], dtype=bool)
+    b = np.asarray(cols["bytes"], dtype=np.int64)
+    count = np.asarray(cols["count"], dtype=np.int64)
     # ring algorithm: all-gather / reduce-scatter send (n-1)/n of the full buffer per rank,
     # all-reduce (reduce-scatter + all-gather) twice that
-    sent = (np.where(is_ar, 2, 1) * b * (n - 1)) // np.maximum(n, 1)
-    bw = {(g, s): _group_bandwidth(mesh, g, s) for g, s in set(zip(group, gsize))}
-    time_s = sent / (np.array([bw[(g, s)] for g, s in zip(group, gsize)], dtype=float) * 1e9) if len(group) else np.zeros(0)
-    ring = {(c, g, s): ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in set(zip(kinds, group, gsize))}
-    latency = [ring[key] for key in zip(kinds, group, gsize)]
-    df = pd.DataFrame({"unit": pd.Series(unit, dtype=object), "collective": kinds, "phase": phase, "group": group,
-                       "group_size": n, "count": np.asarray(count, dtype=np.int64), "dtype": dtype, "bytes": b,
-                       "sent_bytes": sent, "time_s": time_s, "latency_s": np.asarray(latency, dtype=float)})
+    sent = (twice[ring] * b * (n - 1)) // np.maximum(n, 1)
+    time_s = sent / (bw[ring] * 1e9)
+    df = pd.DataFrame({"unit": pd.Series(cols["unit"], dtype=object), "collective": kinds, "phase": cols["phase"],
+                       "group": group, "group_size": n, "count": count, "dtype": cols["dtype"], "bytes": b,
+                       "sent_bytes": sent, "time_s": time_s, "latency_s": latency[ring]})
     if mesh.tensor > 1:
         dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",
                 "world": "replicate" if mesh.is_hsdp else "shard"}
         df.insert(4, "dim", [dims[g] for g in group])
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
-    total = float((time_s * df["count"].to_numpy()).sum()) if len(df) else 0.0
-    df.attrs["time_per_step_s"] = total  # NaN when a bandwidth it needs is unknown
+    df.attrs["time_per_step_s"] = float((time_s * count).sum())  # NaN when a bandwidth it needs is unknown
     return df
 
 

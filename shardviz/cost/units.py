@@ -111,15 +111,9 @@ def root_post_forwards(layout, walk: Walk) -> list[tuple[Position, int]]:
 
 
 def calls_with_nested_calls(layout, modules) -> set[int]:
-    """Plan unit indices of the calls with other calls nested inside them."""
-    calls = set()
-    for ul in layout.units:
-        for m in ul.modules:
-            parent = modules[m].parent
-            outer = layout.module_unit[parent] if parent >= 0 else -1
-            if outer >= 0 and outer != ul.index:
-                calls.add(outer)
-    return calls
+    """Plan unit indices of the calls with other calls nested inside them (``fsdp.Layout`` finds
+    them while it orders the calls bottom-up)."""
+    return set(layout.calls_with_nested)
 
 
 def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whole: WholeParams,
