@@ -171,10 +171,11 @@ class ParamStates:
         """``FSDPParamGroup.unshard``: a no-op when the call is unsharded (``reshard_after_forward=False``
         keeps it so after forward) or its all-gather is already issued (prefetched); a post-forward
         shard gathers over its own, smaller group."""
-        if self.state[k] is ParamState.UNSHARDED or k in self.issued:
+        state = self.state[k]
+        if state is ParamState.UNSHARDED or k in self.issued:
             return ()
         self.issued.add(k)
-        return (Gather(k, Group.SHARD if self.state[k] is ParamState.SHARDED else Group.POST_FORWARD),)
+        return (Gather(k, Group.SHARD if state is ParamState.SHARDED else Group.POST_FORWARD),)
 
     def copy_out(self, k: int) -> None:
         """``FSDPParamGroup.wait_for_unshard``: the all-gather output becomes the unsharded parameters."""
@@ -182,7 +183,10 @@ class ParamStates:
         self.state[k] = ParamState.UNSHARDED
 
     def unshard_all(self, calls) -> tuple[Gather, ...]:
-        return tuple(g for k in calls for g in self.unshard(k))
+        out = ()
+        for k in calls:  # a loop, not a generator: it runs in every pre-forward and pre-backward
+            out += self.unshard(k)
+        return out
 
     def pre_hook(self, k: int, default=(), explicit=None) -> tuple[tuple[Gather, ...], tuple[Gather, ...]]:
         """A pre-forward or pre-backward's all-gathers: inside the group's hook the call's own
@@ -191,7 +195,7 @@ class ParamStates:
         gathers = self.unshard(k)
         self.copy_out(k)
         if explicit is None:
-            return gathers + self.unshard_all(default), ()
+            return (gathers + self.unshard_all(default) if default else gathers), ()
         return gathers, self.unshard_all(explicit)
 
 
@@ -203,19 +207,22 @@ def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Seq
     prefetch (``FSDPState._pre_backward``), a forward list adds to the implicit one."""
     forward_prefetch, backward_prefetch = forward_prefetch or {}, backward_prefetch or {}
     params = ParamStates(calls)
+    # the kinds as locals: looking up an enum member costs as much as the rest of an event's work
+    pre_forward, post_forward, pre_backward, post_backward = (Hook.PRE_FORWARD, Hook.POST_FORWARD,
+                                                              Hook.PRE_BACKWARD, Hook.POST_BACKWARD)
     out_forward = []
     for e in forward:
-        if e.kind is Hook.PRE_FORWARD:
+        if e.kind is pre_forward:
             e = e.with_gathers(*params.pre_hook(e.call, (), forward_prefetch.get(e.call, ())))
-        elif e.kind is Hook.POST_FORWARD:
+        elif e.kind is post_forward:
             params.state[e.call] = calls[e.call].after_forward
         out_forward.append(e)
     out_backward = []
     for e in backward:
-        if e.kind is Hook.PRE_BACKWARD:
+        if e.kind is pre_backward:
             default = (e.prefetch,) if e.prefetch >= 0 else ()
             e = e.with_gathers(*params.pre_hook(e.call, default, backward_prefetch.get(e.call)))
-        elif e.kind is Hook.POST_BACKWARD:
+        elif e.kind is post_backward:
             params.state[e.call] = ParamState.SHARDED
         out_backward.append(e)
     return StepEvents(tuple(out_forward), tuple(out_backward))
