@@ -151,6 +151,7 @@ class WholeParams:
     index: np.ndarray  # tree parameter indices
     nbytes: np.ndarray  # per parameter
     trainable: np.ndarray  # per parameter
+    unit: np.ndarray  # per parameter: the call it sits under (plan unit index; -1: none)
     params: int  # bytes of all of them
     grads: int  # bytes of the trainable ones' gradients
     grads_per_unit: np.ndarray  # gradient bytes of trainable ones under each call (ignored there)
@@ -167,7 +168,7 @@ def whole_params(arr: TreeArrays, layout, sharded: ShardedParams) -> WholeParams
     would = np.asarray(layout.would_be_unit, dtype=np.int64)[idx]
     slot = np.where(would >= 0, would, n_units)[trainable]
     per_unit = sum_per_unit(slot, nbytes[trainable], n_units + 1)
-    return WholeParams(idx, nbytes, trainable, int(nbytes.sum()), int(nbytes[trainable].sum()),
+    return WholeParams(idx, nbytes, trainable, would, int(nbytes.sum()), int(nbytes[trainable].sum()),
                        per_unit[:n_units], int(per_unit[n_units]))
 
 

@@ -132,24 +132,26 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     calls = None if every_call else calls_with_nested_calls(layout, modules)
     if calls is not None and not calls:
         return {}
-    trained = sh.trainable
-    w_unit = np.asarray(layout.would_be_unit, dtype=np.int64)[whole.index][whole.trainable]
-    units = np.concatenate([sh.unit[trained], w_unit])
-    owners = np.concatenate([arr.owner[sh.index[trained]], arr.owner[whole.index[whole.trainable]]])
-    ug = np.concatenate([(sh.numel * sh.pd_itemsize)[trained], np.zeros(w_unit.size, dtype=np.int64)])
-    wg = np.concatenate([np.zeros(int(trained.sum()), dtype=np.int64), whole.nbytes[whole.trainable]])
-    keep = units >= 0
-    if calls is not None:
-        keep &= np.isin(units, list(calls))
-    if not keep.any():
+    # the calls wanted, by plan unit index; the last entry stands for -1 (a whole parameter under no call)
+    wanted = np.zeros(len(layout.units) + 1, dtype=bool)
+    wanted[:-1] = calls is None
+    wanted[list(calls or ())] = True
+    s_keep = sh.trainable & wanted[sh.unit]
+    w_keep = whole.trainable & wanted[whole.unit]
+    units = np.concatenate([sh.unit[s_keep], whole.unit[w_keep]])
+    if not units.size:
         return {}
+    owners = arr.owner[np.concatenate([sh.index[s_keep], whole.index[w_keep]])]
+    n_s, n_w = int(s_keep.sum()), int(w_keep.sum())
+    ug = np.concatenate([(sh.numel * sh.pd_itemsize)[s_keep], np.zeros(n_w, dtype=np.int64)])
+    wg = np.concatenate([np.zeros(n_s, dtype=np.int64), whole.nbytes[w_keep]])
     # the distinct (call, owner) pairs, sorted by call then owner: one integer key each (np.unique
     # over rows is several times slower)
     n = len(modules)
-    keys, inverse = np.unique(units[keep] * n + owners[keep], return_inverse=True)
+    keys, inverse = np.unique(units * n + owners, return_inverse=True)
     inverse = inverse.reshape(-1)
-    ug_at = sum_per_unit(inverse, ug[keep], len(keys))
-    wg_at = sum_per_unit(inverse, wg[keep], len(keys))
+    ug_at = sum_per_unit(inverse, ug, len(keys))
+    wg_at = sum_per_unit(inverse, wg, len(keys))
     out: dict[int, list] = {}
     for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
