@@ -91,11 +91,15 @@ class UnitCost(NamedTuple):
 
 def first_module(walk: Walk, indices) -> int:
     """The module whose start begins the call: the first one forward enters."""
+    if len(indices) == 1:  # most calls wrap one module (and this runs per call on every change of plan)
+        return indices[0]
     return min(indices, key=lambda m: walk.enter[m])
 
 
 def last_module(walk: Walk, indices) -> int:
     """The module whose return ends the call: the last subtree to end, the outermost on a tie."""
+    if len(indices) == 1:
+        return indices[0]
     return max(indices, key=lambda m: (walk.end[m], -walk.depth[m]))
 
 
