@@ -141,20 +141,21 @@ def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = N
     ``set_requires_gradient_sync``) and the call has some (``FSDPParamGroup.post_backward``)."""
     post_forward_order = sorted(range(len(calls)), key=lambda k: calls[k].post_forward)
     before = backward_prefetch_targets(post_forward_order, lambda k: calls[k].root)
-    events = []
+    pre_backward, gradients, post_backward = Hook.PRE_BACKWARD, Hook.GRADIENTS, Hook.POST_BACKWARD  # as in with_gathers
+    events, done = [], []
     for k, c in enumerate(calls):
+        done.append(post_backward_in_backward(c.out_grad, c.in_grad))
         if not c.out_grad:
             continue  # no pre-backward hook: nothing after it needed a gradient
-        events.append(HookEvent(c.post_forward, Hook.PRE_BACKWARD, k, prefetch=before.get(k, -1)))
+        events.append(HookEvent(c.post_forward, pre_backward, k, prefetch=before.get(k, -1)))
         for part in (gradients_of(k) if gradients_of is not None else None) or ():
-            events.append(HookEvent(part.position, Hook.GRADIENTS, k, part))
-        if post_backward_in_backward(c.out_grad, c.in_grad):
-            events.append(HookEvent(c.pre_forward, Hook.POST_BACKWARD, k, reduce=sync and c.reduces))
+            events.append(HookEvent(part.position, gradients, k, part))
+        if done[k]:
+            events.append(HookEvent(c.pre_forward, post_backward, k, reduce=sync and c.reduces))
     events.sort(key=HookEvent.backward_order, reverse=True)
     events.append(HookEvent(None, Hook.FINAL_CALLBACK, None))
     registration = sorted(range(len(calls)), key=lambda k: calls[k].first)
-    done = [post_backward_in_backward(c.out_grad, c.in_grad) for c in calls]
-    events += [HookEvent(None, Hook.POST_BACKWARD, k, reduce=sync and calls[k].reduces)
+    events += [HookEvent(None, post_backward, k, reduce=sync and calls[k].reduces)
                for k in final_callback_order(registration, done.__getitem__)]
     return events
 
