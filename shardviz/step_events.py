@@ -197,7 +197,7 @@ class ParamStates:
         self.copy_out(k)
         if explicit is None:
             return (gathers + self.unshard_all(default) if default else gathers), ()
-        return gathers, self.unshard_all(explicit)
+        return gathers, (self.unshard_all(explicit) if explicit else ())
 
 
 def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Sequence[StepCall],
