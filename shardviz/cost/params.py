@@ -97,6 +97,8 @@ def promote(names: list[str]) -> str:
 def per_coord_sum(arr: TreeArrays, index: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
     """sum_i local_rows(dim0_i, c) * row_bytes_i for every shard coordinate c, over the tree
     parameters ``index`` (grouped by dim0: the tree's few distinct values, ``TreeArrays.local_rows``)."""
+    if index.size == 0:  # the common case of the offloaded ones
+        return np.zeros(shard, dtype=np.int64)
     weights = np.bincount(arr.dim0_group[index], weights=row_bytes, minlength=arr.dim0_values.size)
     return np.rint(weights @ arr.local_rows(shard)).astype(np.int64)
 
