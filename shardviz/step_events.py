@@ -141,20 +141,21 @@ def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = N
     ``set_requires_gradient_sync``) and the call has some (``FSDPParamGroup.post_backward``)."""
     post_forward_order = sorted(range(len(calls)), key=lambda k: calls[k].post_forward)
     before = backward_prefetch_targets(post_forward_order, lambda k: calls[k].root)
-    events = []
+    pre_backward, gradients, post_backward = Hook.PRE_BACKWARD, Hook.GRADIENTS, Hook.POST_BACKWARD  # as in with_gathers
+    events, done = [], []
     for k, c in enumerate(calls):
+        done.append(post_backward_in_backward(c.out_grad, c.in_grad))
         if not c.out_grad:
             continue  # no pre-backward hook: nothing after it needed a gradient
-        events.append(HookEvent(c.post_forward, Hook.PRE_BACKWARD, k, prefetch=before.get(k, -1)))
+        events.append(HookEvent(c.post_forward, pre_backward, k, prefetch=before.get(k, -1)))
         for part in (gradients_of(k) if gradients_of is not None else None) or ():
-            events.append(HookEvent(part.position, Hook.GRADIENTS, k, part))
-        if post_backward_in_backward(c.out_grad, c.in_grad):
-            events.append(HookEvent(c.pre_forward, Hook.POST_BACKWARD, k, reduce=sync and c.reduces))
+            events.append(HookEvent(part.position, gradients, k, part))
+        if done[k]:
+            events.append(HookEvent(c.pre_forward, post_backward, k, reduce=sync and c.reduces))
     events.sort(key=HookEvent.backward_order, reverse=True)
     events.append(HookEvent(None, Hook.FINAL_CALLBACK, None))
     registration = sorted(range(len(calls)), key=lambda k: calls[k].first)
-    done = [post_backward_in_backward(c.out_grad, c.in_grad) for c in calls]
-    events += [HookEvent(None, Hook.POST_BACKWARD, k, reduce=sync and calls[k].reduces)
+    events += [HookEvent(None, post_backward, k, reduce=sync and calls[k].reduces)
                for k in final_callback_order(registration, done.__getitem__)]
     return events
 
@@ -171,10 +172,11 @@ class ParamStates:
         """``FSDPParamGroup.unshard``: a no-op when the call is unsharded (``reshard_after_forward=False``
         keeps it so after forward) or its all-gather is already issued (prefetched); a post-forward
         shard gathers over its own, smaller group."""
-        if self.state[k] is ParamState.UNSHARDED or k in self.issued:
+        state = self.state[k]
+        if state is ParamState.UNSHARDED or k in self.issued:
             return ()
         self.issued.add(k)
-        return (Gather(k, Group.SHARD if self.state[k] is ParamState.SHARDED else Group.POST_FORWARD),)
+        return (Gather(k, Group.SHARD if state is ParamState.SHARDED else Group.POST_FORWARD),)
 
     def copy_out(self, k: int) -> None:
         """``FSDPParamGroup.wait_for_unshard``: the all-gather output becomes the unsharded parameters."""
@@ -182,7 +184,10 @@ class ParamStates:
         self.state[k] = ParamState.UNSHARDED
 
     def unshard_all(self, calls) -> tuple[Gather, ...]:
-        return tuple(g for k in calls for g in self.unshard(k))
+        out = ()
+        for k in calls:  # a loop, not a generator: it runs in every pre-forward and pre-backward
+            out += self.unshard(k)
+        return out
 
     def pre_hook(self, k: int, default=(), explicit=None) -> tuple[tuple[Gather, ...], tuple[Gather, ...]]:
         """A pre-forward or pre-backward's all-gathers: inside the group's hook the call's own
@@ -191,8 +196,8 @@ class ParamStates:
         gathers = self.unshard(k)
         self.copy_out(k)
         if explicit is None:
-            return gathers + self.unshard_all(default), ()
-        return gathers, self.unshard_all(explicit)
+            return (gathers + self.unshard_all(default) if default else gathers), ()
+        return gathers, (self.unshard_all(explicit) if explicit else ())
 
 
 def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Sequence[StepCall],
@@ -203,19 +208,22 @@ def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Seq
     prefetch (``FSDPState._pre_backward``), a forward list adds to the implicit one."""
     forward_prefetch, backward_prefetch = forward_prefetch or {}, backward_prefetch or {}
     params = ParamStates(calls)
+    # the kinds as locals: looking up an enum member costs as much as the rest of an event's work
+    pre_forward, post_forward, pre_backward, post_backward = (Hook.PRE_FORWARD, Hook.POST_FORWARD,
+                                                              Hook.PRE_BACKWARD, Hook.POST_BACKWARD)
     out_forward = []
     for e in forward:
-        if e.kind is Hook.PRE_FORWARD:
+        if e.kind is pre_forward:
             e = e.with_gathers(*params.pre_hook(e.call, (), forward_prefetch.get(e.call, ())))
-        elif e.kind is Hook.POST_FORWARD:
+        elif e.kind is post_forward:
             params.state[e.call] = calls[e.call].after_forward
         out_forward.append(e)
     out_backward = []
     for e in backward:
-        if e.kind is Hook.PRE_BACKWARD:
+        if e.kind is pre_backward:
             default = (e.prefetch,) if e.prefetch >= 0 else ()
             e = e.with_gathers(*params.pre_hook(e.call, default, backward_prefetch.get(e.call)))
-        elif e.kind is Hook.POST_BACKWARD:
+        elif e.kind is post_backward:
             params.state[e.call] = ParamState.SHARDED
         out_backward.append(e)
     return StepEvents(tuple(out_forward), tuple(out_backward))

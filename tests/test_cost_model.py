@@ -177,3 +177,16 @@ def test_device_memory_finding(model):
     assert "exceeds device_memory" in message and top in message and "layers" in message
     assert any(f.code == "SV201" for f in tight.findings)
     assert found[0].fix
+
+
+def test_execution_walk_follows_the_order_it_is_given(model):
+    """The walk is cached per tree and order (the last order by identity): alternating two orders,
+    or passing an equal order that is another object, gives each order's own walk."""
+    from shardviz.cost.walk import execution_walk
+
+    tree = sv.ModelTree(model)
+    names = [m.fqn for m in tree.modules]
+    forward, backward = tuple(names), tuple(reversed(names))
+    walks = [execution_walk(tree, order) for order in (forward, backward, forward, tuple(list(backward)), None)]
+    assert walks[0] == walks[2] and walks[1] == walks[3] and walks[0] != walks[1]
+    assert walks[4] == execution_walk(tree, None) and walks[4].enter == tuple(range(len(names)))

@@ -7,7 +7,7 @@ parameters are ignored (``ignored_params``) or unmanaged (under no call): every 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,15 @@ class TreeArrays:
     trainable: np.ndarray
     owner: np.ndarray  # preorder index of the first module that registers it
     buffer_bytes: int
+    dim0_values: np.ndarray  # the distinct dim0 values, sorted
+    dim0_group: np.ndarray  # per parameter: its dim0's index in dim0_values
+    _local_rows: dict = field(default_factory=dict, compare=False, repr=False)  # shard -> local_rows(shard)
+
+    def local_rows(self, shard: int) -> np.ndarray:
+        """``local_rows_table`` of ``dim0_values`` on ``shard`` coordinates, computed once per tree and shard."""
+        if shard not in self._local_rows:
+            self._local_rows[shard] = local_rows_table(self.dim0_values, shard)
+        return self._local_rows[shard]
 
 
 _TREE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -68,7 +77,9 @@ def tree_arrays(tree) -> TreeArrays:
     trainable = np.array([p.requires_grad for p in params], dtype=bool)
     owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
     buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
-    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers)
+    dim0_values, dim0_group = np.unique(dim0, return_inverse=True)
+    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, dim0_values,
+                        dim0_group.reshape(-1))
     _TREE_CACHE[tree] = arrays
     return arrays
 
@@ -83,13 +94,13 @@ def promote(names: list[str]) -> str:
     return str(out).replace("torch.", "")
 
 
-def per_coord_sum(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
-    """sum_i local_rows(dim0_i, c) * row_bytes_i for every shard coordinate c (grouped by dim0)."""
-    if dim0.size == 0:
+def per_coord_sum(arr: TreeArrays, index: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
+    """sum_i local_rows(dim0_i, c) * row_bytes_i for every shard coordinate c, over the tree
+    parameters ``index`` (grouped by dim0: the tree's few distinct values, ``TreeArrays.local_rows``)."""
+    if index.size == 0:  # the common case of the offloaded ones
         return np.zeros(shard, dtype=np.int64)
-    uniq, inverse = np.unique(dim0, return_inverse=True)
-    weights = np.bincount(inverse, weights=row_bytes, minlength=uniq.size)
-    return np.rint(weights @ local_rows_table(uniq, shard)).astype(np.int64)
+    weights = np.bincount(arr.dim0_group[index], weights=row_bytes, minlength=arr.dim0_values.size)
+    return np.rint(weights @ arr.local_rows(shard)).astype(np.int64)
 
 
 def per_coord_max(dim0: np.ndarray, row_bytes: np.ndarray, shard: int) -> np.ndarray:
@@ -129,8 +140,7 @@ def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedPara
     dtype it is gathered in (``FSDPParam.init_dtype_attrs``). ``policies``: one ``Unit`` per
     plan unit with the training's defaults filled in."""
     punit = np.asarray(layout.param_unit, dtype=np.int64)
-    is_sharded = np.fromiter((s == "sharded" for s in layout.param_status), dtype=bool, count=punit.size)
-    idx = np.nonzero((punit >= 0) & is_sharded)[0]
+    idx = np.nonzero(punit >= 0)[0]  # Layout gives ignored parameters no call: these are the "sharded" ones
     u = punit[idx]
     pd_code = np.array([dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
     pd_size = np.array([itemsize(p.param_dtype) if p.param_dtype else 0 for p in policies] + [0], dtype=np.int64)
@@ -151,6 +161,7 @@ class WholeParams:
     index: np.ndarray  # tree parameter indices
     nbytes: np.ndarray  # per parameter
     trainable: np.ndarray  # per parameter
+    unit: np.ndarray  # per parameter: the call it sits under (plan unit index; -1: none)
     params: int  # bytes of all of them
     grads: int  # bytes of the trainable ones' gradients
     grads_per_unit: np.ndarray  # gradient bytes of trainable ones under each call (ignored there)
@@ -167,7 +178,7 @@ def whole_params(arr: TreeArrays, layout, sharded: ShardedParams) -> WholeParams
     would = np.asarray(layout.would_be_unit, dtype=np.int64)[idx]
     slot = np.where(would >= 0, would, n_units)[trainable]
     per_unit = sum_per_unit(slot, nbytes[trainable], n_units + 1)
-    return WholeParams(idx, nbytes, trainable, int(nbytes.sum()), int(nbytes[trainable].sum()),
+    return WholeParams(idx, nbytes, trainable, would, int(nbytes.sum()), int(nbytes[trainable].sum()),
                        per_unit[:n_units], int(per_unit[n_units]))
 
 

@@ -46,7 +46,7 @@ def resident_state(arr: TreeArrays, sh: ShardedParams, whole: WholeParams, units
         grads_whole=whole.grads,
         cpu_params=int((sh.padded * sh.itemsize)[sh.offload].sum()),
         # offloaded gradients are copied to the CPU without padding (foreach_reduce: .to("cpu"))
-        cpu_grads=per_coord_sum(sh.dim0[t_off], (sh.row * sh.itemsize)[t_off], shard),
+        cpu_grads=per_coord_sum(arr, sh.index[t_off], (sh.row * sh.itemsize)[t_off], shard),
     )
 
 
@@ -77,8 +77,8 @@ def optimizer_state(training: Training, arr: TreeArrays, sh: ShardedParams, whol
     row_state, w_state = _state_rows(training, arr, sh, whole)
     t_dev, t_off = sh.trainable & ~sh.offload, sh.trainable & sh.offload
     # zeros_like(DTensor) allocates the local (unpadded) rows of this coordinate
-    dev_state = per_coord_sum(sh.dim0[t_dev], row_state[t_dev], shard)
-    off_state = per_coord_sum(sh.dim0[t_off], row_state[t_off], shard)
+    dev_state = per_coord_sum(arr, sh.index[t_dev], row_state[t_dev], shard)
+    off_state = per_coord_sum(arr, sh.index[t_off], row_state[t_off], shard)
     # Adam's ``step``: a 0-dim float32 per parameter; on the device with fused/capturable
     # Adam, else on the CPU (torch/optim/adam.py, ``_init_group``)
     steps = 4 * int(sh.trainable.sum() + whole.trainable.sum()) if training.step_scalars else 0

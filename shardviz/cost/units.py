@@ -57,9 +57,10 @@ class GradientsAt(NamedTuple):
     span: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class UnitCost:
-    """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank."""
+class UnitCost(NamedTuple):
+    """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank.
+    A NamedTuple: one is built per call on every change of plan, several times faster than a
+    frozen dataclass of as many fields."""
 
     unit: int  # index in plan.units
     name: str
@@ -90,11 +91,15 @@ class UnitCost:
 
 def first_module(walk: Walk, indices) -> int:
     """The module whose start begins the call: the first one forward enters."""
+    if len(indices) == 1:  # most calls wrap one module (and this runs per call on every change of plan)
+        return indices[0]
     return min(indices, key=lambda m: walk.enter[m])
 
 
 def last_module(walk: Walk, indices) -> int:
     """The module whose return ends the call: the last subtree to end, the outermost on a tie."""
+    if len(indices) == 1:
+        return indices[0]
     return max(indices, key=lambda m: (walk.end[m], -walk.depth[m]))
 
 
@@ -125,24 +130,26 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     calls = None if every_call else calls_with_nested_calls(layout, modules)
     if calls is not None and not calls:
         return {}
-    trained = sh.trainable
-    w_unit = np.asarray(layout.would_be_unit, dtype=np.int64)[whole.index][whole.trainable]
-    units = np.concatenate([sh.unit[trained], w_unit])
-    owners = np.concatenate([arr.owner[sh.index[trained]], arr.owner[whole.index[whole.trainable]]])
-    ug = np.concatenate([(sh.numel * sh.pd_itemsize)[trained], np.zeros(w_unit.size, dtype=np.int64)])
-    wg = np.concatenate([np.zeros(int(trained.sum()), dtype=np.int64), whole.nbytes[whole.trainable]])
-    keep = units >= 0
-    if calls is not None:
-        keep &= np.isin(units, list(calls))
-    if not keep.any():
+    # the calls wanted, by plan unit index; the last entry stands for -1 (a whole parameter under no call)
+    wanted = np.zeros(len(layout.units) + 1, dtype=bool)
+    wanted[:-1] = calls is None
+    wanted[list(calls or ())] = True
+    s_keep = sh.trainable & wanted[sh.unit]
+    w_keep = whole.trainable & wanted[whole.unit]
+    units = np.concatenate([sh.unit[s_keep], whole.unit[w_keep]])
+    if not units.size:
         return {}
+    owners = arr.owner[np.concatenate([sh.index[s_keep], whole.index[w_keep]])]
+    n_s, n_w = int(s_keep.sum()), int(w_keep.sum())
+    ug = np.concatenate([(sh.numel * sh.pd_itemsize)[s_keep], np.zeros(n_w, dtype=np.int64)])
+    wg = np.concatenate([np.zeros(n_s, dtype=np.int64), whole.nbytes[w_keep]])
     # the distinct (call, owner) pairs, sorted by call then owner: one integer key each (np.unique
     # over rows is several times slower)
     n = len(modules)
-    keys, inverse = np.unique(units[keep] * n + owners[keep], return_inverse=True)
+    keys, inverse = np.unique(units * n + owners, return_inverse=True)
     inverse = inverse.reshape(-1)
-    ug_at = sum_per_unit(inverse, ug[keep], len(keys))
-    wg_at = sum_per_unit(inverse, wg[keep], len(keys))
+    ug_at = sum_per_unit(inverse, ug, len(keys))
+    wg_at = sum_per_unit(inverse, wg, len(keys))
     out: dict[int, list] = {}
     for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
@@ -173,7 +180,6 @@ class _PerUnit:
     padded_trainable: np.ndarray  # padded shard elements of trainable parameters
     trainable_numel: np.ndarray
     unsharded_grads: np.ndarray
-    has_trainable: np.ndarray
     gather_dtype: list[str]  # one dtype, or uint8 when the inputs differ (foreach_all_gather)
     trained_dtype: list[str]  # original dtype of its trainable parameters
     trained_pd: list[str]  # param dtype of its trainable parameters
@@ -207,18 +213,32 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
         padded_trainable=sum_per_unit(u, sh.padded * tr, n_units),
         trainable_numel=sum_per_unit(u, sh.numel * tr, n_units),
         unsharded_grads=sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units),
-        has_trainable=sum_per_unit(u, tr, n_units) > 0,
         gather_dtype=[names[c] if one else "uint8" for one, c in zip(one_dtype, first_dtype)],
         trained_dtype=[names[c] for c in codes(sh.trainable, sh.dtype).argmax(axis=1)],
         trained_pd=[names[c] for c in codes(sh.trainable, sh.pd_dtype).argmax(axis=1)],
     )
 
 
-def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
+class Reduction(NamedTuple):
+    """A call's reduce-scatter (``UnitCost``'s fields of the same names)."""
+
+    trainable: bool
+    reduce_dtype: str
+    rs_input: int
+    rs_output: int
+    sharded_grads: int
+    cast: bool
+    accumulated_grads: int
+    converts_grads: bool
+
+
+NO_REDUCTION = Reduction(False, "", 0, 0, 0, False, 0, False)
+
+
+def _reduction(sums: _PerUnit, i: int, policy, shard: int, trainable: bool) -> Reduction:
     """The reduce-scatter of call ``i`` (``foreach_reduce``), or none without trainable parameters."""
-    if not sums.has_trainable[i]:
-        return dict(trainable=False, reduce_dtype="", rs_input=0, rs_output=0, sharded_grads=0, cast=False,
-                    accumulated_grads=0, converts_grads=False)
+    if not trainable:
+        return NO_REDUCTION
     orig = sums.trained_dtype[i]
     # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce then
     # reduces in the gradient's dtype, the param dtype
@@ -227,9 +247,9 @@ def _reduction(sums: _PerUnit, i: int, policy, shard: int) -> dict:
     output = int(sums.padded_trainable[i]) * itemsize(rd)
     converts = rd != sums.trained_pd[i]
     accumulated = int(sums.trainable_numel[i]) * itemsize(rd) if converts else int(sums.unsharded_grads[i])
-    return dict(trainable=True, reduce_dtype=rd, rs_input=output * shard, rs_output=output,
-                sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig,
-                accumulated_grads=accumulated, converts_grads=converts)
+    return Reduction(trainable=True, reduce_dtype=rd, rs_input=output * shard, rs_output=output,
+                     sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig,
+                     accumulated_grads=accumulated, converts_grads=converts)
 
 
 def after_forward(reshard_after_forward: bool | int) -> ParamState:
@@ -246,6 +266,7 @@ def call_hooks(arr, layout, modules, walk: Walk, sh: ShardedParams) -> list[Step
     trainable_from = first_trainable(arr, walk)
     trains = np.zeros(len(layout.units), dtype=bool)  # a call that manages trainable parameters
     trains[sh.unit[sh.trainable]] = True
+    trains = trains.tolist()
     out = []
     for ul in layout.units:
         first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
@@ -262,16 +283,19 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
     group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
     sums = _per_unit(sh, policies, shard).as_lists()
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
+    whole_grads = whole.grads_per_unit.tolist()
     out = []
     for ul, hooks in zip(layout.units, calls):
         i = ul.index
         if not sums.n_params[i]:
             continue
+        r = _reduction(sums, i, policies[i], shard, hooks.reduces)  # reduces: it has trainable parameters
         out.append(UnitCost(
             unit=i, name=ul.unit.name, reshard_after_forward=ul.reshard_after_forward, offload=policies[i].offload,
-            gather=int(sums.gather[i]), staged=int(sums.staged[i]), gather_dtype=sums.gather_dtype[i],
-            **_reduction(sums, i, policies[i], shard),
-            unsharded_grads=int(sums.unsharded_grads[i]), whole_grads=int(whole.grads_per_unit[i]),
+            gather=sums.gather[i], staged=sums.staged[i], gather_dtype=sums.gather_dtype[i],
+            trainable=r.trainable, reduce_dtype=r.reduce_dtype, rs_input=r.rs_input, rs_output=r.rs_output,
+            sharded_grads=r.sharded_grads, cast=r.cast, unsharded_grads=sums.unsharded_grads[i],
+            accumulated_grads=r.accumulated_grads, converts_grads=r.converts_grads, whole_grads=whole_grads[i],
             hooks=hooks, modules=tuple(ul.modules), grads_at=grads_at.get(i),
         ))
     return out

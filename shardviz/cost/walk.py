@@ -49,14 +49,21 @@ def registration_walk(tree) -> Walk:
 
 # tree -> {run_order: Walk}: every plan of one model shares its walk (a search analyses dozens)
 _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# tree -> (run_order, Walk) last asked for: hashing an order of thousands of names costs more than the
+# rest of an analysis' walk, and every plan analysed with one profile passes the same order object
+_LAST_WALK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def execution_walk(tree, run_order) -> Walk:
     """The walk with children sorted by ``run_order`` (module names in the order they first ran,
     as a measured step saw them); None: registration order. Computed once per tree and order."""
+    last = _LAST_WALK.get(tree)
+    if last is not None and last[0] is run_order:  # held here, so the identity is that order's
+        return last[1]
     walks = _WALKS.setdefault(tree, {})
     if run_order not in walks:
         walks[run_order] = registration_walk(tree) if run_order is None else _sorted_walk(tree, run_order)
+    _LAST_WALK[tree] = (run_order, walks[run_order])
     return walks[run_order]
 
 
