@@ -5,7 +5,7 @@ included, plus the params/units tables), `analyze` on a cached tree, torch's `fu
 the same plan under the fake process group (on a meta copy, the copy not timed), the ratio
 cold analyze / torch, and re-analysing after one unit is added or removed on the cached tree
 (what a widget toggle costs), and the Inspector's change of plan in CPU time
-(``--change-of-plan`` for that alone, ``--profile`` to cProfile it). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
+(``--change-of-plan`` for that alone, ``--stages`` for each stage's time, ``--profile`` to cProfile it). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def bench(name: str, world: int, layout: str) -> dict:
     }
 
 
-def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int = 21, profile: bool = False) -> float:
+def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int = 21, profile: bool = False,
+                         stages: bool = False) -> float:
     """The Inspector's change of plan (issue 25, target 5 ms): one block's call removed, the new plan
     analysed on the cached tree up to the model-state numbers (``a.memory``, ``a.comm``; no
     activations). CPU time (``time.process_time``), median over ``repeat`` edits, each of another
@@ -116,6 +117,8 @@ def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int 
     median = statistics.median(times)
     print(f"change of plan: {name}+LoRA, {world} ranks, one block's call removed: analyze + memory + comm "
           f"{median * 1e3:.2f} ms CPU (median of {len(times)}, min {min(times) * 1e3:.2f}; target 5 ms)")
+    if stages:
+        stage_times(lambda: [change(p) for p in plans[1:]])
     if profile:
         import cProfile
         import pstats
@@ -127,6 +130,39 @@ def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int 
         prof.disable()
         pstats.Stats(prof).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("ROWS", 25)))
     return median
+
+
+def stage_times(run, rounds: int = 3) -> None:
+    """CPU time of each stage of a change of plan (the layout, each input of ``cost.cost_model``,
+    the traced step, the two tables), minimum and median over ``rounds`` calls of ``run``."""
+    from shardviz import analysis
+    from shardviz.cost import model
+
+    times: dict[str, list[float]] = {}
+
+    def timed(module, name):
+        fn = getattr(module, name)
+
+        def wrapper(*args, **kw):
+            t0 = time.process_time()
+            out = fn(*args, **kw)
+            times.setdefault(name, []).append(time.process_time() - t0)
+            return out
+        setattr(module, name, wrapper)
+        return fn
+
+    stages = [(analysis, "Layout"), (analysis, "memory_table"), (analysis, "comm_table")] + [
+        (model, n) for n in ("sharded_params", "whole_params", "call_hooks", "unit_costs", "optimizer_state",
+                             "resident_state", "replayed_step")]
+    originals = [(module, name, timed(module, name)) for module, name in stages]
+    try:
+        for _ in range(rounds):
+            run()
+    finally:
+        for module, name, fn in originals:
+            setattr(module, name, fn)
+    for name, ts in times.items():
+        print(f"  {name:16s} min {min(ts) * 1e3:6.3f} ms  median {statistics.median(ts) * 1e3:6.3f} ms  ({len(ts)} calls)")
 
 
 def bench_activations(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: int = 8192) -> None:
@@ -202,9 +238,10 @@ def main():
     parser.add_argument("--change-of-plan", action="store_true",
                         help="only the Inspector's change of plan on llama3_70b (CPU time)")
     parser.add_argument("--profile", action="store_true", help="with --change-of-plan: cProfile it")
+    parser.add_argument("--stages", action="store_true", help="with --change-of-plan: each stage's CPU time")
     args = parser.parse_args()
     if args.change_of_plan:
-        bench_change_of_plan(world=args.world, profile=args.profile)
+        bench_change_of_plan(world=args.world, profile=args.profile, stages=args.stages)
         return
     names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
     rows = [bench(n, args.world, args.lora) for n in names]
