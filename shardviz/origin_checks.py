@@ -10,7 +10,7 @@
 | SV306 | info     | the framework casts trainable parameters to fp32 before sharding (not priced: the model's dtypes are) |
 | SV307 | info     | accelerate's ``parallelism_config`` gives HSDP: the mesh to analyse with |
 | SV308 | info     | calls on checkpoint wrappers whose module has its own call: they manage nothing |
-| SV309 | info     | explicit prefetch recorded; the step time keeps torch's default prefetch (not modelled) |
+| SV309 | info     | explicit prefetch recorded; memory and step time keep torch's default prefetch (not modelled) |
 
 ``capture_findings`` runs when the plan is captured (it needs only the model and the calls);
 ``check_origin`` runs among ``run_checks`` (SV304 prices fp32 with ``CheckInputs.price``);
@@ -155,7 +155,7 @@ def check_origin(inputs: CheckInputs) -> list[Finding]:
         return []
     prefetch = [] if not plan.prefetch else [Finding(
         "SV309", "info", f"{len(plan.prefetch)} explicit prefetch settings (set_modules_to_forward/backward_"
-        "prefetch) are recorded in the plan; the step time keeps torch's default prefetch (one call ahead)",
+        "prefetch) are recorded in the plan; the memory and the step time assume torch's default prefetch (one call ahead)",
         tuple(m for m, _, _ in plan.prefetch[:3]))]
     return list(origin.findings) + low_precision_reduce(inputs) + prefetch
 
