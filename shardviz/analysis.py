@@ -61,7 +61,7 @@ class Analysis:
         self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
 
     def _runs_a_step(self) -> bool:
-        return self.training.with_activations or bool(calls_with_nested_calls(self.layout, self.tree.modules))
+        return self.training.with_activations or bool(calls_with_nested_calls(self.layout))
 
     def what_if(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None) -> "Analysis":
         """The same model with another plan, mesh or training (the memory check prices its fixes so)."""

@@ -115,7 +115,7 @@ def root_post_forwards(layout, walk: Walk) -> list[tuple[Position, int]]:
     return [(Position.leave(walk, last_module(walk, ul.modules)), ul.index) for ul in layout.units if ul.is_root]
 
 
-def calls_with_nested_calls(layout, modules) -> set[int]:
+def calls_with_nested_calls(layout) -> set[int]:
     """Plan unit indices of the calls with other calls nested inside them (``fsdp.Layout`` finds
     them while it orders the calls bottom-up)."""
     return set(layout.calls_with_nested)
@@ -127,7 +127,7 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     them appear one module at a time: in a call with other calls nested inside it (their backward
     runs in between), and in every call when activations are counted (``every_call``: each
     gradient appears while its module's backward runs, at that module's activation level)."""
-    calls = None if every_call else calls_with_nested_calls(layout, modules)
+    calls = None if every_call else calls_with_nested_calls(layout)
     if calls is not None and not calls:
         return {}
     # the calls wanted, by plan unit index; the last entry stands for -1 (a whole parameter under no call)
