@@ -122,7 +122,7 @@ class ModuleStats:
         self.tree, self.layout, self.static = tree, layout, static
         status = layout.param_status
         punit = np.asarray(layout.param_unit, dtype=np.int64)
-        sharded = np.fromiter((s == "sharded" for s in status), dtype=bool, count=len(status))
+        sharded = layout.sharded
         ignored = np.fromiter((s == "ignored" for s in status), dtype=bool, count=len(status))
         codes = np.where(sharded, SHARDED + punit, np.where(ignored, IGNORED, UNMANAGED))
         # each parameter as the layout holds it: on a 2-D mesh its tensor-parallel local shape (the
