@@ -39,8 +39,11 @@ from .plan import Origin, Plan, Unit
 
 #: Module-name segments wrappers insert (``checkpoint_wrapper``, ``torch.compile``): a captured name drops them.
 WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod")
-#: Where a traceback frame is someone else's code, not the user's line.
-_LIBRARY_PARTS = (os.sep + "torch" + os.sep, os.sep + "shardviz" + os.sep, os.sep + "contextlib.py")
+#: Where a traceback frame is someone else's code, not the user's line: torch's and shardviz's own
+#: package folders and contextlib, by where they are installed (a folder of the user's that happens to
+#: be named "shardviz" or "torch", such as a clone of this repository, is the user's code).
+_LIBRARY_PARTS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+                  os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.abspath(contextlib.__file__))
 
 
 def strip_wrappers(fqn: str) -> str:
@@ -48,9 +51,10 @@ def strip_wrappers(fqn: str) -> str:
 
 
 def user_line(frames, library=_LIBRARY_PARTS) -> str:
-    """``file:line: code`` of the innermost frame that is not torch's or shardviz's ('' if none)."""
+    """``file:line: code`` of the innermost frame that is not torch's or shardviz's ('' if none):
+    ``library``, the paths such frames start with."""
     for frame in reversed(list(frames)):
-        if not any(part in frame.filename for part in library):
+        if not frame.filename.startswith(library):
             code = (frame.line or "").strip()
             return f"{os.path.basename(frame.filename)}:{frame.lineno}" + (f" ({code})" if code else "")
     return ""

@@ -278,3 +278,18 @@ def test_apply_activation_checkpointing_and_the_exported_selective_policy():
     assert dict(plan.checkpoint.items()) == {b + "0.mlp": "selective", b + "1": "full"}
     calls, wrapped, _ = run_directly(apply, model)
     assert applied(model, plan) == (calls, wrapped)
+
+
+def test_a_users_folder_named_like_a_library_is_still_the_users_code():
+    """Only torch's and shardviz's installed folders are library code: a user's project under a
+    folder named "shardviz" or "torch" (a clone of this repository, for one) keeps its line in the
+    findings (before, any path containing /shardviz/ or /torch/ was skipped, and the line was lost)."""
+    import sys
+    import traceback
+
+    from shardviz.capture import user_line
+
+    users = traceback.FrameSummary("/home/u/shardviz/torch/train.py", 7, "main", line="fully_shard(m)")
+    assert user_line([users]) == "train.py:7 (fully_shard(m))"
+    ours = traceback.FrameSummary(sys.modules["shardviz.capture"].__file__, 1, "capture", line="fn(model)")
+    assert user_line([users, ours]) == "train.py:7 (fully_shard(m))"  # shardviz's own frame is skipped
