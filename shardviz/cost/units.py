@@ -4,6 +4,7 @@ one ``UnitCost`` per call that manages parameters: its buffers in bytes per rank
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -172,22 +173,18 @@ def _with_spans(parts: list[GradientsAt], walk: Walk, by_position) -> tuple[Grad
 
 @dataclass(frozen=True)
 class _PerUnit:
-    """Sums over each call's sharded parameters (arrays indexed by plan unit)."""
+    """Sums over each call's sharded parameters (Python lists indexed by plan unit: read one call
+    at a time, as ints)."""
 
-    n_params: np.ndarray
-    gather: np.ndarray  # all-gather output bytes
-    staged: np.ndarray  # all-gather input staged before the collective
-    padded_trainable: np.ndarray  # padded shard elements of trainable parameters
-    trainable_numel: np.ndarray
-    unsharded_grads: np.ndarray
+    n_params: list[int]
+    gather: list[int]  # all-gather output bytes
+    staged: list[int]  # all-gather input staged before the collective
+    padded_trainable: list[int]  # padded shard elements of trainable parameters
+    trainable_numel: list[int]
+    unsharded_grads: list[int]
     gather_dtype: list[str]  # one dtype, or uint8 when the inputs differ (foreach_all_gather)
     trained_dtype: list[str]  # original dtype of its trainable parameters
     trained_pd: list[str]  # param dtype of its trainable parameters
-
-    def as_lists(self) -> "_PerUnit":
-        """The same sums as Python lists (read one call at a time, as ints)."""
-        return _PerUnit(**{f: getattr(self, f) if isinstance(getattr(self, f), list) else getattr(self, f).tolist()
-                           for f in self.__dataclass_fields__})
 
 
 def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
@@ -203,19 +200,22 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
     def codes(mask, dcodes):
         return np.bincount(u[mask] * n_codes + dcodes[mask], minlength=n_units * n_codes).reshape(n_units, n_codes)
 
+    def sums(weights):
+        return sum_per_unit(u, weights, n_units).tolist()
+
     names = code_names()
     gathered = codes(np.ones(u.size, dtype=bool), sh.pd_dtype) > 0
     one_dtype, first_dtype = (gathered.sum(axis=1) == 1).tolist(), gathered.argmax(axis=1).tolist()
     return _PerUnit(
-        n_params=np.bincount(u, minlength=n_units),
-        gather=sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard,
-        staged=sum_per_unit(u, staged, n_units),
-        padded_trainable=sum_per_unit(u, sh.padded * tr, n_units),
-        trainable_numel=sum_per_unit(u, sh.numel * tr, n_units),
-        unsharded_grads=sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units),
+        n_params=np.bincount(u, minlength=n_units).tolist(),
+        gather=(sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard).tolist(),
+        staged=sums(staged),
+        padded_trainable=sums(sh.padded * tr),
+        trainable_numel=sums(sh.numel * tr),
+        unsharded_grads=sums(sh.numel * sh.pd_itemsize * tr),
         gather_dtype=[names[c] if one else "uint8" for one, c in zip(one_dtype, first_dtype)],
-        trained_dtype=[names[c] for c in codes(sh.trainable, sh.dtype).argmax(axis=1)],
-        trained_pd=[names[c] for c in codes(sh.trainable, sh.pd_dtype).argmax(axis=1)],
+        trained_dtype=[names[c] for c in codes(sh.trainable, sh.dtype).argmax(axis=1).tolist()],
+        trained_pd=[names[c] for c in codes(sh.trainable, sh.pd_dtype).argmax(axis=1).tolist()],
     )
 
 
@@ -260,28 +260,66 @@ def after_forward(reshard_after_forward: bool | int) -> ParamState:
     return ParamState.UNSHARDED if reshard_after_forward is False else ParamState.POST_FORWARD_SHARD
 
 
+class CallPlace(NamedTuple):
+    """Where a call's hooks run in the walk, which depends on its modules alone (``StepCall``'s
+    fields of the same names; ``first``: its first module in registration order)."""
+
+    first: int
+    pre_forward: Position
+    post_forward: Position
+    out_grad: bool
+    in_grad: bool
+
+
+class CallPlaces:
+    """The ``CallPlace`` of every call's modules on one walk of one tree, each computed on first use:
+    it depends on the tree and the walk only, so every plan of one model shares them (a change of
+    plan keeps most of its calls)."""
+
+    def __init__(self, arr, walk: Walk):
+        self.walk, self.trainable_from = walk, first_trainable(arr, walk)
+        self._places: dict[tuple[int, ...], CallPlace] = {}
+
+    def of(self, modules: tuple[int, ...]) -> CallPlace:
+        place = self._places.get(modules)
+        if place is None:
+            walk = self.walk
+            first, last = first_module(walk, modules), last_module(walk, modules)
+            place = self._places[modules] = CallPlace(
+                min(modules), Position.enter(walk, first), Position.leave(walk, last),
+                output_needs_grad(self.trainable_from, walk.end[last]),
+                input_needs_grad(self.trainable_from, walk.enter[first]))
+        return place
+
+
+# walk -> CallPlaces: a walk belongs to one tree (``cost.walk`` keeps one per tree and order)
+_PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def call_places(arr, walk: Walk) -> CallPlaces:
+    """The walk's ``CallPlaces`` (``arr``: the arrays of the walk's tree), kept while the walk lives."""
+    places = _PLACES.get(walk)
+    if places is None:
+        places = _PLACES[walk] = CallPlaces(arr, walk)
+    return places
+
+
 def call_hooks(arr, layout, modules, walk: Walk, sh: ShardedParams) -> list[StepCall]:
     """One ``StepCall`` per call of ``layout``, in plan order (``sh``: its sharded parameters)."""
     root_of = roots(layout, modules)
-    trainable_from = first_trainable(arr, walk)
+    places = call_places(arr, walk)
     trains = np.zeros(len(layout.units), dtype=bool)  # a call that manages trainable parameters
     trains[sh.unit[sh.trainable]] = True
     trains = trains.tolist()
-    out = []
-    for ul in layout.units:
-        first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
-        out.append(StepCall(
-            ul.index, min(ul.modules), Position.enter(walk, first), Position.leave(walk, last),
-            output_needs_grad(trainable_from, walk.end[last]), input_needs_grad(trainable_from, walk.enter[first]),
-            root_of[ul.index], after_forward(ul.reshard_after_forward), trains[ul.index]))
-    return out
+    return [StepCall(ul.index, *places.of(ul.modules), root_of[ul.index], after_forward(ul.reshard_after_forward),
+                     trains[ul.index]) for ul in layout.units]
 
 
 def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
                with_activations: bool, calls: list[StepCall]) -> list[UnitCost]:
     """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
     group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
-    sums = _per_unit(sh, policies, shard).as_lists()
+    sums = _per_unit(sh, policies, shard)
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     whole_grads = whole.grads_per_unit.tolist()
     out = []
