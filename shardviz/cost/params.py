@@ -140,9 +140,8 @@ def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedPara
     """The padded shard of every sharded parameter (``FSDPParam._init_sharded_param``) and the
     dtype it is gathered in (``FSDPParam.init_dtype_attrs``). ``policies``: one ``Unit`` per
     plan unit with the training's defaults filled in."""
-    punit = np.asarray(layout.param_unit, dtype=np.int64)
-    idx = np.nonzero(punit >= 0)[0]  # Layout gives ignored parameters no call: these are the "sharded" ones
-    u = punit[idx]
+    idx = np.nonzero(layout.sharded)[0]  # Layout gives ignored parameters no call: these are the "sharded" ones
+    u = layout.param_unit_array[idx]
     pd_code = np.array([dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
     pd_size = np.array([itemsize(p.param_dtype) if p.param_dtype else 0 for p in policies] + [0], dtype=np.int64)
     offload = np.array([p.offload for p in policies] + [False], dtype=bool)
@@ -176,7 +175,7 @@ def whole_params(arr: TreeArrays, layout, sharded: ShardedParams) -> WholeParams
     idx = np.nonzero(whole)[0]
     nbytes = arr.numel[idx] * arr.itemsize[idx]
     trainable = arr.trainable[idx]
-    would = np.asarray(layout.would_be_unit, dtype=np.int64)[idx]
+    would = layout.would_be_unit[idx]
     slot = np.where(would >= 0, would, n_units)[trainable]
     per_unit = sum_per_unit(slot, nbytes[trainable], n_units + 1)
     return WholeParams(idx, nbytes, trainable, would, int(nbytes.sum()), int(nbytes[trainable].sum()),
