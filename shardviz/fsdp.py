@@ -229,7 +229,7 @@ class Layout:
     """Which call owns each parameter and what each rank holds, for one (tree, plan, mesh).
 
     Built in three steps: which call each module belongs to, which call manages each parameter,
-    then every refusal of torch (``REFUSALS``, SV001-SV008) read off that ownership."""
+    then every refusal of torch (``REFUSALS``, SV001-SV008) read off that ownership (``errors``)."""
 
     STATUS = ("sharded", "ignored", "unmanaged")
 
@@ -238,9 +238,14 @@ class Layout:
         plan.validate(tree)
         self._assign_modules()
         self._assign_params()
-        self.errors: list[Finding] = [f for refusal in REFUSALS for f in refusal(self)]
         for ul in self.units:
             ul.reshard_after_forward = resolved_reshard(effective_reshard_after_forward(ul.unit, ul.is_root), mesh.shard)
+
+    @cached_property
+    def errors(self) -> list[Finding]:
+        """Every refusal of torch (``REFUSALS``), found on first read: the Inspector draws memory and
+        traffic after a change of plan before it checks the plan (on its worker)."""
+        return [f for refusal in REFUSALS for f in refusal(self)]
 
     def _assign_modules(self) -> None:
         """Which unit each module opens, then the nearest enclosing unit: each unit module's
