@@ -188,9 +188,8 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
     n_units, u = len(policies), sh.unit
     # all-gather inputs staged before the collective: the foreach copy into param dtype
     # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
-    has_policy = np.array([p.param_dtype is not None for p in policies] + [False])[u]
     staged = np.where(sh.offload, sh.padded * sh.itemsize + np.where(sh.cast, sh.padded * sh.pd_itemsize, 0),
-                      np.where(has_policy, sh.padded * sh.pd_itemsize, 0))
+                      np.where(sh.has_policy, sh.padded * sh.pd_itemsize, 0))
     tr = sh.trainable.astype(np.float64)
     n_codes = n_dtype_codes()
 
