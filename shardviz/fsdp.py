@@ -30,7 +30,7 @@ from .devices import MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, DeviceLimits, 
 from .finding import Finding, PlanError
 from .format import format_plural, parse_size
 from .plan import Plan, Unit, closest_hint
-from .tree import ModelTree, subtree_numel, tree_index
+from .tree import ModelTree, children_with_params, tree_index
 
 def parse_bytes(value) -> int | None:
     """80e9, "80GB" or "80GiB" -> bytes (None stays None)."""
@@ -212,28 +212,6 @@ def padded_shard_numel(dim0, row_numel, shard):
 
 
 # ---------------------------------------------------------------------------
-# What a call may take (``_fsdp_init._validate_module``: no bare ModuleList/ModuleDict)
-# ---------------------------------------------------------------------------
-def children_with_params(tree: ModelTree, module: int) -> list[int]:
-    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened (torch refuses it)."""
-    numel = subtree_numel(tree)
-    out: list[int] = []
-
-    def add(m: int) -> None:
-        if numel[m] == 0 and not tree.modules[m].params:
-            return
-        if tree.modules[m].bare_container:
-            for c in tree.modules[m].children:
-                add(c)
-        else:
-            out.append(m)
-
-    for c in tree.modules[module].children:
-        add(c)
-    return out
-
-
-# ---------------------------------------------------------------------------
 # The layout of one plan on one model
 # ---------------------------------------------------------------------------
 @dataclass
@@ -251,7 +229,7 @@ class Layout:
     """Which call owns each parameter and what each rank holds, for one (tree, plan, mesh).
 
     Built in three steps: which call each module belongs to, which call manages each parameter,
-    then every refusal of torch (``REFUSALS``, SV001-SV008) read off that ownership."""
+    then every refusal of torch (``REFUSALS``, SV001-SV008) read off that ownership (``errors``)."""
 
     STATUS = ("sharded", "ignored", "unmanaged")
 
@@ -260,9 +238,14 @@ class Layout:
         plan.validate(tree)
         self._assign_modules()
         self._assign_params()
-        self.errors: list[Finding] = [f for refusal in REFUSALS for f in refusal(self)]
         for ul in self.units:
             ul.reshard_after_forward = resolved_reshard(effective_reshard_after_forward(ul.unit, ul.is_root), mesh.shard)
+
+    @cached_property
+    def errors(self) -> list[Finding]:
+        """Every refusal of torch (``REFUSALS``), found on first read: the Inspector draws memory and
+        traffic after a change of plan before it checks the plan (on its worker)."""
+        return [f for refusal in REFUSALS for f in refusal(self)]
 
     def _assign_modules(self) -> None:
         """Which unit each module opens, then the nearest enclosing unit: each unit module's
@@ -293,15 +276,12 @@ class Layout:
             unit[p] = calls[0] if calls else -1  # the first call to reach it manages it
             if len(calls) > 1:
                 self.shared_calls[p] = calls
-        self.would_be_unit = unit.tolist()  # the call an ignored parameter sits in
-        ignored = sorted({tree.param_index[f] for f in self.plan.ignored})
-        for p in ignored:
+        self.would_be_unit = unit.copy()  # per parameter (numpy): the call an ignored parameter sits in
+        self._ignored = sorted({tree.param_index[f] for f in self.plan.ignored})
+        for p in self._ignored:
             self.shared_calls.pop(p, None)
-        unit[ignored] = -1
-        status = np.where(unit >= 0, 0, 2)
-        status[ignored] = 1
-        self.param_unit, self._param_unit = unit.tolist(), unit
-        self.param_status = np.array(self.STATUS, dtype=object)[status].tolist()
+        unit[self._ignored] = -1
+        self.param_unit_array = unit  # per parameter (numpy): the call that manages it (-1: none)
         self.sharded = unit >= 0  # per parameter, as a numpy mask: param_status == "sharded"
         sharded = np.nonzero(self.sharded)[0]
         by_unit = sharded[np.argsort(unit[sharded], kind="stable")]  # each call's parameters in tree order
@@ -309,6 +289,18 @@ class Layout:
         by_unit = by_unit.tolist()  # sliced per call: one conversion, not one per call
         for ul in self.units:
             ul.params = by_unit[starts[ul.index]:starts[ul.index + 1]]
+
+    @cached_property
+    def param_unit(self) -> list[int]:
+        """Per parameter: the call that manages it (-1: none), as a list (the tables read it one by one)."""
+        return self.param_unit_array.tolist()
+
+    @cached_property
+    def param_status(self) -> list[str]:
+        """Per parameter: "sharded", "ignored" or "unmanaged" (``STATUS``)."""
+        status = np.where(self.sharded, 0, 2)
+        status[self._ignored] = 1
+        return np.array(self.STATUS, dtype=object)[status].tolist()
 
     def _calls_reaching(self, p) -> list[int]:
         """The calls whose DFS reaches parameter ``p``, in bottom-up order."""
@@ -541,9 +533,11 @@ def refuse_bare_containers(lay: Layout) -> list[Finding]:
 def refuse_mixed_dtypes(lay: Layout) -> list[Finding]:
     """SV003: trainable parameters of one group must share one original dtype (``FSDPParamGroup``)."""
     tree, index, out = lay.tree, tree_index(lay.tree), []
+    if index.trained_dtypes < 2:  # the whole tree trains one dtype: no call can mix two
+        return out
     trainable = lay.sharded & index.trainable
     has_dtype = np.zeros((len(lay.units), len(index.dtypes)), dtype=bool)  # per call: the dtypes it trains
-    has_dtype[lay._param_unit[trainable], index.dtype_code[trainable]] = True
+    has_dtype[lay.param_unit_array[trainable], index.dtype_code[trainable]] = True
     for ul in (lay.units[u] for u in np.nonzero(has_dtype.sum(axis=1) > 1)[0].tolist()):
         trainable = [tree.params[p] for p in ul.params if tree.params[p].requires_grad]
         dtypes = {p.dtype for p in trainable}

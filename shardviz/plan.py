@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Iterable, NamedTuple, Sequence, Union
 
 from .checkpointing import FULL, POLICY_SPELLINGS, SELECTIVE, CheckpointPolicy, CheckpointPreset, parse_checkpoint
@@ -140,9 +141,10 @@ class Unit:
         object.__setattr__(self, "reduce_dtype", reduce_dtype)
         object.__setattr__(self, "offload", bool(offload))
 
-    @property
+    @cached_property
     def name(self) -> str:
-        """A label for tables: the FQN, '<root>' for "", or '[a, b]' for a group."""
+        """A label for tables: the FQN, '<root>' for "", or '[a, b]' for a group (once per unit: every
+        analysis of a plan reads each call's)."""
         labels = [m if m else "<root>" for m in self.modules]
         return labels[0] if len(labels) == 1 else "[" + ", ".join(labels) + "]"
 

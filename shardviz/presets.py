@@ -10,9 +10,9 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
-from .fsdp import Layout, Mesh, children_with_params, subtree_numel
+from .fsdp import Layout, Mesh
 from .plan import LORA_OPTIONS, Plan, Unit
-from .tree import ModelTree
+from .tree import ModelTree, children_with_params, subtree_numel
 
 
 def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:

@@ -313,6 +313,26 @@ def subtree_numel(tree: ModelTree) -> list[int]:
     return total
 
 
+def children_with_params(tree: ModelTree, module: int) -> list[int]:
+    """Children of ``module`` that hold parameters, a bare ModuleList/ModuleDict opened: what a call may
+    take (``fully_shard`` refuses a container without forward, ``_fsdp_init._validate_module``)."""
+    numel = subtree_numel(tree)
+    out: list[int] = []
+
+    def add(m: int) -> None:
+        if numel[m] == 0 and not tree.modules[m].params:
+            return
+        if tree.modules[m].bare_container:
+            for c in tree.modules[m].children:
+                add(c)
+        else:
+            out.append(m)
+
+    for c in tree.modules[module].children:
+        add(c)
+    return out
+
+
 @dataclass(frozen=True)
 class TreeIndex:
     """What every layout of one tree reads (``fsdp.Layout``), as arrays: computed once per tree
@@ -329,6 +349,7 @@ class TreeIndex:
     trainable: np.ndarray  # per parameter: requires_grad
     dtype_code: np.ndarray  # per parameter: its dtype's position in ``dtypes``
     dtypes: tuple  # the tree's parameter dtypes (SV003 compares them per call)
+    trained_dtypes: int  # how many of them the trainable parameters have (SV003 needs two)
 
 
 _TREE_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -352,7 +373,8 @@ def tree_index(tree: ModelTree) -> TreeIndex:
             tuple(p.index for p in params if len(p.shape) == 0),
             tuple(p.index for p in params if not p.contiguous),
             np.array([p.requires_grad for p in params], dtype=bool),
-            np.array([code[p.dtype] for p in params], dtype=np.int64), dtypes)
+            np.array([code[p.dtype] for p in params], dtype=np.int64), dtypes,
+            len({p.dtype for p in params if p.requires_grad}))
     return index
 
 

@@ -7,6 +7,7 @@ local shapes torch's own ``fully_shard`` gives), and that the tables are fast en
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -60,6 +61,30 @@ def test_unit_defaults_fill_only_what_the_unit_leaves_open():
     own = t.unit_defaults(sv.Unit("a", param_dtype="float32", reshard_after_forward=2))
     assert (own.param_dtype, own.reduce_dtype, own.reshard_after_forward) == ("float32", "float32", 2)
     assert Training().unit_defaults(sv.Unit("a")) == sv.Unit("a")
+
+
+def test_unit_defaults_kept_per_training_are_no_part_of_it():
+    """The training keeps each unit it filled in (every change of plan asks again for every call):
+    equal units get the same answer, another option its own, and the training still equals,
+    hashes, lists its fields and copies as those fields say."""
+    t = Training(param_dtype="bfloat16")
+    first = t.unit_defaults(sv.Unit("a"))
+    assert t.unit_defaults(sv.Unit("a")) is first and first == sv.Unit("a", param_dtype="bfloat16")
+    assert t.unit_defaults(sv.Unit("a", reduce_dtype="float32")).reduce_dtype == "float32"
+    same = Training(param_dtype="bfloat16")
+    assert t == same and hash(t) == hash(same) and repr(t) == repr(same)
+    assert [f.name for f in dataclasses.fields(t)] == [f.name for f in dataclasses.fields(Training)]
+    assert dataclasses.replace(t, param_dtype="float16").unit_defaults(sv.Unit("a")).param_dtype == "float16"
+
+
+def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
+    """Where each call's hooks run is kept per walk (``cost.units.call_places``): the calls of an
+    edited plan equal those a fresh tree of the same model computes."""
+    tree, mesh = sv.ModelTree(model), sv.Mesh(4)
+    plan = sv.Plan.auto(tree, lora="sharded")
+    sv.analyze(tree, plan, mesh).memory  # noqa: B018 - the places of every call of the plan
+    edited = plan.without_unit(plan.units[1].modules[0])
+    assert sv.analyze(tree, edited, mesh).costs.calls == sv.analyze(sv.ModelTree(model), edited, mesh).costs.calls
 
 
 # -- memory table ---------------------------------------------------------------------------------

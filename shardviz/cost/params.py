@@ -52,13 +52,22 @@ class TreeArrays:
     buffer_bytes: int
     dim0_values: np.ndarray  # the distinct dim0 values, sorted
     dim0_group: np.ndarray  # per parameter: its dim0's index in dim0_values
+    row: np.ndarray  # elements per dim-0 row
     _local_rows: dict = field(default_factory=dict, compare=False, repr=False)  # shard -> local_rows(shard)
+    _padded: dict = field(default_factory=dict, compare=False, repr=False)  # shard -> padded(shard)
 
     def local_rows(self, shard: int) -> np.ndarray:
         """``local_rows_table`` of ``dim0_values`` on ``shard`` coordinates, computed once per tree and shard."""
         if shard not in self._local_rows:
             self._local_rows[shard] = local_rows_table(self.dim0_values, shard)
         return self._local_rows[shard]
+
+    def padded(self, shard: int) -> np.ndarray:
+        """Per parameter: the padded shard elements every rank allocates on ``shard`` coordinates
+        (``padded_shard_numel``), computed once per tree and shard."""
+        if shard not in self._padded:
+            self._padded[shard] = padded_shard_numel(self.dim0, self.row, shard)
+        return self._padded[shard]
 
 
 _TREE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -79,8 +88,9 @@ def tree_arrays(tree) -> TreeArrays:
     owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
     buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
     dim0_values, dim0_group = np.unique(dim0, return_inverse=True)
+    row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
     arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, dim0_values,
-                        dim0_group.reshape(-1))
+                        dim0_group.reshape(-1), row)
     _TREE_CACHE[tree] = arrays
     return arrays
 
@@ -132,6 +142,7 @@ class ShardedParams:
     pd_itemsize: np.ndarray  # param dtype (what is gathered)
     pd_dtype: np.ndarray
     cast: np.ndarray  # gathered in another dtype than its own
+    has_policy: np.ndarray  # its call's policy sets a param dtype (the all-gather input is a copy in it)
     trainable: np.ndarray
     offload: np.ndarray
 
@@ -140,18 +151,16 @@ def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedPara
     """The padded shard of every sharded parameter (``FSDPParam._init_sharded_param``) and the
     dtype it is gathered in (``FSDPParam.init_dtype_attrs``). ``policies``: one ``Unit`` per
     plan unit with the training's defaults filled in."""
-    punit = np.asarray(layout.param_unit, dtype=np.int64)
-    idx = np.nonzero(punit >= 0)[0]  # Layout gives ignored parameters no call: these are the "sharded" ones
-    u = punit[idx]
+    idx = np.nonzero(layout.sharded)[0]  # Layout gives ignored parameters no call: these are the "sharded" ones
+    u = layout.param_unit_array[idx]
     pd_code = np.array([dtype_code(p.param_dtype) if p.param_dtype else -1 for p in policies] + [-1], dtype=np.int64)
     pd_size = np.array([itemsize(p.param_dtype) if p.param_dtype else 0 for p in policies] + [0], dtype=np.int64)
     offload = np.array([p.offload for p in policies] + [False], dtype=bool)
-    numel, dim0, isz, dcode = arr.numel[idx], arr.dim0[idx], arr.itemsize[idx], arr.dtype[idx]
-    row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
+    isz, dcode, policy = arr.itemsize[idx], arr.dtype[idx], pd_code[u]
     # the policy's param dtype, unless it equals the original or the parameter is not floating point
-    cast = (pd_code[u] >= 0) & arr.is_float[idx] & (pd_code[u] != dcode)
-    return ShardedParams(idx, u, numel, dim0, row, padded_shard_numel(dim0, row, shard), isz, dcode,
-                         np.where(cast, pd_size[u], isz), np.where(cast, pd_code[u], dcode), cast,
+    cast = (policy >= 0) & arr.is_float[idx] & (policy != dcode)
+    return ShardedParams(idx, u, arr.numel[idx], arr.dim0[idx], arr.row[idx], arr.padded(shard)[idx], isz, dcode,
+                         np.where(cast, pd_size[u], isz), np.where(cast, policy, dcode), cast, policy >= 0,
                          arr.trainable[idx], offload[u])
 
 
@@ -176,7 +185,7 @@ def whole_params(arr: TreeArrays, layout, sharded: ShardedParams) -> WholeParams
     idx = np.nonzero(whole)[0]
     nbytes = arr.numel[idx] * arr.itemsize[idx]
     trainable = arr.trainable[idx]
-    would = np.asarray(layout.would_be_unit, dtype=np.int64)[idx]
+    would = layout.would_be_unit[idx]
     slot = np.where(would >= 0, would, n_units)[trainable]
     per_unit = sum_per_unit(slot, nbytes[trainable], n_units + 1)
     return WholeParams(idx, nbytes, trainable, would, int(nbytes.sum()), int(nbytes[trainable].sum()),

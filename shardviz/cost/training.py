@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..plan import DTYPE_NAMES, Unit
 
@@ -161,10 +162,17 @@ class Training:
             changes["offload"] = True
         if not changes:
             return unit
-        return Unit(unit.modules, unit.reshard_after_forward,
-                    changes.get("param_dtype", unit.param_dtype),
-                    changes.get("reduce_dtype", unit.reduce_dtype),
-                    changes.get("offload", unit.offload))
+        filled = self._filled_units.get(unit)
+        if filled is None:  # a plan's units are shared by every edit of it: each is filled once
+            filled = self._filled_units[unit] = Unit(
+                unit.modules, unit.reshard_after_forward, changes.get("param_dtype", unit.param_dtype),
+                changes.get("reduce_dtype", unit.reduce_dtype), changes.get("offload", unit.offload))
+        return filled
+
+    @cached_property
+    def _filled_units(self) -> dict[Unit, Unit]:
+        """``unit_defaults``' results, by unit (not a field: no part of equality, a plan file or a copy)."""
+        return {}
 
 
 #: The one training every entry point assumes when none is given: the Inspector, ``compare``,

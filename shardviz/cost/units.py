@@ -4,6 +4,7 @@ one ``UnitCost`` per call that manages parameters: its buffers in bytes per rank
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -12,7 +13,7 @@ import numpy as np
 
 from ..hook_rules import input_needs_grad, output_needs_grad, roots
 from ..step_events import ParamState, StepCall
-from .params import ShardedParams, WholeParams, code_names, n_dtype_codes, sum_per_unit
+from .params import ShardedParams, WholeParams, code_names, dtype_code, n_dtype_codes, sum_per_unit
 from .training import itemsize
 from .walk import Walk
 
@@ -152,104 +153,103 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     wg_at = sum_per_unit(inverse, wg, len(keys))
     out: dict[int, list] = {}
     for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
-        out.setdefault(u, []).append(GradientsAt(module, Position.gradients(walk, module), a, b))
-    return {u: _with_spans(v, walk, walk.by_position) for u, v in out.items()}
+        out.setdefault(u, []).append((module, a, b))
+    return {u: _with_spans(v, walk) for u, v in out.items()}
 
 
-def _with_spans(parts: list[GradientsAt], walk: Walk, by_position) -> tuple[GradientsAt, ...]:
-    """Each part with its ``span``: a module forward ran between two owners (GPT-2's activation,
-    between ``c_fc`` and ``c_proj``) runs its backward after the later owner's gradients exist and
-    before the earlier one's: its level counts with them."""
-    parts = sorted(parts, key=lambda p: walk.enter[p.module])
+def _with_spans(parts: list[tuple[int, int, int]], walk: Walk) -> tuple[GradientsAt, ...]:
+    """Each part (owner, unsharded, whole bytes) as a ``GradientsAt`` with its ``span``: a module
+    forward ran between two owners (GPT-2's activation, between ``c_fc`` and ``c_proj``) runs its
+    backward after the later owner's gradients exist and before the earlier one's: its level
+    counts with them."""
+    owners = sorted(parts, key=lambda p: walk.enter[p[0]])
     out = []
-    for part, nxt in zip(parts, parts[1:] + [None]):
+    for (module, unsharded, whole), nxt in zip(owners, [p[0] for p in owners[1:]] + [None]):
         between = [] if nxt is None else [  # not the next owner's ancestors (their backward holds it)
-            m for m in by_position[walk.enter[part.module] + 1: walk.enter[nxt.module]]
-            if walk.end[m] <= walk.enter[nxt.module]]
-        out.append(part._replace(span=(part.module, *between)))
+            m for m in walk.by_position[walk.enter[module] + 1: walk.enter[nxt]] if walk.end[m] <= walk.enter[nxt]]
+        out.append(GradientsAt(module, Position.gradients(walk, module), unsharded, whole, (module, *between)))
     return tuple(out)
 
 
 @dataclass(frozen=True)
 class _PerUnit:
-    """Sums over each call's sharded parameters (arrays indexed by plan unit)."""
+    """Sums over each call's sharded parameters and its reduce-scatter (``UnitCost``'s fields of
+    the same names), as Python lists indexed by plan unit: read one call at a time, as ints."""
 
-    n_params: np.ndarray
-    gather: np.ndarray  # all-gather output bytes
-    staged: np.ndarray  # all-gather input staged before the collective
-    padded_trainable: np.ndarray  # padded shard elements of trainable parameters
-    trainable_numel: np.ndarray
-    unsharded_grads: np.ndarray
+    n_params: list[int]
+    gather: list[int]  # all-gather output bytes
+    staged: list[int]  # all-gather input staged before the collective
+    unsharded_grads: list[int]
     gather_dtype: list[str]  # one dtype, or uint8 when the inputs differ (foreach_all_gather)
-    trained_dtype: list[str]  # original dtype of its trainable parameters
-    trained_pd: list[str]  # param dtype of its trainable parameters
-
-    def as_lists(self) -> "_PerUnit":
-        """The same sums as Python lists (read one call at a time, as ints)."""
-        return _PerUnit(**{f: getattr(self, f) if isinstance(getattr(self, f), list) else getattr(self, f).tolist()
-                           for f in self.__dataclass_fields__})
+    reduction: "_Reductions"
 
 
 def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
     n_units, u = len(policies), sh.unit
     # all-gather inputs staged before the collective: the foreach copy into param dtype
     # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
-    has_policy = np.array([p.param_dtype is not None for p in policies] + [False])[u]
     staged = np.where(sh.offload, sh.padded * sh.itemsize + np.where(sh.cast, sh.padded * sh.pd_itemsize, 0),
-                      np.where(has_policy, sh.padded * sh.pd_itemsize, 0))
+                      np.where(sh.has_policy, sh.padded * sh.pd_itemsize, 0))
     tr = sh.trainable.astype(np.float64)
     n_codes = n_dtype_codes()
 
-    def codes(mask, dcodes):
-        return np.bincount(u[mask] * n_codes + dcodes[mask], minlength=n_units * n_codes).reshape(n_units, n_codes)
+    def codes(dcodes, weights=None):  # per call and dtype code: how many of its parameters (weighted)
+        return np.bincount(u * n_codes + dcodes, weights, minlength=n_units * n_codes).reshape(n_units, n_codes)
 
     names = code_names()
-    gathered = codes(np.ones(u.size, dtype=bool), sh.pd_dtype) > 0
+    gathered = codes(sh.pd_dtype) > 0
     one_dtype, first_dtype = (gathered.sum(axis=1) == 1).tolist(), gathered.argmax(axis=1).tolist()
+    trained = codes(sh.dtype, tr)  # per call and dtype code: its trainable parameters
+    unsharded_grads = sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units)
+    reduction = _reductions(policies, shard, trained.any(axis=1), trained.argmax(axis=1),
+                            codes(sh.pd_dtype, tr).argmax(axis=1), sum_per_unit(u, sh.padded * tr, n_units),
+                            sum_per_unit(u, sh.numel * tr, n_units), unsharded_grads)
     return _PerUnit(
-        n_params=np.bincount(u, minlength=n_units),
-        gather=sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard,
-        staged=sum_per_unit(u, staged, n_units),
-        padded_trainable=sum_per_unit(u, sh.padded * tr, n_units),
-        trainable_numel=sum_per_unit(u, sh.numel * tr, n_units),
-        unsharded_grads=sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units),
+        n_params=np.bincount(u, minlength=n_units).tolist(),
+        gather=(sum_per_unit(u, sh.padded * sh.pd_itemsize, n_units) * shard).tolist(),
+        staged=sum_per_unit(u, staged, n_units).tolist(),
+        unsharded_grads=unsharded_grads.tolist(),
         gather_dtype=[names[c] if one else "uint8" for one, c in zip(one_dtype, first_dtype)],
-        trained_dtype=[names[c] for c in codes(sh.trainable, sh.dtype).argmax(axis=1)],
-        trained_pd=[names[c] for c in codes(sh.trainable, sh.pd_dtype).argmax(axis=1)],
+        reduction=reduction,
     )
 
 
-class Reduction(NamedTuple):
-    """A call's reduce-scatter (``UnitCost``'s fields of the same names)."""
+@dataclass(frozen=True)
+class _Reductions:
+    """Each call's reduce-scatter (``UnitCost``'s fields of the same names), lists indexed by plan
+    unit; a call without trainable parameters reduces nothing: False, "" and zeros."""
 
-    trainable: bool
-    reduce_dtype: str
-    rs_input: int
-    rs_output: int
-    sharded_grads: int
-    cast: bool
-    accumulated_grads: int
-    converts_grads: bool
+    trainable: list[bool]
+    reduce_dtype: list[str]
+    rs_input: list[int]  # padded, reduce dtype, the whole group's
+    rs_output: list[int]  # this rank's slice
+    sharded_grads: list[int]  # padded, original dtype
+    cast: list[bool]
+    accumulated_grads: list[int]
+    converts_grads: list[bool]
 
 
-NO_REDUCTION = Reduction(False, "", 0, 0, 0, False, 0, False)
-
-
-def _reduction(sums: _PerUnit, i: int, policy, shard: int, trainable: bool) -> Reduction:
-    """The reduce-scatter of call ``i`` (``foreach_reduce``), or none without trainable parameters."""
-    if not trainable:
-        return NO_REDUCTION
-    orig = sums.trained_dtype[i]
+def _reductions(policies, shard: int, trainable, orig, grad_dtype, padded_trainable, trainable_numel,
+                unsharded_grads) -> _Reductions:
+    """Every call's reduce-scatter (``foreach_reduce``), from numpy arrays per call: whether it has
+    trainable parameters, their original and gradient (param) dtype codes, their padded shard
+    elements, elements and unsharded gradient bytes. One numpy expression over the calls, not a
+    Python function per call (a change of plan prices every call)."""
     # FSDPParam.init_dtype_attrs drops reduce_dtype equal to param_dtype; foreach_reduce then
     # reduces in the gradient's dtype, the param dtype
-    pol = policy
-    rd = pol.reduce_dtype if (pol.reduce_dtype and pol.reduce_dtype != pol.param_dtype) else sums.trained_pd[i]
-    output = int(sums.padded_trainable[i]) * itemsize(rd)
-    converts = rd != sums.trained_pd[i]
-    accumulated = int(sums.trainable_numel[i]) * itemsize(rd) if converts else int(sums.unsharded_grads[i])
-    return Reduction(trainable=True, reduce_dtype=rd, rs_input=output * shard, rs_output=output,
-                     sharded_grads=int(sums.padded_trainable[i]) * itemsize(orig), cast=rd != orig,
-                     accumulated_grads=accumulated, converts_grads=converts)
+    asked = np.array([dtype_code(p.reduce_dtype) if p.reduce_dtype and p.reduce_dtype != p.param_dtype else -1
+                      for p in policies], dtype=np.int64)
+    names = code_names()
+    size = np.array([itemsize(n) for n in names], dtype=np.int64)  # per dtype code
+    rd = np.where(asked >= 0, asked, grad_dtype)
+    output = np.where(trainable, padded_trainable * size[rd], 0)
+    converts = trainable & (rd != grad_dtype)
+    accumulated = np.where(converts, trainable_numel * size[rd], np.where(trainable, unsharded_grads, 0))
+    return _Reductions(
+        trainable=trainable.tolist(), reduce_dtype=[names[c] if t else "" for t, c in zip(trainable.tolist(), rd.tolist())],
+        rs_input=(output * shard).tolist(), rs_output=output.tolist(),
+        sharded_grads=np.where(trainable, padded_trainable * size[orig], 0).tolist(),
+        cast=(trainable & (rd != orig)).tolist(), accumulated_grads=accumulated.tolist(), converts_grads=converts.tolist())
 
 
 def after_forward(reshard_after_forward: bool | int) -> ParamState:
@@ -260,28 +260,67 @@ def after_forward(reshard_after_forward: bool | int) -> ParamState:
     return ParamState.UNSHARDED if reshard_after_forward is False else ParamState.POST_FORWARD_SHARD
 
 
+class CallPlace(NamedTuple):
+    """Where a call's hooks run in the walk, which depends on its modules alone (``StepCall``'s
+    fields of the same names; ``first``: its first module in registration order)."""
+
+    first: int
+    pre_forward: Position
+    post_forward: Position
+    out_grad: bool
+    in_grad: bool
+
+
+class CallPlaces:
+    """The ``CallPlace`` of every call's modules on one walk of one tree, each computed on first use:
+    it depends on the tree and the walk only, so every plan of one model shares them (a change of
+    plan keeps most of its calls)."""
+
+    def __init__(self, arr, walk: Walk):
+        self.walk, self.trainable_from = walk, first_trainable(arr, walk)
+        self._places: dict[tuple[int, ...], CallPlace] = {}
+
+    def of(self, modules: tuple[int, ...]) -> CallPlace:
+        place = self._places.get(modules)
+        if place is None:
+            walk = self.walk
+            first, last = first_module(walk, modules), last_module(walk, modules)
+            place = self._places[modules] = CallPlace(
+                min(modules), Position.enter(walk, first), Position.leave(walk, last),
+                output_needs_grad(self.trainable_from, walk.end[last]),
+                input_needs_grad(self.trainable_from, walk.enter[first]))
+        return place
+
+
+# walk -> CallPlaces: a walk belongs to one tree (``cost.walk`` keeps one per tree and order)
+_PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def call_places(arr, walk: Walk) -> CallPlaces:
+    """The walk's ``CallPlaces`` (``arr``: the arrays of the walk's tree), kept while the walk lives."""
+    places = _PLACES.get(walk)
+    if places is None:
+        places = _PLACES[walk] = CallPlaces(arr, walk)
+    return places
+
+
 def call_hooks(arr, layout, modules, walk: Walk, sh: ShardedParams) -> list[StepCall]:
     """One ``StepCall`` per call of ``layout``, in plan order (``sh``: its sharded parameters)."""
     root_of = roots(layout, modules)
-    trainable_from = first_trainable(arr, walk)
+    places = call_places(arr, walk)
     trains = np.zeros(len(layout.units), dtype=bool)  # a call that manages trainable parameters
     trains[sh.unit[sh.trainable]] = True
     trains = trains.tolist()
-    out = []
-    for ul in layout.units:
-        first, last = first_module(walk, ul.modules), last_module(walk, ul.modules)
-        out.append(StepCall(
-            ul.index, min(ul.modules), Position.enter(walk, first), Position.leave(walk, last),
-            output_needs_grad(trainable_from, walk.end[last]), input_needs_grad(trainable_from, walk.enter[first]),
-            root_of[ul.index], after_forward(ul.reshard_after_forward), trains[ul.index]))
-    return out
+    return [StepCall(ul.index, *places.of(ul.modules), root_of[ul.index], after_forward(ul.reshard_after_forward),
+                     trains[ul.index]) for ul in layout.units]
 
 
 def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
                with_activations: bool, calls: list[StepCall]) -> list[UnitCost]:
     """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
     group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
-    sums = _per_unit(sh, policies, shard).as_lists()
+    sums = _per_unit(sh, policies, shard)
+    r = sums.reduction
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     whole_grads = whole.grads_per_unit.tolist()
     out = []
@@ -289,13 +328,12 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
         i = ul.index
         if not sums.n_params[i]:
             continue
-        r = _reduction(sums, i, policies[i], shard, hooks.reduces)  # reduces: it has trainable parameters
         out.append(UnitCost(
             unit=i, name=ul.unit.name, reshard_after_forward=ul.reshard_after_forward, offload=policies[i].offload,
             gather=sums.gather[i], staged=sums.staged[i], gather_dtype=sums.gather_dtype[i],
-            trainable=r.trainable, reduce_dtype=r.reduce_dtype, rs_input=r.rs_input, rs_output=r.rs_output,
-            sharded_grads=r.sharded_grads, cast=r.cast, unsharded_grads=sums.unsharded_grads[i],
-            accumulated_grads=r.accumulated_grads, converts_grads=r.converts_grads, whole_grads=whole_grads[i],
-            hooks=hooks, modules=tuple(ul.modules), grads_at=grads_at.get(i),
+            trainable=r.trainable[i], reduce_dtype=r.reduce_dtype[i], rs_input=r.rs_input[i], rs_output=r.rs_output[i],
+            sharded_grads=r.sharded_grads[i], cast=r.cast[i], unsharded_grads=sums.unsharded_grads[i],
+            accumulated_grads=r.accumulated_grads[i], converts_grads=r.converts_grads[i], whole_grads=whole_grads[i],
+            hooks=hooks, modules=ul.modules, grads_at=grads_at.get(i),
         ))
     return out

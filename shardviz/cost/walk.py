@@ -19,10 +19,11 @@ from functools import cached_property
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Walk:
     """Per tree module (indexed by its preorder index): where forward enters it, and where its
-    subtree ends, in the order modules run."""
+    subtree ends, in the order modules run. Compared and hashed by identity: one per tree and order
+    (``execution_walk``), a key of what depends on it (``units.call_places``)."""
 
     enter: tuple[int, ...]
     end: tuple[int, ...]  # one past the last descendant
