@@ -157,16 +157,33 @@ def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
     # all-reduce (reduce-scatter + all-gather) twice that
     sent = (twice[ring] * b * (n - 1)) // np.maximum(n, 1)
     time_s = sent / (bw[ring] * 1e9)
-    df = pd.DataFrame({"unit": pd.Series(cols["unit"], dtype=object), "collective": kinds, "phase": cols["phase"],
-                       "group": group, "group_size": n, "count": count, "dtype": cols["dtype"], "bytes": b,
-                       "sent_bytes": sent, "time_s": time_s, "latency_s": latency[ring]})
+    dim = {}  # with a tensor dim, which dim each row's group spans
     if mesh.tensor > 1:
         dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",
                 "world": "replicate" if mesh.is_hsdp else "shard"}
-        df.insert(4, "dim", [dims[g] for g in group])
+        dim["dim"] = _str_column([dims[g] for g in group])
+    index = pd.RangeIndex(len(n))
+    columns = {"unit": _object_column(cols["unit"], index), "collective": _str_column(kinds), "phase": _str_column(cols["phase"]),
+               "group": _str_column(group), **dim, "group_size": n, "count": count, "dtype": _str_column(cols["dtype"]),
+               "bytes": b, "sent_bytes": sent, "time_s": time_s, "latency_s": latency[ring]}
+    # every column a new array: the frame may hold them without a copy
+    df = pd.DataFrame(columns, index=index, copy=False)
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
     df.attrs["time_per_step_s"] = float((time_s * count).sum())  # NaN when a bandwidth it needs is unknown
     return df
+
+
+def _str_column(values: list):
+    """A column of str as pandas infers it (its "str" dtype, ``StringDtype(na_value=nan)``), built
+    without the inference, which is most of a small frame's construction; an empty one stays a list
+    (pandas makes that float64)."""
+    return pd.array(values, dtype=pd.StringDtype(na_value=np.nan)) if values else values
+
+
+def _object_column(values, index: pd.Index) -> pd.Series:
+    """A column of str and None kept as objects (pandas would infer str, None becoming NaN), on
+    the frame's own ``index``, so that the frame need not align it."""
+    return pd.Series(values, dtype=object, index=index)
 
 
 def _nodes_crossed(mesh, group: str, size: int) -> int:
