@@ -17,6 +17,7 @@ import pytest
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
 from shardviz.cost import Training
+from shardviz.cost.tables import STR_DTYPE
 from torch_truth import tiny_lora
 
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
@@ -201,14 +202,16 @@ def _rebuilt(table: pd.DataFrame) -> pd.DataFrame:
 
 @pytest.mark.parametrize("mesh", [sv.Mesh(1), sv.Mesh(shard=4, replicate=2)], ids=["one-rank", "hsdp"])
 def test_tables_are_the_frames_pandas_builds(model, mesh):
-    """The tables are built from their blocks (``cost.tables._frame``), without the constructor's
-    inference: each is the frame the constructor builds from its values, dtypes and labels included
-    (str columns as pandas infers them, object ones with None kept, one rank's empty comm table)."""
+    """The comm table's str columns are built without the constructor's inference
+    (``cost.tables._str_column``): each table is the frame the constructor builds from its values,
+    dtypes and labels included (str columns as pandas infers them, object ones with None kept, one
+    rank's empty comm table)."""
     a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), mesh)
     for table in (a.memory, a.comm):
         pd.testing.assert_frame_equal(table, _rebuilt(table), check_dtype=True, check_column_type=True,
                                       check_index_type=True, check_exact=True)
-    assert a.memory.peak_unit.dtype == object and a.memory.peak_phase.dtype == "str"
+    assert a.memory.peak_unit.dtype == object and a.memory.peak_phase.dtype == STR_DTYPE
+    assert a.comm.empty or a.comm.collective.dtype == STR_DTYPE
     assert (len(a.comm) == 0) == (mesh.world == 1)
 
 
