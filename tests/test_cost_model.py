@@ -11,11 +11,13 @@ import dataclasses
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
 from shardviz.cost import Training
+from shardviz.cost.tables import STR_DTYPE
 from torch_truth import tiny_lora
 
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
@@ -186,6 +188,31 @@ def test_time_per_step_from_link_bandwidths(model):
     bw = np.where(comm.group == "shard", 100e9, 10e9)  # shard groups inside a node, replicas across
     assert np.allclose(comm.time_s, comm.sent_bytes / bw)
     assert comm.attrs["time_per_step_s"] == pytest.approx((comm.time_s * comm["count"]).sum())
+
+
+def _rebuilt(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` built again by pandas' constructor from its values: the unit columns as object
+    Series (their None kept), numbers as arrays, every other column as a list pandas infers."""
+    def column(name: str, values: pd.Series):
+        if name in ("unit", "peak_unit", "peak_module"):
+            return pd.Series(values.tolist(), dtype=object)
+        return values.to_numpy() if pd.api.types.is_numeric_dtype(values.dtype) else values.tolist()
+    return pd.DataFrame({name: column(name, table[name]) for name in table.columns})
+
+
+@pytest.mark.parametrize("mesh", [sv.Mesh(1), sv.Mesh(shard=4, replicate=2)], ids=["one-rank", "hsdp"])
+def test_tables_are_the_frames_pandas_builds(model, mesh):
+    """The comm table's str columns are built without the constructor's inference
+    (``cost.tables._str_column``): each table is the frame the constructor builds from its values,
+    dtypes and labels included (str columns as pandas infers them, object ones with None kept, one
+    rank's empty comm table)."""
+    a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), mesh)
+    for table in (a.memory, a.comm):
+        pd.testing.assert_frame_equal(table, _rebuilt(table), check_dtype=True, check_column_type=True,
+                                      check_index_type=True, check_exact=True)
+    assert a.memory.peak_unit.dtype == object and a.memory.peak_phase.dtype == STR_DTYPE
+    assert a.comm.empty or a.comm.collective.dtype == STR_DTYPE
+    assert (len(a.comm) == 0) == (mesh.world == 1)
 
 
 # -- SV201 --------------------------------------------------------------------------------------------

@@ -109,19 +109,28 @@ def _moved(costs: CostModel) -> tuple[np.ndarray, np.ndarray]:
     return nbytes, dtypes
 
 
-def _collective_columns(costs: CostModel) -> dict[str, list]:
-    """``ROW_FIELDS`` as columns, one entry per collective the step issues (the call and the kind
-    of each pick what it moves: ``_moved``)."""
+def _collective_columns(costs: CostModel, extra: list[tuple]) -> tuple[dict, np.ndarray, list[tuple]]:
+    """``ROW_FIELDS`` as columns: one entry per collective the step issues, then one per ``extra`` row
+    (``ROW_FIELDS`` tuples); each entry's ring and the rings, the few distinct (collective, group,
+    size), each priced once. The call of an FSDP collective and its kind, read once per ring, pick
+    what it moves (``_moved``)."""
     collectives = costs.step.collectives
-    if not collectives:
-        return {f: [] for f in ROW_FIELDS}
-    unit, kinds, phase, group, gsize, count = (list(c) for c in zip(*collectives))
-    kind_code = {k: i for i, k in enumerate(KINDS)}
-    code, call = np.array([kind_code[k] for k in kinds], dtype=np.int64), np.array(unit, dtype=np.int64)
+    call, kinds, phase, group, gsize, count = zip(*collectives) if collectives else ((),) * 6
+    rings: dict[tuple, int] = {}
+    ring = [rings.setdefault(key, len(rings)) for key in zip(kinds, group, gsize)]
+    code = np.array([KINDS.index(c) for c, _, _ in rings], dtype=np.int64)[ring]  # the rings so far are FSDP's
+    call = np.array(call, dtype=np.int64)
     nbytes, dtypes = _moved(costs)
     names = np.array([u.name for u in costs.units], dtype=object)
-    return dict(zip(ROW_FIELDS, (names[call].tolist(), kinds, phase, group, gsize, count, dtypes[code, call].tolist(),
-                                 nbytes[code, call].tolist())))
+    unit, dtype, moved = names[call], dtypes[code, call].tolist(), nbytes[code, call]
+    if extra:
+        e_unit, e_kinds, e_phase, e_group, e_gsize, e_count, e_dtype, e_bytes = zip(*extra)
+        ring += [rings.setdefault(key, len(rings)) for key in zip(e_kinds, e_group, e_gsize)]
+        unit, moved = np.concatenate([unit, np.array(e_unit, dtype=object)]), np.concatenate([moved, e_bytes])
+        kinds, phase, group, gsize, count = kinds + e_kinds, phase + e_phase, group + e_group, gsize + e_gsize, count + e_count
+        dtype += e_dtype
+    columns = dict(zip(ROW_FIELDS, (unit, kinds, phase, group, gsize, count, dtype, moved)))
+    return columns, np.array(ring, dtype=np.int64), list(rings)
 
 
 def _averager_rows(costs: CostModel) -> list[tuple]:
@@ -139,34 +148,51 @@ def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
     tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
     dim the table has a ``dim`` column: "shard" | "replicate" | "tensor"."""
     mesh = costs.mesh
-    cols = _collective_columns(costs)
-    for row in [*_averager_rows(costs), *tensor_rows]:
-        for f, value in zip(ROW_FIELDS, row):
-            cols[f].append(value)
-    kinds, group, gsize = cols["collective"], cols["group"], cols["group_size"]
-    # the few distinct rings (collective, group, size): each priced once, every row reads its own
-    rings: dict[tuple, int] = {}
-    ring = np.array([rings.setdefault(key, len(rings)) for key in zip(kinds, group, gsize)], dtype=np.int64)
+    cols, ring, rings = _collective_columns(costs, [*_averager_rows(costs), *tensor_rows])
+    group, gsize = cols["group"], cols["group_size"]
     twice = np.array([2 if c == "all_reduce" else 1 for c, _, _ in rings], dtype=np.int64)
     bw = np.array([_group_bandwidth(mesh, g, s) for _, g, s in rings], dtype=float)
     latency = np.array([ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in rings], dtype=float)
     n = np.asarray(gsize, dtype=np.int64)
-    b = np.asarray(cols["bytes"], dtype=np.int64)
+    b = cols["bytes"]
     count = np.asarray(cols["count"], dtype=np.int64)
     # ring algorithm: all-gather / reduce-scatter send (n-1)/n of the full buffer per rank,
     # all-reduce (reduce-scatter + all-gather) twice that
     sent = (twice[ring] * b * (n - 1)) // np.maximum(n, 1)
     time_s = sent / (bw[ring] * 1e9)
-    df = pd.DataFrame({"unit": pd.Series(cols["unit"], dtype=object), "collective": kinds, "phase": cols["phase"],
-                       "group": group, "group_size": n, "count": count, "dtype": cols["dtype"], "bytes": b,
-                       "sent_bytes": sent, "time_s": time_s, "latency_s": latency[ring]})
+    dim = {}  # with a tensor dim, which dim each row's group spans
     if mesh.tensor > 1:
         dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",
                 "world": "replicate" if mesh.is_hsdp else "shard"}
-        df.insert(4, "dim", [dims[g] for g in group])
+        dim["dim"] = _str_column([dims[g] for g in group])
+    index = pd.RangeIndex(len(n))
+    columns = {"unit": _object_column(cols["unit"], index), "collective": _str_column(cols["collective"]),
+               "phase": _str_column(cols["phase"]),
+               "group": _str_column(group), **dim, "group_size": n, "count": count, "dtype": _str_column(cols["dtype"]),
+               "bytes": b, "sent_bytes": sent, "time_s": time_s, "latency_s": latency[ring]}
+    # every column a new array: the frame may hold them without a copy
+    df = pd.DataFrame(columns, index=index, copy=False)
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
     df.attrs["time_per_step_s"] = float((time_s * count).sum())  # NaN when a bandwidth it needs is unknown
     return df
+
+
+#: The dtype pandas' constructor infers for a column of str, read once from pandas itself: "str"
+#: (``StringDtype(na_value=nan)``) on pandas 3, object on pandas 2; the tables keep it on either.
+STR_DTYPE = pd.DataFrame({"s": ["a"]})["s"].dtype
+
+
+def _str_column(values):
+    """A column of str with the dtype pandas would infer (``STR_DTYPE``), built without the
+    inference, which is most of a small frame's construction; an empty one stays as it is (pandas
+    makes that float64)."""
+    return pd.array(values, dtype=STR_DTYPE) if len(values) else values
+
+
+def _object_column(values, index: pd.Index) -> pd.Series:
+    """A column of str and None kept as objects (pandas would infer str, None becoming NaN), on
+    the frame's own ``index``, so that the frame need not align it."""
+    return pd.Series(values, dtype=object, index=index)
 
 
 def _nodes_crossed(mesh, group: str, size: int) -> int:
