@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..step_events import Gather, Group, Hook, ParamState, step_events
+from ..step_events import POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
 from .units import UnitCost
 
 
@@ -140,7 +140,7 @@ class StepSimulation:
         self.peak = -1
         self.moment: Moment | None = None
         self.collectives: list[Collective] = []
-        self.state = [ParamState.SHARDED] * len(units)
+        self.state = [SHARDED] * len(units)
         self.held = Held()
         # the one walk of the hooks: one for the micro-batches that sync, one for those that do not
         self.walks = {sync: step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at, sync=sync)
@@ -200,7 +200,7 @@ class StepSimulation:
         """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out).
         ``gathers``: the hook's all-gathers (``step_events``), its own call's: this model takes no
         explicit forward prefetch, so each call gathers at its own pre-forward."""
-        if gathers != ((k, Group.SHARD),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
+        if gathers != ((k, SHARD_GROUP),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
             raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
@@ -217,7 +217,7 @@ class StepSimulation:
         h.unsharded_params += u.gather
         h.last_gather_of_context[u.hooks.root] = ag
         h.forward_gathers += ag
-        self.state[k] = ParamState.UNSHARDED
+        self.state[k] = UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded. The root's
         # stand for the whole forward, whose peak comes after the next call frees this all-gather
         # output: observed at the root's post-forward instead
@@ -230,14 +230,14 @@ class StepSimulation:
         u, h = self.units[k], self.held
         if u.reshard_after_forward is True:
             h.unsharded_params -= u.gather
-            self.state[k] = ParamState.SHARDED
+            self.state[k] = SHARDED
         elif u.reshard_after_forward is not False:
             shard = u.gather // u.reshard_after_forward
             self.observe("forward", k, act=self.act.leave("forward", u.modules),
                          unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers,
                          gradients=h.all_gradients())
             h.unsharded_params += shard - u.gather
-            self.state[k] = ParamState.POST_FORWARD_SHARD
+            self.state[k] = POST_FORWARD_SHARD
 
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
@@ -279,7 +279,7 @@ class StepSimulation:
         the activations of the call whose pre-backward issues it); none over a group of one rank."""
         k, h = gather.call, self.held
         u = self.units[k]
-        size = self.S if gather.group is Group.SHARD else u.reshard_after_forward
+        size = self.S if gather.group is SHARD_GROUP else u.reshard_after_forward
         h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
@@ -295,10 +295,10 @@ class StepSimulation:
             self.unshard(gather, act)
         if k in h.prefetched:
             self.observe_backward(k, act, params=u.gather)
-            shard = u.gather // u.reshard_after_forward if self.state[k] is ParamState.POST_FORWARD_SHARD else 0
+            shard = u.gather // u.reshard_after_forward if self.state[k] is POST_FORWARD_SHARD else 0
             h.copy_out(k)
             h.unsharded_params += u.gather - shard
-            self.state[k] = ParamState.UNSHARDED
+            self.state[k] = UNSHARDED
         for gather in prefetches:  # FSDPParamGroup._backward_prefetch (or the explicit list)
             self.unshard(gather, act)
         # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
@@ -336,11 +336,11 @@ class StepSimulation:
 
     def reshard_after_backward(self, k: int) -> None:
         u, h = self.units[k], self.held
-        if self.state[k] is ParamState.UNSHARDED:
+        if self.state[k] is UNSHARDED:
             h.unsharded_params -= u.gather
-        elif self.state[k] is ParamState.POST_FORWARD_SHARD:
+        elif self.state[k] is POST_FORWARD_SHARD:
             h.unsharded_params -= u.gather // u.reshard_after_forward
-        self.state[k] = ParamState.SHARDED
+        self.state[k] = SHARDED
 
     def keep_gradients(self, k: int) -> None:
         """``post_backward`` without gradient sync: reshard, keep the unsharded gradients (cast to
