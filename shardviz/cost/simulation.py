@@ -139,6 +139,7 @@ class StepSimulation:
         self.S, self.R = shard, replicate
         self.peak = -1
         self.moment: Moment | None = None
+        self.act_level = 0  # the activations of the latest moment observed
         self.collectives: list[Collective] = []
         self.state = [SHARDED] * len(units)
         self.held = Held()
@@ -174,10 +175,13 @@ class StepSimulation:
             self.peak = x
             self.moment = Moment(phase, k, Alive(unsharded_params, communication_buffers, gradients, level, temporaries),
                                  module)
-        self.at_moment(level)
+        if level != self.act_level:  # most moments hold the activations of the one before
+            self.at_level(level)
 
-    def at_moment(self, level: int) -> None:
-        """Each moment observed, at its activation level (``cost.reserved`` replays the tensors there)."""
+    def at_level(self, level: int) -> None:
+        """A moment holds ``level`` bytes of activations, unlike the one before (``cost.reserved``
+        replays their tensors from there)."""
+        self.act_level = level
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:
