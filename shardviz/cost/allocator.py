@@ -206,8 +206,15 @@ class CachingAllocator:
             block = cache.pop(i)[3]
         else:
             block = self._new_block(rounded, stream, request.small)
-        if block.size - rounded >= min_rest:  # alloc_found_block: should_split
-            self._split(block, rounded)
+        if block.size - rounded >= min_rest:  # alloc_found_block: should_split, then the rest cached apart
+            seg, after = block.segment, block.next  # inline, not a method: ~600 splits a plan
+            rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, after)
+            if after is None:
+                seg.last = rest
+            else:
+                after.prev = rest
+            block.next, block.size = rest, rounded
+            insort(cache, (rest.size, seg.address, rest.offset, rest))
         block.allocated, block.requested = True, size
         self.requested += size
         self.allocated += block.size
@@ -228,29 +235,28 @@ class CachingAllocator:
         self.requested -= block.requested
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
-        after, before = block.next, block.prev  # try_merge_blocks(block, next), then (block, prev)
-        if after is not None and not after.allocated:
-            self._merge(block, after)
-        if before is not None and not before.allocated:
-            self._merge(block, before)
-        seg = block.segment  # back into the cache (sorted as malloc's get_free_block reads it)
-        insort(seg.cache, (block.size, seg.address, block.offset, block))
-
-    def _merge(self, block: Block, other: Block) -> None:
-        """``try_merge_blocks``: ``block`` takes in its free neighbour ``other``, which leaves the cache."""
-        seg = other.segment  # _uncache, inline: ~400 merges a plan
-        del seg.cache[bisect_left(seg.cache, (other.size, seg.address, other.offset))]
-        if other is block.prev:
-            block.offset, block.prev = other.offset, other.prev
-            if block.prev is not None:
-                block.prev.next = block
-        else:
-            block.next = other.next
-            if block.next is not None:
-                block.next.prev = block
+        seg = block.segment
+        cache = seg.cache
+        # try_merge_blocks(block, next), then (block, prev): the free neighbour leaves the cache
+        # and ``block`` takes it in (inline, not a method: ~400 merges a plan)
+        other = block.next
+        if other is not None and not other.allocated:
+            del cache[bisect_left(cache, (other.size, seg.address, other.offset))]
+            block.size += other.size
+            block.next = other = other.next
+            if other is None:
+                seg.last = block
             else:
-                block.segment.last = block
-        block.size += other.size
+                other.prev = block
+        other = block.prev
+        if other is not None and not other.allocated:
+            del cache[bisect_left(cache, (other.size, seg.address, other.offset))]
+            block.size += other.size
+            block.offset = other.offset
+            block.prev = other = other.prev
+            if other is not None:
+                other.next = block
+        insort(cache, (block.size, seg.address, block.offset, block))  # sorted as malloc's get_free_block reads it
 
     def _uncache(self, block: Block) -> None:
         seg = block.segment
@@ -315,15 +321,3 @@ class CachingAllocator:
         self.reserved += size
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
-
-    def _split(self, block: Block, rounded: int) -> None:
-        """``alloc_found_block``: the rest of the block, past ``rounded`` bytes, cached apart."""
-        seg = block.segment
-        rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, block.next)
-        if block.next is None:
-            seg.last = rest
-        else:
-            block.next.prev = rest
-        block.next = rest
-        insort(seg.cache, (rest.size, seg.address, rest.offset, rest))
-        block.size = rounded
