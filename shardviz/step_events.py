@@ -19,6 +19,7 @@ layout, ``cost.units.call_hooks``; the seconds model's from its ``UnitTime`` row
 from __future__ import annotations
 
 from enum import Enum, IntEnum
+from operator import itemgetter
 from typing import Callable, Hashable, NamedTuple, Sequence
 
 from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
@@ -117,12 +118,6 @@ class StepEvents(NamedTuple):
     backward: tuple[HookEvent, ...]
 
 
-def backward_order(hook: tuple):
-    """Sort key of a hook (``backward_events``), descending: backward walks the forward positions
-    in reverse."""
-    return hook[0], -hook[1]
-
-
 def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[tuple]:
     """Pre-forward where each call's first module starts, post-forward where its last one returns
     (``FSDPState._pre_forward`` / ``_post_forward``); ``root_posts``: (position, root) of each
@@ -145,8 +140,9 @@ def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = N
     A post-backward reduces its call's gradients only when the micro-batch syncs (``sync``,
     ``set_requires_gradient_sync``) and the call has some (``FSDPParamGroup.post_backward``).
     Each hook a tuple, as in ``forward_events``."""
-    post_forward_order = sorted(range(len(calls)), key=lambda k: calls[k].post_forward)
-    before = backward_prefetch_targets(post_forward_order, lambda k: calls[k].root)
+    # per-call fields as lists: their __getitem__ is a key without a Python call per call
+    post_forward, root, first = [c.post_forward for c in calls], [c.root for c in calls], [c.first for c in calls]
+    before = backward_prefetch_targets(sorted(range(len(calls)), key=post_forward.__getitem__), root.__getitem__)
     pre_backward, gradients, post_backward = Hook.PRE_BACKWARD, Hook.GRADIENTS, Hook.POST_BACKWARD  # as in with_gathers
     hooks, done = [], []
     for k, c in enumerate(calls):
@@ -158,9 +154,12 @@ def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = N
             hooks.append((part.position, gradients, k, part, -1, False))
         if done[k]:
             hooks.append((c.pre_forward, post_backward, k, None, -1, sync and c.reduces))
-    hooks.sort(key=backward_order, reverse=True)
+    # backward walks the forward positions in reverse, and at one position the hooks in Hook order: sorted by
+    # kind, then (stably) by position, descending (two sorts on C keys, no Python call per hook)
+    hooks.sort(key=itemgetter(1))
+    hooks.sort(key=itemgetter(0), reverse=True)
     hooks.append((None, Hook.FINAL_CALLBACK, None, None, -1, False))
-    registration = sorted(range(len(calls)), key=lambda k: calls[k].first)
+    registration = sorted(range(len(calls)), key=first.__getitem__)
     hooks += [(None, post_backward, k, None, -1, sync and calls[k].reduces)
               for k in final_callback_order(registration, done.__getitem__)]
     return hooks

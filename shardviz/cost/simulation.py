@@ -144,7 +144,9 @@ class StepSimulation:
         self.state = [SHARDED] * len(units)
         self.held = Held()
         # the one walk of the hooks: one for the micro-batches that sync, one for those that do not
-        self.walks = {sync: step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at, sync=sync)
+        # (each call's gradients by a list's __getitem__: no Python call per call)
+        grads_at = [u.grads_at for u in units]
+        self.walks = {sync: step_events([u.hooks for u in units], root_posts, grads_at.__getitem__, sync=sync)
                       for sync in {mb.sync for mb in microbatches(grad_accum, sync_every)}}
         self.events = self.walks[True]
 
