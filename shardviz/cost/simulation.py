@@ -89,11 +89,12 @@ class Held:
     prefetched: dict[int, int] = field(default_factory=dict)
     prefetched_bytes: int = 0  # their sum, kept as they change (it is read at every backward moment)
     reduce_scatter_input: int = 0  # the last one, kept until the next post-backward
-    gradients: int = 0  # sharded and whole gradients so far
+    # every gradient alive: sharded, whole and unsharded (those of the two dicts below), one sum
+    # (it is read at every moment)
+    gradients: int = 0
     unsharded_grads_of: dict[int, int] = field(default_factory=dict)  # per call, computed in this backward
     # per call, kept from earlier micro-batches without gradient sync (Training.grad_accum)
     accumulated_grads_of: dict[int, int] = field(default_factory=dict)
-    unsharded_grads: int = 0  # the sum of both
 
     def prefetch(self, k: int, nbytes: int) -> None:
         """Call ``k``'s all-gather output, ``nbytes``, is issued (0: none, over a group of one rank)."""
@@ -106,10 +107,7 @@ class Held:
 
     def add_unsharded_grads(self, k: int, nbytes: int) -> None:
         self.unsharded_grads_of[k] = self.unsharded_grads_of.get(k, 0) + nbytes
-        self.unsharded_grads += nbytes
-
-    def all_gradients(self) -> int:
-        return self.gradients + self.unsharded_grads
+        self.gradients += nbytes
 
     def end_backward(self) -> None:
         """``FSDPState._root_post_backward_final_callback``: the last reduce-scatter input and
@@ -200,7 +198,7 @@ class StepSimulation:
         # without a root call): the activations' own peak with what is held then
         h = self.held
         self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers, gradients=h.gradients)
 
     def pre_forward(self, k: int, gathers: tuple[Gather, ...]) -> None:
         """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out).
@@ -212,11 +210,11 @@ class StepSimulation:
         ag = u.gather if self.S > 1 else 0
         act = self.act.enter("forward", u.modules)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers + ag + u.staged, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers + ag + u.staged, gradients=h.gradients)
         # copy-out; the previous all-gather output of this context is freed after it (wait_for_unshard
         # drops comm_ctx.all_gather_state first, but its local prev_all_gather_state holds it until it returns)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
-                     communication_buffers=h.forward_gathers + ag, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers + ag, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.get(u.hooks.root, 0)
         if self.S > 1:
             self.collectives.append(Collective(k, "all_gather", "forward", "shard", self.S))
@@ -229,7 +227,7 @@ class StepSimulation:
         # output: observed at the root's post-forward instead
         own = act if u.modules == (0,) else self.act.during("forward", u.modules)
         self.observe("forward", k, act=own, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers, gradients=h.gradients)
 
     def post_forward(self, k: int) -> None:
         """``FSDPParamGroup.post_forward``: reshard() (to the smaller post-forward mesh for an int)."""
@@ -241,7 +239,7 @@ class StepSimulation:
             shard = u.gather // u.reshard_after_forward
             self.observe("forward", k, act=self.act.leave("forward", u.modules),
                          unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers,
-                         gradients=h.all_gradients())
+                         gradients=h.gradients)
             h.unsharded_params += shard - u.gather
             self.state[k] = POST_FORWARD_SHARD
 
@@ -250,7 +248,7 @@ class StepSimulation:
         h = self.held
         if any(u.unit == root and u.modules == (0,) for u in self.units):  # the whole forward's peak (the loss), its context's last all-gather output still held
             self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
-                         communication_buffers=h.forward_gathers, gradients=h.all_gradients())
+                         communication_buffers=h.forward_gathers, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
 
     # -- backward ---------------------------------------------------------------------------------
@@ -260,7 +258,7 @@ class StepSimulation:
         h = self.held
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params + params,
                      communication_buffers=h.prefetched_bytes + h.reduce_scatter_input + buffers,
-                     gradients=h.all_gradients())
+                     gradients=h.gradients)
 
     def backward(self) -> None:
         self.observe_backward(None, self.act.during("backward", (0,)))
@@ -277,7 +275,7 @@ class StepSimulation:
                 self.held.gradients += self.unmanaged_grads
         self.held.end_backward()
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
-            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.all_gradients(),
+            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.gradients,
                          communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
 
     def unshard(self, gather: Gather, act) -> None:
@@ -360,9 +358,9 @@ class StepSimulation:
             return
         if k not in h.accumulated_grads_of:  # the cast copy, while the gradients it copies exist
             h.accumulated_grads_of[k] = u.accumulated_grads
-            h.unsharded_grads += u.accumulated_grads
+            h.gradients += u.accumulated_grads
             self.observe_backward(k, self.act.leave("backward", u.modules))
-        h.unsharded_grads -= fresh
+        h.gradients -= fresh
 
     def post_backward(self, k: int, reduce: bool) -> None:
         """``FSDPParamGroup.post_backward``: reshard, then (``reduce``, ``step_events``) reduce-scatter
@@ -375,21 +373,21 @@ class StepSimulation:
         h.reduce_scatter_input = 0  # the previous reduce-scatter input is waited on and dropped first
         fresh = h.unsharded_grads_of.pop(k, 0)
         if u.converts_grads and k in h.accumulated_grads_of:  # added into the kept ones, then freed
-            h.unsharded_grads -= fresh
+            h.gradients -= fresh
             fresh = 0
         ug = fresh + h.accumulated_grads_of.pop(k, 0)
         if not reduce:  # no trainable parameter
-            h.unsharded_grads -= ug
+            h.gradients -= ug
             return
         act = self.act.leave("backward", u.modules)
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.all_gradients())
-        h.unsharded_grads -= ug
+                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.gradients)
+        h.gradients -= ug
         device_grads = 0 if u.offload else u.sharded_grads
         cast_copy = device_grads if u.cast else 0
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
                      communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
-                     gradients=h.all_gradients() + cast_copy)
+                     gradients=h.gradients + cast_copy)
         if self.S > 1:
             self.collectives.append(Collective(k, "reduce_scatter", "backward", "shard", self.S))
         if self.R > 1:
