@@ -128,6 +128,7 @@ class Request(NamedTuple):
     split_remainder: int  # should_split: the smallest rest split off
     largest_fit: int  # get_free_block: the largest cached block it may take
     cache: list  # its stream and pool's cached free blocks
+    segment_size: int  # get_allocation_size: the segment cudaMalloc'd when no cached block serves it
 
 
 @dataclass(eq=False, slots=True)
@@ -198,14 +199,14 @@ class CachingAllocator:
         request = self.requests.get((size, stream))
         if request is None:
             request = self.requests[(size, stream)] = self._request(size, stream)
-        rounded, _, min_rest, largest, cache = request
+        rounded, _, min_rest, largest, cache, _ = request
         # get_free_block: the smallest cached block of this stream and pool that fits (the lowest
         # segment, then address, on a tie), unless max_split_size_mb rules it out
         i = bisect_left(cache, (rounded,))
         if i < len(cache) and cache[i][0] <= largest:
             block = cache.pop(i)[3]
         else:
-            block = self._new_block(rounded, stream, request.small)
+            block = self._new_block(request, stream)
         if block.size - rounded >= min_rest:  # alloc_found_block: should_split, then the rest cached apart
             seg, after = block.segment, block.next  # inline, not a method: ~600 splits a plan
             rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, after)
@@ -228,7 +229,7 @@ class CachingAllocator:
         rounded = round_size(size, self.divisions)
         small = is_small(rounded)
         return Request(rounded, small, split_remainder(rounded, small, self.expandable, self.max_split),
-                       largest_fit(rounded, self.max_split), self._pool(stream, small))
+                       largest_fit(rounded, self.max_split), self._pool(stream, small), allocation_size(rounded))
 
     def free(self, block: Block) -> None:
         """``free_block``: the block goes back to its stream's cache, merged with free neighbours."""
@@ -262,8 +263,8 @@ class CachingAllocator:
         seg = block.segment
         del seg.cache[bisect_left(seg.cache, (block.size, seg.address, block.offset))]
 
-    def _new_segment(self, stream: str, small: bool, size: int, expandable: bool = False) -> Segment:
-        seg = Segment(stream, small, size, self._pool(stream, small), expandable=expandable, address=len(self.segments))
+    def _new_segment(self, stream: str, small: bool, size: int, cache: list, expandable: bool = False) -> Segment:
+        seg = Segment(stream, small, size, cache, None, expandable, len(self.segments))
         self.segments.append(seg)
         return seg
 
@@ -285,12 +286,12 @@ class CachingAllocator:
         """The cached free blocks of ``stream``'s small or large pool."""
         return self.free_blocks.setdefault((stream, small), [])
 
-    def _new_block(self, rounded: int, stream: str, small: bool) -> Block:
+    def _new_block(self, request: Request, stream: str) -> Block:
         """``alloc_block``: a new segment (``get_allocation_size``), or the expandable segment grown."""
         if self.expandable:
-            return self._grow(rounded, stream, small)
-        size = allocation_size(rounded)
-        seg = self._new_segment(stream, small, size)
+            return self._grow(request.rounded, stream, request.small)
+        size = request.segment_size
+        seg = self._new_segment(stream, request.small, size, request.cache)
         block = seg.last = Block(seg, 0, size)
         self._reserve(size)
         return block
@@ -301,7 +302,8 @@ class CachingAllocator:
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
         seg = self.expandable_segments.get((stream, small))
         if seg is None:
-            seg = self.expandable_segments[(stream, small)] = self._new_segment(stream, small, 0, expandable=True)
+            seg = self._new_segment(stream, small, 0, self._pool(stream, small), expandable=True)
+            self.expandable_segments[(stream, small)] = seg
         last = seg.last if seg.last is not None and not seg.last.allocated else None
         need = rounded - (last.size if last is not None else 0)
         grow = page * ((need + page - 1) // page)
