@@ -19,6 +19,7 @@ layout, ``cost.units.call_hooks``; the seconds model's from its ``UnitTime`` row
 from __future__ import annotations
 
 from enum import Enum, IntEnum
+from operator import itemgetter
 from typing import Callable, Hashable, NamedTuple, Sequence
 
 from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
@@ -93,11 +94,6 @@ class HookEvent(NamedTuple):
     prefetches: tuple[Gather, ...] = ()
     reduce: bool = False  # POST_BACKWARD: it reduce-scatters (all-reduces on HSDP) the call's gradients
 
-    def with_gathers(self, gathers: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> "HookEvent":
-        """The event with the all-gathers it issues (``_replace``, without its keyword machinery)."""
-        return HookEvent(self.position, self.kind, self.call, self.gradients, self.prefetch, gathers, prefetches,
-                         self.reduce)
-
     def own_gather(self) -> tuple[Gather, ...]:
         """Of ``gathers``, the call's own all-gather (none when unsharded or already prefetched):
         ``ParamStates.pre_hook`` puts it first."""
@@ -107,9 +103,11 @@ class HookEvent(NamedTuple):
         """The hook's prefetches: the default one (inside the group's hook), then an explicit list's."""
         return self.gathers[len(self.own_gather()):] + self.prefetches
 
-    def backward_order(self):
-        """Sort key, descending: backward walks the forward positions in reverse."""
-        return self.position, -self.kind
+
+# the members read at every hook (here and by the models), as module constants: looking up an Enum member costs
+# ~80 ns in Python 3.11, as much as the rest of an unshard
+SHARDED, UNSHARDED, POST_FORWARD_SHARD = ParamState.SHARDED, ParamState.UNSHARDED, ParamState.POST_FORWARD_SHARD
+SHARD_GROUP, POST_FORWARD_GROUP = Group.SHARD, Group.POST_FORWARD
 
 
 class StepEvents(NamedTuple):
@@ -120,44 +118,51 @@ class StepEvents(NamedTuple):
     backward: tuple[HookEvent, ...]
 
 
-def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[HookEvent]:
+def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[tuple]:
     """Pre-forward where each call's first module starts, post-forward where its last one returns
     (``FSDPState._pre_forward`` / ``_post_forward``); ``root_posts``: (position, root) of each
-    root's own post-forward."""
-    events = [HookEvent(c.pre_forward, Hook.PRE_FORWARD, k) for k, c in enumerate(calls)]
-    events += [HookEvent(c.post_forward, Hook.POST_FORWARD, k) for k, c in enumerate(calls)]
-    events += [HookEvent(p, Hook.ROOT_POST_FORWARD, root) for p, root in root_posts]
-    return sorted(events)
+    root's own post-forward. Each hook is a tuple of ``HookEvent``'s fields but the all-gathers,
+    (position, kind, call, gradients, prefetch, reduce), which ``with_gathers`` decides: a tuple
+    rather than an event, so that each event is built once (a record costs a Python call)."""
+    hooks = [(c.pre_forward, Hook.PRE_FORWARD, k, None, -1, False) for k, c in enumerate(calls)]
+    hooks += [(c.post_forward, Hook.POST_FORWARD, k, None, -1, False) for k, c in enumerate(calls)]
+    hooks += [(p, Hook.ROOT_POST_FORWARD, root, None, -1, False) for p, root in root_posts]
+    return sorted(hooks)
 
 
 def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = None,
-                    sync: bool = True) -> list[HookEvent]:
+                    sync: bool = True) -> list[tuple]:
     """Reverse module order: a call's pre-backward where its forward ended (only with a
     pre-backward hook: ``out_grad``), its gradients where their modules ran (``gradients_of(k)``:
     the call's parts, each with a ``position``; none: computed at once by the consumer), its
     post-backward where its forward began (when it runs in backward); a nested call's backward
     runs inside its parent's. Then the root's final callback and the post-backwards it runs.
     A post-backward reduces its call's gradients only when the micro-batch syncs (``sync``,
-    ``set_requires_gradient_sync``) and the call has some (``FSDPParamGroup.post_backward``)."""
-    post_forward_order = sorted(range(len(calls)), key=lambda k: calls[k].post_forward)
-    before = backward_prefetch_targets(post_forward_order, lambda k: calls[k].root)
+    ``set_requires_gradient_sync``) and the call has some (``FSDPParamGroup.post_backward``).
+    Each hook a tuple, as in ``forward_events``."""
+    # per-call fields as lists: their __getitem__ is a key without a Python call per call
+    post_forward, root, first = [c.post_forward for c in calls], [c.root for c in calls], [c.first for c in calls]
+    before = backward_prefetch_targets(sorted(range(len(calls)), key=post_forward.__getitem__), root.__getitem__)
     pre_backward, gradients, post_backward = Hook.PRE_BACKWARD, Hook.GRADIENTS, Hook.POST_BACKWARD  # as in with_gathers
-    events, done = [], []
+    hooks, done = [], []
     for k, c in enumerate(calls):
         done.append(post_backward_in_backward(c.out_grad, c.in_grad))
         if not c.out_grad:
             continue  # no pre-backward hook: nothing after it needed a gradient
-        events.append(HookEvent(c.post_forward, pre_backward, k, prefetch=before.get(k, -1)))
+        hooks.append((c.post_forward, pre_backward, k, None, before.get(k, -1), False))
         for part in (gradients_of(k) if gradients_of is not None else None) or ():
-            events.append(HookEvent(part.position, gradients, k, part))
+            hooks.append((part.position, gradients, k, part, -1, False))
         if done[k]:
-            events.append(HookEvent(c.pre_forward, post_backward, k, reduce=sync and c.reduces))
-    events.sort(key=HookEvent.backward_order, reverse=True)
-    events.append(HookEvent(None, Hook.FINAL_CALLBACK, None))
-    registration = sorted(range(len(calls)), key=lambda k: calls[k].first)
-    events += [HookEvent(None, post_backward, k, reduce=sync and calls[k].reduces)
-               for k in final_callback_order(registration, done.__getitem__)]
-    return events
+            hooks.append((c.pre_forward, post_backward, k, None, -1, sync and c.reduces))
+    # backward walks the forward positions in reverse, and at one position the hooks in Hook order: sorted by
+    # kind, then (stably) by position, descending (two sorts on C keys, no Python call per hook)
+    hooks.sort(key=itemgetter(1))
+    hooks.sort(key=itemgetter(0), reverse=True)
+    hooks.append((None, Hook.FINAL_CALLBACK, None, None, -1, False))
+    registration = sorted(range(len(calls)), key=first.__getitem__)
+    hooks += [(None, post_backward, k, None, -1, sync and calls[k].reduces)
+              for k in final_callback_order(registration, done.__getitem__)]
+    return hooks
 
 
 class ParamStates:
@@ -173,15 +178,15 @@ class ParamStates:
         keeps it so after forward) or its all-gather is already issued (prefetched); a post-forward
         shard gathers over its own, smaller group."""
         state = self.state[k]
-        if state is ParamState.UNSHARDED or k in self.issued:
+        if state is UNSHARDED or k in self.issued:
             return ()
         self.issued.add(k)
-        return (Gather(k, Group.SHARD if state is ParamState.SHARDED else Group.POST_FORWARD),)
+        return (Gather(k, SHARD_GROUP if state is SHARDED else POST_FORWARD_GROUP),)
 
     def copy_out(self, k: int) -> None:
         """``FSDPParamGroup.wait_for_unshard``: the all-gather output becomes the unsharded parameters."""
         self.issued.discard(k)
-        self.state[k] = ParamState.UNSHARDED
+        self.state[k] = UNSHARDED
 
     def unshard_all(self, calls) -> tuple[Gather, ...]:
         out = ()
@@ -200,32 +205,35 @@ class ParamStates:
         return gathers, (self.unshard_all(explicit) if explicit else ())
 
 
-def with_gathers(forward: list[HookEvent], backward: list[HookEvent], calls: Sequence[StepCall],
+def with_gathers(forward: list[tuple], backward: list[tuple], calls: Sequence[StepCall],
                  forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> StepEvents:
-    """Each pre-forward and pre-backward with the all-gathers it issues. ``forward_prefetch`` /
-    ``backward_prefetch``: call -> the calls an explicit ``set_modules_to_forward_prefetch`` /
-    ``set_modules_to_backward_prefetch`` list names; a backward list replaces the default
-    prefetch (``FSDPState._pre_backward``), a forward list adds to the implicit one."""
+    """Each hook as a ``HookEvent``, each pre-forward and pre-backward with the all-gathers it
+    issues (each event built once). ``forward_prefetch`` / ``backward_prefetch``: call -> the calls
+    an explicit ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` list
+    names; a backward list replaces the default prefetch (``FSDPState._pre_backward``), a forward
+    list adds to the implicit one."""
     forward_prefetch, backward_prefetch = forward_prefetch or {}, backward_prefetch or {}
     params = ParamStates(calls)
     # the kinds as locals: looking up an enum member costs as much as the rest of an event's work
     pre_forward, post_forward, pre_backward, post_backward = (Hook.PRE_FORWARD, Hook.POST_FORWARD,
                                                               Hook.PRE_BACKWARD, Hook.POST_BACKWARD)
     out_forward = []
-    for e in forward:
-        if e.kind is pre_forward:
-            e = e.with_gathers(*params.pre_hook(e.call, (), forward_prefetch.get(e.call, ())))
-        elif e.kind is post_forward:
-            params.state[e.call] = calls[e.call].after_forward
-        out_forward.append(e)
+    for position, kind, call, _, _, _ in forward:
+        gathers = prefetches = ()
+        if kind is pre_forward:
+            gathers, prefetches = params.pre_hook(call, (), forward_prefetch.get(call, ()))
+        elif kind is post_forward:
+            params.state[call] = calls[call].after_forward
+        out_forward.append(HookEvent(position, kind, call, None, -1, gathers, prefetches))
     out_backward = []
-    for e in backward:
-        if e.kind is pre_backward:
-            default = (e.prefetch,) if e.prefetch >= 0 else ()
-            e = e.with_gathers(*params.pre_hook(e.call, default, backward_prefetch.get(e.call)))
-        elif e.kind is post_backward:
-            params.state[e.call] = ParamState.SHARDED
-        out_backward.append(e)
+    for position, kind, call, part, prefetch, reduce in backward:
+        gathers = prefetches = ()
+        if kind is pre_backward:
+            default = (prefetch,) if prefetch >= 0 else ()
+            gathers, prefetches = params.pre_hook(call, default, backward_prefetch.get(call))
+        elif kind is post_backward:
+            params.state[call] = SHARDED
+        out_backward.append(HookEvent(position, kind, call, part, prefetch, gathers, prefetches, reduce))
     return StepEvents(tuple(out_forward), tuple(out_backward))
 
 

@@ -296,8 +296,8 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
             super().post_backward(k, reduce)
             self.blocks_done |= k == first_block
 
-        def at_moment(self, level):
-            super().at_moment(level)
+        def observe(self, phase, k, **moment):
+            super().observe(phase, k, **moment)
             if self.blocks_done:  # the activations the replay holds at this moment
                 late.append(self.act_level)
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass
+from typing import NamedTuple
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" allocation is 1 MiB
@@ -103,13 +104,31 @@ def allocation_size(rounded: int) -> int:
     return K_ROUND_LARGE * ((rounded + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
 
 
-def should_split(block_size: int, rounded: int, small: bool, expandable: bool = False,
-                 max_split_size: int = NO_MAX_SPLIT) -> bool:
-    """``should_split``: is the rest of a ``block_size`` block serving ``rounded`` bytes split off?"""
-    remaining = block_size - rounded
+def split_remainder(rounded: int, small: bool, expandable: bool = False, max_split_size: int = NO_MAX_SPLIT) -> int:
+    """``should_split``: the smallest rest of a block serving ``rounded`` bytes that is split off
+    (``remaining >= kMinBlockSize`` in the small pool or with expandable segments; else
+    ``remaining > kSmallSize``, and never for a request at or over ``max_split_size``)."""
     if small or expandable:
-        return remaining >= K_MIN_BLOCK_SIZE
-    return rounded < max_split_size and remaining > K_SMALL_SIZE
+        return K_MIN_BLOCK_SIZE
+    return K_SMALL_SIZE + 1 if rounded < max_split_size else NO_MAX_SPLIT
+
+
+def largest_fit(rounded: int, max_split_size: int = NO_MAX_SPLIT) -> int:
+    """``get_free_block``'s limit with ``max_split_size_mb``: the largest cached block a request of
+    ``rounded`` bytes may take (under the limit: none at or over it; over it: none
+    ``kLargeBuffer`` or more larger than the request)."""
+    return (max_split_size if rounded < max_split_size else rounded + K_LARGE_BUFFER) - 1
+
+
+class Request(NamedTuple):
+    """What the rules make of one request size on one stream, the same at every malloc of it."""
+
+    rounded: int  # round_size
+    small: bool  # get_pool
+    split_remainder: int  # should_split: the smallest rest split off
+    largest_fit: int  # get_free_block: the largest cached block it may take
+    cache: list  # its stream and pool's cached free blocks
+    segment_size: int  # get_allocation_size: the segment cudaMalloc'd when no cached block serves it
 
 
 @dataclass(eq=False, slots=True)
@@ -170,15 +189,33 @@ class CachingAllocator:
         self.expandable_segments: dict[tuple[str, bool], Segment] = {}
         self.requested = self.allocated = self.reserved = 0
         self.segments: list[Segment] = []  # in the order they were cudaMalloc'd (or first mapped)
+        self.requests: dict[tuple[int, str], Request] = {}  # (size, stream) -> what the rules make of it
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
 
     def malloc(self, size: int, stream: str = "default") -> Block:
         size = int(size)
-        rounded = round_size(size, self.divisions)
-        small = rounded <= K_SMALL_SIZE  # get_pool (is_small), inline: the replay runs ~700 a plan
-        block = self._best_fit(rounded, stream, small) or self._new_block(rounded, stream, small)
-        if should_split(block.size, rounded, small, self.expandable, self.max_split):  # alloc_found_block
-            self._split(block, rounded)
+        # the rules that depend only on the size and stream, once per distinct request (~700
+        # mallocs a plan, a few dozen sizes)
+        request = self.requests.get((size, stream))
+        if request is None:
+            request = self.requests[(size, stream)] = self._request(size, stream)
+        rounded, _, min_rest, largest, cache, _ = request
+        # get_free_block: the smallest cached block of this stream and pool that fits (the lowest
+        # segment, then address, on a tie), unless max_split_size_mb rules it out
+        i = bisect_left(cache, (rounded,))
+        if i < len(cache) and cache[i][0] <= largest:
+            block = cache.pop(i)[3]
+        else:
+            block = self._new_block(request, stream)
+        if block.size - rounded >= min_rest:  # alloc_found_block: should_split, then the rest cached apart
+            seg, after = block.segment, block.next  # inline, not a method: ~600 splits a plan
+            rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, after)
+            if after is None:
+                seg.last = rest
+            else:
+                after.prev = rest
+            block.next, block.size = rest, rounded
+            insort(cache, (rest.size, seg.address, rest.offset, rest))
         block.allocated, block.requested = True, size
         self.requested += size
         self.allocated += block.size
@@ -188,41 +225,46 @@ class CachingAllocator:
             self.peak_allocated = self.allocated
         return block
 
+    def _request(self, size: int, stream: str) -> Request:
+        rounded = round_size(size, self.divisions)
+        small = is_small(rounded)
+        return Request(rounded, small, split_remainder(rounded, small, self.expandable, self.max_split),
+                       largest_fit(rounded, self.max_split), self._pool(stream, small), allocation_size(rounded))
+
     def free(self, block: Block) -> None:
         """``free_block``: the block goes back to its stream's cache, merged with free neighbours."""
         self.requested -= block.requested
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
-        after, before = block.next, block.prev  # try_merge_blocks(block, next), then (block, prev)
-        if after is not None and not after.allocated:
-            self._merge(block, after)
-        if before is not None and not before.allocated:
-            self._merge(block, before)
-        seg = block.segment  # back into the cache (sorted as _best_fit reads it)
-        insort(seg.cache, (block.size, seg.address, block.offset, block))
-
-    def _merge(self, block: Block, other: Block) -> None:
-        """``try_merge_blocks``: ``block`` takes in its free neighbour ``other``, which leaves the cache."""
-        seg = other.segment  # _uncache, inline: ~400 merges a plan
-        del seg.cache[bisect_left(seg.cache, (other.size, seg.address, other.offset))]
-        if other is block.prev:
-            block.offset, block.prev = other.offset, other.prev
-            if block.prev is not None:
-                block.prev.next = block
-        else:
-            block.next = other.next
-            if block.next is not None:
-                block.next.prev = block
+        seg = block.segment
+        cache = seg.cache
+        # try_merge_blocks(block, next), then (block, prev): the free neighbour leaves the cache
+        # and ``block`` takes it in (inline, not a method: ~400 merges a plan)
+        other = block.next
+        if other is not None and not other.allocated:
+            del cache[bisect_left(cache, (other.size, seg.address, other.offset))]
+            block.size += other.size
+            block.next = other = other.next
+            if other is None:
+                seg.last = block
             else:
-                block.segment.last = block
-        block.size += other.size
+                other.prev = block
+        other = block.prev
+        if other is not None and not other.allocated:
+            del cache[bisect_left(cache, (other.size, seg.address, other.offset))]
+            block.size += other.size
+            block.offset = other.offset
+            block.prev = other = other.prev
+            if other is not None:
+                other.next = block
+        insort(cache, (block.size, seg.address, block.offset, block))  # sorted as malloc's get_free_block reads it
 
     def _uncache(self, block: Block) -> None:
         seg = block.segment
         del seg.cache[bisect_left(seg.cache, (block.size, seg.address, block.offset))]
 
-    def _new_segment(self, stream: str, small: bool, size: int, expandable: bool = False) -> Segment:
-        seg = Segment(stream, small, size, self._pool(stream, small), expandable=expandable, address=len(self.segments))
+    def _new_segment(self, stream: str, small: bool, size: int, cache: list, expandable: bool = False) -> Segment:
+        seg = Segment(stream, small, size, cache, None, expandable, len(self.segments))
         self.segments.append(seg)
         return seg
 
@@ -244,27 +286,12 @@ class CachingAllocator:
         """The cached free blocks of ``stream``'s small or large pool."""
         return self.free_blocks.setdefault((stream, small), [])
 
-    def _best_fit(self, rounded: int, stream: str, small: bool) -> Block | None:
-        """``get_free_block``: the smallest cached block of this stream and pool that fits (the
-        lowest segment, then address, on a tie)."""
-        cache = self.free_blocks.get((stream, small), ())
-        i = bisect_left(cache, (rounded,))
-        if i == len(cache):
-            return None
-        best = cache[i][3]
-        if rounded < self.max_split <= best.size:  # no oversize block for a request under the limit
-            return None
-        if rounded >= self.max_split and best.size >= rounded + K_LARGE_BUFFER:
-            return None
-        del cache[i]
-        return best
-
-    def _new_block(self, rounded: int, stream: str, small: bool) -> Block:
+    def _new_block(self, request: Request, stream: str) -> Block:
         """``alloc_block``: a new segment (``get_allocation_size``), or the expandable segment grown."""
         if self.expandable:
-            return self._grow(rounded, stream, small)
-        size = allocation_size(rounded)
-        seg = self._new_segment(stream, small, size)
+            return self._grow(request.rounded, stream, request.small)
+        size = request.segment_size
+        seg = self._new_segment(stream, request.small, size, request.cache)
         block = seg.last = Block(seg, 0, size)
         self._reserve(size)
         return block
@@ -275,7 +302,8 @@ class CachingAllocator:
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
         seg = self.expandable_segments.get((stream, small))
         if seg is None:
-            seg = self.expandable_segments[(stream, small)] = self._new_segment(stream, small, 0, expandable=True)
+            seg = self._new_segment(stream, small, 0, self._pool(stream, small), expandable=True)
+            self.expandable_segments[(stream, small)] = seg
         last = seg.last if seg.last is not None and not seg.last.allocated else None
         need = rounded - (last.size if last is not None else 0)
         grow = page * ((need + page - 1) // page)
@@ -295,15 +323,3 @@ class CachingAllocator:
         self.reserved += size
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
-
-    def _split(self, block: Block, rounded: int) -> None:
-        """``alloc_found_block``: the rest of the block, past ``rounded`` bytes, cached apart."""
-        seg = block.segment
-        rest = Block(seg, block.offset + rounded, block.size - rounded, False, 0, block, block.next)
-        if block.next is None:
-            seg.last = rest
-        else:
-            block.next.prev = rest
-        block.next = rest
-        insort(seg.cache, (rest.size, seg.address, rest.offset, rest))
-        block.size = rounded

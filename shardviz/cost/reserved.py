@@ -35,7 +35,7 @@ class TracingSimulation(StepSimulation):
         self.blocks: dict = {}
         self.grads: dict[int, list] = {}  # per call, the blocks of its unsharded gradients in this backward
         self.act_stack: list = []  # activation blocks, oldest first
-        self.act_level = 0
+        self.act_level = 0  # the bytes of act_stack (-1 until the next moment: a replayed level)
         self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
         self.last_rs_input = None
         self.serial = itertools.count()
@@ -83,12 +83,11 @@ class TracingSimulation(StepSimulation):
         for block in self.grads.pop(k, ()):
             self.alloc.free(block)
 
-    def at_moment(self, level: int) -> None:
-        if self.replayed_level is not None:
-            level = self.replayed_level
-        self.replayed_level = None
-        if level != self.act_level:  # most moments leave the activations as they are
-            self.set_activations(int(level))
+    def at_level(self, level: int) -> None:
+        if self.replayed_level is not None:  # this moment replays its own level (``gradients``), not the step's
+            level, self.replayed_level = self.replayed_level, None
+            self.act_level = sum(block.requested for block in self.act_stack)
+        self.set_activations(int(level))
 
     def set_activations(self, level: int) -> None:
         """The activations at ``level`` bytes: new ones a block each, the latest freed first."""
@@ -148,6 +147,7 @@ class TracingSimulation(StepSimulation):
         own = self.own_span(k, span)
         if module is not None and own != span:  # the step's first moment here counts the whole span, the replay its own
             self.replayed_level = int(self.act.during("backward", own or (module,))[0])
+            self.act_level = -1  # no level: the next moment reaches at_level, whatever the step's level
         super().gradients(k, unsharded, whole, module, span)
         if new_unsharded > 0:
             self.grads.setdefault(k, []).append(self.alloc.malloc(new_unsharded))

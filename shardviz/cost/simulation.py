@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..step_events import Gather, Group, Hook, ParamState, step_events
+from ..step_events import POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
 from .units import UnitCost
 
 
@@ -89,11 +89,12 @@ class Held:
     prefetched: dict[int, int] = field(default_factory=dict)
     prefetched_bytes: int = 0  # their sum, kept as they change (it is read at every backward moment)
     reduce_scatter_input: int = 0  # the last one, kept until the next post-backward
-    gradients: int = 0  # sharded and whole gradients so far
+    # every gradient alive: sharded, whole and unsharded (those of the two dicts below), one sum
+    # (it is read at every moment)
+    gradients: int = 0
     unsharded_grads_of: dict[int, int] = field(default_factory=dict)  # per call, computed in this backward
     # per call, kept from earlier micro-batches without gradient sync (Training.grad_accum)
     accumulated_grads_of: dict[int, int] = field(default_factory=dict)
-    unsharded_grads: int = 0  # the sum of both
 
     def prefetch(self, k: int, nbytes: int) -> None:
         """Call ``k``'s all-gather output, ``nbytes``, is issued (0: none, over a group of one rank)."""
@@ -106,10 +107,7 @@ class Held:
 
     def add_unsharded_grads(self, k: int, nbytes: int) -> None:
         self.unsharded_grads_of[k] = self.unsharded_grads_of.get(k, 0) + nbytes
-        self.unsharded_grads += nbytes
-
-    def all_gradients(self) -> int:
-        return self.gradients + self.unsharded_grads
+        self.gradients += nbytes
 
     def end_backward(self) -> None:
         """``FSDPState._root_post_backward_final_callback``: the last reduce-scatter input and
@@ -139,11 +137,14 @@ class StepSimulation:
         self.S, self.R = shard, replicate
         self.peak = -1
         self.moment: Moment | None = None
+        self.act_level = 0  # the activations of the latest moment observed
         self.collectives: list[Collective] = []
-        self.state = [ParamState.SHARDED] * len(units)
+        self.state = [SHARDED] * len(units)
         self.held = Held()
         # the one walk of the hooks: one for the micro-batches that sync, one for those that do not
-        self.walks = {sync: step_events([u.hooks for u in units], root_posts, lambda k: units[k].grads_at, sync=sync)
+        # (each call's gradients by a list's __getitem__: no Python call per call)
+        grads_at = [u.grads_at for u in units]
+        self.walks = {sync: step_events([u.hooks for u in units], root_posts, grads_at.__getitem__, sync=sync)
                       for sync in {mb.sync for mb in microbatches(grad_accum, sync_every)}}
         self.events = self.walks[True]
 
@@ -174,10 +175,13 @@ class StepSimulation:
             self.peak = x
             self.moment = Moment(phase, k, Alive(unsharded_params, communication_buffers, gradients, level, temporaries),
                                  module)
-        self.at_moment(level)
+        if level != self.act_level:  # most moments hold the activations of the one before
+            self.at_level(level)
 
-    def at_moment(self, level: int) -> None:
-        """Each moment observed, at its activation level (``cost.reserved`` replays the tensors there)."""
+    def at_level(self, level: int) -> None:
+        """A moment holds ``level`` bytes of activations, unlike the one before (``cost.reserved``
+        replays their tensors from there)."""
+        self.act_level = level
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:
@@ -194,57 +198,57 @@ class StepSimulation:
         # without a root call): the activations' own peak with what is held then
         h = self.held
         self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers, gradients=h.gradients)
 
     def pre_forward(self, k: int, gathers: tuple[Gather, ...]) -> None:
         """``FSDPParamGroup.pre_forward``: unshard() (all-gather), then wait_for_unshard() (copy-out).
         ``gathers``: the hook's all-gathers (``step_events``), its own call's: this model takes no
         explicit forward prefetch, so each call gathers at its own pre-forward."""
-        if gathers != ((k, Group.SHARD),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
+        if gathers != ((k, SHARD_GROUP),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
             raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
         act = self.act.enter("forward", u.modules)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers + ag + u.staged, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers + ag + u.staged, gradients=h.gradients)
         # copy-out; the previous all-gather output of this context is freed after it (wait_for_unshard
         # drops comm_ctx.all_gather_state first, but its local prev_all_gather_state holds it until it returns)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
-                     communication_buffers=h.forward_gathers + ag, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers + ag, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.get(u.hooks.root, 0)
         if self.S > 1:
             self.collectives.append(Collective(k, "all_gather", "forward", "shard", self.S))
         h.unsharded_params += u.gather
         h.last_gather_of_context[u.hooks.root] = ag
         h.forward_gathers += ag
-        self.state[k] = ParamState.UNSHARDED
+        self.state[k] = UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded. The root's
         # stand for the whole forward, whose peak comes after the next call frees this all-gather
         # output: observed at the root's post-forward instead
         own = act if u.modules == (0,) else self.act.during("forward", u.modules)
         self.observe("forward", k, act=own, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.forward_gathers, gradients=h.all_gradients())
+                     communication_buffers=h.forward_gathers, gradients=h.gradients)
 
     def post_forward(self, k: int) -> None:
         """``FSDPParamGroup.post_forward``: reshard() (to the smaller post-forward mesh for an int)."""
         u, h = self.units[k], self.held
         if u.reshard_after_forward is True:
             h.unsharded_params -= u.gather
-            self.state[k] = ParamState.SHARDED
+            self.state[k] = SHARDED
         elif u.reshard_after_forward is not False:
             shard = u.gather // u.reshard_after_forward
             self.observe("forward", k, act=self.act.leave("forward", u.modules),
                          unsharded_params=h.unsharded_params + shard, communication_buffers=h.forward_gathers,
-                         gradients=h.all_gradients())
+                         gradients=h.gradients)
             h.unsharded_params += shard - u.gather
-            self.state[k] = ParamState.POST_FORWARD_SHARD
+            self.state[k] = POST_FORWARD_SHARD
 
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
         h = self.held
         if any(u.unit == root and u.modules == (0,) for u in self.units):  # the whole forward's peak (the loss), its context's last all-gather output still held
             self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
-                         communication_buffers=h.forward_gathers, gradients=h.all_gradients())
+                         communication_buffers=h.forward_gathers, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
 
     # -- backward ---------------------------------------------------------------------------------
@@ -254,7 +258,7 @@ class StepSimulation:
         h = self.held
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params + params,
                      communication_buffers=h.prefetched_bytes + h.reduce_scatter_input + buffers,
-                     gradients=h.all_gradients())
+                     gradients=h.gradients)
 
     def backward(self) -> None:
         self.observe_backward(None, self.act.during("backward", (0,)))
@@ -271,7 +275,7 @@ class StepSimulation:
                 self.held.gradients += self.unmanaged_grads
         self.held.end_backward()
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
-            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.all_gradients(),
+            self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.gradients,
                          communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
 
     def unshard(self, gather: Gather, act) -> None:
@@ -279,7 +283,7 @@ class StepSimulation:
         the activations of the call whose pre-backward issues it); none over a group of one rank."""
         k, h = gather.call, self.held
         u = self.units[k]
-        size = self.S if gather.group is Group.SHARD else u.reshard_after_forward
+        size = self.S if gather.group is SHARD_GROUP else u.reshard_after_forward
         h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
@@ -295,10 +299,10 @@ class StepSimulation:
             self.unshard(gather, act)
         if k in h.prefetched:
             self.observe_backward(k, act, params=u.gather)
-            shard = u.gather // u.reshard_after_forward if self.state[k] is ParamState.POST_FORWARD_SHARD else 0
+            shard = u.gather // u.reshard_after_forward if self.state[k] is POST_FORWARD_SHARD else 0
             h.copy_out(k)
             h.unsharded_params += u.gather - shard
-            self.state[k] = ParamState.UNSHARDED
+            self.state[k] = UNSHARDED
         for gather in prefetches:  # FSDPParamGroup._backward_prefetch (or the explicit list)
             self.unshard(gather, act)
         # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
@@ -336,11 +340,11 @@ class StepSimulation:
 
     def reshard_after_backward(self, k: int) -> None:
         u, h = self.units[k], self.held
-        if self.state[k] is ParamState.UNSHARDED:
+        if self.state[k] is UNSHARDED:
             h.unsharded_params -= u.gather
-        elif self.state[k] is ParamState.POST_FORWARD_SHARD:
+        elif self.state[k] is POST_FORWARD_SHARD:
             h.unsharded_params -= u.gather // u.reshard_after_forward
-        self.state[k] = ParamState.SHARDED
+        self.state[k] = SHARDED
 
     def keep_gradients(self, k: int) -> None:
         """``post_backward`` without gradient sync: reshard, keep the unsharded gradients (cast to
@@ -354,9 +358,9 @@ class StepSimulation:
             return
         if k not in h.accumulated_grads_of:  # the cast copy, while the gradients it copies exist
             h.accumulated_grads_of[k] = u.accumulated_grads
-            h.unsharded_grads += u.accumulated_grads
+            h.gradients += u.accumulated_grads
             self.observe_backward(k, self.act.leave("backward", u.modules))
-        h.unsharded_grads -= fresh
+        h.gradients -= fresh
 
     def post_backward(self, k: int, reduce: bool) -> None:
         """``FSDPParamGroup.post_backward``: reshard, then (``reduce``, ``step_events``) reduce-scatter
@@ -369,21 +373,21 @@ class StepSimulation:
         h.reduce_scatter_input = 0  # the previous reduce-scatter input is waited on and dropped first
         fresh = h.unsharded_grads_of.pop(k, 0)
         if u.converts_grads and k in h.accumulated_grads_of:  # added into the kept ones, then freed
-            h.unsharded_grads -= fresh
+            h.gradients -= fresh
             fresh = 0
         ug = fresh + h.accumulated_grads_of.pop(k, 0)
         if not reduce:  # no trainable parameter
-            h.unsharded_grads -= ug
+            h.gradients -= ug
             return
         act = self.act.leave("backward", u.modules)
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
-                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.all_gradients())
-        h.unsharded_grads -= ug
+                     communication_buffers=h.prefetched_bytes + u.rs_input, gradients=h.gradients)
+        h.gradients -= ug
         device_grads = 0 if u.offload else u.sharded_grads
         cast_copy = device_grads if u.cast else 0
         self.observe("backward", k, act=act, unsharded_params=h.unsharded_params,
                      communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
-                     gradients=h.all_gradients() + cast_copy)
+                     gradients=h.gradients + cast_copy)
         if self.S > 1:
             self.collectives.append(Collective(k, "reduce_scatter", "backward", "shard", self.S))
         if self.R > 1:
