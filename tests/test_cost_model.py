@@ -66,9 +66,9 @@ def test_unit_defaults_fill_only_what_the_unit_leaves_open():
 
 
 def test_unit_defaults_kept_per_training_are_no_part_of_it():
-    """The training keeps each unit it filled in (every change of plan asks again for every call):
+    """Each unit a training filled in is kept (every change of plan asks again for every call):
     equal units get the same answer, another option its own, and the training still equals,
-    hashes, lists its fields and copies as those fields say."""
+    hashes, lists its fields and copies as those fields say, ``Training(**t.__dict__)`` too."""
     t = Training(param_dtype="bfloat16")
     first = t.unit_defaults(sv.Unit("a"))
     assert t.unit_defaults(sv.Unit("a")) is first and first == sv.Unit("a", param_dtype="bfloat16")
@@ -77,6 +77,7 @@ def test_unit_defaults_kept_per_training_are_no_part_of_it():
     assert t == same and hash(t) == hash(same) and repr(t) == repr(same)
     assert [f.name for f in dataclasses.fields(t)] == [f.name for f in dataclasses.fields(Training)]
     assert dataclasses.replace(t, param_dtype="float16").unit_defaults(sv.Unit("a")).param_dtype == "float16"
+    assert Training(**t.__dict__) == t
 
 
 def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):

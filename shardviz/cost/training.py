@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 
 from ..plan import DTYPE_NAMES, Unit
 
@@ -162,17 +162,16 @@ class Training:
             changes["offload"] = True
         if not changes:
             return unit
-        filled = self._filled_units.get(unit)
-        if filled is None:  # a plan's units are shared by every edit of it: each is filled once
-            filled = self._filled_units[unit] = Unit(
-                unit.modules, unit.reshard_after_forward, changes.get("param_dtype", unit.param_dtype),
-                changes.get("reduce_dtype", unit.reduce_dtype), changes.get("offload", unit.offload))
-        return filled
+        return _filled_unit(unit, changes.get("param_dtype", unit.param_dtype),
+                            changes.get("reduce_dtype", unit.reduce_dtype), changes.get("offload", unit.offload))
 
-    @cached_property
-    def _filled_units(self) -> dict[Unit, Unit]:
-        """``unit_defaults``' results, by unit (not a field: no part of equality, a plan file or a copy)."""
-        return {}
+
+@lru_cache(maxsize=4096)
+def _filled_unit(unit: Unit, param_dtype, reduce_dtype, offload: bool) -> Unit:
+    """``unit`` with these policies, built once: a plan's units are shared by every edit of it, and
+    the Inspector's training fills each on every change of plan. A cache beside the frozen
+    ``Training``, not in it: ``Training(**t.__dict__)`` copies only its fields."""
+    return Unit(unit.modules, unit.reshard_after_forward, param_dtype, reduce_dtype, offload)
 
 
 #: The one training every entry point assumes when none is given: the Inspector, ``compare``,
