@@ -132,27 +132,23 @@ class TracingSimulation(StepSimulation):
         if self.held.prefetched.get(gather.call, 0) > 0:
             self.take(("ag", gather.call), self.units[gather.call].gather, "ag")
 
-    def pre_backward(self, k: int, own, prefetches) -> None:
-        u = self.units[k]
-        for gather in own:
-            self.unshard(gather, self.act.enter("backward", u.modules))
-        if k in self.held.prefetched:  # copy-out
-            self.take(("param", k), u.gather)
-            self.drop(("post_forward_shard", k))
-            self.drop(("ag", k))
-        super().pre_backward(k, (), prefetches)
+    def copy_out(self, k: int, act) -> None:
+        self.take(("param", k), self.units[k].gather)
+        self.drop(("post_forward_shard", k))
+        self.drop(("ag", k))
+        super().copy_out(k, act)
 
-    def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> None:
-        new_unsharded, new_whole = self.new_gradients(k, unsharded, whole)
+    def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> tuple[int, int]:
         own = self.own_span(k, span)
         if module is not None and own != span:  # the step's first moment here counts the whole span, the replay its own
             self.replayed_level = int(self.act.during("backward", own or (module,))[0])
             self.act_level = -1  # no level: the next moment reaches at_level, whatever the step's level
-        super().gradients(k, unsharded, whole, module, span)
+        new_unsharded, new_whole = super().gradients(k, unsharded, whole, module, span)
         if new_unsharded > 0:
             self.grads.setdefault(k, []).append(self.alloc.malloc(new_unsharded))
         if new_whole > 0:  # kept to the optimizer step
             self.alloc.malloc(new_whole)
+        return new_unsharded, new_whole
 
     def post_backward(self, k: int, reduce: bool) -> None:
         u = self.units[k]
