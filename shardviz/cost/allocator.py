@@ -129,6 +129,7 @@ class Request(NamedTuple):
     largest_fit: int  # get_free_block: the largest cached block it may take
     cache: list  # its stream and pool's cached free blocks
     segment_size: int  # get_allocation_size: the segment cudaMalloc'd when no cached block serves it
+    size: int  # the request, as an int (a caller's numpy integer is an equal key: int() once per size)
 
 
 @dataclass(eq=False, slots=True)
@@ -193,13 +194,12 @@ class CachingAllocator:
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
 
     def malloc(self, size: int, stream: str = "default") -> Block:
-        size = int(size)
         # the rules that depend only on the size and stream, once per distinct request (~700
         # mallocs a plan, a few dozen sizes)
         request = self.requests.get((size, stream))
         if request is None:
             request = self.requests[(size, stream)] = self._request(size, stream)
-        rounded, _, min_rest, largest, cache, _ = request
+        rounded, _, min_rest, largest, cache, _, size = request
         # get_free_block: the smallest cached block of this stream and pool that fits (the lowest
         # segment, then address, on a tie), unless max_split_size_mb rules it out
         i = bisect_left(cache, (rounded,))
@@ -226,10 +226,11 @@ class CachingAllocator:
         return block
 
     def _request(self, size: int, stream: str) -> Request:
+        size = int(size)
         rounded = round_size(size, self.divisions)
         small = is_small(rounded)
         return Request(rounded, small, split_remainder(rounded, small, self.expandable, self.max_split),
-                       largest_fit(rounded, self.max_split), self._pool(stream, small), allocation_size(rounded))
+                       largest_fit(rounded, self.max_split), self._pool(stream, small), allocation_size(rounded), size)
 
     def free(self, block: Block) -> None:
         """``free_block``: the block goes back to its stream's cache, merged with free neighbours."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..step_events import POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
+from ..step_events import GROUP_NAMES, POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
 from .units import UnitCost
 
 
@@ -287,7 +287,7 @@ class StepSimulation:
         h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
-            self.collectives.append(Collective(k, "all_gather", "backward", gather.group.value, size))
+            self.collectives.append(Collective(k, "all_gather", "backward", GROUP_NAMES[gather.group], size))
 
     def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
         """``FSDPState._pre_backward``: unshard (``own``: the call's all-gather, none if unsharded
@@ -298,11 +298,7 @@ class StepSimulation:
         for gather in own:
             self.unshard(gather, act)
         if k in h.prefetched:
-            self.observe_backward(k, act, params=u.gather)
-            shard = u.gather // u.reshard_after_forward if self.state[k] is POST_FORWARD_SHARD else 0
-            h.copy_out(k)
-            h.unsharded_params += u.gather - shard
-            self.state[k] = UNSHARDED
+            self.copy_out(k, act)
         for gather in prefetches:  # FSDPParamGroup._backward_prefetch (or the explicit list)
             self.unshard(gather, act)
         # its backward starts (a checkpointed module recomputes its forward first), no gradient yet
@@ -310,23 +306,35 @@ class StepSimulation:
         if u.grads_at is None:
             self.gradients(k, u.unsharded_grads, u.whole_grads)
 
-    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None, span=()) -> None:
+    def copy_out(self, k: int, act) -> None:
+        """``FSDPParamGroup.wait_for_unshard`` in backward: call ``k``'s all-gather output becomes its
+        unsharded parameters (a post-forward shard is freed)."""
+        u, h = self.units[k], self.held
+        self.observe_backward(k, act, params=u.gather)
+        shard = u.gather // u.reshard_after_forward if self.state[k] is POST_FORWARD_SHARD else 0
+        h.copy_out(k)
+        h.unsharded_params += u.gather - shard
+        self.state[k] = UNSHARDED
+
+    def gradients(self, k: int, unsharded: int, whole: int, module: int | None = None, span=()) -> tuple[int, int]:
         """Autograd computes (part of) a call's gradients while it is unsharded: those of the
         parameters ``module`` owns during that module's backward (``span``: with the modules whose
-        backward runs just before it, ``GradientsAt.span``), or all of them at once."""
+        backward runs just before it, ``GradientsAt.span``), or all of them at once. Returns the bytes
+        it allocates (``new_gradients``)."""
         h = self.held
         unsharded, whole = self.new_gradients(k, unsharded, whole)
         if module is None:  # the call's backward at once: its peak with all its gradients
             h.add_unsharded_grads(k, unsharded)
             h.gradients += whole
             self.observe_backward(k, self.act.during("backward", self.units[k].modules))
-            return
+            return unsharded, whole
         # the module's backward runs (its highest level) before its parameters' gradients are
         # accumulated; then they are, at the level its backward leaves
         self.observe_backward(k, self.act.during("backward", span or (module,)))
         h.add_unsharded_grads(k, unsharded)
         h.gradients += whole
         self.observe_backward(k, self.act.after_backward(module))
+        return unsharded, whole
 
     def new_gradients(self, k: int, unsharded: int, whole: int) -> tuple[int, int]:
         """The gradient bytes a backward allocates. After the first micro-batch, autograd adds into
