@@ -259,8 +259,10 @@ class Layout:
         own[modules] = opener
         owner = np.full(tree.n_modules, -1, dtype=np.int64)
         opened = np.nonzero(own >= 0)[0]
-        for m in opened[np.argsort(index.depth[opened], kind="stable")].tolist():
-            owner[m:index.subtree_end[m]] = own[m]
+        opened = opened[np.argsort(index.depth[opened], kind="stable")]
+        # as Python ints: a numpy scalar read per module costs more than the slice it fills
+        for m, end, unit in zip(opened.tolist(), index.subtree_end[opened].tolist(), own[opened].tolist()):
+            owner[m:end] = unit
         self._owner, self._own = owner, own
         self.module_unit = owner.tolist()
         self._order_units(modules, opener)

@@ -323,17 +323,22 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
     r = sums.reduction
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     whole_grads = whole.grads_per_unit.tolist()
-    out = []
-    for ul, hooks in zip(layout.units, calls):
-        i = ul.index
-        if not sums.n_params[i]:
-            continue
-        out.append(UnitCost(
-            unit=i, name=ul.unit.name, reshard_after_forward=ul.reshard_after_forward, offload=policies[i].offload,
-            gather=sums.gather[i], staged=sums.staged[i], gather_dtype=sums.gather_dtype[i],
-            trainable=r.trainable[i], reduce_dtype=r.reduce_dtype[i], rs_input=r.rs_input[i], rs_output=r.rs_output[i],
-            sharded_grads=r.sharded_grads[i], cast=r.cast[i], unsharded_grads=sums.unsharded_grads[i],
-            accumulated_grads=r.accumulated_grads[i], converts_grads=r.converts_grads[i], whole_grads=whole_grads[i],
-            hooks=hooks, modules=ul.modules, grads_at=grads_at.get(i),
-        ))
-    return out
+    kept = [(ul, hooks) for ul, hooks in zip(layout.units, calls) if sums.n_params[ul.index]]
+    units = [ul.index for ul, _ in kept]
+    # UnitCost's fields as columns over the kept calls, each row built positionally by ``_make``
+    # (a NamedTuple built by keyword costs ~1 us a call; a change of plan builds one per call)
+    columns = {
+        "unit": units, "name": [ul.unit.name for ul, _ in kept],
+        "reshard_after_forward": [ul.reshard_after_forward for ul, _ in kept],
+        "offload": [policies[i].offload for i in units],
+        "gather": [sums.gather[i] for i in units], "staged": [sums.staged[i] for i in units],
+        "gather_dtype": [sums.gather_dtype[i] for i in units], "trainable": [r.trainable[i] for i in units],
+        "reduce_dtype": [r.reduce_dtype[i] for i in units], "rs_input": [r.rs_input[i] for i in units],
+        "rs_output": [r.rs_output[i] for i in units], "sharded_grads": [r.sharded_grads[i] for i in units],
+        "cast": [r.cast[i] for i in units], "unsharded_grads": [sums.unsharded_grads[i] for i in units],
+        "accumulated_grads": [r.accumulated_grads[i] for i in units],
+        "converts_grads": [r.converts_grads[i] for i in units], "whole_grads": [whole_grads[i] for i in units],
+        "hooks": [hooks for _, hooks in kept], "modules": [ul.modules for ul, _ in kept],
+        "grads_at": [grads_at.get(i) for i in units],
+    }
+    return list(map(UnitCost._make, zip(*(columns[f] for f in UnitCost._fields))))
