@@ -184,7 +184,8 @@ class _PerUnit:
     reduction: "_Reductions"
 
 
-def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
+def _per_unit(sh: ShardedParams, policies, shard: int, reduces: np.ndarray) -> _PerUnit:
+    """``reduces``: per call, it has trainable parameters (``StepCall.reduces``, read, not derived again)."""
     n_units, u = len(policies), sh.unit
     # all-gather inputs staged before the collective: the foreach copy into param dtype
     # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
@@ -201,7 +202,7 @@ def _per_unit(sh: ShardedParams, policies, shard: int) -> _PerUnit:
     one_dtype, first_dtype = (gathered.sum(axis=1) == 1).tolist(), gathered.argmax(axis=1).tolist()
     trained = codes(sh.dtype, tr)  # per call and dtype code: its trainable parameters
     unsharded_grads = sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units)
-    reduction = _reductions(policies, shard, trained.any(axis=1), trained.argmax(axis=1),
+    reduction = _reductions(policies, shard, reduces, trained.argmax(axis=1),
                             codes(sh.pd_dtype, tr).argmax(axis=1), sum_per_unit(u, sh.padded * tr, n_units),
                             sum_per_unit(u, sh.numel * tr, n_units), unsharded_grads)
     return _PerUnit(
@@ -319,7 +320,7 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
                with_activations: bool, calls: list[StepCall]) -> list[UnitCost]:
     """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
     group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
-    sums = _per_unit(sh, policies, shard)
+    sums = _per_unit(sh, policies, shard, np.array([c.reduces for c in calls], dtype=bool))
     r = sums.reduction
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     whole_grads = whole.grads_per_unit.tolist()
