@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 
 from ..cost.params import tree_arrays
-from ..fsdp import Layout, padded_shard_numel
+from ..fsdp import Layout
 from ..tree import ModelTree
 
 # Status codes of one parameter; a sharded parameter's code is SHARDED + its unit index.
@@ -121,16 +121,14 @@ class ModuleStats:
     def __init__(self, tree: ModelTree, layout: Layout, static: StaticStats):
         self.tree, self.layout, self.static = tree, layout, static
         status = layout.param_status
-        punit = np.asarray(layout.param_unit, dtype=np.int64)
+        punit = layout.param_unit_array
         sharded = layout.sharded
         ignored = np.fromiter((s == "ignored" for s in status), dtype=bool, count=len(status))
         codes = np.where(sharded, SHARDED + punit, np.where(ignored, IGNORED, UNMANAGED))
         # each parameter as the layout holds it: on a 2-D mesh its tensor-parallel local shape (the
         # layout's own tree), not the model's (before, the tree showed a TP rank twice its bytes)
         local = tree_arrays(layout.tree)
-        rowsize = np.where(local.dim0 > 0, local.numel // np.maximum(local.dim0, 1), 0)
-        padded = padded_shard_numel(local.dim0, rowsize, layout.mesh.shard)
-        rank_bytes = np.where(sharded, padded, local.numel) * local.itemsize
+        rank_bytes = np.where(sharded, local.padded(layout.mesh.shard), local.numel) * local.itemsize
         self.codes = codes.tolist()
         self.rank_bytes = static.accumulate(rank_bytes, once=True).tolist()
         self.n_ignored = static.accumulate(ignored.astype(np.int64)).tolist()
