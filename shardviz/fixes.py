@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .finding import Finding
-from .fsdp import Layout, children_with_params, supports_grouped_call
+from .fsdp import Layout, supports_grouped_call
 from .plan import Plan
 from .presets import auto_plan, join_calls
+from .tree import children_with_params
 
 
 def fix_plan(analysis, finding: Finding):

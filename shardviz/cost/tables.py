@@ -70,8 +70,8 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "activations": tile(peak["activations"]),
         "peak": tile(peak["peak"]),
         "peak_phase": tile(peak["peak_phase"]),
-        "peak_unit": pd.Series(tile(peak["peak_unit"]), dtype=object, index=index),
-        "peak_module": pd.Series(tile(peak["peak_module"]), dtype=object, index=index),
+        "peak_unit": _object_column(tile(peak["peak_unit"]), index),
+        "peak_module": _object_column(tile(peak["peak_module"]), index),
         "peak_transient": tile(peak["peak_transient"]),
         # the caching allocator's reserved peak (torch.cuda.max_memory_reserved) under the mesh's
         # allocator setting: the peak plus what its segments hold beyond the tensors (cost.reserved)
