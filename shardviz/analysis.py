@@ -199,7 +199,7 @@ class Analysis:
             return profile
         else:
             note = self.cache.why
-        return replace(profile, assumptions=profile.assumptions + (note,))
+        return profile.with_note(note)
 
     @cached_property
     def _tp_local_model(self):

@@ -418,7 +418,7 @@ def _measure_either_copy(model: nn.Module, entry: _ModelEntry, request: _Request
             f"with inputs its forward accepts, or batch_size=None for the model state alone{_cache_hint(request)}"
         ) from exc
     note = f"measured on the whole model: the one-block-per-kind copy failed ({type(first).__name__}: {str(first)[:120]})"
-    return dataclasses.replace(profile, assumptions=profile.assumptions + (note,))
+    return profile.with_note(note)
 
 
 def _recomputation_fails(model, request: _Request, exc: RecomputationError) -> ValueError:

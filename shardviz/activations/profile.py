@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -121,6 +121,19 @@ class ActivationProfile:
     def model_flops(self) -> int:
         """FLOPs of the step without the recomputation of checkpointed modules."""
         return sum(f.forward + f.backward for f in self.module_flops.values())
+
+    def with_note(self, note: str) -> "ActivationProfile":
+        """The profile with ``note`` added to its assumptions. One copy per note, kept with this
+        profile: every plan analysed on it gets the same copy, so what a plan reads of it
+        (``run_order``, ``flop_index``, ``cost_index``) is derived once, not once per plan."""
+        noted = self._noted.get(note)
+        if noted is None:
+            noted = self._noted[note] = replace(self, assumptions=self.assumptions + (note,))
+        return noted
+
+    @cached_property
+    def _noted(self) -> dict[str, "ActivationProfile"]:
+        return {}
 
     @cached_property
     def run_order(self) -> tuple[str, ...]:
