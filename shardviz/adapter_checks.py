@@ -16,7 +16,7 @@ from .finding import Finding
 from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
-from .tree import ModelTree
+from .tree import ModelTree, peft_configs
 
 
 def _block_projections(tree: ModelTree) -> dict[str, bool]:
@@ -60,8 +60,8 @@ def check_adapter_targets(inputs: CheckInputs) -> list[Finding]:
     """SV120: a ``target_modules`` list some of whose names match no layer of this model, while some
     of the blocks' linear layers go unadapted (Llama's list on Phi-3's fused ``qkv_proj``)."""
     model = inputs.tree.model
-    configs = getattr(model, "peft_config", None)
-    if model is None or not isinstance(configs, dict):
+    configs = peft_configs(model)
+    if not configs:
         return []
     projections = _block_projections(inputs.tree)
     source = source_of(model)

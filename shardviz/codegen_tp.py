@@ -5,7 +5,7 @@ names) on ``mesh["tp"]``, then ``apply_fsdp``'s ``fully_shard`` calls on ``mesh[
 
 from __future__ import annotations
 
-from .tp import MESH_DIM_NAMES
+from .tp import LAYOUT_FIELDS, MESH_DIM_NAMES
 
 
 def uses_tensor_parallel(mesh, plan) -> bool:
@@ -18,13 +18,8 @@ def _layout_expr(text: str) -> str:
 
 def style_expr(style) -> str:
     """A torch style as the constructor call that makes it: ``RowwiseParallel(output_layouts=Shard(1))``."""
-    args = [f"{key}={_layout_expr(getattr(style, key))}" for key in
-            ("input_layouts", "output_layouts", "desired_input_layouts", "desired_output_layouts")
-            if getattr(style, key) is not None]
-    if style.use_local_output is not None:
-        args.append(f"use_local_output={style.use_local_output}")
-    if style.sequence_dim is not None:
-        args.append(f"sequence_dim={style.sequence_dim}")
+    args = [f"{key}={_layout_expr(value) if key in LAYOUT_FIELDS else value}"
+            for key, value in style.torch_kwargs().items()]
     return f"{style.style}({', '.join(args)})"
 
 

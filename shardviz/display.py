@@ -15,6 +15,7 @@ import os
 from .cost import BREAKDOWN
 from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
 from . import steptime
+from .tree import base_model, peft_configs
 # the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
 from .steptime import step_text, timeline_figure  # noqa: F401 - re-exported for every view
 
@@ -373,12 +374,12 @@ def _count(n: int) -> str:
 
 def _adapter_text(model) -> str:
     """" + LoRA r=16" for a peft model (each adapter's type and rank), "" for anything else."""
-    configs = getattr(model, "peft_config", None)
-    if not isinstance(configs, dict) or not configs:
+    configs = peft_configs(model)
+    if not configs:
         return ""
     parts = []
     for config in configs.values():
-        kind = str(getattr(getattr(config, "peft_type", None), "value", getattr(config, "peft_type", "adapter")))
+        kind = str(getattr(config.peft_type, "value", config.peft_type) or "adapter")  # a PeftType, or its name
         rank = getattr(config, "r", None)
         parts.append(f"{'LoRA' if kind == 'LORA' else kind}" + (f" r={rank}" if rank is not None else ""))
     return " + " + " + ".join(parts)
@@ -389,10 +390,7 @@ def model_text(tree, label: str | None = None) -> str:
     0.2% trainable) + LoRA r=16": the class under any peft wrapper, what it is shaped after
     (``label``: the zoo model's or the config folder's name, when known), the parameters counted once."""
     model = tree.model
-    base = model
-    if model is not None and hasattr(model, "get_base_model"):
-        base = model.get_base_model()
-    name = type(base).__name__ if base is not None else tree.root_type
+    name = type(base_model(model)).__name__ if model is not None else tree.root_type
     total = sum(p.numel for p in tree.params)
     trainable = sum(p.numel for p in tree.params if p.requires_grad)
     adapter = _adapter_text(model) if model is not None else ""
@@ -441,15 +439,8 @@ def versions_text() -> str:
 
 def max_positions(model) -> int | None:
     """The model's ``config.max_position_embeddings`` (a peft model's base config too), if it has one."""
-    seen = model
-    for _ in range(4):  # PeftModel -> LoraModel -> the transformers model
-        if seen is None:
-            break
-        n = getattr(getattr(seen, "config", None), "max_position_embeddings", None)
-        if isinstance(n, int) and n > 0:
-            return n
-        seen = getattr(seen, "base_model", None) if getattr(seen, "base_model", None) is not seen else None
-    return None
+    n = getattr(getattr(base_model(model), "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def seq_len_note(model, seq_len) -> str | None:

@@ -23,6 +23,7 @@ from .checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from .analysis import analyze
 from .fsdp import Mesh
 from .plan import Plan, as_plan
+from .tp import LAYOUT_FIELDS
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -94,14 +95,9 @@ def torch_style(style):
     from torch.distributed.tensor import parallel as tp_mod
 
     def layout(text):
-        return None if text is None else Replicate() if text.startswith("Replicate") else Shard(int(text[6:-1]))
+        return Replicate() if text.startswith("Replicate") else Shard(int(text[6:-1]))
 
-    kwargs = {k: layout(getattr(style, k)) for k in ("input_layouts", "output_layouts", "desired_input_layouts",
-                                                     "desired_output_layouts") if getattr(style, k) is not None}
-    if style.use_local_output is not None:
-        kwargs["use_local_output"] = style.use_local_output
-    if style.sequence_dim is not None:
-        kwargs["sequence_dim"] = style.sequence_dim
+    kwargs = {k: layout(v) if k in LAYOUT_FIELDS else v for k, v in style.torch_kwargs().items()}
     return getattr(tp_mod, style.style)(**kwargs)
 
 

@@ -53,6 +53,8 @@ HF_STYLES = {
 }
 STYLE_FIELDS = ("style", "input_layouts", "output_layouts", "use_local_output", "desired_input_layouts",
                 "desired_output_layouts", "sequence_dim")
+#: a torch style's layout options, in the order its constructor call is written
+LAYOUT_FIELDS = ("input_layouts", "output_layouts", "desired_input_layouts", "desired_output_layouts")
 
 
 def _layout(value, where: str) -> str | None:
@@ -81,6 +83,12 @@ class TPStyle:
     @property
     def is_torch(self) -> bool:
         return self.style in TORCH_STYLES
+
+    def torch_kwargs(self) -> dict:
+        """The options given, as torch's style constructor takes them (layouts as text; the layouts
+        first): what the exported code writes and the oracle builds."""
+        return {k: value for k in LAYOUT_FIELDS + ("use_local_output", "sequence_dim")
+                if (value := getattr(self, k)) is not None}
 
     def to_obj(self):
         options = {k: getattr(self, k) for k in STYLE_FIELDS[1:] if getattr(self, k) is not None}
@@ -288,10 +296,15 @@ def nearest_tensor_degree(sizes, tensor: int) -> int:
     return min(divisors, key=lambda d: (abs(d - tensor), d))
 
 
-def _head_counts(tree: ModelTree) -> dict[str, int]:
+def _text_config(tree: ModelTree):
+    """The model's transformers config of its text part (a multimodal config's ``text_config``); None
+    for a module without one (its widths are then unknown)."""
     config = getattr(tree.model, "config", None)
-    if config is not None and hasattr(config, "get_text_config"):
-        config = config.get_text_config()
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _head_counts(tree: ModelTree) -> dict[str, int]:
+    config = _text_config(tree)
     out = {}
     for key in ("num_attention_heads", "num_key_value_heads"):
         value = getattr(config, key, None)
@@ -482,8 +495,7 @@ _GRAD_ALL_REDUCE = ("SequenceParallel", "sequence_parallel", "replicated_with_gr
 
 
 def _moe_widths(tree: ModelTree) -> dict[str, int]:
-    config = getattr(tree.model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = _text_config(tree)
     return {"hidden": getattr(config, "hidden_size", 0), "top_k": getattr(config, "num_experts_per_tok", 0)}
 
 

@@ -14,7 +14,7 @@ style torch has no counterpart for (``packed_colwise``, ``moe_tp_experts``, ...)
 from __future__ import annotations
 
 from .tp import TensorParallel, TPStyle, key_pattern, resolve
-from .tree import ModelTree
+from .tree import ModelTree, base_model
 
 
 def model_plan(tree: ModelTree) -> dict[str, str]:
@@ -23,9 +23,8 @@ def model_plan(tree: ModelTree) -> dict[str, str]:
     base model's prefix, ``embed_tokens`` vocab-sharded); under a peft wrapper, its base model's
     names under ``base_model.model.``."""
     model = tree.model
-    base, prefix = model, ""
-    if model is not None and hasattr(model, "get_base_model"):
-        base, prefix = model.get_base_model(), "base_model.model."
+    base = base_model(model)
+    prefix = "base_model.model." if base is not model else ""  # a peft wrapper's names of the base model's
     plan = {prefix + k: v for k, v in (getattr(base, "tp_plan", None) or {}).items()} if base is not None else {}
     if not plan:
         raise ValueError(f"{tree.root_type} has no tensor-parallel plan of its own (no config.base_model_tp_plan): "

@@ -75,6 +75,18 @@ def _tuner_layer_type():
     return BaseTunerLayer
 
 
+def base_model(model):
+    """The model under a peft wrapper (``PeftModel.get_base_model``: its own class, forward and
+    config), else ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def peft_configs(model) -> dict:
+    """A peft model's adapter configs by adapter name (``PeftModel.peft_config``); {} for any other module."""
+    configs = getattr(model, "peft_config", None)
+    return configs if isinstance(configs, dict) else {}
+
+
 def _looks_like_lora(name: str) -> bool:
     return any(marker in part for part in name.split(".") for marker in LORA_NAME_MARKERS)
 

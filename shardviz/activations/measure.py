@@ -14,7 +14,7 @@ from torch import nn
 
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
-from ..tree import ModelTree, as_tree
+from ..tree import ModelTree, as_tree, base_model
 from .flops import flop_counter, module_costs, module_flops
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
@@ -47,8 +47,7 @@ def image_prefix_inputs(model, batch_size: int) -> dict:
     cfg = hf_config(model)
     vision = getattr(cfg, "vision_config", None)
     size = getattr(vision, "image_size", None)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps forward
-    if (size is None or "pixel_values" not in inspect.signature(base.forward).parameters
+    if (size is None or "pixel_values" not in inspect.signature(base_model(model).forward).parameters
             or any(getattr(cfg, k, None) is not None for k in ("image_token_id", "image_token_index"))):
         return {}
     h, w = (size, size) if isinstance(size, int) else tuple(size)

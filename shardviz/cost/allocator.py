@@ -64,7 +64,7 @@ def cublas_workspace_bytes(device) -> int:
     """What the step's cuBLAS workspaces take on ``device`` (a ``devices.Device`` or None: none counted)."""
     if device is None:
         return 0
-    size = CUBLAS_WORKSPACE_SM90 if getattr(device, "name", "") in SM90_AND_LATER else CUBLAS_WORKSPACE_OLDER
+    size = CUBLAS_WORKSPACE_SM90 if device.name in SM90_AND_LATER else CUBLAS_WORKSPACE_OLDER
     return CUBLAS_WORKSPACES * size
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 class NoActivations:
     """Activations not counted (``Training.batch_size`` is None): every level is 0."""
 
+    tree = None  # no measured step, so no module's level to read (``ActivationLevels.tree``)
+
     def after_backward(self, module):
         return 0, None
 

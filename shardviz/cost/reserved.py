@@ -51,7 +51,7 @@ class TracingSimulation(StepSimulation):
         of the peak); replayed, that level would be a new allocation at the end of the span (the
         embedding's gradients, after every block's backward: a segment as large as the blocks'
         highest backward level)."""
-        tree = getattr(self.act, "tree", None)
+        tree = self.act.tree
         if tree is None or len(span) < 2:
             return span
         return tuple(m for m in span if self.owner(m, tree) == k)

@@ -203,7 +203,7 @@ def tp_style_names(tree: ModelTree, layout: Layout) -> dict[int, str]:
         return {}
     from ..tp import resolve
 
-    modules, params = resolve(getattr(tree, "full_tree", tree), layout.plan.tensor_parallel)
+    modules, params = resolve(tree, layout.plan.tensor_parallel)  # the model's own tree: the Inspector's
     out = {m: style.style for m, (_, style) in modules.items()}
     for p, (_, style) in params.items():  # a parameter's own entry shows on its module
         out.setdefault(tree.params[p].owners[0], style.style)
