@@ -144,7 +144,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_plan_write(args) -> int:
-    args.plan = None
     _, tree = build_model(args)
     plan = build_plan(tree, args)
     emit(plan.to_json() + "\n", args.output, args.force)
@@ -420,11 +419,26 @@ def _add_output_args(p, what: str = "output file") -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
 
 
+#: The flags cli_args' shared readers (build_plan, resolve_setup, training_flags, ...) read whatever the
+#: command, with the defaults their ``_add_*_args`` give them: a command without a flag reads it as not
+#: given, and the readers read plain attributes. ``func`` is None when no command is given.
+SHARED_DEFAULTS = {
+    "lora": None, "plan": None, "checkpoint": None, "accelerate_config": None, "plan_from": None,
+    "world_size": None, "replicate": None, "tensor_parallel": None,
+    "device": None, "device_memory": None, "memory_reserve": None,
+    "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,
+    "seq_len": None, "global_batch": None, "use_cache": None,
+    "safety_margin": None, "judge": None, "expandable_segments": False,
+    "func": None,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .plan import LORA_OPTIONS
 
     parser = _Parser(prog="shardviz", description="Plan, check and export PyTorch FSDP2 fully_shard plans.")
     parser.add_argument("--version", action="store_true", help="shardviz's version and the libraries it measures with")
+    parser.set_defaults(**SHARED_DEFAULTS)  # a command's own flags and defaults override these
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     p = sub.add_parser("export", help="write the fully_shard code for a plan")
@@ -497,7 +511,7 @@ def _run(parser, argv) -> int:
 
         answer(versions_text())
         return EXIT_OK
-    if getattr(args, "func", None) is None:
+    if args.func is None:
         raise CliError("shardviz: a command is required: export, plan or report (see --help)")
     return args.func(args)
 

@@ -56,7 +56,7 @@ def model_label(spec: str) -> str | None:
         from . import zoo
 
         builder = getattr(zoo, spec.removeprefix("zoo:"), None)
-        first = ((getattr(builder, "__doc__", None) or "").strip().splitlines() or [""])[0]
+        first = ((builder.__doc__ or "").strip().splitlines() or [""])[0]  # None (no such model) has one too
         return first.split(" on meta")[0].strip() or None if " on meta" in first else None  # "Llama 3.1 70B on meta ..."
     if is_config_path(spec):
         path = Path(spec)
@@ -105,7 +105,7 @@ def make_mesh(world: int | None, replicate: int, tensor: int = 1):
 
 def tensor_degree(args) -> int:
     """--tensor-parallel T (1 when not given)."""
-    return getattr(args, "tensor_parallel", None) or 1
+    return args.tensor_parallel or 1
 
 
 def check_version(version: str | None) -> str | None:
@@ -151,7 +151,7 @@ def build_plan(tree, args, model=None):
     from .presets import named_plan
 
     checkpoint = args.checkpoint
-    if getattr(args, "accelerate_config", None) or getattr(args, "plan_from", None):
+    if args.accelerate_config or args.plan_from:
         return captured_plan(model, args)
     if args.plan and args.lora:
         raise CliError("give either --lora or --plan, not both")
@@ -208,7 +208,7 @@ def training_flags(args) -> dict:
     """The training fields given on the command line (``--param-dtype none``: no MixedPrecisionPolicy)."""
     kwargs = {}
     for key in TRAINING_FLAGS:
-        value = getattr(args, key, None)
+        value = getattr(args, key)
         if value is None or (value is False and key != "use_cache"):  # --no-use-cache is a value; no --offload is not
             continue
         if key == "optimizer" and str(value).isdigit():
@@ -259,11 +259,11 @@ def resolve_setup(args, plan=None):
 
 def allocator_changes(args) -> dict:
     """--safety-margin, --judge, --expandable-segments as Mesh fields (only those given)."""
-    margin = getattr(args, "safety_margin", None)
+    margin = args.safety_margin
     if margin is not None and not margin.strip().endswith("%") and not any(c.isalpha() for c in margin):
         margin = float(margin) if "." in margin or "e" in margin else int(margin)
-    changes = {"safety_margin": margin, "judge": getattr(args, "judge", None),
-               "expandable_segments": True if getattr(args, "expandable_segments", False) else None}
+    changes = {"safety_margin": margin, "judge": args.judge,
+               "expandable_segments": True if args.expandable_segments else None}
     return {k: v for k, v in changes.items() if v is not None}
 
 
@@ -278,8 +278,7 @@ def _resolve_mesh(args, file_mesh):
     --memory-reserve over the plan file's mesh."""
     from .cost.setup import mesh_from_obj, mesh_to_obj
 
-    world, replicate = getattr(args, "world_size", None), getattr(args, "replicate", None)
-    tensor = getattr(args, "tensor_parallel", None)
+    world, replicate, tensor = args.world_size, args.replicate, args.tensor_parallel
     if file_mesh is None:
         if world is None:
             raise CliError("--world-size is required (or a --plan file written by 'plan search', which records its mesh)")
@@ -290,13 +289,13 @@ def _resolve_mesh(args, file_mesh):
             mesh = make_mesh(world if world is not None else file_mesh.world, replicate or 1,
                              tensor if tensor is not None else file_mesh.tensor)
             obj.update(shard=mesh.shard, replicate=mesh.replicate, tensor=mesh.tensor)
-    changed = [_flag(k) for k in ("world_size", "replicate", "tensor_parallel") if getattr(args, k, None) is not None]
-    device = getattr(args, "device", None)
+    changed = [_flag(k) for k in ("world_size", "replicate", "tensor_parallel") if getattr(args, k) is not None]
+    device = args.device
     if device is not None:
         obj["device"] = device
         changed.append("--device")
     for key in ("device_memory", "memory_reserve"):
-        if getattr(args, key, None) is not None:
+        if getattr(args, key) is not None:
             obj[key] = getattr(args, key)
             changed.append(_flag(key))
     for key, value in allocator_changes(args).items():

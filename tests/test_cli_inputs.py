@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
-from shardviz.cli import main
+from shardviz import cli_args, zoo
+from shardviz.cli import SHARED_DEFAULTS, build_parser, main
 from shardviz.devices import DEVICES, device_by_name
 from shardviz.format import parse_size
 from shardviz.display import DEFAULT_TRAINING, library_versions
@@ -77,10 +78,64 @@ def test_a_wrong_memory_in_a_device_name_is_refused_with_the_closest(capsys):
     (["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "h100-80gb", "--optimizer", "adagrad"],
      "expected one of"),
     (["report", "zoo:tiny_llama_lora", "--world-size", "8", "--memory-reserve", "-1GiB"], "--memory-reserve"),
+    ([], "a command is required"),
 ])
 def test_every_refusal_is_one_line_and_exit_2(argv, message, capsys):
     code, _, err = run(argv, capsys)
     assert code == 2 and message in one_line(err)
+
+
+COMMANDS = {  # each command's shortest command line
+    "export": ["export", "zoo:tiny_llama_lora"],
+    "plan write": ["plan", "write", "zoo:tiny_llama_lora"],
+    "plan read": ["plan", "read", "plan.json"],
+    "plan search": ["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8"],
+    "report": ["report", "zoo:tiny_llama_lora"],
+}
+
+
+def _keys_read(node) -> list:
+    """The keys of the ``getattr(args, key)`` calls inside ``node``."""
+    return [call.args[1] for call in ast.walk(node) if isinstance(call, ast.Call)
+            and getattr(call.func, "id", None) == "getattr" and getattr(call.args[0], "id", None) == "args"]
+
+
+def fields_cli_args_reads() -> set[str]:
+    """Every namespace field cli_args reads: ``args.X``, ``getattr(args, "X")``, and the names a loop
+    passes to ``getattr(args, name)`` (a tuple, or a constant of the module such as TRAINING_FLAGS)."""
+    tree = ast.parse(Path(cli_args.__file__).read_text(encoding="utf-8"))
+    fields = {node.attr for node in ast.walk(tree)
+              if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "args"}
+    fields |= {key.value for key in _keys_read(tree) if isinstance(key, ast.Constant)}
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.For):
+            bindings = [(loop.target, loop.iter)]
+        elif isinstance(loop, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            bindings = [(g.target, g.iter) for g in loop.generators]
+        else:
+            continue
+        used = {key.id for key in _keys_read(loop) if isinstance(key, ast.Name)}
+        for target, names in bindings:
+            if getattr(target, "id", None) in used:
+                assert isinstance(names, (ast.Name, ast.Tuple)), f"line {names.lineno}: cannot tell the fields read"
+                fields |= set(getattr(cli_args, names.id) if isinstance(names, ast.Name) else ast.literal_eval(names))
+    return fields
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_carries_the_fields_the_shared_readers_read(command):
+    """cli_args reads its fields as plain attributes whatever the command: every command's namespace has
+    them all, and a flag not given reads as SHARED_DEFAULTS says, whether the command has the flag or not."""
+    fields = fields_cli_args_reads()
+    assert {"tensor_parallel", "device_memory", "plan_from", *cli_args.TRAINING_FLAGS} <= fields  # the walk finds them
+    args = build_parser().parse_args(COMMANDS[command])
+    missing = sorted(f for f in fields if not hasattr(args, f))
+    assert not missing, f"{command}: the namespace lacks {missing} (add them to cli.SHARED_DEFAULTS)"
+    assert args.func is not None
+    given = {"world_size"} if command == "plan search" else set()
+    own = {"lora": "sharded"} if command == "plan write" else {}  # plan write's --lora default
+    expected = {k: own.get(k, v) for k, v in SHARED_DEFAULTS.items() if k not in given | {"func"}}
+    assert {k: getattr(args, k) for k in expected} == expected
 
 
 def test_version_names_every_library(capsys):
