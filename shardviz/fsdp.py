@@ -264,8 +264,16 @@ class Layout:
         for m, end, unit in zip(opened.tolist(), index.subtree_end[opened].tolist(), own[opened].tolist()):
             owner[m:end] = unit
         self._owner, self._own = owner, own
-        self.module_unit = owner.tolist()
+        first = np.array([min(ul.modules) for ul in self.units], dtype=np.int64)
+        parent = index.parent[first]
+        # per call: the call around its first module (-1: none; hook_rules.roots climbs these)
+        self.outer_call = np.where(parent >= 0, owner[np.maximum(parent, 0)], -1).tolist()
         self._order_units(modules, opener)
+
+    @cached_property
+    def module_unit(self) -> list[int]:
+        """Per module: the call whose subtree holds it most closely (-1: none), as a list."""
+        return self._owner.tolist()
 
     def _assign_params(self) -> None:
         """Each parameter: ignored, managed by the first call that reaches it, or under none."""

@@ -13,20 +13,19 @@ from __future__ import annotations
 from typing import Hashable, Iterable, Sequence
 
 
-def roots(layout, modules) -> list[int]:
+def roots(layout) -> list[int]:
     """The root call above each call of ``layout`` (itself for a root), by plan unit index.
 
     ``FSDPState._lazy_init``: the first state to run forward is a root and shares one
     ``FSDPCommContext`` with every state below it; a call under no other call is a root
     (``fsdp.Layout`` sets ``is_root``), and a plan without a call on the whole model has several."""
-    owner = layout.module_unit
+    outer = layout.outer_call  # per call, the call around its first module
     root_of = [-1] * len(layout.units)
     for ul in layout.units:
         chain, u = [], ul.index
         while root_of[u] < 0:
             chain.append(u)
-            parent = modules[min(layout.units[u].modules)].parent
-            up = owner[parent] if parent >= 0 else -1
+            up = outer[u]
             if up < 0 or up == u:
                 root_of[u] = u
                 break
@@ -36,11 +35,11 @@ def roots(layout, modules) -> list[int]:
     return root_of
 
 
-def enclosing_root(layout, modules) -> int | None:
+def enclosing_root(layout) -> int | None:
     """The one root call every call sits under (one communication context), on one module; None
     when the plan has several roots. Its forward runs first and ends last: the schedule runs its own
     compute (norm, LM head) after every other call's."""
-    root_of = roots(layout, modules)
+    root_of = roots(layout)
     if not root_of or len(set(root_of)) != 1:
         return None
     root = root_of[0]

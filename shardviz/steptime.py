@@ -227,7 +227,7 @@ def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) ->
     units = {u.name: u for u in plan_units}
     offloaded, numbers = _offloaded(inputs)
     hooks = {plan_units[c.unit].name: c for c in inputs.calls()}
-    root_index = enclosing_root(inputs.layout, inputs.layout.tree.modules)
+    root_index = enclosing_root(inputs.layout)
     root_name = plan_units[root_index].name if root_index is not None else None
     root, rows = None, []
     for name in order + [n for n in units if n not in order]:

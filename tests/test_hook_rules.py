@@ -68,7 +68,7 @@ def test_roots_and_the_enclosing_root_are_torchs():
     for plan, root in ((with_root, with_root.units[-1].name), (sv.Plan(units=[L + "0", L + "1"]), None)):
         a = sv.analyze(tree, plan, sv.Mesh(WORLD))
         is_root, _ = _torch_step(_only_embedding_trains(), plan)
-        root_of = roots(a.layout, tree.modules)
+        root_of = roots(a.layout)
         assert {u.name: root_of[i] == i for i, u in enumerate(plan.units)} == is_root
-        found = enclosing_root(a.layout, tree.modules)
+        found = enclosing_root(a.layout)
         assert (plan.units[found].name if found is not None else None) == root

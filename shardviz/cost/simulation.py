@@ -52,6 +52,11 @@ class Collective(NamedTuple):
     count: int = 1
 
 
+# built positionally by ``_make``: a NamedTuple's own constructor is a Python-level ``__new__``, three
+# times slower (a step issues ~250 collectives a plan)
+new_collective = Collective._make
+
+
 class Microbatch(NamedTuple):
     """One kind of micro-batch of a step (``Training.grad_accum``)."""
 
@@ -217,7 +222,7 @@ class StepSimulation:
                      communication_buffers=h.forward_gathers + ag, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.get(u.hooks.root, 0)
         if self.S > 1:
-            self.collectives.append(Collective(k, "all_gather", "forward", "shard", self.S))
+            self.collectives.append(new_collective((k, "all_gather", "forward", "shard", self.S, 1)))
         h.unsharded_params += u.gather
         h.last_gather_of_context[u.hooks.root] = ag
         h.forward_gathers += ag
@@ -287,7 +292,7 @@ class StepSimulation:
         h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
-            self.collectives.append(Collective(k, "all_gather", "backward", GROUP_NAMES[gather.group], size))
+            self.collectives.append(new_collective((k, "all_gather", "backward", GROUP_NAMES[gather.group], size, 1)))
 
     def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
         """``FSDPState._pre_backward``: unshard (``own``: the call's all-gather, none if unsharded
@@ -397,9 +402,9 @@ class StepSimulation:
                      communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
                      gradients=h.gradients + cast_copy)
         if self.S > 1:
-            self.collectives.append(Collective(k, "reduce_scatter", "backward", "shard", self.S))
+            self.collectives.append(new_collective((k, "reduce_scatter", "backward", "shard", self.S, 1)))
         if self.R > 1:
-            self.collectives.append(Collective(k, "all_reduce", "backward", "replicate", self.R))
+            self.collectives.append(new_collective((k, "all_reduce", "backward", "replicate", self.R, 1)))
         if self.mb.first or not self.sync_every:  # else foreach_reduce adds into the sharded gradients
             h.gradients += device_grads
         h.reduce_scatter_input = u.rs_input
