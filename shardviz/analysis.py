@@ -24,7 +24,7 @@ from torch import nn
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, step_cache, unit_flops
 from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
-from .cost import (ActivationLevels, NoActivations, Training, calls_with_nested_calls, comm_table, cost_model,
+from .cost import (NoActivations, activation_levels, Training, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
 from .cost import peak_breakdown as peak_breakdown_of
 from .finding import Finding
@@ -255,7 +255,7 @@ class Analysis:
         """Activation bytes around every call of the step (zero without ``Training.batch_size``)."""
         if not self.training.with_activations:
             return NoActivations()
-        return ActivationLevels(self.activation_profile, self.tree)
+        return activation_levels(self.activation_profile, self.tree)
 
     # -- 5. the step in bytes: memory per rank and traffic (cost.CostModel) ----------------------
     @cached_property

@@ -90,6 +90,23 @@ def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
     assert sv.analyze(tree, edited, mesh).costs.calls == sv.analyze(sv.ModelTree(model), edited, mesh).costs.calls
 
 
+
+def test_a_change_of_plan_with_activations_reads_what_a_fresh_tree_reads(model):
+    """With activations, the levels of one step are kept per tree (``cost.levels.activation_levels``)
+    and each call's gradient parts per walk (``cost.units._spans_of``): an edited plan analysed
+    after the plan it edits has the tables and step of the same plan on a fresh tree."""
+    tree, mesh, step = sv.ModelTree(model), sv.Mesh(4), Training(batch_size=2, seq_len=64)
+    plan = sv.Plan.auto(tree, lora="sharded")
+    a = sv.analyze(tree, plan, mesh, step)
+    edited = plan.without_unit(plan.units[1].modules[0])
+    b = sv.analyze(tree, edited, mesh, step)
+    assert b.activation_levels() is a.activation_levels()
+    fresh = sv.analyze(sv.ModelTree(model), edited, mesh, step)
+    assert fresh.activation_levels() is not b.activation_levels()
+    pd.testing.assert_frame_equal(b.memory, fresh.memory)
+    pd.testing.assert_frame_equal(b.comm, fresh.comm)
+    assert b.costs.step == fresh.costs.step
+
 # -- memory table ---------------------------------------------------------------------------------
 def test_memory_one_row_per_rank_and_consistent(model):
     a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), sv.Mesh(shard=4, replicate=2))

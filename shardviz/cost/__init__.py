@@ -19,7 +19,7 @@ O(parameters).
 """
 
 from ..format import format_bytes, worst_rank
-from .levels import ActivationLevels, NoActivations
+from .levels import ActivationLevels, NoActivations, activation_levels
 from .model import CostModel, cost_model
 from .params import unsharded_bytes
 from .tables import BREAKDOWN, comm_table, memory_table, peak_breakdown
@@ -27,4 +27,4 @@ from .training import OPTIMIZERS, Training
 from .units import UnitCost, calls_with_nested_calls
 
 __all__ = ["BREAKDOWN", "OPTIMIZERS", "ActivationLevels", "CostModel", "NoActivations", "Training", "UnitCost",
-           "calls_with_nested_calls", "comm_table", "cost_model", "format_bytes", "memory_table", "peak_breakdown", "unsharded_bytes", "worst_rank"]
+           "activation_levels", "calls_with_nested_calls", "comm_table", "cost_model", "format_bytes", "memory_table", "peak_breakdown", "unsharded_bytes", "worst_rank"]

@@ -154,7 +154,21 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     out: dict[int, list] = {}
     for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append((module, a, b))
-    return {u: _with_spans(v, walk) for u, v in out.items()}
+    return {u: _spans_of(v, walk) for u, v in out.items()}
+
+
+# walk -> {a call's parts: their GradientsAt}: they depend on the walk and the parts alone, and a
+# change of plan keeps most calls, so most of their parts
+_SPANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _spans_of(parts: list[tuple[int, int, int]], walk: Walk) -> tuple[GradientsAt, ...]:
+    """``_with_spans`` of ``parts``, worked out once per walk."""
+    kept, key = _SPANS.setdefault(walk, {}), tuple(parts)
+    found = kept.get(key)
+    if found is None:
+        found = kept[key] = _with_spans(parts, walk)
+    return found
 
 
 def _with_spans(parts: list[tuple[int, int, int]], walk: Walk) -> tuple[GradientsAt, ...]:
