@@ -41,8 +41,7 @@ class TracingSimulation(StepSimulation):
         self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
         self.last_rs_input = None
         self.serial = itertools.count()
-        self.owners: dict[int, int] | None = None  # a call's module -> the call (``owner``)
-        self.owner_of: dict[int, int | None] = {}  # any module -> ``owner``'s answer, once found
+        self.owners: dict[int, int] | None = None  # module -> the call that manages it (``owner``)
         self.replayed_level: int | None = None  # the next moment's activations in the replay, where they differ
 
     def own_span(self, k: int, span: tuple) -> tuple:
@@ -59,19 +58,14 @@ class TracingSimulation(StepSimulation):
 
     def owner(self, m: int, tree) -> int | None:
         """The call whose parameters' module holds ``m`` most closely (the innermost call around it)."""
-        found = self.owner_of.get(m, -1)
-        if found != -1:
-            return found
         if self.owners is None:
             self.owners = {}
             for j, u in enumerate(self.units):
                 for r in u.modules:
                     self.owners[r] = j
-        up = m
-        while up >= 0 and up not in self.owners:
-            up = tree.modules[up].parent  # -1 above the root
-        found = self.owner_of[m] = self.owners.get(up)
-        return found
+        while m >= 0 and m not in self.owners:
+            m = tree.modules[m].parent  # -1 above the root
+        return self.owners.get(m)
 
     # -- the tensors ------------------------------------------------------------------------------
     def take(self, key, size: int, stream: str = "default") -> None:
