@@ -264,8 +264,7 @@ class Layout:
         for m, end, unit in zip(opened.tolist(), index.subtree_end[opened].tolist(), own[opened].tolist()):
             owner[m:end] = unit
         self._owner, self._own = owner, own
-        first = np.array([min(ul.modules) for ul in self.units], dtype=np.int64)
-        parent = index.parent[first]
+        parent = index.parent[np.array([min(ul.modules) for ul in self.units], dtype=np.int64)]
         # per call: the call around its first module (-1: none; hook_rules.roots climbs these)
         self.outer_call = np.where(parent >= 0, owner[np.maximum(parent, 0)], -1).tolist()
         self._order_units(modules, opener)

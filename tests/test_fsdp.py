@@ -149,3 +149,45 @@ def test_weird_keys_are_addressed_exactly():
     status = dict(zip(a.params.fqn, a.params.unit))
     assert status["blocks.quote'\".weight"] == "blocks.quote'\""
     assert status["blocks.ünï.weight"] is None
+
+
+def _params_by_rows(a):
+    """``a.params`` as pandas builds it from one dict per parameter, read off the layout one parameter
+    at a time (how it was built before it was built from the tree's arrays)."""
+    import pandas as pd
+
+    lay, rows = a.layout, []
+    for p in a.tree.params:
+        status = lay.param_status[p.index]
+        sharded = status == "sharded"
+        rows.append({
+            "fqn": p.fqn, "aliases": p.fqns[1:], "shape": p.shape, "dtype": str(p.dtype).replace("torch.", ""),
+            "numel": p.numel, "bytes": p.nbytes, "requires_grad": p.requires_grad, "role": p.role, "status": status,
+            "unit": a.unit_label(lay.param_unit[p.index]),
+            "shard_shape": lay.shard_shape(p.index) if sharded else p.shape,
+            "shard_bytes": (lay.padded_shard_numel(p.index) if sharded else p.numel) * p.itemsize,
+            "padding_numel": lay.padded_shard_numel(p.index) * a.mesh.shard - p.numel if sharded else 0,
+        })
+    table = pd.DataFrame(rows)
+    if a.tp_placements:
+        table.insert(3, "full_shape", [p.shape for p in a.full_tree.params])
+        table.insert(4, "tp_placement", [a.tp_placements.get(p.index) for p in a.tree.params])
+    table["unit"] = pd.Series([r["unit"] for r in rows], dtype=object)
+    return table
+
+
+@pytest.mark.parametrize("name,factory,units", handmade_cases(), ids=[c[0] for c in handmade_cases()])
+def test_the_params_table_is_the_frame_of_its_rows(name, factory, units):
+    """``a.params`` is built a column at a time; it is the frame pandas builds from its rows, dtypes,
+    None for no call and the padding of uneven shards included."""
+    import pandas as pd
+    from shardviz import zoo
+
+    cases = [(factory(), sv.Plan(units), sv.Mesh(3))]
+    if name == handmade_cases()[0][0]:  # once: a peft model, LoRA ignored and sharded, and a 2-D mesh
+        lora = zoo.tiny_llama_lora()
+        cases += [(lora, sv.Plan.auto(lora, lora=how), sv.Mesh(4)) for how in ("ignored", "sharded")]
+        cases.append((lora, sv.Plan.auto(lora, tensor_parallel="torchtitan"), sv.Mesh(shard=2, tensor=2)))
+    for model, plan, mesh in cases:
+        a = sv.analyze(model, plan, mesh, strict=False)
+        pd.testing.assert_frame_equal(a.params, _params_by_rows(a))
