@@ -30,7 +30,7 @@ from .cost import (NoActivations, activation_levels, Training, calls_with_nested
 from .cost import peak_breakdown as peak_breakdown_of
 from .cost.params import tree_arrays
 from .finding import Finding
-from .fsdp import Layout, Mesh, parse_version, shard_rows
+from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
 from .steptime import StepInputs, StepSummary, StepTime, timeline_figure, timeline_payload
 from .steptime import step_time as time_the_step
@@ -86,10 +86,8 @@ class Analysis:
     def params(self) -> pd.DataFrame:
         """One row per parameter, built a column at a time from the tree's arrays (1,843 rows on 70B)."""
         lay, params, shard = self.layout, self.tree.params, self.mesh.shard
-        arr, sharded = tree_arrays(self.tree), self.layout.sharded
+        arr, sharded = tree_arrays(self.tree), lay.sharded
         padded = arr.padded(shard)  # the padded shard elements of each parameter, were it sharded
-        rows = shard_rows(arr.dim0, shard).tolist()
-        names = [u.name for u in self.plan.units]
         table = pd.DataFrame({
             "fqn": [p.fqn for p in params],
             "aliases": [p.fqns[1:] for p in params],
@@ -101,8 +99,8 @@ class Analysis:
             "role": [p.role for p in params],
             "status": lay.param_status,
             # None (not NaN) for "no owning call", as the API promises
-            "unit": pd.Series([names[u] if u >= 0 else None for u in lay.param_unit], dtype=object),
-            "shard_shape": [(r, *p.shape[1:]) if s else p.shape for p, s, r in zip(params, sharded.tolist(), rows)],
+            "unit": pd.Series([self.unit_label(u) for u in lay.param_unit], dtype=object),
+            "shard_shape": [lay.shard_shape(p.index) if s else p.shape for p, s in zip(params, sharded.tolist())],
             "shard_bytes": np.where(sharded, padded, arr.numel) * arr.itemsize,
             "padding_numel": np.where(sharded, padded * shard - arr.numel, 0),
         })

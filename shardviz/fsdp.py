@@ -264,9 +264,6 @@ class Layout:
         for m, end, unit in zip(opened.tolist(), index.subtree_end[opened].tolist(), own[opened].tolist()):
             owner[m:end] = unit
         self._owner, self._own = owner, own
-        parent = index.parent[np.array([min(ul.modules) for ul in self.units], dtype=np.int64)]
-        # per call: the call around its first module (-1: none; hook_rules.roots climbs these)
-        self.outer_call = np.where(parent >= 0, owner[np.maximum(parent, 0)], -1).tolist()
         self._order_units(modules, opener)
 
     @cached_property
@@ -325,6 +322,8 @@ class Layout:
         index, n = tree_index(self.tree), len(self.units)
         parent = index.parent[modules]
         outer = np.where(parent >= 0, self._owner[parent], -1)  # the call around each call's module
+        first = index.parent[[min(ul.modules) for ul in self.units]]
+        self.outer_call = np.where(first >= 0, self._owner[first], -1).tolist()  # around its first (roots climbs it)
         nested = (outer >= 0) & (outer != opener)
         self.calls_with_nested = frozenset(outer[nested].tolist())
         for ul, inside in zip(self.units, np.bincount(opener[outer >= 0], minlength=n).tolist()):

@@ -84,14 +84,17 @@ class TPStyle:
     def is_torch(self) -> bool:
         return self.style in TORCH_STYLES
 
+    def _given(self, keys) -> dict:
+        """The options among ``keys`` that are set, in that order."""
+        return {k: value for k in keys if (value := getattr(self, k)) is not None}
+
     def torch_kwargs(self) -> dict:
         """The options given, as torch's style constructor takes them (layouts as text; the layouts
         first): what the exported code writes and the oracle builds."""
-        return {k: value for k in LAYOUT_FIELDS + ("use_local_output", "sequence_dim")
-                if (value := getattr(self, k)) is not None}
+        return self._given(LAYOUT_FIELDS + ("use_local_output", "sequence_dim"))
 
     def to_obj(self):
-        options = {k: getattr(self, k) for k in STYLE_FIELDS[1:] if getattr(self, k) is not None}
+        options = self._given(STYLE_FIELDS[1:])
         return {"style": self.style, **options} if options else self.style
 
     @classmethod
@@ -111,7 +114,7 @@ class TPStyle:
                              f"transformers' {list(HF_STYLES)}.{_closest(str(style), TORCH_STYLES + tuple(HF_STYLES))}")
         if style in HF_STYLES and len(obj) > 1:
             raise ValueError(f"{where}: transformers style {style!r} takes no options (it is one registered object)")
-        layouts = {k: _layout(obj.get(k), f"{where}.{k}") for k in STYLE_FIELDS if k.endswith("layouts")}
+        layouts = {k: _layout(obj.get(k), f"{where}.{k}") for k in LAYOUT_FIELDS}
         local = obj.get("use_local_output")
         if local is not None and not isinstance(local, bool):
             raise ValueError(f"{where}.use_local_output must be a bool, got {local!r}")
@@ -131,7 +134,7 @@ def _torch_style_obj(obj, where: str) -> dict:
                 raise ValueError(f"{where}.{key}: one layout per style is supported, got {value!r}")
             value = value[0]
         if value is not None:
-            out[key] = value if key in ("use_local_output", "sequence_dim") else _layout(value, f"{where}.{key}")
+            out[key] = _layout(value, f"{where}.{key}") if key in LAYOUT_FIELDS else value
     return out
 
 

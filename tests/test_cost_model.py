@@ -93,7 +93,7 @@ def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
 
 def test_a_change_of_plan_with_activations_reads_what_a_fresh_tree_reads(model):
     """With activations, the levels of one step are kept per tree (``cost.levels.activation_levels``)
-    and each call's gradient parts per walk (``cost.units._spans_of``): an edited plan analysed
+    and each call's gradient parts per walk (``cost.units.CallPlaces.gradients``): an edited plan analysed
     after the plan it edits has the tables and step of the same plan on a fresh tree."""
     tree, mesh, step = sv.ModelTree(model), sv.Mesh(4), Training(batch_size=2, seq_len=64)
     plan = sv.Plan.auto(tree, lora="sharded")

@@ -154,21 +154,8 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     out: dict[int, list] = {}
     for u, module, a, b in zip((keys // n).tolist(), (keys % n).tolist(), ug_at.tolist(), wg_at.tolist()):
         out.setdefault(u, []).append((module, a, b))
-    return {u: _spans_of(v, walk) for u, v in out.items()}
-
-
-# walk -> {a call's parts: their GradientsAt}: they depend on the walk and the parts alone, and a
-# change of plan keeps most calls, so most of their parts
-_SPANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _spans_of(parts: list[tuple[int, int, int]], walk: Walk) -> tuple[GradientsAt, ...]:
-    """``_with_spans`` of ``parts``, worked out once per walk."""
-    kept, key = _SPANS.setdefault(walk, {}), tuple(parts)
-    found = kept.get(key)
-    if found is None:
-        found = kept[key] = _with_spans(parts, walk)
-    return found
+    places = call_places(arr, walk)
+    return {u: places.gradients(v) for u, v in out.items()}
 
 
 def _with_spans(parts: list[tuple[int, int, int]], walk: Walk) -> tuple[GradientsAt, ...]:
@@ -287,13 +274,22 @@ class CallPlace(NamedTuple):
 
 
 class CallPlaces:
-    """The ``CallPlace`` of every call's modules on one walk of one tree, each computed on first use:
-    it depends on the tree and the walk only, so every plan of one model shares them (a change of
-    plan keeps most of its calls)."""
+    """The ``CallPlace`` of every call's modules on one walk of one tree, and where each call's
+    gradient parts appear (``gradients``), each computed on first use: they depend on the tree and
+    the walk only, so every plan of one model shares them (a change of plan keeps most of its calls)."""
 
     def __init__(self, arr, walk: Walk):
         self.walk, self.trainable_from = walk, first_trainable(arr, walk)
         self._places: dict[tuple[int, ...], CallPlace] = {}
+        self._gradients: dict[tuple, tuple[GradientsAt, ...]] = {}
+
+    def gradients(self, parts: list[tuple[int, int, int]]) -> tuple[GradientsAt, ...]:
+        """``_with_spans`` of a call's parts (owner module, unsharded and whole gradient bytes)."""
+        key = tuple(parts)
+        found = self._gradients.get(key)
+        if found is None:
+            found = self._gradients[key] = _with_spans(parts, self.walk)
+        return found
 
     def of(self, modules: tuple[int, ...]) -> CallPlace:
         place = self._places.get(modules)
