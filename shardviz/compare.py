@@ -34,8 +34,9 @@ def summarize(a: Analysis) -> dict:
     row["activations"] = int(worst["activations"])  # alive at the peak (0 without Training.batch_size)
     row["peak"] = int(worst["peak"])
     row["peak_rank"] = rank
-    row["reserved_peak"] = int(worst["reserved_peak"])  # what the caching allocator holds (cost.reserved)
-    fit = a.mesh.fit(row["peak"], row["reserved_peak"])  # judged on it, with the safety margin (devices.memory_fit)
+    row["reserved_peak"] = int(mem["reserved_peak"].max())  # what the caching allocator holds (cost.reserved)
+    fit = a.fit  # the one verdict (devices.memory_fit): the same words as the report's, the CLI's, the Inspector's
+    row["judged_peak"] = None if fit is None else fit.judged
     row["fits"] = None if fit is None else bool(fit.fits)
     row["verdict"] = None if fit is None else fit.verdict  # fits | tight | over
     row["margin"] = None if fit is None else fit.margin
@@ -105,9 +106,10 @@ class Comparison:
         for i, (name, a) in enumerate(self.analyses.items()):
             bars.append({**display.worst_bar(a), "first": i, "last": i, "label": str(name)})
         top = max((bar["peak"] for bar in bars), default=0)
-        reserved = max((int(a.memory["reserved_peak"].max()) for a in self.analyses.values()), default=None)
+        # the verdict drawn is the worst layout's own (a.fit), the one its row and the report show
+        worst = max(self.analyses.values(), key=lambda a: a.fit.judged if a.fit else 0, default=None)
         return {"available": True, "categories": display.categories(), "bars": bars, "limit": mesh.usable_memory,
-                "limit_text": mesh.limit_text, "max_peak": top, "use": display.limit_use(top, mesh, reserved),
+                "limit_text": mesh.limit_text, "max_peak": top, "use": display.limit_use(worst.fit if worst else None),
                 "n_ranks": len(bars),
                 "training": display.training_text(self.training),
                 "by_layout": True}  # one bar per layout: the chart notes each one's peak
@@ -193,13 +195,20 @@ class Sweep:
 
     def lines_payload(self, metric: str = "peak") -> dict:
         """One line per layout of ``metric`` ("peak" or "sent_bytes_per_rank") against world size."""
-        series = [{"name": str(layout), "x": [int(x) for x in rows.world], "y": [int(y) for y in rows[metric]]}
-                  for layout, rows in self.table.groupby("layout", sort=False)]
         peak = metric == "peak"
+
+        def values(rows) -> list[int]:
+            if not peak:
+                return [int(y) for y in rows[metric]]
+            # the peak drawn is the one the verdict judges (Mesh.fit), so the lines and the words agree
+            fits = [self.mesh.fit(int(p), int(r)) for p, r in zip(rows["peak"], rows["reserved_peak"])]
+            return [int(f.judged) if f is not None else int(p) for f, p in zip(fits, rows["peak"])]
+
+        series = [{"name": str(layout), "x": [int(x) for x in rows.world], "y": values(rows)}
+                  for layout, rows in self.table.groupby("layout", sort=False)]
         limit = self.mesh.usable_memory if peak else None
-        top = max((y for q in series for y in q["y"]), default=0)
-        reserved = int(self.table["reserved_peak"].max()) if peak and len(self.table) else None
-        use = display.limit_use(top, self.mesh, reserved) if peak else None
+        worst = self.table.iloc[int(self.table["reserved_peak"].to_numpy().argmax())] if peak and len(self.table) else None
+        use = display.limit_use(self.mesh.fit(int(worst["peak"]), int(worst["reserved_peak"]))) if worst is not None else None
         what = "Peak memory per rank" if peak else "Bytes sent per rank per step"
         return {"title": f"{what} ({display.training_text(self.training)})",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,

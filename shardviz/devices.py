@@ -272,11 +272,14 @@ def margin_text(margin) -> str:
 
 
 class MemoryFit(NamedTuple):
-    """The fits verdict of one peak on one device. ``verdict``: "fits" when the judged peak keeps
-    the safety margin below ``usable`` (``device_memory`` less ``reserve``), "tight" when it is
-    inside the margin, "over" above ``usable``. ``fits``: not over (fits or tight: torch may run
-    it); ``margin`` = usable − judged peak (negative: over by that). The judged peak is the
-    reserved one where given (``judged`` says which), else the allocated one."""
+    """The one fits verdict of one run on one device: every surface (the CLI, the report, the
+    Inspector, SV201, the search, compare, the exported code's header) reads this record and its
+    words, never the peak again. ``verdict``: "fits" when the judged peak keeps the safety margin
+    below ``usable`` (``device_memory`` less ``reserve``), "tight" when it is inside the margin,
+    "over" above ``usable``. ``fits``: not over (fits or tight: torch may run it); ``margin`` =
+    usable − judged (negative: over by that). ``judged`` is the figure the verdict judges, named by
+    ``judged_name``: the caching allocator's reserved peak (the default) or the allocated peak
+    (``Mesh(judge="allocated")``); ``allocated`` and ``reserved`` are both peaks, for context."""
 
     fits: bool
     margin: int
@@ -287,61 +290,95 @@ class MemoryFit(NamedTuple):
     verdict: str = "fits"  # fits | tight | over
     safety: int = 0  # the safety margin, bytes
     assumed: str = ""  # what the verdict assumes, in words: the peak judged, the allocator, the margin
+    judged: int = 0  # the bytes judged against ``usable``
+    judged_name: str = "reserved peak"  # "reserved peak" | "allocated peak"
+    allocated: int = 0  # the allocated peak (``a.memory.peak``)
+    reserved: int = 0  # the reserved peak (``a.memory.reserved_peak``)
 
     @property
     def tight(self) -> bool:
         return self.verdict == "tight"
 
     @property
-    def words(self) -> str:
-        """The verdict in words: "fits, 11.2 GiB to spare", "tight: 501 MiB to spare, inside the
-        3.95 GiB safety margin", "over by 2.1 GiB"; then what it assumes."""
+    def word(self) -> str:
+        """ "fits", "tight" or "does not fit"."""
+        return {"over": "does not fit"}.get(self.verdict, self.verdict)
+
+    @property
+    def fraction(self) -> float | None:
+        """The judged peak over the usable memory; None when the reserve takes the whole device."""
+        return self.judged / self.usable if self.usable > 0 else None
+
+    @property
+    def spare_text(self) -> str:
+        """ "10.99 GiB to spare", "over by 380.00 MiB", "501 MiB to spare, inside the 3.95 GiB safety margin"."""
         if self.verdict == "over":
-            head = f"does not fit: over by {format_bytes(-self.margin)}"
-        elif self.verdict == "tight":
-            head = (f"tight: {format_bytes(self.margin)} to spare, inside the {format_bytes(self.safety)} "
-                    "safety margin")
+            return f"over by {format_bytes(-self.margin)}"
+        inside = f", inside the {format_bytes(self.safety)} safety margin" if self.tight else ""
+        return f"{format_bytes(self.margin)} to spare{inside}"
+
+    @property
+    def headline(self) -> str:
+        """The verdict in one line, the same on every surface: "does not fit: reserved peak 79.37 GiB
+        exceeds 79.00 GiB usable by 380.00 MiB (allocated 68.01 GiB)", "fits: reserved peak 68.01 GiB
+        of 79.00 GiB usable, 10.99 GiB to spare (allocated 60.20 GiB)"."""
+        other = ("allocated", self.allocated) if self.judged_name == "reserved peak" else ("reserved", self.reserved)
+        judged, usable = format_bytes(self.judged), format_bytes(self.usable)
+        if self.usable <= 0:
+            head = (f"does not fit: the {format_bytes(self.reserve)} reserve leaves nothing of "
+                    f"{format_bytes(self.device_memory)} for the {self.judged_name} {judged}")
+        elif self.verdict == "over":
+            head = f"does not fit: {self.judged_name} {judged} exceeds {usable} usable by {format_bytes(-self.margin)}"
         else:
-            head = f"fits, {format_bytes(self.margin)} to spare"
-        return f"{head} ({self.assumed})" if self.assumed else head
+            head = f"{self.word}: {self.judged_name} {judged} of {usable} usable, {self.spare_text}"
+        return f"{head} ({other[0]} {format_bytes(other[1])})"
+
+    @property
+    def words(self) -> str:
+        """The verdict and what it assumes: the headline, then the peak judged, the allocator, the margin."""
+        return f"{self.headline}; {self.assumed}" if self.assumed else self.headline
 
 
-def memory_fit(peak: int, device_memory: int | None, reserve: int = MEMORY_RESERVE_BYTES,
-               safety_margin=SAFETY_MARGIN, reserved: int | None = None, allocator: str = "") -> MemoryFit | None:
-    """Does ``peak`` bytes (allocated) fit a device of ``device_memory`` bytes keeping ``reserve``
-    out and ``safety_margin`` (``safety_margin_bytes``) to spare? Judged on ``reserved`` (the
-    caching allocator's reserved peak, ``cost.allocator``) where given. The one fits verdict
-    (compare, search, SV201, the charts); None when no device memory is given. ``allocator``: the
-    allocator setting in words, for ``assumed``."""
+def memory_fit(peak: int, reserved: int, device_memory: int | None, reserve: int = MEMORY_RESERVE_BYTES,
+               safety_margin=SAFETY_MARGIN, judge: str = "reserved", allocator: str = "") -> MemoryFit | None:
+    """Does the run fit a device of ``device_memory`` bytes keeping ``reserve`` out and
+    ``safety_margin`` (``safety_margin_bytes``) to spare? ``peak`` is the allocated peak,
+    ``reserved`` the caching allocator's reserved peak (``cost.allocator``): both are always given,
+    so no caller can judge the wrong one by leaving one out; ``judge`` says which decides
+    ("reserved": the larger of the two, as the allocator never reserves less than it hands out).
+    The one fits verdict; None when no device memory is given. ``allocator``: the allocator setting
+    in words, for ``assumed``."""
     if device_memory is None:
         return None
+    if judge not in ("reserved", "allocated"):
+        raise ValueError(f"judge must be 'reserved' or 'allocated', got {judge!r}")
     usable = usable_memory(device_memory, reserve)
-    judged = int(peak) if reserved is None else max(int(reserved), int(peak))
+    judged = max(int(reserved), int(peak)) if judge == "reserved" else int(peak)
     safety = safety_margin_bytes(safety_margin, usable)
     spare = usable - judged
     verdict = "over" if spare < 0 else "tight" if spare < safety else "fits"
-    which = "allocated peak" if reserved is None else "reserved peak"
-    assumed = ", ".join(x for x in (f"{which} judged", allocator, margin_text(safety_margin)) if x)
+    name = f"{judge} peak"
+    assumed = ", ".join(x for x in (f"{name} judged", allocator if judge == "reserved" else "",
+                                    margin_text(safety_margin)) if x)
     return MemoryFit(verdict != "over", spare, usable, int(device_memory), int(reserve),
-                     limit_text(device_memory, reserve), verdict, safety, assumed)
+                     limit_text(device_memory, reserve), verdict, safety, assumed, judged, name, int(peak), int(reserved))
 
 
 class DeviceLimits:
     """What ``fsdp.Mesh`` judges memory with, from its ``device_memory``, ``memory_reserve``,
     ``safety_margin``, ``expandable_segments`` and ``judge`` fields."""
 
-    def fit(self, peak: int, reserved: int | None = None) -> MemoryFit | None:
-        """``memory_fit`` of ``peak`` (allocated; judged on ``reserved``, the caching allocator's
-        reserved peak, unless ``judge="allocated"``); None without ``device_memory``."""
-        judged = reserved if self.judge == "reserved" else None
-        return memory_fit(peak, self.device_memory, self.memory_reserve, self.safety_margin, judged,
-                          allocator_text(self.expandable_segments) if judged is not None else "")
+    def fit(self, peak: int, reserved: int) -> MemoryFit | None:
+        """``memory_fit`` of the allocated ``peak`` and the caching allocator's ``reserved`` peak,
+        judged on the reserved one unless ``judge="allocated"``; None without ``device_memory``.
+        Both are required: a verdict always knows the figure it judges."""
+        return memory_fit(peak, reserved, self.device_memory, self.memory_reserve, self.safety_margin, self.judge,
+                          allocator_text(self.expandable_segments))
 
     @property
     def usable_memory(self) -> int | None:
         """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
-        fit = self.fit(0)
-        return None if fit is None else fit.usable
+        return None if self.device_memory is None else usable_memory(self.device_memory, self.memory_reserve)
 
     @property
     def limit_text(self) -> str | None:

@@ -42,7 +42,7 @@ MAX_UNITS_SHOWN = 24
 COLLECTIVES_ORDER = ("all_gather", "reduce_scatter", "all_reduce")
 # Ranks whose values in these columns (and moment of the peak) agree share one bar.
 _SAME_BAR_COLUMNS = ("params_sharded", "params_whole", "buffers", "grads", "optimizer", "peak",
-                     "peak_transient", "activations")
+                     "peak_transient", "activations", "reserved_peak")
 
 
 def int_or_zero(x) -> int:
@@ -69,23 +69,18 @@ def categories() -> list[dict]:
     return [{"key": k, "label": k, "help": PART_HELP[k]} for k in PEAK_PARTS]
 
 
-def limit_use(peak: int | None, mesh, reserved: int | None = None) -> dict | None:
-    """How much of the device the peak uses, against ``mesh``'s usable memory, and the verdict
-    (``Mesh.fit``: device memory less the reserve, judged on the allocator's ``reserved`` peak
-    where given, with the safety margin): the number and its words, computed here once."""
-    fit = None if peak is None else mesh.fit(peak, reserved)
+def limit_use(fit) -> dict | None:
+    """What a chart and a summary say about the verdict (``Mesh.fit`` / ``a.fit``, a
+    ``devices.MemoryFit``): the judged peak's share of the usable memory and the verdict's words,
+    read from the one verdict, never judged again here. None without a device memory."""
     if fit is None:
         return None
-    frac = peak / fit.usable if fit.usable else None  # None: the reserve takes the whole device
+    frac = fit.fraction
     text = format_percent(frac) if frac is not None else "more than 100%"
-    words = (f"peak uses {text} of {fit.text} per device" if fit.usable else
-             f"the {format_bytes(fit.reserve)} reserve leaves nothing of {format_bytes(fit.device_memory)}")
-    if reserved is not None and fit.usable and fit.verdict != "fits":  # the label stays short when it fits
-        words += f", {format_bytes(reserved)} reserved"
-    tail = {"over": " — does not fit", "tight": f" — tight: inside the {format_bytes(fit.safety)} safety margin",
-            "fits": ""}[fit.verdict]
     return {"fraction": frac, "percent_text": text, "over": not fit.fits, "tight": fit.tight, "verdict": fit.verdict,
-            "limit_text": fit.text, "margin": fit.margin, "assumed": fit.assumed, "text": words + tail}
+            "word": fit.word, "limit_text": fit.text, "usable": fit.usable, "margin": fit.margin, "assumed": fit.assumed,
+            "judged": fit.judged, "judged_name": fit.judged_name, "allocated": fit.allocated, "reserved": fit.reserved,
+            "spare_text": fit.spare_text, "text": fit.headline}
 
 
 def _rank_rows(table) -> list[dict]:
@@ -94,16 +89,24 @@ def _rank_rows(table) -> list[dict]:
     # where the activations peak ("" is the root module)
     module = [("<root>" if x == "" else x) if isinstance(x, str) else None for x in _column(table, "peak_module", None)]
     phase = [None if x is None else str(x) for x in _column(table, "peak_phase", None)]
-    return [{"rank": int(r), "peak": int(pk), "phase": ph, "unit": u, "module": m,
+    return [{"rank": int(r), "peak": int(pk), "reserved": int(rs), "phase": ph, "unit": u, "module": m,
              "params": int(p), "grads": int(g), "optimizer": int(o)}
-            for r, pk, ph, u, m, p, g, o in zip(_column(table, "rank"), _column(table, "peak"), phase, unit, module,
-                                                _column(table, "params"), _column(table, "grads"),
-                                                _column(table, "optimizer"))]
+            for r, pk, rs, ph, u, m, p, g, o in zip(_column(table, "rank"), _column(table, "peak"),
+                                                    _column(table, "reserved_peak"), phase, unit, module,
+                                                    _column(table, "params"), _column(table, "grads"),
+                                                    _column(table, "optimizer"))]
 
 
-def _bar(row: dict, parts: dict) -> dict:
+_BAR_KEYS = ("peak", "reserved", "phase", "unit", "module", "params", "grads", "optimizer")
+
+
+def _bar(row: dict, parts: dict, mesh=None) -> dict:
+    """One bar: the allocated peak stacked by part, with the reserved peak drawn as its cap and the
+    verdict of that bar (``Mesh.fit``: the words the summary shows), so drawing and words agree."""
     bar = {"first": row["rank"], "last": row["rank"], "parts": dict(parts)}
-    bar.update({k: row[k] for k in ("peak", "phase", "unit", "module", "params", "grads", "optimizer")})
+    bar.update({k: row[k] for k in _BAR_KEYS})
+    fit = None if mesh is None else mesh.fit(row["peak"], row["reserved"])
+    bar.update(judged=None if fit is None else fit.judged, verdict=None if fit is None else fit.verdict)
     return bar
 
 
@@ -120,7 +123,7 @@ def _rank_bars(analysis, table, rows: list[dict]) -> list[dict]:
             continue
         if keys[i] not in parts_of:
             parts_of[keys[i]] = peak_breakdown(analysis, row["rank"])
-        bars.append(_bar(row, parts_of[keys[i]]))
+        bars.append(_bar(row, parts_of[keys[i]], analysis.mesh))
     for b in bars:
         b["label"] = f"rank {b['first']}" if b["first"] == b["last"] else f"ranks {b['first']}-{b['last']}"
     return bars
@@ -131,7 +134,7 @@ def worst_bar(analysis) -> dict:
     table = analysis.memory
     rank = worst_rank(table)
     row = next(r for r in _rank_rows(table) if r["rank"] == rank)
-    return _bar(row, peak_breakdown(analysis, rank))
+    return _bar(row, peak_breakdown(analysis, rank), analysis.mesh)
 
 
 def memory_payload(analysis) -> dict:
@@ -158,7 +161,7 @@ def memory_payload(analysis) -> dict:
         "worst": {"rank": worst["rank"] if worst else 0,
                   **{k: worst[k] if worst else None for k in ("phase", "unit", "module")},
                   "activations": int_or_zero(acts[rows.index(worst)]) if worst and "activations" in table.columns else None},
-        "use": limit_use(max_peak, mesh, int(table["reserved_peak"].max()) if "reserved_peak" in table.columns else None),
+        "use": limit_use(analysis.fit),
         "n_ranks": len(rows),
     }
 
@@ -325,9 +328,15 @@ def memory_figure(payload: dict):
             customdata=[b["parts"][cat["key"]] for b in bars],
             hovertemplate="%{x}: %{y:.2f} " + unit + " (%{customdata:,} B)<extra>" + cat["label"] + "</extra>",
         )
+    caps = [max(int(b.get("reserved") or 0) - int(b["peak"]), 0) for b in bars]
+    if any(caps):  # the reserved peak as a hollow cap on each stack: the top is what the verdict judges
+        fig.add_bar(name="reserved (cap)", x=labels, y=[c / div for c in caps], customdata=[b.get("reserved") for b in bars],
+                    marker={"color": "rgba(0,0,0,0)", "line": {"color": "#888", "width": 1.5}},
+                    hovertemplate="%{x}: reserved %{customdata:,} B<extra>reserved</extra>")
     limit = payload.get("limit")
     title = "Memory per rank at the peak"
-    if limit is not None and limit <= 4 * float(payload.get("max_peak") or 0):  # 0: nothing usable
+    highest = max([float(payload.get("max_peak") or 0)] + [float(b.get("reserved") or 0) for b in bars])
+    if limit is not None and limit <= 4 * highest:  # 0: nothing usable
         over = bool((payload.get("use") or {}).get("over"))
         fig.add_hline(y=limit / div, line_dash="dash", line_color="#d62728" if over else "#888",
                       annotation_text=(payload.get("use") or {}).get("text", "device memory"))
@@ -400,18 +409,16 @@ def model_text(tree, label: str | None = None) -> str:
 
 
 def verdict_text(a) -> str:
-    """The fits verdict, one line: "fits: peak 3.20 GiB on rank 0, 75.80 GiB to spare of 79.00 GiB usable"
-    (``Mesh.fit``: the device memory less the reserve); without device memory, the peak alone."""
-    worst = worst_rank(a.memory)
-    peak = int(a.memory["peak"].iloc[worst])
-    rank = int(a.memory["rank"].iloc[worst])
-    fit = a.mesh.fit(peak)
+    """The fits verdict, one line (``a.fit.headline``, the words every surface shows), with the
+    worst rank: "does not fit: reserved peak 79.37 GiB exceeds 79.00 GiB usable by 380.00 MiB
+    (allocated 68.01 GiB) on rank 0"; without device memory, the peaks alone."""
+    rank = worst_rank(a.memory)
+    fit = a.fit
     if fit is None:
-        return f"peak {format_bytes(peak)} on rank {rank} (no device memory given: no fits verdict)"
-    usable = f"{format_bytes(fit.usable)} usable"
-    if fit.fits:
-        return f"fits: peak {format_bytes(peak)} on rank {rank}, {format_bytes(fit.margin)} to spare of {usable}"
-    return f"does not fit: peak {format_bytes(peak)} on rank {rank}, over {usable} by {format_bytes(-fit.margin)}"
+        peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
+        return (f"peak {format_bytes(peak)} allocated, {format_bytes(reserved)} reserved on rank {rank} "
+                "(no device memory given: no fits verdict)")
+    return f"{fit.headline} on rank {rank}"
 
 
 def library_versions() -> dict:

@@ -142,7 +142,7 @@ COLUMNS = {
     "peak_bw": ("backward peak", "bytes"), "post_bw": ("after backward", "bytes"),
     # compare / sweep
     "layout": ("layout", "text"), "world": ("ranks", "int"), "peak_rank": ("worst rank", "int"), "fits": ("fits", "fits"),
-    "margin": ("margin (usable − reserved peak)", "bytes"), "verdict": ("verdict", "text"),
+    "margin": ("margin (usable − judged peak)", "bytes"), "judged_peak": ("judged peak", "bytes"), "verdict": ("verdict", "text"),
     "bytes_per_step": ("moved per step", "bytes"), "sent_bytes_per_rank": ("sent per rank per step", "bytes"),
     "collectives_per_step": ("collectives per step", "count"), "n_all_gather": ("all-gathers", "count"),
     "n_reduce_scatter": ("reduce-scatters", "count"), "n_all_reduce": ("all-reduces", "count"),

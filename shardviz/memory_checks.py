@@ -193,7 +193,6 @@ def check_memory(inputs: CheckInputs) -> list[Finding]:
         return []
     mem = inputs.memory()
     worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
-    peak, reserved = int(mem.at[worst, "peak"]), int(mem.at[worst, "reserved_peak"])
     fit = inputs.fit()
     if fit.verdict == "fits":
         return []
@@ -228,12 +227,8 @@ def check_memory(inputs: CheckInputs) -> list[Finding]:
         fix += "; not priced: " + "; ".join(_fix_text(f) for f in failed)
         if flags:
             flags += "; not priced: " + "; ".join(_fix_text(f, cli=True) for f in failed)
-    held = f"peak memory {format_bytes(peak)} (reserved {format_bytes(reserved)}) on rank {rank}{where}"
-    if fit.tight:
-        verdict = (f"{held} is tight in device_memory {fit.text}: {format_bytes(fit.margin)} to spare, inside the "
-                   f"{format_bytes(fit.safety)} safety margin ({fit.assumed})")
-    else:
-        verdict = f"{held} exceeds device_memory {fit.text} by {format_bytes(-fit.margin)} ({fit.assumed})"
+    # the one verdict's own words (devices.MemoryFit.headline), as the CLI, the report and the Inspector show them
+    verdict = f"{fit.headline} on rank {rank}{where} (device_memory {fit.text}; {fit.assumed})"
     return [Finding(
         "SV201", "warning" if fit.tight else "error",
         f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}",

@@ -55,7 +55,7 @@ pre { overflow-x: auto; max-width: 100%; box-sizing: border-box; padding: 1rem; 
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 1.5rem; margin: 1rem 0; }
 .note { color: var(--muted); font-size: 12px; }
 .verdict { font-size: 16px; font-weight: 600; padding: .4rem .8rem; border-left: 4px solid var(--info); margin: .6rem 0; }
-.verdict.fits { border-color: #1a7f37 } .verdict.over { border-color: var(--err) }
+.verdict.fits { border-color: #1a7f37 } .verdict.over { border-color: var(--err) } .verdict.tight { border-color: #b8860b }
 th.own, td.own { background: color-mix(in srgb, var(--info) 12%, transparent); }
 .copy { font: inherit; font-size: 12px; padding: .15rem .6rem; margin: 0 0 .4rem; cursor: pointer; border: 1px solid var(--line);
   border-radius: 4px; background: var(--bg); color: var(--fg); }
@@ -250,9 +250,10 @@ def findings_section(findings) -> str:
 
 
 def verdict_section(a) -> str:
-    """The answer first: fits or not (``display.verdict_text``), on which device, with the step time."""
+    """The answer first: fits or not (``display.verdict_text``, the words of ``a.fit``), on which
+    device, with the step time."""
     text = display.verdict_text(a)
-    kind = "fits" if text.startswith("fits") else "over" if text.startswith("does not") else ""
+    kind = "" if a.fit is None else a.fit.verdict  # fits | tight | over: the colour of the one verdict
     device = a.mesh.device.name if a.mesh.device is not None else "no device named (--device)"
     return (f'<p class="verdict {kind}">{_esc(text)}</p>'
             f'<p class="step">{_esc(a.mesh)} of {_esc(device)}; {_esc(display.step_text(a.step))}</p>')

@@ -38,11 +38,12 @@ def test_the_reserve_comes_from_one_place_and_a_user_may_set_it():
     assert sv.Mesh(8, device="H100").usable_memory == 79 * GiB
     assert sv.Mesh(8, device="H100", memory_reserve="2GiB").usable_memory == 78 * GiB
     assert sv.Mesh(8, device="H100", memory_reserve=0).usable_memory == 80 * GiB
-    assert sv.Mesh(8).usable_memory is None and sv.Mesh(8).fit(1) is None
-    fit = sv.Mesh(8, device="H100").fit(79 * GiB + 1)
-    assert fit == memory_fit(79 * GiB + 1, 80 * GiB) and not fit.fits and fit.margin == -1
+    assert sv.Mesh(8).usable_memory is None and sv.Mesh(8).fit(1, 1) is None
+    fit = sv.Mesh(8, device="H100").fit(79 * GiB - 5, 79 * GiB + 1)
+    assert fit == memory_fit(79 * GiB - 5, 79 * GiB + 1, 80 * GiB, allocator=fit.assumed.split(", ")[1])
+    assert not fit.fits and fit.margin == -1 and fit.judged == 79 * GiB + 1 and fit.judged_name == "reserved peak"
     assert fit.text == "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"
-    assert sv.Mesh(8, device="H100").fit(79 * GiB).fits
+    assert sv.Mesh(8, device="H100").fit(78 * GiB, 79 * GiB).fits
 
 
 @pytest.mark.parametrize("bad", [-1, "-1GiB", "lots", True])
@@ -65,7 +66,8 @@ def test_views_payload_draws_the_usable_memory_and_says_the_reserve():
     assert payload["limit"] == mesh.usable_memory and payload["limit_text"] == mesh.limit_text
     use = payload["use"]
     reserve = sv.cost.format_bytes(mesh.memory_reserve)
-    assert use["over"] and use["margin"] < 0 and f"− {reserve} reserve" in use["text"] and "does not fit" in use["text"]
+    assert use["over"] and use["margin"] < 0 and f"− {reserve} reserve" in use["limit_text"]
+    assert use["text"].startswith("does not fit: reserved peak")
 
 
 def test_a_reserve_as_large_as_the_device_leaves_nothing_and_says_so():
@@ -75,13 +77,14 @@ def test_a_reserve_as_large_as_the_device_leaves_nothing_and_says_so():
     mesh = sv.Mesh(8, device_memory="200KiB")  # the default 1 GiB reserve
     payload = display.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
     assert payload["limit"] == 0 and payload["use"]["over"]
-    assert payload["use"]["text"] == "the 1.00 GiB reserve leaves nothing of 200.00 KiB — does not fit"
+    assert payload["use"]["text"].startswith("does not fit: the 1.00 GiB reserve leaves nothing of 200.00 KiB for the reserved peak")
 
 
 def test_sv201_counts_the_reserve():
     m, plan, peak, mesh = setting()
-    found = [f for f in sv.analyze(m, plan, mesh, TRAINING).findings if f.code == "SV201"]
-    assert found and f"exceeds device_memory {mesh.limit_text} by " in found[0].message
+    a = sv.analyze(m, plan, mesh, TRAINING)
+    found = [f for f in a.findings if f.code == "SV201"]
+    assert found and found[0].message.startswith(a.fit.headline) and f"device_memory {mesh.limit_text}" in found[0].message
     assert not [f for f in sv.analyze(m, plan, sv.Mesh(8, device="H100", device_memory=mesh.device_memory,
                                                        memory_reserve=0, safety_margin=0), TRAINING).findings
                 if f.code == "SV201"]

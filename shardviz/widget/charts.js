@@ -114,8 +114,11 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   const hasLimit = mem.limit != null; // 0 too: a reserve as large as the device leaves nothing usable
   const limit = mem.limit || 0;
   // a limit far above every bar would squash them flat: then it is named, not drawn
-  const limitOnScale = hasLimit && limit <= 4 * (mem.max_peak || 0);
-  const top = Math.max(mem.max_peak || 0, limitOnScale ? limit : 0) * 1.08 || 1;
+  // each bar's cap is its reserved peak (what the caching allocator holds, what the verdict judges)
+  const capTop = Math.max(0, ...bars.map((b) => b.reserved || 0));
+  const highest = Math.max(mem.max_peak || 0, capTop);
+  const limitOnScale = hasLimit && limit <= 4 * highest;
+  const top = Math.max(highest, limitOnScale ? limit : 0) * 1.08 || 1;
   const unit = axisUnit(top);
   const stepG = niceStep(top / unit[0]);
   const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
@@ -131,7 +134,9 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   bars.forEach((b, i) => {
     const x = padL + slot * i + (slot - bw) / 2;
     const g = s("g", {
-      class: `sv-mem-bar${limit && b.peak > limit ? " sv-over" : ""}`,
+      class: `sv-mem-bar${b.verdict === "over" ? " sv-over" : ""}`,
+      "data-verdict": b.verdict || "",
+      "data-reserved": b.reserved || 0,
       "data-first": b.first,
       "data-last": b.last,
       "data-peak": b.peak,
@@ -155,7 +160,14 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
       g.append(rect);
       acc += v;
     }
-    g.append(s("text", { class: "sv-bar-label sv-peak-label", x: x + bw / 2, y: yOf(b.peak) - 5, "text-anchor": "middle", "data-bytes": b.peak, text: fmtBytes(b.peak) }));
+    if (b.reserved > b.peak) {
+      // the reserved peak as a hollow cap on the allocated stack: the bar's top is what is judged
+      const cap = s("rect", { class: "sv-reserved-cap", x, y: yOf(b.reserved), width: bw, height: Math.max(0.5, yOf(b.peak) - yOf(b.reserved)), "data-bytes": b.reserved });
+      cap.append(s("title", { text: `${b.label} · reserved by the caching allocator: ${fmtBytes(b.reserved)} (allocated ${fmtBytes(b.peak)})` }));
+      g.append(cap);
+    }
+    const shown = Math.max(b.peak, b.reserved || 0);
+    g.append(s("text", { class: "sv-bar-label sv-peak-label", x: x + bw / 2, y: yOf(shown) - 5, "text-anchor": "middle", "data-bytes": shown, text: fmtBytes(shown) }));
     const lab = b.label.length > 14 && n > 4 ? `${b.first}${b.first === b.last ? "" : "–" + b.last}` : b.label;
     g.append(s("text", { class: "sv-axis", x: x + bw / 2, y: H - padB + 14, "text-anchor": "middle", text: lab }));
     svg.append(g);
@@ -164,7 +176,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   // the limit in words, above the chart: a line of text that wraps (in the chart it was cut at
   // 848 px: "peak uses 300% of 79.00 GiB usable (...)"); red only when the peak does not fit
   const limitWords = hasLimit
-    ? h("div", { class: `sv-limit-label${limitOnScale ? "" : " sv-limit-off"}${use && use.over ? " sv-over" : ""}`, text: (use ? use.text : mem.limit_text || `device ${fmtBytes(limit)}`) + (limitOnScale ? " (dashed line)" : "") })
+    ? h("div", { class: `sv-limit-label${limitOnScale ? "" : " sv-limit-off"}${use && use.over ? " sv-over" : ""}`, text: (use ? `${use.text} · ${use.limit_text}` : mem.limit_text || `device ${fmtBytes(limit)}`) + (limitOnScale ? " (dashed line)" : "") })
     : null;
   if (limitOnScale) {
     const y = yOf(limit);
@@ -180,6 +192,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   if (worst) {
     const legend = h("div", { class: "sv-legend" });
     for (const c of cats) {
+      if (!mem.by_layout && !(worst.parts[c.key] > 0)) continue; // a 0 B part is not in the bar: not in the legend
       legend.append(
         h(
           "span",
@@ -190,6 +203,9 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
         ),
       );
     }
+    if (bars.some((b) => b.reserved > b.peak)) {
+      legend.append(h("span", { class: "sv-legend-item", "data-cat": "reserved", title: "what PyTorch's caching allocator holds at the peak: the figure the verdict judges" }, h("span", { class: "sv-swatch sv-reserved-swatch" }), "reserved (cap) ", mem.by_layout ? null : h("b", { text: fmtBytes(worst.reserved) })));
+    }
     memoryEl.append(legend, ...(mem.by_layout ? bars : [worst]).map(peakMoment));
     if (mem.training) memoryEl.append(h("div", { class: "sv-chart-note sv-chart-training", text: `training: ${mem.training}` }));
   }
@@ -198,7 +214,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
 function peakMoment(b) {
   return h("div", {
     class: "sv-chart-note sv-peak-moment",
-    text: `${b.label}: peak ${fmtBytes(b.peak)} in ${b.phase || "?"}${b.unit ? ` of ${b.unit}` : ""}${b.module && b.module !== b.unit ? `, activations peak at ${b.module}` : ""} · after the step: params ${fmtBytes(b.params)}, grads ${fmtBytes(b.grads)}, optimizer ${fmtBytes(b.optimizer)}`,
+    text: `${b.label}: peak ${fmtBytes(b.peak)} allocated${b.reserved ? `, ${fmtBytes(b.reserved)} reserved` : ""} in ${b.phase || "?"}${b.unit ? ` of ${b.unit}` : ""}${b.module && b.module !== b.unit ? `, activations peak at ${b.module}` : ""} · after the step: params ${fmtBytes(b.params)}, grads ${fmtBytes(b.grads)}, optimizer ${fmtBytes(b.optimizer)}`,
   });
 }
 

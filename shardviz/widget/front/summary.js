@@ -67,12 +67,20 @@ function peakItem(sm) {
       `model state ${fmtBytes(sm.peak)} (rank ${sm.worst_rank}) · activations being measured`,
     );
   }
-  const over = !!(sm.use && sm.use.over);
+  const use = sm.use;
+  if (!use) {
+    return h(
+      "span",
+      { class: "sv-sum-item sv-sum-peak", "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank}); no device memory: no verdict` },
+      `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
+    );
+  }
+  // the one verdict (a.fit): its word, the judged peak, its share of the usable memory and the margin
   return h(
     "span",
-    { class: `sv-sum-item sv-sum-peak ${over ? "sv-over" : ""}`, "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank})` },
-    `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
-    sm.use ? ` · ${sm.use.percent_text} of ${sm.use.limit_text || fmtBytes(sm.limit)}` : "",
+    { class: `sv-sum-item sv-sum-peak sv-verdict-${use.verdict}${use.over ? " sv-over" : ""}`, "data-bytes": use.judged, "data-verdict": use.verdict, title: `${use.text}; ${use.assumed}` },
+    h("b", { class: "sv-verdict-word", text: use.word }),
+    `: ${use.judged_name} ${fmtBytes(use.judged)} (rank ${sm.worst_rank}) · ${use.percent_text} of ${use.limit_text || fmtBytes(sm.limit)} · ${use.spare_text}`,
   );
 }
 
