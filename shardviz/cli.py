@@ -243,7 +243,9 @@ def search_table(s, top: int) -> str:
     spare = [("" if not num(m) else format_bytes(m) if m >= 0 else f"over {format_bytes(-m)}") for m in t.margin]
     table = pd.DataFrame({
         "#": range(1, len(t) + 1), "plan": t.name.map(_short_name),
-        "peak": [("" if a else ">= ") + format_bytes(p) if num(p) else "" for p, a in zip(t.peak, t.analysed)],
+        # the peak the verdict judges, so peak + spare = usable (a pruned row: a lower bound on its allocated peak)
+        "peak": [(format_bytes(j) if a else ">= " + format_bytes(p)) if num(j if a else p) else ""
+                 for p, j, a in zip(t.peak, t.judged_peak, t.analysed)],
         "spare": spare, "step": t.step_time_s.map(lambda v: format_duration(v) if num(v) else ""),
         "tokens/s": t.tokens_per_s.map(lambda v: f"{v:,.0f}" if num(v) else ""),
         "MFU": t.mfu.map(lambda v: f"{100 * v:.1f}%" if num(v) else "")})

@@ -150,6 +150,7 @@ class _Export:
     sync_every_microbatch: bool = False
     expandable_reason: str = ""  # set: the code sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and why
     cache_off: bool = False  # the config keeps use_cache=True, the step shardviz measured runs without it
+    verdict: str = ""  # the one fits verdict's headline (a.fit), for the header; "" without device memory
 
     @property
     def ignored(self) -> list[str]:
@@ -242,30 +243,38 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
         units = [training.unit_defaults(u) for u in units]
     cache_off = analysis.cache.turned_off
     return _Export(tree.root_type, plan, mesh, units, release, training.grad_accum if training else 1,
-                   training.sync_every_microbatch if training else False, _expandable_reason(tree, plan, mesh, training),
-                   cache_off)
+                   training.sync_every_microbatch if training else False, _expandable_reason(analysis),
+                   cache_off, _verdict_line(analysis))
 
 
-def _expandable_reason(tree, plan, mesh: Mesh, training) -> str:
+def _verdict_line(analysis) -> str:
+    """The one fits verdict (``a.fit.headline``, as the CLI, the report and the Inspector word it) for
+    the header; "" without a device memory, where there is none to give."""
+    fit = analysis.fit if analysis.mesh.device_memory is not None else None
+    if fit is None:
+        return ""
+    mesh = analysis.mesh
+    device = mesh.device.name if mesh.device is not None else f"{format_bytes(mesh.device_memory)} devices"
+    return f"shardviz's verdict on {device}: {fit.headline}."
+
+
+def _expandable_reason(analysis) -> str:
     """Why the exported code sets ``expandable_segments:True``, or "" when it need not: the mesh
     assumes it, or the plan fits (keeping the safety margin) only with it (``Analysis.fit`` of
     both allocator settings, judged on the reserved peak, ``cost.reserved``)."""
+    mesh = analysis.mesh
     if mesh.expandable_segments:
         return "the plan was sized for it (Mesh(expandable_segments=True))"
     if mesh.device_memory is None or mesh.judge != "reserved":
         return ""
-    plain = Analysis(tree, plan, mesh, training).fit
+    plain = analysis.fit
     if plain.verdict == "fits":
         return ""
-    grown = Analysis(tree, plan, replace(mesh, expandable_segments=True), training).fit
+    grown = analysis.what_if(mesh=replace(mesh, expandable_segments=True)).fit
     rank = {"over": 0, "tight": 1, "fits": 2}
     if rank[grown.verdict] <= rank[plain.verdict]:
         return ""
-    without = (f"over by {format_bytes(-plain.margin)}" if plain.verdict == "over"
-               else f"tight, {format_bytes(plain.margin)} to spare")
-    return (f"with it the plan {'fits' if grown.verdict == 'fits' else 'is tight'} "
-            f"({format_bytes(grown.margin)} to spare of {grown.text}); without it the caching allocator's "
-            f"reserved peak is {without}")
+    return f"with it, {grown.headline}; without it, {plain.headline}"
 
 
 def _checkpoint_sentence(ex: _Export) -> str:
@@ -295,7 +304,7 @@ def _header(ex: _Export) -> list[str]:
         + (_checkpoint_sentence(ex) if checkpoint else "")
         + "Parameters FSDP does not shard are moved to the mesh's device, broadcast from the first rank, "
         f"and have their gradients averaged over all {mesh.world} data-parallel ranks in one all-reduce "
-        "per backward."
+        "per backward. " + ex.verdict
     )
     lines = ["# " + line for line in textwrap.wrap(header, 86, break_long_words=False, break_on_hyphens=False)]
     return lines + [

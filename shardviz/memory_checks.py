@@ -184,6 +184,18 @@ def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
+def _largest_calls(inputs: CheckInputs) -> tuple[list, dict]:
+    """The three calls whose unsharded parameters are largest as the step holds them: the bytes of
+    their forward all-gather (in the call's ``param_dtype``, as torch gathers them), or their
+    stored bytes when a call gathers nothing (one rank, or no mixed precision to read)."""
+    comm = inputs.comm()
+    ag = comm[(comm["collective"] == "all_gather") & (comm["phase"] == "forward") & (comm["group"] == "shard")]
+    gathered = {str(u): int(b) for u, b in zip(ag["unit"], ag["bytes"])}
+    rows = list(inputs.units().itertuples(index=False))
+    sizes = {r.unit: gathered.get(str(r.unit), int(r.padded_unsharded_bytes)) for r in rows}
+    return sorted(rows, key=lambda r: -sizes[r.unit])[:3], sizes
+
+
 def check_memory(inputs: CheckInputs) -> list[Finding]:
     """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
     ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
@@ -199,8 +211,8 @@ def check_memory(inputs: CheckInputs) -> list[Finding]:
     rank = int(mem.at[worst, "rank"])
     parts = sorted(inputs.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)
-    units = sorted(inputs.units().itertuples(index=False), key=lambda r: -r.padded_unsharded_bytes)[:3]
-    big = ", ".join(f"{r.unit} ({format_bytes(r.padded_unsharded_bytes)} unsharded)" for r in units)
+    units, gathered = _largest_calls(inputs)
+    big = ", ".join(f"{r.unit} ({format_bytes(gathered[r.unit])} unsharded)" for r in units)
     phase = mem.at[worst, "peak_phase"]
     where = f" in {phase}" + (f" at {mem.at[worst, 'peak_unit']}" if mem.at[worst, "peak_unit"] else "")
     if mem.at[worst, "peak_module"]:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from .check_inputs import CheckInputs, reduce_scatter_sent
 from .finding import Finding
 from .format import format_bytes
@@ -75,7 +77,7 @@ def upcast_trainable(tree, env: dict) -> list[Finding]:
     """SV306: accelerate casts trainable parameters that are not fp32 to fp32 before sharding."""
     if env.get("ACCELERATE_MIXED_PRECISION", "no") == "no":
         return []
-    cast = [p.fqn for p in tree.params if p.requires_grad and p.dtype != "float32"]
+    cast = [p.fqn for p in tree.params if p.requires_grad and p.dtype is not torch.float32]  # a torch.dtype
     if not cast:
         return []
     return [Finding(

@@ -64,7 +64,7 @@ def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
 
 def auto_plan(tree: ModelTree, lora: str, checkpoint: str | CheckpointPreset | None = None) -> Plan:
     plan, blocks = _auto_calls(tree, lora)
-    return checkpointed(plan, blocks, lora, checkpoint)
+    return checkpointed(plan, blocks, lora, checkpoint, tree)
 
 
 def _auto_calls(tree: ModelTree, lora: str) -> tuple[Plan, list[str]]:
@@ -89,7 +89,14 @@ def _auto_calls(tree: ModelTree, lora: str) -> tuple[Plan, list[str]]:
             units.append(fqn(group[0]) if len(group) == 1 else [fqn(m) for m in group])
     if not tree.modules[0].bare_container:
         units.append(Unit(""))
-    return _join_shared_calls(tree, Plan(units, ignored, name=f"auto (LoRA {lora})")), [fqn(b) for b in blocks]
+    return _join_shared_calls(tree, Plan(units, ignored, name=auto_name(tree, lora))), [fqn(b) for b in blocks]
+
+
+def auto_name(tree: ModelTree, lora: str, *more: str) -> str:
+    """ "auto (LoRA sharded, blocks checkpointed)"; a model without LoRA is not named after it: "auto"."""
+    has_lora = any(p.role == "lora" for p in tree.params)
+    parts = ([f"LoRA {lora}"] if has_lora else []) + list(more)
+    return f"auto ({', '.join(parts)})" if parts else "auto"
 
 
 def _embeddings_and_head(tree: ModelTree, blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -132,7 +139,8 @@ def _join_shared_calls(tree: ModelTree, plan: Plan) -> Plan:
     return plan
 
 
-def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | CheckpointPreset | None) -> Plan:
+def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | CheckpointPreset | None,
+                 tree: ModelTree | None = None) -> Plan:
     """``plan`` with the blocks checkpointed as ``Plan.auto(checkpoint=...)`` says: every block in
     full ("blocks"), every k-th in full ("every k": torchtitan's selective layer option counts
     blocks from 1 and wraps those where count % k == 0), every block selectively ("selective")."""
@@ -141,7 +149,8 @@ def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | Che
         return plan
     what = ("blocks" if preset.every == 1 else preset.which_blocks) + " checkpointed" + (
         " selectively" if preset.policy is SELECTIVE else "")
-    return Plan(plan.units, plan.ignored, f"auto (LoRA {lora}, {what})", preset.chosen(blocks))
+    name = auto_name(tree, lora, what) if tree is not None else f"auto (LoRA {lora}, {what})"
+    return Plan(plan.units, plan.ignored, name, preset.chosen(blocks))
 
 
 def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
@@ -215,7 +224,7 @@ def _preset_variants(tree: ModelTree) -> dict[tuple[str, str | None], Plan]:
                 plan, blocks = _auto_calls(tree, preset.lora)  # once per preset: checkpointing only wraps it
             except ValueError:  # a model no per-block preset fits (calls that cannot go bottom-up)
                 continue
-            out.update({(preset.key, c): checkpointed(plan, blocks, preset.lora, c) for c in NAMED_CHECKPOINTS})
+            out.update({(preset.key, c): checkpointed(plan, blocks, preset.lora, c, tree) for c in NAMED_CHECKPOINTS})
         _PRESETS[tree] = out
     return _PRESETS[tree]
 

@@ -51,3 +51,12 @@ def test_a_preset_key_is_what_the_cli_and_plan_auto_take(tmp_path):
         path = tmp_path / f"{key}.json"
         assert main(["plan", "write", "zoo:tiny_llama_lora", "--lora", key, "-o", str(path)]) == 0
         assert sv.Plan.from_json(path.read_text()) == preset_plan(tree, key) == sv.Plan.auto(model, lora=key)
+
+
+def test_a_model_without_lora_is_not_named_after_lora():
+    """A plain model's auto plan is "auto", not "auto (LoRA sharded)" (three LoRA options, one plan)."""
+    plain = zoo.tiny_llama_lora(lora=False)
+    assert not any(p.role == "lora" for p in sv.ModelTree(plain).params)
+    assert sv.Plan.auto(plain).name == "auto"
+    assert sv.Plan.auto(plain, checkpoint="blocks").name == "auto (blocks checkpointed)"
+    assert sv.Plan.auto(zoo.tiny_llama_lora(), checkpoint="blocks").name == "auto (LoRA sharded, blocks checkpointed)"

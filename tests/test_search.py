@@ -225,8 +225,8 @@ def test_figure_and_formatted_table():
     assert any(shape.type == "line" for shape in fig.layout.shapes)  # the device limit
     assert {tr.name for tr in fig.data} <= {"fits", "does not fit"}
     f = s.formatted()
-    assert list(f.columns) == ["name", "fits", "peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why"]
-    assert f.fits.iloc[0] == "yes" and f.peak.iloc[0].endswith("iB")
+    assert list(f.columns) == ["name", "fits", "judged_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why"]
+    assert f.fits.iloc[0] == "yes" and f.judged_peak.iloc[0].endswith("iB")
 
 
 @pytest.mark.parametrize("kwargs,pattern", [

@@ -73,7 +73,9 @@ def test_rows_equal_sv_search(searched):
     for i, r in enumerate(rows):
         assert r["index"] == i and r["number"] == str(i + 1)
         assert (r["name"], r["fits"], r["why"]) == (t.name.iloc[i], bool(t.fits.iloc[i]), t.why.iloc[i])
-        assert r["peak"] == int(t.peak.iloc[i]) and r["peak_text"] == format_bytes(t.peak.iloc[i])
+        # the judged peak and its margin: they add up to the usable memory, as in the summary
+        assert r["peak"] == int(t.judged_peak.iloc[i]) and r["peak_text"] == format_bytes(t.judged_peak.iloc[i])
+        assert r["peak"] + int(t.margin.iloc[i]) == ins.mesh.usable_memory
         assert r["step_time_s"] == float(t.step_time_s.iloc[i])
         assert r["step_text"] == format_duration(t.step_time_s.iloc[i])
         assert r["tokens_text"] == f"{round(t.tokens_per_s.iloc[i]):,} tokens/s"

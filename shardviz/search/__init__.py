@@ -143,7 +143,9 @@ class Search:
         size = lambda v: "" if v is None or v != v else format_bytes(v)  # noqa: E731
         return pd.DataFrame({
             "name": t.name, "fits": [("tight" if v == "tight" else "yes") if f else "no" for f, v in zip(t.fits, t.verdict)],
-            "peak": [("" if a else ">= ") + size(p) if p is not None and p == p else "" for p, a in zip(t.peak, t.analysed)],
+            # the judged peak beside its margin (judged + margin = usable); a pruned row: its allocated lower bound
+            "judged_peak": [size(j) if a else (">= " + size(p) if p is not None and p == p else "")
+                            for p, j, a in zip(t.peak, t.judged_peak, t.analysed)],
             "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
             "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"),
             "mfu": t.mfu.map(lambda v: "" if v is None or v != v else f"{100 * v:.1f}%"), "why": t.why})
@@ -160,11 +162,11 @@ class Search:
         t = self.table[self.table.analysed]
         fig = go.Figure()
         for fits, rows in t.groupby("fits"):
-            fig.add_trace(go.Scatter(x=rows.step_time_s, y=rows.peak / 2**30, mode="markers", text=rows.name,
+            fig.add_trace(go.Scatter(x=rows.step_time_s, y=rows.judged_peak / 2**30, mode="markers", text=rows.name,
                                      name="fits" if fits else "does not fit",
                                      hovertemplate="%{text}<br>%{x:.3f} s, %{y:.2f} GiB<extra></extra>"))
         fig.add_hline(y=self.usable_memory / 2**30, line_dash="dash", annotation_text=self.limit_text)
-        fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak per rank (GiB)", height=420,
+        fig.update_layout(xaxis_title="step time (s)", yaxis_title="judged peak per rank (GiB)", height=420,
                           legend_orientation="h")
         return fig
 

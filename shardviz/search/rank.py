@@ -192,7 +192,7 @@ def kept_margin_note(rows: list[Row], name) -> str:
 # ---------------------------------------------------------------------------
 # The table
 # ---------------------------------------------------------------------------
-COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora",
+COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "judged_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora",
            "checkpoint", "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed",
            "use_cache"]
 
@@ -211,7 +211,7 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
             name += ", priced with use_cache=False (torch cannot run it with the cache)"
         if c.tensor > 1 and r.analysed and r.tensor_comm_s:
             why += tp_words(c.tensor, r.tensor_comm_s, r.step_time_s)
-        numbers = dict.fromkeys(("reserved_peak", "margin", "step_time_s", "tokens_per_s", "mfu"))
+        numbers = dict.fromkeys(("reserved_peak", "judged_peak", "margin", "step_time_s", "tokens_per_s", "mfu"))
         if r.analysed:
             numbers = {k: getattr(r, k) for k in numbers}
         records.append({

@@ -46,6 +46,7 @@ class Measured:
     verdict: str  # "fits", "tight" or "over" (devices.memory_fit)
     peak: int  # allocated peak of the worst rank
     reserved_peak: int
+    judged_peak: int  # the peak the verdict judges (MemoryFit.judged): usable − judged_peak = margin
     margin: int  # usable memory less the judged peak
     safety: int  # the safety margin, in bytes
     step_time_s: float | None  # one optimizer step (None without a device: see ``untimed``)

@@ -52,7 +52,7 @@ def measured(space: Space, c: Candidate, a: Analysis) -> Measured:
     fit, step = a.fit, step_numbers(a)
     return Measured(
         c, fits=fit.fits, verdict=fit.verdict, peak=int(a.memory.peak.max()),
-        reserved_peak=int(a.memory.reserved_peak.max()), margin=fit.margin, safety=fit.safety,
+        reserved_peak=int(a.memory.reserved_peak.max()), judged_peak=fit.judged, margin=fit.margin, safety=fit.safety,
         step_time_s=step["step_time_s"], tokens_per_s=step["tokens_per_s"], mfu=step["mfu"],
         untimed=step["reason"], tensor_comm_s=step["tensor_comm_s"],
         comm_s=float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum, parts=time_parts(a, c.grad_accum),

@@ -45,7 +45,8 @@ COMPARISON_ROWS = (
     ("params", "parameters", "bytes", "memory"),
     ("grads", "gradients", "bytes", "memory"),
     ("optimizer", "optimizer states", "bytes", "memory"),
-    ("peak", "peak", "bytes", "memory"),
+    ("peak", "allocated peak", "bytes", "memory"),
+    ("judged_peak", "judged peak (the verdict's)", "bytes", "memory"),
     ("bytes_per_step", "collective bytes per step", "bytes", "traffic"),
     ("sent_bytes_per_rank", "sent per rank per step", "bytes", "traffic"),
     ("collectives_per_step", "collectives per step", "count", "collectives"),
@@ -79,13 +80,18 @@ def comparison_payload(comparison, pinned=None, current=None) -> dict:
         table = comparison.table
         diff = comparison.diff("A", "B")
     except Exception as exc:  # noqa: BLE001 - the widget shows why instead of breaking
-        out.update(available=False, reason=f"no comparison: {type(exc).__name__}: {exc}", rows=[], diff=[], n_diff=0)
+        out.update(available=False, reason=f"no comparison: {type(exc).__name__}: {exc}", rows=[], diff=[], n_diff=0,
+                   n_changed=0)
         return out
     rows = []
     for key, label, kind, group in COMPARISON_ROWS:
         a, b = int_or_zero(table.at["A", key]), int_or_zero(table.at["B", key])
         rows.append({"key": key, "label": label, "kind": kind, "group": group, "a": a, "b": b, "delta": b - a})
     out["rows"] = rows
+    out["n_changed"] = sum(r["delta"] != 0 for r in rows)  # figures that differ: the tab counts them with the params
+    verdicts = {k: table.at[k, "verdict"] for k in ("A", "B")}
+    out["verdict"] = {k.lower(): ({"over": "does not fit"}.get(v, v) if isinstance(v, str) else "no device memory")
+                      for k, v in verdicts.items()}
     out["peak_rank"] = {"a": int_or_zero(table.at["A", "peak_rank"]), "b": int_or_zero(table.at["B", "peak_rank"])}
     out["limit"] = {"a": pinned.mesh.usable_memory, "b": current.mesh.usable_memory}  # less the reserve
     out["limit_text"] = {"a": pinned.mesh.limit_text, "b": current.mesh.limit_text}

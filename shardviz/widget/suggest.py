@@ -176,13 +176,16 @@ def _row(found: Search, i: int, state) -> dict:
     timed = r.step_time_s is not None and r.step_time_s == r.step_time_s
     step_text, step_title = (format_duration(r.step_time_s), "") if timed else _missing_step(r)
     plan, mesh, training = found.candidate(i)
-    peak = None if r.peak is None or r.peak != r.peak else int(r.peak)
+    # the figure the verdict judges (MemoryFit.judged), so peak + to spare = usable, as in the summary
+    judged = r.judged_peak if r.analysed else r.peak
+    peak = None if judged is None or judged != judged else int(judged)
     return {
         "index": i, "number": str(i + 1), "name": r["name"], "fits": bool(r.fits), "analysed": bool(r.analysed),
         "fits_text": ("tight" if r.verdict == "tight" else "fits") if r.fits else "does not fit",  # Mesh.fit
-        "peak": peak, "peak_text": format_bytes(peak) if peak is not None else "not analysed",
+        "peak": peak, "peak_text": (format_bytes(peak) if r.analysed else f">= {format_bytes(peak)}") if peak is not None
+        else "not analysed",
         "margin_text": (f"{format_bytes(abs(r.margin))} {'to spare' if r.margin >= 0 else 'over'}"
-                        if peak is not None else ""),
+                        if r.analysed and r.margin == r.margin else ""),
         "step_time_s": float(r.step_time_s) if timed else None, "step_text": step_text, "step_title": step_title,
         "tokens_text": f"{format_count(round(r.tokens_per_s))} tokens/s" if timed else step_text,
         "mfu_text": f"MFU {format_percent(r.mfu)}" if timed else "",

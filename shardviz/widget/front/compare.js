@@ -50,7 +50,8 @@ function compareTable(c) {
     );
   }
   const f = c.findings || {};
-  const note = `peak on rank ${c.peak_rank.a} (A) and rank ${c.peak_rank.b} (B) · finding codes A: ${f.a || "none"} · B: ${f.b || "none"}`;
+  const v = c.verdict || {};
+  const note = `verdict A: ${v.a} · B: ${v.b} · peak on rank ${c.peak_rank.a} (A) and rank ${c.peak_rank.b} (B) · finding codes A: ${f.a || "none"} · B: ${f.b || "none"}`;
   return h("div", { class: "sv-cmp-tablebox" }, table, h("div", { class: "sv-chart-note", text: note }));
 }
 
@@ -120,7 +121,8 @@ function comparePanel(ctx, { pinButtons, setTabLabel }) {
     el.dataset.revision = String(c.revision ?? "");
     pinButtons.pin.textContent = c.pinned ? "re-pin as A" : "pin as A";
     pinButtons.unpin.hidden = !c.pinned;
-    setTabLabel(c.pinned && c.available ? `A vs B (${c.n_diff} differ)` : "A vs B");
+    // what differs: the figures of the table and the parameters' status or call, both counted
+    setTabLabel(c.pinned && c.available ? `A vs B (${c.n_changed} figures, ${c.n_diff} params differ)` : "A vs B");
     if (!c.pinned) {
       el.append(
         h(

@@ -39,7 +39,7 @@ function suggestTable(send, d) {
   const head = h(
     "tr",
     {},
-    ["#", "plan (why it is below the row above)", "peak per rank", "step", "throughput per rank", ""].map((t) => h("th", { text: t })),
+    ["#", "plan (why it is below the row above)", "judged peak per rank", "step", "throughput per rank", ""].map((t) => h("th", { text: t })),
   );
   return h("table", { class: "sv-suggest-table" }, head, (d.rows || []).map((r) => suggestRow(send, r, d.stale)));
 }
