@@ -1,4 +1,5 @@
-"""Predicted reserved peaks against published ones: the table of docs/cost-model.md, "Reserved memory".
+"""Predicted reserved peaks against published ones: the tables of docs/reserved.md (``--docs``) and
+of docs/cost-model.md, "Reserved memory".
 
 Each row is a published FSDP2 run whose ``torch.cuda.max_memory_reserved`` was logged (torchtitan's
 ``memory:`` field); the prediction is ``a.memory.reserved_peak`` for the same model, ranks, micro-batch
@@ -8,7 +9,8 @@ torchtitan's float32 parameters and layout (``bench_published.torchtitan_weights
 torch's, docs/cost-model.md); the check rows are far off (open, docs/cost-model.md says why). Run
 (a few minutes: every row measures a step under FakeTensorMode):
 
-    .venv/bin/python benchmarks/bench_reserved.py
+    .venv/bin/python benchmarks/bench_reserved.py          # the table, printed
+    .venv/bin/python benchmarks/bench_reserved.py --docs   # writes docs/reserved.md (tests/test_reserved_doc.py)
 """
 
 from __future__ import annotations
@@ -53,7 +55,17 @@ def predict(row, m) -> tuple[int, int, int]:
     return peak, reserved, grown
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", action="store_true", help="write docs/reserved.md")
+    if ap.parse_args(argv).docs:
+        from reserved_doc import DOC, markdown
+
+        DOC.write_text(markdown())
+        print(f"wrote {DOC}")
+        return
     m = model()
     print(f"{'run':54} {'use':>5} {'published':>10} {'allocated':>10} {'reserved':>10} {'vs pub.':>8} "
           f"{'expandable':>11} {'vs pub.':>8}")

@@ -26,6 +26,7 @@ table, ...), never the ``Analysis``; the what-ifs (SV113, SV201's fixes, SV304) 
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
 | SV113 | warning / error | the step runs with ``use_cache=True`` (a key/value cache per layer; the config's without checkpointing, ``Training(use_cache=...)``): the bytes ``use_cache=False`` saves; an error when torch cannot run the plan with the cache (selective checkpointing, a failing recomputation): priced without it |
 | SV120, SV121 | | an adapter's target_modules that miss this model's projections; a float32 config (``adapter_checks``) |
+| SV202 | info / warning | reserved − allocated above 10 % of the usable memory, or deciding the verdict: priced with ``expandable_segments:True`` (``allocator_checks``) |
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .adapter_checks import check_adapter_targets, check_fp32_config
+from .allocator_checks import check_reserved_gap
 from .check_inputs import CheckInputs
 from .finding import Finding
 from .memory_checks import CHECKPOINT_FIXES, MemoryFix, check_memory, memory_fixes  # noqa: F401 - SV201, importable here
@@ -404,6 +406,7 @@ def findings_of(inputs: CheckInputs) -> list[Finding]:
     for check in CHECKS:
         findings += check(inputs)
     findings += check_memory(inputs)
+    findings += check_reserved_gap(inputs)  # SV202
     findings = in_user_terms(findings + check_origin(inputs), inputs.plan)  # captured plans (SV3xx)
     order = {id(f): i for i, f in enumerate(findings)}
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], order[id(f)]))

@@ -1,0 +1,69 @@
+"""SV202: the caching allocator reserves much more than the step's tensors hold, priced with
+``expandable_segments:True``.
+
+The verdict judges the reserved peak (``a.memory.reserved_peak``, docs/cost-model.md, "Reserved
+memory"): what ``torch.cuda.max_memory_reserved`` would show, the allocated peak plus the cached
+segments' free space. With torch's default allocator (``expandable_segments`` off:
+``CUDAAllocatorConfig``'s ``use_expandable_segments_`` is false) each stream's cache keeps
+segments sized for the requests that opened them; ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+(what torchtitan's launcher ``run_train.sh`` sets) maps pages at the end of one segment per stream
+instead. ``check_reserved_gap`` says how large the gap is, what the other setting reserves (the
+same step replayed, ``CheckInputs.reserved_overhead(True)``, no new analysis) and how to set it.
+
+It reads the verdict only through ``CheckInputs.fit`` (verdict, margin, usable, safety) and the
+memory table's columns (``peak``, ``reserved_peak``); SV201 (``memory_checks``) says whether it fits.
+"""
+
+from __future__ import annotations
+
+from .check_inputs import CheckInputs
+from .finding import Finding
+from .format import format_bytes
+
+#: SV202 fires when reserved − allocated is more than this fraction of the usable memory ...
+RESERVED_GAP = 0.10
+# ... or when the gap decides the verdict: the allocated peak keeps the safety margin, the
+# reserved one does not.
+
+FIX = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch touches the GPU "
+       "(sv.Mesh(expandable_segments=True), CLI --expandable-segments; the exported code then sets it with "
+       "os.environ.setdefault before import torch). torch's default is off; torchtitan's launcher sets it on")
+
+
+def _with_expandable(margin: int, safety: int) -> str:
+    """What the reserved peak with expandable segments leaves, in words (no verdict is computed
+    here: ``Analysis.fit`` of ``Mesh(expandable_segments=True)`` is the judge)."""
+    if margin >= safety:
+        return f"{format_bytes(margin)} to spare, keeping the {format_bytes(safety)} safety margin"
+    if margin >= 0:
+        return f"{format_bytes(margin)} to spare, inside the {format_bytes(safety)} safety margin"
+    return f"still over by {format_bytes(-margin)}"
+
+
+def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
+    """SV202 (``RESERVED_GAP``): on the worst rank, the reserved peak is more than 10 % of the usable
+    memory above the allocated peak, or the gap alone decides the verdict (a warning then, else
+    info). Not raised when the mesh already assumes expandable segments, or without a device."""
+    mesh = inputs.mesh
+    if mesh.device_memory is None or mesh.expandable_segments:
+        return []
+    fit = inputs.fit()
+    if fit is None or fit.usable <= 0:
+        return []
+    mem = inputs.memory()
+    worst = mem["reserved_peak"].idxmax()  # the peaks a.fit judges: the highest of all ranks
+    peak, reserved = int(mem["peak"].max()), int(mem.at[worst, "reserved_peak"])
+    gap = reserved - peak
+    decides = fit.verdict != "fits" and fit.usable - peak >= fit.safety
+    if gap <= RESERVED_GAP * fit.usable and not decides:
+        return []
+    grown = peak + inputs.reserved_overhead(True)
+    rank = int(mem.at[worst, "rank"])
+    message = (f"the caching allocator reserves {format_bytes(reserved)} on rank {rank}, {format_bytes(gap)} "
+               f"({100 * gap / fit.usable:.0f} % of {format_bytes(fit.usable)} usable) above the "
+               f"{format_bytes(peak)} its tensors hold at their peak (torch's default allocator: cached "
+               f"segments per stream)" + ("; judged on the allocated peak it would keep the safety margin" if decides
+                                          else "") +
+               f". With expandable_segments:True the same step reserves {format_bytes(grown)} "
+               f"({format_bytes(reserved - grown)} less): {_with_expandable(fit.usable - grown, fit.safety)}")
+    return [Finding("SV202", "warning" if decides else "info", message, fix=FIX, flags="--expandable-segments")]
