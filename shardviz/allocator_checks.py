@@ -16,6 +16,8 @@ memory table's columns (``peak``, ``reserved_peak``); SV201 (``memory_checks``) 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .check_inputs import CheckInputs
 from .finding import Finding
 from .format import format_bytes
@@ -28,16 +30,6 @@ RESERVED_GAP = 0.10
 FIX = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch touches the GPU "
        "(sv.Mesh(expandable_segments=True), CLI --expandable-segments; the exported code then sets it with "
        "os.environ.setdefault before import torch). torch's default is off; torchtitan's launcher sets it on")
-
-
-def _with_expandable(margin: int, safety: int) -> str:
-    """What the reserved peak with expandable segments leaves, in words (no verdict is computed
-    here: ``Analysis.fit`` of ``Mesh(expandable_segments=True)`` is the judge)."""
-    if margin >= safety:
-        return f"{format_bytes(margin)} to spare, keeping the {format_bytes(safety)} safety margin"
-    if margin >= 0:
-        return f"{format_bytes(margin)} to spare, inside the {format_bytes(safety)} safety margin"
-    return f"still over by {format_bytes(-margin)}"
 
 
 def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
@@ -58,6 +50,8 @@ def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
     if gap <= RESERVED_GAP * fit.usable and not decides:
         return []
     grown = peak + inputs.reserved_overhead(True)
+    # the one verdict (Mesh.fit) of the same step under the other allocator setting, judged as every surface judges
+    other = replace(mesh, expandable_segments=True).fit(peak, grown)
     rank = int(mem.at[worst, "rank"])
     message = (f"the caching allocator reserves {format_bytes(reserved)} on rank {rank}, {format_bytes(gap)} "
                f"({100 * gap / fit.usable:.0f} % of {format_bytes(fit.usable)} usable) above the "
@@ -65,5 +59,5 @@ def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
                f"segments per stream)" + ("; judged on the allocated peak it would keep the safety margin" if decides
                                           else "") +
                f". With expandable_segments:True the same step reserves {format_bytes(grown)} "
-               f"({format_bytes(reserved - grown)} less): {_with_expandable(fit.usable - grown, fit.safety)}")
+               f"({format_bytes(reserved - grown)} less): {other.word}, {other.spare_text}")
     return [Finding("SV202", "warning" if decides else "info", message, fix=FIX, flags="--expandable-segments")]
