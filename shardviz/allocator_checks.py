@@ -37,8 +37,8 @@ def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
     memory above the allocated peak, or the gap alone decides the verdict (a warning then, else
     info). Not raised when the mesh already assumes expandable segments, or without a device."""
     mesh = inputs.mesh
-    if mesh.device_memory is None or mesh.expandable_segments:
-        return []
+    if mesh.device_memory is None or mesh.expandable_segments or mesh.judge != "reserved":
+        return []  # judged on the allocated peak, the allocator's cache decides nothing
     fit = inputs.fit()
     if fit is None or fit.usable <= 0:
         return []

@@ -357,9 +357,10 @@ def _size(flag: str):
         from .format import parse_size
 
         try:
-            return parse_size(value, flag)
+            parse_size(value, flag)  # refused here, naming the flag; kept as typed so the output can say how it was read
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
     return parse
 
 
@@ -367,7 +368,8 @@ def _device_name(value: str) -> str:
     from .devices import device_by_name
 
     try:
-        return device_by_name(value).name
+        device_by_name(value)  # refused here; kept as typed so the output can say how an alias was read
+        return value
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

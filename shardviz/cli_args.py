@@ -6,6 +6,7 @@ the plan (a preset or a plan file), the mesh and the training (a plan file's, th
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -254,7 +255,31 @@ def resolve_setup(args, plan=None):
     if file_mesh:
         mesh_origin = f" ({source}" + (f"; {', '.join(mesh_flags)} override it)" if mesh_flags else ")")
     notes = [f"training: {training_text(training)} ({origin})", f"mesh: {_mesh_text(mesh)}{mesh_origin}"]
-    return mesh, training, notes
+    return mesh, training, notes + _readings(args, mesh)
+
+
+def _readings(args, mesh) -> list[str]:
+    """How a flag that could be read two ways was read, said where the verdict is: a device name
+    that is an alias ("A100" is the 80 GB card) and a size in decimal units ("80G" is 74.51 GiB)."""
+    from .devices import DEVICES
+    from .format import format_bytes, parse_size
+
+    key = lambda name: re.sub(r"[^0-9A-Z]", "", name.upper())  # noqa: E731 - spelling aside
+    out = []
+    if args.device is not None and mesh.device is not None and key(args.device) != key(mesh.device.name):
+        others = [n for n in DEVICES if n != mesh.device.name and key(n).startswith(key(args.device))]
+        also = f"; for the other card say --device {' or '.join(others)}" if others else ""
+        out.append(f"note: --device {args.device} read as {mesh.device.name} "
+                   f"({format_bytes(mesh.device.memory)}){also}")
+    for field in ("device_memory", "memory_reserve"):
+        text = getattr(args, field)
+        decimal = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT])[bB]?\s*", text) if isinstance(text, str) else None
+        if decimal:
+            n = parse_size(text, _flag(field))
+            binary = f"{decimal.group(1)}{decimal.group(2).upper()}iB"
+            out.append(f"note: {_flag(field)} {text} read in decimal units as {n:,} bytes = {format_bytes(n)}; "
+                       f"write {binary} for {format_bytes(parse_size(binary, _flag(field)))}")
+    return out
 
 
 def allocator_changes(args) -> dict:

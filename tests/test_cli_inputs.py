@@ -50,6 +50,18 @@ def test_a_bare_device_memory_is_gib_on_the_command_line(capsys):
     assert code == 0 and "39.00 GiB usable (40.00 GiB − 1.00 GiB reserve)" in " ".join(out.split())
 
 
+def test_an_alias_and_decimal_units_are_said_as_read(capsys):
+    """--device A100 is the 80 GB card and --device-memory 80G is 80e9 bytes: the output says both."""
+    code, out, _ = run(["report", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "A100", "--device-memory",
+                        "80G", "--no-compare", "-o", os.devnull, "--force"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "--device A100 read as A100-80GB" in text and "--device A100-40GB" in text
+    assert f"--device-memory 80G read in decimal units as {80 * 10**9:,} bytes" in text and "write 80GiB" in text
+    code, out, _ = run(["report", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100", "--device-memory",
+                        "80GiB", "--no-compare", "-o", os.devnull, "--force"], capsys)
+    assert code == 0 and "note:" not in out  # nothing read two ways: nothing said
+
+
 @pytest.mark.parametrize("spelling,name", [("H100-80GB", "H100"), ("h100-80gb", "H100"), ("A100 40GB", "A100-40GB"),
                                            ("MI300X", "MI300X"), ("NVIDIA H100 80GB HBM3", "H100"),
                                            ("A100-SXM4-80GB", "A100-80GB"), ("H100 PCIe", "H100-PCIe"),
@@ -182,11 +194,11 @@ def test_the_terminal_answer_writes_fixes_as_flags(tmp_path, capsys):
     assert code == 0
     assert all(len(line) <= 100 for line in out.splitlines())
     text = " ".join(out.split())
-    assert "verdict: does not fit: peak" in text and "step " in text and "SV201" in text
+    assert "verdict: does not fit: allocated peak" in text and "step " in text and "SV201" in text
     assert re.search(r"fix: cheapest fix: --checkpoint (blocks|'every \d')", text)
     assert "sv.Plan.auto" not in text  # the Python spelling stays in the report and the API
     html = (tmp_path / "r.html").read_text()
-    assert "sv.Plan.auto(model, checkpoint=" in html and "does not fit: peak" in html
+    assert "sv.Plan.auto(model, checkpoint=" in html and "does not fit: allocated peak" in html
 
 
 def test_a_sequence_beyond_the_model_positions_is_flagged(capsys):
