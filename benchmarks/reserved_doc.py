@@ -119,8 +119,9 @@ def markdown() -> str:
         "`PYTORCH_CUDA_ALLOC_CONF` sets `expandable_segments:True` (c10/cuda/CUDAAllocatorConfig.h). "
         "torchtitan's launcher sets it **on** (`run_train.sh`, `PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"`, "
         "since torchtitan PR 643, Oct 2024). shardviz assumes torch's default (`Mesh(expandable_segments=False)`); "
-        "`Mesh(expandable_segments=True)` / `--expandable-segments` models the other, and SV202 prices it when "
-        "reserved − allocated is above 10 % of the usable memory or decides the verdict.",
+        "`Mesh(expandable_segments=True)` / `--expandable-segments` models the other; SV201 prices it among its "
+        "fixes when a plan is over or tight, SV202 when a plan fits with reserved − allocated above 10 % of the "
+        "usable memory.",
         "",
         "## FSDP2 runs with a published reserved peak",
         "torchtitan on Grand Teton H100s (96 GB), float32 parameters and torchtitan's layout "

@@ -24,8 +24,8 @@ from .format import format_bytes
 
 #: SV202 fires when reserved − allocated is more than this fraction of the usable memory ...
 RESERVED_GAP = 0.10
-# ... or when the gap decides the verdict: the allocated peak keeps the safety margin, the
-# reserved one does not.
+# When the plan is over or tight, SV201 says so and prices --expandable-segments among its fixes:
+# one finding per fact, so SV202 speaks only for a plan that fits.
 
 FIX = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch touches the GPU "
        "(sv.Mesh(expandable_segments=True), CLI --expandable-segments; the exported code then sets it with "
@@ -33,9 +33,9 @@ FIX = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch touche
 
 
 def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
-    """SV202 (``RESERVED_GAP``): on the worst rank, the reserved peak is more than 10 % of the usable
-    memory above the allocated peak, or the gap alone decides the verdict (a warning then, else
-    info). Not raised when the mesh already assumes expandable segments, or without a device."""
+    """SV202 (``RESERVED_GAP``, info): a plan that fits, whose reserved peak on the worst rank is more
+    than 10 % of the usable memory above the allocated peak. Not raised when the mesh already assumes
+    expandable segments, judges the allocated peak, or has no device; an over or tight plan is SV201's."""
     mesh = inputs.mesh
     if mesh.device_memory is None or mesh.expandable_segments or mesh.judge != "reserved":
         return []  # judged on the allocated peak, the allocator's cache decides nothing
@@ -46,8 +46,7 @@ def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
     worst = mem["reserved_peak"].idxmax()  # the peaks a.fit judges: the highest of all ranks
     peak, reserved = int(mem["peak"].max()), int(mem.at[worst, "reserved_peak"])
     gap = reserved - peak
-    decides = fit.verdict != "fits" and fit.usable - peak >= fit.safety
-    if gap <= RESERVED_GAP * fit.usable and not decides:
+    if fit.verdict != "fits" or gap <= RESERVED_GAP * fit.usable:
         return []
     grown = peak + inputs.reserved_overhead(True)
     # the one verdict (Mesh.fit) of the same step under the other allocator setting, judged as every surface judges
@@ -56,8 +55,6 @@ def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
     message = (f"the caching allocator reserves {format_bytes(reserved)} on rank {rank}, {format_bytes(gap)} "
                f"({100 * gap / fit.usable:.0f} % of {format_bytes(fit.usable)} usable) above the "
                f"{format_bytes(peak)} its tensors hold at their peak (torch's default allocator: cached "
-               f"segments per stream)" + ("; judged on the allocated peak it would keep the safety margin" if decides
-                                          else "") +
-               f". With expandable_segments:True the same step reserves {format_bytes(grown)} "
+               f"segments per stream). With expandable_segments:True the same step reserves {format_bytes(grown)} "
                f"({format_bytes(reserved - grown)} less): {other.word}, {other.spare_text}")
-    return [Finding("SV202", "warning" if decides else "info", message, fix=FIX, flags="--expandable-segments")]
+    return [Finding("SV202", "info", message, fix=FIX, flags="--expandable-segments")]

@@ -49,14 +49,15 @@ def test_a_large_gap_is_said_with_the_expandable_price():
     assert "Mesh(expandable_segments=True)" in f.fix and f.fix_for("cli") == "--expandable-segments"
 
 
-def test_a_gap_that_decides_the_verdict_is_a_warning():
+def test_a_gap_that_decides_the_verdict_is_sv201s_to_say():
+    """Over or tight only for the cache: SV201 says it and prices --expandable-segments; no second finding."""
     peak, reserved, grown = _peaks()
     usable = (int(peak / 0.9) + reserved) // 2  # the allocated peak keeps the 5 % margin, the reserved does not
     a = _analysis(usable)
     assert a.fit.verdict != "fits"
-    (f,) = _sv202(a)
-    assert f.severity == "warning" and "judged on the allocated peak it would keep the safety margin" in f.message
-    assert format_bytes(grown) in f.message
+    assert not _sv202(a)
+    (sv201,) = [f for f in a.findings if f.code == "SV201"]
+    assert "--expandable-segments" in sv201.flags and f"reserved {format_bytes(grown)}" in sv201.flags
 
 
 @pytest.mark.parametrize("case", ["small gap", "already expandable", "no device"])
