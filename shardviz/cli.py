@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .cli_args import (  # noqa: F401 - the command line's inputs, importable from here as before
@@ -92,10 +93,23 @@ def _print_findings(findings, severities=("error", "warning")) -> None:
 # ---------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------
+class Refused(Exception):
+    """A plan that would not run (its findings are printed): exit code 1, no verdict, nothing written."""
+
+
 def _build_plan(tree, args, model=None):
-    """``cli_args.build_plan``, then the error a captured function raised (``--plan-from``), on stderr."""
+    """``cli_args.build_plan``; a captured function that raised (``--plan-from``: SV301) would stop the
+    run at start-up: its error on stderr, then ``Refused`` (no verdict, nothing written)."""
+    from .terminal import say
+
     plan = build_plan(tree, args, model)
-    _print_findings(plan.origin.findings if plan.origin else (), ("error",))
+    raised = [f for f in (plan.origin.findings if plan.origin else ()) if f.code == "SV301"]
+    if raised:
+        _print_findings([replace(f, message=f.message.replace(" The plan below is what it had done until then.", ""))
+                         for f in raised], ("error",))
+        say(f"error: {plan.origin.source} raised: the run would stop at start-up, so there is no plan to price; "
+            "nothing written")
+        raise Refused()
     return plan
 
 
@@ -498,6 +512,8 @@ def main(argv=None) -> int:
     except (CliError, ValueError) as exc:
         say(f"error: {' '.join(str(exc).split())}")
         return EXIT_USAGE
+    except Refused:
+        return EXIT_REFUSED
     except BrokenPipeError:
         return EXIT_OK
 
