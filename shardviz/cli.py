@@ -41,7 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cli_args import (  # noqa: F401 - the command line's inputs, importable from here as before
-    CliError, build_model, build_plan, check_version, is_config_path, make_mesh, make_training, model_from_spec,
+    CliError, build_model, build_plan, check_plan_file, check_version, is_config_path, make_mesh, make_training, model_from_spec,
     model_label, read_plan, resolve_setup,
 )
 
@@ -184,6 +184,7 @@ def cmd_plan_read(args) -> int:
         return EXIT_OK
     version = check_version(args.torch)
     _, tree = build_model(args)
+    check_plan_file(tree, plan, args.file)
     try:
         plan.validate(tree)
     except ValueError as exc:

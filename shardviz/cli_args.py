@@ -135,6 +135,16 @@ def read_plan(path: str):
         raise CliError(f"plan {path!r}: {exc}") from None
 
 
+def check_plan_file(tree, plan, path: str) -> None:
+    """A plan file made for another model is refused: every name it has that the model lacks, and the
+    blocks its units miss (``presets.plan_mismatch``)."""
+    from .presets import plan_mismatch
+
+    problems = plan_mismatch(tree, plan)
+    if problems:
+        raise CliError(f"plan {path!r} does not match the model: {'; '.join(problems)}")
+
+
 def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
     from .tree import ModelTree
@@ -159,6 +169,7 @@ def build_plan(tree, args, model=None):
         raise CliError("--checkpoint goes with --lora; a plan file lists its own 'checkpoint' modules")
     if args.plan:
         plan = read_plan(args.plan)
+        check_plan_file(tree, plan, args.plan)
     else:
         tensor_parallel = True if tensor_degree(args) > 1 else None  # the model's own TP plan
         try:
