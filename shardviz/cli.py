@@ -10,7 +10,8 @@
                     [--batch-size B --seq-len S] [--global-batch G] [--top K] -o plan.json [--force]
     shardviz report MODEL (--lora LORA | --plan PLAN.json) --world-size N [--replicate R]
                     [--device H100 | --device-memory 80GiB] [--optimizer adamw] [--param-dtype D]
-                    [--reduce-dtype D] [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
+                    [--reduce-dtype D] [--batch-size B --seq-len S [--grad-accum K]] [--checkpoint blocks]
+                    -o report.html
 
 MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``), a Hugging Face ``config.json`` (the file or
 its folder; ``--adapter`` adds a peft ``adapter_config.json``, ``--dtype`` overrides the base
@@ -360,6 +361,10 @@ def _add_training_args(p, search: bool = False) -> None:
     p.add_argument("--offload", action="store_true", default=None, help="CPUOffloadPolicy for every call")
     p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
+    if not search:
+        p.add_argument("--grad-accum", type=int, metavar="K",
+                       help="micro-batches per optimizer step (Training(grad_accum=K)): gradients reduce-scatter on "
+                            "the last one only, as the exported train_step does (default 1)")
     if search:
         p.add_argument("--global-batch", type=int,
                        help="sequences per optimizer step over all ranks: searches micro-batch x accumulation")
@@ -442,7 +447,7 @@ SHARED_DEFAULTS = {
     "world_size": None, "replicate": None, "tensor_parallel": None,
     "device": None, "device_memory": None, "memory_reserve": None,
     "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,
-    "seq_len": None, "global_batch": None, "use_cache": None,
+    "seq_len": None, "global_batch": None, "grad_accum": None, "use_cache": None,
     "safety_margin": None, "judge": None, "expandable_segments": False,
     "func": None,
 }

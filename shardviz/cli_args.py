@@ -212,7 +212,7 @@ def captured_plan(model, args):
 
 
 TRAINING_FLAGS = ("optimizer", "param_dtype", "reduce_dtype", "offload", "batch_size", "seq_len", "global_batch",
-                  "use_cache")
+                  "grad_accum", "use_cache")
 
 
 def training_flags(args) -> dict:
