@@ -177,7 +177,7 @@ def cmd_plan_read(args) -> int:
     from .analysis import analyze
     from .checks import run_checks
     from .presets import named_plan
-    from .terminal import answer, finding_lines
+    from .terminal import _wrap, answer, finding_lines
 
     plan = read_plan(args.file)
     if args.model is None:
@@ -185,7 +185,7 @@ def cmd_plan_read(args) -> int:
         return EXIT_OK
     version = check_version(args.torch)
     _, tree = build_model(args)
-    check_plan_file(tree, plan, args.file)
+    gap = check_plan_file(tree, plan, args.file, gaps=False)  # the blocks it misses: an error line below
     try:
         plan.validate(tree)
     except ValueError as exc:
@@ -196,8 +196,9 @@ def cmd_plan_read(args) -> int:
     mesh, training, notes = resolve_setup(args, plan)
     analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     findings = run_checks(analysis, torch_version=version)
-    answer("\n".join([*lines, analysis.summary(), *notes, *finding_lines(findings, top=len(findings))]))
-    return EXIT_REFUSED if any(f.severity == "error" for f in findings) else EXIT_OK
+    gap_lines = _wrap(gap) if gap else []
+    answer("\n".join([*lines, analysis.summary(), *notes, *gap_lines, *finding_lines(findings, top=len(findings))]))
+    return EXIT_REFUSED if gap or any(f.severity == "error" for f in findings) else EXIT_OK
 
 
 def cmd_plan_search(args) -> int:

@@ -135,14 +135,17 @@ def read_plan(path: str):
         raise CliError(f"plan {path!r}: {exc}") from None
 
 
-def check_plan_file(tree, plan, path: str) -> None:
-    """A plan file made for another model is refused: every name it has that the model lacks, and the
-    blocks its units miss (``presets.plan_mismatch``)."""
-    from .presets import plan_mismatch
+def check_plan_file(tree, plan, path: str, gaps: bool = True) -> str | None:
+    """A plan file made for another model is refused: every name it has that the model lacks, and
+    (``gaps``) the blocks its units miss (``presets.plan_mismatch``). With ``gaps=False`` the missed
+    blocks come back as a sentence (None when there are none), for a command that lists findings."""
+    from .presets import blocks_without_calls, plan_mismatch
 
     problems = plan_mismatch(tree, plan)
-    if problems:
-        raise CliError(f"plan {path!r} does not match the model: {'; '.join(problems)}")
+    gap = problems.pop() if problems and blocks_without_calls(tree, plan) else None
+    if problems or (gap and gaps):
+        raise CliError(f"plan {path!r} does not match the model: {'; '.join(problems + [gap] * bool(gaps and gap))}")
+    return gap and f"error: plan {path!r} does not match the model: {gap}"
 
 
 def build_model(args):

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
 from .fsdp import Layout, Mesh
-from .plan import LORA_OPTIONS, Plan, Unit
+from .plan import LORA_OPTIONS, Plan, Unit, closest_hint
 from .tree import ModelTree, as_tree, children_with_params, subtree_numel
 
 
@@ -285,7 +285,9 @@ def plan_mismatch(tree: ModelTree, plan: Plan) -> list[str]:
                          ("prefetch", [n for m, _, t in plan.prefetch for n in (m, *t) if n not in tree.module_index])):
         if names:
             what = ("parameter" if field == "ignored" else "module") + ("s" if len(names) > 1 else "")
-            out.append(f"{field} names {len(names)} {what} {tree.root_type} does not have: {_listed(names)}")
+            known = tree.param_index if field == "ignored" else tree.module_index
+            out.append(f"{field}: no {what} named {_listed(names)} in {tree.root_type}"
+                       f"{' (' + str(len(names)) + ' in all)' if len(names) > 4 else ''}.{closest_hint(names[0], known)}")
     missed = blocks_without_calls(tree, plan)
     if missed:
         parent = tree.modules[tree.modules[tree.module_index[missed[0]]].parent].fqn

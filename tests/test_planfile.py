@@ -61,5 +61,5 @@ def test_a_file_naming_modules_the_model_lacks_lists_every_one(tmp_path):
     file = PlanFile(path)
     loaded = file.load(model)
     assert loaded.plan is None and not file.writable
-    assert "units names 2 modules" in loaded.message and "'a.b', 'c.d'" in loaded.message
-    assert "ignored names 1 parameter " in loaded.message
+    assert "units: no modules named 'a.b', 'c.d' in" in loaded.message
+    assert "ignored: no parameter named 'x.weight'" in loaded.message
