@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def cmd_plan_read(args) -> int:
     from .analysis import analyze
     from .checks import run_checks
     from .presets import named_plan
-    from .terminal import _wrap, answer, finding_lines
+    from .terminal import WIDTH, answer, finding_lines
 
     plan = read_plan(args.file)
     if args.model is None:
@@ -196,7 +197,7 @@ def cmd_plan_read(args) -> int:
     mesh, training, notes = resolve_setup(args, plan)
     analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     findings = run_checks(analysis, torch_version=version)
-    gap_lines = _wrap(gap) if gap else []
+    gap_lines = textwrap.wrap(gap, WIDTH, subsequent_indent="    ", break_on_hyphens=False) if gap else []
     answer("\n".join([*lines, analysis.summary(), *notes, *gap_lines, *finding_lines(findings, top=len(findings))]))
     return EXIT_REFUSED if gap or any(f.severity == "error" for f in findings) else EXIT_OK
 
