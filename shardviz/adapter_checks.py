@@ -4,9 +4,12 @@
 |-------|----------|------|
 | SV120 | warning  | an adapter's ``target_modules`` list names projections this model does not have, so it adapts only some of them (fused ``qkv_proj`` / ``gate_up_proj``) |
 | SV121 | warning / info | the config declares ``torch_dtype: float32``: every weight in fp32, twice bf16's bytes |
+| SV122 | error    | quantized weights (a ``quantization_config``; bitsandbytes ``Params4bit`` / ``Int8Params``, torchao ``NF4Tensor`` / float8 tensor subclasses): priced as the unquantized dtype until quantized pricing lands |
 
 Below ``checks`` in the layers (``run_checks`` calls them); they read ``inputs.tree.model``, the
-peft config on it and ``load.source_of`` (the files ``load_model`` read), nothing else.
+peft config on it, its Hugging Face config and ``load.source_of`` (the files ``load_model`` read),
+nothing else. Quantized parameter classes are recognised by their module and name
+(``QUANTIZED_TENSOR_MODULES``, ``QUANTIZED_TENSOR_CLASSES``): bitsandbytes and torchao are never imported.
 """
 
 from __future__ import annotations
@@ -109,3 +112,76 @@ def check_fp32_config(inputs: CheckInputs) -> list[Finding]:
         fix="set \"torch_dtype\": \"bfloat16\" in the config, or sv.load_model(..., dtype=\"bfloat16\")",
         flags="--dtype bfloat16",
     )]
+
+
+#: Libraries whose parameter classes hold quantized weights (a class defined in one of them, or below it).
+QUANTIZED_TENSOR_MODULES = ("bitsandbytes", "torchao")
+#: Quantized parameter classes by name, wherever they are defined (vendored copies, subclasses).
+QUANTIZED_TENSOR_CLASSES = ("Params4bit", "Int8Params", "NF4Tensor", "Float8Tensor", "Float8TrainingTensor",
+                            "AffineQuantizedTensor", "WeightWithDynamicFloat8CastTensor", "LinearActivationQuantizedTensor")
+
+
+def quantized_tensor_type(param) -> str | None:
+    """``bitsandbytes.nn.modules.Params4bit`` when ``param``'s class (or a class it derives from) is a
+    quantized tensor type; None otherwise. By name and module only: nothing is imported."""
+    for cls in type(param).__mro__:
+        module = cls.__module__ or ""
+        if cls.__name__ in QUANTIZED_TENSOR_CLASSES or module.split(".")[0] in QUANTIZED_TENSOR_MODULES:
+            return f"{module}.{cls.__name__}"
+    return None
+
+
+def quantization_config(model) -> dict | None:
+    """The ``quantization_config`` of the config ``load_model`` read, else of the model's Hugging Face
+    config (a dict, or transformers' ``QuantizationConfigMixin`` as ``to_dict()``); None without one."""
+    source = source_of(model)
+    if source is not None and source.quantization is not None:
+        return source.quantization
+    config = getattr(model, "config", None)
+    qc = getattr(config, "quantization_config", None) if config is not None else None
+    if qc is None:
+        return None
+    return qc.to_dict() if hasattr(qc, "to_dict") else dict(qc) if isinstance(qc, dict) else {"quant_method": str(qc)}
+
+
+def _quant_words(qc: dict) -> str:
+    keys = ("quant_method", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "fmt", "weight_block_size", "bits")
+    said = [f"{k}: {qc[k]!r}" for k in keys if qc.get(k) not in (None, False)]
+    return "{" + ", ".join(said or [f"{k}: {v!r}" for k, v in list(qc.items())[:3]]) + "}"
+
+
+def check_quantized(inputs: CheckInputs) -> list[Finding]:
+    """SV122: the model's weights are quantized (its config's ``quantization_config``, or parameters of a
+    quantized tensor class); shardviz prices them at the unquantized dtype, so memory, traffic and the
+    verdict are not those of the quantized run. An error until quantized pricing lands."""
+    model = inputs.tree.model
+    if model is None:
+        return []
+    typed: dict[str, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        kind = quantized_tensor_type(param)
+        if kind:
+            typed.setdefault(kind, []).append(name)
+    qc = quantization_config(model)
+    if not typed and qc is None:
+        return []
+    base = [p for p in inputs.tree.params if not p.requires_grad] or inputs.tree.params  # the weights quantized
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in base})
+    parts = []
+    if qc is not None:
+        source = source_of(model)
+        where = f"{source.config_file}: field 'quantization_config'" if source is not None else "the model's config.quantization_config"
+        parts.append(f"{where} is {_quant_words(qc)}")
+    for kind, names in typed.items():
+        parts.append(f"{len(names):,} parameters are {kind} (e.g. {names[0]!r})")
+    names = [n for group in typed.values() for n in group]
+    priced = (f"their bytes are priced as the unquantized dtype ({', '.join(dtypes)})" if not typed else
+              "each is priced as a plain tensor of its dtype and shape (its quantization state and FSDP2's handling "
+              "of the class are not modelled)")
+    return [Finding(
+        "SV122", "error",
+        f"quantized weights: {'; '.join(parts)}. shardviz does not price quantized weights yet: {priced}, so the "
+        "memory, the traffic and the verdict are not those of this run",
+        tuple(names[:50]), fix="read the figures as an unquantized model's until quantized pricing lands (sv.load_model on "
+        "the config without 'quantization_config' prices the unquantized model on purpose)",
+        n_fqns=len(names), all_fqns=tuple(names))]

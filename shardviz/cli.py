@@ -10,7 +10,8 @@
                     [--batch-size B --seq-len S] [--global-batch G] [--top K] -o plan.json [--force]
     shardviz report MODEL (--lora LORA | --plan PLAN.json) --world-size N [--replicate R]
                     [--device H100 | --device-memory 80GiB] [--optimizer adamw] [--param-dtype D]
-                    [--reduce-dtype D] [--batch-size B --seq-len S] [--checkpoint blocks] -o report.html
+                    [--reduce-dtype D] [--batch-size B --seq-len S [--grad-accum K]] [--checkpoint blocks]
+                    -o report.html
 
 MODEL is ``zoo:NAME`` (a model of ``shardviz.zoo``), a Hugging Face ``config.json`` (the file or
 its folder; ``--adapter`` adds a peft ``adapter_config.json``, ``--dtype`` overrides the base
@@ -37,10 +38,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 from .cli_args import (  # noqa: F401 - the command line's inputs, importable from here as before
-    CliError, build_model, build_plan, check_version, is_config_path, make_mesh, make_training, model_from_spec,
+    CliError, build_model, build_plan, check_plan_file, check_version, is_config_path, make_mesh, make_training, model_from_spec,
     model_label, read_plan, resolve_setup,
 )
 
@@ -92,10 +95,23 @@ def _print_findings(findings, severities=("error", "warning")) -> None:
 # ---------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------
+class Refused(Exception):
+    """A plan that would not run (its findings are printed): exit code 1, no verdict, nothing written."""
+
+
 def _build_plan(tree, args, model=None):
-    """``cli_args.build_plan``, then the error a captured function raised (``--plan-from``), on stderr."""
+    """``cli_args.build_plan``; a captured function that raised (``--plan-from``: SV301) would stop the
+    run at start-up: its error on stderr, then ``Refused`` (no verdict, nothing written)."""
+    from .terminal import say
+
     plan = build_plan(tree, args, model)
-    _print_findings(plan.origin.findings if plan.origin else (), ("error",))
+    raised = [f for f in (plan.origin.findings if plan.origin else ()) if f.code == "SV301"]
+    if raised:
+        _print_findings([replace(f, message=f.message.replace(" The plan below is what it had done until then.", ""))
+                         for f in raised], ("error",))
+        say(f"error: {plan.origin.source} raised: the run would stop at start-up, so there is no plan to price; "
+            "nothing written")
+        raise Refused()
     return plan
 
 
@@ -162,7 +178,7 @@ def cmd_plan_read(args) -> int:
     from .analysis import analyze
     from .checks import run_checks
     from .presets import named_plan
-    from .terminal import answer, finding_lines
+    from .terminal import WIDTH, answer, finding_lines
 
     plan = read_plan(args.file)
     if args.model is None:
@@ -170,6 +186,7 @@ def cmd_plan_read(args) -> int:
         return EXIT_OK
     version = check_version(args.torch)
     _, tree = build_model(args)
+    gap = check_plan_file(tree, plan, args.file, gaps=False)  # the blocks it misses: an error line below
     try:
         plan.validate(tree)
     except ValueError as exc:
@@ -180,8 +197,9 @@ def cmd_plan_read(args) -> int:
     mesh, training, notes = resolve_setup(args, plan)
     analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     findings = run_checks(analysis, torch_version=version)
-    answer("\n".join([*lines, analysis.summary(), *notes, *finding_lines(findings, top=len(findings))]))
-    return EXIT_REFUSED if any(f.severity == "error" for f in findings) else EXIT_OK
+    gap_lines = textwrap.wrap(gap, WIDTH, subsequent_indent="    ", break_on_hyphens=False) if gap else []
+    answer("\n".join([*lines, analysis.summary(), *notes, *gap_lines, *finding_lines(findings, top=len(findings))]))
+    return EXIT_REFUSED if gap or any(f.severity == "error" for f in findings) else EXIT_OK
 
 
 def cmd_plan_search(args) -> int:
@@ -347,6 +365,10 @@ def _add_training_args(p, search: bool = False) -> None:
     p.add_argument("--offload", action="store_true", default=None, help="CPUOffloadPolicy for every call")
     p.add_argument("--batch-size", type=int, help="micro-batch per rank: the peak then includes activations")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (with --batch-size; default 2048)")
+    if not search:
+        p.add_argument("--grad-accum", type=int, metavar="K",
+                       help="micro-batches per optimizer step (Training(grad_accum=K)): gradients reduce-scatter on "
+                            "the last one only, as the exported train_step does (default 1)")
     if search:
         p.add_argument("--global-batch", type=int,
                        help="sequences per optimizer step over all ranks: searches micro-batch x accumulation")
@@ -431,7 +453,7 @@ SHARED_DEFAULTS = {
     "world_size": None, "replicate": None, "tensor_parallel": None,
     "device": None, "device_memory": None, "memory_reserve": None,
     "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,
-    "seq_len": None, "global_batch": None, "use_cache": None,
+    "seq_len": None, "global_batch": None, "grad_accum": None, "use_cache": None,
     "safety_margin": None, "judge": None, "expandable_segments": False,
     "func": None,
 }
@@ -502,6 +524,8 @@ def main(argv=None) -> int:
     except (CliError, ValueError) as exc:
         say(f"error: {' '.join(str(exc).split())}")
         return EXIT_USAGE
+    except Refused:
+        return EXIT_REFUSED
     except BrokenPipeError:
         return EXIT_OK
 

@@ -136,6 +136,19 @@ def read_plan(path: str):
         raise CliError(f"plan {path!r}: {exc}") from None
 
 
+def check_plan_file(tree, plan, path: str, gaps: bool = True) -> str | None:
+    """A plan file made for another model is refused: every name it has that the model lacks, and
+    (``gaps``) the blocks its units miss (``presets.plan_mismatch``). With ``gaps=False`` the missed
+    blocks come back as a sentence (None when there are none), for a command that lists findings."""
+    from .presets import blocks_without_calls, plan_mismatch
+
+    problems = plan_mismatch(tree, plan)
+    gap = problems.pop() if problems and blocks_without_calls(tree, plan) else None
+    if problems or (gap and gaps):
+        raise CliError(f"plan {path!r} does not match the model: {'; '.join(problems + [gap] * bool(gaps and gap))}")
+    return gap and f"error: plan {path!r} does not match the model: {gap}"
+
+
 def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
     from .tree import ModelTree
@@ -160,6 +173,7 @@ def build_plan(tree, args, model=None):
         raise CliError("--checkpoint goes with --lora; a plan file lists its own 'checkpoint' modules")
     if args.plan:
         plan = read_plan(args.plan)
+        check_plan_file(tree, plan, args.plan)
     else:
         tensor_parallel = True if tensor_degree(args) > 1 else None  # the model's own TP plan
         try:
@@ -202,7 +216,7 @@ def captured_plan(model, args):
 
 
 TRAINING_FLAGS = ("optimizer", "param_dtype", "reduce_dtype", "offload", "batch_size", "seq_len", "global_batch",
-                  "use_cache")
+                  "grad_accum", "use_cache")
 
 
 def training_flags(args) -> dict:

@@ -127,7 +127,13 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
     mesh = as_mesh(world_size, mesh)
     label = os.path.basename(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else "fsdp_config"
     with _config_path(config, mesh.world) as path:
-        env = launch_env(path, mesh.world)
+        body = _read_yaml(path)
+        try:
+            env = launch_env(path, mesh.world)
+        except ValueError as exc:  # accelerate's launcher refused a value (a bool key given a word)
+            if "accelerate config" in str(exc):
+                raise
+            raise config_error(label, str(exc), body, model, release) from None
     from .fsdp import Mesh
 
     pc_shape = _parallelism_shape(env, mesh.world)
@@ -139,11 +145,111 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
     from .origin_checks import accelerate_fixes, capture_findings
 
     plan = cap.plan(Origin("accelerate", label, f"accelerate {release}", fixes=accelerate_fixes(env)))
+    if cap.error is not None:  # accelerate launch would stop here: no plan to price
+        raise config_error(label, cap.error.message, body, model, release, env, plan, cap.error)
     found = capture_findings(model, plan, env)
     if pc_shape:
         found.append(Finding("SV307", "info", f"the config's parallelism_config gives HSDP: {pc_shape[0]} replicas "
                              f"of {pc_shape[1]} shards", fix=f"analyse with sv.Mesh(shard={pc_shape[1]}, replicate={pc_shape[0]})"))
     return with_findings(plan, found)
+
+
+class AccelerateConfigError(ValueError):
+    """accelerate's own preparation raised on this config: ``accelerate launch`` would stop at start-up,
+    so there is no plan to price. ``key`` (``fsdp_config.fsdp_auto_wrap_policy``) and ``value``: what
+    the config says that accelerate refused (None when the error names no key); ``closest``: a valid
+    value near it (None when none is known); ``finding``: the SV301 finding (accelerate's line);
+    ``plan``: the calls accelerate had made until it raised."""
+
+    def __init__(self, message: str, key=None, value=None, closest=None, finding=None, plan=None):
+        super().__init__(message)
+        self.key, self.value, self.closest, self.finding, self.plan = key, value, closest, finding, plan
+
+
+def _read_yaml(path: str) -> dict:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            body = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"accelerate config {path!r}: not readable YAML ({' '.join(str(exc).split())})") from None
+    return body if isinstance(body, dict) else {}
+
+
+def _config_fields(body: dict) -> list[tuple[str, object]]:
+    """(key as the YAML nests it, value) for the fsdp_config's keys, then the top level's plain values."""
+    fsdp = body.get("fsdp_config") if isinstance(body.get("fsdp_config"), dict) else {}
+    top = [(k, v) for k, v in body.items() if k not in ("fsdp_config", "distributed_type") and not isinstance(v, (dict, list))]
+    return [(f"fsdp_config.{k}", v) for k, v in fsdp.items()] + top
+
+
+def _named_value(message: str, body: dict):
+    """(key, value) of the config whose value the error message names (the longest such value), or (None, None)."""
+    import re
+
+    low = message.lower()
+    hits = []
+    for key, value in _config_fields(body):
+        for item in (str(value).split(",") if isinstance(value, str) else []):
+            item = item.strip()
+            if item and re.search(r"(?<![\w])" + re.escape(item.lower()) + r"(?![\w])", low):
+                hits.append((len(item), key, item))
+    if not hits:
+        return None, None
+    _, key, item = max(hits)
+    return key, item
+
+
+#: FSDP1's sharding strategies given where FSDP2 wants a bool (fsdp_reshard_after_forward): the bool they mean.
+FSDP1_STRATEGIES = {"FULL_SHARD": "true", "HYBRID_SHARD": "true", "SHARD_GRAD_OP": "false",
+                    "_HYBRID_SHARD_ZERO2": "false", "NO_SHARD": "false"}
+
+
+def _closest(key: str, value: str, message: str, model: nn.Module):
+    """A valid value near ``value``: from the list accelerate's message gives, the model's module
+    classes for the layer class, true/false for a bool key; None when none is known."""
+    import difflib
+    import re
+
+    listed = re.search(r"one of \[([^\]]*)\]", message)
+    if listed:
+        choices = re.findall(r"'([^']*)'", listed.group(1))
+        return next(iter(difflib.get_close_matches(value, choices, n=1, cutoff=0.0)), None)
+    if key.endswith("transformer_layer_cls_to_wrap"):
+        from .presets import find_blocks
+        from .tree import as_tree
+
+        tree = as_tree(model)
+        blocks = sorted({tree.modules[b].type_name for b in find_blocks(tree)})
+        classes = sorted({m.type_name for m in tree.modules})
+        near = difflib.get_close_matches(value, classes, n=1, cutoff=0.6)
+        return near[0] if near else (blocks[0] if blocks else None)
+    if "truth value" in message:
+        return FSDP1_STRATEGIES.get(value.upper(), "true or false")
+    return None
+
+
+def config_error(label: str, message: str, body: dict, model: nn.Module, release: str, env=None, plan=None,
+                 finding=None) -> AccelerateConfigError:
+    """The refusal of a config accelerate's preparation raises on, naming the key, its value and the
+    closest valid one (``AccelerateConfigError``)."""
+    said = message.replace(" The plan below is what it had done until then.", "").rstrip(".")
+    key, value = _named_value(said, body)
+    closest = _closest(key, value, said, model) if key else None
+    if key is None and (env or {}).get("FSDP_AUTO_WRAP_POLICY") == "SIZE_BASED_WRAP":
+        key, value = "fsdp_config.fsdp_min_num_params", str(env.get("FSDP_MIN_NUM_PARAMS"))
+        what = (f"{key} is {value}: accelerate's SIZE_BASED_WRAP then also matches a ModuleList of layers, "
+                "which fully_shard refuses (use fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP, or raise fsdp_min_num_params)")
+    elif key is None:
+        what = "accelerate's FSDP2 preparation fails on it"
+    else:
+        hint = ("" if closest is None else f" (with fsdp_version 2 it is a bool: {closest})" if "truth value" in said
+                else f" (did you mean {closest!r}?)")
+        what = f"{key} is {value!r}, which accelerate refuses{hint}"
+    text = (f"accelerate config {label}: {what}. {said.removeprefix(f'accelerate {release} raised ')} "
+            f"(accelerate {release}). accelerate launch would stop at start-up with this config: there is no plan to price")
+    return AccelerateConfigError(text, key, value, closest, finding, plan)
 
 
 def _config_fix(message: str, model: nn.Module, label: str) -> str:

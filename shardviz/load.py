@@ -39,11 +39,13 @@ class ModelFileError(ValueError):
 class Source:
     """The files ``load_model`` built a model from, for findings that name them: the config file,
     the dtype its ``dtype``/``torch_dtype`` field declares ("float32", or None when absent or when
-    ``dtype=`` overrode it) and each adapter's file by adapter name."""
+    ``dtype=`` overrode it), each adapter's file by adapter name, and its ``quantization_config``
+    (None without one; transformers keeps it on ``model.config`` too)."""
 
     config_file: Path
     declared_dtype: str | None = None
     adapters: dict = field(default_factory=dict)
+    quantization: dict | None = None  # the config's "quantization_config" (SV122: priced unquantized)
 
 
 _SOURCES: "weakref.WeakKeyDictionary[nn.Module, Source]" = weakref.WeakKeyDictionary()
@@ -278,8 +280,10 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
                         model.add_adapter(name, peft_config)
                 except Exception as exc:  # noqa: BLE001 - peft's refusal (e.g. target_modules not found)
                     _refuse_adapter(adapter_file, peft_config, exc)
+    quantization = read_json(file, CONFIG_FILE)[1].get("quantization_config")
     _SOURCES[model] = Source(file, _declared_dtype(file) if dtype is None else None,
-                             {name: adapter_file for name, adapter_file, _ in adapter_configs})
+                             {name: adapter_file for name, adapter_file, _ in adapter_configs},
+                             dict(quantization) if isinstance(quantization, dict) else None)
     return model
 
 

@@ -95,20 +95,33 @@ def _checkpoint_fixes(inputs: CheckInputs) -> list[MemoryFix]:
     return out
 
 
+def _micro_batches(batch: int) -> list[int]:
+    """The micro-batches that make ``batch`` sequences exactly, largest first: its divisors below it
+    (9 -> 3, 1; never 4 x 2, which trains 8)."""
+    return [b for b in range(batch // 2, 0, -1) if batch % b == 0]
+
+
 def _batch_fix(inputs: CheckInputs) -> list[MemoryFix]:
-    """The largest smaller micro-batch (halving) that fits, with accumulation for the same tokens."""
+    """The largest smaller micro-batch that fits, accumulated to the same sequences per step
+    (``Training.grad_accum``: reduce-scatter on the last micro-batch only, as the exported
+    ``train_step`` does), found by bisection over ``_micro_batches`` (a smaller micro-batch holds less)."""
     training = inputs.training
-    batch = training.batch_size // 2
-    while batch >= 1:
-        k = training.batch_size // batch
-        fix = _priced(inputs, f"a micro-batch of {batch} (Training(batch_size={batch})), with {k} micro-batches "
-                                f"per step (gradient accumulation) for the same tokens",
-                      training=replace(training, batch_size=batch, grad_accum=k * training.grad_accum),
-                      flags=f"--batch-size {batch} (with {k} micro-batches per step)")
+    sizes = _micro_batches(training.batch_size)
+    best, lo, hi = None, 0, len(sizes) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        batch = sizes[mid]
+        k = training.batch_size // batch * training.grad_accum
+        fix = _priced(inputs, f"a micro-batch of {batch} with {k} micro-batches per step (Training(batch_size={batch}, "
+                              f"grad_accum={k})): the same {training.batch_size * training.grad_accum} sequences per "
+                              "step, gradients reduce-scattered on the last micro-batch only, as the exported train_step does",
+                      training=replace(training, batch_size=batch, grad_accum=k),
+                      flags=f"--batch-size {batch} --grad-accum {k}")
         if _fits(inputs, fix):
-            return [fix]
-        batch //= 2
-    return []
+            best, hi = fix, mid - 1  # a larger micro-batch may fit too
+        else:
+            lo = mid + 1
+    return [best] if best is not None else []
 
 
 def _expandable_fix(inputs: CheckInputs) -> list[MemoryFix]:

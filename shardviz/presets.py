@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
 from .fsdp import Layout, Mesh
-from .plan import LORA_OPTIONS, Plan, Unit
-from .tree import ModelTree, children_with_params, subtree_numel
+from .plan import LORA_OPTIONS, Plan, Unit, closest_hint
+from .tree import ModelTree, as_tree, children_with_params, subtree_numel
 
 
 def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:
@@ -257,3 +257,65 @@ def named_plan(tree: ModelTree, plan: Plan) -> Plan:
         if preset == plan:
             return plan.renamed(name)
     return plan
+
+
+def blocks_without_calls(tree: ModelTree, plan: Plan) -> list[str]:
+    """The repeated blocks (``find_blocks``) with no ``fully_shard`` call on them or inside them while
+    a sibling in the same list has one: the call above gathers them (the root's, at worst). A plan
+    made for a model with fewer layers (28 for Qwen2.5-7B) on one with more (Llama-3.1-8B's 32)
+    leaves exactly these."""
+    tree = as_tree(tree)
+    called = [tree.module_index[m] for u in plan.units for m in u.modules if m in tree.module_index]
+    groups: dict[int, list[int]] = {}
+    for b in find_blocks(tree):
+        groups.setdefault(tree.modules[b].parent, []).append(b)
+    out = []
+    for blocks in groups.values():
+        own = [b for b in blocks if any(c == b or tree.is_inside(c, b) for c in called)]
+        if own:
+            out += [tree.modules[b].fqn for b in blocks if b not in own]
+    return out
+
+
+def _listed(names: list[str], n: int = 4) -> str:
+    shown = ", ".join(repr(x) for x in names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def plan_mismatch(tree: ModelTree, plan: Plan) -> list[str]:
+    """What makes ``plan`` (a plan file) another model's, in sentences: every unit, ignored, checkpoint
+    and prefetch name this model does not have, and the blocks its units miss (``blocks_without_calls``);
+    [] when it matches."""
+    tree = as_tree(tree)
+    out = []
+    modules = [m for u in plan.units for m in u.modules if m not in tree.module_index]
+    for field, names in (("units", modules), ("ignored", [p for p in plan.ignored if p not in tree.param_index]),
+                         ("checkpoint", [c for c in plan.checkpoint if c not in tree.module_index]),
+                         ("prefetch", [n for m, _, t in plan.prefetch for n in (m, *t) if n not in tree.module_index])):
+        if names:
+            what = ("parameter" if field == "ignored" else "module") + ("s" if len(names) > 1 else "")
+            known = tree.param_index if field == "ignored" else tree.module_index
+            out.append(f"{field}: no {what} named {_listed(names)} in {tree.root_type}"
+                       f"{' (' + str(len(names)) + ' in all)' if len(names) > 4 else ''}.{closest_hint(names[0], known)}")
+    missed = blocks_without_calls(tree, plan)
+    if missed:
+        parent = tree.modules[tree.modules[tree.module_index[missed[0]]].parent].fqn
+        total = len(tree.modules[tree.module_index[parent]].children)
+        above = _call_above(tree, plan, tree.module_index[missed[0]])
+        fate = ("the root call (fully_shard(model)) would gather them" if above == ""
+                else f"the call on {above!r} would gather them" if above is not None
+                else "no call would shard them: every rank would hold them whole")
+        out.append(f"its units miss {len(missed)} of the {total} blocks of {parent!r} ({_listed(missed)}): they have "
+                   f"no fully_shard call of their own while their siblings do, so {fate}; was the plan made for a "
+                   f"model with {total - len(missed)} layers?")
+    return out
+
+
+def _call_above(tree: ModelTree, plan: Plan, module: int) -> str | None:
+    """The module of the innermost call holding ``module`` ("" for the root), or None when no call does."""
+    while module >= 0:
+        fqn = tree.modules[module].fqn
+        if plan.unit_of(fqn) is not None:
+            return fqn
+        module = tree.modules[module].parent
+    return None

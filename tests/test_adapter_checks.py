@@ -98,3 +98,43 @@ def test_the_cli_report_shows_sv120(tmp_path, capsys):
                  "-o", str(tmp_path / "r.html")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "SV120" in out and "No findings" not in (tmp_path / "r.html").read_text()
+
+
+# DeepSeek-V3's quantization_config (fp8 blocks) and a bitsandbytes QLoRA one, as config.json carries them
+FP8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+
+
+@pytest.mark.parametrize("qc, said", [(FP8, "quant_method: 'fp8', fmt: 'e4m3', weight_block_size: [128, 128]"),
+                                      (BNB_4BIT, "quant_method: 'bitsandbytes', load_in_4bit: True")],
+                         ids=["fp8", "bnb_4bit"])
+def test_a_quantization_config_is_an_error_not_a_silent_price(tmp_path, qc, said):
+    config, adapter = files(tmp_path, LLAMA, quantization_config=qc)
+    model = sv.load_model(config, adapter=adapter)
+    assert sv.load.source_of(model).quantization == qc  # load_model remembers it (and transformers keeps it)
+    found = findings(model, "SV122")
+    assert len(found) == 1 and found[0].severity == "error"
+    assert f"{config}: field 'quantization_config' is {{{said}" in found[0].message
+    assert "priced as the unquantized dtype (bfloat16)" in found[0].message
+
+
+def test_no_sv122_without_quantization(tmp_path):
+    config, adapter = files(tmp_path, LLAMA)
+    assert not findings(sv.load_model(config, adapter=adapter), "SV122")
+
+
+def test_a_quantized_parameter_class_is_named_without_importing_its_library():
+    """A parameter of bitsandbytes' Params4bit class (a stand-in defined here under that module's name:
+    bitsandbytes is not installed, and shardviz never imports it)."""
+    import sys
+
+    import torch
+    from torch import nn
+
+    params4bit = type("Params4bit", (nn.Parameter,), {"__module__": "bitsandbytes.nn.modules"})
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    model[0].weight = params4bit(torch.zeros(32, 1, dtype=torch.uint8), requires_grad=False)
+    found = findings(model, "SV122")
+    assert len(found) == 1 and found[0].severity == "error"
+    assert "1 parameters are bitsandbytes.nn.modules.Params4bit (e.g. '0.weight')" in found[0].message
+    assert found[0].fqns == ("0.weight",) and "bitsandbytes" not in sys.modules

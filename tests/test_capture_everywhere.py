@@ -25,6 +25,12 @@ def apply_fsdp(model, mesh):
     for layer in model.base_model.model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def apply_fsdp_wrong(model):
+    for layer in model.base_model.model.model.layer:
+        fully_shard(layer)
+    fully_shard(model)
 '''
 
 
@@ -88,3 +94,27 @@ def test_accelerate_yaml_names_what_it_cannot_express():
     model = tiny_lora()
     text, cannot = sv.Plan.auto(model, lora="ignored").to_accelerate(model)
     assert any("kept out of FSDP" in line for line in cannot) and "cannot express" in text
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_cli_refuses_a_config_accelerate_refuses(workdir, capsys, command):
+    """accelerate launch would stop at start-up: exit 2, no verdict, nothing written, the key named
+    with its value and the closest valid one."""
+    (workdir / "bad.yaml").write_text(yaml.safe_dump({
+        "distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8,
+        "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WARP"}}))
+    assert main([command, "zoo:tiny_llama_lora", "--accelerate-config", "bad.yaml", "--world-size", "8",
+                 "-o", "out"]) == 2
+    out = capsys.readouterr()
+    assert "fsdp_config.fsdp_auto_wrap_policy is 'TRANSFORMER_BASED_WARP'" in out.err
+    assert "did you mean 'TRANSFORMER_BASED_WRAP'?" in out.err
+    assert "verdict" not in out.err + out.out and not (workdir / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_cli_refuses_a_function_that_raises(workdir, capsys, command):
+    assert main([command, "zoo:tiny_llama_lora", "--plan-from", "my_train:apply_fsdp_wrong", "--world-size", "8",
+                 "-o", "out"]) == 1
+    out = capsys.readouterr()
+    assert "SV301" in out.err and "my_train.py:" in out.err and "no attribute 'layer'" in out.err
+    assert "verdict" not in out.err + out.out and not (workdir / "out").exists()

@@ -5,6 +5,7 @@ a flag given explicitly overrides the file and the output says so. Old (version 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import json
 from dataclasses import replace
 
@@ -128,3 +129,45 @@ def test_sv_search_without_training_assumes_the_one_default():
     plan, row_mesh, training = s.candidate(0)
     assert training == DEFAULT_TRAINING
     assert int(sv.analyze(model, plan, row_mesh, DEFAULT_TRAINING).memory.peak.max()) == s.table.peak.iloc[0]
+
+
+@pytest.fixture
+def two_and_four_layers(tmp_path):
+    """The tiny Llama config with 2 and with 4 layers (a plan of one applied to the other: Qwen2.5-7B's
+    28 layers on Llama-3.1-8B's 32), and the checkpointed preset's plan file of each."""
+    config = json.loads((Path(zoo.__file__).parent / "configs" / "tiny_llama.json").read_text())
+    files = {}
+    for n in (2, 4):
+        folder = tmp_path / f"layers{n}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": n}))
+        assert main(["plan", "write", str(folder), "--checkpoint", "blocks", "-o", str(tmp_path / f"p{n}.json")]) == 0
+        files[n] = (folder, tmp_path / f"p{n}.json")
+    return files
+
+
+@pytest.mark.parametrize("command", ["report", "export", "plan read"])
+def test_a_plan_file_of_a_shorter_model_is_refused_naming_the_blocks_it_misses(two_and_four_layers, capsys, command):
+    folder, _ = two_and_four_layers[4]
+    _, plan2 = two_and_four_layers[2]
+    out = folder / "out"
+    argv = (["plan", "read", plan2, "--model", folder] if command == "plan read"
+            else [command, folder, "--plan", plan2, "-o", out]) + ["--world-size", 8]
+    if command == "plan read":  # it lists what is wrong with a plan: the blocks missed, an error line, exit 1
+        code = main([str(a) for a in argv]) + 1
+        err = " ".join(capsys.readouterr().out.split())
+    else:
+        code, _, err = run(argv, capsys)
+    assert code == 2 and "verdict" not in err and not out.exists()
+    assert "does not match the model: its units miss 2 of the 4 blocks of 'model.layers'" in err
+    assert "'model.layers.2', 'model.layers.3'" in err and "the root call (fully_shard(model)) would gather them" in err
+    assert "a model with 2 layers?" in err
+
+
+def test_a_plan_file_of_a_longer_model_names_every_missing_module(two_and_four_layers, capsys):
+    folder, _ = two_and_four_layers[2]
+    _, plan4 = two_and_four_layers[4]
+    code, _, err = run(["report", folder, "--plan", plan4, "--world-size", 8, "-o", folder / "r.html"], capsys)
+    assert code == 2 and not (folder / "r.html").exists()
+    assert "units: no modules named 'model.layers.2', 'model.layers.3' in LlamaForCausalLM" in err
+    assert "checkpoint: no modules named 'model.layers.2', 'model.layers.3'" in err and "Closest existing names" in err

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz.frameworks import _config_path, accelerate_prepare, launch_env
+from shardviz.frameworks import AccelerateConfigError, _config_path, accelerate_prepare, launch_env
 from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -79,14 +79,18 @@ CASES = [pytest.param(a, c, marks=[] if (a, c) in FAST else [pytest.mark.slow], 
 def test_accelerate_plan_reproduced_exactly(arch, config):
     model = ARCHS[arch]()
     calls, wrapped, error = accelerate_truth(model, CONFIGS[config])
-    plan = sv.Plan.from_accelerate(model, CONFIGS[config], world_size=WORLD)
+    try:
+        plan, refused = sv.Plan.from_accelerate(model, CONFIGS[config], world_size=WORLD), None
+    except AccelerateConfigError as exc:  # accelerate launch would stop: refused, with the calls made until then
+        plan, refused = exc.plan, exc
     assert shardviz_applies(model, plan) == (calls, wrapped)  # the calls torch made, up to an error
-    raised = [f for f in plan.origin.findings if f.code == "SV301"]
-    assert bool(raised) == bool(error)
-    if error:  # the finding names accelerate's line, torch's refusal and the YAML key to change
-        assert "fsdp_utils.py" in raised[0].message and error.splitlines()[0] in raised[0].message
-        assert "ModuleList" in raised[0].message or "container" in raised[0].message
-        assert "fsdp_min_num_params" in sv.analyze(model, plan, sv.Mesh(WORLD)).findings[0].fix
+    assert bool(refused) == bool(error)
+    if error:  # the refusal names accelerate's line, torch's refusal and the YAML key to change
+        raised = refused.finding
+        assert "fsdp_utils.py" in raised.message and error.splitlines()[0] in raised.message
+        assert "ModuleList" in raised.message or "container" in raised.message
+        assert refused.key == "fsdp_config.fsdp_min_num_params" and "fsdp_min_num_params is 20000" in str(refused)
+        assert error.splitlines()[0] in str(refused)
     assert plan.name.startswith("accelerate ") and plan.origin.release.startswith("accelerate ")
     if config == "no_wrap":
         assert "SV303" in {f.code for f in plan.origin.findings}
@@ -125,12 +129,28 @@ def test_hsdp_from_parallelism_config():
     assert hsdp and "sv.Mesh(shard=4, replicate=2)" in hsdp[0].fix
 
 
-def test_an_unknown_layer_class_names_the_yaml_key_and_the_classes():
-    config = {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap": "LlamaLayer"}
-    plan = sv.Plan.from_accelerate(tiny_lora(), config, world_size=WORLD)
-    raised = [f for f in plan.origin.findings if f.code == "SV301"]
-    assert plan.units == () and raised and "LlamaLayer" in raised[0].message
-    assert "fsdp_transformer_layer_cls_to_wrap" in raised[0].fix and "LlamaDecoderLayer" in raised[0].fix
+#: configs accelerate's preparation raises on: the key to blame, its value and the valid value nearest it
+BAD_CONFIGS = [
+    ({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WARP"}, "fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WARP",
+     "TRANSFORMER_BASED_WRAP"),
+    ({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap": "LlamaLayer"},
+     "fsdp_transformer_layer_cls_to_wrap", "LlamaLayer", "LlamaDecoderLayer"),
+    ({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": "FULL_SHARD"},
+     "fsdp_reshard_after_forward", "FULL_SHARD", "true"),
+]
+
+
+@pytest.mark.parametrize("config, key, value, closest", BAD_CONFIGS, ids=[c[1] for c in BAD_CONFIGS])
+def test_a_config_accelerate_refuses_is_refused_naming_the_key(config, key, value, closest):
+    """accelerate launch would stop at start-up: no plan (not a 0-call one), an error naming the key,
+    its value and the closest valid value; accelerate's own message and line kept."""
+    with pytest.raises(AccelerateConfigError) as info:
+        sv.Plan.from_accelerate(tiny_lora(), config, world_size=WORLD)
+    exc = info.value
+    assert (exc.key, exc.value, exc.closest) == (f"fsdp_config.{key}", value, closest)
+    assert f"fsdp_config.{key} is {value!r}" in str(exc) and closest in str(exc)
+    assert exc.finding.code == "SV301" and exc.finding.message.split(" raised ")[1].split(" at ")[0] in str(exc)
+    assert exc.plan.units == ()  # what accelerate had done: nothing
 
 
 def test_bad_config_names_the_field():

@@ -74,3 +74,58 @@ def test_whole_gradients_are_averaged_every_micro_batch(model):
     comm = _analyze(model, lora="ignored", grad_accum=2).comm
     average = comm[comm.unit.isna()]
     assert len(average) == 1 and average.iloc[0]["count"] == 2
+
+
+def _sv201_at_batch_9(model, capsys):
+    """SV201 at a micro-batch of 9 on a device between the peak of 9 sequences and that of 3 (the
+    allocated peak judged, no reserve: the tiny model's reserved peak is the allocator's segments)."""
+    from dataclasses import replace
+
+    from shardviz.display import DEFAULT_TRAINING
+
+    def peak(batch, k):
+        training = replace(DEFAULT_TRAINING, batch_size=batch, seq_len=256, grad_accum=k)
+        return int(sv.analyze(model, sv.Plan.auto(model), FSDP8, training).memory.peak.max())
+
+    device_memory = (peak(9, 1) + peak(3, 3)) // 2
+    flags = ["--world-size", "8", "--device", "H100", "--device-memory", f"{device_memory}B", "--memory-reserve", "0",
+             "--judge", "allocated", "--seq-len", "256"]
+    return device_memory, flags
+
+
+def test_sv201_splits_the_micro_batch_into_the_same_sequences_with_flags_that_reproduce_it(model, capsys):
+    """At batch 9 the fix is 3 x 3 (never 4 x 2: 8 sequences), said as CLI flags; those flags in the
+    CLI give the peak and the step time the fix states (accumulation as the exported train_step does it)."""
+    from dataclasses import replace
+
+    from shardviz.cli import main
+    from shardviz.display import DEFAULT_TRAINING
+    from shardviz.format import format_bytes, format_duration
+    from shardviz.memory_checks import _micro_batches, memory_fixes
+
+    assert _micro_batches(9) == [3, 1] and _micro_batches(8) == [4, 2, 1] and _micro_batches(7) == [1]
+    device_memory, flags = _sv201_at_batch_9(model, capsys)
+    mesh = sv.Mesh(8, device="H100", device_memory=device_memory, memory_reserve=0, judge="allocated")
+    a = sv.analyze(model, sv.Plan.auto(model), mesh, replace(DEFAULT_TRAINING, batch_size=9, seq_len=256))
+    fixes = [f for f in memory_fixes(a.check_inputs()) if "--grad-accum" in f.flags]
+    assert [f.flags for f in fixes] == ["--batch-size 3 --grad-accum 3"]
+    assert "the same 9 sequences per step" in fixes[0].text and "last micro-batch only" in fixes[0].text
+    sv201 = next(f for f in a.findings if f.code == "SV201")
+    assert "--batch-size 3 --grad-accum 3 (peak " in sv201.fix_for("cli")
+    fix = fixes[0]
+    assert main(["report", "zoo:tiny_llama_lora", *flags, "--batch-size", "3", "--grad-accum", "3", "-o", "-"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"verdict: fits: peak {format_bytes(fix.peak)} on rank 0" in err
+    assert f"step {format_duration(fix.step_time_s)} " in err
+    assert main(["report", "zoo:tiny_llama_lora", *flags, "--batch-size", "9", "-o", "-"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--batch-size 3 --grad-accum 3 (peak " in err and "--batch-size 4" not in err
+
+
+def test_the_cli_grad_accum_flag_is_training_grad_accum(model, capsys):
+    from shardviz.cli import main
+
+    assert main(["export", "zoo:tiny_llama_lora", "--world-size", "8", "--batch-size", "3", "--grad-accum", "3",
+                 "--seq-len", "256", "-q"]) == 0
+    code = capsys.readouterr().out
+    assert "GRAD_ACCUM = 3" in code and "def train_step(" in code

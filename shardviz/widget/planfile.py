@@ -7,9 +7,12 @@ Rules (the Inspector's "nothing lost" promise):
   half a file;
 - on start, a valid file that names only modules and parameters of this model is restored;
 - a file that is not a valid plan (corrupt JSON, wrong schema) or that names modules or
-  parameters this model does not have is *never* overwritten silently: autosave stays off and
-  the message says so, until the user explicitly overwrites it (``overwrite``) or picks another
-  path;
+  parameters this model does not have (every one is listed) is *never* overwritten silently:
+  autosave stays off and the message says so, until the user explicitly overwrites it
+  (``overwrite``) or picks another path;
+- a file whose calls miss some of the model's repeated blocks while covering their siblings (a
+  plan made for a model with fewer layers, or an edit that left a block out) is restored, with an
+  error message naming the blocks and the call that would gather them;
 - a file changed by someone else since we last read or wrote it (another Inspector, an editor)
   is not overwritten silently either: the save is refused the same way;
 - what a version-2 file records of the run (its "mesh" and "training", from ``shardviz plan
@@ -70,13 +73,22 @@ class PlanFile:
             plan = Plan.from_json(data.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             return self.refuse(f"plan file {self.path} is not a valid shardviz plan ({exc})")
+        from ..presets import blocks_without_calls, plan_mismatch
+
+        problems = plan_mismatch(tree, plan)
+        gaps = blocks_without_calls(tree, plan)
+        if problems and not (gaps and len(problems) == 1):  # names this model lacks: another model's plan
+            return self.refuse(f"plan file {self.path} does not match this model ({'; '.join(problems)})")
         try:
             plan.validate(tree)
         except ValueError as exc:
             return self.refuse(f"plan file {self.path} does not match this model ({exc})")
         self.writable, self.problem = True, None
         self.setup = dict(plan.setup)
-        return LoadResult(plan, "info", f"restored {len(plan.units)} units and {len(plan.ignored)} ignored parameters from {self.path}")
+        restored = f"restored {len(plan.units)} units and {len(plan.ignored)} ignored parameters from {self.path}"
+        if gaps:  # an edit here can leave a block out too: restored (nothing lost), said as an error
+            return LoadResult(plan, "error", f"{restored}, but {problems[0]}")
+        return LoadResult(plan, "info", restored)
 
     def refuse(self, why: str) -> LoadResult:
         self.writable = False
