@@ -176,7 +176,8 @@ def training_text(tr) -> str:
     if tr.offload:
         parts.append("CPU offload")
     bs = tr.batch_size
-    parts.append(f"batch {bs} × {tr.seq_len} tokens" if bs else "no batch (model state only)")
+    accum = f" × {tr.grad_accum} micro-batches per step" if tr.grad_accum > 1 else ""
+    parts.append(f"batch {bs} × {tr.seq_len} tokens{accum}" if bs else "no batch (model state only)")
     return " · ".join(parts)
 
 

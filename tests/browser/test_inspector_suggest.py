@@ -105,9 +105,9 @@ def test_suggest_apply_the_second_row_and_undo(lab_server, shared_lab_page):
     for i in range(8):
         expect(rows.nth(i).locator(".sv-suggest-rank")).to_have_text(str(i + 1))
         expect(rows.nth(i).locator(".sv-suggest-name")).to_have_text(ref.table.name.iloc[i])
-        expect(rows.nth(i).locator(".sv-suggest-peak > div").first).to_have_text(format_bytes(ref.table.peak.iloc[i]))
+        expect(rows.nth(i).locator(".sv-suggest-peak > div").first).to_have_text(format_bytes(ref.table.judged_peak.iloc[i]))
     second = panel.locator('.sv-suggest-row[data-index="1"]')
-    assert int(second.locator(".sv-suggest-peak").get_attribute("data-value")) == int(ref.table.peak.iloc[1])
+    assert int(second.locator(".sv-suggest-peak").get_attribute("data-value")) == int(ref.table.judged_peak.iloc[1])
 
     second.locator(".sv-suggest-apply").click()
     want = f"search: {ref.table.name.iloc[1]}"
