@@ -176,7 +176,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   // the limit in words, above the chart: a line of text that wraps (in the chart it was cut at
   // 848 px: "peak uses 300% of 79.00 GiB usable (...)"); red only when the peak does not fit
   const limitWords = hasLimit
-    ? h("div", { class: `sv-limit-label${limitOnScale ? "" : " sv-limit-off"}${use && use.over ? " sv-over" : ""}`, text: (use ? `${use.text} · ${use.limit_text}` : mem.limit_text || `device ${fmtBytes(limit)}`) + (limitOnScale ? " (dashed line)" : "") })
+    ? h("div", { class: `sv-limit-label${limitOnScale ? "" : " sv-limit-off"}${use && use.over ? " sv-over" : ""}`, text: use ? `${use.text}${limitOnScale ? ` · dashed line: ${use.limit_text}` : ""}` : (mem.limit_text || `device ${fmtBytes(limit)}`) + (limitOnScale ? " (dashed line)" : "") })
     : null;
   if (limitOnScale) {
     const y = yOf(limit);
