@@ -10,6 +10,7 @@ from pathlib import Path
 from torch import nn
 
 import shardviz as sv
+import shardviz.widget
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.inspector import FRONT_FILES
 from widget_helpers import front_end_source
@@ -62,3 +63,13 @@ def test_protocol_is_defined_once_and_checked_in_python():
 
 def test_sv_exports_inspector():
     assert sv.Inspector is Inspector
+
+
+def test_no_glyph_that_needs_an_emoji_font():
+    """"⏳" drew an empty box where no emoji font is installed (issue 37): the front end draws its
+    spinner in CSS and writes words; no pictograph or dingbat in the files it ships."""
+    here = Path(shardviz.widget.__file__).parent
+    pictograph = re.compile("[\u2300-\u23ff\u2600-\u27bf\U0001f000-\U0001faff]")
+    for path in [here / "charts.js", here / "inspector.css", *sorted((here / "front").glob("*.js"))]:
+        found = pictograph.findall(path.read_text())
+        assert not found, (path.name, found)

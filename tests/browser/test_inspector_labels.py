@@ -140,12 +140,17 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     a = sv.analyze(model, plan, sv.Mesh(shard=4, device_memory="80GiB"),
                    sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32"))
     limit_label = widget.locator(".sv-memory .sv-limit-label")
-    expect(limit_label).to_have_text("peak uses <0.1% of 79.00 GiB usable (80.00 GiB − 1.00 GiB reserve) per device")
+    expect(limit_label).to_have_text(a.fit.headline)  # the one verdict's words (the limit is far above the bars)
     assert "sv-over" not in (limit_label.get_attribute("class") or "")
     error_color = widget.evaluate("el => getComputedStyle(el).getPropertyValue('--sv-error').trim()")
     fill = limit_label.evaluate("el => getComputedStyle(el).fill")
     assert fill != widget.evaluate(f"() => {{ const d = document.createElement('div'); d.style.color = '{error_color}'; document.body.append(d); const c = getComputedStyle(d).color; d.remove(); return c; }}")
-    expect(widget.locator(".sv-sum-peak")).to_have_attribute("data-bytes", str(int(a.memory["peak"].max())))
+    expect(widget.locator(".sv-sum-peak")).to_have_attribute("data-bytes", str(a.fit.judged))
+    # an enabled button never wears the disabled one's colour ("− unit" read as greyed out, issue 37)
+    colour = "el => [getComputedStyle(el).color, getComputedStyle(el).opacity, getComputedStyle(el).borderStyle]"
+    enabled = widget.locator(".sv-act-remove:not([disabled])").first.evaluate(colour)
+    disabled = widget.locator(".sv-redo").evaluate(colour)
+    assert widget.locator(".sv-redo").is_disabled() and enabled != disabled and enabled[0] != disabled[0], (enabled, disabled)
 
     # a batch size brings the activations into the peak, and the moment of the peak is named
     r0 = rev(widget)

@@ -60,7 +60,7 @@ def test_notebook_02_reads_well_in_the_dark(lab_server, shared_lab_page):
         # 80 GiB far above a 4 GiB peak is named, not drawn: the bars keep their height
         first = charts.nth(0)
         assert first.locator("line.sv-limit").count() == 0
-        expect(first.locator(".sv-limit-label")).to_contain_text("peak uses")
+        expect(first.locator(".sv-limit-label")).to_contain_text("fits: reserved peak")
         heights = [float(b.get_attribute("height")) for b in first.locator("rect.sv-seg").all()]
         assert sum(heights) > 150  # the stacks fill the chart
         save_screenshot(panel, "notebook02_dark")

@@ -77,7 +77,7 @@ def test_report_opens_offline_with_charts(tmp_path, chromium_browser, world):
     assert not overlap
     # the device line far above the bars is named, not drawn, and not in red when the peak fits
     label = charts.nth(0).locator(".sv-limit-label")
-    assert label.text_content().startswith("peak uses") and "sv-over" not in label.get_attribute("class")
+    assert label.text_content().startswith("fits: reserved peak") and "sv-over" not in label.get_attribute("class")
     # tables read as text: no None / NaN, "(outside FSDP)" for the all-reduce of ignored LoRA
     body = page.locator("body").inner_text()
     tables = "\n".join(page.locator("table").all_inner_texts())
@@ -186,7 +186,7 @@ def test_report_explains_itself_and_copies_its_code(tmp_path, chromium_browser):
     title = page.locator("h1").inner_text()
     assert title.startswith("shardviz report: LlamaForCausalLM (") and "LoRA r=8" in title
     verdict = page.locator("p.verdict")
-    assert verdict.inner_text().startswith("fits: peak")
+    assert verdict.inner_text().startswith("fits: reserved peak")
     assert verdict.bounding_box()["y"] < page.locator("h2").first.bounding_box()["y"]  # the answer first
     assert "of H100" in page.locator("p.step").first.inner_text()
     assert "tokens/s" in page.locator("p.step").first.inner_text()  # --device gives the step time

@@ -117,7 +117,7 @@ function showControls(ctl, c) {
   ctl.batch.value = text(c.batch_size);
   ctl.seq.value = text(c.seq_len);
   ctl.seq.classList.toggle("sv-warn-input", !!c.seq_len_note);
-  ctl.seqNote.textContent = c.seq_len_note ? "⚠ above the model's positions" : "";
+  ctl.seqNote.textContent = c.seq_len_note ? "above the model's positions" : "";
   ctl.seqNote.title = c.seq_len_note || "";
   ctl.undo.disabled = !c.can_undo;
   ctl.redo.disabled = !c.can_redo;

@@ -11,19 +11,30 @@ function chartsPanel(ctx) {
   const trafficEl = h("div", { class: "sv-traffic" });
   const timelineEl = h("div", { class: "sv-timeline" });
   const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl, timelineEl);
+  let lastFull = null; // the last memory payload with every number measured
   return {
     el,
     renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
     renderMemory: () => {
       const mem = ctx.model.get("memory") || {};
-      drawMemory(memoryEl, mem);
+      // never a partial answer: while the activations are measured, the last full numbers stay,
+      // dimmed, on their own axis, with what is being measured; before any, no numbers at all
+      if (!mem.pending) lastFull = mem;
+      if (mem.pending && lastFull) drawMemory(memoryEl, lastFull);
+      else if (mem.pending) memoryEl.replaceChildren(h("div", { class: "sv-chart-title", text: "Memory per rank at the peak" }));
+      else drawMemory(memoryEl, mem);
       memoryEl.dataset.revision = String(mem.revision ?? "");
       memoryEl.dataset.pending = mem.pending ? "true" : "false";
-      // the activations are still being measured: the bars are the model state's, and say so
-      if (mem.pending) memoryEl.firstChild.after(h("div", { class: "sv-pending-note", role: "status", text: mem.pending }));
+      memoryEl.classList.toggle("sv-updating", !!mem.pending);
+      if (mem.pending) memoryEl.firstChild.after(pendingNote(lastFull && lastFull !== mem ? `updating: ${mem.pending}` : mem.pending));
     },
     renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
   };
+}
+
+// a status line with a CSS spinner (no emoji: it needs a font that may not be installed)
+function pendingNote(text) {
+  return h("div", { class: "sv-pending-note", role: "status" }, h("span", { class: "sv-spinner", "aria-hidden": "true" }), text);
 }
 
 // ---------------------------------------------------------------------------------------------

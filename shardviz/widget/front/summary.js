@@ -53,20 +53,24 @@ function workItem(ctx) {
   return h(
     "span",
     { class: "sv-sum-item sv-work", role: "status", title: "runs in the background: the numbers above are already for the current state" },
-    `⏳ ${w.label}…`,
+    h("span", { class: "sv-spinner", "aria-hidden": "true" }),
+    `${w.label}…`,
     clock,
     h("button", { class: "sv-btn sv-work-cancel", text: "cancel", title: "stop it; the numbers shown stay", onclick: () => ctx.send("cancel") }),
   );
 }
 
+let lastFullSummary = null; // the verdict of the last fully measured state
 function peakItem(sm) {
   if (sm.pending) {
-    return h(
-      "span",
-      { class: "sv-sum-item sv-sum-peak sv-pending", "data-bytes": sm.peak, title: sm.pending },
-      `model state ${fmtBytes(sm.peak)} (rank ${sm.worst_rank}) · activations being measured`,
-    );
+    // never a partial answer: the last full verdict stays, dimmed and marked as updating
+    const last = lastFullSummary ? peakItem(lastFullSummary) : h("span", { class: "sv-sum-item sv-sum-peak", text: "measuring the step…" });
+    last.classList.add("sv-pending");
+    last.title = sm.pending;
+    last.append(h("span", { class: "sv-spinner", "aria-hidden": "true" }));
+    return last;
   }
+  lastFullSummary = sm;
   const use = sm.use;
   if (!use) {
     return h(
