@@ -9,6 +9,11 @@
   each rank's sharded parameter bytes, buffers, gradients and optimizer states (``FSDPMemTracker``), every
   collective with its dtype and bytes, and the quantization state each rank keeps whole (the storages of
   the real ``QuantState`` tensors: the tracker does not see them, they are no parameters).
+- The peak with activations (batch 2 x 64): the fake copy runs ``Linear4bit`` through
+  ``activations.patches.bnb_4bit_reference`` (bitsandbytes' MatMul4Bit as it allocates: the dequantized
+  weight in backward, and in forward above 1,536 rows where the CUDA kernel dequantizes): torch's largest
+  Total plus the quantization state, within the pinned ``ACTIVATION_DEVIATION``. At 128 rows bitsandbytes'
+  CPU kernel (an opaque op, as the fused CUDA kernel) shows torch no forward temporary either.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def test_load_model_builds_what_transformers_quantizes(tmp_path, quant_type, sto
     assert not [f for f in a.findings if f.code == "SV122"]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("double_quant", [False, True], ids=["plain", "double_quant"])
 def test_params_and_all_gathers_match_fully_shard(tmp_path, world, double_quant):
     config = bnb_config("nf4", "bfloat16", double_quant)
@@ -56,7 +61,8 @@ def test_params_and_all_gathers_match_fully_shard(tmp_path, world, double_quant)
         state: dict = {}
         truth = fake_run(lambda: quantized(tmp_path / "base", config, adapter=True), plan, mesh, training, rank,
                          inspect=lambda m, state=state: state.setdefault("quant", quant_state_storage_bytes(m)))
-        assert memory_mismatches(a, truth, exact_peak=False) == []
+        # the peak to the byte: torch's tracker does not see the quantization state (no parameter, no buffer)
+        assert memory_mismatches(a, truth, peak_offset=state["quant"]) == []
         assert comm_mismatches(a, truth) == []
         assert int(a.memory.quant_state.iloc[rank]) == state["quant"]
     row = a.memory.iloc[0]
@@ -64,3 +70,23 @@ def test_params_and_all_gathers_match_fully_shard(tmp_path, world, double_quant)
     bf16 = sv.load_model(folder / "config.json", adapter=folder / "adapter_config.json", quantization={})
     unquantized = sv.analyze(bf16, sv.Plan.auto(bf16), mesh, training).memory.iloc[0]
     assert row.params_sharded < unquantized.params_sharded / 2
+
+
+# measured: +1,024 B of 1.99 MB (+0.05 %) in activations, on both settings; not yet traced
+ACTIVATION_DEVIATION = {False: 1024, True: 1024}
+
+
+@pytest.mark.parametrize("double_quant", [False, True], ids=["plain", "double_quant"])
+def test_peak_with_activations_matches_torch(tmp_path, double_quant):
+    config = bnb_config("nf4", "bfloat16", double_quant)
+    real, folder = quantized_files(tmp_path, config)
+    meta = sv.load_model(folder / "config.json", adapter=folder / "adapter_config.json")
+    plan, mesh, training = sv.Plan.auto(meta), sv.Mesh(shard=2), sv.Training(batch_size=2, seq_len=64)
+    a = sv.analyze(meta, plan, mesh, training)
+    truth = fake_run(lambda: quantized(tmp_path / "base", config, adapter=True), plan, mesh, training, 0)
+    row = a.memory.iloc[0]
+    assert row.activations > 0.5 * row.peak
+    predicted = int(row.peak + row.cpu_optimizer)  # a CPU-only run keeps Adam's step scalars with the states
+    torch_peak = truth.peak_snap["Total"] + quant_state_storage_bytes(real)
+    assert predicted - torch_peak == ACTIVATION_DEVIATION[double_quant], (predicted, torch_peak, a.peak_breakdown(0),
+                                                                          truth.peak_snap)
