@@ -136,3 +136,17 @@ def test_a_quantized_parameter_class_is_named_without_importing_its_library():
     assert len(found) == 1 and found[0].severity == "error"
     assert "1 parameters are bitsandbytes.nn.modules.Params4bit (e.g. '0.weight')" in found[0].message
     assert found[0].fqns == ("0.weight",) and "quantize the weights first" in found[0].fix
+
+
+def test_cli_loads_in_4bit_and_says_so(tmp_path, capsys):
+    """--load-in-4bit builds the config as bitsandbytes 4-bit (uint8 storage, bitsandbytes' default: SV124);
+    --quant-storage bfloat16 shards it; the model line names the quantization."""
+    pytest.importorskip("bitsandbytes")
+    config, adapter = files(tmp_path, LLAMA)
+    args = ["report", str(config), "--adapter", str(adapter), "--world-size", "2", "-o", str(tmp_path / "r.html")]
+    assert main([*args, "--load-in-4bit"]) in (0, 1)
+    out = " ".join("".join(capsys.readouterr()).split())  # lines wrapped for the terminal
+    assert "4-bit nf4 (bitsandbytes, uint8 storage)" in out and "SV124" in out and "SV122" not in out
+    assert main([*args, "--load-in-4bit", "--quant-storage", "bfloat16", "--param-dtype", "float32", "--force"]) in (0, 1)
+    out = " ".join("".join(capsys.readouterr()).split())  # lines wrapped for the terminal
+    assert "bfloat16 storage" in out and "SV123" in out and "SV124" not in out
