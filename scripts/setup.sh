@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the project's virtual environment at <repo>/.venv.
 #
-#   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab,hf] + kernelspec
+#   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab,hf,qlora] + kernelspec
 #   ./scripts/setup.sh --browser   ... and Debian's chromium + chromium-driver (browser tests)
 #   ./scripts/setup.sh --node      ... and Debian's nodejs when `node` is missing (tests/test_widget_protocol_js.py)
 #
@@ -80,14 +80,14 @@ url = urlparse(info.get("url", ""))
 here = pathlib.Path(unquote(url.path)).resolve() if url.scheme == "file" else None
 ok = info.get("dir_info", {}).get("editable") and here == pathlib.Path(sys.argv[1]).resolve()
 from importlib.util import find_spec
-mods = ["jupyterlab", "playwright", "xdist", "ipykernel", "anywidget", "ipywidgets", "nbformat", "ruff", "transformers", "peft"]
+mods = ["jupyterlab", "playwright", "xdist", "ipykernel", "anywidget", "ipywidgets", "nbformat", "ruff", "transformers", "peft", "bitsandbytes"]
 sys.exit(0 if ok and all(find_spec(m) for m in mods) else 1)
 PY
   ) >/dev/null 2>&1
 }
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want_stamp" ] || ! editable_ok; then
-  echo "setup.sh: installing shardviz[test,lab,hf] (editable)"
-  step "install shardviz[test,lab,hf]" "$VPY" -m pip install -q -e ".[test,lab,hf]" "torch==$TORCH_VERSION"
+  echo "setup.sh: installing shardviz[test,lab,hf,qlora] (editable)"
+  step "install shardviz[test,lab,hf,qlora]" "$VPY" -m pip install -q -e ".[test,lab,hf,qlora]" "torch==$TORCH_VERSION"
   echo "$want_stamp" >"$STAMP"
 fi
 

@@ -4,21 +4,26 @@
 |-------|----------|------|
 | SV120 | warning  | an adapter's ``target_modules`` list names projections this model does not have, so it adapts only some of them (fused ``qkv_proj`` / ``gate_up_proj``) |
 | SV121 | warning / info | the config declares ``torch_dtype: float32``: every weight in fp32, twice bf16's bytes |
-| SV122 | error    | quantized weights (a ``quantization_config``; bitsandbytes ``Params4bit`` / ``Int8Params``, torchao ``NF4Tensor`` / float8 tensor subclasses): priced as the unquantized dtype until quantized pricing lands |
+| SV122 | error    | quantized weights shardviz does not price (bitsandbytes 8-bit, torchao ``NF4Tensor`` / float8, fp8 or GPTQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit (packed ``Params4bit``) is priced exactly |
+| SV123 | error    | a ``Params4bit`` whose floating storage dtype differs from its call's ``param_dtype``: FSDP2 casts the packed bits |
+| SV124 | warning  | ``Params4bit`` stored as uint8: accelerate ignores them (replicated); what bf16 storage saves |
 
 Below ``checks`` in the layers (``run_checks`` calls them); they read ``inputs.tree.model``, the
 peft config on it, its Hugging Face config and ``load.source_of`` (the files ``load_model`` read),
 nothing else. Quantized parameter classes are recognised by their module and name
-(``QUANTIZED_TENSOR_MODULES``, ``QUANTIZED_TENSOR_CLASSES``): bitsandbytes and torchao are never imported.
+(``QUANTIZED_TENSOR_MODULES``, ``QUANTIZED_TENSOR_CLASSES``): bitsandbytes and torchao are never imported here.
 """
 
 from __future__ import annotations
+
+import torch
 
 from .check_inputs import CheckInputs
 from .finding import Finding
 from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
+from .quant import INSTALL, bnb_4bit_config, bnb_available, quant_kind
 from .tree import ModelTree, peft_configs
 
 
@@ -150,22 +155,36 @@ def _quant_words(qc: dict) -> str:
     return "{" + ", ".join(said or [f"{k}: {v!r}" for k, v in list(qc.items())[:3]]) + "}"
 
 
-def check_quantized(inputs: CheckInputs) -> list[Finding]:
-    """SV122: the model's weights are quantized (its config's ``quantization_config``, or parameters of a
-    quantized tensor class); shardviz prices them at the unquantized dtype, so memory, traffic and the
-    verdict are not those of the quantized run. An error until quantized pricing lands."""
+def _unpriced(inputs: CheckInputs) -> tuple[dict[str, list[str]], dict | None]:
+    """Quantized parameters shardviz does not price (by class: any quantized class but a bitsandbytes
+    ``Params4bit`` holding packed data, which the tree reads as it is), and the ``quantization_config``
+    when it is not a bitsandbytes 4-bit one that the model carries as ``Params4bit`` (else None)."""
     model = inputs.tree.model
-    if model is None:
-        return []
+    priced = {id(p) for p in model.parameters() if quant_kind(p)}
     typed: dict[str, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         kind = quantized_tensor_type(param)
-        if kind:
+        if kind and id(param) not in priced:
             typed.setdefault(kind, []).append(name)
     qc = quantization_config(model)
+    if qc is not None and priced and _is_bnb_4bit(qc):
+        qc = None
+    return typed, qc
+
+
+def check_quantized(inputs: CheckInputs) -> list[Finding]:
+    """SV122: quantized weights shardviz does not price (bitsandbytes 8-bit, torchao NF4 / float8, fp8 or
+    GPTQ configs, a ``Params4bit`` not yet quantized, a 4-bit config without bitsandbytes installed): they
+    are priced at the unquantized dtype, so memory, traffic and the verdict are not those of the run.
+    bitsandbytes 4-bit weights (``Params4bit`` with packed data, ``sv.load_model`` on a 4-bit config) are
+    priced exactly and raise nothing here."""
+    model = inputs.tree.model
+    if model is None:
+        return []
+    typed, qc = _unpriced(inputs)
     if not typed and qc is None:
         return []
-    base = [p for p in inputs.tree.params if not p.requires_grad] or inputs.tree.params  # the weights quantized
+    base = [p for p in inputs.tree.params if not p.requires_grad and not p.quant] or inputs.tree.params
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in base})
     parts = []
     if qc is not None:
@@ -178,10 +197,77 @@ def check_quantized(inputs: CheckInputs) -> list[Finding]:
     priced = (f"their bytes are priced as the unquantized dtype ({', '.join(dtypes)})" if not typed else
               "each is priced as a plain tensor of its dtype and shape (its quantization state and FSDP2's handling "
               "of the class are not modelled)")
+    fix = ("read the figures as an unquantized model's until quantized pricing lands (sv.load_model on "
+           "the config without 'quantization_config' prices the unquantized model on purpose)")
+    if qc is not None and _is_bnb_4bit(qc) and not bnb_available():
+        fix = f"install bitsandbytes ({INSTALL}): sv.load_model then builds the 4-bit weights on meta, priced to the byte"
+    elif any(k.endswith("Params4bit") for k in typed):
+        fix = ("quantize the weights first (Linear4bit.to(device), or sv.load_model on a config with a bitsandbytes "
+               "4-bit 'quantization_config', which packs them on meta): a Params4bit of packed data is priced exactly")
     return [Finding(
         "SV122", "error",
-        f"quantized weights: {'; '.join(parts)}. shardviz does not price quantized weights yet: {priced}, so the "
+        f"quantized weights: {'; '.join(parts)}. shardviz does not price these quantized weights yet: {priced}, so the "
         "memory, the traffic and the verdict are not those of this run",
-        tuple(names[:50]), fix="read the figures as an unquantized model's until quantized pricing lands (sv.load_model on "
-        "the config without 'quantization_config' prices the unquantized model on purpose)",
-        n_fqns=len(names), all_fqns=tuple(names))]
+        tuple(names[:50]), fix=fix, n_fqns=len(names), all_fqns=tuple(names))]
+
+
+def _is_bnb_4bit(qc: dict) -> bool:
+    try:
+        return bnb_4bit_config(qc) is not None
+    except Exception:  # noqa: BLE001 - a config transformers refuses: not one shardviz prices
+        return False
+
+
+def _storage(p) -> str:
+    return str(p.dtype).replace("torch.", "")
+
+
+def check_quant_storage(inputs: CheckInputs) -> list[Finding]:
+    """SV123: a ``Params4bit`` whose storage dtype is floating point, sharded by a call whose
+    ``param_dtype`` differs: FSDP2 casts the sharded parameter to ``param_dtype`` before the all-gather
+    (``FSDPParam.init_dtype_attrs`` clamps only equal or non-floating dtypes), so the packed 4-bit codes
+    are converted as numbers and the dequantized weights are garbage: training runs and learns nothing."""
+    layout, training = inputs.layout, inputs.training
+    bad: dict[tuple[str, str], list[str]] = {}
+    for p in inputs.tree.params:
+        if not p.quant or not p.dtype.is_floating_point or not layout.sharded[p.index]:
+            continue
+        unit = layout.units[int(layout.param_unit_array[p.index])].unit
+        pd = training.unit_defaults(unit).param_dtype
+        if pd is not None and str(pd).replace("torch.", "") != _storage(p):
+            bad.setdefault((_storage(p), str(pd).replace("torch.", "")), []).append(p.fqn)
+    out = []
+    for (storage, pd), names in bad.items():
+        out.append(Finding(
+            "SV123", "error",
+            f"{len(names):,} bitsandbytes 4-bit weights store their packed codes as {storage} "
+            f"(bnb_4bit_quant_storage) but their fully_shard call casts parameters to param_dtype={pd}: FSDP2 "
+            f"converts the packed bits as {storage} numbers before the all-gather, so every dequantized weight is "
+            "garbage and training breaks silently",
+            tuple(names[:50]), fix=f"set \"bnb_4bit_quant_storage\": \"{pd}\" in the quantization_config (the storage "
+            f"must equal param_dtype), or MixedPrecisionPolicy(param_dtype=torch.{storage})",
+            n_fqns=len(names), all_fqns=tuple(names), flags=f"--quant-storage {pd}"))
+    return out
+
+
+def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
+    """SV124: ``Params4bit`` stored as uint8 (bitsandbytes' default). accelerate's FSDP2 preparation
+    (``fsdp2_prepare_model``, accelerate/utils/fsdp_utils.py) puts every frozen non-floating
+    ``Params4bit`` into ``ignored_params``, so each rank holds all of them whole; with a floating
+    storage dtype (bf16) they are sharded like any parameter. Says what bf16 storage saves per rank."""
+    packed = [p for p in inputs.tree.params if p.quant and p.dtype == torch.uint8]
+    if not packed:
+        return []
+    whole = sum(p.nbytes for p in packed)
+    shard = inputs.mesh.shard
+    sharded = sum(-(-p.shape[0] // 2 // shard) * 2 * p.row_numel for p in packed)  # bf16 rows, padded to the mesh
+    names = [p.fqn for p in packed]
+    return [Finding(
+        "SV124", "warning",
+        f"{len(packed):,} bitsandbytes 4-bit weights are stored as uint8 (bnb_4bit_quant_storage's default): "
+        f"accelerate's FSDP2 preparation puts them in ignored_params, so every rank holds them whole "
+        f"({format_bytes(whole)} per rank); stored as bfloat16 they are sharded over {shard} ranks "
+        f"(about {format_bytes(sharded)} per rank, {format_bytes(whole - sharded)} less)",
+        tuple(names[:50]), fix="set \"bnb_4bit_quant_storage\": \"bfloat16\" in the quantization_config (and a "
+        "param_dtype of bfloat16 in the mixed-precision policy)",
+        n_fqns=len(names), all_fqns=tuple(names), flags="--quant-storage bfloat16")]

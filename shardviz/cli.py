@@ -327,6 +327,14 @@ def _add_model_args(p, model_required=True) -> None:
     p.add_argument("--attn-implementation", choices=ATTN_CHOICES,
                    help="config.json models: the attention measured (transformers' attn_implementation; default: "
                         "transformers' pick for the class, sdpa where supported, else eager)")
+    p.add_argument("--load-in-4bit", action="store_true",
+                   help="config.json models: load as bitsandbytes 4-bit (QLoRA: BitsAndBytesConfig(load_in_4bit=True)), "
+                        "built on meta, priced to the byte (needs pip install 'shardviz[qlora]')")
+    p.add_argument("--quant-storage", choices=("bfloat16", "float16", "float32", "uint8"),
+                   help="4-bit models: bnb_4bit_quant_storage, the dtype FSDP2 shards the packed weights in (default: "
+                        "the config's; uint8 with --load-in-4bit, as bitsandbytes)")
+    p.add_argument("--quant-type", choices=("nf4", "fp4"), help="4-bit models: bnb_4bit_quant_type (default: nf4)")
+    p.add_argument("--double-quant", action="store_true", help="4-bit models: bnb_4bit_use_double_quant")
 
 
 def _add_checkpoint_arg(p) -> None:

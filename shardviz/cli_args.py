@@ -25,14 +25,17 @@ def is_config_path(spec: str) -> bool:
     return spec.endswith(".json") or Path(spec).is_dir() or (os.sep in spec and ":" not in spec)
 
 
-def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn_implementation=None):
-    """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module."""
+def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn_implementation=None, quantization=None):
+    """``zoo:NAME``, a ``config.json`` (+ ``adapter`` paths) or ``package.module:factory`` -> an nn.Module.
+    ``quantization``: ``quantization_from_args``'s changes to the config's ``quantization_config``."""
     if adapter and not is_config_path(spec):
         raise CliError(f"--adapter applies to a config.json model, not {spec!r}")
     if dtype and not is_config_path(spec):
         raise CliError(f"--dtype applies to a config.json model, not {spec!r}")
     if attn_implementation and not is_config_path(spec):
         raise CliError(f"--attn-implementation applies to a config.json model, not {spec!r}")
+    if quantization and not is_config_path(spec):
+        raise CliError(f"--load-in-4bit / --quant-storage apply to a config.json model, not {spec!r}")
     if spec.startswith("zoo:"):
         from . import zoo
 
@@ -44,7 +47,8 @@ def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn
         from .load import load_model
 
         try:
-            return load_model(spec, adapter=adapter or None, dtype=dtype, attn_implementation=attn_implementation)
+            return load_model(spec, adapter=adapter or None, dtype=dtype, attn_implementation=attn_implementation,
+                              quantization=_quantization(spec, quantization))
         except (ValueError, ImportError) as exc:
             raise CliError(str(exc)) from None
     return _model_from_factory(spec)
@@ -149,12 +153,45 @@ def check_plan_file(tree, plan, path: str, gaps: bool = True) -> str | None:
     return gap and f"error: plan {path!r} does not match the model: {gap}"
 
 
+def quantization_from_args(args) -> dict | None:
+    """--load-in-4bit (a bitsandbytes nf4 config, as from_pretrained(quantization_config=...) loads it),
+    --quant-storage and --double-quant: the quantization_config fields they set (None: the config's own)."""
+    out = {}
+    if getattr(args, "load_in_4bit", False):
+        out.update(quant_method="bitsandbytes", load_in_4bit=True, bnb_4bit_quant_type=args.quant_type or "nf4",
+                   bnb_4bit_compute_dtype="bfloat16", bnb_4bit_quant_storage="uint8")
+    elif getattr(args, "quant_type", None):
+        out["bnb_4bit_quant_type"] = args.quant_type
+    if getattr(args, "quant_storage", None):
+        out["bnb_4bit_quant_storage"] = args.quant_storage
+    if getattr(args, "double_quant", False):
+        out["bnb_4bit_use_double_quant"] = True
+    return out or None
+
+
+def _quantization(spec: str, changes: dict | None) -> dict | None:
+    """The quantization_config load_model builds: the config's, with ``changes`` (a 4-bit one from
+    --load-in-4bit replaces it); None: the config's own."""
+    if not changes:
+        return None
+    if changes.get("load_in_4bit"):
+        return changes
+    from .load import CONFIG_FILE, read_json
+
+    declared = read_json(spec, CONFIG_FILE)[1].get("quantization_config")
+    if not isinstance(declared, dict) or not declared.get("load_in_4bit"):
+        raise CliError(f"--quant-storage / --quant-type / --double-quant change a bitsandbytes 4-bit quantization_config, "
+                       f"and {spec} has none: add --load-in-4bit")
+    return {**declared, **changes}
+
+
 def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
     from .tree import ModelTree
 
     model = model_from_spec(args.model, lora=not args.no_lora, adapter=args.adapter,
-                       dtype=args.dtype, attn_implementation=args.attn_implementation)
+                            dtype=args.dtype, attn_implementation=args.attn_implementation,
+                            quantization=quantization_from_args(args))
     return model, ModelTree(model)
 
 

@@ -401,12 +401,21 @@ def model_text(tree, label: str | None = None) -> str:
     (``label``: the zoo model's or the config folder's name, when known), the parameters counted once."""
     model = tree.model
     name = type(base_model(model)).__name__ if model is not None else tree.root_type
-    total = sum(p.numel for p in tree.params)
+    total = sum(p.nbytes * 2 if p.quant else p.numel for p in tree.params)  # 4-bit: two weights a packed byte
     trainable = sum(p.numel for p in tree.params if p.requires_grad)
     adapter = _adapter_text(model) if model is not None else ""
     share = f", {format_percent(trainable / total)} trainable" if adapter and total else ""
     shaped = f"{label}-shaped: " if label and label != name else ""
-    return f"{name} ({shaped}{_count(total)} parameters{share}){adapter}"
+    return f"{name} ({shaped}{_count(total)} parameters{share}{_quant_text(tree)}){adapter}"
+
+
+def _quant_text(tree) -> str:
+    """", 4-bit nf4 (bitsandbytes, bfloat16 storage)": the packed weights' kinds and storage dtypes."""
+    kinds = sorted({p.quant for p in tree.params if p.quant})
+    if not kinds:
+        return ""
+    storage = sorted({str(p.dtype).replace("torch.", "") for p in tree.params if p.quant})
+    return f", 4-bit {'/'.join(kinds)} (bitsandbytes, {'/'.join(storage)} storage)"
 
 
 def verdict_text(a) -> str:

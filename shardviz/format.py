@@ -112,6 +112,7 @@ COLUMNS = {
     "rank": ("rank", "int"), "replica": ("replica", "int"), "shard": ("shard", "int"),
     "params": ("parameters", "bytes"), "params_sharded": ("sharded parameters", "bytes"),
     "params_whole": ("whole parameters", "bytes"), "buffers": ("buffers", "bytes"), "grads": ("gradients", "bytes"),
+    "quant_state": ("quantization state (whole)", "bytes"),
     "grads_sharded": ("sharded gradients", "bytes"), "grads_whole": ("whole gradients", "bytes"),
     "optimizer": ("optimizer states", "bytes"), "state": ("model state", "bytes"), "activations": ("activations", "bytes"),
     "peak": ("peak", "bytes"), "peak_phase": ("peak in phase", "text"), "peak_unit": ("peak in call", "name"),

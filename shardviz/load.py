@@ -45,7 +45,7 @@ class Source:
     config_file: Path
     declared_dtype: str | None = None
     adapters: dict = field(default_factory=dict)
-    quantization: dict | None = None  # the config's "quantization_config" (SV122: priced unquantized)
+    quantization: dict | None = None  # its "quantization_config", or the one load_model was given
 
 
 _SOURCES: "weakref.WeakKeyDictionary[nn.Module, Source]" = weakref.WeakKeyDictionary()
@@ -227,7 +227,8 @@ def load_adapter_config(path):
         raise ModelFileError(f"{file}: {type(exc).__name__}: {_one_line(exc)}") from None
 
 
-def load_model(config, adapter=None, dtype=None, attn_implementation: str | None = None) -> nn.Module:
+def load_model(config, adapter=None, dtype=None, attn_implementation: str | None = None,
+               quantization: dict | None = None) -> nn.Module:
     """The model a Hugging Face ``config.json`` describes, on the meta device, with its peft adapter(s).
 
     ``config``: a ``config.json`` file or the folder ``save_pretrained`` wrote it in. The class is the
@@ -242,7 +243,11 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
     ``attn_implementation``: the attention the model runs (``"eager"``, ``"sdpa"``, ``"flex_attention"``,
     ...; transformers' own argument, checked by transformers); default: what transformers picks for the
     class (sdpa where the model supports it, else eager: Gemma-2). The activations are measured with it,
-    and the profile's assumptions name it.
+    and the profile's assumptions name it. ``quantization``: a ``quantization_config`` (dict) to load
+    with, as ``from_pretrained(..., quantization_config=BitsAndBytesConfig(...))`` (default: the config's
+    own; ``{}``: none, the unquantized model). A bitsandbytes 4-bit one (nf4/fp4, any ``bnb_4bit_quant_storage``, double quantization) is
+    built as transformers builds it, on meta, each ``Params4bit`` of its packed shape (``shardviz.quant``;
+    needs bitsandbytes: ``pip install 'shardviz[qlora]'``); any other stays unquantized (finding SV122).
 
     Never touches the network and never runs custom code. Raises ``ModelFileError`` (a
     ``ValueError``) naming the file and the field when something is missing or unknown.
@@ -252,6 +257,9 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
     cls = _model_class(file, hf_config)
     pairs = _adapters(adapter)
     adapter_configs = [(name, *load_adapter_config(path)) for name, path in pairs]  # all read before building
+    declared = read_json(file, CONFIG_FILE)[1].get("quantization_config")
+    # quantization={} loads the unquantized model the config's checkpoint was quantized from
+    quant = (dict(quantization) if quantization is not None else dict(declared) if isinstance(declared, dict) else None) or None
     kwargs = {"dtype": dtype} if dtype is not None else {}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
@@ -270,6 +278,7 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
                 said = f" with attn_implementation={attn_implementation!r}" if attn_implementation else ""
                 raise ModelFileError(f"{file}: building {cls.__name__}{said} failed: {type(exc).__name__}: "
                                      f"{_one_line(exc)}") from None
+            _quantize(model, file, quant, pre_quantized=quantization is None)
             for i, (name, adapter_file, peft_config) in enumerate(adapter_configs):
                 try:
                     if i == 0:
@@ -280,11 +289,27 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
                         model.add_adapter(name, peft_config)
                 except Exception as exc:  # noqa: BLE001 - peft's refusal (e.g. target_modules not found)
                     _refuse_adapter(adapter_file, peft_config, exc)
-    quantization = read_json(file, CONFIG_FILE)[1].get("quantization_config")
     _SOURCES[model] = Source(file, _declared_dtype(file) if dtype is None else None,
-                             {name: adapter_file for name, adapter_file, _ in adapter_configs},
-                             dict(quantization) if isinstance(quantization, dict) else None)
+                             {name: adapter_file for name, adapter_file, _ in adapter_configs}, quant)
     return model
+
+
+def _quantize(model, file: Path, quant: dict | None, pre_quantized: bool) -> None:
+    """Build a bitsandbytes 4-bit ``quantization_config`` on meta (``quant.quantize_on_meta``); leave
+    any other, or any without bitsandbytes installed, unquantized (SV122 says so)."""
+    from . import quant as q
+
+    try:
+        config = q.bnb_4bit_config(quant)
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation, reported against the file
+        raise ModelFileError(f"{file}: field 'quantization_config': {type(exc).__name__}: {_one_line(exc)}") from None
+    if config is None or not q.bnb_available():
+        return
+    try:
+        q.quantize_on_meta(model, config, pre_quantized=pre_quantized)
+    except Exception as exc:  # noqa: BLE001 - e.g. a storage dtype bitsandbytes refuses
+        raise ModelFileError(f"{file}: field 'quantization_config': building the 4-bit model failed: "
+                             f"{type(exc).__name__}: {_one_line(exc)}") from None
 
 
 def import_object(module_name: str, attr: str, label: str):

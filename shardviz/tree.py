@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .quant import quant_kind, quant_state_bytes
+
 LORA_NAME_MARKERS = ("lora_", "lora.")
 
 
@@ -31,6 +33,10 @@ class ParamInfo:
     role: str  # "base" or "lora"
     owners: tuple[int, ...]  # modules that register it directly (recurse=False)
     contiguous: bool = True  # fully_shard raises NotImplementedError on a non-contiguous parameter
+    # A bitsandbytes Params4bit: "nf4" / "fp4" (shape and dtype above are its packed data's, what FSDP2
+    # shards and gathers), and the bytes of its quant_state, which is no parameter: every rank keeps it whole.
+    quant: str | None = None
+    quant_state_bytes: int = 0
     # Derived once here: analyses read them for every parameter on every toggle.
     numel: int = field(init=False)
     itemsize: int = field(init=False)
@@ -222,8 +228,10 @@ class _Walk:
                 role = "lora" if any(_looks_like_lora(n) for n in names) else "base"
             else:
                 role = "lora" if id(p) in lora_ids else "base"
+            kind = quant_kind(p) if type(p) is not nn.Parameter else None
             out.append(ParamInfo(slot, names, tuple(p.shape), p.dtype, bool(p.requires_grad), role,
-                                 tuple(param_owners[slot]), contiguous=bool(p.is_contiguous())))
+                                 tuple(param_owners[slot]), contiguous=bool(p.is_contiguous()),
+                                 quant=kind, quant_state_bytes=quant_state_bytes(p) if kind else 0))
             for n in names:
                 param_index[n] = slot
         return out

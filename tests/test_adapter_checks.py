@@ -102,12 +102,12 @@ def test_the_cli_report_shows_sv120(tmp_path, capsys):
 
 # DeepSeek-V3's quantization_config (fp8 blocks) and a bitsandbytes QLoRA one, as config.json carries them
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
-BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+BNB_8BIT = {"quant_method": "bitsandbytes", "load_in_8bit": True}
 
 
 @pytest.mark.parametrize("qc, said", [(FP8, "quant_method: 'fp8', fmt: 'e4m3', weight_block_size: [128, 128]"),
-                                      (BNB_4BIT, "quant_method: 'bitsandbytes', load_in_4bit: True")],
-                         ids=["fp8", "bnb_4bit"])
+                                      (BNB_8BIT, "quant_method: 'bitsandbytes', load_in_8bit: True")],
+                         ids=["fp8", "bnb_8bit"])
 def test_a_quantization_config_is_an_error_not_a_silent_price(tmp_path, qc, said):
     config, adapter = files(tmp_path, LLAMA, quantization_config=qc)
     model = sv.load_model(config, adapter=adapter)
@@ -124,10 +124,8 @@ def test_no_sv122_without_quantization(tmp_path):
 
 
 def test_a_quantized_parameter_class_is_named_without_importing_its_library():
-    """A parameter of bitsandbytes' Params4bit class (a stand-in defined here under that module's name:
-    bitsandbytes is not installed, and shardviz never imports it)."""
-    import sys
-
+    """A parameter of bitsandbytes' Params4bit class (a stand-in defined here under that module's name)
+    that holds no packed data (no quant_state): not priced, so SV122."""
     import torch
     from torch import nn
 
@@ -137,4 +135,18 @@ def test_a_quantized_parameter_class_is_named_without_importing_its_library():
     found = findings(model, "SV122")
     assert len(found) == 1 and found[0].severity == "error"
     assert "1 parameters are bitsandbytes.nn.modules.Params4bit (e.g. '0.weight')" in found[0].message
-    assert found[0].fqns == ("0.weight",) and "bitsandbytes" not in sys.modules
+    assert found[0].fqns == ("0.weight",) and "quantize the weights first" in found[0].fix
+
+
+def test_cli_loads_in_4bit_and_says_so(tmp_path, capsys):
+    """--load-in-4bit builds the config as bitsandbytes 4-bit (uint8 storage, bitsandbytes' default: SV124);
+    --quant-storage bfloat16 shards it; the model line names the quantization."""
+    pytest.importorskip("bitsandbytes")
+    config, adapter = files(tmp_path, LLAMA)
+    args = ["report", str(config), "--adapter", str(adapter), "--world-size", "2", "-o", str(tmp_path / "r.html")]
+    assert main([*args, "--load-in-4bit"]) in (0, 1)
+    out = " ".join("".join(capsys.readouterr()).split())  # lines wrapped for the terminal
+    assert "4-bit nf4 (bitsandbytes, uint8 storage)" in out and "SV124" in out and "SV122" not in out
+    assert main([*args, "--load-in-4bit", "--quant-storage", "bfloat16", "--param-dtype", "float32", "--force"]) in (0, 1)
+    out = " ".join("".join(capsys.readouterr()).split())  # lines wrapped for the terminal
+    assert "bfloat16 storage" in out and "SV123" in out and "SV124" not in out

@@ -141,7 +141,8 @@ def _cast_in_place(module: nn.Module, dtype: torch.dtype, recorder) -> None:
 
 @contextlib.contextmanager
 def fake_friendly(recorder=None):
-    """Two Python-level spots where fake tensors trip over model code.
+    """Python-level spots where fake tensors trip over model code (and bitsandbytes' 4-bit linears,
+    ``bnb_4bit_reference``).
 
     ``module.to(dtype)`` in forward (NLLB-MoE's router casts its classifier): torch swaps fake
     parameters (``_apply``) and fails ("Couldn't swap ...: it has weakref associated with it");
@@ -170,7 +171,7 @@ def fake_friendly(recorder=None):
     nn.Module.to = to
     FakeTensor.__format__ = fmt
     try:
-        with _blt_worst_case_patches(), _no_distribution_value_checks():
+        with _blt_worst_case_patches(), _no_distribution_value_checks(), bnb_4bit_reference():
             yield
     finally:
         nn.Module.to = orig
@@ -243,3 +244,65 @@ def _blt_worst_case_patches():
     finally:
         blt.BltPatcher.patch_lengths_from_entropies = staticmethod(orig_lengths)
         blt.process_patch_lengths = orig_process
+
+
+# bitsandbytes 0.50 (backends/cuda/ops.py, the gemm_4bit kernel): above this many rows of input the CUDA
+# kernel dequantizes the whole weight and calls F.linear (``_dequant_linear_fallback``); at or below it a
+# fused kernel reads the packed weight directly
+BNB_FUSED_MAX_ROWS = 1536
+
+
+def _dequant_linear():
+    """``bitsandbytes.autograd._functions.MatMul4Bit`` as its allocations go: forward, the weight
+    dequantized (``quant_state.shape`` in the input's dtype) when the CUDA kernel falls back to
+    dequantize + F.linear (more than ``BNB_FUSED_MAX_ROWS`` rows); only the packed weight is saved;
+    backward, ``matmul(grad_output, dequantize_4bit(B))``: the dequantized weight again, one linear at a time."""
+
+    class DequantLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, packed, bias, shape):
+            ctx.shape = tuple(shape)
+            ctx.save_for_backward(packed)
+            rows = x.numel() // max(x.shape[-1], 1)
+            if rows > BNB_FUSED_MAX_ROWS:
+                weight = torch.empty(ctx.shape, dtype=x.dtype, device=x.device)  # F.dequantize_4bit's output
+                return torch.nn.functional.linear(x, weight, bias)
+            out = torch.empty((*x.shape[:-1], ctx.shape[0]), dtype=x.dtype, device=x.device)  # the fused kernel's
+            return out if bias is None else out + bias
+
+        @staticmethod
+        def backward(ctx, grad):
+            weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)  # dequantize_4bit(B, state)
+            grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+            return torch.matmul(grad, weight) if ctx.needs_input_grad[0] else None, None, grad_bias, None
+
+    return DequantLinear
+
+
+@contextlib.contextmanager
+def bnb_4bit_reference():
+    """bitsandbytes' ``Linear4bit.forward`` replaced, while a step is measured, by what it allocates
+    (``_dequant_linear``): on the fake copy its weight is a plain parameter of packed data, which
+    bitsandbytes' own forward would wrap back into a ``Params4bit`` (impossible on a fake tensor), and its
+    ``gemm_4bit`` fake kernel hides the dequantized weight. Nothing is patched without bitsandbytes loaded."""
+    bnb = sys.modules.get("bitsandbytes")
+    cls = getattr(getattr(bnb, "nn", None), "Linear4bit", None)
+    if cls is None:
+        yield
+        return
+    orig, fn = cls.forward, _dequant_linear()
+
+    def forward(self, x):
+        state = getattr(self.weight, "quant_state", None) or getattr(self, "quant_state", None)
+        if state is None:
+            return orig(self, x)
+        dtype = x.dtype
+        x = x.to(self.compute_dtype) if self.compute_dtype is not None else x
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return fn.apply(x, self.weight, bias, state.shape).to(dtype)
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = orig

@@ -50,6 +50,7 @@ class TreeArrays:
     trainable: np.ndarray
     owner: np.ndarray  # preorder index of the first module that registers it
     buffer_bytes: int
+    quant_state_bytes: int  # bitsandbytes quant_state of every Params4bit: no parameter, whole on every rank
     dim0_values: np.ndarray  # the distinct dim0 values, sorted
     dim0_group: np.ndarray  # per parameter: its dim0's index in dim0_values
     row: np.ndarray  # elements per dim-0 row
@@ -89,7 +90,8 @@ def tree_arrays(tree) -> TreeArrays:
     buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
     dim0_values, dim0_group = np.unique(dim0, return_inverse=True)
     row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
-    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, dim0_values,
+    quant_state = sum(p.quant_state_bytes for p in params)
+    arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, quant_state, dim0_values,
                         dim0_group.reshape(-1), row)
     _TREE_CACHE[tree] = arrays
     return arrays

@@ -22,6 +22,9 @@ class ResidentState:
     grads_whole: int
     cpu_params: int  # offloaded shards
     cpu_grads: np.ndarray  # per shard coordinate: offloaded gradients, without padding
+    # bitsandbytes' quant_state of every Params4bit (absmax, code tables): not a parameter, so FSDP2
+    # neither shards nor gathers nor offloads it; every rank keeps it whole on the device
+    quant_state: int = 0
 
     @property
     def grads(self) -> int:
@@ -31,7 +34,7 @@ class ResidentState:
     @property
     def total(self) -> int:
         """Parameters and buffers on the device."""
-        return self.params_sharded + self.params_whole + self.buffers
+        return self.params_sharded + self.params_whole + self.buffers + self.quant_state
 
 
 def resident_state(arr: TreeArrays, sh: ShardedParams, whole: WholeParams, units: list[UnitCost],
@@ -47,6 +50,7 @@ def resident_state(arr: TreeArrays, sh: ShardedParams, whole: WholeParams, units
         cpu_params=int((sh.padded * sh.itemsize)[sh.offload].sum()),
         # offloaded gradients are copied to the CPU without padding (foreach_reduce: .to("cpu"))
         cpu_grads=per_coord_sum(arr, sh.index[t_off], (sh.row * sh.itemsize)[t_off], shard),
+        quant_state=arr.quant_state_bytes,
     )
 
 

@@ -62,6 +62,7 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "params_sharded": per_rank(res.params_sharded),
         "params_whole": per_rank(res.params_whole),
         "buffers": per_rank(res.buffers),
+        "quant_state": per_rank(res.quant_state),
         "grads": per_rank(res.grads),
         "grads_sharded": per_rank(res.grads_sharded),
         "grads_whole": per_rank(res.grads_whole),
@@ -252,7 +253,7 @@ def peak_breakdown(costs: CostModel, rank: int | None = None) -> dict[str, int]:
     opt = int(costs.optimizer.device[coord] + costs.optimizer.whole)
     out = dict.fromkeys(BREAKDOWN, 0)
     out.update({"sharded params": res.params_sharded, "whole params": res.params_whole,
-                "buffers": res.buffers, "optimizer states": opt})
+                "buffers": res.buffers + res.quant_state, "optimizer states": opt})  # quant_state: held as a buffer is
     moment = costs.step.moment
     if moment is None or costs.in_optimizer_step()[coord]:
         out["gradients"] = res.grads
