@@ -432,3 +432,24 @@ def test_llama3_8b_lora_search_offloads_only_where_the_host_time_pays():
     for name in big[big.offload & big.analysed].name:
         assert not fits_by_name.get(name.replace(", CPU offload", ""), False), name
     assert any("step times assume stack hf-peft" in n for n in small.note.split("; "))
+
+
+def test_offload_has_one_price_however_it_is_set(model):
+    """Issue 35, "CPU offload has two homes": a plan whose every call carries ``sv.Unit(offload=True)``
+    (what the search builds) and the same plan under ``Training(offload=True)`` are one run: the
+    host's AdamW, the same copies, the same device and host memory."""
+    mesh = sv.Mesh(4, device="H100")
+    plan = sv.Plan.auto(model, checkpoint="blocks")
+    by_training = sv.analyze(model, plan, mesh, replace(TRAINING, offload=True))
+    units = plan.with_units([sv.Unit(u.modules, u.reshard_after_forward, u.param_dtype, u.reduce_dtype, True)
+                             for u in plan.units])
+    by_units = sv.analyze(model, units, mesh, TRAINING)
+    assert steptime.host_step_params(by_units.step_inputs) > 0
+    assert by_units.step == by_training.step
+    pd.testing.assert_frame_equal(by_units.time, by_training.time)
+    pd.testing.assert_frame_equal(by_units.memory, by_training.memory)
+    assert "cpu_peak" in by_units.memory and by_units.memory.cpu_peak.max() > 0
+    kinds = lambda a: [(e.kind, e.end_s - e.start_s) for e in a.step_time.schedule.events]  # noqa: E731
+    assert kinds(by_units) == kinds(by_training)
+    assert by_units.step_time.assumptions == by_training.step_time.assumptions
+
