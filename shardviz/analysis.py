@@ -32,7 +32,7 @@ from .cost.params import tree_arrays
 from .finding import Finding
 from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
-from .steptime import StepInputs, StepSummary, StepTime, timeline_figure, timeline_payload
+from .steptime import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
 from .steptime import step_time as time_the_step
 from .tp import local_model, local_tree, tensor_collectives
 from .tree import ModelTree, as_tree
@@ -281,7 +281,7 @@ class Analysis:
 
     @cached_property
     def comm(self) -> pd.DataFrame:
-        table = comm_table(self.costs, self._tensor_rows())
+        table = comm_table(self.costs, self._tensor_rows(), efficiency_for(self.tree, self.mesh))
         if self.tp_placements and not self.training.with_activations:
             table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
                                               "Training(batch_size=..., seq_len=...) to count them")

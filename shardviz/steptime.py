@@ -318,7 +318,7 @@ def step_time(inputs: StepInputs) -> StepTime:
     eff = efficiency_for(tree, mesh)
     dtype = compute_dtype(training, tree)
     try:
-        comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training), eff)
+        comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training))
     except ValueError as e:
         return _unavailable(str(e), k, _measured_flops(inputs))
     order, _, totals = _unit_flops(inputs.flops())

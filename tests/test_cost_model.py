@@ -202,9 +202,13 @@ def test_time_per_step_from_link_bandwidths(model):
     no_bw = sv.analyze(model, plan, sv.Mesh(shard=4, replicate=2)).comm
     assert no_bw.time_s.isna().all() and math.isnan(no_bw.attrs["time_per_step_s"])
     mesh = sv.Mesh(shard=4, replicate=2, ranks_per_node=4, intra_node_gbps=100, inter_node_gbps=10)
-    comm = sv.analyze(model, plan, mesh).comm
+    a = sv.analyze(model, plan, mesh)
+    comm = a.comm
     bw = np.where(comm.group == "shard", 100e9, 10e9)  # shard groups inside a node, replicas across
-    assert np.allclose(comm.time_s, comm.sent_bytes / bw)
+    from shardviz.steptime import efficiency_for
+
+    bus = efficiency_for(a.tree, mesh).collective_bus  # one call's duration: latency + bytes at the bus share
+    assert np.allclose(comm.time_s, comm.latency_s + comm.sent_bytes / (bw * bus), rtol=1e-12, atol=0)
     assert comm.attrs["time_per_step_s"] == pytest.approx((comm.time_s * comm["count"]).sum())
 
 

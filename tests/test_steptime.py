@@ -72,7 +72,7 @@ def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
     sec = {}
     for r in comm.itertuples():
         key = (r.unit, r.collective if r.collective != "all_gather" else f"all_gather_{r.phase}")
-        sec[key] = sec.get(key, 0.0) + (r.time_s + r.latency_s) * r.count  # efficiency 1: bytes / link + latency
+        sec[key] = sec.get(key, 0.0) + r.time_s * r.count  # one call: latency + bytes / link (efficiency 1)
     flops = fixed_flops(a)
     root, units, seen_grad = None, [], False
     trainable = {m for p in a.tree.params if p.requires_grad for f in p.fqns
@@ -453,3 +453,28 @@ def test_offload_has_one_price_however_it_is_set(model):
     assert kinds(by_units) == kinds(by_training)
     assert by_units.step_time.assumptions == by_training.step_time.assumptions
 
+
+@pytest.mark.parametrize("mesh", [sv.Mesh(64, device="H100"), sv.Mesh(shard=8, replicate=2, device="H100")],
+                         ids=["fsdp64", "hsdp8x2"])
+def test_a_collective_has_one_duration_in_comm_and_time(model, mesh):
+    """Issue 35, "a collective has two durations": ``a.comm.time_s`` (one call) x ``count``, summed
+    per call and collective, is what ``a.time`` shows, the timeline draws and ``time_per_step_s``
+    totals: the latency and the bus efficiency are in ``time_s``, nowhere else."""
+    a = sv.analyze(model, sv.Plan.auto(model, checkpoint="blocks"), mesh, TRAINING)
+    comm = a.comm.assign(seconds=a.comm.time_s * a.comm["count"])
+    assert (comm.time_s > comm.latency_s).all()
+    column = {("all_gather", "forward"): "all_gather_forward_s", ("all_gather", "backward"): "all_gather_backward_s",
+              ("reduce_scatter", "backward"): "reduce_scatter_s", ("all_reduce", "backward"): "all_reduce_s"}
+    sums = comm[comm.unit.notna()].groupby(["unit", "collective", "phase"]).seconds.sum()
+    time = a.time.set_index("unit")
+    assert len(sums) and (mesh.replicate == 1 or "all_reduce" in set(comm.collective))
+    for (unit, collective, phase), seconds in sums.items():
+        assert time.loc[unit, column[collective, phase]] == pytest.approx(seconds, rel=1e-12), (unit, collective, phase)
+    drawn = {}
+    for e in timeline_payload(a.step_time)["events"]:
+        if e["kind"] in ("all_gather", "reduce_scatter", "all_reduce"):
+            key = (e["unit"], e["kind"], e["phase"])
+            drawn[key] = drawn.get(key, 0.0) + e["end_s"] - e["start_s"]
+    for key, seconds in drawn.items():
+        assert seconds == pytest.approx(sums[key], rel=1e-9), key
+    assert comm.attrs["time_per_step_s"] == pytest.approx(float(comm.seconds.sum()))
