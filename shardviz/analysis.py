@@ -25,14 +25,15 @@ from torch import nn
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, step_cache, unit_flops
 from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
-from .cost import (NoActivations, activation_levels, Training, calls_with_nested_calls, comm_table, cost_model,
+from .cost import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
 from .cost import peak_breakdown as peak_breakdown_of
 from .cost.params import tree_arrays
+from .cost.training import DEFAULT_TRAINING
 from .finding import Finding
 from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
-from .steptime import StepInputs, StepSummary, StepTime, timeline_figure, timeline_payload
+from .steptime import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
 from .steptime import step_time as time_the_step
 from .tp import local_model, local_tree, tensor_collectives
 from .tree import ModelTree, as_tree
@@ -56,7 +57,7 @@ class Analysis:
         self.tree, self.plan, self.mesh = tree, plan, mesh
         # The release the plan will run on: the findings follow it (None: the installed torch).
         self.torch_version = torch_version
-        self.training = training if training is not None else Training()
+        self.training = training if training is not None else DEFAULT_TRAINING  # == Training()
         self.layout = Layout(tree, plan, mesh)
         # the module itself, held only when it is run: to measure activations, or to see the order its
         # modules run in when calls are nested (their gradients interleave by it, cost.walk)
@@ -281,7 +282,7 @@ class Analysis:
 
     @cached_property
     def comm(self) -> pd.DataFrame:
-        table = comm_table(self.costs, self._tensor_rows())
+        table = comm_table(self.costs, self._tensor_rows(), efficiency_for(self.tree, self.mesh))
         if self.tp_placements and not self.training.with_activations:
             table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
                                               "Training(batch_size=..., seq_len=...) to count them")
@@ -396,6 +397,8 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     with ``strict=False`` those reasons are in ``findings`` instead (the widget uses this).
     ``torch_version``: the release the plan will run on ("2.6", ...); ``findings`` follow it
     (SV101 for ``ignored`` before 2.7, SV110 for a grouped call before 2.5). Default: the installed torch.
+    ``training``: an ``sv.Training``; None: ``sv.Training()``, the one default every entry point
+    assumes (AdamW, bf16 parameters, fp32 reduction; ``cost.training.DEFAULT_TRAINING``).
     """
     tree = as_tree(model)
     plan = as_plan(plan) if plan is not None else Plan.auto(tree)

@@ -20,8 +20,8 @@ that takes no argument and returns an ``nn.Module``; the current directory is im
 
 Each command walks the model once (one ``ModelTree``) and passes that tree to every step.
 
-One training default everywhere: ``DEFAULT_TRAINING`` (AdamW, bf16 parameters, fp32 reduction),
-as the Inspector, ``sv.search`` and the report assume; ``--param-dtype none`` keeps the model's
+One training default everywhere: ``DEFAULT_TRAINING == sv.Training()`` (AdamW, bf16 parameters, fp32 reduction),
+as ``sv.analyze``, the Inspector, ``sv.search`` and the report assume; ``--param-dtype none`` keeps the model's
 dtypes (no ``MixedPrecisionPolicy``). Every command says the training and mesh it assumed.
 A plan file written by ``plan search`` records the mesh (HSDP split, device) and the training:
 ``export --plan`` and ``report --plan`` read them, and a flag given explicitly overrides the file

@@ -305,7 +305,7 @@ def resolve_setup(args, plan=None):
     mesh_origin = ""
     if file_mesh:
         mesh_origin = f" ({source}" + (f"; {', '.join(mesh_flags)} override it)" if mesh_flags else ")")
-    notes = [f"training: {training_text(training)} ({origin})", f"mesh: {_mesh_text(mesh)}{mesh_origin}"]
+    notes = [f"training: {training_text(training, plan)} ({origin})", f"mesh: {_mesh_text(mesh)}{mesh_origin}"]
     return mesh, training, notes + _readings(args, mesh)
 
 

@@ -166,19 +166,45 @@ def memory_payload(analysis) -> dict:
     }
 
 
-def training_text(tr) -> str:
-    """ "AdamW · bf16 params · fp32 reduce · batch 1 × 2048" - what the numbers assume."""
-    names = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "model dtype"}
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "model dtype"}
+
+
+def training_text(tr, plan=None) -> str:
+    """ "AdamW · bf16 params · fp32 reduce · batch 1 × 2048" - what the numbers assume. With ``plan``:
+    what its calls actually use where they set their own policies (a captured accelerate or torchtune
+    plan that reduces in bf16, a search row whose calls offload), as the engine prices them."""
     opt = str(tr.optimizer)
     parts = [{"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd_momentum": "SGD+momentum"}.get(opt, opt)]
-    parts.append(f"{names.get(tr.param_dtype, tr.param_dtype)} params")
-    parts.append(f"{names.get(tr.reduce_dtype, tr.reduce_dtype)} reduce")
+    units = [tr.unit_defaults(u) for u in plan.units] if plan is not None else []
+    parts.append(_policy_text(tr.param_dtype, [u.param_dtype for u in units], "params"))
+    # torch's MixedPrecisionPolicy reduces in param_dtype when reduce_dtype is None
+    parts.append(_policy_text(tr.reduce_dtype or tr.param_dtype, [u.reduce_dtype or u.param_dtype for u in units],
+                              "reduce"))
+    offloaded = sum(1 for u in units if u.offload)
     if tr.offload:
         parts.append("CPU offload")
+    elif offloaded:
+        parts.append("CPU offload (every call)" if offloaded == len(units) else
+                     f"CPU offload ({offloaded} of the plan's {len(units)} calls)")
     bs = tr.batch_size
     accum = f" × {tr.grad_accum} micro-batches per step" if tr.grad_accum > 1 else ""
     parts.append(f"batch {bs} × {tr.seq_len} tokens{accum}" if bs else "no batch (model state only)")
     return " · ".join(parts)
+
+
+def _policy_text(default, used: list, noun: str) -> str:
+    """ "fp32 reduce", or what the calls use instead where they override the training's ``default``:
+    "bf16 reduce (the plan's calls)", "fp32 reduce (bf16 in 3 of 5 calls)"."""
+    name = lambda d: _DTYPE_SHORT.get(d, d)  # noqa: E731
+    own: dict = {}
+    for d in used:
+        if d != default:
+            own[d] = own.get(d, 0) + 1
+    if not own:
+        return f"{name(default)} {noun}"
+    if len(own) == 1 and sum(own.values()) == len(used):
+        return f"{name(next(iter(own)))} {noun} (the plan's calls)"
+    return f"{name(default)} {noun} (" + ", ".join(f"{name(d)} in {n} of {len(used)} calls" for d, n in own.items()) + ")"
 
 
 def common_prefix(names) -> str:

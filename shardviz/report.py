@@ -271,8 +271,8 @@ def _chart(kind: str, payload: dict, title: str | None = None) -> str:
             f'<script type="application/json">{data}</script></div>')
 
 
-def _training_line(training) -> str:
-    text = display.training_text(training)
+def _training_line(training, plan=None) -> str:
+    text = display.training_text(training, plan)
     if training == display.DEFAULT_TRAINING:
         text += " (shardviz's default, as in the Inspector and sv.compare)"
     return text
@@ -321,7 +321,7 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
 <title>{_esc(title)}</title><style>{css}</style></head><body>
 <h1>{_esc(title)}</h1>
 {verdict_section(a)}
-<p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training))}.
+<p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training, a.plan))}.
 Generated {stamp}; measured with {_esc(display.versions_text())}.</p>
 {findings_section(a.findings)}
 <h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>

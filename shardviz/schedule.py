@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from .devices import collective_seconds as one_collective_seconds
 from .step_events import Group, Hook, ParamState, StepCall, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
@@ -404,12 +405,15 @@ def compute_seconds(flops: float, device: Device, efficiency: Efficiency = DEFAU
     return float(flops) / (device.peak_flops(dtype) * efficiency.matmul)
 
 
-def collective_seconds(sent_bytes: float, gbps: float, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
-    """Bytes each rank sends / (link GB/s x ``efficiency.collective_bus``)."""
+def collective_seconds(sent_bytes: float, gbps: float, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                       latency_s: float = 0.0) -> float:
+    """``devices.collective_seconds`` checked: ``latency_s`` + bytes each rank sends / (link GB/s x
+    ``efficiency.collective_bus``), the duration ``a.comm.time_s`` holds."""
     _check_seconds("collective_seconds", "sent_bytes", sent_bytes)
+    _check_seconds("collective_seconds", "latency_s", latency_s)
     if not gbps or not math.isfinite(gbps) or gbps <= 0:
         raise ValueError(f"collective_seconds: gbps must be a positive bandwidth, got {gbps!r}")
-    return float(sent_bytes) / (gbps * 1e9 * efficiency.collective_bus)
+    return float(one_collective_seconds(float(sent_bytes), float(gbps), float(latency_s), efficiency))
 
 
 def optimizer_seconds(bytes_moved: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
@@ -425,18 +429,18 @@ def host_optimizer_seconds(params: float, efficiency: Efficiency = DEFAULT_EFFIC
     return float(params) / (efficiency.host_adamw_gparams_per_s * 1e9)
 
 
-def comm_seconds(comm, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> tuple[dict, float | None]:
-    """A comm table (``a.comm``: ``time_s`` per call at the link bandwidth, ``latency_s`` per call,
-    ``count`` per step) -> ({unit: {"all_gather_forward_s", "all_gather_backward_s",
-    "reduce_scatter_s", "all_reduce_s"}}, seconds of the ignored parameters' all-reduce or None):
-    each call its latency plus its bytes at ``efficiency.collective_bus`` of the link (alpha + n / beta)."""
+def comm_seconds(comm) -> tuple[dict, float | None]:
+    """A comm table (``a.comm``: ``time_s`` the duration of one call, ``devices.collective_seconds``:
+    its latency plus its bytes at the stack's share of the link; ``count`` per step) -> ({unit:
+    {"all_gather_forward_s", "all_gather_backward_s", "reduce_scatter_s", "all_reduce_s"}}, seconds
+    of the ignored parameters' all-reduce or None): each row ``time_s x count``, nothing added, so
+    ``a.time`` and ``a.comm`` give one duration per collective."""
     per_unit: dict = {}
     ignored = None
     # plain lists, not itertuples: a 70B plan's table is read on every change of plan
     columns = [comm[c].tolist() for c in ("unit", "collective", "phase", "group", "time_s", "count")]
-    latency = comm["latency_s"].tolist() if "latency_s" in comm else [0.0] * len(comm)
-    for unit, collective, phase, group, time_s, count, alpha in zip(*columns, latency):
-        seconds = (float(time_s) / efficiency.collective_bus + float(alpha)) * int(count)
+    for unit, collective, phase, group, time_s, count in zip(*columns):
+        seconds = float(time_s) * int(count)
         if math.isnan(seconds):
             raise ValueError(f"comm table: no bandwidth for the {collective} of {unit!r} over the "
                              f"{group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")

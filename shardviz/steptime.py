@@ -220,6 +220,21 @@ def host_step_params(inputs: StepInputs) -> float:
     return total
 
 
+def optimizer_step_seconds(inputs: StepInputs, device: Device, eff: Efficiency) -> tuple[float, float]:
+    """The optimizer step's seconds, and the trainable elements the host steps: the offloaded calls'
+    shards on the host (the host AdamW, ``host_optimizer_seconds``), every other state on the device
+    (memory-bound, ``optimizer_seconds`` of the memory table's device bytes). One price for CPU offload
+    however it is set (``Training(offload=True)`` or ``sv.Unit(offload=True)`` on the calls: both reach
+    ``Training.unit_defaults``), as torch's one ``optimizer.step()`` steps both kinds of parameter."""
+    offloaded, _ = _offloaded(inputs)
+    host_params = host_step_params(inputs) if offloaded else 0.0
+    device_bytes = optimizer_bytes(inputs.memory())
+    seconds = optimizer_seconds(device_bytes, device, eff) if device_bytes else 0.0
+    if offloaded:
+        seconds += host_optimizer_seconds(host_params, eff)
+    return seconds, host_params
+
+
 def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[StepCall]]:
     """UnitTime rows: the root (the call on the whole model, if any) and the others in forward
     order; and the ``StepCall`` of each (root first): where the layout places its hooks."""
@@ -303,15 +318,12 @@ def step_time(inputs: StepInputs) -> StepTime:
     eff = efficiency_for(tree, mesh)
     dtype = compute_dtype(training, tree)
     try:
-        comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training), eff)
+        comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training))
     except ValueError as e:
         return _unavailable(str(e), k, _measured_flops(inputs))
     order, _, totals = _unit_flops(inputs.flops())
     root, units, calls = _unit_times(inputs, order, unit_op_costs(inputs), comm_s, device, eff, dtype)
-    offload = training.offload
-    host_params = host_step_params(inputs) if offload else 0.0
-    opt_s = (optimizer_seconds(optimizer_bytes(inputs.memory()), device, eff) if not offload
-             else host_optimizer_seconds(host_params, eff))
+    opt_s, host_params = optimizer_step_seconds(inputs, device, eff)
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s), calls=calls)
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
     quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False, calls=calls) if k > 1 else last
@@ -348,7 +360,7 @@ def _assumptions(inputs: StepInputs, device: Device, eff: Efficiency, dtype: str
              f"links: {mesh.intra_node_gbps:g} GB/s per GPU inside a node of {mesh.ranks_per_node}, "
              f"{mesh.node_network_gbps:g} GB/s per node across nodes ({mesh.nics_per_node} NICs x {mesh.nic_gbps:g} GB/s; "
              "a ring spreads over them), plus NCCL's ring latency per call"]
-    if inputs.training.offload:
+    if host_params:
         notes.append(f"CPU offload: the host's AdamW steps {host_params / 1e9:.3g} B parameters per rank at "
                      f"{eff.host_adamw_gparams_per_s:.3g} B/s; parameters and gradients cross PCIe at "
                      f"{HOST_LINK_GBPS.get(device.name, 32.0):g} GB/s x {eff.hbm:g}")

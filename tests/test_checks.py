@@ -88,7 +88,8 @@ def test_findings_price_their_what_ifs_without_the_analysis(monkeypatch):
 
     model = zoo.tiny_llama_lora()
     mesh = sv.Mesh(4, device="H100", device_memory=2_600_000, memory_reserve=0, judge="allocated")
-    a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), mesh, sv.Training(batch_size=4, seq_len=64))
+    a = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), mesh,
+                   sv.Training(batch_size=4, seq_len=64, param_dtype=None, reduce_dtype=None))  # the limit is fp32's
 
     def what_if(self, *args, **kwargs):
         raise AssertionError("a check called Analysis.what_if")

@@ -62,7 +62,8 @@ def test_unit_defaults_fill_only_what_the_unit_leaves_open():
     assert (u.param_dtype, u.reduce_dtype, u.offload) == ("bfloat16", "float32", True)
     own = t.unit_defaults(sv.Unit("a", param_dtype="float32", reshard_after_forward=2))
     assert (own.param_dtype, own.reduce_dtype, own.reshard_after_forward) == ("float32", "float32", 2)
-    assert Training().unit_defaults(sv.Unit("a")) == sv.Unit("a")
+    assert Training(param_dtype=None, reduce_dtype=None).unit_defaults(sv.Unit("a")) == sv.Unit("a")
+    assert Training().unit_defaults(sv.Unit("a")) == sv.Unit("a", param_dtype="bfloat16", reduce_dtype="float32")
 
 
 def test_unit_defaults_kept_per_training_are_no_part_of_it():
@@ -71,8 +72,8 @@ def test_unit_defaults_kept_per_training_are_no_part_of_it():
     hashes, lists its fields and copies as those fields say, ``Training(**t.__dict__)`` too."""
     t = Training(param_dtype="bfloat16")
     first = t.unit_defaults(sv.Unit("a"))
-    assert t.unit_defaults(sv.Unit("a")) is first and first == sv.Unit("a", param_dtype="bfloat16")
-    assert t.unit_defaults(sv.Unit("a", reduce_dtype="float32")).reduce_dtype == "float32"
+    assert t.unit_defaults(sv.Unit("a")) is first and first == sv.Unit("a", param_dtype="bfloat16", reduce_dtype="float32")
+    assert t.unit_defaults(sv.Unit("a", reduce_dtype="bfloat16")).reduce_dtype == "bfloat16"
     same = Training(param_dtype="bfloat16")
     assert t == same and hash(t) == hash(same) and repr(t) == repr(same)
     assert [f.name for f in dataclasses.fields(t)] == [f.name for f in dataclasses.fields(Training)]
@@ -152,7 +153,7 @@ def test_optimizer_options_scale_states(model):
 
 def test_mixed_precision_shrinks_gathers_not_shards(model):
     plan, mesh = sv.Plan.auto(model, lora="sharded"), sv.Mesh(8)
-    fp32 = sv.analyze(model, plan, mesh)
+    fp32 = sv.analyze(model, plan, mesh, Training(param_dtype=None, reduce_dtype=None))
     bf16 = sv.analyze(model, plan, mesh, Training(param_dtype="bfloat16"))
     assert (bf16.memory.params == fp32.memory.params).all()  # shards keep the original dtype
     f, b = fp32.comm, bf16.comm
@@ -178,7 +179,9 @@ def test_offload_moves_state_to_the_cpu(model):
 
 # -- comm table -----------------------------------------------------------------------------------
 def test_comm_rows_and_ring_bytes(model):
-    a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), sv.Mesh(shard=4, replicate=2))
+    # no mixed precision: an all-gather's output is the call's padded unsharded bytes in their own dtype
+    a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), sv.Mesh(shard=4, replicate=2),
+                   Training(param_dtype=None, reduce_dtype=None))
     comm = a.comm
     assert list(comm.columns) == COMM_COLUMNS
     assert set(comm.collective) == {"all_gather", "reduce_scatter", "all_reduce"}
@@ -202,9 +205,13 @@ def test_time_per_step_from_link_bandwidths(model):
     no_bw = sv.analyze(model, plan, sv.Mesh(shard=4, replicate=2)).comm
     assert no_bw.time_s.isna().all() and math.isnan(no_bw.attrs["time_per_step_s"])
     mesh = sv.Mesh(shard=4, replicate=2, ranks_per_node=4, intra_node_gbps=100, inter_node_gbps=10)
-    comm = sv.analyze(model, plan, mesh).comm
+    a = sv.analyze(model, plan, mesh)
+    comm = a.comm
     bw = np.where(comm.group == "shard", 100e9, 10e9)  # shard groups inside a node, replicas across
-    assert np.allclose(comm.time_s, comm.sent_bytes / bw)
+    from shardviz.steptime import efficiency_for
+
+    bus = efficiency_for(a.tree, mesh).collective_bus  # one call's duration: latency + bytes at the bus share
+    assert np.allclose(comm.time_s, comm.latency_s + comm.sent_bytes / (bw * bus), rtol=1e-12, atol=0)
     assert comm.attrs["time_per_step_s"] == pytest.approx((comm.time_s * comm["count"]).sum())
 
 

@@ -23,6 +23,12 @@ HSDP = sv.Mesh(shard=4, replicate=2)
 BF16 = sv.Training(param_dtype="bfloat16", reduce_dtype="float32")
 
 
+def plain(**fields) -> sv.Training:
+    """A training without the default mixed-precision policy where ``fields`` set none: the torch
+    step of the cases below runs each parameter in its own dtype (``fully_shard`` without ``mp_policy``)."""
+    return sv.Training(**{"param_dtype": None, "reduce_dtype": None, **fields})
+
+
 def auto(lora):
     return lambda model: sv.Plan.auto(model, lora=lora)
 
@@ -101,43 +107,43 @@ def auto_with_nested(inner, lora):
 
 # name: (model builder, plan maker, mesh, training, ranks, slow)
 CASES = {
-    "lora-sharded": (tiny_lora, auto("sharded"), FSDP8, sv.Training(), (0, 7), False),
-    "lora-ignored": (tiny_lora, auto("ignored"), FSDP8, sv.Training(), (0,), False),
-    "lora-separate": (tiny_lora, auto("separate"), FSDP8, sv.Training(), (0,), True),
-    "hsdp-lora-sharded": (tiny_lora, auto("sharded"), HSDP, sv.Training(), (7,), False),
-    "hsdp-lora-ignored": (tiny_lora, auto("ignored"), HSDP, sv.Training(), (5,), False),
-    "reshard-false": (tiny_lora, blocks_with("sharded", reshard_after_forward=False), FSDP8, sv.Training(), (0,), False),
-    "reshard-int": (tiny_lora, blocks_with("sharded", reshard_after_forward=4), FSDP8, sv.Training(), (7,), False),
-    "hsdp-reshard-false": (tiny_lora, blocks_with("ignored", reshard_after_forward=False), HSDP, sv.Training(), (6,), True),
+    "lora-sharded": (tiny_lora, auto("sharded"), FSDP8, plain(), (0, 7), False),
+    "lora-ignored": (tiny_lora, auto("ignored"), FSDP8, plain(), (0,), False),
+    "lora-separate": (tiny_lora, auto("separate"), FSDP8, plain(), (0,), True),
+    "hsdp-lora-sharded": (tiny_lora, auto("sharded"), HSDP, plain(), (7,), False),
+    "hsdp-lora-ignored": (tiny_lora, auto("ignored"), HSDP, plain(), (5,), False),
+    "reshard-false": (tiny_lora, blocks_with("sharded", reshard_after_forward=False), FSDP8, plain(), (0,), False),
+    "reshard-int": (tiny_lora, blocks_with("sharded", reshard_after_forward=4), FSDP8, plain(), (7,), False),
+    "hsdp-reshard-false": (tiny_lora, blocks_with("ignored", reshard_after_forward=False), HSDP, plain(), (6,), True),
     "hsdp-bf16-lora-sharded": (tiny_lora, auto("sharded"), HSDP, BF16, (2,), True),
-    "hsdp-reshard-int": (tiny_lora, blocks_with("ignored", reshard_after_forward=2), HSDP, sv.Training(), (0,), False),
+    "hsdp-reshard-int": (tiny_lora, blocks_with("ignored", reshard_after_forward=2), HSDP, plain(), (0,), False),
     "bf16-lora-sharded": (tiny_lora, auto("sharded"), FSDP8, BF16, (0,), False),
-    "bf16-lora-ignored-hsdp": (tiny_lora, auto("ignored"), HSDP, sv.Training(param_dtype="bfloat16"), (3,), False),
+    "bf16-lora-ignored-hsdp": (tiny_lora, auto("ignored"), HSDP, plain(param_dtype="bfloat16"), (3,), False),
     "bf16-unit-override": (tiny_lora, head_with("sharded", param_dtype="float32"), FSDP8, BF16, (0,), True),
-    "uneven-lora": (UNEVEN, auto("sharded"), FSDP8, sv.Training(), (7,), False),
-    "uneven-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, sv.Training(), (0, 7), True),
-    "blocks-and-root": (tiny_lora, blocks_and_root, FSDP8, sv.Training(), (0,), True),
-    "no-gradient-sync": (tiny_lora, auto("ignored"), FSDP8, sv.Training(sync_outside_fsdp=False), (0,), True),
-    "no-root-call": (tiny_lora, no_root, FSDP8, sv.Training(), (0,), False),
-    "mixed-dtypes-uint8": (BF16_BASE, auto("sharded"), FSDP8, sv.Training(), (0,), False),
-    "hsdp-shard-1": (tiny_lora, auto("sharded"), sv.Mesh(shard=1, replicate=4), sv.Training(), (0,), True),
-    "sgd-momentum": (tiny_lora, auto("sharded"), FSDP8, sv.Training(optimizer="sgd_momentum"), (0,), True),
-    "sgd": (tiny_lora, auto("ignored"), FSDP8, sv.Training(optimizer="sgd"), (0,), True),
-    "adam-uneven": (UNEVEN, auto("sharded"), FSDP8, sv.Training(optimizer="adam"), (0, 7), True),
-    "gpt2-nested-attn": (tiny_gpt2, nested("attn"), FSDP8, sv.Training(), (0,), False),
-    "mixtral-nested-experts": (tiny_mixtral, nested("mlp.experts"), FSDP8, sv.Training(), (0,), False),
-    "gpt2-lora-nested-attn": (gpt2_lora, auto_with_nested("attn", "sharded"), sv.Mesh(shard=4), sv.Training(), (0, 3), False),
-    "gpt2-lora-ignored-nested-attn": (gpt2_lora, auto_with_nested("attn", "ignored"), sv.Mesh(shard=4), sv.Training(), (0,), True),
-    "fused-adamw": (tiny_lora, auto("ignored"), FSDP8, sv.Training(fused=True), (0,), True),
+    "uneven-lora": (UNEVEN, auto("sharded"), FSDP8, plain(), (7,), False),
+    "uneven-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, plain(), (0, 7), True),
+    "blocks-and-root": (tiny_lora, blocks_and_root, FSDP8, plain(), (0,), True),
+    "no-gradient-sync": (tiny_lora, auto("ignored"), FSDP8, plain(sync_outside_fsdp=False), (0,), True),
+    "no-root-call": (tiny_lora, no_root, FSDP8, plain(), (0,), False),
+    "mixed-dtypes-uint8": (BF16_BASE, auto("sharded"), FSDP8, plain(), (0,), False),
+    "hsdp-shard-1": (tiny_lora, auto("sharded"), sv.Mesh(shard=1, replicate=4), plain(), (0,), True),
+    "sgd-momentum": (tiny_lora, auto("sharded"), FSDP8, plain(optimizer="sgd_momentum"), (0,), True),
+    "sgd": (tiny_lora, auto("ignored"), FSDP8, plain(optimizer="sgd"), (0,), True),
+    "adam-uneven": (UNEVEN, auto("sharded"), FSDP8, plain(optimizer="adam"), (0, 7), True),
+    "gpt2-nested-attn": (tiny_gpt2, nested("attn"), FSDP8, plain(), (0,), False),
+    "mixtral-nested-experts": (tiny_mixtral, nested("mlp.experts"), FSDP8, plain(), (0,), False),
+    "gpt2-lora-nested-attn": (gpt2_lora, auto_with_nested("attn", "sharded"), sv.Mesh(shard=4), plain(), (0, 3), False),
+    "gpt2-lora-ignored-nested-attn": (gpt2_lora, auto_with_nested("attn", "ignored"), sv.Mesh(shard=4), plain(), (0,), True),
+    "fused-adamw": (tiny_lora, auto("ignored"), FSDP8, plain(fused=True), (0,), True),
     # gradient accumulation: no sync but on the last micro-batch (unsharded gradients kept), kept in
     # fp32 when they are bf16 (the reduce dtype), synced on every micro-batch, with whole gradients
-    "grad-accum-3": (tiny_lora, auto("sharded"), FSDP8, sv.Training(grad_accum=3), (0,), False),
-    "grad-accum-bf16-hsdp": (tiny_lora, auto("sharded"), HSDP, sv.Training(param_dtype="bfloat16", reduce_dtype="float32",
+    "grad-accum-3": (tiny_lora, auto("sharded"), FSDP8, plain(grad_accum=3), (0,), False),
+    "grad-accum-bf16-hsdp": (tiny_lora, auto("sharded"), HSDP, plain(param_dtype="bfloat16", reduce_dtype="float32",
                                                                           grad_accum=2), (5,), False),
-    "grad-accum-sync-every": (tiny_lora, auto("sharded"), FSDP8, sv.Training(grad_accum=3, sync_every_microbatch=True),
+    "grad-accum-sync-every": (tiny_lora, auto("sharded"), FSDP8, plain(grad_accum=3, sync_every_microbatch=True),
                               (0,), False),
-    "grad-accum-ignored": (tiny_lora, auto("ignored"), FSDP8, sv.Training(grad_accum=2), (0,), True),
-    "grad-accum-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, sv.Training(grad_accum=4), (7,), True),
+    "grad-accum-ignored": (tiny_lora, auto("ignored"), FSDP8, plain(grad_accum=2), (0,), True),
+    "grad-accum-full-finetune": (FULL, lambda m: sv.Plan.auto(m), FSDP8, plain(grad_accum=4), (7,), True),
 }
 # The peak equals torch's to the byte except where docs/cost-model.md (Validation) says why not,
 # by exactly this many bytes (predicted - torch): a shard group of one rank issues no

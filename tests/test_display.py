@@ -72,3 +72,28 @@ def test_one_default_training_in_every_view(model, analysis):
     text = render_report(model, plan, mesh)
     assert f"Training: {training_text(DEFAULT_TRAINING)} (shardviz&#x27;s default" in text
     assert format_bytes(analysis.memory["peak"].max()) in text
+
+
+def test_the_training_line_says_what_the_plans_calls_use(model):
+    """Issue 35: a captured accelerate plan reduces in bf16 (its calls carry their own policy); the
+    training line says so instead of the training's "fp32 reduce", and says a call-level offload."""
+    pytest.importorskip("accelerate")
+    captured = sv.Plan.from_accelerate(model, {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                               "mixed_precision": "bf16"}, world_size=4)
+    used = {DEFAULT_TRAINING.unit_defaults(u).reduce_dtype for u in captured.units}
+    assert used == {"bfloat16"} != {DEFAULT_TRAINING.reduce_dtype}  # what the engine prices
+    text = training_text(DEFAULT_TRAINING, captured)
+    assert "bf16 reduce (the plan's calls)" in text and "fp32 reduce" not in text
+    assert "fp32 reduce" in training_text(DEFAULT_TRAINING, sv.Plan.auto(model))  # nothing overridden
+    units = captured.units
+    mixed = captured.with_units([sv.Unit(u.modules, u.reshard_after_forward, None, None if i else "bfloat16", i == 0)
+                                 for i, u in enumerate(units)])
+    text = training_text(DEFAULT_TRAINING, mixed)
+    assert f"bf16 params · fp32 reduce (bf16 in 1 of {len(units)} calls)" in text
+    assert f"CPU offload (1 of the plan's {len(units)} calls)" in text
+    assert training_text(DEFAULT_TRAINING, mixed.with_units([sv.Unit(u.modules, offload=True) for u in units])
+                         ).count("CPU offload (every call)") == 1
+    report = sv.analyze(model, captured, sv.Mesh(4))
+    from shardviz.report import render_report
+
+    assert "bf16 reduce (the plan&#x27;s calls)" in render_report(model, captured, sv.Mesh(4), analysis=report)

@@ -50,7 +50,8 @@ def test_bf16_gradients_are_kept_in_the_reduce_dtype(model):
     bf16 = dict(param_dtype="bfloat16", reduce_dtype="float32")
     blocks = [u for u in _analyze(model, grad_accum=2, **bf16).costs.units if u.trainable]
     assert all(u.converts_grads and u.accumulated_grads == 2 * u.unsharded_grads for u in blocks)
-    same = [u for u in _analyze(model, grad_accum=2, param_dtype="bfloat16").costs.units if u.trainable]
+    # reduce_dtype None: reduced in param_dtype, the gradients' own (no conversion kept)
+    same = [u for u in _analyze(model, grad_accum=2, param_dtype="bfloat16", reduce_dtype=None).costs.units if u.trainable]
     assert all(not u.converts_grads and u.accumulated_grads == u.unsharded_grads for u in same)
 
 

@@ -75,7 +75,7 @@ def apply_by_hand(model, mesh):
 def test_hand_written_fsdp_matches_prediction(rank):
     model = tiny_lora()
     plan = plan_for(model)
-    training = sv.Training()  # AdamW; gradients of whole parameters averaged outside FSDP
+    training = sv.Training(param_dtype=None, reduce_dtype=None)  # AdamW, no mp_policy (as the code above)
     analysis = sv.analyze(model, plan, MESH, training)
     placed = {}
 

@@ -200,7 +200,7 @@ def test_selective_checkpointing_is_measured_and_exported():
 
     model = zoo.tiny_llama_lora()
     model.config.use_cache = False  # with the cache, torch's selective checkpointing raises (SV113)
-    training = sv.Training(batch_size=1, seq_len=64)
+    training = sv.Training(batch_size=1, seq_len=64, param_dtype=None, reduce_dtype=None)
     activations = {ck: int(sv.analyze(model, sv.Plan.auto(model, checkpoint=ck), sv.Mesh(2), training)
                            .memory.activations.max()) for ck in (None, "selective", "blocks")}
     assert activations["blocks"] < activations["selective"] < activations[None]

@@ -250,8 +250,8 @@ def test_comm_seconds_reads_a_comm_table():
     comm = pd.DataFrame({
         "unit": ["A", "A", "A", None], "collective": ["all_gather", "all_gather", "reduce_scatter", "all_reduce"],
         "phase": ["forward", "backward", "backward", "backward"], "group": ["shard"] * 3 + ["world"],
-        "count": [1, 1, 1, 1], "time_s": [0.8, 0.8, 1.6, 0.4]})
-    per_unit, ignored = comm_seconds(comm, Efficiency(collective_bus=0.8))
+        "count": [1, 1, 1, 1], "time_s": [1.0, 1.0, 2.0, 0.5]})
+    per_unit, ignored = comm_seconds(comm)
     assert per_unit["A"] == pytest.approx({"all_gather_forward_s": 1.0, "all_gather_backward_s": 1.0,
                                            "reduce_scatter_s": 2.0})
     assert ignored == pytest.approx(0.5)
@@ -260,11 +260,16 @@ def test_comm_seconds_reads_a_comm_table():
         comm_seconds(comm)
 
 
-def test_comm_seconds_add_each_calls_latency_alpha_plus_n_over_beta():
+def test_comm_seconds_count_each_call_at_its_one_duration():
+    """``time_s`` is already the call's duration (latency + bytes at the bus efficiency,
+    ``devices.collective_seconds``): the schedule adds nothing, it multiplies by ``count``."""
+    eff = Efficiency(collective_bus=0.8)
+    ag, rs = collective_seconds(0.8 * 450e9, 450, eff, 0.1), collective_seconds(1.6 * 450e9, 450, eff, 0.25)
+    assert (ag, rs) == pytest.approx((1.0 + 0.1, 2.0 + 0.25))
     comm = pd.DataFrame({"unit": ["A", "A"], "collective": ["all_gather", "reduce_scatter"],
                          "phase": ["forward", "backward"], "group": ["shard"] * 2, "count": [3, 1],
-                         "time_s": [0.8, 1.6], "latency_s": [0.1, 0.25]})
-    per_unit, _ = comm_seconds(comm, Efficiency(collective_bus=0.8))
+                         "time_s": [ag, rs], "latency_s": [0.1, 0.25]})
+    per_unit, _ = comm_seconds(comm)
     assert per_unit["A"] == pytest.approx({"all_gather_forward_s": 3 * (1.0 + 0.1), "reduce_scatter_s": 2.0 + 0.25})
 
 

@@ -72,7 +72,7 @@ def hand_built(a) -> tuple[UnitTime, list[UnitTime], StepExtras]:
     sec = {}
     for r in comm.itertuples():
         key = (r.unit, r.collective if r.collective != "all_gather" else f"all_gather_{r.phase}")
-        sec[key] = sec.get(key, 0.0) + (r.time_s + r.latency_s) * r.count  # efficiency 1: bytes / link + latency
+        sec[key] = sec.get(key, 0.0) + r.time_s * r.count  # one call: latency + bytes / link (efficiency 1)
     flops = fixed_flops(a)
     root, units, seen_grad = None, [], False
     trainable = {m for p in a.tree.params if p.requires_grad for f in p.fqns
@@ -432,3 +432,49 @@ def test_llama3_8b_lora_search_offloads_only_where_the_host_time_pays():
     for name in big[big.offload & big.analysed].name:
         assert not fits_by_name.get(name.replace(", CPU offload", ""), False), name
     assert any("step times assume stack hf-peft" in n for n in small.note.split("; "))
+
+
+def test_offload_has_one_price_however_it_is_set(model):
+    """Issue 35, "CPU offload has two homes": a plan whose every call carries ``sv.Unit(offload=True)``
+    (what the search builds) and the same plan under ``Training(offload=True)`` are one run: the
+    host's AdamW, the same copies, the same device and host memory."""
+    mesh = sv.Mesh(4, device="H100")
+    plan = sv.Plan.auto(model, checkpoint="blocks")
+    by_training = sv.analyze(model, plan, mesh, replace(TRAINING, offload=True))
+    units = plan.with_units([sv.Unit(u.modules, u.reshard_after_forward, u.param_dtype, u.reduce_dtype, True)
+                             for u in plan.units])
+    by_units = sv.analyze(model, units, mesh, TRAINING)
+    assert steptime.host_step_params(by_units.step_inputs) > 0
+    assert by_units.step == by_training.step
+    pd.testing.assert_frame_equal(by_units.time, by_training.time)
+    pd.testing.assert_frame_equal(by_units.memory, by_training.memory)
+    assert "cpu_peak" in by_units.memory and by_units.memory.cpu_peak.max() > 0
+    kinds = lambda a: [(e.kind, e.end_s - e.start_s) for e in a.step_time.schedule.events]  # noqa: E731
+    assert kinds(by_units) == kinds(by_training)
+    assert by_units.step_time.assumptions == by_training.step_time.assumptions
+
+
+@pytest.mark.parametrize("mesh", [sv.Mesh(64, device="H100"), sv.Mesh(shard=8, replicate=2, device="H100")],
+                         ids=["fsdp64", "hsdp8x2"])
+def test_a_collective_has_one_duration_in_comm_and_time(model, mesh):
+    """Issue 35, "a collective has two durations": ``a.comm.time_s`` (one call) x ``count``, summed
+    per call and collective, is what ``a.time`` shows, the timeline draws and ``time_per_step_s``
+    totals: the latency and the bus efficiency are in ``time_s``, nowhere else."""
+    a = sv.analyze(model, sv.Plan.auto(model, checkpoint="blocks"), mesh, TRAINING)
+    comm = a.comm.assign(seconds=a.comm.time_s * a.comm["count"])
+    assert (comm.time_s > comm.latency_s).all()
+    column = {("all_gather", "forward"): "all_gather_forward_s", ("all_gather", "backward"): "all_gather_backward_s",
+              ("reduce_scatter", "backward"): "reduce_scatter_s", ("all_reduce", "backward"): "all_reduce_s"}
+    sums = comm[comm.unit.notna()].groupby(["unit", "collective", "phase"]).seconds.sum()
+    time = a.time.set_index("unit")
+    assert len(sums) and (mesh.replicate == 1 or "all_reduce" in set(comm.collective))
+    for (unit, collective, phase), seconds in sums.items():
+        assert time.loc[unit, column[collective, phase]] == pytest.approx(seconds, rel=1e-12), (unit, collective, phase)
+    drawn = {}
+    for e in timeline_payload(a.step_time)["events"]:
+        if e["kind"] in ("all_gather", "reduce_scatter", "all_reduce"):
+            key = (e["unit"], e["kind"], e["phase"])
+            drawn[key] = drawn.get(key, 0.0) + e["end_s"] - e["start_s"]
+    for key, seconds in drawn.items():
+        assert seconds == pytest.approx(sums[key], rel=1e-9), key
+    assert comm.attrs["time_per_step_s"] == pytest.approx(float(comm.seconds.sum()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..devices import DEFAULT_EFFICIENCY, Efficiency, collective_seconds
 from ..format import worst_rank
 from .model import CostModel
 from .simulation import Alive
@@ -144,10 +145,12 @@ def _averager_rows(costs: CostModel) -> list[tuple]:
              avg.dtype, avg.bytes)]
 
 
-def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
+def comm_table(costs: CostModel, tensor_rows=(), efficiency: Efficiency | None = None) -> pd.DataFrame:
     """One row per collective per call per step: see ``docs/cost-model.md``. ``tensor_rows``: the
     tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
-    dim the table has a ``dim`` column: "shard" | "replicate" | "tensor"."""
+    dim the table has a ``dim`` column: "shard" | "replicate" | "tensor". ``efficiency``: the
+    stack's (``steptime.efficiency_for``), whose ``collective_bus`` every call's ``time_s`` (the
+    one duration, ``devices.collective_seconds``) runs at; None: the mesh's, else the default."""
     mesh = costs.mesh
     cols, ring, rings = _collective_columns(costs, [*_averager_rows(costs), *tensor_rows])
     group, gsize = cols["group"], cols["group_size"]
@@ -160,7 +163,8 @@ def comm_table(costs: CostModel, tensor_rows=()) -> pd.DataFrame:
     # ring algorithm: all-gather / reduce-scatter send (n-1)/n of the full buffer per rank,
     # all-reduce (reduce-scatter + all-gather) twice that
     sent = (twice[ring] * b * (n - 1)) // np.maximum(n, 1)
-    time_s = sent / (bw[ring] * 1e9)
+    eff = efficiency or costs.mesh.efficiency or DEFAULT_EFFICIENCY
+    time_s = collective_seconds(sent, bw[ring], latency[ring], eff)
     dim = {}  # with a tensor dim, which dim each row's group spans
     if mesh.tensor > 1:
         dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",

@@ -31,7 +31,10 @@ class Training:
         ``zeros_like(param)``). With FSDP the sharded parameters keep their original dtype under
         mixed precision, so the states do too.
     param_dtype, reduce_dtype: ``MixedPrecisionPolicy`` defaults for every call (a ``sv.Unit``
-        option overrides them per call).
+        option overrides them per call). By default bf16 parameters and fp32 gradient reduction,
+        the one default every entry point assumes (``DEFAULT_TRAINING``); ``param_dtype=None``
+        (and ``reduce_dtype=None``) given explicitly: no mixed-precision policy, each parameter
+        computes and reduces in its own dtype (torch's ``fully_shard`` without ``mp_policy``).
     offload: ``CPUOffloadPolicy`` for every call (a ``sv.Unit(offload=True)`` turns it on per call).
     sync_outside_fsdp: at the end of backward, average the gradients of trainable parameters
         that FSDP leaves alone (ignored or unmanaged) over all ranks, in one flattened all-reduce,
@@ -67,8 +70,8 @@ class Training:
 
     optimizer: str | int = "adamw"
     optimizer_dtype: str | None = None
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
+    param_dtype: str | None = "bfloat16"
+    reduce_dtype: str | None = "float32"
     offload: bool = False
     sync_outside_fsdp: bool = True
     foreach: bool | None = None
@@ -174,8 +177,7 @@ def _filled_unit(unit: Unit, param_dtype, reduce_dtype, offload: bool) -> Unit:
     return Unit(unit.modules, unit.reshard_after_forward, param_dtype, reduce_dtype, offload)
 
 
-#: The one training every entry point assumes when none is given: the Inspector, ``compare``,
-#: ``sweep``, ``search``, the report and every command of the command line (each states it); AdamW
-#: with bf16 parameters and fp32 gradient reduction, the README table's. ``sv.analyze`` alone, given
-#: no training, keeps each parameter's own dtype (``Training()``): it is torch's default step.
-DEFAULT_TRAINING = Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32")
+#: The one training every entry point assumes when none is given: ``sv.analyze``, the Inspector,
+#: ``compare``, ``sweep``, ``search``, the report and every command of the command line (each states
+#: it): ``Training()``'s own field defaults, AdamW with bf16 parameters and fp32 gradient reduction.
+DEFAULT_TRAINING = Training()

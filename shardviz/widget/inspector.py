@@ -35,7 +35,7 @@ import anywidget
 import traitlets
 from comm import DummyComm
 
-from ..format import format_bytes, format_count, format_large_count, format_plural
+from ..format import format_bytes, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
 from ..presets import preset_key
@@ -240,7 +240,7 @@ class Inspector(anywidget.AnyWidget):
             "plan_text": ": " + " · ".join([format_plural(len(st.plan.units), "call"), f"{len(st.plan.ignored):,} ignored"]
                                           + ([f"{len(st.plan.checkpoint):,} checkpointed"] if st.plan.checkpoint else [])),
             "plan_name": st.plan.name,
-            "training": training_text(tr) + _plan_offload_text(st.plan, tr),
+            "training": training_text(tr, st.plan),  # the plan's calls' own policies and offload said
             "findings": sev if not stale else self._last_severities,
             "findings_text": _severity_text(sev if not stale else self._last_severities),
             "findings_stale": stale,
@@ -486,14 +486,6 @@ ACTION_HANDLERS: dict[str, ActionHandler] = {
     "overwrite_plan_file": lambda ins, kw: ins.controller.overwrite_plan_file(),
     "dismiss_messages": lambda ins, kw: ins.controller.dismiss_messages(),
 }
-
-
-def _plan_offload_text(plan, training) -> str:
-    """The training line's offload when the plan's calls offload rather than ``Training.offload``."""
-    n = sum(1 for u in plan.units if u.offload)
-    if not n or training.offload:
-        return ""
-    return f" · CPU offload ({format_count(n)} of the plan's calls)" if n < len(plan.units) else " · CPU offload (every call)"
 
 
 def _device_text(size: int | None) -> str:
