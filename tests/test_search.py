@@ -354,3 +354,25 @@ def test_docs_what_should_i_run_table_is_up_to_date():
     fresh = bench.table_markdown(list(bench.table_rows()))
     assert bench.splice_doc(doc, fresh) == doc, (
         "docs/search.md's What should I run table is stale: run .venv/bin/python benchmarks/bench_search.py --docs")
+
+
+def test_cli_table_wraps_names_and_says_why_a_row_has_no_numbers():
+    """plan search's table (issue 37): a long name wraps onto the next line instead of being cut
+    ("…"), and a row without numbers (pruned) says why under it."""
+    import re
+
+    from shardviz.cli import search_table
+
+    s = found("between")
+    text = search_table(s, len(s.table))
+    assert "…" not in text and all(len(line) <= 100 for line in text.splitlines())
+    numbered = [i for i, line in enumerate(text.splitlines()) if re.match(r"\d+ ", line)]
+    assert len(numbered) == len(s.table)
+    lines = text.splitlines()
+    for row, at in zip(s.table.itertuples(), numbered):
+        block = "\n".join(lines[at:numbered[numbered.index(at) + 1]] if at != numbered[-1] else lines[at:])
+        if not row.analysed:
+            assert "not analysed: " in block, block
+        else:
+            assert "GiB" in block or "MiB" in block or "KiB" in block, block
+        assert " ".join(block.split()).replace("not analysed:", "").find(" ".join(row.name.split()[:2])) >= 0
