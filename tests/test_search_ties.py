@@ -54,6 +54,9 @@ def test_the_simpler_plan_fsdp_before_hsdp_sharded_before_ignored_before_separat
     assert [r.candidate.lora for r in ranked(layouts, USABLE)] == ["sharded", "ignored", "separate"]
     off, on = row(1.002, 10 * GiB), row(1.0, 10 * GiB, offload=True)
     assert ranked([on, off], USABLE) == [off, on]
+    # offload only buys memory: in a tie, a plan without it first even with less to spare
+    roomy_offload = row(1.0, 50 * GiB, calls=10, offload=True, replicate=8)
+    assert ranked([roomy_offload, off], USABLE) == [off, roomy_offload]
 
 
 def test_a_tight_plan_loses_to_one_keeping_the_margin_within_its_penalty():

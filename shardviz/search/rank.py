@@ -107,13 +107,15 @@ def ranked(rows: list[Row], limit: int) -> list[Row]:
        the fastest plan left and every plan within 1 % of it form a group (``tie_groups``); the
        groups follow in time, so a plan ranks below another for its time only when it is more than
        1 % slower than the fastest of the other's group.
-    3. In a group (``_decided``): a plan keeping the safety margin before a tight one; then the
-       larger margin (usable - judged peak), margins within ``MARGIN_TIE`` (1 % of the usable
-       memory) of the largest left being equal; then the simpler plan (``simpler``): fewer
-       ``fully_shard`` calls, FSDP before HSDP, no tensor parallelism before it, LoRA sharded
-       before ignored before separate, no CPU offload before offload, fewer blocks recomputed;
-       then the faster; then the search's order. Without a step time, less recomputation comes
-       first (the collectives' seconds do not see it).
+    3. In a group (``_decided``): a plan keeping the safety margin before a tight one; a plan
+       without CPU offload before one with it (offload only buys memory, for host-device copies
+       and a host optimizer step: a person reaches for it when nothing without it ties, as the
+       pruning's ``Rule.OFFLOAD_NEEDLESS`` does); then the larger margin (usable - judged peak),
+       margins within ``MARGIN_TIE`` (1 % of the usable memory) of the largest left being
+       equal; then the simpler plan (``simpler``): fewer ``fully_shard`` calls, FSDP before
+       HSDP, no tensor parallelism before it, LoRA sharded before ignored before separate, fewer
+       blocks recomputed; then the faster; then the search's order. Without a step time, less
+       recomputation comes first (the collectives' seconds do not see it).
     4. Then the plans that fit unanalysed (CPU offload where the same plan without it fits); then
        the plans over, by how much (analysed before pruned), without offload first.
 
@@ -144,9 +146,9 @@ def tie_groups(fitting: list[Measured]) -> list[list[Measured]]:
 
 
 def simpler(r: Measured) -> tuple:
-    """The simpler plan sorts first: fewer calls, FSDP, no TP, LoRA sharded, no offload, less recomputation."""
+    """The simpler plan sorts first: fewer calls, FSDP, no TP, LoRA sharded, less recomputation."""
     c = r.candidate
-    return (r.calls, c.replicate > 1, c.tensor > 1, LORA_ORDER.get(c.lora, 0), bool(c.offload), r.recompute)
+    return (r.calls, c.replicate > 1, c.tensor > 1, LORA_ORDER.get(c.lora, 0), r.recompute)
 
 
 def _untimed_recompute(r: Measured) -> int:
@@ -154,9 +156,9 @@ def _untimed_recompute(r: Measured) -> int:
 
 
 def _decided(group: list[Measured], limit: int) -> list[Measured]:
-    """One tie on step time in order: keeping the margin, the larger margin (within ``MARGIN_TIE``
-    of the largest left: equal), the simpler plan, the faster."""
-    level = lambda r: (_untimed_recompute(r), r.verdict == "tight")  # noqa: E731
+    """One tie on step time in order: keeping the margin, no offload, the larger margin (within
+    ``MARGIN_TIE`` of the largest left: equal), the simpler plan, the faster."""
+    level = lambda r: (_untimed_recompute(r), r.verdict == "tight", bool(r.candidate.offload))  # noqa: E731
     left, out = sorted(group, key=lambda r: (*level(r), -r.margin)), []
     while left:
         head = left[0]
@@ -210,13 +212,15 @@ def _tie_reason(r: Measured, above: Measured, limit: int, other: str = "the row 
         return f"{format_bytes(r.margin)} to spare, inside the safety margin ({other} keeps it)"
     if _untimed_recompute(r) > _untimed_recompute(above):
         return f"{r.recompute} blocks recomputed ({other} {above.recompute})"
+    if r.candidate.offload and not above.candidate.offload:
+        return f"CPU offload ({other} fits without it)"
     dm = above.margin - r.margin
     if dm > MARGIN_TIE * limit:
         return f"{format_bytes(dm)} less to spare"
     words = {0: f"{format_plural(r.calls, 'fully_shard call')} ({other} {above.calls})",
              1: f"HSDP {r.mesh.replicate}x{r.mesh.shard} ({other}: {'HSDP' if above.candidate.replicate > 1 else 'FSDP'})",
              2: f"TP {r.candidate.tensor} ({other}: none)", 3: f"LoRA {r.candidate.lora} ({other}: LoRA {above.candidate.lora})",
-             4: f"CPU offload ({other}: none)", 5: f"{r.recompute} blocks recomputed ({other} {above.recompute})"}
+             4: f"{r.recompute} blocks recomputed ({other} {above.recompute})"}
     mine, theirs = simpler(r), simpler(above)
     which = next((i for i in range(len(mine)) if mine[i] != theirs[i]), None)
     similar = "as much to spare" if dm == 0 else f"about as much to spare ({format_bytes(abs(dm))} {'less' if dm > 0 else 'more'})"
