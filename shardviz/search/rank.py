@@ -1,6 +1,7 @@
 """The search's step numbers and reasons: ``step_numbers`` (``a.step``), the parts of the step a
-plan spends its time on (``time_parts``), the order of the rows (``_rank_key``), each row's
-``why`` against the row above it, and the table of them (``table``)."""
+plan spends its time on (``time_parts``), the order of the rows (``ranked``: step time, with
+differences under 1 % a tie decided by the margin, then the simpler plan), each row's ``why``
+against the row above it in % of the step, and the table of them (``table``)."""
 
 from __future__ import annotations
 
