@@ -267,7 +267,9 @@ def search_table(s, top: int) -> str:
         "spare": spare, "step": t.step_time_s.map(lambda v: format_duration(v) if num(v) else ""),
         "tokens/s": t.tokens_per_s.map(lambda v: f"{v:,.0f}" if num(v) else ""),
         "MFU": t.mfu.map(lambda v: f"{100 * v:.1f}%" if num(v) else "")})
-    return table_text(table, shrink="plan")
+    # names wrap (never cut); a row without numbers says why under its name (pruned: the rule that settled it)
+    notes = ["" if a else f"not analysed: {w.removesuffix(' (not analysed)')}" for a, w in zip(t.analysed, t.why)]
+    return table_text(table, shrink="plan", wrap=True, notes=notes)
 
 
 RESERVE_HELP = ("e.g. 2GiB: kept out of the device memory for the CUDA context and NCCL's buffers "

@@ -121,15 +121,28 @@ def report_lines(a, findings, context: list[str] = (), label: str | None = None)
     return [w for line in lines for w in _wrap(line)] + finding_lines(findings)
 
 
-def table_text(df, width: int = WIDTH, shrink: str | None = None) -> str:
-    """``df`` as text no wider than ``width``: the ``shrink`` column (else the widest) is cut to what is left."""
+def table_text(df, width: int = WIDTH, shrink: str | None = None, wrap: bool = False, notes=None) -> str:
+    """``df`` as text no wider than ``width``: the ``shrink`` column (else the widest) is cut to what is
+    left, or with ``wrap`` wrapped onto more lines (a name is never cut); ``notes``: one text per row
+    (or "") printed under it, indented and wrapped (e.g. why a row has no numbers)."""
     df = df.astype(str)
     cols = list(df.columns)
     widths = {c: max([len(c), *df[c].map(len)]) for c in cols}
     shrink = shrink if shrink in cols else max(cols, key=lambda c: widths[c])
     others = sum(widths[c] for c in cols if c != shrink) + 2 * (len(cols) - 1)
     widths[shrink] = max(min(widths[shrink], width - others), 8)
+    fit = lambda c, v: _cut(v, widths[c]) if c != shrink or not wrap else v  # noqa: E731
     line = lambda cells: "  ".join(  # noqa: E731
-        _cut(v, widths[c]).ljust(widths[c]) if c == cols[0] or c == shrink else _cut(v, widths[c]).rjust(widths[c])
+        fit(c, v).ljust(widths[c]) if c == cols[0] or c == shrink else fit(c, v).rjust(widths[c])
         for c, v in zip(cols, cells)).rstrip()
-    return "\n".join([line(cols), *(line(row) for row in df.itertuples(index=False))])
+    out = [line(cols)]
+    for i, row in enumerate(df.itertuples(index=False)):
+        cells = list(row)
+        at = cols.index(shrink)
+        parts = (textwrap.wrap(" ".join(cells[at].split()), widths[shrink], break_on_hyphens=False) or [""]) if wrap else [cells[at]]
+        out.append(line([*cells[:at], parts[0], *cells[at + 1:]]))
+        pad = sum(widths[c] + 2 for c in cols[:at])
+        out += [" " * pad + part for part in parts[1:]]
+        if notes is not None and notes[i]:
+            out += _wrap(notes[i], " " * (pad + 2), width)
+    return "\n".join(out)

@@ -18,9 +18,13 @@ activations alone are, a plan holding less is, the same plan on fewer replicas i
 parameters kept after forward are, or a smaller micro-batch fits with no plan). The pruned set
 does not depend on the order of the candidates.
 
-The plans that fit are ranked (``rank.py``) by ``a.step.step_time_s`` (the step model,
-``steptime.py``: the mesh needs a ``device``); ``why`` names the parts of the step that make a plan
-slower than the one above it (recomputation, exposed collectives, offload copies, the optimizer).
+The plans that fit are ranked (``rank.py``, ``ranked``) by ``a.step.step_time_s`` (the step model,
+``steptime.py``: the mesh needs a ``device``), differences under 1 % of the step being ties
+(``STEP_TIME_TIE``, below what the step model can tell), decided by keeping the safety margin, no
+CPU offload, the larger margin, then the simpler plan (fewer calls; FSDP before HSDP; LoRA sharded
+before ignored before separate): ``rank.ranked``. ``why`` says a plan's difference to the one above it in % of the step: the
+tie and what decided it, or the parts of the step that make it slower (recomputation, exposed
+collectives, offload copies, the optimizer).
 Without a device there is no step time: the search says so in ``note`` and ranks by the
 collectives' seconds instead.
 """
@@ -38,7 +42,7 @@ from ..fsdp import Mesh
 from ..plan import Plan
 from ..tree import ModelTree, as_tree
 from .candidates import CHECKPOINTS, Candidate, candidates
-from .rank import COLUMNS, explain, kept_margin_note, ranked, step_numbers, table
+from .rank import COLUMNS, explain, ranked, step_numbers, table
 from .rows import Measured, Pruned, Row, Rule
 from .running import run, what_would_fit
 from .space import Space, tensor_degrees
@@ -67,8 +71,8 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     untimed = next((r.untimed for r in rows if r.analysed and r.untimed), None)
     if untimed:
         notes.append(f"no step time ({untimed}): the plans that fit are ranked by their collectives' seconds per "
-                     "step instead (a.comm, one after another, no compute), then less recomputation, then the "
-                     "larger margin; step_time_s and tokens_per_s are empty")
+                     "step instead (a.comm, one after another, no compute; differences under 1 % are ties), then less "
+                     "recomputation, the larger margin, the simpler plan; step_time_s and tokens_per_s are empty")
     nothing = ""
     if rows and not rows[0].fits:
         nothing, tries = what_would_fit(space, rows)
@@ -97,10 +101,6 @@ class Search:
         self.device_memory, self.usable_memory = space.mesh.device_memory, space.limit
         self.limit_text = space.mesh.limit_text
         self.table = table(rows, space)
-        vary = space.training.global_batch is not None
-        kept_over_tight = kept_margin_note(rows, lambda c: c.name(space.mesh.world, space.has_lora, vary))
-        if kept_over_tight:
-            self.table.loc[0, "why"] = f"{self.table.loc[0, 'why']}; {kept_over_tight}"
         if nothing_fits:
             self.table.loc[0, "why"] = f"{nothing_fits}. This row: {self.table.loc[0, 'why']}"
 

@@ -1,6 +1,7 @@
 """The search's step numbers and reasons: ``step_numbers`` (``a.step``), the parts of the step a
-plan spends its time on (``time_parts``), the order of the rows (``_rank_key``), each row's
-``why`` against the row above it, and the table of them (``table``)."""
+plan spends its time on (``time_parts``), the order of the rows (``ranked``: step time, with
+differences under 1 % a tie decided by the margin, then the simpler plan), each row's ``why``
+against the row above it in % of the step, and the table of them (``table``)."""
 
 from __future__ import annotations
 
@@ -75,66 +76,183 @@ def _label(part: str, r: Measured) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Ranking and the reasons
+# Ranking
 # ---------------------------------------------------------------------------
+#: Step times within this fraction of each other are a tie. The step model's checks against
+#: published runs are off by -11 % to +4 % (mean |error| 3.3 %; docs/step-time.md, "Calibration and
+#: checking are kept apart"): a difference under 1 % between two plans is below what it can tell,
+#: so the search does not rank on it but on what it can tell: the margin, then the simpler plan.
+STEP_TIME_TIE = 0.01
+
+#: In a tie on step time, margins within this fraction of the usable memory are equal: the reserved
+#: peak a margin is taken from is within -1.3 % and +0.3 % of the published peaks it was checked on
+#: (docs/cost-model.md, "Reserved memory"), so a few hundred MiB more to spare does not outweigh a
+#: simpler plan.
+MARGIN_TIE = 0.01
+
 #: A tight plan (inside the safety margin, ``devices.memory_fit``) is ranked as if this much slower:
 #: the search does not pick it over a plan keeping the margin within 2 % of its step time.
 TIGHT_PENALTY = 0.02
 
-
-def _rank_key(limit: int):
-    """Fitting plans by step time (without one: by the collectives' seconds, then recomputation),
-    a tight one's time counted ``TIGHT_PENALTY`` higher; ties to less recomputation, no offload,
-    fewer calls, the larger margin; then the plans over."""
-    def key(r: Row):
-        c = r.candidate
-        if r.fits and r.analysed:
-            t = r.step_time_s if r.step_time_s is not None else r.comm_s
-            if r.verdict == "tight":
-                t *= 1 + TIGHT_PENALTY
-            return (0, float(f"{t:.6g}"), r.recompute, c.offload, r.calls, r.peak)
-        if r.fits:
-            return (1, 0.0, 0, 0, 0, 0)
-        over = (r.peak if r.peak is not None else 1 << 62) - limit
-        return (2 if r.analysed else 3, over, 0, c.offload, 0, 0)
-    return key
+#: LoRA layouts, the simplest first: in their block's call, left out of FSDP, in calls of their own.
+LORA_ORDER = {"sharded": 0, "ignored": 1, "separate": 2}
+TIE_TEXT = f"{100 * STEP_TIME_TIE:g} %"
 
 
 def ranked(rows: list[Row], limit: int) -> list[Row]:
-    """``rows`` best first (``_rank_key``); ties keep their order (the search's, ``pruning_order``)."""
-    return sorted(rows, key=_rank_key(limit))
+    """``rows`` best first, as a person would choose (``limit``: the usable memory):
+
+    1. The plans that fit and were analysed, by step time (``a.step``; without a device, the
+       collectives' seconds), a tight plan's counted ``TIGHT_PENALTY`` (2 %) higher.
+    2. Step times within ``STEP_TIME_TIE`` (1 %, below what the step model can tell) are a tie:
+       the fastest plan left and every plan within 1 % of it form a group (``tie_groups``); the
+       groups follow in time, so a plan ranks below another for its time only when it is more than
+       1 % slower than the fastest of the other's group.
+    3. In a group (``_decided``): a plan keeping the safety margin before a tight one; a plan
+       without CPU offload before one with it (offload only buys memory, for host-device copies
+       and a host optimizer step: a person reaches for it when nothing without it ties, as the
+       pruning's ``Rule.OFFLOAD_NEEDLESS`` does); then the larger margin (usable - judged peak),
+       margins within ``MARGIN_TIE`` (1 % of the usable memory) of the largest left being
+       equal; then the simpler plan (``simpler``): fewer ``fully_shard`` calls, FSDP before
+       HSDP, no tensor parallelism before it, LoRA sharded before ignored before separate, fewer
+       blocks recomputed; then the faster; then the search's order. Without a step time, less
+       recomputation comes first (the collectives' seconds do not see it).
+    4. Then the plans that fit unanalysed (CPU offload where the same plan without it fits); then
+       the plans over, by how much (analysed before pruned), without offload first.
+
+    So a tight plan never comes before a plan keeping the margin within 2 % of its step time (the
+    penalty), nor before one in its tie group (the margin decides there): it is picked only when
+    every plan keeping the margin is slower by more than that. ``sv.search``, ``shardviz plan
+    search`` and the Inspector's Suggest tab all show this order."""
+    fitting = [r for r in rows if r.fits and r.analysed]
+    rest = sorted((r for r in rows if not (r.fits and r.analysed)), key=_rest_key(limit))
+    return [r for group in tie_groups(fitting) for r in _decided(group, limit)] + rest
 
 
-def _slower_because(r: Measured, above: Measured) -> str:
-    """What costs a fitting row its time against the fitting row above it: the part of the step
-    (``time_parts``) that grew most, e.g. "0.41 s slower: recomputation of 80 blocks (+0.39 s)"."""
-    timed = r.step_time_s is not None and above.step_time_s is not None
-    t, t_above = (r.step_time_s, above.step_time_s) if timed else (r.comm_s, above.comm_s)
-    dt = t - t_above
-    deltas = {k: r.parts.get(k, 0.0) - above.parts.get(k, 0.0) for k in set(r.parts) | set(above.parts)}
-    tie = _tie(t_above)
-    if dt <= tie:
-        return "as fast; " + _tie_reason(r, above)
-    grown = sorted(((sec, label) for label, sec in deltas.items() if sec > tie), reverse=True)[:2]
-    reasons = ", ".join(f"{_label(label, r)} +{format_duration(sec)}" for sec, label in grown) or "slower collectives"
-    shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -tie)[:1]
-    if shrunk and grown and grown[0][0] > dt + tie:  # the growth is partly paid back elsewhere: say where
-        reasons += "; " + ", ".join(f"{_label(label, r)} -{format_duration(-sec)}" for sec, label in shrunk)
-    if not timed:
-        return f"{format_duration(dt)} more collectives (no step time: {r.untimed}): {reasons}"
-    return f"{format_duration(dt)} slower: {reasons}"
+def _ranked_seconds(r: Measured) -> float:
+    t = _seconds(r)
+    return t * (1 + TIGHT_PENALTY) if r.verdict == "tight" else t
 
 
-def _tie_reason(r: Measured, above: Measured) -> str:
-    if r.recompute > above.recompute:
-        return f"recomputes {r.recompute} blocks (the row above {above.recompute})"
+def tie_groups(fitting: list[Measured]) -> list[list[Measured]]:
+    """The plans that fit cut into ties, fastest first: the fastest left (its time as ``ranked``
+    counts it, a tight plan's higher) and every plan within ``STEP_TIME_TIE`` of it."""
+    left, groups = sorted(fitting, key=_ranked_seconds), []
+    while left:
+        cut = _ranked_seconds(left[0]) * (1 + STEP_TIME_TIE)
+        n = next((i for i, r in enumerate(left) if _ranked_seconds(r) > cut), len(left))
+        groups.append(left[:n])
+        left = left[n:]
+    return groups
+
+
+def simpler(r: Measured) -> tuple:
+    """The simpler plan sorts first: fewer calls, FSDP, no TP, LoRA sharded, less recomputation."""
+    c = r.candidate
+    return (r.calls, c.replicate > 1, c.tensor > 1, LORA_ORDER.get(c.lora, 0), r.recompute)
+
+
+def _untimed_recompute(r: Measured) -> int:
+    return r.recompute if r.step_time_s is None else 0
+
+
+def _decided(group: list[Measured], limit: int) -> list[Measured]:
+    """One tie on step time in order: keeping the margin, no offload, the larger margin (within
+    ``MARGIN_TIE`` of the largest left: equal), the simpler plan, the faster."""
+    level = lambda r: (_untimed_recompute(r), r.verdict == "tight", bool(r.candidate.offload))  # noqa: E731
+    left, out = sorted(group, key=lambda r: (*level(r), -r.margin)), []
+    while left:
+        head = left[0]
+        n = next((i for i, r in enumerate(left)
+                  if level(r) != level(head) or r.margin < head.margin - MARGIN_TIE * limit), len(left))
+        out += sorted(left[:n], key=lambda r: (*simpler(r), _ranked_seconds(r)))
+        left = left[n:]
+    return out
+
+
+def _rest_key(limit: int):
+    def key(r: Row):
+        if r.fits:
+            return (0, 0, False)
+        over = (r.peak if r.peak is not None else 1 << 62) - limit
+        return (1 if r.analysed else 2, over, bool(r.candidate.offload))
+    return key
+
+
+def tie_positions(rows: list[Row]) -> dict[int, tuple[int, float]]:
+    """``id(row)`` of each analysed row that fits -> (its tie group, the seconds of the group's fastest)."""
+    out = {}
+    for i, group in enumerate(tie_groups([r for r in rows if r.fits and r.analysed])):
+        for r in group:
+            out[id(r)] = (i, _seconds(group[0]))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The reasons, in % of the step
+# ---------------------------------------------------------------------------
+def pct(fraction: float) -> str:
+    """A share of a step time: "0.03 %", "2.6 %", "12 %" (its sign is the sentence's)."""
+    p = 100 * abs(fraction)
+    if p >= 10:
+        return f"{p:.0f} %"
+    if p >= 1:
+        return f"{p:.1f} %"
+    return f"{p:.2f} %" if p >= 0.01 or p == 0 else "<0.01 %"
+
+
+def _faster_words(d: float, timed: bool) -> str:
+    if timed:
+        return f"{pct(d)} {'slower' if d >= 0 else 'faster'}"
+    return f"{pct(d)} {'more' if d >= 0 else 'less'} time in collectives"
+
+
+def _tie_reason(r: Measured, above: Measured, limit: int, other: str = "the row above") -> str:
+    """What puts ``above`` before ``r`` in a tie on step time, from ``r``'s side (after "with")."""
+    if r.verdict == "tight" and above.verdict == "fits":
+        return f"{format_bytes(r.margin)} to spare, inside the safety margin ({other} keeps it)"
+    if _untimed_recompute(r) > _untimed_recompute(above):
+        return f"{r.recompute} blocks recomputed ({other} {above.recompute})"
     if r.candidate.offload and not above.candidate.offload:
-        return "CPU offload copies every parameter and gradient between host and device"
-    if r.calls > above.calls:
-        return f"{r.calls} fully_shard calls (the row above {above.calls}): more collectives to launch"
-    if r.peak > above.peak:
-        return f"peak {format_bytes(r.peak - above.peak)} higher"
-    return "equal on every count (listed in search order)"
+        return f"CPU offload ({other} fits without it)"
+    dm = above.margin - r.margin
+    if dm > MARGIN_TIE * limit:
+        return f"{format_bytes(dm)} less to spare"
+    words = {0: f"{format_plural(r.calls, 'fully_shard call')} ({other} {above.calls})",
+             1: f"HSDP {r.mesh.replicate}x{r.mesh.shard} ({other}: {'HSDP' if above.candidate.replicate > 1 else 'FSDP'})",
+             2: f"TP {r.candidate.tensor} ({other}: none)", 3: f"LoRA {r.candidate.lora} ({other}: LoRA {above.candidate.lora})",
+             4: f"{r.recompute} blocks recomputed ({other} {above.recompute})"}
+    mine, theirs = simpler(r), simpler(above)
+    which = next((i for i in range(len(mine)) if mine[i] != theirs[i]), None)
+    similar = "as much to spare" if dm == 0 else f"about as much to spare ({format_bytes(abs(dm))} {'less' if dm > 0 else 'more'})"
+    if which is None:
+        return f"{similar}, equal on every other count (listed in search order)"
+    return f"{similar} and {words[which]}"
+
+
+def _slower_because(r: Measured, above: Measured, limit: int, tie: tuple | None) -> str:
+    """Why a fitting row is below the fitting row above it. In a tie (``tie``: (same group, the
+    seconds of its group's fastest)): the difference in % and what decided it, e.g. "0.03 % faster
+    (a tie: within 1 %), with 29.30 GiB less to spare". Else the part of the step (``time_parts``)
+    that grew most, in % of the row above's step, e.g. "2.6 % slower: recomputation of 16 blocks +6.3 %"."""
+    timed = r.step_time_s is not None and above.step_time_s is not None
+    t, t_above = _seconds(r), _seconds(above)
+    d = (t - t_above) / t_above if t_above else 0.0
+    same, lead_s = tie if tie is not None else (False, t_above)
+    if same:
+        return f"{_faster_words(d, timed)} (a tie: within {TIE_TEXT}), with {_tie_reason(r, above, limit)}"
+    noise = 1e-9 + 1e-6 * t_above
+    deltas = {k: r.parts.get(k, 0.0) - above.parts.get(k, 0.0) for k in set(r.parts) | set(above.parts)}
+    grown = sorted(((sec, label) for label, sec in deltas.items() if sec > noise), reverse=True)[:2]
+    share = lambda sec: pct(sec / t_above) if t_above else format_duration(sec)  # noqa: E731
+    reasons = ", ".join(f"{_label(label, r)} +{share(sec)}" for sec, label in grown) or "slower collectives"
+    shrunk = sorted((sec, label) for label, sec in deltas.items() if sec < -noise)[:1]
+    if shrunk and grown and grown[0][0] > t - t_above + noise:  # the growth is partly paid back elsewhere: say where
+        reasons += "; " + ", ".join(f"{_label(label, r)} -{share(-sec)}" for sec, label in shrunk)
+    head = _faster_words(d, timed)
+    if d < STEP_TIME_TIE and lead_s:  # next to the row above, but beyond the tie with the fastest of its group
+        head += f" ({pct((t - lead_s) / lead_s)} behind the fastest plan above: beyond the {TIE_TEXT} tie)"
+    return f"{head}: {reasons}" + ("" if timed else f" (no step time: {r.untimed})")
 
 
 def _tight_words(r: Measured) -> str:
@@ -142,9 +260,11 @@ def _tight_words(r: Measured) -> str:
             f"inside the {format_bytes(r.safety)} safety margin")
 
 
-def _why(r: Row, above: Measured | None, limit: int, usable_text: str) -> str:
-    """``limit``: the usable memory (device memory less the reserve), ``usable_text`` it in words.
-    Over and tight are judged on the reserved peak (``devices.memory_fit``)."""
+def _why(r: Row, above: Measured | None, limit: int, usable_text: str, tie: tuple | None = None) -> str:
+    """``limit``: the usable memory (device memory less the reserve), ``usable_text`` it in words;
+    ``tie``: (``r`` in the tie group of ``above``, the seconds of the fastest of ``r``'s group).
+    Over and tight are judged on the reserved peak (``devices.memory_fit``). The top row's
+    comparison with a faster plan is ``best_note``'s."""
     if not r.analysed:
         return r.why
     if not r.fits:
@@ -156,37 +276,39 @@ def _why(r: Row, above: Measured | None, limit: int, usable_text: str) -> str:
         return "fastest that fits" + (f", but {_tight_words(r)}: no plan keeping the margin is within "
                                       f"{100 * TIGHT_PENALTY:g} % of its step time" if tight else "")
     if not tight:
-        return _slower_because(r, above)
+        return _slower_because(r, above, limit, tie)
     t, t_above = _seconds(r), _seconds(above)
-    if t < t_above - _tie(t_above) and above.verdict == "fits":
-        return (f"{_tight_words(r)}; {format_duration(t_above - t)} faster than the row above, which keeps the "
-                f"margin: a tight plan is picked only when no plan keeping it is within {100 * TIGHT_PENALTY:g} % "
-                "of its step time")
-    return f"{_tight_words(r)}; {_slower_because(r, above)}"
-
-
-def _tie(t: float) -> float:
-    return 1e-9 + 1e-6 * t
+    if t < t_above and above.verdict == "fits":
+        return (f"{_tight_words(r)}; {pct((t_above - t) / t_above)} faster than the row above, which keeps the "
+                f"margin: a tight plan counts as {100 * TIGHT_PENALTY:g} % slower, and in a tie (within "
+                f"{TIE_TEXT}) the plan keeping the margin goes first")
+    return f"{_tight_words(r)}; {_slower_because(r, above, limit, tie)}"
 
 
 def _seconds(r: Measured) -> float:
     return r.step_time_s if r.step_time_s is not None and r.step_time_s == r.step_time_s else r.comm_s
 
 
-def kept_margin_note(rows: list[Row], name) -> str:
-    """The best row keeps the safety margin while a faster plan is tight: say so (its ``why``);
-    ``name(candidate)``: a row's name."""
-    if not rows or not rows[0].fits or not rows[0].analysed or rows[0].verdict != "fits":
+def best_note(rows: list[Row], name, limit: int) -> str:
+    """The top row against the faster plans that fit, when it is not the fastest (``name(candidate)``:
+    a row's name): the fastest tight plan it is picked over (it keeps the margin), and the fastest
+    plan keeping the margin it ties with (within ``STEP_TIME_TIE``), with what decided the tie."""
+    if not rows or not rows[0].fits or not rows[0].analysed:
         return ""
-    best = rows[0]
-    faster = [r for r in rows[1:] if r.analysed and r.verdict == "tight" and _seconds(r) < _seconds(best) - _tie(_seconds(best))]
-    if not faster:
-        return ""
-    r = min(faster, key=_seconds)
-    return (f"keeps the {format_bytes(best.safety)} safety margin ({format_bytes(best.margin)} to spare); "
-            f"{name(r.candidate)} is {format_duration(_seconds(best) - _seconds(r))} faster but {_tight_words(r)}")
-
-
+    best, out = rows[0], []
+    fitting = [r for r in rows[1:] if r.fits and r.analysed and _seconds(r) < _seconds(best)]
+    tight = [r for r in fitting if r.verdict == "tight"]
+    kept = [r for r in fitting if r.verdict == best.verdict]
+    if kept:
+        r = min(kept, key=_seconds)
+        out.append(f"a tie with the fastest plan {'keeping the margin' if tight and best.verdict == 'fits' else 'that fits'}: {name(r.candidate)} is "
+                   f"{pct((_seconds(best) - _seconds(r)) / _seconds(r))} faster (within {TIE_TEXT}), with "
+                   f"{_tie_reason(r, best, limit, other='this plan')}")
+    if tight and best.verdict == "fits":
+        r = min(tight, key=_seconds)
+        out.append(f"keeps the {format_bytes(best.safety)} safety margin ({format_bytes(best.margin)} to spare); "
+                   f"{name(r.candidate)} is {pct((_seconds(best) - _seconds(r)) / _seconds(r))} faster but {_tight_words(r)}")
+    return "; ".join(out)
 
 
 # ---------------------------------------------------------------------------
@@ -201,12 +323,16 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
     """``Search.table``: one line per row (ranked), named, with its ``why`` against the fitting row
     above it (a ``tensor`` column when tensor degrees were searched)."""
     world, vary, tp = space.mesh.world, space.training.global_batch is not None, space.tensors != (1,)
-    records, above = [], None
+    records, above, ties = [], None, tie_positions(rows)
+    name_of = lambda c: c.name(world, space.has_lora, vary)  # noqa: E731
     for r in rows:
-        c, why = r.candidate, _why(r, above if r.fits else None, space.limit, space.usable_text)
+        tie = (ties[id(r)][0] == ties[id(above)][0], ties[id(r)][1]) if above is not None and id(r) in ties else None
+        c, why = r.candidate, _why(r, above if r.fits else None, space.limit, space.usable_text, tie)
+        if above is None and r.fits and r.analysed:  # the top row: against the faster plans it was picked over
+            why = best_note(rows, name_of, space.limit) or why
         if r.fits and r.analysed:
             above = r
-        name = c.name(world, space.has_lora, vary)
+        name = name_of(c)
         if r.analysed and r.cache_refused:
             name += ", priced with use_cache=False (torch cannot run it with the cache)"
         if c.tensor > 1 and r.analysed and r.tensor_comm_s:
@@ -254,7 +380,9 @@ def explain(table, limit_text: str, note: str = "", assumed: str = "") -> str:
         out.append(f"Fits means: {assumed}.")
     fit = table[table.fits & table.analysed]
     if len(fit) > 1:
-        out.append(f"It is the fastest of {len(fit)} plans that fit; the next, {fit['name'].iloc[1]}, is {fit.why.iloc[1]}.")
+        first = ("the fastest" if str(best.why).startswith("fastest that fits") else
+                 f"the first (step times within {TIE_TEXT} are a tie, decided by the larger margin, then the simpler plan)")
+        out.append(f"It is {first} of {len(fit)} plans that fit; the next, {fit['name'].iloc[1]}, is {fit.why.iloc[1]}.")
     plain = table[table.analysed & table.checkpoint.isna()]
     if best.checkpoint is not None and best.checkpoint == best.checkpoint:
         if len(plain) and not plain.fits.any():
