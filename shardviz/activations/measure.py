@@ -183,6 +183,7 @@ class _ModelEntry:
     tree: ModelTree
     profiles: dict = field(default_factory=dict)  # _Request -> ActivationProfile
     measurements: dict = field(default_factory=dict)  # measurement key -> Measurement
+    orders: dict = field(default_factory=dict)  # _Request -> run order read from a forward (``order``)
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelEntry
