@@ -22,8 +22,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
-from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, step_cache, unit_flops
-from .activations.order import read_run_order
+from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
 from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
 from .cost import (NoActivations, activation_levels, Training, calls_with_nested_calls, comm_table, cost_model,

@@ -1,4 +1,4 @@
-"""``activations.order``: the run order read from a forward alone is the one a whole measured step
+"""``activations.measure.read_run_order``: the run order read from a forward alone is the one a whole measured step
 gives (``measure_activations(...).run_order``, what ``Analysis.run_order`` read before), on
 architectures whose copies differ: a plain stack (llama), a seq2seq model with two block lists (bart),
 an MoE (mixtral, balanced routing), GPT-2, and Zamba (hybrid Mamba/attention layers sharing one
@@ -12,7 +12,7 @@ import shardviz as sv
 from hf_archs import build
 from transformers import AutoModelForCausalLM, ZambaConfig
 from shardviz.activations import clear_cache, config_use_cache, measure_activations
-from shardviz.activations.order import read_run_order
+from shardviz.activations import read_run_order
 
 
 def zamba(layers: int = 12):
@@ -35,7 +35,7 @@ def test_the_forward_reads_the_order_a_whole_step_gives(model_type):
 def test_zamba_reads_its_order_from_the_copy_without_the_cache(monkeypatch):
     """Zamba's config keeps a cache, whose step cannot run on the reduced copy: the order comes from
     the copy without the cache (the second attempt), never from the whole model."""
-    from shardviz.activations import order
+    from shardviz.activations import measure as order
 
     model = zamba()
     assert config_use_cache(model)
