@@ -5,7 +5,8 @@ included, plus the params/units tables), `analyze` on a cached tree, torch's `fu
 the same plan under the fake process group (on a meta copy, the copy not timed), the ratio
 cold analyze / torch, and re-analysing after one unit is added or removed on the cached tree
 (what a widget toggle costs), and the Inspector's change of plan in CPU time
-(``--change-of-plan`` for that alone, ``--stages`` for each stage's time, ``--profile`` to cProfile it). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
+(``--change-of-plan`` for that alone, without and with the findings, ``--stages`` for each stage's time,
+``--profile`` to cProfile it, ``--against /work/main`` to time another checkout's code first). Run: .venv/bin/python benchmarks/bench_analyze.py [--models llama3_70b ...]
 """
 
 from __future__ import annotations
@@ -92,11 +93,12 @@ def bench(name: str, world: int, layout: str) -> dict:
 
 
 def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int = 21, profile: bool = False,
-                         stages: bool = False) -> float:
+                         stages: bool = False, findings: bool = False) -> float:
     """The Inspector's change of plan (issue 25, target 5 ms): one block's call removed, the new plan
     analysed on the cached tree up to the model-state numbers (``a.memory``, ``a.comm``; no
-    activations). CPU time (``time.process_time``), median over ``repeat`` edits, each of another
-    block (no plan seen twice, so no cache keyed on the plan helps), so that the load matters less."""
+    activations), and with ``findings`` its findings too (issue 36, target 10 ms). CPU time
+    (``time.process_time``), median over ``repeat`` edits, each of another block (no plan seen
+    twice, so no cache keyed on the plan helps), so that the load matters less."""
     model = zoo.build(name, lora=True)  # kept alive, as the Inspector keeps it (a step of it orders the walk)
     tree = sv.ModelTree(model)
     mesh = sv.Mesh(world)
@@ -107,6 +109,8 @@ def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int 
     def change(p):
         a = sv.analyze(tree, p, mesh, strict=False)
         a.memory, a.comm  # noqa: B018 - what the Inspector redraws after an edit
+        if findings:
+            a.findings  # noqa: B018 - and the findings it lists
 
     change(plans[0])  # warm: the tree's cached arrays
     times = []
@@ -115,8 +119,9 @@ def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int 
         change(p)
         times.append(time.process_time() - t0)
     median = statistics.median(times)
-    print(f"change of plan: {name}+LoRA, {world} ranks, one block's call removed: analyze + memory + comm "
-          f"{median * 1e3:.2f} ms CPU (median of {len(times)}, min {min(times) * 1e3:.2f}; target 5 ms)")
+    what, target = ("analyze + memory + comm + findings", 10) if findings else ("analyze + memory + comm", 5)
+    print(f"change of plan: {name}+LoRA, {world} ranks, one block's call removed: {what} "
+          f"{median * 1e3:.2f} ms CPU (median of {len(times)}, min {min(times) * 1e3:.2f}; target {target} ms)")
     if stages:
         stage_times(lambda: [change(p) for p in plans[1:]])
     if profile:
@@ -229,6 +234,21 @@ def bench_step(name: str = "llama3_70b", world: int = 64, batch: int = 1, seq: i
           f"{step.tokens_per_s:,.0f} tokens/s per rank, MFU {100 * step.mfu:.1f} %")
 
 
+def against(checkout: str, world: int) -> None:
+    """The change of plan (with and without findings) on the shardviz of ``checkout``, printed first."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path[:0] = sys.argv[1:3]; import bench_analyze as b, shardviz\n"
+            "print('shardviz from', shardviz.__file__)\n"
+            "for f in (False, True): b.bench_change_of_plan(world=int(sys.argv[3]), findings=f)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    print(f"before ({checkout}):", flush=True)
+    subprocess.run([sys.executable, "-c", code, os.path.abspath(checkout), here, str(world)], check=True,
+                   env=dict(os.environ, PYTHONPATH=os.path.abspath(checkout)), cwd=checkout)
+    print(f"after ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}):", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["llama3_70b", "largest_moe"])
@@ -239,9 +259,15 @@ def main():
                         help="only the Inspector's change of plan on llama3_70b (CPU time)")
     parser.add_argument("--profile", action="store_true", help="with --change-of-plan: cProfile it")
     parser.add_argument("--stages", action="store_true", help="with --change-of-plan: each stage's CPU time")
+    parser.add_argument("--against", metavar="DIR", help="with --change-of-plan: first the same on the shardviz "
+                        "of another checkout (e.g. /work/main), in a subprocess: before and after in one run")
     args = parser.parse_args()
     if args.change_of_plan:
-        bench_change_of_plan(world=args.world, profile=args.profile, stages=args.stages)
+        if args.against:
+            against(args.against, args.world)
+        for findings in (False, True):
+            bench_change_of_plan(world=args.world, profile=args.profile and findings, stages=args.stages and findings,
+                                 findings=findings)
         return
     names = [zoo.LARGEST_MOE if m == "largest_moe" else m for m in args.models]
     rows = [bench(n, args.world, args.lora) for n in names]
@@ -257,6 +283,7 @@ def main():
           "one unit is removed or added (target <= 20 ms on 70B)")
     print()
     bench_change_of_plan(world=args.world)
+    bench_change_of_plan(world=args.world, findings=True)
     if not args.no_activations:
         bench_activations()
         bench_step()

@@ -5,7 +5,8 @@ default config, every block checkpointed, batch 1 x ``--seq`` on FSDP 4: the tim
 ``analyze`` to ``a.memory`` (the measurement of the step included), wall and CPU, slowest first,
 and the slowest in one line. Issue 24's target: <= 5 s per architecture. Not a test: the numbers
 depend on the load (CPU time less so).
-Run: PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_arch_sweep.py [--types zamba,phi3] [--seq 32]
+``--zamba-default``: instead, ``sv.analyze`` without activations on Zamba's default config (76 layers).
+Run: PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_arch_sweep.py [--types zamba,phi3] [--seq 32] [--zamba-default]
 """
 
 from __future__ import annotations
@@ -42,12 +43,35 @@ def time_analyze(model_type: str, seq: int) -> tuple[float, float, str]:
     return time.perf_counter() - wall, time.process_time() - cpu, said
 
 
+def time_zamba_default() -> None:
+    """``sv.analyze`` on Zamba's default config (76 layers, transformers' ``ZambaConfig()`` on meta), no
+    activations: ``Plan.auto``, ``analyze``, memory, traffic and findings, the run order read included
+    (issue 36's target: <= 5 s). Imports are done before the clock starts."""
+    import torch
+    from transformers import AutoModelForCausalLM, ZambaConfig
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(ZambaConfig())
+    sv.ModelTree(torch.nn.Linear(1, 1))  # the walk's lazy imports (peft), outside the clock
+    wall, cpu = time.perf_counter(), time.process_time()
+    a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(8))
+    a.memory, a.comm, a.findings  # noqa: B018
+    print(f"zamba default config ({ZambaConfig().num_hidden_layers} layers), analyze + memory + comm + findings, "
+          f"no activations: {time.perf_counter() - wall:.2f} s wall, {time.process_time() - cpu:.2f} s CPU "
+          f"(target <= 5 s; run order of {len(a.run_order or ())} modules)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", help="comma-separated model types (default: the sweep's causal LMs)")
     parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (the sweep's: 32)")
     parser.add_argument("--n-types", type=int, default=80, help="the sweep's sample size")
+    parser.add_argument("--zamba-default", action="store_true",
+                        help="only sv.analyze (no activations) on Zamba's default 76-layer config")
     args = parser.parse_args()
+    if args.zamba_default:
+        time_zamba_default()
+        return
     types = args.types.split(",") if args.types else causal_lms(args.n_types)
     rows = []
     for model_type in types:

@@ -16,6 +16,8 @@ nothing else. Quantized parameter classes are recognised by their module and nam
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .check_inputs import CheckInputs
@@ -27,9 +29,22 @@ from .quant import INSTALL, bnb_4bit_config, bnb_available, quant_kind
 from .tree import ModelTree, peft_configs
 
 
+# tree -> what these checks read of its model, found once per tree: they depend on the model alone,
+# and a change of plan must not walk ``named_modules`` again (issue 36: 20 ms a plan at 70B)
+_PROJECTIONS: "weakref.WeakKeyDictionary[ModelTree, dict[str, bool]]" = weakref.WeakKeyDictionary()
+_QUANTIZED: "weakref.WeakKeyDictionary[ModelTree, tuple]" = weakref.WeakKeyDictionary()
+
+
 def _block_projections(tree: ModelTree) -> dict[str, bool]:
     """Leaf name -> adapted? for every linear layer inside the repeated blocks (peft's adapter layers
-    count as adapted; the layers inside them, ``base_layer`` and ``lora_A``, are not listed)."""
+    count as adapted; the layers inside them, ``base_layer`` and ``lora_A``, are not listed). Once per tree."""
+    found = _PROJECTIONS.get(tree)
+    if found is None:
+        found = _PROJECTIONS[tree] = _walk_projections(tree)
+    return found
+
+
+def _walk_projections(tree: ModelTree) -> dict[str, bool]:
     from torch import nn
 
     try:
@@ -158,8 +173,15 @@ def _quant_words(qc: dict) -> str:
 def _unpriced(inputs: CheckInputs) -> tuple[dict[str, list[str]], dict | None]:
     """Quantized parameters shardviz does not price (by class: any quantized class but a bitsandbytes
     ``Params4bit`` holding packed data, which the tree reads as it is), and the ``quantization_config``
-    when it is not a bitsandbytes 4-bit one that the model carries as ``Params4bit`` (else None)."""
-    model = inputs.tree.model
+    when it is not a bitsandbytes 4-bit one that the model carries as ``Params4bit`` (else None).
+    They depend on the model alone: read once per tree (a change of plan walks no module)."""
+    found = _QUANTIZED.get(inputs.tree)
+    if found is None:
+        found = _QUANTIZED[inputs.tree] = _walk_unpriced(inputs.tree.model)
+    return found
+
+
+def _walk_unpriced(model) -> tuple[dict[str, list[str]], dict | None]:
     priced = {id(p) for p in model.parameters() if quant_kind(p)}
     typed: dict[str, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
-from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, step_cache, unit_flops
+from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
 from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
 from .cost import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
@@ -211,9 +211,9 @@ class Analysis:
 
         profile = self.activation_profile
         if profile is None and self.model is not None:
-            try:  # the order does not depend on dtypes or checkpointing: one small step serves every plan
-                profile = measure_activations(self._live_model(), 1, min(self.training.seq_len, 32),
-                                              example_inputs=self.training.example_inputs, tree=self.full_tree)
+            try:  # the order does not depend on dtypes or checkpointing: one small forward serves every plan
+                return read_run_order(self._live_model(), min(self.training.seq_len, 32),
+                                      example_inputs=self.training.example_inputs, tree=self.full_tree)
             except Exception:  # a model this cannot run keeps registration order (docs/cost-model.md, Limits)
                 return None
         return None if profile is None else profile.run_order

@@ -101,7 +101,7 @@ def test_sv201_splits_the_micro_batch_into_the_same_sequences_with_flags_that_re
 
     from shardviz.cli import main
     from shardviz.display import DEFAULT_TRAINING
-    from shardviz.format import format_bytes, format_duration
+    from shardviz.format import format_duration
     from shardviz.memory_checks import _micro_batches, memory_fixes
 
     assert _micro_batches(9) == [3, 1] and _micro_batches(8) == [4, 2, 1] and _micro_batches(7) == [1]

@@ -45,14 +45,14 @@ Modules: ``profile`` (the results), ``recorder`` (MemTracker's categorisation, o
 key/value cache of a step that keeps it: one cache layer per copy, its death per block), ``splice``
 (the copy's timeline into the full model's), ``stats`` (the numbers per module), ``flops`` (FLOPs per
 module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets a roofline times),
-``measure`` (the entry point and its cache), ``step_cache`` (the step's ``use_cache`` and why, and
+``measure`` (the entry point and its cache; ``read_run_order``, the module order from a forward alone), ``step_cache`` (the step's ``use_cache`` and why, and
 the measured step).
 """
 
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_costs, unit_flops
-from .measure import clear_cache, config_use_cache, measure_activations
+from .measure import clear_cache, config_use_cache, measure_activations, read_run_order
 from .profile import ActivationProfile, ModuleEvent, ModuleActivations
 from .step_cache import MeasuredStep, StepCache, step_cache
 
 __all__ = ["FLOP_COLUMNS", "ActivationProfile", "MeasuredStep", "ModuleEvent", "ModuleActivations", "ModuleFlops",
-           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "step_cache", "unit_costs", "unit_flops"]
+           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "step_cache", "unit_costs", "unit_flops"]
