@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import textwrap
@@ -23,6 +24,7 @@ WIDTH = 100
 TOP_FINDINGS = 5
 
 
+_QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate")
 _QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 
@@ -34,6 +36,12 @@ def quiet_libraries():
     saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    # libraries that log through the standard logging module (bitsandbytes, imported by peft, says at
+    # import that an optional CPU kernel package is missing): only their errors reach the terminal
+    quiet = {name: logging.getLogger(name) for name in _QUIET_LOGGERS}
+    levels = {name: log.level for name, log in quiet.items()}
+    for log in quiet.values():
+        log.setLevel(logging.ERROR)
     hf_logging = sys.modules["transformers"].logging if "transformers" in sys.modules else None
     verbosity = hf_logging.get_verbosity() if hf_logging is not None else None
     try:
@@ -49,6 +57,8 @@ def quiet_libraries():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        for name, log in quiet.items():
+            log.setLevel(levels[name])
         if hf_logging is not None:
             hf_logging.set_verbosity(verbosity)
         elif "transformers" in sys.modules:  # imported during the command, quiet from its env: back to its default

@@ -198,7 +198,7 @@ def test_plan_write_then_read(tmp_path, factory, capsys):
     code, _, err = run(["plan", "write", f"{factory}:make", "-o", "plan.json"], capsys)
     assert code == 2 and "exists" in one_line_error(err)
     code, out, _ = run(["plan", "read", "plan.json"], capsys)
-    assert code == 0 and out.startswith("plan auto (LoRA ignored): 5 fully_shard calls")
+    assert code == 0 and out.startswith("plan auto: 5 fully_shard calls")  # a model without LoRA: not named after it
     assert "fully_shard layers.0" in out
     code, out, _ = run(["plan", "read", "plan.json", "--model", f"{factory}:make", "--world-size", "4"], capsys)
     assert code == 0 and "Small on FSDP 4 ranks" in out

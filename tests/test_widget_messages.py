@@ -227,10 +227,12 @@ def test_python_api_and_figures(model, ins):
     fig = ins.memory_figure()
     bar = ins.controller.memory["bars"][0]
     # the plotly figure stacks the same parts, in a unit picked for the chart (KiB for the tiny model)
-    assert [trace.name for trace in fig.data] == list(display.PEAK_PARTS)
+    # then the reserved peak as a hollow cap on each stack (what the verdict judges)
+    assert [trace.name for trace in fig.data] == [*display.PEAK_PARTS, "reserved (cap)"]
     assert fig.layout.yaxis.title.text == "KiB per rank"
-    total = sum(trace.y[0] for trace in fig.data) * 1024
+    total = sum(trace.y[0] for trace in fig.data[:-1]) * 1024
     assert total == pytest.approx(bar["peak"])
+    assert (total + fig.data[-1].y[0] * 1024) == pytest.approx(bar["reserved"])
     tfig = ins.traffic_figure()
     assert len(tfig.data) == 1 + len(ins.controller.traffic["collectives"])
     assert "make_unit" in dir(ins.controller)  # the actions are the state's; the widget forwards none
