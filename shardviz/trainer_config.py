@@ -30,6 +30,7 @@ from .plan import Origin, Plan
 #: TRL's sequence-length fields, newest first (``max_seq_length`` is TRL < 0.20's name).
 SEQ_FIELDS = ("max_length", "max_seq_length")
 _MIXED = {"bf16": "bfloat16", "fp16": "float16"}
+INSTALL = "pip install 'shardviz[trainer]'"
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _arguments_class(fields: dict):
         from trl import SFTConfig
     except ImportError:
         raise ValueError(f"trainer config: {', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not "
-                         "TrainingArguments fields; if they are TRL's, install TRL (pip install trl)") from None
+                         f"TrainingArguments fields; if they are TRL's, install TRL: {INSTALL}") from None
     return SFTConfig
 
 
@@ -202,6 +203,11 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
     if model is None:
         raise ValueError("from_trainer needs the model: TrainingArguments do not name one")
     args, fields, label = _source(args_or_path)
+    if not hasattr(args, "fsdp_plugin_args"):
+        import transformers
+
+        raise ImportError(f"from_trainer reads transformers 5's TrainingArguments.fsdp_plugin_args; transformers "
+                          f"{transformers.__version__} has none. Install it with: {INSTALL}")
     if not args.fsdp_plugin_args:
         raise ValueError(f"trainer config {label}: fsdp is not set, so the Trainer does not use FSDP "
                          "(set fsdp: true and fsdp_config.fsdp_version: 2)")

@@ -76,6 +76,7 @@ def test_plan_is_the_one_accelerate_prepares_from_the_arguments(world, fields, a
 
 
 def test_batch_sequence_accumulation_and_precision_read_from_the_file(tmp_path):
+    pytest.importorskip("trl")  # max_length is an SFTConfig field
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump({**SFT, "max_length": 512}))
     setup = sv.from_trainer(path, zoo.tiny_llama_lora(), world_size=4)
@@ -104,6 +105,7 @@ def test_a_training_arguments_object_is_read_as_given():
 
 
 def test_in_forward_checkpointing_is_said_not_priced():
+    pytest.importorskip("trl")  # max_length is an SFTConfig field
     fields = {k: v for k, v in SFT.items() if k != "activation_checkpointing"} | {"max_length": 256}
     setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)  # TRL turns it on by default
     assert any("NOT priced" in n and "TRL's default" in n for n in setup.notes), setup.notes
@@ -130,6 +132,7 @@ def test_fields_transformers_refuses_are_named(fields, said):
 
 
 def test_cli_report_reads_the_trainer_config(tmp_path, capsys):
+    pytest.importorskip("trl")  # max_length is an SFTConfig field
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump({**SFT, "max_length": 128}))
     out = tmp_path / "r.html"
