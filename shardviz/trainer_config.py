@@ -99,6 +99,40 @@ def _bad_field(label: str, exc: Exception, cls, fields: dict) -> ValueError:
     return ValueError(f"trainer config {label}: {key}{cls.__name__} refuses it: {said}")
 
 
+class _SeenConfig(dict):
+    """The ``fsdp_config`` mapping, recording which keys transformers' processing reads (``get``, ``[]``,
+    ``in``, ``setdefault``): a key the user gave that it never reads has no effect on the run."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.given = {k.removeprefix("fsdp_"): k for k in body}
+        self.read = set()
+
+    def get(self, key, *default):
+        self.read.add(key)
+        return super().get(key, *default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def setdefault(self, key, *default):
+        self.read.add(key)
+        return super().setdefault(key, *default)
+
+
+def unread_fsdp_keys(args) -> list[str]:
+    """The ``fsdp_config`` keys, as the file wrote them, that transformers' processing never read."""
+    seen = args.fsdp_config
+    if not isinstance(seen, _SeenConfig):
+        return []
+    return [written for key, written in seen.given.items() if key not in seen.read]
+
+
 @contextlib.contextmanager
 def _kept_environ():
     """``TrainingArguments`` sets ``FSDP_CPU_RAM_EFFICIENT_LOADING`` (and the like): restored after."""
@@ -115,6 +149,8 @@ def training_arguments(fields: dict, label: str = "fields"):
     import transformers.training_args as ta
 
     cls = _arguments_class(fields)
+    if isinstance(fields.get("fsdp_config"), dict):
+        fields = {**fields, "fsdp_config": _SeenConfig(fields["fsdp_config"])}
     check = ta.is_torch_bf16_gpu_available
     with tempfile.TemporaryDirectory() as tmp, _kept_environ():
         ta.is_torch_bf16_gpu_available = lambda: True  # the predicted run is on GPUs, not on this machine
@@ -173,6 +209,13 @@ def _notes(args, fields: dict | None, source: str) -> tuple:
             notes.append("transformers' Trainer raises at start-up when both fsdp_config.activation_checkpointing and "
                          "activation_checkpointing are True (Trainer.create_accelerator_and_postprocess): set "
                          "activation_checkpointing: false")
+    unread = unread_fsdp_keys(args)
+    if unread:
+        import transformers
+
+        read = sorted(args.fsdp_config.read - {"xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings"})
+        notes.append(f"fsdp_config {', '.join(unread)}: not read by transformers {transformers.__version__}'s "
+                     f"TrainingArguments, so no effect on the run (the keys it reads: {', '.join(read)})")
     if getattr(args, "parallelism_config", None) is not None:
         notes.append("parallelism_config is not read: the mesh is the world size given")
     return tuple(notes)

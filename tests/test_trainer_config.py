@@ -153,3 +153,15 @@ def test_cli_refuses_a_config_whose_preparation_raises(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "fsdp_config.transformer_layer_cls_to_wrap" in err and "LlamaDecoderLayer" in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_fsdp_config_key_transformers_never_reads_is_said():
+    fields = {"fsdp": True, "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+                                            "fsdp_offload_params": True}}  # accelerate's key; the Trainer's is cpu_offload
+    setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)
+    assert not any(u.offload for u in setup.plan.units)  # transformers dropped it: accelerate offloads nothing
+    note = next(n for n in setup.notes if "fsdp_offload_params" in n)
+    assert "not read by transformers" in note and "cpu_offload" in note
+    with_cpu_offload = {**fields, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "cpu_offload": True}}
+    setup = sv.from_trainer(with_cpu_offload, zoo.tiny_llama_lora(), world_size=2)
+    assert all(u.offload for u in setup.plan.units) and not setup.notes
