@@ -99,8 +99,11 @@ def test_what_the_file_leaves_out_says_whose_default(tmp_path):
 
 
 def test_a_training_arguments_object_is_read_as_given():
-    args = training_arguments(SFT)
-    setup = sv.from_trainer(args, zoo.tiny_llama_lora(), world_size=2)
+    args, model = training_arguments(SFT), zoo.tiny_llama_lora()
+    before = [(n, p.device, p.dtype) for n, p in model.named_parameters()]
+    setup = sv.from_trainer(args, model, world_size=2)
+    assert [(n, p.device, p.dtype) for n, p in model.named_parameters()] == before  # the user's model untouched
+    assert not any("FSDP" in type(m).__name__ for m in model.modules())
     assert setup.arguments is args and setup.training.batch_size == 2 and len(setup.plan.units) == 5
 
 
