@@ -118,6 +118,9 @@ def _build_plan(tree, args, model=None):
 def _add_source_args(p) -> None:
     p.add_argument("--accelerate-config", metavar="FSDP.YAML", help="the plan accelerate's own FSDP2 preparation makes "
                    "from this config (sv.Plan.from_accelerate; needs shardviz[accelerate])")
+    p.add_argument("--trainer-config", metavar="ARGS.YAML", help="the plan, batch, sequence, accumulation and precision "
+                   "of a Hugging Face Trainer / TRL run: a YAML or JSON of its TrainingArguments / SFTConfig fields, "
+                   "read by transformers and prepared by accelerate (sv.from_trainer)")
     p.add_argument("--plan-from", metavar="MODULE:FUNCTION", help="the plan your own function makes, e.g. "
                    "my_train:apply_fsdp, called as function(model) or function(model, mesh) (sv.capture)")
 
@@ -460,6 +463,7 @@ def _add_output_args(p, what: str = "output file") -> None:
 #: given, and the readers read plain attributes. ``func`` is None when no command is given.
 SHARED_DEFAULTS = {
     "lora": None, "plan": None, "checkpoint": None, "accelerate_config": None, "plan_from": None,
+    "trainer_config": None, "trainer_setup": None,  # trainer_setup: what --trainer-config read (captured_plan)
     "world_size": None, "replicate": None, "tensor_parallel": None,
     "device": None, "device_memory": None, "memory_reserve": None,
     "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,

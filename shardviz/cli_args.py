@@ -202,7 +202,7 @@ def build_plan(tree, args, model=None):
     from .presets import named_plan
 
     checkpoint = args.checkpoint
-    if args.accelerate_config or args.plan_from:
+    if args.accelerate_config or args.plan_from or args.trainer_config:
         return captured_plan(model, args)
     if args.plan and args.lora:
         raise CliError("give either --lora or --plan, not both")
@@ -238,13 +238,20 @@ def captured_plan(model, args):
     """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
     from .frameworks import plan_from_source
 
-    given = [f for f in ("lora", "plan", "checkpoint", "accelerate_config", "plan_from") if getattr(args, f)]
+    given = [f for f in ("lora", "plan", "checkpoint", "accelerate_config", "plan_from", "trainer_config")
+             if getattr(args, f)]
     if len(given) > 1:
-        raise CliError("give one of --lora, --plan, --accelerate-config, --plan-from; got "
+        raise CliError("give one of --lora, --plan, --accelerate-config, --trainer-config, --plan-from; got "
                        + ", ".join('--' + f.replace('_', '-') for f in given))
     if args.world_size is None:
-        raise CliError("--world-size is required with --accelerate-config / --plan-from")
+        raise CliError("--world-size is required with --accelerate-config / --trainer-config / --plan-from")
     try:
+        if args.trainer_config:  # its training too: resolve_setup reads args.trainer_setup
+            from .trainer_config import from_trainer
+
+            args.trainer_setup = from_trainer(args.trainer_config, model, mesh=make_mesh(
+                args.world_size, args.replicate or 1, tensor_degree(args)))
+            return args.trainer_setup.plan
         return plan_from_source(model, make_mesh(args.world_size, args.replicate or 1, tensor_degree(args)),
                                 args.accelerate_config,
                                 args.plan_from)
@@ -297,6 +304,9 @@ def resolve_setup(args, plan=None):
     except ValueError as exc:
         raise CliError(f"plan {args.plan!r}: {exc}") from None
     source = f"from {args.plan}" if plan is not None and plan.setup else ""
+    trainer = args.trainer_setup
+    if trainer is not None and file_training is None:  # --trainer-config: the run's batch, sequence, precision
+        file_training, source = trainer.training, f"from {args.trainer_config}"
     mesh, mesh_flags = _resolve_mesh(args, file_mesh)
     training = make_training(args, file_training or DEFAULT_TRAINING)
     given = [_flag(k) for k in training_flags(args)]
@@ -306,6 +316,8 @@ def resolve_setup(args, plan=None):
     if file_mesh:
         mesh_origin = f" ({source}" + (f"; {', '.join(mesh_flags)} override it)" if mesh_flags else ")")
     notes = [f"training: {training_text(training, plan)} ({origin})", f"mesh: {_mesh_text(mesh)}{mesh_origin}"]
+    if trainer is not None:
+        notes += [f"read: {key}: {text}" for key, text in trainer.origins.items()] + [f"note: {n}" for n in trainer.notes]
     return mesh, training, notes + _readings(args, mesh)
 
 

@@ -84,11 +84,11 @@ def launch_env(path: str, world: int) -> dict:
 class _AcceleratorState:
     """What accelerate's FSDP2 functions read from an ``Accelerator``, built the way accelerate builds it."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, plugin=None):
         from accelerate.parallelism_config import ParallelismConfig
         from accelerate.utils import FullyShardedDataParallelPlugin
 
-        plugin = FullyShardedDataParallelPlugin()
+        plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
         self.mixed_precision = env.get("ACCELERATE_MIXED_PRECISION", "no")
         if self.mixed_precision != "no":
             plugin.set_mixed_precision(self.mixed_precision)  # as AcceleratorState.__init__ does
@@ -104,12 +104,14 @@ class _AcceleratorState:
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def accelerate_prepare(model: nn.Module, env: dict) -> nn.Module:
-    """``Accelerator._prepare_fsdp2``'s steps for the model, under ``env`` (set here: capture restores it)."""
+def accelerate_prepare(model: nn.Module, env: dict, plugin=None) -> nn.Module:
+    """``Accelerator._prepare_fsdp2``'s steps for the model, under ``env`` (set here: capture restores it);
+    ``plugin``: the ``FullyShardedDataParallelPlugin`` given to the ``Accelerator`` (the Trainer's), else
+    the one accelerate builds from ``env``."""
     from accelerate.utils import fsdp_utils
 
     os.environ.update(env)
-    acc = _AcceleratorState(env)
+    acc = _AcceleratorState(env, plugin)
     acc.fsdp_plugin.set_auto_wrap_policy(model)
     if acc.fsdp_plugin.activation_checkpointing:
         model = fsdp_utils.fsdp2_apply_ac(acc, model)
@@ -231,7 +233,7 @@ def _closest(key: str, value: str, message: str, model: nn.Module):
 
 
 def config_error(label: str, message: str, body: dict, model: nn.Module, release: str, env=None, plan=None,
-                 finding=None) -> AccelerateConfigError:
+                 finding=None, kind: str = "accelerate config") -> AccelerateConfigError:
     """The refusal of a config accelerate's preparation raises on, naming the key, its value and the
     closest valid one (``AccelerateConfigError``)."""
     said = message.replace(" The plan below is what it had done until then.", "").rstrip(".")
@@ -247,8 +249,9 @@ def config_error(label: str, message: str, body: dict, model: nn.Module, release
         hint = ("" if closest is None else f" (with fsdp_version 2 it is a bool: {closest})" if "truth value" in said
                 else f" (did you mean {closest!r}?)")
         what = f"{key} is {value!r}, which accelerate refuses{hint}"
-    text = (f"accelerate config {label}: {what}. {said.removeprefix(f'accelerate {release} raised ')} "
-            f"(accelerate {release}). accelerate launch would stop at start-up with this config: there is no plan to price")
+    launcher = "accelerate launch" if kind == "accelerate config" else "transformers' Trainer"
+    text = (f"{kind} {label}: {what}. {said.removeprefix(f'accelerate {release} raised ')} "
+            f"(accelerate {release}). {launcher} would stop at start-up with this config: there is no plan to price")
     return AccelerateConfigError(text, key, value, closest, finding, plan)
 
 

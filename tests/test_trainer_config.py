@@ -1,0 +1,170 @@
+"""sv.from_trainer / --trainer-config against transformers' and accelerate's own code.
+
+The truth: transformers builds ``TrainingArguments`` / TRL's ``SFTConfig`` from the fields (its own
+``fsdp`` / ``fsdp_config`` processing into ``fsdp_plugin_args``), accelerate's
+``FullyShardedDataParallelPlugin`` is built from them as ``Trainer`` builds it, and accelerate's FSDP2
+preparation runs here on a meta copy under the fake group, outside shardviz's capture; what torch then
+holds must equal what torch holds after shardviz's oracle applies the plan ``from_trainer`` read. The same
+calls must also come from the accelerate YAML that says the same thing (``Plan.from_accelerate``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.cli import main
+from shardviz.frameworks import AccelerateConfigError
+from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.trainer_config import trainer_prepare, training_arguments
+
+sys.path.insert(0, os.path.dirname(__file__))
+from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+SFT = {"fsdp": "full_shard auto_wrap", "bf16": True, "activation_checkpointing": False,
+       "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+                       "activation_checkpointing": True},
+       "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}
+# the same run said in accelerate's YAML keys (Plan.from_accelerate, accelerate's launcher)
+SFT_AS_ACCELERATE = {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap":
+                     "LlamaDecoderLayer", "fsdp_activation_checkpointing": True, "mixed_precision": "bf16"}
+FP32_STRING = {"fsdp": True, "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+                                             "fsdp_reshard_after_forward": False}}
+FP32_AS_ACCELERATE = {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap":
+                      "LlamaDecoderLayer", "fsdp_reshard_after_forward": False, "mixed_precision": "no"}
+
+
+def trainer_truth(model, fields, world):
+    """torch's record after transformers' arguments -> accelerate's plugin -> accelerate's preparation."""
+    args = training_arguments(fields)
+    env = {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_MIXED_PRECISION": args.mixed_precision}
+    with KeptEnviron(), fake_process_group(0, world):
+        prepared = trainer_prepare(meta_copy(model), dict(args.fsdp_plugin_args), env)
+        return torch_calls(prepared), checkpointed(prepared)
+
+
+def shardviz_applies(model, plan, world):
+    with fake_process_group(0, world):
+        copy_ = meta_copy(model)
+        apply_plan(copy_, plan, device_mesh(sv.Mesh(world)))
+        return torch_calls(copy_), checkpointed(copy_)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("fields, as_accelerate", [(SFT, SFT_AS_ACCELERATE), (FP32_STRING, FP32_AS_ACCELERATE)],
+                         ids=["list_form_ac_bf16", "prefixed_no_reshard_fp32"])
+def test_plan_is_the_one_accelerate_prepares_from_the_arguments(world, fields, as_accelerate):
+    model = zoo.tiny_llama_lora()
+    setup = sv.from_trainer(fields, model, world_size=world)
+    calls, wrapped = trainer_truth(model, fields, world)
+    assert shardviz_applies(model, setup.plan, world) == (calls, wrapped)
+    ac = fields["fsdp_config"].get("activation_checkpointing", False)
+    assert sum(".layers." in u.name for u in setup.plan.units) >= 2 and setup.mesh.world == world  # a call per layer
+    assert len(setup.plan.checkpoint) == (2 if ac else 0)
+    # the accelerate YAML that says the same: the same calls through accelerate's launcher
+    assert setup.plan.units == sv.Plan.from_accelerate(model, as_accelerate, world_size=world).units
+    assert setup.plan.origin.kind == "trainer" and "transformers" in setup.plan.origin.release
+
+
+def test_batch_sequence_accumulation_and_precision_read_from_the_file(tmp_path):
+    pytest.importorskip("trl")  # max_length is an SFTConfig field
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump({**SFT, "max_length": 512}))
+    setup = sv.from_trainer(path, zoo.tiny_llama_lora(), world_size=4)
+    tr = setup.training
+    assert (tr.batch_size, tr.seq_len, tr.grad_accum, tr.param_dtype) == (2, 512, 8, "bfloat16")
+    assert type(setup.arguments).__name__ == "SFTConfig"  # max_length is TRL's field
+    assert setup.origins["seq_len"] == "max_length=512 (from sft.yaml)"
+    assert setup.origins["batch_size"] == "per_device_train_batch_size=2 (from sft.yaml)"
+
+
+def test_what_the_file_leaves_out_says_whose_default(tmp_path):
+    path = tmp_path / "args.json"
+    path.write_text('{"fsdp": true, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}')
+    setup = sv.from_trainer(str(path), zoo.tiny_llama_lora(), world_size=2)
+    tr = setup.training
+    assert (tr.batch_size, tr.grad_accum, tr.seq_len, tr.param_dtype, tr.reduce_dtype) == (8, 1, 2048, None, None)
+    assert "transformers' default" in setup.origins["batch_size"]
+    assert "shardviz's default" in setup.origins["seq_len"]
+    assert "fp32" in setup.origins["precision"]
+
+
+def test_a_training_arguments_object_is_read_as_given():
+    args, model = training_arguments(SFT), zoo.tiny_llama_lora()
+    before = [(n, p.device, p.dtype) for n, p in model.named_parameters()]
+    setup = sv.from_trainer(args, model, world_size=2)
+    assert [(n, p.device, p.dtype) for n, p in model.named_parameters()] == before  # the user's model untouched
+    assert not any("FSDP" in type(m).__name__ for m in model.modules())
+    assert setup.arguments is args and setup.training.batch_size == 2 and len(setup.plan.units) == 5
+
+
+def test_in_forward_checkpointing_is_said_not_priced():
+    pytest.importorskip("trl")  # max_length is an SFTConfig field
+    fields = {k: v for k, v in SFT.items() if k != "activation_checkpointing"} | {"max_length": 256}
+    setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)  # TRL turns it on by default
+    assert any("NOT priced" in n and "TRL's default" in n for n in setup.notes), setup.notes
+    assert any("Trainer raises" in n for n in setup.notes)  # with fsdp_config.activation_checkpointing too
+
+
+def test_a_layer_class_the_model_lacks_is_refused_naming_the_key():
+    fields = {**SFT, "fsdp_config": {**SFT["fsdp_config"], "transformer_layer_cls_to_wrap": ["LlamaDecoderLayr"]}}
+    with pytest.raises(AccelerateConfigError) as info:
+        sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)
+    assert info.value.key == "fsdp_config.transformer_layer_cls_to_wrap"
+    assert info.value.closest == "LlamaDecoderLayer"
+
+
+@pytest.mark.parametrize("fields, said", [
+    ({**SFT, "per_device_batch_size": 4}, "per_device_batch_size is not one of"),
+    ({"fsdp": True, "fsdp_config": {"auto_wrap_policy": "LAYER_WRAP"}}, "fsdp_config.auto_wrap_policy is 'LAYER_WRAP'"),
+    ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_config.version is 1"),
+    ({"per_device_train_batch_size": 2}, "fsdp is not set"),
+])
+def test_fields_transformers_refuses_are_named(fields, said):
+    with pytest.raises(ValueError, match=said):
+        sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)
+
+
+def test_cli_report_reads_the_trainer_config(tmp_path, capsys):
+    pytest.importorskip("trl")  # max_length is an SFTConfig field
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump({**SFT, "max_length": 128}))
+    out = tmp_path / "r.html"
+    assert main(["report", "zoo:tiny_llama_lora", "--trainer-config", str(path), "--world-size", "4",
+                 "--no-compare", "-o", str(out)]) == 0
+    got = capsys.readouterr()
+    err = " ".join((got.out + got.err).split())
+    assert re.search(r"plan: Trainer: sft.yaml \(\d+ fully_shard calls\)", err), err
+    assert "batch 2 × 128 tokens × 8 micro-batches per step" in err
+    assert "read: seq_len: max_length=128 (from sft.yaml)" in err
+
+
+def test_cli_refuses_a_config_whose_preparation_raises(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**SFT, "fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayr"]}}))
+    assert main(["report", "zoo:tiny_llama_lora", "--trainer-config", str(path), "--world-size", "2",
+                 "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "fsdp_config.transformer_layer_cls_to_wrap" in err and "LlamaDecoderLayer" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_fsdp_config_key_transformers_never_reads_is_said():
+    fields = {"fsdp": True, "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+                                            "fsdp_offload_params": True}}  # accelerate's key; the Trainer's is cpu_offload
+    setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)
+    assert not any(u.offload for u in setup.plan.units)  # transformers dropped it: accelerate offloads nothing
+    note = next(n for n in setup.notes if "fsdp_offload_params" in n)
+    assert "not read by transformers" in note and "cpu_offload" in note
+    with_cpu_offload = {**fields, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "cpu_offload": True}}
+    setup = sv.from_trainer(with_cpu_offload, zoo.tiny_llama_lora(), world_size=2)
+    assert all(u.offload for u in setup.plan.units) and not setup.notes
