@@ -332,12 +332,19 @@ class MemoryFit(NamedTuple):
         if self.host <= 0:
             return ""
         each = format_bytes(self.host // max(self.host_ranks, 1))
-        need = f"host RAM {format_bytes(self.host)} per node ({self.host_ranks} ranks x {each})"
+        return f"host RAM {format_bytes(self.host)} per node ({self.host_ranks} ranks x {each}){self.host_limit_text}"
+
+    @property
+    def host_limit_text(self) -> str:
+        """The host's judgement alone: " of 2.00 TiB, 1.87 TiB to spare", " exceeds 128.00 GiB by 6.50 GiB",
+        ", no host limit given (...): not judged"; "" with nothing offloaded."""
+        if self.host <= 0:
+            return ""
         if self.host_memory is None:
-            return f"{need}, no host limit given (Mesh(host_memory=...), --host-memory): not judged"
+            return ", no host limit given (Mesh(host_memory=...), --host-memory): not judged"
         if self.host_over:
-            return f"{need} exceeds {format_bytes(self.host_memory)} by {format_bytes(self.host - self.host_memory)}"
-        return f"{need} of {format_bytes(self.host_memory)}, {format_bytes(self.host_memory - self.host)} to spare"
+            return f" exceeds {format_bytes(self.host_memory)} by {format_bytes(self.host - self.host_memory)}"
+        return f" of {format_bytes(self.host_memory)}, {format_bytes(self.host_memory - self.host)} to spare"
 
     @property
     def tight(self) -> bool:

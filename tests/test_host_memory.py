@@ -91,3 +91,17 @@ def test_cli_offload_with_host_memory_prints_the_host_verdict(model, tmp_path, c
     assert rc == 0 and f"of {format_bytes(fit.host)}" in out and "SV201" not in out
     assert main([*flags, "--host-memory", "0", "-o", str(tmp_path / "r3.html")]) == 2
     assert "host_memory" in capsys.readouterr().err
+
+
+def test_the_inspector_and_the_chart_payload_read_the_one_verdict(model):
+    from shardviz import display
+    from shardviz.widget.panels import host_ram_text
+
+    need = _analyze(model).fit.host
+    a = _analyze(model, host_memory=need - 1)
+    use = display.limit_use(a.fit)
+    assert use["over"] and use["host_over"] and use["host"] == need and use["text"] == a.fit.headline
+    text = host_ram_text(a)
+    assert text.startswith(f"host RAM {format_bytes(int(a.memory.cpu_peak.max()))} per rank")
+    assert f"{format_bytes(need)} per node of {PER_NODE} ranks exceeds {format_bytes(need - 1)}" in text
+    assert not display.limit_use(_analyze(model, offload=False).fit)["host"]
