@@ -456,7 +456,8 @@ def verdict_text(a) -> str:
         peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
         return (f"peak {format_bytes(peak)} allocated, {format_bytes(reserved)} reserved on rank {rank} "
                 "(no device memory given: no fits verdict)")
-    return f"{fit.headline} on rank {rank}"
+    # with a host part the headline ends on the host's words: the device's worst rank said apart
+    return f"{fit.headline}; device peak on rank {rank}" if fit.host else f"{fit.headline} on rank {rank}"
 
 
 def library_versions() -> dict:

@@ -105,3 +105,12 @@ def test_the_inspector_and_the_chart_payload_read_the_one_verdict(model):
     assert text.startswith(f"host RAM {format_bytes(int(a.memory.cpu_peak.max()))} per rank")
     assert f"{format_bytes(need)} per node of {PER_NODE} ranks exceeds {format_bytes(need - 1)}" in text
     assert not display.limit_use(_analyze(model, offload=False).fit)["host"]
+
+
+def test_the_verdict_line_names_the_device_rank_apart_from_the_host(model):
+    from shardviz.display import verdict_text
+    from shardviz.format import worst_rank
+
+    a, plain = _analyze(model), _analyze(model, offload=False)
+    assert verdict_text(a) == f"{a.fit.headline}; device peak on rank {worst_rank(a.memory)}"
+    assert verdict_text(plain) == f"{plain.fit.headline} on rank {worst_rank(plain.memory)}"
