@@ -270,9 +270,13 @@ class Analysis:
     def fit(self):
         """The fits verdict of the worst rank (``Mesh.fit`` -> ``devices.memory_fit``): its allocated
         peak judged on the caching allocator's reserved peak (``memory.reserved_peak``) under the
-        mesh's allocator setting and safety margin; None without device memory."""
+        mesh's allocator setting and safety margin, and when anything is offloaded the host RAM of a
+        node (the worst rank's ``memory.cpu_peak`` x ``Mesh.host_ranks``) against ``Mesh.host_memory``;
+        None without device memory."""
         mem = self.memory
-        return self.mesh.fit(int(mem["peak"].max()), int(mem["reserved_peak"].max()))
+        offloaded = int(mem["cpu_params"].max()) > 0  # without offload cpu_peak holds only Adam's CPU step scalars
+        return self.mesh.fit(int(mem["peak"].max()), int(mem["reserved_peak"].max()),
+                             int(mem["cpu_peak"].max()) if offloaded else 0)
 
     def peak_breakdown(self, rank: int | None = None) -> dict[str, int]:
         """What is alive at the peak of ``rank`` (default: the worst rank), in bytes, by kind:

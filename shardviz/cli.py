@@ -416,6 +416,9 @@ def _add_device_args(p, what: str) -> None:
     p.add_argument("--device-memory", type=_size("--device-memory"),
                    help=f"e.g. 80GiB, 96GB or 80 (GiB): {what}")
     p.add_argument("--memory-reserve", type=_size("--memory-reserve"), help=RESERVE_HELP)
+    p.add_argument("--host-memory", type=_size("--host-memory"),
+                   help="e.g. 512GiB: the host RAM of one node, shared by its ranks; judged when anything is "
+                        "offloaded (--offload); default: the device's system where the table says (DGX A100/H100)")
 
 
 def _add_mesh_args(p, required=True) -> None:
@@ -465,7 +468,7 @@ SHARED_DEFAULTS = {
     "lora": None, "plan": None, "checkpoint": None, "accelerate_config": None, "plan_from": None,
     "trainer_config": None, "trainer_setup": None,  # trainer_setup: what --trainer-config read (captured_plan)
     "world_size": None, "replicate": None, "tensor_parallel": None,
-    "device": None, "device_memory": None, "memory_reserve": None,
+    "device": None, "device_memory": None, "memory_reserve": None, "host_memory": None,
     "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,
     "seq_len": None, "global_batch": None, "grad_accum": None, "use_cache": None,
     "safety_margin": None, "judge": None, "expandable_segments": False,

@@ -334,7 +334,7 @@ def _readings(args, mesh) -> list[str]:
         also = f"; for the other card say --device {' or '.join(others)}" if others else ""
         out.append(f"note: --device {args.device} read as {mesh.device.name} "
                    f"({format_bytes(mesh.device.memory)}){also}")
-    for field in ("device_memory", "memory_reserve"):
+    for field in ("device_memory", "memory_reserve", "host_memory"):
         text = getattr(args, field)
         decimal = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT])[bB]?\s*", text) if isinstance(text, str) else None
         if decimal:
@@ -382,7 +382,7 @@ def _resolve_mesh(args, file_mesh):
     if device is not None:
         obj["device"] = device
         changed.append("--device")
-    for key in ("device_memory", "memory_reserve"):
+    for key in ("device_memory", "memory_reserve", "host_memory"):
         if getattr(args, key) is not None:
             obj[key] = getattr(args, key)
             changed.append(_flag(key))

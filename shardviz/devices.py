@@ -32,6 +32,18 @@ def _check_positive(owner: str, name: str, value) -> None:
         raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
 
 
+def parse_host_memory(value, owner: str = "Mesh.host_memory") -> int | None:
+    """The host RAM of one node (bytes or a size such as "2TiB"; None: not known), refused naming ``owner``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"{owner} must be bytes or a size such as '512GiB', got {value!r}")
+    size = parse_size(value, owner)
+    if size <= 0:
+        raise ValueError(f"{owner} must be a positive size such as '512GiB', got {value!r}")
+    return int(size)
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator. ``sv.Device(name=..., memory="96GiB", bf16_tflops=..., ...)`` for anything
@@ -47,11 +59,13 @@ class Device:
     inter_node_gbps: float
     gpus_per_node: int = 8
     source: str = ""
+    host_memory: int | str | None = None  # the host RAM of one node, where a source states it
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Device.name must be a non-empty string, got {self.name!r}")
         object.__setattr__(self, "memory", parse_size(self.memory, "Device.memory"))
+        object.__setattr__(self, "host_memory", parse_host_memory(self.host_memory, "Device.host_memory"))
         for key in ("memory", "bf16_tflops", "fp16_tflops", "fp32_tflops", "hbm_gbps",
                     "intra_node_gbps", "inter_node_gbps", "gpus_per_node"):
             _check_positive("Device", key, getattr(self, key))
@@ -302,6 +316,35 @@ class MemoryFit(NamedTuple):
     judged_name: str = "reserved peak"  # "reserved peak" | "allocated peak"
     allocated: int = 0  # the allocated peak (``a.memory.peak``)
     reserved: int = 0  # the reserved peak (``a.memory.reserved_peak``)
+    host: int = 0  # CPU offload's host RAM per node (the worst rank's ``cpu_peak`` x its ranks); 0: nothing offloaded
+    host_memory: int | None = None  # the host RAM of one node (``Mesh.host_memory``); None: not given
+    host_ranks: int = 0  # the ranks one node's host RAM serves
+
+    @property
+    def host_over(self) -> bool:
+        """Something is offloaded and a node's host RAM cannot hold it."""
+        return self.host > 0 and self.host_memory is not None and self.host > self.host_memory
+
+    @property
+    def host_text(self) -> str:
+        """The host's part of the verdict ("" with nothing offloaded): "host RAM 134.50 GiB per node of
+        2.00 TiB", "... exceeds 128.00 GiB by 6.50 GiB", or the need with no host limit given."""
+        if self.host <= 0:
+            return ""
+        each = format_bytes(self.host // max(self.host_ranks, 1))
+        return f"host RAM {format_bytes(self.host)} per node ({self.host_ranks} ranks x {each}){self.host_limit_text}"
+
+    @property
+    def host_limit_text(self) -> str:
+        """The host's judgement alone: " of 2.00 TiB, 1.87 TiB to spare", " exceeds 128.00 GiB by 6.50 GiB",
+        ", no host limit given (...): not judged"; "" with nothing offloaded."""
+        if self.host <= 0:
+            return ""
+        if self.host_memory is None:
+            return ", no host limit given (Mesh(host_memory=...), --host-memory): not judged"
+        if self.host_over:
+            return f" exceeds {format_bytes(self.host_memory)} by {format_bytes(self.host - self.host_memory)}"
+        return f" of {format_bytes(self.host_memory)}, {format_bytes(self.host_memory - self.host)} to spare"
 
     @property
     def tight(self) -> bool:
@@ -319,8 +362,8 @@ class MemoryFit(NamedTuple):
 
     @property
     def spare_text(self) -> str:
-        """ "10.99 GiB to spare", "over by 380.00 MiB", "501 MiB to spare, inside the 3.95 GiB safety margin"."""
-        if self.verdict == "over":
+        """The device's spare bytes: "10.99 GiB to spare", "over by 380.00 MiB", "501 MiB to spare, inside the 3.95 GiB safety margin"."""
+        if self.margin < 0:
             return f"over by {format_bytes(-self.margin)}"
         inside = f", inside the {format_bytes(self.safety)} safety margin" if self.tight else ""
         return f"{format_bytes(self.margin)} to spare{inside}"
@@ -329,17 +372,22 @@ class MemoryFit(NamedTuple):
     def headline(self) -> str:
         """The verdict in one line, the same on every surface: "does not fit: reserved peak 79.37 GiB
         exceeds 79.00 GiB usable by 380.00 MiB (allocated 68.01 GiB)", "fits: reserved peak 68.01 GiB
-        of 79.00 GiB usable, 10.99 GiB to spare (allocated 60.20 GiB)"."""
+        of 79.00 GiB usable, 10.99 GiB to spare (allocated 60.20 GiB)"; with anything offloaded, the
+        host's part after it (``host_text``), or first when only the host is over."""
         other = ("allocated", self.allocated) if self.judged_name == "reserved peak" else ("reserved", self.reserved)
         judged, usable = format_bytes(self.judged), format_bytes(self.usable)
         if self.usable <= 0:
             head = (f"does not fit: the {format_bytes(self.reserve)} reserve leaves nothing of "
                     f"{format_bytes(self.device_memory)} for the {self.judged_name} {judged}")
-        elif self.verdict == "over":
+        elif self.margin < 0:
             head = f"does not fit: {self.judged_name} {judged} exceeds {usable} usable by {format_bytes(-self.margin)}"
+        elif self.host_over:  # the device holds it, the host does not: the host's part first
+            return (f"does not fit: {self.host_text}; device {self.judged_name} {judged} of {usable} usable, "
+                    f"{self.spare_text} ({other[0]} {format_bytes(other[1])})")
         else:
             head = f"{self.word}: {self.judged_name} {judged} of {usable} usable, {self.spare_text}"
-        return f"{head} ({other[0]} {format_bytes(other[1])})"
+        host = f"; {self.host_text}" if self.host > 0 else ""
+        return f"{head} ({other[0]} {format_bytes(other[1])}){host}"
 
     @property
     def words(self) -> str:
@@ -348,14 +396,18 @@ class MemoryFit(NamedTuple):
 
 
 def memory_fit(peak: int, reserved: int, device_memory: int | None, reserve: int = MEMORY_RESERVE_BYTES,
-               safety_margin=SAFETY_MARGIN, judge: str = "reserved", allocator: str = "") -> MemoryFit | None:
+               safety_margin=SAFETY_MARGIN, judge: str = "reserved", allocator: str = "", host: int = 0,
+               host_memory: int | None = None, host_ranks: int = 0) -> MemoryFit | None:
     """Does the run fit a device of ``device_memory`` bytes keeping ``reserve`` out and
     ``safety_margin`` (``safety_margin_bytes``) to spare? ``peak`` is the allocated peak,
     ``reserved`` the caching allocator's reserved peak (``cost.allocator``): both are always given,
     so no caller can judge the wrong one by leaving one out; ``judge`` says which decides
     ("reserved": the larger of the two, as the allocator never reserves less than it hands out).
     The one fits verdict; None when no device memory is given. ``allocator``: the allocator setting
-    in words, for ``assumed``."""
+    in words, for ``assumed``. ``host``: CPU offload's host RAM per node (0: nothing offloaded), for
+    ``host_ranks`` ranks, judged against ``host_memory`` (None: not judged, and the headline says so):
+    over the host's RAM is "over" whatever the device says. Nothing offloaded: the host fields keep
+    their defaults, the record is the one without offload."""
     if device_memory is None:
         return None
     if judge not in ("reserved", "allocated"):
@@ -365,23 +417,34 @@ def memory_fit(peak: int, reserved: int, device_memory: int | None, reserve: int
     safety = safety_margin_bytes(safety_margin, usable)
     spare = usable - judged
     verdict = "over" if spare < 0 else "tight" if spare < safety else "fits"
+    if int(host) > 0 and host_memory is not None and int(host) > int(host_memory):
+        verdict = "over"
     name = f"{judge} peak"
     assumed = ", ".join(x for x in (f"{name} judged", allocator if judge == "reserved" else "",
                                     margin_text(safety_margin)) if x)
     return MemoryFit(verdict != "over", spare, usable, int(device_memory), int(reserve),
-                     limit_text(device_memory, reserve), verdict, safety, assumed, judged, name, int(peak), int(reserved))
+                     limit_text(device_memory, reserve), verdict, safety, assumed, judged, name, int(peak), int(reserved),
+                     *((int(host), None if host_memory is None else int(host_memory), int(host_ranks)) if host > 0 else ()))
 
 
 class DeviceLimits:
     """What ``fsdp.Mesh`` judges memory with, from its ``device_memory``, ``memory_reserve``,
     ``safety_margin``, ``expandable_segments`` and ``judge`` fields."""
 
-    def fit(self, peak: int, reserved: int) -> MemoryFit | None:
+    def fit(self, peak: int, reserved: int, cpu_peak: int = 0) -> MemoryFit | None:
         """``memory_fit`` of the allocated ``peak`` and the caching allocator's ``reserved`` peak,
         judged on the reserved one unless ``judge="allocated"``; None without ``device_memory``.
-        Both are required: a verdict always knows the figure it judges."""
+        Both are required: a verdict always knows the figure it judges. ``cpu_peak``: the worst rank's
+        host RAM under CPU offload (``a.memory.cpu_peak``), times the ranks of a node (``host_ranks``)
+        judged against ``host_memory``."""
+        ranks = self.host_ranks
         return memory_fit(peak, reserved, self.device_memory, self.memory_reserve, self.safety_margin, self.judge,
-                          allocator_text(self.expandable_segments))
+                          allocator_text(self.expandable_segments), int(cpu_peak) * ranks, self.host_memory, ranks)
+
+    @property
+    def host_ranks(self) -> int:
+        """The ranks one node's host RAM serves: ``ranks_per_node``, or the whole world when smaller."""
+        return min(self.ranks_per_node, self.world)
 
     @property
     def usable_memory(self) -> int | None:
@@ -404,18 +467,25 @@ _AMD_MI300X = "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-do
 _NV_L40S = "https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"
 _AWS_A10G = "https://aws.amazon.com/ec2/instance-types/g5/"
 _NV_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+# Host RAM of one node (``Device.host_memory``), only where a source states it: the DGX systems' "System
+# Memory", 16 or 32 64 GB DIMMs, so binary TiB. DGX A100: 1 TB (320 GB model, 40 GB GPUs), 2 TB (640 GB
+# model, 80 GB GPUs); DGX H100 / H200: 2 TB. Another vendor's server with these GPUs may have less: pass
+# Mesh(host_memory=...) (--host-memory) for yours.
+#   _DGX_A100: https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html
+#   _DGX_H100: https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html
+TiB = 1024**4
 
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("A100-40GB", 40 * GiB, 312, 312, 19.5, 1555, 300, 25, 8, _NV_A100),
-    Device("A100-80GB", 80 * GiB, 312, 312, 19.5, 2039, 300, 25, 8, _NV_A100),
-    Device("H100", 80 * GiB, 989, 989, 67, 3350, 450, 50, 8, _NV_H100),
+    Device("A100-40GB", 40 * GiB, 312, 312, 19.5, 1555, 300, 25, 8, _NV_A100, host_memory=1 * TiB),  # host: _DGX_A100
+    Device("A100-80GB", 80 * GiB, 312, 312, 19.5, 2039, 300, 25, 8, _NV_A100, host_memory=2 * TiB),  # host: _DGX_A100
+    Device("H100", 80 * GiB, 989, 989, 67, 3350, 450, 50, 8, _NV_H100, host_memory=2 * TiB),  # host: _DGX_H100
     Device("H100-PCIe", 80 * GiB, 756, 756, 51, 2000, 64, 25, 8, _NV_H100),
     # Meta's Grand Teton H100s: SXM with 96 GB HBM2e at 2.4 TB/s, capped at 500 W (torchtitan's
     # benchmarks/llama3_h100_202412_torchtitan.md); the SXM datasheet's peak kept (the cap lowers
     # the clock to somewhere between the SXM's and the NVL's peak, its value unpublished): the
     # achieved fraction of it is this part's own (_CHIP)
     Device("H100-500W", 96 * GiB, 989, 989, 67, 2400, 450, 50, 8, _TITAN_H100),
-    Device("H200", 141 * GiB, 989, 989, 67, 4800, 450, 50, 8, _NV_H200),
+    Device("H200", 141 * GiB, 989, 989, 67, 4800, 450, 50, 8, _NV_H200, host_memory=2 * TiB),  # host: _DGX_H100
     Device("B200", 180 * GiB, 2250, 2250, 80, 8000, 900, 50, 8, _NV_B200),
     Device("MI300X", 192 * GiB, 1307.4, 1307.4, 163.4, 5300, 448, 50, 8, _AMD_MI300X),
     Device("L40S", 48 * GiB, 362.05, 362.05, 91.6, 864, 32, 12.5, 8, _NV_L40S),
@@ -485,9 +555,11 @@ def mesh_defaults(mesh) -> dict:
     defaults = {"ranks_per_node": 8}
     if device is not None:
         defaults = {"device_memory": device.memory, "ranks_per_node": device.gpus_per_node,
-                    "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps}
+                    "intra_node_gbps": device.intra_node_gbps, "inter_node_gbps": device.inter_node_gbps,
+                    "host_memory": device.host_memory}
     for key, value in defaults.items():
         out[key] = value if getattr(mesh, key) is None else getattr(mesh, key)
+    out["host_memory"] = parse_host_memory(out.get("host_memory", mesh.host_memory), "Mesh.host_memory")
     nics, gbps, inter, rpn = mesh.nics_per_node, mesh.nic_gbps, out.get("inter_node_gbps", mesh.inter_node_gbps), out["ranks_per_node"]
     if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or nics < 1):
         raise ValueError(f"Mesh.nics_per_node must be a positive int, got {nics!r}")

@@ -80,7 +80,9 @@ def limit_use(fit) -> dict | None:
     return {"fraction": frac, "percent_text": text, "over": not fit.fits, "tight": fit.tight, "verdict": fit.verdict,
             "word": fit.word, "limit_text": fit.text, "usable": fit.usable, "margin": fit.margin, "assumed": fit.assumed,
             "judged": fit.judged, "judged_name": fit.judged_name, "allocated": fit.allocated, "reserved": fit.reserved,
-            "spare_text": fit.spare_text, "text": fit.headline}
+            "spare_text": fit.spare_text, "text": fit.headline,
+            # CPU offload's host RAM per node and its limit (0 / None: nothing offloaded / not given)
+            "host": fit.host, "host_memory": fit.host_memory, "host_over": fit.host_over, "host_text": fit.host_text}
 
 
 def _rank_rows(table) -> list[dict]:
@@ -454,7 +456,8 @@ def verdict_text(a) -> str:
         peak, reserved = int(a.memory["peak"].max()), int(a.memory["reserved_peak"].max())
         return (f"peak {format_bytes(peak)} allocated, {format_bytes(reserved)} reserved on rank {rank} "
                 "(no device memory given: no fits verdict)")
-    return f"{fit.headline} on rank {rank}"
+    # with a host part the headline ends on the host's words: the device's worst rank said apart
+    return f"{fit.headline}; device peak on rank {rank}" if fit.host else f"{fit.headline} on rank {rank}"
 
 
 def library_versions() -> dict:

@@ -52,8 +52,8 @@ class Mesh(DeviceLimits):
     CUDA context and NCCL's buffers, 0 allowed): kept out of ``device_memory`` by every fits
     verdict (``fit(peak)``; docs/step-time.md, "Memory reserve").
     ``nics_per_node`` / ``nic_gbps``: a node's NICs and GB/s each (default one per GPU at ``inter_node_gbps``).
-    ``safety_margin``, ``expandable_segments``, ``judge``: how ``fit(peak, reserved)`` judges
-    (``devices.DeviceLimits``, ``devices.check_fit_settings``).
+    ``safety_margin``, ``expandable_segments``, ``judge``, ``host_memory`` (one node's host RAM, judged
+    under CPU offload): how ``fit(peak, reserved, cpu_peak)`` judges (``devices.DeviceLimits``).
     """
 
     shard: int
@@ -71,6 +71,7 @@ class Mesh(DeviceLimits):
     expandable_segments: bool = False
     judge: str = "reserved"
     tensor: int = 1
+    host_memory: int | str | None = None
 
     def __post_init__(self):
         self._fill_from_device()

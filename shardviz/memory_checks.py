@@ -209,11 +209,28 @@ def _largest_calls(inputs: CheckInputs) -> tuple[list, dict]:
     return sorted(rows, key=lambda r: -sizes[r.unit])[:3], sizes
 
 
+def _host_finding(inputs: CheckInputs, fit) -> Finding:
+    """SV201 for the host: what CPU offload keeps in a node's host RAM (``a.memory``'s cpu columns,
+    the worst rank's), over ``Mesh.host_memory``; the fixes are the host's, not the device's."""
+    mem = inputs.memory()
+    row = mem.loc[mem["cpu_peak"].idxmax()]
+    kinds = {"offloaded params": row["cpu_params"], "offloaded grads": row["cpu_grads"],
+             "optimizer states": row["cpu_optimizer"]}
+    kinds["optimizer step temporaries"] = row["cpu_peak"] - sum(kinds.values())
+    top = ", ".join(f"{k} {format_bytes(int(v))}" for k, v in kinds.items() if v)
+    fix = (f"give each node at least {format_bytes(fit.host)} of host RAM (sv.Mesh(host_memory=...), --host-memory), "
+           "put fewer ranks on a node (sv.Mesh(ranks_per_node=...)), or offload less: keep on the device what fits "
+           f"there (Training(offload=False), or sv.Unit(offload=True) on fewer calls; the device has {fit.spare_text})")
+    return Finding("SV201", "error", f"{fit.headline} (rank {int(row['rank'])}'s host RAM: {top})", (), fix)
+
+
 def check_memory(inputs: CheckInputs) -> list[Finding]:
     """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
     ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
     an error; or it fits inside the safety margin ("tight"), a warning. The fix is the cheapest
-    change that makes it fit (``memory_fixes``)."""
+    change that makes it fit (``memory_fixes``). When anything is offloaded and a node's host RAM
+    (``MemoryFit.host``) is over ``Mesh.host_memory`` while the device holds the step, an error
+    naming host RAM, with the host's fixes (``_host_finding``)."""
     if inputs.mesh.device_memory is None:
         return []
     mem = inputs.memory()
@@ -221,6 +238,8 @@ def check_memory(inputs: CheckInputs) -> list[Finding]:
     fit = inputs.fit()
     if fit.verdict == "fits":
         return []
+    if fit.margin >= 0 and fit.host_over:  # the device holds the step, a node's host RAM does not
+        return [_host_finding(inputs, fit)]
     rank = int(mem.at[worst, "rank"])
     parts = sorted(inputs.peak_breakdown(rank).items(), key=lambda kv: -kv[1])
     top = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4] if v)

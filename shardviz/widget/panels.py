@@ -107,15 +107,18 @@ def comparison_payload(comparison, pinned=None, current=None) -> dict:
 
 
 def host_ram_text(analysis) -> str:
-    """The host RAM CPU offload needs: the worst rank's ``cpu_peak`` (``a.memory``), and per node."""
+    """The host RAM CPU offload needs: the worst rank's ``cpu_peak`` (``a.memory``), and per node
+    (``Mesh.host_ranks`` of them), judged as the one verdict judges it (``MemoryFit.host_limit_text``)."""
     try:
         cpu = int(analysis.memory["cpu_peak"].max())
+        fit = analysis.fit
     except Exception:  # noqa: BLE001 - no memory estimate: nothing to say
         return ""
     if cpu <= 0:
         return ""
-    per_node = analysis.mesh.ranks_per_node or 8
-    return f"host RAM {format_bytes(cpu)} per rank, {format_bytes(cpu * per_node)} per node of {per_node} ranks"
+    per_node = analysis.mesh.host_ranks
+    judged = fit.host_limit_text if fit is not None else ""
+    return f"host RAM {format_bytes(cpu)} per rank, {format_bytes(cpu * per_node)} per node of {per_node} ranks{judged}"
 
 
 def raised_by(exc: BaseException) -> str:
