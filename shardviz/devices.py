@@ -473,6 +473,10 @@ _NV_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gp
 # Mesh(host_memory=...) (--host-memory) for yours.
 #   _DGX_A100: https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html
 #   _DGX_H100: https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html
+#   (these two user-guide pages were cited from memory; the 2 TB of 8-GPU H100 / H200 nodes is also what
+#   MLCommons' submitted systems state: "host_memory_capacity": "2 TB", "32x 64GB" for
+#   https://github.com/mlcommons/inference_results_v4.1/blob/main/closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json
+#   and https://github.com/mlcommons/inference_results_v3.1/blob/main/closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json)
 TiB = 1024**4
 
 DEVICES: dict[str, Device] = {d.name: d for d in (
