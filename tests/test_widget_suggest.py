@@ -235,3 +235,19 @@ def test_on_a_tensor_parallel_mesh_a_row_applies_its_tensor_degree():
         assert bool(ins.plan.tensor_parallel) == (tensor > 1)
         assert ins.plan.tensor_parallel == plan.tensor_parallel
         assert not ins.suggestions["stale"]  # the same 8 ranks: the next row applies too
+
+
+def test_a_suggested_plans_name_stops_naming_its_mesh_once_the_mesh_changes(searched):
+    """The name "search: ..., HSDP 2x2" stayed after the mesh was set to another (issue 35): the summary
+    and the A vs B side then say the mesh it was found for, and the one it now runs on."""
+    ins, wire = searched
+    ref = reference()
+    k = next(i for i, (_, mesh, _) in enumerate(map(ref.candidate, range(len(ref.table)))) if mesh.replicate > 1)
+    assert wire.action("apply_suggestion", index=k)["ok"]
+    found = ins.plan.name
+    assert ins.summary["plan_name"] == found and "HSDP" in found  # on its own mesh: the name as it is
+    ins.controller.set_mesh(world=4, replicate=1)
+    assert ins.plan.name == found  # the plan is the same plan
+    assert ins.summary["plan_name"] == f"{found} (found for that mesh; now FSDP 4)"
+    ins.controller.pin()
+    assert ins.controller.comparison["b"]["plan_name"] == ins.summary["plan_name"]

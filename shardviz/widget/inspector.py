@@ -44,6 +44,7 @@ from .background import BackgroundPush
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
 from .controller import PRESETS, BlockAction, Change, InspectorState
 from .panels import training_text
+from .plan_names import shown_name
 
 HERE = Path(__file__).parent
 GIB = 1024**3
@@ -239,7 +240,7 @@ class Inspector(anywidget.AnyWidget):
                          f"{format_large_count(st.view.static.numel[0] if tree.n_modules else 0)} parameter elements",
             "plan_text": ": " + " · ".join([format_plural(len(st.plan.units), "call"), f"{len(st.plan.ignored):,} ignored"]
                                           + ([f"{len(st.plan.checkpoint):,} checkpointed"] if st.plan.checkpoint else [])),
-            "plan_name": st.plan.name,
+            "plan_name": shown_name(st.plan.name, mesh),  # a Suggest row's mesh words kept true
             "training": training_text(tr, st.plan),  # the plan's calls' own policies and offload said
             "findings": sev if not stale else self._last_severities,
             "findings_text": _severity_text(sev if not stale else self._last_severities),

@@ -12,6 +12,7 @@ import os
 import traceback
 
 from ..format import format_bytes
+from .plan_names import shown_name
 from ..display import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
                      training_text)
 
@@ -61,7 +62,7 @@ MAX_DIFF_SHOWN = 100
 
 def _describe(snap) -> dict:
     plan = snap.plan
-    return {"plan_name": plan.name or "", "n_units": len(plan.units), "n_ignored": len(plan.ignored),
+    return {"plan_name": shown_name(plan.name, snap.mesh), "n_units": len(plan.units), "n_ignored": len(plan.ignored),
             "mesh": str(snap.mesh), "training": repr(snap.training)}
 
 

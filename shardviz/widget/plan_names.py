@@ -14,6 +14,7 @@ exported code.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from ..plan import Edited, Plan
@@ -117,3 +118,18 @@ class PlanNames:
         if plan.name:
             self.bases[plan.name] = plan
         return NamedPlan(plan, plan.name)
+
+
+def shown_name(name: str | None, mesh) -> str:
+    """The plan's name as the Inspector shows it beside ``mesh``: a Suggest row's name says the mesh
+    it was found for ("search: ..., HSDP 16x4"); once the mesh is another, the name says so instead of
+    naming a mesh the numbers are no longer for ("..., HSDP 16x4 (found for that mesh; now FSDP 48)")."""
+    name = name or ""
+    if not name.startswith("search: "):
+        return name
+    dp = mesh.shard * mesh.replicate
+    words = (f"HSDP {mesh.replicate}x{mesh.shard}" if mesh.replicate > 1 else f"FSDP {dp}") + (
+        f" x TP {mesh.tensor}" if mesh.tensor > 1 else "")
+    if re.search(rf"(^|, ){re.escape(words)}(,|$| )", name[len("search: "):]):
+        return name
+    return f"{name} (found for that mesh; now {words})"
