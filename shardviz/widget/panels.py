@@ -47,7 +47,7 @@ COMPARISON_ROWS = (
     ("grads", "gradients", "bytes", "memory"),
     ("optimizer", "optimizer states", "bytes", "memory"),
     ("peak", "allocated peak", "bytes", "memory"),
-    ("judged_peak", "judged peak (the verdict's)", "bytes", "memory"),
+    ("judged_peak", "judged peak", "bytes", "memory"),
     ("bytes_per_step", "collective bytes per step", "bytes", "traffic"),
     ("sent_bytes_per_rank", "sent per rank per step", "bytes", "traffic"),
     ("collectives_per_step", "collectives per step", "count", "collectives"),

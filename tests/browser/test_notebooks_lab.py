@@ -35,7 +35,7 @@ def test_quickstart_widget_shows_what_the_text_says(lab_server, shared_lab_page)
         [p.fqn for p in sv.ModelTree(model).params if p.role == "lora" and p.fqn.startswith("base_model.model.model.layers.0.")])
     a = sv.analyze(model, plan, sv.Mesh(shard=8, device_memory="80GiB"),
                    sv.Training(optimizer="adamw", param_dtype="bfloat16", reduce_dtype="float32"))
-    assert peak == int(a.memory["peak"].max())
+    assert peak == (a.fit.judged if a.fit is not None else int(a.memory["peak"].max()))  # the judged figure
 
 
 def test_notebook_02_reads_well_in_the_dark(lab_server, shared_lab_page):
