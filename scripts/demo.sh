@@ -44,7 +44,7 @@ for checkpoint in (None, "blocks"):
         b = sv.analyze(model, sv.Plan.auto(model, lora=lora, checkpoint=checkpoint), sv.Mesh(8, device="A100-40GB"),
                        training)
         row = b.memory.loc[worst_rank(b.memory)]
-        verdict = {"fits": "fits", "tight": "tight", "over": "does not fit"}[b.fit.verdict]  # the one verdict
+        verdict = b.fit.word  # the one verdict's word: fits, tight, does not fit
         step = b.step
         print(f"  LoRA {lora:8s} checkpoint {str(checkpoint):6s}: peak {row.peak / 2**30:6.2f} GiB, reserved "
               f"{row.reserved_peak / 2**30:6.2f} GiB (activations {row.activations / 2**30:6.2f} GiB) {verdict:12s} "
