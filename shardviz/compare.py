@@ -196,19 +196,15 @@ class Sweep:
     def lines_payload(self, metric: str = "peak") -> dict:
         """One line per layout of ``metric`` ("peak" or "sent_bytes_per_rank") against world size."""
         peak = metric == "peak"
-
-        def values(rows) -> list[int]:
-            if not peak:
-                return [int(y) for y in rows[metric]]
-            # the peak drawn is the one the verdict judges (Mesh.fit), so the lines and the words agree
-            fits = [self.mesh.fit(int(p), int(r)) for p, r in zip(rows["peak"], rows["reserved_peak"])]
-            return [int(f.judged) if f is not None else int(p) for f, p in zip(fits, rows["peak"])]
-
-        series = [{"name": str(layout), "x": [int(x) for x in rows.world], "y": values(rows)}
-                  for layout, rows in self.table.groupby("layout", sort=False)]
+        t = self.table
+        # the peak drawn is the one the verdict judges (Mesh.fit, once per row), so the lines and the words agree
+        fits = [self.mesh.fit(int(p), int(r)) for p, r in zip(t["peak"], t["reserved_peak"])] if peak else []
+        drawn = t.assign(y=[f.judged if f is not None else int(p) for f, p in zip(fits, t["peak"])] if peak else t[metric])
+        series = [{"name": str(layout), "x": [int(x) for x in rows.world], "y": [int(y) for y in rows.y]}
+                  for layout, rows in drawn.groupby("layout", sort=False)]
         limit = self.mesh.usable_memory if peak else None
-        worst = self.table.iloc[int(self.table["reserved_peak"].to_numpy().argmax())] if peak and len(self.table) else None
-        use = display.limit_use(self.mesh.fit(int(worst["peak"]), int(worst["reserved_peak"]))) if worst is not None else None
+        judged = [f for f in fits if f is not None]
+        use = display.limit_use(max(judged, key=lambda f: f.judged)) if judged else None  # the worst row's verdict
         what = "Peak memory per rank" if peak else "Bytes sent per rank per step"
         return {"title": f"{what} ({display.training_text(self.training)})",
                 "x_label": "world size (ranks)", "series": series, "limit": limit,

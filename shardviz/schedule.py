@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
-from .devices import collective_seconds as one_collective_seconds
 from .step_events import Group, Hook, ParamState, StepCall, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
@@ -403,17 +402,6 @@ def compute_seconds(flops: float, device: Device, efficiency: Efficiency = DEFAU
     """FLOPs / (peak dense FLOP/s in ``dtype`` x ``efficiency.matmul``)."""
     _check_seconds("compute_seconds", "flops", flops)
     return float(flops) / (device.peak_flops(dtype) * efficiency.matmul)
-
-
-def collective_seconds(sent_bytes: float, gbps: float, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                       latency_s: float = 0.0) -> float:
-    """``devices.collective_seconds`` checked: ``latency_s`` + bytes each rank sends / (link GB/s x
-    ``efficiency.collective_bus``), the duration ``a.comm.time_s`` holds."""
-    _check_seconds("collective_seconds", "sent_bytes", sent_bytes)
-    _check_seconds("collective_seconds", "latency_s", latency_s)
-    if not gbps or not math.isfinite(gbps) or gbps <= 0:
-        raise ValueError(f"collective_seconds: gbps must be a positive bandwidth, got {gbps!r}")
-    return float(one_collective_seconds(float(sent_bytes), float(gbps), float(latency_s), efficiency))
 
 
 def optimizer_seconds(bytes_moved: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:

@@ -10,8 +10,8 @@ import math
 import pandas as pd
 import pytest
 
-from shardviz.devices import DEVICES, Efficiency
-from shardviz.schedule import (StepExtras, UnitTime, collective_seconds, comm_seconds, compute_seconds, hfu, mfu,
+from shardviz.devices import DEVICES, Efficiency, collective_seconds
+from shardviz.schedule import (StepExtras, UnitTime, comm_seconds, compute_seconds, hfu, mfu,
                                optimizer_seconds, schedule_step, step_summary, transformer_flops_per_token,
                                unit_times)
 
@@ -242,7 +242,7 @@ def test_seconds_from_flops_bytes_and_bandwidth():
     h100 = DEVICES["H100"]
     eff = Efficiency(matmul=0.5, collective_bus=0.8, hbm=0.8)
     assert compute_seconds(989e12, h100, eff) == pytest.approx(2.0)
-    assert collective_seconds(360e9, 450, eff) == pytest.approx(1.0)
+    assert collective_seconds(360e9, 450, efficiency=eff) == pytest.approx(1.0)
     assert optimizer_seconds(3350e9 * 0.8, h100, eff) == pytest.approx(1.0)
 
 
@@ -264,7 +264,7 @@ def test_comm_seconds_count_each_call_at_its_one_duration():
     """``time_s`` is already the call's duration (latency + bytes at the bus efficiency,
     ``devices.collective_seconds``): the schedule adds nothing, it multiplies by ``count``."""
     eff = Efficiency(collective_bus=0.8)
-    ag, rs = collective_seconds(0.8 * 450e9, 450, eff, 0.1), collective_seconds(1.6 * 450e9, 450, eff, 0.25)
+    ag, rs = collective_seconds(0.8 * 450e9, 450, 0.1, eff), collective_seconds(1.6 * 450e9, 450, 0.25, eff)
     assert (ag, rs) == pytest.approx((1.0 + 0.1, 2.0 + 0.25))
     comm = pd.DataFrame({"unit": ["A", "A"], "collective": ["all_gather", "reduce_scatter"],
                          "phase": ["forward", "backward"], "group": ["shard"] * 2, "count": [3, 1],
