@@ -140,7 +140,7 @@ def _join_shared_calls(tree: ModelTree, plan: Plan) -> Plan:
 
 
 def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | CheckpointPreset | None,
-                 tree: ModelTree | None = None) -> Plan:
+                 tree: ModelTree) -> Plan:
     """``plan`` with the blocks checkpointed as ``Plan.auto(checkpoint=...)`` says: every block in
     full ("blocks"), every k-th in full ("every k": torchtitan's selective layer option counts
     blocks from 1 and wraps those where count % k == 0), every block selectively ("selective")."""
@@ -149,8 +149,7 @@ def checkpointed(plan: Plan, blocks: list[str], lora: str, checkpoint: str | Che
         return plan
     what = ("blocks" if preset.every == 1 else preset.which_blocks) + " checkpointed" + (
         " selectively" if preset.policy is SELECTIVE else "")
-    name = auto_name(tree, lora, what) if tree is not None else f"auto (LoRA {lora}, {what})"
-    return Plan(plan.units, plan.ignored, name, preset.chosen(blocks))
+    return Plan(plan.units, plan.ignored, auto_name(tree, lora, what), preset.chosen(blocks))
 
 
 def join_calls(tree: ModelTree, plan: Plan, param_fqns) -> Plan:
