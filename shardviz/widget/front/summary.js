@@ -8,6 +8,7 @@
 // ---------------------------------------------------------------------------------------------
 function summaryComponent(ctx, { openCompare }) {
   const el = h("div", { class: "sv-summary" });
+  const shown = { lastFull: null }; // this widget's last fully measured summary (one per Inspector on the page)
   function render() {
     const sm = ctx.model.get("summary") || {};
     el.replaceChildren();
@@ -18,7 +19,7 @@ function summaryComponent(ctx, { openCompare }) {
       h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
       h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
       planItem(sm),
-      peakItem(sm),
+      peakItem(sm, shown),
       findingsItem(sm),
     );
     const work = workItem(ctx);
@@ -60,17 +61,16 @@ function workItem(ctx) {
   );
 }
 
-let lastFullSummary = null; // the verdict of the last fully measured state
-function peakItem(sm) {
+function peakItem(sm, shown) {
   if (sm.pending) {
     // never a partial answer: the last full verdict stays, dimmed and marked as updating
-    const last = lastFullSummary ? peakItem(lastFullSummary) : h("span", { class: "sv-sum-item sv-sum-peak", text: "measuring the step…" });
+    const last = shown.lastFull ? peakItem(shown.lastFull, shown) : h("span", { class: "sv-sum-item sv-sum-peak", text: "measuring the step…" });
     last.classList.add("sv-pending");
     last.title = sm.pending;
     last.append(h("span", { class: "sv-spinner", "aria-hidden": "true" }));
     return last;
   }
-  lastFullSummary = sm;
+  shown.lastFull = sm;
   const use = sm.use;
   if (!use) {
     return h(
