@@ -23,11 +23,6 @@ from exported_code import apply_under_fake_pg, fully_shard_targets, imports_of, 
 VERSIONS = ("2.4", "2.5", "2.6", "2.7", "2.8", "2.13", None)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return zoo.tiny_llama_lora()
-
-
 def fresh():
     return zoo.tiny_llama_lora()
 
@@ -36,9 +31,9 @@ def fresh():
 # The text of the export
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("version", VERSIONS)
-def test_export_is_black_formatted_python_with_a_header(tiny, version):
-    plan = tiny_plans(tiny)["ignored-ungrouped" if version == "2.4" else "ignored"]
-    code = sv.export_code(tiny, plan, mesh=sv.Mesh(8), torch_version=version)
+def test_export_is_black_formatted_python_with_a_header(model, version):
+    plan = tiny_plans(model)["ignored-ungrouped" if version == "2.4" else "ignored"]
+    code = sv.export_code(model, plan, mesh=sv.Mesh(8), torch_version=version)
     ast.parse(code)
     assert black.format_str(code, mode=black.Mode()) == code
     first = code.splitlines()[0]
@@ -51,9 +46,9 @@ def test_export_is_black_formatted_python_with_a_header(tiny, version):
 
 
 @pytest.mark.parametrize("version", ["2.4", "2.5", "2.6", "2.7", "2.13"])
-def test_import_path_and_keywords_follow_the_release(tiny, version):
-    plan = tiny_plans(tiny)["ignored-ungrouped"]
-    code = sv.export_code(tiny, plan, mesh=sv.Mesh(4), torch_version=version)
+def test_import_path_and_keywords_follow_the_release(model, version):
+    plan = tiny_plans(model)["ignored-ungrouped"]
+    code = sv.export_code(model, plan, mesh=sv.Mesh(4), torch_version=version)
     imports = imports_of(code)
     release = tuple(int(x) for x in version.split("."))
     path = "torch.distributed.fsdp" if release >= (2, 6) else "torch.distributed._composable.fsdp"
@@ -72,8 +67,8 @@ def test_import_path_and_keywords_follow_the_release(tiny, version):
     assert f"if _RELEASE < {min(max(release, (2, 4)), (2, 7))!r}:" in code  # refuses an older torch
 
 
-def test_detecting_export_has_every_path(tiny):
-    code = sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(4), torch_version=None)
+def test_detecting_export_has_every_path(model):
+    code = sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(4), torch_version=None)
     imports = imports_of(code)
     assert "torch.distributed.fsdp:fully_shard" in imports
     assert "torch.distributed._composable.fsdp:fully_shard" in imports
@@ -81,14 +76,14 @@ def test_detecting_export_has_every_path(tiny):
     assert "if _RELEASE < (2, 5):" in code  # the grouped [norm, lm_head] call needs 2.5
 
 
-def test_no_ignored_parameters_no_keep_out_machinery(tiny):
-    code = sv.export_code(tiny, tiny_plans(tiny)["sharded"], mesh=sv.Mesh(4), torch_version=None)
+def test_no_ignored_parameters_no_keep_out_machinery(model):
+    code = sv.export_code(model, tiny_plans(model)["sharded"], mesh=sv.Mesh(4), torch_version=None)
     assert "IGNORED" not in code and "_hidden_from_fully_shard" not in code and "keep_out" not in code
 
 
-def test_modules_addressed_by_literals_bottom_up(tiny):
-    plan = tiny_plans(tiny)["ignored"]
-    code = sv.export_code(tiny, plan, mesh=sv.Mesh(4), torch_version="2.13")
+def test_modules_addressed_by_literals_bottom_up(model):
+    plan = tiny_plans(model)["ignored"]
+    code = sv.export_code(model, plan, mesh=sv.Mesh(4), torch_version="2.13")
     tree = ast.parse(code)
     # a name is a string literal, or the variable of a loop over a tuple of string literals
     loop_names = {n.target.id for n in ast.walk(tree) if isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple)
@@ -98,28 +93,28 @@ def test_modules_addressed_by_literals_bottom_up(tiny):
             (arg,) = node.args
             assert (isinstance(arg, ast.Constant) and isinstance(arg.value, str)) or getattr(arg, "id", None) in loop_names
     targets = fully_shard_targets(code)
-    layout = sv.analyze(tiny, plan, sv.Mesh(4)).layout
+    layout = sv.analyze(model, plan, sv.Mesh(4)).layout
     assert targets == [plan.units[u].modules for u in layout.order]
     assert targets[-1] == ("",)  # the root last
 
 
-def test_unit_options_and_training_defaults(tiny):
+def test_unit_options_and_training_defaults(model):
     layers = [f"base_model.model.model.layers.{i}" for i in range(2)]
     plan = sv.Plan([sv.Unit(layers[0], reshard_after_forward=False, param_dtype="bfloat16"),
                     sv.Unit(layers[1], offload=True), sv.Unit("", reshard_after_forward=True)])
-    code = sv.export_code(tiny, plan, mesh=sv.Mesh(4), training=sv.Training(reduce_dtype="float32"),
+    code = sv.export_code(model, plan, mesh=sv.Mesh(4), training=sv.Training(reduce_dtype="float32"),
                           torch_version="2.6")
     flat = "".join(code.split())
     assert "reshard_after_forward=False" in flat
     assert "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,reduce_dtype=torch.float32)" in flat
     assert "offload_policy=CPUOffloadPolicy()" in flat
     assert "torch.distributed.fsdp:MixedPrecisionPolicy" in imports_of(code)
-    plain = sv.export_code(tiny, sv.Plan.auto(tiny), mesh=sv.Mesh(4), torch_version="2.6")
+    plain = sv.export_code(model, sv.Plan.auto(model), mesh=sv.Mesh(4), torch_version="2.6")
     assert "MixedPrecisionPolicy" not in plain and "reshard_after_forward" not in plain
 
 
-def test_hsdp_mesh(tiny):
-    code = sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(shard=2, replicate=2))
+def test_hsdp_mesh(model):
+    code = sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(shard=2, replicate=2))
     assert "MESH_SHAPE = (2, 2)" in code and 'MESH_DIM_NAMES = ("replicate", "shard")' in code
 
 
@@ -134,33 +129,33 @@ class Tied(nn.Module):
         self.head.weight = self.embed.weight
 
 
-def test_refuses_what_torch_would_refuse(tiny):
+def test_refuses_what_torch_would_refuse(model):
     with pytest.raises(PlanError, match="SV001"):
         sv.export_code(Tied(), sv.Plan(["embed", "head", ""]), mesh=sv.Mesh(2))
     with pytest.raises(PlanError, match="SV110"):
-        sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(2), torch_version="2.4")
+        sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(2), torch_version="2.4")
     with pytest.raises(ValueError, match="FSDP2"):
-        sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(2), torch_version="2.3")
+        sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(2), torch_version="2.3")
     with pytest.raises(ValueError, match="torch version"):
-        sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(2), torch_version="banana")
+        sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(2), torch_version="banana")
     with pytest.raises(ValueError, match="Mesh"):
-        sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=(2,))
+        sv.export_code(model, tiny_plans(model)["ignored"], mesh=(2,))
 
 
-def test_exported_code_refuses_an_older_torch(tiny, monkeypatch):
-    code = sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(2), torch_version="2.7")
+def test_exported_code_refuses_an_older_torch(model, monkeypatch):
+    code = sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(2), torch_version="2.7")
     monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
     with pytest.raises(ImportError, match=r"needs torch >= 2.7; installed: torch 2.6.0"):
         load_exported(code)
 
 
-def test_importing_the_export_does_nothing(tiny):
+def test_importing_the_export_does_nothing(model):
     import torch.distributed as dist
 
-    code = sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(2))
+    code = sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(2))
     module = load_exported(code)
     assert callable(module.apply_fsdp) and not dist.is_initialized()
-    assert all(p.device.type == "cpu" and not hasattr(p, "_local_tensor") for p in tiny.parameters())
+    assert all(p.device.type == "cpu" and not hasattr(p, "_local_tensor") for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------
@@ -185,14 +180,14 @@ def test_applied_layout_matches_prediction(version, layout):
         assert [n for n, _ in model.named_parameters(remove_duplicate=False)] == before
 
 
-def test_applied_like_torch_oracle(tiny):
+def test_applied_like_torch_oracle(model):
     """Same DTensors and local shapes as shardviz's own oracle (torch's fully_shard with ignored_params)."""
     from shardviz.oracle import torch_layout
 
-    plan = tiny_plans(tiny)["ignored"]
+    plan = tiny_plans(model)["ignored"]
     mesh = sv.Mesh(4)
-    oracle = torch_layout(tiny, plan, mesh, rank=3)
-    model = fresh()
+    oracle = torch_layout(model, plan, mesh, rank=3)
+    model = fresh()  # the shared fixture stays unsharded: the export is applied to a fresh copy
 
     def read(m, _):
         from torch.distributed.tensor import DTensor
@@ -264,7 +259,7 @@ def test_one_flattened_all_reduce_per_backward_and_none_stays_none():
     apply_under_fake_pg(code, model, mesh, 1, run)
 
 
-def test_trainable_unsharded_parameters_broadcast_once(tiny):
+def test_trainable_unsharded_parameters_broadcast_once():
     model = fresh()
     plan = tiny_plans(model)["ignored"]
 
@@ -284,7 +279,7 @@ def test_trainable_unsharded_parameters_broadcast_once(tiny):
     assert counter.broadcasts == 0  # nothing outside FSDP is trainable: no broadcast, no hooks
 
 
-def test_a_training_step_runs_after_apply(tiny):
+def test_a_training_step_runs_after_apply():
     """Forward, backward and an optimizer step go through (values are meaningless under the fake group)."""
     model = fresh()
     plan = tiny_plans(model)["ignored"]

@@ -22,11 +22,6 @@ def qwen():
     return sv.load_model(EXAMPLES / "qwen2.5-0.5b", adapter=EXAMPLES / "qwen2.5-0.5b-lora")
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return sv.zoo.tiny_llama_lora()
-
-
 @pytest.mark.parametrize("checkpoint", [None, "blocks"])
 @pytest.mark.parametrize("lora", ["sharded", "ignored"])
 def test_blocks_with_the_same_options_are_one_loop(qwen, lora, checkpoint, monkeypatch):
@@ -57,19 +52,19 @@ def test_a_loop_applies_what_the_plan_says():
     assert apply_under_fake_pg(code, model, sv.Mesh(4), 1, lambda m, _: layout_mismatches(m, analysis, 1)) == []
 
 
-def test_calls_with_other_options_are_not_looped(tiny):
+def test_calls_with_other_options_are_not_looped(model):
     layers = [f"base_model.model.model.layers.{i}" for i in range(2)]
     plan = sv.Plan([f"{layers[0]}.mlp", sv.Unit(f"{layers[1]}.mlp", param_dtype="bfloat16"), f"{layers[0]}.self_attn", ""])
-    code = sv.export_code(tiny, plan, mesh=sv.Mesh(4), torch_version="2.13")
+    code = sv.export_code(model, plan, mesh=sv.Mesh(4), torch_version="2.13")
     assert "for name in (" not in code
 
 
-def test_detected_release_carries_no_branch_below_the_target(tiny):
-    grouped = sv.export_code(tiny, tiny_plans(tiny)["ignored"], mesh=sv.Mesh(4))  # [norm, lm_head]: 2.5 on
+def test_detected_release_carries_no_branch_below_the_target(model):
+    grouped = sv.export_code(model, tiny_plans(model)["ignored"], mesh=sv.Mesh(4))  # [norm, lm_head]: 2.5 on
     assert "torch >= 2.5" in grouped.splitlines()[0] + grouped.splitlines()[1]
     assert "if _RELEASE < (2, 5):" in grouped
     assert "torch.distributed._tensor:DTensor" not in imports_of(grouped)  # 2.4's DTensor path
     assert "torch.distributed.tensor:DTensor" in imports_of(grouped)
     assert "torch 2.4" not in grouped
-    flat = sv.export_code(tiny, tiny_plans(tiny)["ignored-ungrouped"], mesh=sv.Mesh(4))  # 2.4 on: both paths
+    flat = sv.export_code(model, tiny_plans(model)["ignored-ungrouped"], mesh=sv.Mesh(4))  # 2.4 on: both paths
     assert {"torch.distributed._tensor:DTensor", "torch.distributed.tensor:DTensor"} <= set(imports_of(flat))

@@ -28,11 +28,6 @@ COMM_COLUMNS = ["unit", "collective", "phase", "group", "group_size", "count", "
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_lora()
-
-
-@pytest.fixture(scope="module")
 def uneven():
     return tiny_lora(r=6, vocab=100)
 

@@ -9,14 +9,8 @@ from __future__ import annotations
 import pytest
 
 import shardviz as sv
-from torch_truth import tiny_lora
 
 FSDP8 = sv.Mesh(shard=8)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_lora()
 
 
 def _analyze(model, lora="sharded", **training):

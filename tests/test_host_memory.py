@@ -4,17 +4,11 @@
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.cli import main
 from shardviz.devices import DEVICES, Device, memory_fit
 from shardviz.format import format_bytes
 
 WORLD, PER_NODE = 4, 2
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 def _analyze(model, offload=True, **mesh):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,6 @@ from shardviz.load import ModelFileError
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 QWEN, QWEN_LORA = EXAMPLES / "qwen2.5-0.5b", EXAMPLES / "qwen2.5-0.5b-lora"
 T5, T5_DORA = EXAMPLES / "t5-small" / "config.json", EXAMPLES / "t5-small-dora" / "adapter_config.json"
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Any attempt to open a connection fails the test."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
 
 
 def test_config_alone_builds_the_named_class_on_meta(no_network):

@@ -52,11 +52,6 @@ def flops(monkeypatch):
     monkeypatch.setattr(steptime, "unit_op_costs", fixed_costs)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
-
-
 def analysis(model, lora="sharded", training=TRAINING, no_root=False, **plan_kw):
     mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
     plan = sv.Plan.auto(model, lora=lora, **plan_kw)

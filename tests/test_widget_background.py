@@ -11,16 +11,10 @@ import time
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.widget import Inspector
 
 MESH = sv.Mesh(shard=4, device="H100")
 TRAINING = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=64)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 @pytest.fixture

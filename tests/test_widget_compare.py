@@ -12,7 +12,6 @@ from shardviz.widget import Inspector, panels
 from shardviz.widget.protocol import ACTIONS as FRONT_END_ACTIONS
 from shardviz.widget.controller import DEFAULT_TRAINING  # the Inspector's training when none is given
 from widget_helpers import L0, L1, MESH, Q0
-from widget_helpers import model, st  # noqa: F401 - fixtures
 
 
 def assert_view_equals_compare(model, view: dict, plan_a, plan_b, mesh=MESH, training=DEFAULT_TRAINING):

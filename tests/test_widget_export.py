@@ -10,7 +10,6 @@ import pytest
 
 import shardviz as sv
 from widget_helpers import Q0, front_end_source
-from widget_helpers import ins, model, st  # noqa: F401 - fixtures
 
 
 def test_export_save_and_overwrite(model, st, tmp_path):

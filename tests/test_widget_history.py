@@ -9,7 +9,6 @@ import pytest
 import shardviz as sv
 from shardviz.widget import panels
 from widget_helpers import L0, L1, Q0, assert_numbers_match
-from widget_helpers import model, st  # noqa: F401 - fixtures
 
 
 def test_mesh_and_training(model, st):

@@ -14,7 +14,6 @@ import shardviz as sv
 from shardviz.cli import main as cli_main
 from shardviz.widget import Inspector
 from widget_helpers import L0, L1, MESH, Q0
-from widget_helpers import ins, model  # noqa: F401 - fixtures
 
 
 def block_run(ins) -> str:

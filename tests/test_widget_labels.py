@@ -16,7 +16,6 @@ from shardviz import display
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.controller import DEFAULT_TRAINING, plan_changes
 from widget_helpers import L0, MESH, Q0
-from widget_helpers import model  # noqa: F401 - fixtures
 
 
 def test_findings_count_what_is_left_not_what_is_listed(model, monkeypatch):

@@ -11,7 +11,6 @@ from shardviz import display
 from shardviz.widget import panels, protocol
 from shardviz.widget.inspector import ACTION_HANDLERS
 from widget_helpers import EMBED, L0, L1, Q0, Q0_A, Wire, assert_numbers_match, fresh, group_id, torch_shard
-from widget_helpers import ins, model  # noqa: F401 - fixtures
 
 
 def test_widget_initial_traits_equal_analyze(model, ins):

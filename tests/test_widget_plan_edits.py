@@ -12,7 +12,6 @@ from shardviz.presets import preset_key
 from shardviz.widget import InspectorState, plan_actions
 from shardviz.widget.controller import BlockAction, Change
 from widget_helpers import EMBED, L0, L1, MESH, Q0, Q0_A, Q0_BASE, assert_numbers_match, fresh, open_and_get, open_path, rows_by_fqn
-from widget_helpers import model, st  # noqa: F401 - fixtures
 
 
 def test_starts_with_auto_plan_and_matches_analyze(model, st):

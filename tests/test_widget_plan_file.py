@@ -11,7 +11,6 @@ import pytest
 import shardviz as sv
 from shardviz.widget import Inspector, InspectorState
 from widget_helpers import L0, L1, MESH, Q0, saved
-from widget_helpers import model  # noqa: F401 - fixtures
 
 
 def test_plan_file_saved_after_every_change_and_restored(model, tmp_path):

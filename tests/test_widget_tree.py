@@ -13,7 +13,6 @@ import shardviz as sv
 from shardviz.widget import InspectorState
 from shardviz.widget.tree_view import Folding
 from widget_helpers import EMBED, L0, L1, Q0, Q0_A, fresh, open_and_get, open_path, rows_by_fqn, torch_shard
-from widget_helpers import model, st  # noqa: F401 - fixtures
 
 
 def test_rows_only_what_is_expanded(model, st):

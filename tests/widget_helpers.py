@@ -1,19 +1,17 @@
-"""Shared by the Inspector's tests (tests/test_widget_*.py): the tiny Llama + LoRA model, the
-state and widget fixtures, and the check that every number shown equals ``sv.analyze`` run afresh.
+"""Shared by the Inspector's tests (tests/test_widget_*.py): the names of the tiny Llama + LoRA's
+modules, the mesh, and the check that every number shown equals ``sv.analyze`` run afresh.
 
-A test module takes the fixtures by importing them (``from widget_helpers import model, st``).
+The fixtures (``model``, ``st``, ``ins``) are in tests/conftest.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz import display
-from shardviz.widget import Inspector, InspectorState
+from shardviz.widget import Inspector
 from shardviz.widget.inspector import FRONT_FILES
 
 L0 = "base_model.model.model.layers.0"
@@ -24,21 +22,6 @@ Q0 = L0 + ".self_attn.q_proj"
 Q0_A = Q0 + ".lora_A.default.weight"
 Q0_BASE = Q0 + ".base_layer.weight"
 MESH = sv.Mesh(shard=4)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
-
-
-@pytest.fixture
-def st(model):
-    return InspectorState(model, mesh=MESH)
-
-
-@pytest.fixture
-def ins(model):
-    return Inspector(model, mesh=MESH)
 
 
 def fresh(model, st_or_ins):

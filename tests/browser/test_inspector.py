@@ -17,7 +17,6 @@ from helpers import make_notebook, open_and_run_notebook, save_screenshot, shutd
 from playwright.sync_api import expect
 
 import shardviz as sv
-from shardviz import zoo
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -35,11 +34,6 @@ def setup_cell(plan_file: str) -> str:
         "model = zoo.tiny_llama_lora()\n"
         f"inspector = sv.Inspector(model, mesh=sv.Mesh(shard=4, device_memory=1024**2), plan_path={plan_file!r})\n"
     )
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 def open_inspector(page, server, plan_file: str, name: str):

@@ -14,7 +14,6 @@ from helpers import make_notebook, open_and_run_notebook, save_screenshot
 from playwright.sync_api import expect
 
 import shardviz as sv
-from shardviz import zoo
 from shardviz.widget.panels import COMPARISON_ROWS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -26,11 +25,6 @@ PLAN_FILE = "plan-compare.json"
 ROWS = ("params", "grads", "optimizer", "peak", "bytes_per_step", "sent_bytes_per_rank", "collectives_per_step",
         "n_all_gather", "n_reduce_scatter", "n_all_reduce", "errors", "warnings")
 BYTES = {"params", "grads", "optimizer", "peak", "bytes_per_step", "sent_bytes_per_rank"}
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 def test_pin_ignore_lora_and_compare(lab_server, shared_lab_page, model):

@@ -13,18 +13,12 @@ from inspector_page import expand, numbers_settled, open_block, row, saved_plan
 from playwright.sync_api import expect
 
 import shardviz as sv
-from shardviz import zoo
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 L0 = "base_model.model.model.layers.0"
 Q0 = L0 + ".self_attn.q_proj"
 PLAN_FILE = "plan-labels.json"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 def open_at_1280(page, server, cells, name):

@@ -13,7 +13,6 @@ from inspector_page import contrast_problems, expand, layout_problems, numbers_s
 from playwright.sync_api import expect
 
 import shardviz as sv
-from shardviz import zoo
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -26,11 +25,6 @@ SETUP = (
 )
 # no reserve: a limit below the tiny model's peak (200 KiB) is a size the field accepts
 SETUP_NO_RESERVE = SETUP.replace("sv.Mesh(shard=4)", "sv.Mesh(shard=4, memory_reserve=0)")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return zoo.tiny_llama_lora()
 
 
 def rev(widget) -> str:
