@@ -1,4 +1,4 @@
-"""FLOPs of one training step (``a.flops``, ``a.flop_totals``, ``ActivationProfile.flops``) against
+"""FLOPs of one training step (``a.flops``, ``a.flop_totals``, ``a.step.flops``, ``ActivationProfile.flops``) against
 torch's ``FlopCounterMode`` on the real step of the full model.
 
 The truth: every layer of the model (no reduced copy, no extrapolation), its parameters fake CPU
@@ -101,14 +101,17 @@ def test_step_flops_match_flop_counter(kind):
     plain_plan = sv.Plan.auto(model, lora="sharded")
     ckpt_plan = sv.Plan.auto(model, lora="sharded", checkpoint="blocks")
     training = sv.Training(batch_size=BATCH, seq_len=SEQ, param_dtype=str(dtype).replace("torch.", "") if dtype else None)
-    plain = sv.analyze(model, plain_plan, sv.Mesh(shard=8), training)
-    ckpt = sv.analyze(model, ckpt_plan, sv.Mesh(shard=8), training)
+    plain = sv.analyze(model, plain_plan, sv.Mesh(shard=8), training)  # no device: FLOPs, no seconds
+    ckpt = sv.analyze(model, ckpt_plan, sv.Mesh(shard=8, device="H100"), training)
     want_plain = truth_flops(model, param_dtype=dtype)
     want_ckpt = truth_flops(model, ckpt_plan.checkpoint, param_dtype=dtype)
     assert want_ckpt > want_plain > 0
 
     assert plain.flop_totals == {"flops": want_plain, "model_flops": want_plain}
     assert ckpt.flop_totals == {"flops": want_ckpt, "model_flops": want_plain}
+    # the step (a.step: what MFU and HFU divide) counts what torch counts, with a device or without
+    assert plain.step.step_time_s is None and (plain.step.flops, plain.step.model_flops) == (want_plain, want_plain)
+    assert ckpt.step.step_time_s > 0 and (ckpt.step.flops, ckpt.step.model_flops) == (want_ckpt, want_plain)
     assert ckpt.activation_profile.measured_blocks < 2 * LAYERS  # extrapolated, not one copy per layer
     for a, want in ((plain, want_plain), (ckpt, want_ckpt)):
         table = a.flops
