@@ -214,12 +214,23 @@ def test_every_row_says_what_its_mesh_means(searched):
     assert ("torch would refuse" in text) == bool(refused.any())
 
 
+@pytest.mark.slow
 def test_on_a_tensor_parallel_mesh_a_row_applies_its_tensor_degree():
     """4 data-parallel ranks x TP 2: the panel searches with and without TP on the same 8 ranks,
     and a row applies its own split of them, its tensor degree and its plan's TP entries (before,
-    a row without TP kept the user's tensor degree: 16 ranks, and a TP row lost its TP plan)."""
-    mesh = sv.Mesh(shard=4, tensor=2, device="H100")
-    ins = Inspector(model(), plan=sv.Plan.auto(model(), tensor_parallel=True), mesh=mesh, training=TRAINING)
+    a row without TP kept the user's tensor degree: 16 ranks, and a TP row lost its TP plan).
+    The quick run has the same without a micro-batch (the next test)."""
+    tensor_rows_apply_their_degree(sv.Mesh(shard=4, tensor=2, device="H100"), TRAINING)
+
+
+def test_on_a_tensor_parallel_mesh_a_row_applies_its_tensor_degree_without_a_batch():
+    """The test above without a micro-batch: the same search with and without TP (model state only,
+    no activations measured per candidate, which takes minutes) and the same rows to apply."""
+    tensor_rows_apply_their_degree(sv.Mesh(shard=4, tensor=2, device="H100"), sv.Training())
+
+
+def tensor_rows_apply_their_degree(mesh, training):
+    ins = Inspector(model(), plan=sv.Plan.auto(model(), tensor_parallel=True), mesh=mesh, training=training)
     wire = Recorder(ins)
     assert wire.action("suggest", top=200)["ok"]
     found = ins.controller.found.search
@@ -231,10 +242,11 @@ def test_on_a_tensor_parallel_mesh_a_row_applies_its_tensor_degree():
         ack = wire.action("apply_suggestion", index=k)
         assert ack["ok"], ack
         plan, want, _ = found.candidate(k)
-        assert (ins.mesh.world, ins.mesh.shard, ins.mesh.replicate, ins.mesh.tensor) == (8, want.shard, want.replicate, tensor)
+        assert (ins.mesh.world, ins.mesh.shard, ins.mesh.replicate, ins.mesh.tensor) == (mesh.world, want.shard,
+                                                                                         want.replicate, tensor)
         assert bool(ins.plan.tensor_parallel) == (tensor > 1)
         assert ins.plan.tensor_parallel == plan.tensor_parallel
-        assert not ins.suggestions["stale"]  # the same 8 ranks: the next row applies too
+        assert not ins.suggestions["stale"]  # the same ranks: the next row applies too
 
 
 def test_a_suggested_plans_name_stops_naming_its_mesh_once_the_mesh_changes(searched):
