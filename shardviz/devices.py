@@ -467,6 +467,8 @@ _AMD_MI300X = "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-do
 _NV_L40S = "https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"
 _AWS_A10G = "https://aws.amazon.com/ec2/instance-types/g5/"
 _NV_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+_NV_GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"  # RTX 3090, NVLink
+_NV_L4 = "https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet"  # host: AWS g6.48xlarge, 8 x L4
 # Host RAM of one node (``Device.host_memory``), only where a source states it: the DGX systems' "System
 # Memory", 16 or 32 64 GB DIMMs, so binary TiB. DGX A100: 1 TB (320 GB model, 40 GB GPUs), 2 TB (640 GB
 # model, 80 GB GPUs); DGX H100 / H200: 2 TB. Another vendor's server with these GPUs may have less: pass
@@ -493,13 +495,17 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("B200", 180 * GiB, 2250, 2250, 80, 8000, 900, 50, 8, _NV_B200),
     Device("MI300X", 192 * GiB, 1307.4, 1307.4, 163.4, 5300, 448, 50, 8, _AMD_MI300X),
     Device("L40S", 48 * GiB, 362.05, 362.05, 91.6, 864, 32, 12.5, 8, _NV_L40S),
-    Device("A10G", 24 * GiB, 70, 70, 35, 600, 32, 1.5625, 8, _AWS_A10G),
+    Device("A10G", 24 * GiB, 70, 70, 35, 600, 32, 1.5625, 8, _AWS_A10G, host_memory=768 * GiB),  # g5.48xlarge
+    Device("L4", 24 * GiB, 121, 121, 30.3, 300, 32, 1.5625, 8, _NV_L4, host_memory=768 * GiB),  # g6.48xlarge
     Device("RTX-4090", 24 * GiB, 165.2, 165.2, 82.6, 1008, 32, 1.5625, 8, _NV_ADA),
+    Device("RTX-3090", 24 * GiB, 71, 71, 35.6, 936, 32, 1.5625, 8, _NV_GA102),
+    Device("RTX-3090-NVLink", 24 * GiB, 71, 71, 35.6, 936, 56.25, 1.5625, 2, _NV_GA102),  # two cards, one bridge
 )}
 
 _ALIASES = {"H100-SXM": "H100", "H100-SXM5": "H100", "H200-SXM": "H200", "A100": "A100-80GB",
             "A100-SXM-80GB": "A100-80GB", "A100-SXM-40GB": "A100-40GB", "RTX4090": "RTX-4090",
-            "4090": "RTX-4090", "MI300": "MI300X", "H100-GRAND-TETON": "H100-500W"}
+            "4090": "RTX-4090", "RTX3090": "RTX-3090",
+            "3090": "RTX-3090", "MI300": "MI300X", "GEFORCE-RTX-3090": "RTX-3090", "GEFORCE-RTX-4090": "RTX-4090", "H100-GRAND-TETON": "H100-500W"}
 
 
 def _key(name: str) -> str:

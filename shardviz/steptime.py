@@ -37,7 +37,8 @@ TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_fo
 #: Host <-> device copies of CPU offload (GB/s, one direction, per GPU): the PCIe link of each
 #: ``DEVICES`` row (Gen4 x16: 32, Gen5 x16: 64, the datasheets of docs/step-time.md); other devices: 32.
 HOST_LINK_GBPS = {"A100-40GB": 32.0, "A100-80GB": 32.0, "H100": 64.0, "H100-PCIe": 64.0, "H200": 64.0,
-                  "B200": 64.0, "MI300X": 64.0, "L40S": 32.0, "A10G": 32.0, "RTX-4090": 32.0}
+                  "B200": 64.0, "MI300X": 64.0, "L40S": 32.0, "A10G": 32.0, "RTX-4090": 32.0,
+                  "L4": 32.0, "RTX-3090": 32.0, "RTX-3090-NVLink": 32.0}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import shardviz as sv
 from shardviz.devices import (DEVICES, Device, Efficiency, GiB, MEMORY_RESERVE_BYTES, device_by_name,
                               usable_memory)
 
-REQUIRED = ("A100-40GB", "A100-80GB", "H100", "H100-PCIe", "H200", "B200", "MI300X", "L40S", "A10G", "RTX-4090")
+REQUIRED = ("A100-40GB", "A100-80GB", "H100", "H100-PCIe", "H200", "B200", "MI300X", "L40S", "A10G", "RTX-4090", "L4",
+            "RTX-3090", "RTX-3090-NVLink")
 
 
 def test_the_table_has_every_device_the_issue_names_each_with_a_source():
@@ -33,6 +34,19 @@ def test_known_relations_between_rows():
     assert DEVICES["H200"].memory > DEVICES["H100"].memory
     assert DEVICES["B200"].bf16_tflops > DEVICES["H100"].bf16_tflops
     assert DEVICES["H100"].intra_node_gbps > DEVICES["H100-PCIe"].intra_node_gbps  # NVLink vs PCIe
+
+
+def test_small_cards_issue_38():
+    """The 24 GB cards QLoRA users train on: PCIe Gen4 x16 unless bridged; host RAM only where a source says."""
+    small = [DEVICES[n] for n in ("RTX-3090", "RTX-4090", "L4", "A10G")]
+    assert all(d.memory == 24 * GiB and d.intra_node_gbps == 32 for d in small)
+    assert DEVICES["RTX-3090-NVLink"].intra_node_gbps > DEVICES["RTX-3090"].intra_node_gbps
+    assert DEVICES["RTX-3090-NVLink"].gpus_per_node == 2  # one bridge pairs two cards
+    assert DEVICES["RTX-4090"].bf16_tflops > DEVICES["RTX-3090"].bf16_tflops > DEVICES["A10G"].bf16_tflops
+    assert DEVICES["L4"].hbm_gbps < DEVICES["A10G"].hbm_gbps  # GDDR6 on a 192-bit bus
+    assert DEVICES["RTX-3090"].host_memory is None and DEVICES["L4"].host_memory == DEVICES["A10G"].host_memory
+    assert device_by_name("NVIDIA GeForce RTX 3090") is DEVICES["RTX-3090"]
+    assert device_by_name("NVIDIA L4") is DEVICES["L4"] and device_by_name("3090") is DEVICES["RTX-3090"]
 
 
 def test_lookup_ignores_case_and_separators_and_knows_aliases():

@@ -12,7 +12,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 def test_the_notebooks_are_shipped_without_outputs():
     assert [p.name for p in NOTEBOOKS] == [
         "01_quickstart.ipynb", "02_lora_ignored_vs_sharded.ipynb", "03_export_and_verify.ipynb",
-        "04_what_should_i_run.ipynb", "05_your_own_code.ipynb"]
+        "04_what_should_i_run.ipynb", "05_your_own_code.ipynb", "06_qlora.ipynb"]
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:

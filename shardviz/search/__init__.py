@@ -3,7 +3,9 @@
 Candidates (``candidates.py``): LoRA ignored / sharded / separate (when the model has LoRA);
 checkpointing of every block, every 2nd, every 3rd, selective (torchtitan's op policy), none;
 ``reshard_after_forward`` as torch sets it, ``False``, or an int (one node's ranks) when the shard
-group spans nodes; every HSDP split of the world size; CPU offload; and, with
+group spans nodes; every HSDP split of the world size; CPU offload; for a model with bitsandbytes
+4-bit weights, their storage (bf16: FSDP2 shards the packed data; uint8: accelerate keeps them whole on
+every rank, as ``ignored_params``: ``Candidate.quant``); and, with
 ``Training(global_batch=...)``, every micro-batch and accumulation that give that batch. The
 key/value cache is a knob too: where a plan's step keeps it (``Training.step_use_cache``: the
 config's ``use_cache=True`` without checkpointing), the same plan with ``use_cache=False`` is a
@@ -17,6 +19,10 @@ analysed (pruned), each with its reason (``pruning.py``: the model state alone i
 activations alone are, a plan holding less is, the same plan on fewer replicas is, the unsharded
 parameters kept after forward are, or a smaller micro-batch fits with no plan). The pruned set
 does not depend on the order of the candidates.
+
+An offloaded plan's verdict includes the host (``MemoryFit.host``: the worst rank's host RAM times the
+ranks of a node, judged against ``Mesh.host_memory``): its row says the host's part (the ``host``
+column: bytes per node), and a plan the device holds but the host does not is over, its ``why`` says so.
 
 The plans that fit are ranked (``rank.py``, ``ranked``) by ``a.step.step_time_s`` (the step model,
 ``steptime.py``: the mesh needs a ``device``), differences under 1 % of the step being ties

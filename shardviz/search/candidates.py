@@ -13,6 +13,10 @@ from ..cost import Training
 from ..fsdp import Mesh
 from ..plan import LORA_OPTIONS
 
+QUANT_WORDS = {"sharded": "4-bit sharded (bf16 storage)",
+               "replicated": "4-bit replicated (uint8 storage, accelerate ignores it)"}
+QUANT_OPTIONS = ("sharded", "replicated")  # sharded first: it holds less
+
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
 CHECKPOINTS = (*CHECKPOINT_FIXES, "selective", None)  # SV201 tries the same (checks.CHECKPOINT_FIXES)
 
@@ -30,6 +34,10 @@ class Candidate:
     grad_accum: int = 1
     use_cache: bool | None = None  # None: the training's (Training.step_use_cache)
     tensor: int = 1  # tensor-parallel degree (the model's own TP plan) inside a node
+    # bitsandbytes 4-bit weights (None: the model has none): "sharded" (a floating bnb_4bit_quant_storage,
+    # bf16: FSDP2 shards the packed data) or "replicated" (uint8 storage: accelerate's fsdp2_prepare_model
+    # puts every Params4bit in ignored_params, each rank holds them whole)
+    quant: str | None = None
 
     def name(self, world: int, has_lora: bool, vary_batch: bool) -> str:
         parts = [f"LoRA {self.lora}"] if has_lora else []
@@ -42,6 +50,8 @@ class Candidate:
         dp = world // self.tensor
         parts.append((f"HSDP {self.replicate}x{dp // self.replicate}" if self.replicate > 1 else f"FSDP {dp}")
                      + (f" x TP {self.tensor}" if self.tensor > 1 else ""))
+        if self.quant:
+            parts.append(QUANT_WORDS[self.quant])
         if self.offload:
             parts.append("CPU offload")
         if vary_batch:
@@ -52,7 +62,7 @@ class Candidate:
 
     @property
     def state_key(self) -> tuple:
-        return (self.lora, self.reshard_after_forward, self.replicate, self.offload, self.tensor)
+        return (self.lora, self.reshard_after_forward, self.replicate, self.offload, self.tensor, self.quant)
 
 
 # ---------------------------------------------------------------------------
@@ -93,6 +103,7 @@ def candidates(runner, offload=(False, True)) -> list[Candidate]:
     layouts = LORA_OPTIONS if runner.has_lora else ("sharded",)
     with_batch = runner.training.batch_size is not None or runner.training.global_batch is not None
     checkpoints = _distinct_checkpoints(runner) if with_batch else (None,)
+    quants = QUANT_OPTIONS if runner.has_quant else (None,)
     out = []
     for batch, accum in _micro_batches(runner.mesh, runner.training):
         for ckpt in checkpoints:
@@ -103,6 +114,6 @@ def candidates(runner, offload=(False, True)) -> list[Candidate]:
                     for tensor in runner.tensors:
                         for replicate in _divisors(runner.mesh.world // tensor):
                             for reshard in _reshards(runner.mesh, replicate * tensor):
-                                out += [Candidate(lora, ckpt, reshard, replicate, off, batch, accum, cache, tensor)
-                                        for off in offload]
+                                out += [Candidate(lora, ckpt, reshard, replicate, off, batch, accum, cache, tensor, q)
+                                        for q in quants for off in offload]
     return out

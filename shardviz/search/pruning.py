@@ -43,7 +43,8 @@ def pruning_order(cands: list[Candidate]) -> list[Candidate]:
     layout, the tensor degree and the reshard, in the order ``candidates`` makes them)."""
     def key(c: Candidate) -> tuple:
         return (c.batch_size or 0, CHECKPOINTS.index(c.checkpoint), _CACHE_ORDER[c.use_cache],
-                LORA_OPTIONS.index(c.lora), c.tensor, c.replicate, _RESHARD_ORDER.get(c.reshard_after_forward, 2), c.offload)
+                LORA_OPTIONS.index(c.lora), c.tensor, c.replicate, _RESHARD_ORDER.get(c.reshard_after_forward, 2),
+                c.quant == "replicated", c.offload)
     return sorted(cands, key=key)
 
 
@@ -55,8 +56,8 @@ class Evidence:
     over: dict = field(default_factory=dict)  # (state key, batch, checkpoint, cache) -> judged peak over the device
     activations: dict = field(default_factory=dict)  # ((lora, tensor), batch, ckpt, cache) -> (bytes, how) over
     fitting: dict = field(default_factory=dict)  # analysed candidate -> fits
-    state: dict = field(default_factory=dict)  # (lora, tensor) -> model-state peak with the leanest options
-    unsharded: dict = field(default_factory=dict)  # (lora, tensor) -> cost.unsharded_bytes of its calls
+    state: dict = field(default_factory=dict)  # (lora, tensor, quant) -> model-state peak with the leanest options
+    unsharded: dict = field(default_factory=dict)  # (lora, tensor, quant) -> cost.unsharded_bytes of its calls
     holds_less: dict = field(default_factory=dict)  # (strong, weak) checkpointing -> holds_less
 
     @property
@@ -70,7 +71,7 @@ def record(space: Space, ev: Evidence, row: Measured, profile) -> None:
     """Keep what the analysed ``row`` (and its activation ``profile``) proves about the others."""
     c = row.candidate
     ev.fitting[c] = row.fits
-    if not row.fits:
+    if not row.fits and row.margin < 0:  # over the device (a plan over only the host proves nothing of the device)
         ev.over[(c.state_key, c.batch_size, c.checkpoint, row.use_cache)] = space.limit - row.margin
     if profile is None:
         return
@@ -111,9 +112,9 @@ def _over_by_evidence(space: Space, ev: Evidence, c: Candidate) -> Pruned | None
 
 def _state_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
     """The model-state peak (no activations) of ``c``'s layout with the options that hold least."""
-    key = (c.lora, c.tensor)
+    key = (c.lora, c.tensor, c.quant)
     if key not in ev.state:
-        lean = Candidate(c.lora, None, None, 1, space.lean_offload, tensor=c.tensor)
+        lean = Candidate(c.lora, None, None, 1, space.lean_offload, tensor=c.tensor, quant=c.quant)
         ev.state[key] = int(space.analysis(lean, with_batch=False).memory.peak.max())
     if ev.state[key] <= space.limit:
         return None
@@ -127,9 +128,9 @@ def _unsharded_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
     forward ends (``cost.unsharded_bytes``)."""
     if c.reshard_after_forward is None or c.reshard_after_forward is True:
         return None
-    key = (c.lora, c.tensor)
+    key = (c.lora, c.tensor, c.quant)
     if key not in ev.unsharded:
-        a = space.analysis(Candidate(c.lora, tensor=c.tensor), with_batch=False)
+        a = space.analysis(Candidate(c.lora, tensor=c.tensor, quant=c.quant), with_batch=False)
         ev.unsharded[key] = unsharded_bytes(a.tree, a.layout, space.training)
     kept = ev.unsharded[key] // (1 if c.reshard_after_forward is False else c.reshard_after_forward)
     if kept <= space.limit:
@@ -142,8 +143,9 @@ def _unsharded_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
 def _fewer_replicas(state: tuple, c: Candidate) -> bool:
     """``state`` (a state key) is ``c``'s plan on fewer replicas of larger shard groups: its
     sharded parameters, gradients and optimizer states per rank are a fraction of ``c``'s."""
-    lora, reshard, replicate, offload, tensor = state
-    return (lora, reshard, offload, tensor) == (c.lora, c.reshard_after_forward, c.offload, c.tensor) and replicate < c.replicate \
+    lora, reshard, replicate, offload, tensor, quant = state
+    return (lora, reshard, offload, tensor, quant) == (c.lora, c.reshard_after_forward, c.offload, c.tensor, c.quant) \
+        and replicate < c.replicate \
         and c.replicate % replicate == 0
 
 

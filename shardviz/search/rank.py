@@ -147,9 +147,10 @@ def tie_groups(fitting: list[Measured]) -> list[list[Measured]]:
 
 
 def simpler(r: Measured) -> tuple:
-    """The simpler plan sorts first: fewer calls, FSDP, no TP, LoRA sharded, less recomputation."""
+    """The simpler plan sorts first: fewer calls, FSDP, no TP, LoRA sharded, less recomputation, 4-bit
+    weights sharded (a storage the run's param_dtype keeps) before replicated."""
     c = r.candidate
-    return (r.calls, c.replicate > 1, c.tensor > 1, LORA_ORDER.get(c.lora, 0), r.recompute)
+    return (r.calls, c.replicate > 1, c.tensor > 1, LORA_ORDER.get(c.lora, 0), r.recompute, c.quant == "replicated")
 
 
 def _untimed_recompute(r: Measured) -> int:
@@ -221,7 +222,8 @@ def _tie_reason(r: Measured, above: Measured, limit: int, other: str = "the row 
     words = {0: f"{format_plural(r.calls, 'fully_shard call')} ({other} {above.calls})",
              1: f"HSDP {r.mesh.replicate}x{r.mesh.shard} ({other}: {'HSDP' if above.candidate.replicate > 1 else 'FSDP'})",
              2: f"TP {r.candidate.tensor} ({other}: none)", 3: f"LoRA {r.candidate.lora} ({other}: LoRA {above.candidate.lora})",
-             4: f"{r.recompute} blocks recomputed ({other} {above.recompute})"}
+             4: f"{r.recompute} blocks recomputed ({other} {above.recompute})",
+             5: f"4-bit weights replicated ({other}: sharded)"}
     mine, theirs = simpler(r), simpler(above)
     which = next((i for i in range(len(mine)) if mine[i] != theirs[i]), None)
     similar = "as much to spare" if dm == 0 else f"about as much to spare ({format_bytes(abs(dm))} {'less' if dm > 0 else 'more'})"
@@ -267,10 +269,18 @@ def _why(r: Row, above: Measured | None, limit: int, usable_text: str, tie: tupl
     comparison with a faster plan is ``best_note``'s."""
     if not r.analysed:
         return r.why
+    if not r.fits and r.host_over and r.margin >= 0:  # the device holds it, the host does not
+        return f"over the host: {r.host_text}"
     if not r.fits:
         judged = limit - r.margin
         held = f" (reserved peak {format_bytes(judged)})" if judged != r.peak else ""
         return f"over {usable_text} by {format_bytes(judged - limit)}{held}"
+    if r.host:  # CPU offload: the host's part of the verdict, judged or said to be unjudged
+        return f"{_why_fitting(r, above, limit, tie)}; {r.host_text}"
+    return _why_fitting(r, above, limit, tie)
+
+
+def _why_fitting(r: Measured, above: Measured | None, limit: int, tie: tuple | None) -> str:
     tight = r.verdict == "tight"
     if above is None:
         return "fastest that fits" + (f", but {_tight_words(r)}: no plan keeping the margin is within "
@@ -316,7 +326,7 @@ def best_note(rows: list[Row], name, limit: int) -> str:
 # ---------------------------------------------------------------------------
 COLUMNS = ["name", "fits", "verdict", "peak", "reserved_peak", "judged_peak", "margin", "step_time_s", "tokens_per_s", "mfu", "why", "lora",
            "checkpoint", "reshard_after_forward", "replicate", "shard", "offload", "batch_size", "grad_accum", "analysed",
-           "use_cache"]
+           "use_cache", "quant", "host"]
 
 
 def table(rows: list[Row], space: Space) -> pd.DataFrame:
@@ -329,7 +339,8 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
         tie = (ties[id(r)][0] == ties[id(above)][0], ties[id(r)][1]) if above is not None and id(r) in ties else None
         c, why = r.candidate, _why(r, above if r.fits else None, space.limit, space.usable_text, tie)
         if above is None and r.fits and r.analysed:  # the top row: against the faster plans it was picked over
-            why = best_note(rows, name_of, space.limit) or why
+            note = best_note(rows, name_of, space.limit)
+            why = note + (f"; {r.host_text}" if r.host else "") if note else why
         if r.fits and r.analysed:
             above = r
         name = name_of(c)
@@ -347,6 +358,7 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
             "reshard_after_forward": c.reshard_after_forward, "replicate": c.replicate, "shard": world // (c.replicate * c.tensor),
             "offload": c.offload, "batch_size": c.batch_size, "grad_accum": c.grad_accum, "analysed": r.analysed,
             "use_cache": r.use_cache if r.analysed else space.cache_of(c),
+            "quant": c.quant, "host": r.host if r.analysed and r.host else None,
             **({"tensor": c.tensor} if tp else {}),
         })
     return pd.DataFrame(records, columns=COLUMNS + (["tensor"] if tp else []))
@@ -376,6 +388,8 @@ def explain(table, limit_text: str, note: str = "", assumed: str = "") -> str:
                 and best.get("reserved_peak") is not None else "")
     out = [f"Run {best['name']}: peak {format_bytes(best.peak)}{reserved} of {limit_text}, "
            f"{format_bytes(best.margin)} to spare{tight}{when}."]
+    if best.get("host") == best.get("host") and best.get("host"):  # offloaded: the host's part, as judged
+        out.append(f"With CPU offload, {str(best.why)[str(best.why).index('host RAM'):]}.")
     if assumed:
         out.append(f"Fits means: {assumed}.")
     fit = table[table.fits & table.analysed]

@@ -61,6 +61,9 @@ class Measured:
     mesh: Mesh | None = None
     use_cache: bool = False  # the key/value cache as priced
     cache_refused: bool = False  # torch cannot run the plan with the cache: priced without it
+    host: int = 0  # CPU offload's host RAM per node (MemoryFit.host; 0: nothing offloaded)
+    host_over: bool = False  # a node's host RAM cannot hold it (MemoryFit.host_over): over whatever the device says
+    host_text: str = ""  # the host's part of the verdict in words (MemoryFit.host_text)
     analysed: ClassVar[bool] = True
 
 

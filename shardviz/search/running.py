@@ -57,7 +57,8 @@ def measured(space: Space, c: Candidate, a: Analysis) -> Measured:
         untimed=step["reason"], tensor_comm_s=step["tensor_comm_s"],
         comm_s=float(a.comm.attrs.get("time_per_step_s", 0.0)) * c.grad_accum, parts=time_parts(a, c.grad_accum),
         recompute=len(a.plan.checkpoint), calls=len(a.plan.units), mesh=a.mesh,
-        use_cache=space.cache_of(c) and not a.cache_refused, cache_refused=a.cache_refused)
+        use_cache=space.cache_of(c) and not a.cache_refused, cache_refused=a.cache_refused,
+        host=fit.host, host_over=fit.host_over, host_text=fit.host_text)
 
 
 # ---------------------------------------------------------------------------

@@ -44,7 +44,20 @@ class Space:
     def has_lora(self) -> bool:
         return any(p.role == "lora" for p in self.tree.params)
 
+    @cached_property
+    def quant_fqns(self) -> tuple[str, ...]:
+        """The bitsandbytes 4-bit weights (packed ``Params4bit``): the storage knob's parameters."""
+        return tuple(p.fqn for p in self.tree.params if p.quant)
+
+    @property
+    def has_quant(self) -> bool:
+        return bool(self.quant_fqns)
+
     def plan(self, c: Candidate) -> Plan:
+        plan = self._plan(c)
+        return plan.with_ignored(self.quant_fqns) if c.quant == "replicated" else plan
+
+    def _plan(self, c: Candidate) -> Plan:
         key = (c.lora, c.checkpoint, c.tensor)
         if key not in self._auto:
             auto = Plan.auto(self.tree, lora=c.lora, checkpoint=c.checkpoint)
