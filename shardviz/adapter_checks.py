@@ -7,6 +7,7 @@
 | SV122 | error    | quantized weights shardviz does not price (bitsandbytes 8-bit, torchao ``NF4Tensor`` / float8, fp8 or GPTQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit (packed ``Params4bit``) is priced exactly |
 | SV123 | error    | a ``Params4bit`` whose floating storage dtype differs from its call's ``param_dtype``: FSDP2 casts the packed bits |
 | SV124 | warning  | ``Params4bit`` stored as uint8: accelerate ignores them (replicated); what bf16 storage saves |
+| SV128 | error    | a torchao ``NF4Tensor`` that ``fully_shard`` cannot split over the mesh (an inner tensor's numel not divisible by the shard size, no padding); the ``scaler_block_size`` that works |
 
 Below ``checks`` in the layers (``run_checks`` calls them); they read ``inputs.tree.model``, the
 peft config on it, its Hugging Face config and ``load.source_of`` (the files ``load_model`` read),
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import torch
 
 from .check_inputs import CheckInputs
@@ -26,6 +28,7 @@ from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
 from .quant import INSTALL, bnb_4bit_config, bnb_available, quant_kind
+from .quant_torchao import SHARDED_PARTS, nf4_split_problem, working_scaler_block_size
 from .tree import ModelTree, peft_configs
 
 
@@ -277,7 +280,7 @@ def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
     (``fsdp2_prepare_model``, accelerate/utils/fsdp_utils.py) puts every frozen non-floating
     ``Params4bit`` into ``ignored_params``, so each rank holds all of them whole; with a floating
     storage dtype (bf16) they are sharded like any parameter. Says what bf16 storage saves per rank."""
-    packed = [p for p in inputs.tree.params if p.quant and p.dtype == torch.uint8]
+    packed = [p for p in inputs.tree.params if p.quant and p.dtype == torch.uint8 and not p.dequantized_shape]
     if not packed:
         return []
     whole = sum(p.nbytes for p in packed)
@@ -293,3 +296,44 @@ def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
         tuple(names[:50]), fix="set \"bnb_4bit_quant_storage\": \"bfloat16\" in the quantization_config (and a "
         "param_dtype of bfloat16 in the mixed-precision policy)",
         n_fqns=len(names), all_fqns=tuple(names), flags="--quant-storage bfloat16")]
+
+
+def check_nf4_split(inputs: CheckInputs) -> list[Finding]:
+    """SV128: torchao ``NF4Tensor`` weights that ``fully_shard`` cannot split over the shard dimension:
+    torchao's ``nf4_split`` asserts every inner tensor's numel divides by the number of chunks and an
+    NF4 weight cannot be padded, so the run fails at ``fully_shard`` (torchtune's Llama 70B QLoRA on
+    8 GPUs, fixed by ``scaler_block_size=200``: torchtune PRs 1987 and 1994). The fix names the
+    ``scaler_block_size`` closest to torchao's 256 that quantizes and splits every NF4 weight."""
+    layout, shard = inputs.layout, inputs.mesh.shard
+    nf4 = [p for p in inputs.tree.params if p.dequantized_shape]
+    bad = [(p, why) for p in nf4 if layout.sharded[p.index]
+           and (why := nf4_split_problem(p.dequantized_shape, p.quant_parts, shard)) is not None]
+    if not bad:
+        return []
+    block = inputs.tree.model is not None and _nf4_block_size(inputs.tree.model)
+    numels = [int(np.prod(p.dequantized_shape)) for p in nf4]
+    works = working_scaler_block_size(numels, block, shard) if block else None
+    only_factor = all(why.startswith(SHARDED_PARTS[1]) and "," not in why for _, why in bad)
+    names = [p.fqn for p, _ in bad]
+    if works is not None and only_factor:
+        fix = (f"quantize with scaler_block_size={works} (to_nf4(weight, scaler_block_size={works}); torchtune's "
+               f"FrozenNF4Linear / linear_nf4 take it): every NF4 weight then splits over {shard} ranks")
+    else:
+        fix = (f"shard over a mesh size that divides every NF4 weight's inner tensors, or keep these weights out "
+               f"of FSDP (ignored_params){f'; scaler_block_size={works} fixes the quantization factors' if works else ''}")
+    return [Finding(
+        "SV128", "error",
+        f"{len(bad):,} torchao NF4 weights cannot be sharded over {shard} ranks: {names[0]}: {bad[0][1]}. "
+        "torchao splits an NF4Tensor's inner tensors (quantized_data, quantized_scalers, quantization_factor) "
+        "on dim 0 without padding, so fully_shard raises",
+        tuple(names[:50]), fix=fix, n_fqns=len(names), all_fqns=tuple(names))]
+
+
+def _nf4_block_size(model) -> int | None:
+    """The ``block_size`` of the model's first torchao NF4 weight."""
+    from .quant_torchao import is_nf4
+
+    for p in model.parameters():
+        if is_nf4(p):
+            return int(p.__dict__["block_size"])
+    return None

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from .quant_torchao import is_nf4, nf4_whole_bytes
+
 INSTALL = "pip install 'shardviz[qlora]'"  # bitsandbytes, with its CPU backend
+TORCHAO_NF4 = "nf4 (torchao)"
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "uint8": torch.uint8}
 
 
@@ -110,12 +113,18 @@ def quant_state_tensors(param) -> list[torch.Tensor]:
 
 
 def quant_state_bytes(param) -> int:
-    """Bytes of ``param``'s quantization state (0 without one)."""
+    """Bytes of ``param``'s quantization state (0 without one): a torchao ``NF4Tensor``'s ``scaler_mean``
+    and code table, which every rank keeps whole."""
+    if is_nf4(param):
+        return nf4_whole_bytes(param)
     return sum(t.numel() * t.element_size() for t in quant_state_tensors(param))
 
 
 def quant_kind(param) -> str | None:
-    """"nf4" / "fp4" for a bitsandbytes ``Params4bit`` that holds packed data, else None."""
+    """"nf4" / "fp4" for a bitsandbytes ``Params4bit`` that holds packed data, "nf4 (torchao)" for a
+    torchao ``NF4Tensor``, else None."""
+    if is_nf4(param):
+        return TORCHAO_NF4
     d = getattr(param, "__dict__", {})
     if d.get("quant_state") is None and not d.get("bnb_quantized"):
         return None
