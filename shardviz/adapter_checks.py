@@ -313,7 +313,9 @@ def check_nf4_split(inputs: CheckInputs) -> list[Finding]:
     block = inputs.tree.model is not None and _nf4_block_size(inputs.tree.model)
     numels = [int(np.prod(p.dequantized_shape)) for p in nf4]
     works = working_scaler_block_size(numels, block, shard) if block else None
-    only_factor = all(why.startswith(SHARDED_PARTS[1]) and "," not in why for _, why in bad)
+    only_factor = all(p.dequantized_shape[0] % shard == 0 and len(p.dequantized_shape) == 2
+                      and all(n % shard == 0 for k, n in zip(SHARDED_PARTS, p.quant_parts) if k != "quantization_factor")
+                      for p, _ in bad)
     names = [p.fqn for p, _ in bad]
     if works is not None and only_factor:
         fix = (f"quantize with scaler_block_size={works} (to_nf4(weight, scaler_block_size={works}); torchtune's "
