@@ -4,7 +4,7 @@
 |-------|----------|------|
 | SV120 | warning  | an adapter's ``target_modules`` list names projections this model does not have, so it adapts only some of them (fused ``qkv_proj`` / ``gate_up_proj``) |
 | SV121 | warning / info | the config declares ``torch_dtype: float32``: every weight in fp32, twice bf16's bytes |
-| SV122 | error    | quantized weights shardviz does not price (bitsandbytes 8-bit, torchao ``NF4Tensor`` / float8, fp8 or GPTQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit (packed ``Params4bit``) is priced exactly |
+| SV122 | error    | quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ / AWQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit and 8-bit, fp8 block configs and torchao ``NF4Tensor`` are priced exactly |
 | SV123 | error    | a ``Params4bit`` whose floating storage dtype differs from its call's ``param_dtype``: FSDP2 casts the packed bits |
 | SV124 | warning  | ``Params4bit`` stored as uint8: accelerate ignores them (replicated); what bf16 storage saves |
 | SV128 | error    | a torchao ``NF4Tensor`` that ``fully_shard`` cannot split over the mesh (an inner tensor's numel not divisible by the shard size, no padding); the ``scaler_block_size`` that works |
@@ -27,7 +27,8 @@ from .finding import Finding
 from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
-from .quant import INSTALL, bnb_4bit_config, bnb_available, quant_kind
+from .quant import INSTALL, bnb_4bit_config, bnb_8bit_config, bnb_available, priced_config, quant_kind
+from .quant_fp8 import carries_fp8
 from .quant_torchao import SHARDED_PARTS, nf4_split_problem, working_scaler_block_size
 from .tree import ModelTree, peft_configs
 
@@ -192,14 +193,14 @@ def _walk_unpriced(model) -> tuple[dict[str, list[str]], dict | None]:
         if kind and id(param) not in priced:
             typed.setdefault(kind, []).append(name)
     qc = quantization_config(model)
-    if qc is not None and priced and _is_bnb_4bit(qc):
+    if qc is not None and _is_priced(qc) and (priced or carries_fp8(model)):
         qc = None
     return typed, qc
 
 
 def check_quantized(inputs: CheckInputs) -> list[Finding]:
-    """SV122: quantized weights shardviz does not price (bitsandbytes 8-bit, torchao NF4 / float8, fp8 or
-    GPTQ configs, a ``Params4bit`` not yet quantized, a 4-bit config without bitsandbytes installed): they
+    """SV122: quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ or AWQ configs,
+    a ``Params4bit`` not yet quantized, a bitsandbytes config without bitsandbytes installed): they
     are priced at the unquantized dtype, so memory, traffic and the verdict are not those of the run.
     bitsandbytes 4-bit weights (``Params4bit`` with packed data, ``sv.load_model`` on a 4-bit config) are
     priced exactly and raise nothing here."""
@@ -224,8 +225,8 @@ def check_quantized(inputs: CheckInputs) -> list[Finding]:
               "of the class are not modelled)")
     fix = ("read the figures as an unquantized model's until quantized pricing lands (sv.load_model on "
            "the config without 'quantization_config' prices the unquantized model on purpose)")
-    if qc is not None and _is_bnb_4bit(qc) and not bnb_available():
-        fix = f"install bitsandbytes ({INSTALL}): sv.load_model then builds the 4-bit weights on meta, priced to the byte"
+    if qc is not None and (_is_bnb_4bit(qc) or _is_bnb_8bit(qc)) and not bnb_available():
+        fix = f"install bitsandbytes ({INSTALL}): sv.load_model then builds the quantized weights on meta, priced to the byte"
     elif any(k.endswith("Params4bit") for k in typed):
         fix = ("quantize the weights first (Linear4bit.to(device), or sv.load_model on a config with a bitsandbytes "
                "4-bit 'quantization_config', which packs them on meta): a Params4bit of packed data is priced exactly")
@@ -234,6 +235,20 @@ def check_quantized(inputs: CheckInputs) -> list[Finding]:
         f"quantized weights: {'; '.join(parts)}. shardviz does not price these quantized weights yet: {priced}, so the "
         "memory, the traffic and the verdict are not those of this run",
         tuple(names[:50]), fix=fix, n_fqns=len(names), all_fqns=tuple(names))]
+
+
+def _is_bnb_8bit(qc: dict) -> bool:
+    try:
+        return bnb_8bit_config(qc) is not None
+    except Exception:  # noqa: BLE001 - a config transformers refuses
+        return False
+
+
+def _is_priced(qc: dict) -> bool:
+    try:
+        return priced_config(qc) is not None
+    except Exception:  # noqa: BLE001 - a config transformers refuses: not one shardviz prices
+        return False
 
 
 def _is_bnb_4bit(qc: dict) -> bool:
