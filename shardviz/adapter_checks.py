@@ -7,6 +7,7 @@
 | SV122 | error    | quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ / AWQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit and 8-bit, fp8 block configs and torchao ``NF4Tensor`` are priced exactly |
 | SV123 | error    | a ``Params4bit`` whose floating storage dtype differs from its call's ``param_dtype``: FSDP2 casts the packed bits |
 | SV124 | warning  | ``Params4bit`` stored as uint8: accelerate ignores them (replicated); what bf16 storage saves |
+| SV129 | error    | float8 weights (an fp8 config's ``FP8Linear``) in a call whose ``param_dtype`` differs: FSDP2 casts them, gathers 2 bytes per element and ``FP8Linear`` then skips its scales |
 | SV128 | error    | a torchao ``NF4Tensor`` that ``fully_shard`` cannot split over the mesh (an inner tensor's numel not divisible by the shard size, no padding); the ``scaler_block_size`` that works |
 
 Below ``checks`` in the layers (``run_checks`` calls them); they read ``inputs.tree.model``, the
@@ -28,7 +29,7 @@ from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
 from .quant import INSTALL, bnb_4bit_config, bnb_8bit_config, bnb_available, priced_config, quant_kind
-from .quant_fp8 import carries_fp8
+from .quant_fp8 import FP8_DTYPES, carries_fp8
 from .quant_torchao import SHARDED_PARTS, nf4_split_problem, working_scaler_block_size
 from .tree import ModelTree, peft_configs
 
@@ -354,3 +355,28 @@ def _nf4_block_size(model) -> int | None:
         if is_nf4(p):
             return int(p.__dict__["block_size"])
     return None
+
+
+def check_fp8_cast(inputs: CheckInputs) -> list[Finding]:
+    """SV129: float8 weights (``FP8Linear``'s, from an fp8 ``quantization_config``) sharded by a call whose
+    ``param_dtype`` differs. FSDP2 casts every floating parameter of the call to ``param_dtype`` before
+    the all-gather (measured: a bf16 policy gathers them as bf16), so each gathers 2 bytes per element
+    instead of 1, and transformers' ``FP8Linear.forward`` sees a weight wider than one byte and runs
+    ``F.linear`` on it without its ``weight_scale_inv``: the outputs are wrong and nothing fails."""
+    layout, training = inputs.layout, inputs.training
+    bad: dict[str, list[str]] = {}
+    for p in inputs.tree.params:
+        if p.dtype not in FP8_DTYPES or not layout.sharded[p.index]:
+            continue
+        unit = layout.units[int(layout.param_unit_array[p.index])].unit
+        pd = training.unit_defaults(unit).param_dtype
+        if pd is not None and str(pd).replace("torch.", "") != _storage(p):
+            bad.setdefault(str(pd).replace("torch.", ""), []).append(p.fqn)
+    return [Finding(
+        "SV129", "error",
+        f"{len(names):,} float8 weights are sharded by calls that cast parameters to param_dtype={pd}: FSDP2 "
+        f"gathers them as {pd} (twice their bytes) and transformers' FP8Linear, given a {pd} weight, multiplies "
+        "by it without its weight_scale_inv: the outputs are wrong and training runs on",
+        tuple(names[:50]), fix="no param_dtype in the MixedPrecisionPolicy of the calls that hold float8 weights "
+        "(sv.Training(param_dtype=None)), or load the checkpoint dequantized (FineGrainedFP8Config(dequantize=True))",
+        n_fqns=len(names), all_fqns=tuple(names)) for pd, names in bad.items()]

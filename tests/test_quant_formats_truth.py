@@ -36,12 +36,12 @@ def _files(tmp_path, qc):
     return lambda: sv.load_model(tmp_path / "config.json", adapter=tmp_path / "adapter_config.json")
 
 
-def _torch_shards_and_gathers(model, plan, mesh, rank) -> tuple[int, list]:
+def _torch_shards_and_gathers(model, plan, mesh, rank, training=None) -> tuple[int, list]:
     """(sharded parameter bytes FSDP2 allocates on ``rank``, every call's forward all-gather as (dtype,
     bytes)) after torch's ``fully_shard`` of ``plan`` on ``model``, materialised (``to_empty``) and each
     call unsharded once."""
     with fake_process_group(rank, mesh.world):
-        apply_plan(model, plan, device_mesh(mesh), training=sv.Training())
+        apply_plan(model, plan, device_mesh(mesh), training=training or sv.Training())
         states = {id(s): s for s in (m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state"))}
         groups = [s._fsdp_param_group for s in states.values() if s._fsdp_param_group is not None]
         sharded = sum(fp._sharded_param_data.numel() * fp._sharded_param_data.element_size()
@@ -96,3 +96,21 @@ def test_8bit_builds_what_transformers_quantizes(tmp_path):
     a = sv.analyze(meta, sv.Plan.auto(meta), sv.Mesh(shard=2), sv.Training())
     scb = sum(p.SCB.numel() * p.SCB.element_size() for p in real.parameters() if getattr(p, "SCB", None) is not None)
     assert int(a.memory.quant_state.iloc[0]) == scb > 0
+
+
+def test_fp8_weights_cast_by_param_dtype_are_found(tmp_path):
+    """SV129 under the default bf16 policy (torch gathers the float8 weights as bf16: the test above);
+    without a param_dtype the float8 weights gather as they are, 1 byte each, as torch does."""
+    load = _files(tmp_path, FP8)
+    model = load()
+    plan, mesh = sv.Plan.auto(model), sv.Mesh(shard=2)
+    found = [f for f in sv.analyze(model, plan, mesh, sv.Training()).findings if f.code == "SV129"]
+    assert len(found) == 1 and "q_proj.base_layer.weight" in found[0].fqns[0] and "param_dtype=None" in found[0].fix
+    training = sv.Training(param_dtype=None)
+    a = sv.analyze(model, plan, mesh, training)
+    assert not [f for f in a.findings if f.code == "SV129"]
+    gathers = a.comm[(a.comm.collective == "all_gather") & (a.comm.phase == "forward")]
+    sharded, torch_gathers = _torch_shards_and_gathers(load(), plan, mesh, 0, training)
+    assert sorted((r.dtype, int(r.bytes)) for r in gathers.itertuples()) == torch_gathers
+    assert int(a.memory.params_sharded.iloc[0]) == sharded
+    assert "uint8" in {d for d, _ in torch_gathers}  # float8 weights, fp32 scales and LoRA: one uint8 buffer
