@@ -30,7 +30,7 @@ from .load import source_of
 from .presets import find_blocks
 from .quant import INSTALL, bnb_4bit_config, bnb_8bit_config, bnb_available, priced_config, quant_kind
 from .quant_fp8 import FP8_DTYPES, carries_fp8
-from .quant_torchao import SHARDED_PARTS, nf4_split_problem, working_scaler_block_size
+from .quant_torchao import SHARDED_PARTS, float8_gather_dtype, nf4_split_problem, working_scaler_block_size
 from .tree import ModelTree, peft_configs
 
 
@@ -187,7 +187,7 @@ def _unpriced(inputs: CheckInputs) -> tuple[dict[str, list[str]], dict | None]:
 
 
 def _walk_unpriced(model) -> tuple[dict[str, list[str]], dict | None]:
-    priced = {id(p) for p in model.parameters() if quant_kind(p)}
+    priced = {id(p) for p in model.parameters() if quant_kind(p) or float8_gather_dtype(p) is not None}
     typed: dict[str, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         kind = quantized_tensor_type(param)

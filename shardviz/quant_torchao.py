@@ -30,6 +30,20 @@ SHARDED_PARTS = ("quantized_scalers", "quantization_factor", "quantized_data")
 WHOLE_PARTS = ("scaler_mean", "nf4")
 
 
+def float8_gather_dtype(param):
+    """The float8 dtype a torchao ``WeightWithDynamicFloat8CastTensor`` (``Float8Linear`` with
+    ``enable_fsdp_float8_all_gather``, tensorwise) is all-gathered in, else None. Its
+    ``fsdp_pre_all_gather`` casts the shard (its ``_tensor``, the master weight in its own dtype) to
+    float8 and gathers only ``_data``, 1 byte per element, whatever the call's ``param_dtype``; the
+    unsharded weight is that float8 data. The scale is computed by an all-reduce of the amax, one per
+    weight per gather, or once a step for all of them by ``precompute_float8_dynamic_scale_for_fsdp``
+    (functional collectives, not in ``a.comm``)."""
+    d = getattr(param, "__dict__", {})
+    if "_tensor" in d and "_linear_mm_config" in d and "_dtype" in d and "_precomputed_scale" in d:
+        return d["_dtype"]
+    return None
+
+
 def is_nf4(param) -> bool:
     """A torchao ``NF4Tensor`` (or a copy of its layout): the inner tensors FSDP2 shards, and the block sizes."""
     d = getattr(param, "__dict__", {})

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .quant import quant_kind, quant_state_bytes
-from .quant_torchao import is_nf4, nf4_layout, nf4_sharded_bytes
+from .quant_torchao import float8_gather_dtype, is_nf4, nf4_layout, nf4_sharded_bytes
 
 LORA_NAME_MARKERS = ("lora_", "lora.")
 
@@ -43,6 +43,9 @@ class ParamInfo:
     quant_state_bytes: int = 0
     dequantized_shape: tuple[int, ...] = ()
     quant_parts: tuple[int, ...] = ()
+    # torchao float8 all-gather (WeightWithDynamicFloat8CastTensor): the dtype FSDP2 gathers it in,
+    # whatever param_dtype says; None for every other parameter
+    gather_dtype: torch.dtype | None = None
     # Derived once here: analyses read them for every parameter on every toggle.
     numel: int = field(init=False)
     itemsize: int = field(init=False)
@@ -239,6 +242,8 @@ class _Walk:
             if kind and is_nf4(p):
                 shape, dtype = (nf4_sharded_bytes(p),), torch.uint8
                 extra = dict(zip(("dequantized_shape", "quant_parts"), nf4_layout(p)[:2]))
+            elif type(p) is not nn.Parameter and float8_gather_dtype(p) is not None:
+                extra = {"gather_dtype": float8_gather_dtype(p)}
             out.append(ParamInfo(slot, names, shape, dtype, bool(p.requires_grad), role,
                                  tuple(param_owners[slot]), contiguous=bool(p.is_contiguous()),
                                  quant=kind, quant_state_bytes=quant_state_bytes(p) if kind else 0, **extra))

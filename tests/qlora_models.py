@@ -107,3 +107,15 @@ def nf4_llama(adapter: bool = True, scaler_block_size: int = 256, seed: int = 0)
         torch.manual_seed(1)
         model = get_peft_model(model, LoraConfig(**{k: v for k, v in ADAPTER.items() if k != "peft_type"}))
     return model
+
+
+def float8_llama(seed: int = 0):
+    """A tiny fp32 Llama whose decoder linears are torchao ``Float8Linear`` with float8 all-gather
+    (``enable_fsdp_float8_all_gather``, tensorwise; ``emulate``: the CPU has no float8 matmul)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{**NF4_LLAMA, "hidden_size": 128, "intermediate_size": 256}))
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=True)
+    return convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: "layers" in fqn)
