@@ -33,3 +33,28 @@ def test_float8_all_gather_matches_fully_shard(world):
         truth = fake_run(float8_llama, plan, mesh, training, rank)
         assert memory_mismatches(a, truth) == []
         assert comm_mismatches(a, truth) == []
+
+
+def test_export_converts_and_shards_as_priced():
+    """The export of a model carrying float8 linears converts a plain copy of it with torchao's own
+    ``convert_to_float8_training`` (the linears it priced), then shards it as the analysis says; its
+    ``after_optimizer_step`` runs torchao's ``precompute_float8_dynamic_scale_for_fsdp``."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    from transformers import LlamaForCausalLM
+
+    from exported_code import apply_under_fake_pg, layout_mismatches
+
+    model = float8_llama()
+    plan, mesh = sv.Plan.auto(model), sv.Mesh(shard=2)
+    a = sv.analyze(model, plan, mesh, sv.Training())
+    code = sv.export_code(model, plan, mesh, sv.Training())
+    assert "convert_to_float8_training(" in code and "precompute_float8_dynamic_scale_for_fsdp(model)" in code
+    plain = LlamaForCausalLM(model.config)
+
+    def check(m, module):
+        kinds = {n: type(p.to_local()).__name__ for n, p in m.named_parameters() if "proj" in n}
+        assert set(kinds.values()) == {WeightWithDynamicFloat8CastTensor.__name__}
+        assert layout_mismatches(m, a, 0) == []
+        module.after_optimizer_step(m)
+
+    apply_under_fake_pg(code, plain, mesh, 0, check)
