@@ -7,10 +7,14 @@ states, and the state peak (``FSDPMemTracker``); every collective with its dtype
 gather 1 byte per element whatever the call's ``param_dtype`` (bf16 here), in one uint8 buffer with the call's
 bf16 norms, and the unsharded weight is that float8 data, while each weight's unsharded gradient is in
 ``param_dtype``. The amax all-reduces (per weight per gather, or ``precompute_float8_dynamic_scale_for_fsdp``'s
-one per step) are functional collectives the counted c10d ops do not see, and ``a.comm`` has no row for them.
+one per step) are functional collectives the counted c10d ops do not see: ``a.comm`` prices the export's
+choice, one all-reduce of every amax after the optimizer step, held against what torchao's
+``precompute_float8_dynamic_scale_for_fsdp`` issues on the trained model.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,10 +33,36 @@ def test_float8_all_gather_matches_fully_shard(world):
     assert not [f for f in a.findings if f.code == "SV122"]
     gathers = a.comm[(a.comm.collective == "all_gather") & a.comm.unit.str.contains("layers")]
     assert set(gathers.dtype) == {"uint8"}
+    step_only = SimpleNamespace(comm=a.comm[a.comm.phase != "optimizer"])  # fake_run's step has no optimizer row
+    amax = a.comm[a.comm.phase == "optimizer"]
     for rank in (0, world - 1):
-        truth = fake_run(float8_llama, plan, mesh, training, rank)
+        seen: list = []
+        truth = fake_run(float8_llama, plan, mesh, training, rank, inspect=lambda m, seen=seen: seen.extend(_precompute(m)))
         assert memory_mismatches(a, truth) == []
-        assert comm_mismatches(a, truth) == []
+        assert comm_mismatches(step_only, truth) == []
+        # precompute_float8_dynamic_scale_for_fsdp after the step: one all-reduce of every amax
+        assert [("all_reduce", r.dtype, int(r.bytes)) for r in amax.itertuples()] == seen
+
+
+def _precompute(model) -> list:
+    """The all-reduces torchao's ``precompute_float8_dynamic_scale_for_fsdp`` issues on ``model`` (DTensor's
+    redistribution of the Partial amaxes through ``torch.distributed._functional_collectives.all_reduce``),
+    as (kind, dtype, bytes)."""
+    import torch.distributed._functional_collectives as funcol
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    log, orig = [], funcol.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        log.append(("all_reduce", str(tensor.dtype).replace("torch.", ""), tensor.numel() * tensor.element_size()))
+        return orig(tensor, *args, **kwargs)
+
+    funcol.all_reduce = all_reduce
+    try:
+        precompute_float8_dynamic_scale_for_fsdp(model)
+    finally:
+        funcol.all_reduce = orig
+    return log
 
 
 def test_export_converts_and_shards_as_priced():
