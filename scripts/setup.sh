@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the project's virtual environment at <repo>/.venv.
 #
-#   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab,hf,qlora] + kernelspec
+#   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab,hf,qlora,torchao] + kernelspec
 #   ./scripts/setup.sh --browser   ... and Debian's chromium + chromium-driver (browser tests)
 #   ./scripts/setup.sh --node      ... and Debian's nodejs when `node` is missing (tests/test_widget_protocol_js.py)
 #
@@ -86,8 +86,8 @@ PY
   ) >/dev/null 2>&1
 }
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want_stamp" ] || ! editable_ok; then
-  echo "setup.sh: installing shardviz[test,lab,hf,qlora] (editable)"
-  step "install shardviz[test,lab,hf,qlora]" "$VPY" -m pip install -q -e ".[test,lab,hf,qlora]" "torch==$TORCH_VERSION"
+  echo "setup.sh: installing shardviz[test,lab,hf,qlora,torchao] (editable)"
+  step "install shardviz[test,lab,hf,qlora,torchao]" "$VPY" -m pip install -q -e ".[test,lab,hf,qlora,torchao]" "torch==$TORCH_VERSION"
   echo "$want_stamp" >"$STAMP"
 fi
 

@@ -4,9 +4,11 @@
 |-------|----------|------|
 | SV120 | warning  | an adapter's ``target_modules`` list names projections this model does not have, so it adapts only some of them (fused ``qkv_proj`` / ``gate_up_proj``) |
 | SV121 | warning / info | the config declares ``torch_dtype: float32``: every weight in fp32, twice bf16's bytes |
-| SV122 | error    | quantized weights shardviz does not price (bitsandbytes 8-bit, torchao ``NF4Tensor`` / float8, fp8 or GPTQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit (packed ``Params4bit``) is priced exactly |
+| SV122 | error    | quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ / AWQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit and 8-bit, fp8 block configs and torchao ``NF4Tensor`` are priced exactly |
 | SV123 | error    | a ``Params4bit`` whose floating storage dtype differs from its call's ``param_dtype``: FSDP2 casts the packed bits |
 | SV124 | warning  | ``Params4bit`` stored as uint8: accelerate ignores them (replicated); what bf16 storage saves |
+| SV129 | error    | float8 weights (an fp8 config's ``FP8Linear``) in a call whose ``param_dtype`` differs: FSDP2 casts them, gathers 2 bytes per element and ``FP8Linear`` then skips its scales |
+| SV128 | error    | a torchao ``NF4Tensor`` that ``fully_shard`` cannot split over the mesh (an inner tensor's numel not divisible by the shard size, no padding); the ``scaler_block_size`` that works |
 
 Below ``checks`` in the layers (``run_checks`` calls them); they read ``inputs.tree.model``, the
 peft config on it, its Hugging Face config and ``load.source_of`` (the files ``load_model`` read),
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import torch
 
 from .check_inputs import CheckInputs
@@ -25,7 +28,9 @@ from .finding import Finding
 from .format import format_bytes
 from .load import source_of
 from .presets import find_blocks
-from .quant import INSTALL, bnb_4bit_config, bnb_available, quant_kind
+from .quant import INSTALL, bnb_4bit_config, bnb_8bit_config, bnb_available, priced_config, quant_kind
+from .quant_fp8 import FP8_DTYPES, carries_fp8
+from .quant_torchao import SHARDED_PARTS, float8_gather_dtype, nf4_split_problem, working_scaler_block_size
 from .tree import ModelTree, peft_configs
 
 
@@ -182,21 +187,21 @@ def _unpriced(inputs: CheckInputs) -> tuple[dict[str, list[str]], dict | None]:
 
 
 def _walk_unpriced(model) -> tuple[dict[str, list[str]], dict | None]:
-    priced = {id(p) for p in model.parameters() if quant_kind(p)}
+    priced = {id(p) for p in model.parameters() if quant_kind(p) or float8_gather_dtype(p) is not None}
     typed: dict[str, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         kind = quantized_tensor_type(param)
         if kind and id(param) not in priced:
             typed.setdefault(kind, []).append(name)
     qc = quantization_config(model)
-    if qc is not None and priced and _is_bnb_4bit(qc):
+    if qc is not None and _is_priced(qc) and (priced or carries_fp8(model)):
         qc = None
     return typed, qc
 
 
 def check_quantized(inputs: CheckInputs) -> list[Finding]:
-    """SV122: quantized weights shardviz does not price (bitsandbytes 8-bit, torchao NF4 / float8, fp8 or
-    GPTQ configs, a ``Params4bit`` not yet quantized, a 4-bit config without bitsandbytes installed): they
+    """SV122: quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ or AWQ configs,
+    a ``Params4bit`` not yet quantized, a bitsandbytes config without bitsandbytes installed): they
     are priced at the unquantized dtype, so memory, traffic and the verdict are not those of the run.
     bitsandbytes 4-bit weights (``Params4bit`` with packed data, ``sv.load_model`` on a 4-bit config) are
     priced exactly and raise nothing here."""
@@ -221,8 +226,8 @@ def check_quantized(inputs: CheckInputs) -> list[Finding]:
               "of the class are not modelled)")
     fix = ("read the figures as an unquantized model's until quantized pricing lands (sv.load_model on "
            "the config without 'quantization_config' prices the unquantized model on purpose)")
-    if qc is not None and _is_bnb_4bit(qc) and not bnb_available():
-        fix = f"install bitsandbytes ({INSTALL}): sv.load_model then builds the 4-bit weights on meta, priced to the byte"
+    if qc is not None and (_is_bnb_4bit(qc) or _is_bnb_8bit(qc)) and not bnb_available():
+        fix = f"install bitsandbytes ({INSTALL}): sv.load_model then builds the quantized weights on meta, priced to the byte"
     elif any(k.endswith("Params4bit") for k in typed):
         fix = ("quantize the weights first (Linear4bit.to(device), or sv.load_model on a config with a bitsandbytes "
                "4-bit 'quantization_config', which packs them on meta): a Params4bit of packed data is priced exactly")
@@ -231,6 +236,20 @@ def check_quantized(inputs: CheckInputs) -> list[Finding]:
         f"quantized weights: {'; '.join(parts)}. shardviz does not price these quantized weights yet: {priced}, so the "
         "memory, the traffic and the verdict are not those of this run",
         tuple(names[:50]), fix=fix, n_fqns=len(names), all_fqns=tuple(names))]
+
+
+def _is_bnb_8bit(qc: dict) -> bool:
+    try:
+        return bnb_8bit_config(qc) is not None
+    except Exception:  # noqa: BLE001 - a config transformers refuses
+        return False
+
+
+def _is_priced(qc: dict) -> bool:
+    try:
+        return priced_config(qc) is not None
+    except Exception:  # noqa: BLE001 - a config transformers refuses: not one shardviz prices
+        return False
 
 
 def _is_bnb_4bit(qc: dict) -> bool:
@@ -277,7 +296,7 @@ def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
     (``fsdp2_prepare_model``, accelerate/utils/fsdp_utils.py) puts every frozen non-floating
     ``Params4bit`` into ``ignored_params``, so each rank holds all of them whole; with a floating
     storage dtype (bf16) they are sharded like any parameter. Says what bf16 storage saves per rank."""
-    packed = [p for p in inputs.tree.params if p.quant and p.dtype == torch.uint8]
+    packed = [p for p in inputs.tree.params if p.quant and p.dtype == torch.uint8 and not p.dequantized_shape]
     if not packed:
         return []
     whole = sum(p.nbytes for p in packed)
@@ -293,3 +312,71 @@ def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
         tuple(names[:50]), fix="set \"bnb_4bit_quant_storage\": \"bfloat16\" in the quantization_config (and a "
         "param_dtype of bfloat16 in the mixed-precision policy)",
         n_fqns=len(names), all_fqns=tuple(names), flags="--quant-storage bfloat16")]
+
+
+def check_nf4_split(inputs: CheckInputs) -> list[Finding]:
+    """SV128: torchao ``NF4Tensor`` weights that ``fully_shard`` cannot split over the shard dimension:
+    torchao's ``nf4_split`` asserts every inner tensor's numel divides by the number of chunks and an
+    NF4 weight cannot be padded, so the run fails at ``fully_shard`` (torchtune's Llama 70B QLoRA on
+    8 GPUs, fixed by ``scaler_block_size=200``: torchtune PRs 1987 and 1994). The fix names the
+    ``scaler_block_size`` closest to torchao's 256 that quantizes and splits every NF4 weight."""
+    layout, shard = inputs.layout, inputs.mesh.shard
+    nf4 = [p for p in inputs.tree.params if p.dequantized_shape]
+    bad = [(p, why) for p in nf4 if layout.sharded[p.index]
+           and (why := nf4_split_problem(p.dequantized_shape, p.quant_parts, shard)) is not None]
+    if not bad:
+        return []
+    block = inputs.tree.model is not None and _nf4_block_size(inputs.tree.model)
+    numels = [int(np.prod(p.dequantized_shape)) for p in nf4]
+    works = working_scaler_block_size(numels, block, shard) if block else None
+    only_factor = all(p.dequantized_shape[0] % shard == 0 and len(p.dequantized_shape) == 2
+                      and all(n % shard == 0 for k, n in zip(SHARDED_PARTS, p.quant_parts) if k != "quantization_factor")
+                      for p, _ in bad)
+    names = [p.fqn for p, _ in bad]
+    if works is not None and only_factor:
+        fix = (f"quantize with scaler_block_size={works} (to_nf4(weight, scaler_block_size={works}); torchtune's "
+               f"FrozenNF4Linear / linear_nf4 take it): every NF4 weight then splits over {shard} ranks")
+    else:
+        fix = (f"shard over a mesh size that divides every NF4 weight's inner tensors, or keep these weights out "
+               f"of FSDP (ignored_params){f'; scaler_block_size={works} fixes the quantization factors' if works else ''}")
+    return [Finding(
+        "SV128", "error",
+        f"{len(bad):,} torchao NF4 weights cannot be sharded over {shard} ranks: {names[0]}: {bad[0][1]}. "
+        "torchao splits an NF4Tensor's inner tensors (quantized_data, quantized_scalers, quantization_factor) "
+        "on dim 0 without padding, so fully_shard raises",
+        tuple(names[:50]), fix=fix, n_fqns=len(names), all_fqns=tuple(names))]
+
+
+def _nf4_block_size(model) -> int | None:
+    """The ``block_size`` of the model's first torchao NF4 weight."""
+    from .quant_torchao import is_nf4
+
+    for p in model.parameters():
+        if is_nf4(p):
+            return int(p.__dict__["block_size"])
+    return None
+
+
+def check_fp8_cast(inputs: CheckInputs) -> list[Finding]:
+    """SV129: float8 weights (``FP8Linear``'s, from an fp8 ``quantization_config``) sharded by a call whose
+    ``param_dtype`` differs. FSDP2 casts every floating parameter of the call to ``param_dtype`` before
+    the all-gather (measured: a bf16 policy gathers them as bf16), so each gathers 2 bytes per element
+    instead of 1, and transformers' ``FP8Linear.forward`` sees a weight wider than one byte and runs
+    ``F.linear`` on it without its ``weight_scale_inv``: the outputs are wrong and nothing fails."""
+    layout, training = inputs.layout, inputs.training
+    bad: dict[str, list[str]] = {}
+    for p in inputs.tree.params:
+        if p.dtype not in FP8_DTYPES or not layout.sharded[p.index]:
+            continue
+        unit = layout.units[int(layout.param_unit_array[p.index])].unit
+        pd = training.unit_defaults(unit).param_dtype
+        if pd is not None and str(pd).replace("torch.", "") != _storage(p):
+            bad.setdefault(str(pd).replace("torch.", ""), []).append(p.fqn)
+    return [Finding(
+        "SV129", "error",
+        f"{len(names):,} float8 weights are sharded by calls that cast parameters to param_dtype={pd}: FSDP2 "
+        f"gathers them as {pd} (twice their bytes) and transformers' FP8Linear, given a {pd} weight, multiplies "
+        "by it without its weight_scale_inv: the outputs are wrong and training runs on",
+        tuple(names[:50]), fix="no param_dtype in the MixedPrecisionPolicy of the calls that hold float8 weights "
+        "(sv.Training(param_dtype=None)), or load the checkpoint dequantized (FineGrainedFP8Config(dequantize=True))",
+        n_fqns=len(names), all_fqns=tuple(names)) for pd, names in bad.items()]

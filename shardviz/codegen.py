@@ -151,6 +151,7 @@ class _Export:
     expandable_reason: str = ""  # set: the code sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and why
     cache_off: bool = False  # the config keeps use_cache=True, the step shardviz measured runs without it
     verdict: str = ""  # the one fits verdict's headline (a.fit), for the header; "" without device memory
+    float8: tuple = ()  # the modules whose weights torchao gathers in float8 (Float8Linear), priced as such
 
     @property
     def ignored(self) -> list[str]:
@@ -242,9 +243,10 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
     if training is not None:
         units = [training.unit_defaults(u) for u in units]
     cache_off = analysis.cache.turned_off
+    float8 = tuple(dict.fromkeys(tree.modules[p.owners[0]].fqn for p in tree.params if p.gather_dtype is not None and p.owners))
     return _Export(tree.root_type, plan, mesh, units, release, training.grad_accum if training else 1,
                    training.sync_every_microbatch if training else False, _expandable_reason(analysis),
-                   cache_off, _verdict_line(analysis))
+                   cache_off, _verdict_line(analysis), float8)
 
 
 def _verdict_line(analysis) -> str:
@@ -411,6 +413,10 @@ def _constants(ex: _Export) -> list[str]:
                                   "_selective_checkpoint_context).", "SELECTIVE", ex.selective)
         lines += _names_tuple("Every module a fully_shard call takes, resolved by name before wrapping renames them.",
                               "MODULES", dict.fromkeys(m for u in ex.units for m in u.modules if m))
+    if ex.float8:
+        lines += _names_tuple("torchao Float8Linear layers, float8 all-gather (tensorwise): apply_fsdp converts a model that "
+                              "has none yet; call after_optimizer_step(model) after every optimizer.step().",
+                              "FLOAT8_LINEARS", ex.float8)
     if ex.grad_accum > 1:
         lines += ["", f"# Training(grad_accum={ex.grad_accum}): call train_step with {ex.grad_accum} micro-batches per optimizer step.",
                   f"GRAD_ACCUM = {ex.grad_accum}",
@@ -446,6 +452,7 @@ def _apply_fsdp(ex: _Export) -> list[str]:
         lines += ["    modules = {name: model.get_submodule(name) for name in MODULES}",
                   "    modules.update(_apply_checkpointing(model, CHECKPOINT"
                   + (", dict.fromkeys(SELECTIVE, _selective_checkpoint_context)))" if ex.selective else "))")]
+    lines += _float8_convert(ex)
     opening, indent, call_kw = _keep_out_ignored(ex)
     lines += opening
     lines += _calls(ex.units, indent, call_kw, resolved=bool(ex.checkpoint))
@@ -453,7 +460,31 @@ def _apply_fsdp(ex: _Export) -> list[str]:
         lines.append(f"{indent}pass  # the plan has no fully_shard call")
     if ex.cache_off:  # Training.step_use_cache: what shardviz measured, as HF's gradient checkpointing does
         lines.append("    model.config.use_cache = False  # the step shardviz priced keeps no key/value cache")
-    return lines + ["    _replicate_unsharded(model, mesh)", "    return model"]
+    return lines + ["    _replicate_unsharded(model, mesh)", "    return model"] + _float8_step(ex)
+
+
+def _float8_convert(ex: _Export) -> list[str]:
+    """torchao's own conversion of the linears shardviz priced with float8 all-gather, before any call
+    (a model that already carries Float8Linear layers is left as it is)."""
+    if not ex.float8:
+        return []
+    return ["    from torchao.float8 import Float8LinearConfig, convert_to_float8_training",
+            "    from torchao.float8.float8_linear import Float8Linear",
+            "",
+            "    if not any(isinstance(m, Float8Linear) for m in model.modules()):",
+            "        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)",
+            "        convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in FLOAT8_LINEARS)"]
+
+
+def _float8_step(ex: _Export) -> list[str]:
+    """``after_optimizer_step``: torchao's ``precompute_float8_dynamic_scale_for_fsdp``, one all-reduce of
+    every float8 weight's amax per step instead of one per weight per all-gather."""
+    if not ex.float8:
+        return []
+    return ["", "", "def after_optimizer_step(model):",
+            '    """The scales of every float8 weight for the next all-gathers, in one all-reduce (after optimizer.step())."""',
+            "    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp", "",
+            "    precompute_float8_dynamic_scale_for_fsdp(model)"]
 
 
 def _mesh_words(mesh) -> str:

@@ -429,7 +429,8 @@ def model_text(tree, label: str | None = None) -> str:
     (``label``: the zoo model's or the config folder's name, when known), the parameters counted once."""
     model = tree.model
     name = type(base_model(model)).__name__ if model is not None else tree.root_type
-    total = sum(p.nbytes * 2 if p.quant else p.numel for p in tree.params)  # 4-bit: two weights a packed byte
+    total = sum(math.prod(p.dequantized_shape) if p.dequantized_shape else p.nbytes * 2 if p.quant in ("nf4", "fp4")
+                else p.numel for p in tree.params)  # bitsandbytes 4-bit: two weights a packed byte
     trainable = sum(p.numel for p in tree.params if p.requires_grad)
     adapter = _adapter_text(model) if model is not None else ""
     share = f", {format_percent(trainable / total)} trainable" if adapter and total else ""
@@ -442,7 +443,11 @@ def _quant_text(tree) -> str:
     kinds = sorted({p.quant for p in tree.params if p.quant})
     if not kinds:
         return ""
-    storage = sorted({str(p.dtype).replace("torch.", "") for p in tree.params if p.quant})
+    if kinds == ["int8"]:
+        return ", 8-bit int8 (bitsandbytes)"
+    if all(p.dequantized_shape for p in tree.params if p.quant):
+        return f", 4-bit {'/'.join(kinds)}"
+    storage = sorted({str(p.dtype).replace("torch.", "") for p in tree.params if p.quant in ("nf4", "fp4")})
     return f", 4-bit {'/'.join(kinds)} (bitsandbytes, {'/'.join(storage)} storage)"
 
 

@@ -247,7 +247,9 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
     with, as ``from_pretrained(..., quantization_config=BitsAndBytesConfig(...))`` (default: the config's
     own; ``{}``: none, the unquantized model). A bitsandbytes 4-bit one (nf4/fp4, any ``bnb_4bit_quant_storage``, double quantization) is
     built as transformers builds it, on meta, each ``Params4bit`` of its packed shape (``shardviz.quant``;
-    needs bitsandbytes: ``pip install 'shardviz[qlora]'``); any other stays unquantized (finding SV122).
+    needs bitsandbytes: ``pip install 'shardviz[qlora]'``); so are bitsandbytes 8-bit (``Int8Params`` and
+    its ``SCB``) and fp8 blocks (``quant_method: fp8``, DeepSeek-V3's: float8 weights and fp32
+    ``weight_scale_inv``, frozen); any other stays unquantized (finding SV122).
 
     Never touches the network and never runs custom code. Raises ``ModelFileError`` (a
     ``ValueError``) naming the file and the field when something is missing or unknown.
@@ -295,20 +297,21 @@ def load_model(config, adapter=None, dtype=None, attn_implementation: str | None
 
 
 def _quantize(model, file: Path, quant: dict | None, pre_quantized: bool) -> None:
-    """Build a bitsandbytes 4-bit ``quantization_config`` on meta (``quant.quantize_on_meta``); leave
-    any other, or any without bitsandbytes installed, unquantized (SV122 says so)."""
+    """Build a bitsandbytes 4-bit or 8-bit, or an fp8 block ``quantization_config`` on meta
+    (``quant.quantize_on_meta``); leave any other, or a bitsandbytes one without bitsandbytes installed,
+    unquantized (SV122 says so)."""
     from . import quant as q
 
     try:
-        config = q.bnb_4bit_config(quant)
+        config = q.priced_config(quant)
     except Exception as exc:  # noqa: BLE001 - transformers' own validation, reported against the file
         raise ModelFileError(f"{file}: field 'quantization_config': {type(exc).__name__}: {_one_line(exc)}") from None
-    if config is None or not q.bnb_available():
+    if config is None or (q.needs_bnb(config) and not q.bnb_available()):
         return
     try:
         q.quantize_on_meta(model, config, pre_quantized=pre_quantized)
     except Exception as exc:  # noqa: BLE001 - e.g. a storage dtype bitsandbytes refuses
-        raise ModelFileError(f"{file}: field 'quantization_config': building the 4-bit model failed: "
+        raise ModelFileError(f"{file}: field 'quantization_config': building the quantized model failed: "
                              f"{type(exc).__name__}: {_one_line(exc)}") from None
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .quant import quant_kind, quant_state_bytes
+from .quant_torchao import float8_gather_dtype, is_nf4, nf4_layout, nf4_sharded_bytes
 
 LORA_NAME_MARKERS = ("lora_", "lora.")
 
@@ -35,8 +36,16 @@ class ParamInfo:
     contiguous: bool = True  # fully_shard raises NotImplementedError on a non-contiguous parameter
     # A bitsandbytes Params4bit: "nf4" / "fp4" (shape and dtype above are its packed data's, what FSDP2
     # shards and gathers), and the bytes of its quant_state, which is no parameter: every rank keeps it whole.
+    # A torchao NF4Tensor (quant "nf4 (torchao)"): shape (bytes,) uint8, its three inner tensors' bytes
+    # (what FSDP2 splits on dim 0 and gathers through one uint8 buffer); quant_state_bytes its scaler_mean
+    # and code table; dequantized_shape its logical shape, quant_parts the inner numels (quant_torchao).
     quant: str | None = None
     quant_state_bytes: int = 0
+    dequantized_shape: tuple[int, ...] = ()
+    quant_parts: tuple[int, ...] = ()
+    # torchao float8 all-gather (WeightWithDynamicFloat8CastTensor): the dtype FSDP2 gathers it in,
+    # whatever param_dtype says; None for every other parameter
+    gather_dtype: torch.dtype | None = None
     # Derived once here: analyses read them for every parameter on every toggle.
     numel: int = field(init=False)
     itemsize: int = field(init=False)
@@ -229,9 +238,15 @@ class _Walk:
             else:
                 role = "lora" if id(p) in lora_ids else "base"
             kind = quant_kind(p) if type(p) is not nn.Parameter else None
-            out.append(ParamInfo(slot, names, tuple(p.shape), p.dtype, bool(p.requires_grad), role,
+            shape, dtype, extra = tuple(p.shape), p.dtype, {}
+            if kind and is_nf4(p):
+                shape, dtype = (nf4_sharded_bytes(p),), torch.uint8
+                extra = dict(zip(("dequantized_shape", "quant_parts"), nf4_layout(p)[:2]))
+            elif type(p) is not nn.Parameter and float8_gather_dtype(p) is not None:
+                extra = {"gather_dtype": float8_gather_dtype(p)}
+            out.append(ParamInfo(slot, names, shape, dtype, bool(p.requires_grad), role,
                                  tuple(param_owners[slot]), contiguous=bool(p.is_contiguous()),
-                                 quant=kind, quant_state_bytes=quant_state_bytes(p) if kind else 0))
+                                 quant=kind, quant_state_bytes=quant_state_bytes(p) if kind else 0, **extra))
             for n in names:
                 param_index[n] = slot
         return out

@@ -76,3 +76,46 @@ def quant_state_storage_bytes(model) -> int:
                         total += t.untyped_storage().nbytes()
                 state = state.state2
     return total
+
+
+# ---------------------------------------------------------------------------
+# torchao NF4 (torchtune's QLoRA: FrozenNF4Linear's weight is ``to_nf4(weight)``)
+# ---------------------------------------------------------------------------
+# hidden 256 and 4 key/value heads: every projection has a multiple of 4 x 16,384 elements, so its
+# quantization factors (one per 64 x 256 elements) split over 2 and 4 ranks; 8 ranks do not split
+# the 4-factor ones (finding SV128)
+NF4_LLAMA = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                 vocab_size=128, max_position_embeddings=256)
+
+
+def nf4_llama(adapter: bool = True, scaler_block_size: int = 256, seed: int = 0):
+    """A tiny bf16 Llama whose decoder linears hold torchao ``NF4Tensor`` weights (quantized for real,
+    as torchtune's ``FrozenNF4Linear`` does), with peft's LoRA on every linear layer when ``adapter``."""
+    from torch import nn
+    from torchao.quantization import to_nf4
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**NF4_LLAMA)).to(torch.bfloat16)
+    for module in model.model.layers.modules():
+        if isinstance(module, nn.Linear):
+            module.weight = nn.Parameter(to_nf4(module.weight.detach(), scaler_block_size=scaler_block_size),
+                                         requires_grad=False)
+    if adapter:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(**{k: v for k, v in ADAPTER.items() if k != "peft_type"}))
+    return model
+
+
+def float8_llama(seed: int = 0):
+    """A tiny fp32 Llama whose decoder linears are torchao ``Float8Linear`` with float8 all-gather
+    (``enable_fsdp_float8_all_gather``, tensorwise; ``emulate``: the CPU has no float8 matmul)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{**NF4_LLAMA, "hidden_size": 128, "intermediate_size": 256}))
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=True)
+    return convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: "layers" in fqn)

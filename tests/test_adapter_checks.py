@@ -100,14 +100,14 @@ def test_the_cli_report_shows_sv120(tmp_path, capsys):
     assert "SV120" in out and "No findings" not in (tmp_path / "r.html").read_text()
 
 
-# DeepSeek-V3's quantization_config (fp8 blocks) and a bitsandbytes QLoRA one, as config.json carries them
-FP8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
-BNB_8BIT = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+# GPTQ and AWQ quantization_configs, as config.json carries them: not built (fp8 blocks and bitsandbytes
+# 4-bit / 8-bit are, tests/test_quant_formats_truth.py)
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}
 
 
-@pytest.mark.parametrize("qc, said", [(FP8, "quant_method: 'fp8', fmt: 'e4m3', weight_block_size: [128, 128]"),
-                                      (BNB_8BIT, "quant_method: 'bitsandbytes', load_in_8bit: True")],
-                         ids=["fp8", "bnb_8bit"])
+@pytest.mark.parametrize("qc, said", [(GPTQ, "quant_method: 'gptq', bits: 4"), (AWQ, "quant_method: 'awq', bits: 4")],
+                         ids=["gptq", "awq"])
 def test_a_quantization_config_is_an_error_not_a_silent_price(tmp_path, qc, said):
     config, adapter = files(tmp_path, LLAMA, quantization_config=qc)
     model = sv.load_model(config, adapter=adapter)

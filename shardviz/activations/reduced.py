@@ -12,6 +12,7 @@ from torch import nn
 
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
+from ..quant_torchao import is_nf4
 from ..tree import ModelTree
 from .profile import strip_wrapper
 
@@ -117,6 +118,8 @@ def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: di
 
 
 def _fake_param(p: torch.Tensor, dtype: torch.dtype, fake_mode) -> torch.Tensor:
+    if is_nf4(p):  # a torchao NF4Tensor stays NF4 (FSDP2 ignores param_dtype for it): its own F.linear runs
+        return nn.Parameter(fake_mode.from_tensor(p), requires_grad=False)
     with fake_mode:
         t = torch.empty(p.shape, dtype=dtype, device="cpu")
     if isinstance(p, nn.Parameter):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .allocator import cublas_workspace_bytes
-from .params import sharded_params, tree_arrays, whole_params
+from .params import code_names, sharded_params, tree_arrays, whole_params
 from .reserved import traced_step
 from .simulation import StepResult
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
@@ -34,6 +34,9 @@ class CostModel:
     replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
     calls: tuple[StepCall, ...] = ()  # where every call's hooks run, which it gets (the schedule reads them too)
     _reserved: dict = field(default_factory=dict, compare=False, repr=False)
+    # torchao float8 all-gather weights: precompute_float8_dynamic_scale_for_fsdp's one all-reduce a step
+    # of every sharded float8 weight's amax, as (dtype name, bytes); None without such weights
+    float8_amax: tuple | None = None
 
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
         """Bytes the caching allocator reserves beyond the bytes tensors hold at the peak, under
@@ -75,7 +78,17 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     # a.memory shows the reserved peak under the mesh's allocator setting)
     step, overhead = replayed_step(inputs, resident, optimizer, mesh.expandable_segments, mesh.device)
     return CostModel(mesh, training, units, resident, optimizer, averaging, step, inputs, tuple(calls),
-                     {mesh.expandable_segments: overhead})
+                     {mesh.expandable_segments: overhead}, float8_amax(sh))
+
+
+def float8_amax(sh) -> tuple | None:
+    """(dtype, bytes) of ``precompute_float8_dynamic_scale_for_fsdp``'s all-reduce (torchao
+    float8/fsdp_utils.py): ``torch.stack(torch._foreach_norm(weights, inf))`` of every sharded float8
+    all-gather weight, one amax each in the weight's own dtype, then one all-reduce over the shard group."""
+    forced = sh.pd_dtype != sh.grad_dtype  # gathered in float8, computed in the param dtype (cost.params)
+    if not forced.any():
+        return None
+    return code_names()[int(sh.dtype[forced][0])], int(sh.itemsize[forced].sum())
 
 
 def replayed_step(inputs: tuple, resident: ResidentState, optimizer: OptimizerState, expandable_segments: bool,

@@ -54,6 +54,8 @@ class TreeArrays:
     dim0_values: np.ndarray  # the distinct dim0 values, sorted
     dim0_group: np.ndarray  # per parameter: its dim0's index in dim0_values
     row: np.ndarray  # elements per dim-0 row
+    gather_code: np.ndarray  # per parameter: the dtype code it is always gathered in (torchao float8), else -1
+    gather_size: np.ndarray  # and that dtype's itemsize (0 without)
     _local_rows: dict = field(default_factory=dict, compare=False, repr=False)  # shard -> local_rows(shard)
     _padded: dict = field(default_factory=dict, compare=False, repr=False)  # shard -> padded(shard)
 
@@ -91,8 +93,10 @@ def tree_arrays(tree) -> TreeArrays:
     dim0_values, dim0_group = np.unique(dim0, return_inverse=True)
     row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
     quant_state = sum(p.quant_state_bytes for p in params)
+    gather_code = np.array([dtype_code(p.gather_dtype) if p.gather_dtype is not None else -1 for p in params], dtype=np.int64)
+    gather_size = np.array([p.gather_dtype.itemsize if p.gather_dtype is not None else 0 for p in params], dtype=np.int64)
     arrays = TreeArrays(numel, dim0, sizes, dtype, is_float, trainable, owner, buffers, quant_state, dim0_values,
-                        dim0_group.reshape(-1), row)
+                        dim0_group.reshape(-1), row, gather_code, gather_size)
     _TREE_CACHE[tree] = arrays
     return arrays
 
@@ -147,6 +151,8 @@ class ShardedParams:
     has_policy: np.ndarray  # its call's policy sets a param dtype (the all-gather input is a copy in it)
     trainable: np.ndarray
     offload: np.ndarray
+    grad_itemsize: np.ndarray  # the unsharded gradient's dtype: the param dtype, or its own without a policy
+    grad_dtype: np.ndarray  # (a torchao float8 weight gathers in float8 but computes its gradient in this)
 
 
 def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedParams:
@@ -161,9 +167,14 @@ def sharded_params(arr: TreeArrays, layout, policies, shard: int) -> ShardedPara
     isz, dcode, policy = arr.itemsize[idx], arr.dtype[idx], pd_code[u]
     # the policy's param dtype, unless it equals the original or the parameter is not floating point
     cast = (policy >= 0) & arr.is_float[idx] & (policy != dcode)
+    grad_isz, grad_dcode = np.where(cast, pd_size[u], isz), np.where(cast, policy, dcode)
+    # torchao float8 all-gather: its fsdp_pre_all_gather casts the shard to float8 whatever the policy says
+    # (a staged copy), and the unsharded weight is that float8 data; its gradient is in the dtype above
+    forced = arr.gather_code[idx] >= 0
+    pd_isz, pd_dcode = np.where(forced, arr.gather_size[idx], grad_isz), np.where(forced, arr.gather_code[idx], grad_dcode)
     return ShardedParams(idx, u, arr.numel[idx], arr.dim0[idx], arr.row[idx], arr.padded(shard)[idx], isz, dcode,
-                         np.where(cast, pd_size[u], isz), np.where(cast, policy, dcode), cast, policy >= 0,
-                         arr.trainable[idx], offload[u])
+                         pd_isz, pd_dcode, cast, (policy >= 0) | forced, arr.trainable[idx], offload[u], grad_isz,
+                         grad_dcode)
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,15 @@ def _averager_rows(costs: CostModel) -> list[tuple]:
              avg.dtype, avg.bytes)]
 
 
+def _float8_rows(costs: CostModel) -> list[tuple]:
+    """torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after each optimizer step (the export's
+    ``after_optimizer_step``): one all-reduce of every float8 weight's amax, as a ``ROW_FIELDS`` row."""
+    if costs.float8_amax is None:
+        return []
+    dtype, nbytes = costs.float8_amax
+    return [(None, "all_reduce", "optimizer", "shard", costs.mesh.shard, 1, dtype, nbytes)]
+
+
 def comm_table(costs: CostModel, tensor_rows=(), efficiency: Efficiency | None = None) -> pd.DataFrame:
     """One row per collective per call per step: see ``docs/cost-model.md``. ``tensor_rows``: the
     tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
@@ -152,7 +161,7 @@ def comm_table(costs: CostModel, tensor_rows=(), efficiency: Efficiency | None =
     stack's (``steptime.efficiency_for``), whose ``collective_bus`` every call's ``time_s`` (the
     one duration, ``devices.collective_seconds``) runs at; None: the mesh's, else the default."""
     mesh = costs.mesh
-    cols, ring, rings = _collective_columns(costs, [*_averager_rows(costs), *tensor_rows])
+    cols, ring, rings = _collective_columns(costs, [*_averager_rows(costs), *_float8_rows(costs), *tensor_rows])
     group, gsize = cols["group"], cols["group_size"]
     twice = np.array([2 if c == "all_reduce" else 1 for c, _, _ in rings], dtype=np.int64)
     bw = np.array([_group_bandwidth(mesh, g, s) for _, g, s in rings], dtype=float)

@@ -142,7 +142,7 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
         return {}
     owners = arr.owner[np.concatenate([sh.index[s_keep], whole.index[w_keep]])]
     n_s, n_w = int(s_keep.sum()), int(w_keep.sum())
-    ug = np.concatenate([(sh.numel * sh.pd_itemsize)[s_keep], np.zeros(n_w, dtype=np.int64)])
+    ug = np.concatenate([(sh.numel * sh.grad_itemsize)[s_keep], np.zeros(n_w, dtype=np.int64)])
     wg = np.concatenate([np.zeros(n_s, dtype=np.int64), whole.nbytes[w_keep]])
     # the distinct (call, owner) pairs, sorted by call then owner: one integer key each (np.unique
     # over rows is several times slower)
@@ -202,9 +202,9 @@ def _per_unit(sh: ShardedParams, policies, shard: int, reduces: np.ndarray) -> _
     gathered = codes(sh.pd_dtype) > 0
     one_dtype, first_dtype = (gathered.sum(axis=1) == 1).tolist(), gathered.argmax(axis=1).tolist()
     trained = codes(sh.dtype, tr)  # per call and dtype code: its trainable parameters
-    unsharded_grads = sum_per_unit(u, sh.numel * sh.pd_itemsize * tr, n_units)
+    unsharded_grads = sum_per_unit(u, sh.numel * sh.grad_itemsize * tr, n_units)
     reduction = _reductions(policies, shard, reduces, trained.argmax(axis=1),
-                            codes(sh.pd_dtype, tr).argmax(axis=1), sum_per_unit(u, sh.padded * tr, n_units),
+                            codes(sh.grad_dtype, tr).argmax(axis=1), sum_per_unit(u, sh.padded * tr, n_units),
                             sum_per_unit(u, sh.numel * tr, n_units), unsharded_grads)
     return _PerUnit(
         n_params=np.bincount(u, minlength=n_units).tolist(),
