@@ -203,8 +203,12 @@ def _notes(args, fields: dict | None, source: str) -> tuple:
         given = [k for k in ("activation_checkpointing", "gradient_checkpointing") if k in (fields or {})]
         where = (f"{given[0]}=True {source}" if given else "activation_checkpointing=True "
                  + ("(TRL's default)" if type(args).__module__.startswith("trl") else f"({source})"))
-        notes.append(f"{where}: Hugging Face's checkpointing inside forward (not a wrapper) is NOT priced: the "
-                     "activations are those without it (fsdp_config.activation_checkpointing is read and priced)")
+        kwargs = hf_checkpointing_kwargs(args)
+        notes.append(f"{where}: Hugging Face's checkpointing inside each decoder layer's forward "
+                     f"(use_reentrant={kwargs.get('use_reentrant', False)}), priced as those layers checkpointed "
+                     "(the layers the model's own activation_checkpointing_enable switches on)")
+        if kwargs.get("offload"):
+            notes.append("activation_checkpointing_kwargs.offload=True is NOT priced: saved inputs counted on the GPU")
         if (args.fsdp_plugin_args or {}).get("activation_checkpointing"):
             notes.append("transformers' Trainer raises at start-up when both fsdp_config.activation_checkpointing and "
                          "activation_checkpointing are True (Trainer.create_accelerator_and_postprocess): set "
@@ -219,6 +223,26 @@ def _notes(args, fields: dict | None, source: str) -> tuple:
     if getattr(args, "parallelism_config", None) is not None:
         notes.append("parallelism_config is not read: the mesh is the world size given")
     return tuple(notes)
+
+
+def hf_checkpointing_kwargs(args) -> dict:
+    """The Trainer's ``activation_checkpointing_kwargs`` (``gradient_checkpointing_kwargs``), as a dict."""
+    import json
+
+    kwargs = getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
+    return dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs or {})
+
+
+def _with_hf_checkpointing(plan: Plan, args, model: nn.Module) -> Plan:
+    """As ``Trainer`` does with ``activation_checkpointing=True``: the model's own enable function, here on a
+    meta copy; the layers it switches on are priced checkpointed (``hf_checkpointing``)."""
+    from .hf_checkpointing import in_forward_checkpointed, priced_with
+
+    if not getattr(args, "activation_checkpointing", False):
+        return plan
+    kwargs = hf_checkpointing_kwargs(args)
+    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    return priced_with(plan, in_forward_checkpointed(model, kwargs, every, offload))
 
 
 def _source(args_or_path):
@@ -276,4 +300,5 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
     found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")})
     training, origins = _training(args, fields, f"from {label}")
     origins["plan"] = f"fsdp_config of {label}, through transformers {transformers.__version__} and accelerate {release}"
-    return TrainerSetup(with_findings(plan, found), mesh, training, origins, _notes(args, fields, f"from {label}"), args)
+    plan = _with_hf_checkpointing(with_findings(plan, found), args, model)
+    return TrainerSetup(plan, mesh, training, origins, _notes(args, fields, f"from {label}"), args)

@@ -107,12 +107,24 @@ def test_a_training_arguments_object_is_read_as_given():
     assert setup.arguments is args and setup.training.batch_size == 2 and len(setup.plan.units) == 5
 
 
-def test_in_forward_checkpointing_is_said_not_priced():
+def test_in_forward_checkpointing_is_priced_on_the_layers_transformers_switches_on():
+    """TRL's default activation_checkpointing=True: the layers the model's own enable switches on (read on a meta
+    copy) are priced checkpointed; the peak against torch is tests/test_hf_checkpointing.py's."""
     pytest.importorskip("trl")  # max_length is an SFTConfig field
     fields = {k: v for k, v in SFT.items() if k != "activation_checkpointing"} | {"max_length": 256}
-    setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)  # TRL turns it on by default
-    assert any("NOT priced" in n and "TRL's default" in n for n in setup.notes), setup.notes
+    model = zoo.tiny_llama_lora()
+    setup = sv.from_trainer(fields, model, world_size=2)  # TRL turns it on by default
+    assert any("priced as those layers checkpointed" in n and "TRL's default" in n for n in setup.notes), setup.notes
     assert any("Trainer raises" in n for n in setup.notes)  # with fsdp_config.activation_checkpointing too
+    twin = zoo.tiny_llama_lora()
+    twin.gradient_checkpointing_enable()  # what Trainer does to the model, done here on a twin
+    from transformers.modeling_layers import GradientCheckpointingLayer  # the layers whose forward checkpoints
+
+    switched = {n for n, m in twin.named_modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing}
+    assert switched and switched <= set(setup.plan.checkpoint)
+    every2 = sv.from_trainer(fields | {"fsdp_config": {**SFT["fsdp_config"], "activation_checkpointing": False},
+                                       "activation_checkpointing_kwargs": {"every_n_layers": 2}}, model, world_size=2)
+    assert 0 < len(every2.plan.checkpoint) < len(switched)
 
 
 def test_a_layer_class_the_model_lacks_is_refused_naming_the_key():
