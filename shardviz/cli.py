@@ -125,6 +125,9 @@ def _add_source_args(p) -> None:
                    "batch, sequence, accumulation and dtype of a torchtune distributed recipe, with tune run's "
                    "key=value overrides, read by torchtune's own code (sv.from_torchtune; MODEL then comes from "
                    "the recipe's model._component_)")
+    p.add_argument("--axolotl-config", metavar="AXOLOTL.YAML", help="the model (base_model, a local config), adapter, "
+                   "plan, batch, sequence, accumulation and checkpointing of an axolotl run, read by axolotl's validated "
+                   "config and prepared by its own fsdp2_prepare_model (sv.from_axolotl; MODEL, given, wins)")
     p.add_argument("--plan-from", metavar="MODULE:FUNCTION", help="the plan your own function makes, e.g. "
                    "my_train:apply_fsdp, called as function(model) or function(model, mesh) (sv.capture)")
 
@@ -307,7 +310,7 @@ def cmd_report(args) -> int:
     plan = _build_plan(tree, args, model)
     mesh, training, notes = resolve_setup(args, plan)
     lora_plans = None
-    if not args.no_compare and not args.torchtune_config and any(p.role == "lora" for p in tree.params):
+    if not args.no_compare and not args.torchtune_config and not args.axolotl_config and any(p.role == "lora" for p in tree.params):
         checkpoint = args.checkpoint
         lora_plans = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_OPTIONS}
     a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
@@ -471,7 +474,8 @@ def _add_output_args(p, what: str = "output file") -> None:
 SHARED_DEFAULTS = {
     "lora": None, "plan": None, "checkpoint": None, "accelerate_config": None, "plan_from": None,
     "trainer_config": None, "trainer_setup": None,  # trainer_setup: what --trainer-config read (captured_plan)
-    "torchtune_config": None, "torchtune_setup": None,  # torchtune_setup: what --torchtune-config read (build_model)
+    "torchtune_config": None, "framework_setup": None,  # framework_setup: what --torchtune-config / --axolotl-config read (build_model)
+    "axolotl_config": None,
     "world_size": None, "replicate": None, "tensor_parallel": None,
     "device": None, "device_memory": None, "memory_reserve": None, "host_memory": None,
     "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,

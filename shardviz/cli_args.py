@@ -191,17 +191,35 @@ def build_model(args):
 
     if getattr(args, "torchtune_config", None):
         return _torchtune_model(args)
-    if args.model is None:
-        raise CliError("MODEL is required (zoo:NAME, a config.json, package.module:factory), or --torchtune-config")
-    model = model_from_spec(args.model, lora=not args.no_lora, adapter=args.adapter,
-                            dtype=args.dtype, attn_implementation=args.attn_implementation,
-                            quantization=quantization_from_args(args))
+    if args.model is None and not getattr(args, "axolotl_config", None):
+        raise CliError("MODEL is required (zoo:NAME, a config.json, package.module:factory), or --torchtune-config "
+                       "/ --axolotl-config")
+    model = None if args.model is None else model_from_spec(
+        args.model, lora=not args.no_lora, adapter=args.adapter, dtype=args.dtype,
+        attn_implementation=args.attn_implementation, quantization=quantization_from_args(args))
+    if getattr(args, "axolotl_config", None):
+        model = _axolotl_model(args, model)
     return model, ModelTree(model)
+
+
+def _axolotl_model(args, model):
+    """``--axolotl-config``: axolotl's validated config builds the model (MODEL, given, wins), the plan and the
+    training (``args.framework_setup``, read as the framework's setup)."""
+    from .axolotl_config import from_axolotl
+
+    if args.world_size is None:
+        raise CliError("--world-size is required with --axolotl-config")
+    try:
+        args.framework_setup = from_axolotl(args.axolotl_config, model, mesh=make_mesh(
+            args.world_size, args.replicate or 1, tensor_degree(args)))
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    return args.framework_setup.model
 
 
 def _torchtune_model(args):
     """``--torchtune-config RECIPE.yaml key=value ...``: torchtune's recipe builds the model (and the plan and
-    the training: ``args.torchtune_setup``)."""
+    the training: ``args.framework_setup``)."""
     from .torchtune_config import from_torchtune
     from .tree import ModelTree
 
@@ -212,11 +230,11 @@ def _torchtune_model(args):
         raise CliError("--world-size is required with --torchtune-config")
     path, *overrides = args.torchtune_config
     try:
-        args.torchtune_setup = from_torchtune(path, overrides, mesh=make_mesh(
+        args.framework_setup = from_torchtune(path, overrides, mesh=make_mesh(
             args.world_size, args.replicate or 1, tensor_degree(args)))
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from None
-    return args.torchtune_setup.model, ModelTree(args.torchtune_setup.model)
+    return args.framework_setup.model, ModelTree(args.framework_setup.model)
 
 
 def build_plan(tree, args, model=None):
@@ -226,10 +244,10 @@ def build_plan(tree, args, model=None):
     from .presets import named_plan
 
     checkpoint = args.checkpoint
-    if args.torchtune_setup is not None:
+    if args.framework_setup is not None:
         if args.lora or args.plan or checkpoint:
-            raise CliError("--torchtune-config gives the plan (torchtune's shard_model): drop --lora / --plan / --checkpoint")
-        return args.torchtune_setup.plan
+            raise CliError("--torchtune-config / --axolotl-config give the plan: drop --lora / --plan / --checkpoint")
+        return args.framework_setup.plan
     if args.accelerate_config or args.plan_from or args.trainer_config:
         return captured_plan(model, args)
     if args.plan and args.lora:
@@ -332,9 +350,9 @@ def resolve_setup(args, plan=None):
     except ValueError as exc:
         raise CliError(f"plan {args.plan!r}: {exc}") from None
     source = f"from {args.plan}" if plan is not None and plan.setup else ""
-    trainer = args.trainer_setup or args.torchtune_setup
+    trainer = args.trainer_setup or args.framework_setup
     if trainer is not None and file_training is None:  # --trainer-config: the run's batch, sequence, precision
-        file_training, source = trainer.training, f"from {args.trainer_config or args.torchtune_config[0]}"
+        file_training, source = trainer.training, f"from {args.trainer_config or args.axolotl_config or args.torchtune_config[0]}"
     mesh, mesh_flags = _resolve_mesh(args, file_mesh)
     training = make_training(args, file_training or DEFAULT_TRAINING)
     given = [_flag(k) for k in training_flags(args)]
