@@ -191,6 +191,8 @@ def build_model(args):
 
     if getattr(args, "torchtune_config", None):
         return _torchtune_model(args)
+    if args.model is None and getattr(args, "trainer_config", None):  # TRL's model_name_or_path names it
+        return _trainer_model(args)
     if args.model is None and not getattr(args, "axolotl_config", None):
         raise CliError("MODEL is required (zoo:NAME, a config.json, package.module:factory), or --torchtune-config "
                        "/ --axolotl-config")
@@ -200,6 +202,21 @@ def build_model(args):
     if getattr(args, "axolotl_config", None):
         model = _axolotl_model(args, model)
     return model, ModelTree(model)
+
+
+def _trainer_model(args):
+    """``--trainer-config`` with no MODEL: TRL's ``model_name_or_path`` (and ``use_peft``/``lora_*``) builds it."""
+    from .trainer_config import from_trainer
+    from .tree import ModelTree
+
+    if args.world_size is None:
+        raise CliError("--world-size is required with --trainer-config")
+    try:
+        args.trainer_setup = from_trainer(args.trainer_config, None, mesh=make_mesh(
+            args.world_size, args.replicate or 1, tensor_degree(args)))
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    return args.trainer_setup.model, ModelTree(args.trainer_setup.model)
 
 
 def _axolotl_model(args, model):
@@ -292,6 +309,8 @@ def captured_plan(model, args):
     if args.world_size is None:
         raise CliError("--world-size is required with --accelerate-config / --trainer-config / --plan-from")
     try:
+        if args.trainer_config and args.trainer_setup is not None:  # read with the model (TRL's model_name_or_path)
+            return args.trainer_setup.plan
         if args.trainer_config:  # its training too: resolve_setup reads args.trainer_setup
             from .trainer_config import from_trainer
 

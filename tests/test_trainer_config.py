@@ -180,3 +180,18 @@ def test_a_fsdp_config_key_transformers_never_reads_is_said():
     with_cpu_offload = {**fields, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "cpu_offload": True}}
     setup = sv.from_trainer(with_cpu_offload, zoo.tiny_llama_lora(), world_size=2)
     assert all(u.offload for u in setup.plan.units) and not setup.notes
+
+
+def test_trl_model_name_or_path_and_peft_fields_build_the_model():
+    """``trl sft --config``'s one YAML: ModelConfig's model_name_or_path (a local config) and use_peft / lora_*
+    build the model through TRL's own get_peft_config; ScriptArguments' dataset fields are not Trainer fields."""
+    pytest.importorskip("trl")
+    tiny = os.path.join(os.path.dirname(__file__), "configs", "axolotl", "tiny_llama")
+    fields = {**SFT, "model_name_or_path": tiny, "use_peft": True, "lora_r": 4, "lora_alpha": 8,
+              "lora_target_modules": ["q_proj", "v_proj"], "dataset_name": "trl-lib/Capybara"}
+    setup = sv.from_trainer(fields, None, world_size=2)
+    ranks = {tuple(p.shape) for n, p in setup.model.named_parameters() if "lora_A" in n}
+    assert ranks and all(shape[0] == 4 for shape in ranks)
+    assert "TRL's get_peft_config" in setup.origins["model"]
+    again = sv.from_trainer(SFT, setup.model, world_size=2)  # the same model handed in: the same calls
+    assert again.plan.units == setup.plan.units and again.origins["model"] == "the model given"
