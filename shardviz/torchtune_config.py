@@ -285,3 +285,58 @@ def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None)
     origins["model"] = f"model._component_={cfg.model.get('_component_')} ({'override' if 'model' in given else 'recipe'})"
     origins["plan"] = f"{label} through torchtune {release}'s shard_model"
     return TorchtuneSetup(model, plan, mesh, training, origins, _notes(cfg), cfg)
+
+
+def _is_layer(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] == "layers" and parts[-1].isdigit()
+
+
+def _torchtune_keys(plan: Plan, layers: list[str]) -> tuple[list[str], list[str]]:
+    """(``key=value`` overrides, what the keys cannot say) for ``plan`` on a model with these layers."""
+    cannot, custom = [], []
+    for unit in plan.units:
+        if len(unit.modules) > 1:
+            cannot.append(f"the grouped call {unit.name}: shard_model calls fully_shard on one module at a time")
+        elif unit.modules[0] and not _is_layer(unit.modules[0]):
+            custom.append(unit.modules[0])
+    if "" not in {m for u in plan.units for m in u.modules}:
+        cannot.append("no root call: shard_model always ends with fully_shard(model)")
+    missing = [name for name in layers if plan.unit_of(name) is None or plan.unit_of(name).modules != (name,)]
+    if missing:
+        cannot.append(f"no call of its own on {len(missing)} layers ({missing[0]}, ...): shard_model calls one per layer")
+    if {u.param_dtype for u in plan.units} - {None} or {u.reduce_dtype for u in plan.units} - {None}:
+        cannot.append("a MixedPrecisionPolicy: torchtune passes none (dtype sets parameters, gradients and states)")
+    if plan.ignored:
+        cannot.append(f"{len(plan.ignored)} parameters kept out of FSDP (ignored_params): shard_model has no key for them")
+    reshard = {u.reshard_after_forward is not False for u in plan.units}
+    if len(reshard) > 1:
+        cannot.append("reshard_after_forward differing by call: fsdp_reshard_after_forward sets every call")
+    offload = {bool(u.offload) for u in plan.units}
+    if len(offload) > 1:
+        cannot.append("CPU offload on some calls only: fsdp_cpu_offload sets every call")
+    checkpointed = set(plan.checkpoint)
+    every = bool(layers) and checkpointed == set(layers)
+    if checkpointed and not every:
+        cannot.append("checkpointing other than every layer: enable_activation_checkpointing wraps each layer")
+    keys = [f"enable_activation_checkpointing={every}", f"fsdp_cpu_offload={offload == {True}}",
+            f"fsdp_reshard_after_forward={reshard != {False}}",
+            f"custom_sharded_layers={custom!r}" if custom else "~custom_sharded_layers"]
+    return keys, cannot
+
+
+def to_torchtune(path, plan: Plan, overrides=(), world_size: int = 8) -> tuple[list[str], list[str]]:
+    """(``tune run`` overrides, what they cannot say): the torchtune keys closest to ``plan`` for the recipe at
+    ``path``, checked by running torchtune's own ``shard_model`` with them (``from_torchtune``) and comparing
+    the calls; an empty list: the keys give exactly ``plan``."""
+    base = from_torchtune(path, overrides, world_size=world_size)
+    layers = [n for n, _ in base.model.named_modules() if _is_layer(n)]
+    keys, cannot = _torchtune_keys(plan, layers)
+    if "custom_sharded_layers" not in base.config and "~custom_sharded_layers" in keys:
+        keys.remove("~custom_sharded_layers")
+    theirs = from_torchtune(path, [*overrides, *keys], world_size=world_size).plan
+    resolve = lambda u: replace(u, reshard_after_forward=u.reshard_after_forward is not False)  # noqa: E731
+    mine, other = {resolve(u) for u in plan.units}, {resolve(u) for u in theirs.units}
+    if not cannot and (mine != other or set(plan.checkpoint) != set(theirs.checkpoint)):
+        cannot.append(f"torchtune's shard_model with these keys makes {len(other)} calls, not the plan's {len(mine)}")
+    return keys, cannot

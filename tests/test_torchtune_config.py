@@ -138,3 +138,16 @@ def test_published_70b_lora_row_from_torchtunes_own_recipe():
     assert (out["calls"], out["checkpointed"], out["batch_size"], out["seq_len"]) == (81, 80, 2, 2048)
     assert out["peak_vs_published"] == pytest.approx(0.114, abs=0.005)  # allocated peak 30.74 GiB vs 27.6
     assert out["tokens_vs_published"] == pytest.approx(-0.050, abs=0.01)  # 3321 vs 3497 tokens/s
+
+
+@pytest.mark.slow
+def test_export_back_to_torchtune_keys_checked_by_torchtune():
+    """to_torchtune: a plan torchtune's shard_model made is said in its keys exactly (checked by running torchtune
+    on them); a parameter kept out of FSDP is named as what the keys cannot say."""
+    done = run_there(os.path.join(HERE, "torchtune_truth.py"), TINY, env={"TT_TRUTH": "--export"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["cannot"] == [], out
+    assert {"enable_activation_checkpointing=False", "fsdp_reshard_after_forward=False",
+            "custom_sharded_layers=['tok_embeddings']"} <= set(out["keys"])
+    assert any("ignored_params" in c for c in out["cannot_ignored"])

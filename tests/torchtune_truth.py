@@ -62,5 +62,25 @@ def main(argv):
     print(json.dumps(out))
 
 
+def export_back(path):
+    """to_torchtune on plans torchtune itself made: its keys give the same calls (cannot empty); a plan with an
+    ignored parameter cannot be said."""
+    from dataclasses import replace
+
+    from shardviz.torchtune_config import to_torchtune
+
+    target = from_torchtune(path, ["enable_activation_checkpointing=False", "fsdp_reshard_after_forward=False",
+                                   "custom_sharded_layers=['tok_embeddings']"], world_size=WORLD).plan
+    keys, cannot = to_torchtune(path, target, world_size=WORLD)
+    lora = next(n for n, p in from_torchtune(path, world_size=WORLD).model.named_parameters() if "lora_a" in n)
+    _, cannot_ignored = to_torchtune(path, replace(target, ignored=[lora]), world_size=WORLD)
+    print(json.dumps({"keys": keys, "cannot": cannot, "cannot_ignored": cannot_ignored}))
+
+
+if __name__ == "__main__" and os.environ.get("TT_TRUTH") == "--export":
+    export_back(sys.argv[1])
+    sys.exit(0)
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])
