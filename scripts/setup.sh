@@ -4,6 +4,10 @@
 #   ./scripts/setup.sh             venv + torch (CPU wheel) + shardviz[test,lab,hf,qlora,torchao] + kernelspec
 #   ./scripts/setup.sh --browser   ... and Debian's chromium + chromium-driver (browser tests)
 #   ./scripts/setup.sh --node      ... and Debian's nodejs when `node` is missing (tests/test_widget_protocol_js.py)
+#   ./scripts/setup.sh --torchtune ... and <repo>/.venv-torchtune: torch + shardviz[torchtune] (torchtune 0.6.1 with
+#                                  torchao 0.15, which peft refuses: a venv of its own; tests/test_torchtune_config.py)
+#   ./scripts/setup.sh --axolotl   ... and <repo>/.venv-axolotl: torch + axolotl 0.19.0 (--no-deps: it pins gradio, wandb,
+#                                  xformers, ...) + shardviz[axolotl], the pins its config and FSDP2 code import)
 #
 # Quiet when all is well; on failure it prints the failing step's full log and exits non-zero.
 # A re-run is cheap: pip is skipped while pyproject.toml and this script are unchanged and
@@ -16,11 +20,15 @@ cd "$ROOT"
 
 WANT_BROWSER=0
 WANT_NODE=0
+WANT_TORCHTUNE=0
+WANT_AXOLOTL=0
 for arg in "$@"; do
   case "$arg" in
     --browser) WANT_BROWSER=1 ;;
     --node) WANT_NODE=1 ;;
-    -h|--help) sed -n '2,10p' "$SELF"; exit 0 ;;
+    --torchtune) WANT_TORCHTUNE=1 ;;
+    --axolotl) WANT_AXOLOTL=1 ;;
+    -h|--help) sed -n '2,14p' "$SELF"; exit 0 ;;
     *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -115,6 +123,36 @@ if [ "$WANT_NODE" -eq 1 ] && ! command -v node >/dev/null 2>&1; then
   step "apt-get install nodejs" as_root env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends nodejs
   command -v node >/dev/null 2>&1 || { echo "setup.sh: node still missing" >&2; exit 1; }
+fi
+
+# 7. torchtune's own venv (sv.from_torchtune): torchtune 0.6.1 needs torchao<=0.15, peft needs torchao>=0.16.
+if [ "$WANT_TORCHTUNE" -eq 1 ]; then
+  TVENV="$ROOT/.venv-torchtune"
+  TPY="$TVENV/bin/python"
+  [ -x "$TPY" ] || step "create torchtune venv" "$PYTHON" -m venv "$TVENV"
+  if ! "$TPY" -c "import torch, torchtune, torchao, omegaconf, pandas, pytest; from torchtune import training" >/dev/null 2>&1 \
+      || [ "$(cat "$TVENV/.stamp" 2>/dev/null || true)" != "$want_stamp" ]; then
+    echo "setup.sh: installing .venv-torchtune (torch==$TORCH_VERSION, shardviz[torchtune])"
+    step "install torch (torchtune venv)" "$TPY" -m pip install -q "torch==$TORCH_VERSION"
+    step "install shardviz[torchtune]" "$TPY" -m pip install -q -e ".[torchtune]" pytest "torch==$TORCH_VERSION"
+    echo "$want_stamp" >"$TVENV/.stamp"
+  fi
+fi
+
+# 8. axolotl's own venv (sv.from_axolotl): axolotl pins its whole stack; only what its config, adapter and FSDP2
+#    modules import is installed beside it (shardviz[axolotl]).
+if [ "$WANT_AXOLOTL" -eq 1 ]; then
+  AVENV="$ROOT/.venv-axolotl"
+  APY="$AVENV/bin/python"
+  [ -x "$APY" ] || step "create axolotl venv" "$PYTHON" -m venv "$AVENV"
+  if ! "$APY" -c "import torch, shardviz.axolotl_config, pytest; from axolotl.loaders.adapter import load_lora; from axolotl.monkeypatch.accelerate.fsdp2 import fsdp2_prepare_model" >/dev/null 2>&1 \
+      || [ "$(cat "$AVENV/.stamp" 2>/dev/null || true)" != "$want_stamp" ]; then
+    echo "setup.sh: installing .venv-axolotl (torch==$TORCH_VERSION, axolotl==0.19.0 --no-deps, shardviz[axolotl])"
+    step "install torch (axolotl venv)" "$APY" -m pip install -q "torch==$TORCH_VERSION"
+    step "install axolotl" "$APY" -m pip install -q --no-deps "axolotl==0.19.0"
+    step "install shardviz[axolotl]" "$APY" -m pip install -q -e ".[axolotl]" pytest "torch==$TORCH_VERSION"
+    echo "$want_stamp" >"$AVENV/.stamp"
+  fi
 fi
 
 exit 0

@@ -18,6 +18,8 @@ from .load import load_model
 from .oracle import verify
 from .capture import capture
 from .trainer_config import TrainerSetup, from_trainer  # a Trainer / TRL run's arguments, read by transformers
+from .torchtune_config import TorchtuneSetup, from_torchtune  # a torchtune recipe, read by torchtune (its own venv)
+from .axolotl_config import AxolotlSetup, from_axolotl  # an axolotl YAML, read by axolotl (its own venv)
 
 __all__ = [
     "Analysis", "Comparison", "capture", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
@@ -25,7 +27,7 @@ __all__ = [
     "zoo",
 ]
 __all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
-__all__ += ["TrainerSetup", "from_trainer"]  # sv.from_trainer(args or a YAML of them, model, world_size)
+__all__ += ["TrainerSetup", "from_trainer", "TorchtuneSetup", "from_torchtune", "AxolotlSetup", "from_axolotl"]  # sv.from_trainer(args or a YAML of them, model, world_size)
 __all__ += ["tp"]  # tensor parallelism: sv.tp, Plan.tensor_parallel, Mesh(tensor=T)
 __version__ = "0.1.0"
 

@@ -121,6 +121,13 @@ def _add_source_args(p) -> None:
     p.add_argument("--trainer-config", metavar="ARGS.YAML", help="the plan, batch, sequence, accumulation and precision "
                    "of a Hugging Face Trainer / TRL run: a YAML or JSON of its TrainingArguments / SFTConfig fields, "
                    "read by transformers and prepared by accelerate (sv.from_trainer)")
+    p.add_argument("--torchtune-config", nargs="+", metavar="RECIPE.YAML [KEY=VALUE ...]", help="the model, plan, "
+                   "batch, sequence, accumulation and dtype of a torchtune distributed recipe, with tune run's "
+                   "key=value overrides, read by torchtune's own code (sv.from_torchtune; MODEL then comes from "
+                   "the recipe's model._component_)")
+    p.add_argument("--axolotl-config", metavar="AXOLOTL.YAML", help="the model (base_model, a local config), adapter, "
+                   "plan, batch, sequence, accumulation and checkpointing of an axolotl run, read by axolotl's validated "
+                   "config and prepared by its own fsdp2_prepare_model (sv.from_axolotl; MODEL, given, wins)")
     p.add_argument("--plan-from", metavar="MODULE:FUNCTION", help="the plan your own function makes, e.g. "
                    "my_train:apply_fsdp, called as function(model) or function(model, mesh) (sv.capture)")
 
@@ -303,11 +310,11 @@ def cmd_report(args) -> int:
     plan = _build_plan(tree, args, model)
     mesh, training, notes = resolve_setup(args, plan)
     lora_plans = None
-    if not args.no_compare and any(p.role == "lora" for p in tree.params):
+    if not args.no_compare and not args.torchtune_config and not args.axolotl_config and any(p.role == "lora" for p in tree.params):
         checkpoint = args.checkpoint
         lora_plans = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_OPTIONS}
     a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
-    label = model_label(args.model)
+    label = model_label(args.model) if args.model else plan.origin.label
     text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=lora_plans, analysis=a,
                          model_label=label)
     emit(text, args.output, args.force)
@@ -322,9 +329,9 @@ def cmd_report(args) -> int:
 MODEL_HELP = "zoo:NAME, path/to/config.json (or its folder), or package.module:factory"
 
 
-def _add_model_args(p, model_required=True) -> None:
+def _add_model_args(p, model_required=True, model_optional=False) -> None:
     if model_required:
-        p.add_argument("model", help=MODEL_HELP)
+        p.add_argument("model", help=MODEL_HELP, **({"nargs": "?"} if model_optional else {}))
     p.add_argument("--no-lora", action="store_true", help="zoo models: build without LoRA adapters")
     p.add_argument("--adapter", action="append", metavar="ADAPTER_CONFIG",
                    help="config.json models: a peft adapter_config.json (or its folder); repeat for several adapters")
@@ -467,6 +474,8 @@ def _add_output_args(p, what: str = "output file") -> None:
 SHARED_DEFAULTS = {
     "lora": None, "plan": None, "checkpoint": None, "accelerate_config": None, "plan_from": None,
     "trainer_config": None, "trainer_setup": None,  # trainer_setup: what --trainer-config read (captured_plan)
+    "torchtune_config": None, "framework_setup": None,  # framework_setup: what --torchtune-config / --axolotl-config read (build_model)
+    "axolotl_config": None,
     "world_size": None, "replicate": None, "tensor_parallel": None,
     "device": None, "device_memory": None, "memory_reserve": None, "host_memory": None,
     "optimizer": None, "param_dtype": None, "reduce_dtype": None, "offload": None, "batch_size": None,
@@ -485,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     p = sub.add_parser("export", help="write the fully_shard code for a plan")
-    _add_model_args(p)
+    _add_model_args(p, model_optional=True)
     _add_plan_choice(p)
     _add_source_args(p)
     _add_mesh_args(p, required=False)
@@ -516,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write a standalone HTML report (tables, charts, findings, code); "
                                       "print its verdict, step time and top findings")
-    _add_model_args(p)
+    _add_model_args(p, model_optional=True)
     _add_plan_choice(p)
     _add_source_args(p)
     _add_mesh_args(p, required=False)

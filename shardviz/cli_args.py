@@ -189,10 +189,69 @@ def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
     from .tree import ModelTree
 
-    model = model_from_spec(args.model, lora=not args.no_lora, adapter=args.adapter,
-                            dtype=args.dtype, attn_implementation=args.attn_implementation,
-                            quantization=quantization_from_args(args))
+    if getattr(args, "torchtune_config", None):
+        return _torchtune_model(args)
+    if args.model is None and getattr(args, "trainer_config", None):  # TRL's model_name_or_path names it
+        return _trainer_model(args)
+    if args.model is None and not getattr(args, "axolotl_config", None):
+        raise CliError("MODEL is required (zoo:NAME, a config.json, package.module:factory), or --torchtune-config "
+                       "/ --axolotl-config")
+    model = None if args.model is None else model_from_spec(
+        args.model, lora=not args.no_lora, adapter=args.adapter, dtype=args.dtype,
+        attn_implementation=args.attn_implementation, quantization=quantization_from_args(args))
+    if getattr(args, "axolotl_config", None):
+        model = _axolotl_model(args, model)
     return model, ModelTree(model)
+
+
+def _trainer_model(args):
+    """``--trainer-config`` with no MODEL: TRL's ``model_name_or_path`` (and ``use_peft``/``lora_*``) builds it."""
+    from .trainer_config import from_trainer
+    from .tree import ModelTree
+
+    if args.world_size is None:
+        raise CliError("--world-size is required with --trainer-config")
+    try:
+        args.trainer_setup = from_trainer(args.trainer_config, None, mesh=make_mesh(
+            args.world_size, args.replicate or 1, tensor_degree(args)))
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    return args.trainer_setup.model, ModelTree(args.trainer_setup.model)
+
+
+def _axolotl_model(args, model):
+    """``--axolotl-config``: axolotl's validated config builds the model (MODEL, given, wins), the plan and the
+    training (``args.framework_setup``, read as the framework's setup)."""
+    from .axolotl_config import from_axolotl
+
+    if args.world_size is None:
+        raise CliError("--world-size is required with --axolotl-config")
+    try:
+        args.framework_setup = from_axolotl(args.axolotl_config, model, mesh=make_mesh(
+            args.world_size, args.replicate or 1, tensor_degree(args)))
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    return args.framework_setup.model
+
+
+def _torchtune_model(args):
+    """``--torchtune-config RECIPE.yaml key=value ...``: torchtune's recipe builds the model (and the plan and
+    the training: ``args.framework_setup``)."""
+    from .torchtune_config import from_torchtune
+    from .tree import ModelTree
+
+    if args.model is not None:
+        raise CliError(f"--torchtune-config: the recipe builds its own model (model._component_); drop MODEL "
+                       f"{args.model!r} or override the recipe's: model._component_=... / model.lora_rank=...")
+    if args.world_size is None:
+        raise CliError("--world-size is required with --torchtune-config")
+    path, *overrides = args.torchtune_config
+    try:
+        args.framework_setup = from_torchtune(path, overrides, mesh=make_mesh(
+            args.world_size, args.replicate or 1, tensor_degree(args)))
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    return args.framework_setup.model, ModelTree(args.framework_setup.model)
 
 
 def build_plan(tree, args, model=None):
@@ -202,6 +261,10 @@ def build_plan(tree, args, model=None):
     from .presets import named_plan
 
     checkpoint = args.checkpoint
+    if args.framework_setup is not None:
+        if args.lora or args.plan or checkpoint:
+            raise CliError("--torchtune-config / --axolotl-config give the plan: drop --lora / --plan / --checkpoint")
+        return args.framework_setup.plan
     if args.accelerate_config or args.plan_from or args.trainer_config:
         return captured_plan(model, args)
     if args.plan and args.lora:
@@ -246,6 +309,8 @@ def captured_plan(model, args):
     if args.world_size is None:
         raise CliError("--world-size is required with --accelerate-config / --trainer-config / --plan-from")
     try:
+        if args.trainer_config and args.trainer_setup is not None:  # read with the model (TRL's model_name_or_path)
+            return args.trainer_setup.plan
         if args.trainer_config:  # its training too: resolve_setup reads args.trainer_setup
             from .trainer_config import from_trainer
 
@@ -304,9 +369,9 @@ def resolve_setup(args, plan=None):
     except ValueError as exc:
         raise CliError(f"plan {args.plan!r}: {exc}") from None
     source = f"from {args.plan}" if plan is not None and plan.setup else ""
-    trainer = args.trainer_setup
+    trainer = args.trainer_setup or args.framework_setup
     if trainer is not None and file_training is None:  # --trainer-config: the run's batch, sequence, precision
-        file_training, source = trainer.training, f"from {args.trainer_config}"
+        file_training, source = trainer.training, f"from {args.trainer_config or args.axolotl_config or args.torchtune_config[0]}"
     mesh, mesh_flags = _resolve_mesh(args, file_mesh)
     training = make_training(args, file_training or DEFAULT_TRAINING)
     given = [_flag(k) for k in training_flags(args)]

@@ -130,6 +130,9 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
     label = os.path.basename(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else "fsdp_config"
     with _config_path(config, mesh.world) as path:
         body = _read_yaml(path)
+        if looks_like_axolotl(body):
+            raise ValueError(f"accelerate config {label}: this is an axolotl config ({', '.join(looks_like_axolotl(body))}"
+                             "): use --axolotl-config (sv.from_axolotl)")
         try:
             env = launch_env(path, mesh.world)
         except ValueError as exc:  # accelerate's launcher refused a value (a bool key given a word)
@@ -154,6 +157,15 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
         found.append(Finding("SV307", "info", f"the config's parallelism_config gives HSDP: {pc_shape[0]} replicas "
                              f"of {pc_shape[1]} shards", fix=f"analyse with sv.Mesh(shard={pc_shape[1]}, replicate={pc_shape[0]})"))
     return with_findings(plan, found)
+
+
+#: keys only an axolotl YAML has (``--accelerate-config`` given one says so)
+AXOLOTL_KEYS = ("base_model", "adapter", "datasets", "micro_batch_size", "sequence_len", "lora_r")
+
+
+def looks_like_axolotl(body: dict) -> list[str]:
+    """The axolotl-only keys of a YAML mapping (empty for an accelerate config)."""
+    return [k for k in AXOLOTL_KEYS if isinstance(body, dict) and k in body]
 
 
 class AccelerateConfigError(ValueError):

@@ -189,7 +189,7 @@ class Origin:
     """Where a captured plan came from (``sv.capture``, ``Plan.from_accelerate``) and what the capture
     saw that the calls alone do not say. Not part of a plan's equality: the same calls are the same plan.
 
-    ``kind``: "capture" | "accelerate" | "trainer"; ``source``: the function ("my_train.apply_fsdp") or config
+    ``kind``: "capture" | "accelerate" | "trainer" | "torchtune" | "axolotl"; ``source``: the function ("my_train.apply_fsdp") or config
     ("fsdp.yaml"); ``release``: what made it ("accelerate 1.15.0", "torch 2.13.0"); ``findings``: what
     the capture found (the function raised, a policy shardviz does not model, ...); ``fixes``: (code, text)
     pairs, the fix of an engine finding said in the user's terms (a YAML key, a line of their code);
@@ -210,8 +210,8 @@ class Origin:
         if self.kind == "accelerate":
             short = ".".join(self.release.split()[-1].split(".")[:2]) if self.release else ""
             return f"accelerate {short}: {self.source}".replace("  ", " ")
-        if self.kind == "trainer":
-            return f"Trainer: {self.source}"
+        if self.kind in ("trainer", "torchtune", "axolotl"):
+            return f"{'Trainer' if self.kind == 'trainer' else self.kind}: {self.source}"
         return f"captured: {self.source}"
 
     def fix_for(self, code: str) -> str:

@@ -45,6 +45,7 @@ class TrainerSetup:
     origins: dict
     notes: tuple
     arguments: object
+    model: object = None
 
 
 def _read_file(path) -> dict:
@@ -203,8 +204,12 @@ def _notes(args, fields: dict | None, source: str) -> tuple:
         given = [k for k in ("activation_checkpointing", "gradient_checkpointing") if k in (fields or {})]
         where = (f"{given[0]}=True {source}" if given else "activation_checkpointing=True "
                  + ("(TRL's default)" if type(args).__module__.startswith("trl") else f"({source})"))
-        notes.append(f"{where}: Hugging Face's checkpointing inside forward (not a wrapper) is NOT priced: the "
-                     "activations are those without it (fsdp_config.activation_checkpointing is read and priced)")
+        kwargs = hf_checkpointing_kwargs(args)
+        notes.append(f"{where}: Hugging Face's checkpointing inside each decoder layer's forward "
+                     f"(use_reentrant={kwargs.get('use_reentrant', False)}), priced as those layers checkpointed "
+                     "(the layers the model's own activation_checkpointing_enable switches on)")
+        if kwargs.get("offload"):
+            notes.append("activation_checkpointing_kwargs.offload=True is NOT priced: saved inputs counted on the GPU")
         if (args.fsdp_plugin_args or {}).get("activation_checkpointing"):
             notes.append("transformers' Trainer raises at start-up when both fsdp_config.activation_checkpointing and "
                          "activation_checkpointing are True (Trainer.create_accelerator_and_postprocess): set "
@@ -221,18 +226,80 @@ def _notes(args, fields: dict | None, source: str) -> tuple:
     return tuple(notes)
 
 
+def hf_checkpointing_kwargs(args) -> dict:
+    """The Trainer's ``activation_checkpointing_kwargs`` (``gradient_checkpointing_kwargs``), as a dict."""
+    import json
+
+    kwargs = getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
+    return dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs or {})
+
+
+def _with_hf_checkpointing(plan: Plan, args, model: nn.Module) -> Plan:
+    """As ``Trainer`` does with ``activation_checkpointing=True``: the model's own enable function, here on a
+    meta copy; the layers it switches on are priced checkpointed (``hf_checkpointing``)."""
+    from .hf_checkpointing import in_forward_checkpointed, priced_with
+
+    if not getattr(args, "activation_checkpointing", False):
+        return plan
+    kwargs = hf_checkpointing_kwargs(args)
+    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    return priced_with(plan, in_forward_checkpointed(model, kwargs, every, offload))
+
+
+def trl_script_fields(fields: dict) -> tuple[dict, dict]:
+    """(TRL ``ModelConfig`` fields, the rest): ``trl sft --config`` reads one YAML into ``ScriptArguments``,
+    ``SFTConfig`` and ``ModelConfig`` (``TrlParser``); ``ScriptArguments``' dataset fields are dropped."""
+    try:
+        from trl import ModelConfig, ScriptArguments
+    except ImportError:
+        return {}, fields
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    script_keys = {f.name for f in dataclasses.fields(ScriptArguments)}
+    return ({k: v for k, v in fields.items() if k in model_keys},
+            {k: v for k, v in fields.items() if k not in model_keys | script_keys})
+
+
+def trl_model(model_part: dict, label: str):
+    """The model TRL's ``ModelConfig`` names (``model_name_or_path``: a local config.json or folder), on meta,
+    with the peft config TRL's own ``get_peft_config`` makes of ``use_peft`` / ``lora_*``. (model, origin text)."""
+    from trl import ModelConfig
+    from trl.trainer.utils import get_peft_config
+
+    from .load import load_model
+
+    margs = ModelConfig(**model_part)
+    path = margs.model_name_or_path
+    if path is None:
+        raise ValueError(f"trainer config {label}: no model: give MODEL or model_name_or_path (a local config.json)")
+    if not os.path.exists(path):
+        raise ValueError(f"trainer config {label}: model_name_or_path {path!r} is not a local path; shardviz "
+                         "downloads nothing: point it at the model's config.json (or its folder)")
+    dtype = margs.dtype if margs.dtype not in (None, "auto") else None
+    model = load_model(path, dtype=dtype)
+    peft_config = get_peft_config(margs)
+    text = f"model_name_or_path={path}"
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+        text += (f", use_peft: LoRA r={peft_config.r} alpha={peft_config.lora_alpha} "
+                 f"targets={peft_config.target_modules} (TRL's get_peft_config)")
+    return model, f"{text} (from {label})"
+
+
 def _source(args_or_path):
-    """(arguments, the fields the file gave or None for an arguments object, label)."""
+    """(arguments, the fields the file gave or None for an arguments object, label, TRL ModelConfig fields)."""
     from transformers import TrainingArguments
 
     if isinstance(args_or_path, TrainingArguments):
-        return args_or_path, None, type(args_or_path).__name__
+        return args_or_path, None, type(args_or_path).__name__, {}
     if isinstance(args_or_path, (str, os.PathLike)):
-        fields = _read_file(args_or_path)
+        model_part, fields = trl_script_fields(_read_file(args_or_path))
         label = os.path.basename(os.fspath(args_or_path))
-        return training_arguments(fields, label), fields, label
+        return training_arguments(fields, label), fields, label, model_part
     if isinstance(args_or_path, dict):
-        return training_arguments(dict(args_or_path)), dict(args_or_path), "fields"
+        model_part, fields = trl_script_fields(dict(args_or_path))
+        return training_arguments(fields), fields, "fields", model_part
     raise ValueError(f"from_trainer: expected TrainingArguments, SFTConfig, a YAML/JSON path or a mapping of "
                      f"their fields, got {type(args_or_path).__name__}")
 
@@ -243,9 +310,13 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
     (transformers' own processing of ``fsdp`` / ``fsdp_config``; see the module docstring), the mesh of
     ``world_size`` ranks, and the ``sv.Training`` the arguments give, with where each value came from."""
     release = accelerate_release()
+    args, fields, label, model_part = _source(args_or_path)
+    model_origin = "the model given" + (" (over model_name_or_path)" if model_part.get("model_name_or_path") else "")
     if model is None:
-        raise ValueError("from_trainer needs the model: TrainingArguments do not name one")
-    args, fields, label = _source(args_or_path)
+        if not model_part:
+            raise ValueError("from_trainer needs the model: TrainingArguments do not name one (TRL's "
+                             "model_name_or_path does)")
+        model, model_origin = trl_model(model_part, label)
     if not hasattr(args, "fsdp_plugin_args"):
         import transformers
 
@@ -276,4 +347,6 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
     found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")})
     training, origins = _training(args, fields, f"from {label}")
     origins["plan"] = f"fsdp_config of {label}, through transformers {transformers.__version__} and accelerate {release}"
-    return TrainerSetup(with_findings(plan, found), mesh, training, origins, _notes(args, fields, f"from {label}"), args)
+    plan = _with_hf_checkpointing(with_findings(plan, found), args, model)
+    origins["model"] = model_origin
+    return TrainerSetup(plan, mesh, training, origins, _notes(args, fields, f"from {label}"), args, model)

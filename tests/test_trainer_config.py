@@ -107,12 +107,24 @@ def test_a_training_arguments_object_is_read_as_given():
     assert setup.arguments is args and setup.training.batch_size == 2 and len(setup.plan.units) == 5
 
 
-def test_in_forward_checkpointing_is_said_not_priced():
+def test_in_forward_checkpointing_is_priced_on_the_layers_transformers_switches_on():
+    """TRL's default activation_checkpointing=True: the layers the model's own enable switches on (read on a meta
+    copy) are priced checkpointed; the peak against torch is tests/test_hf_checkpointing.py's."""
     pytest.importorskip("trl")  # max_length is an SFTConfig field
     fields = {k: v for k, v in SFT.items() if k != "activation_checkpointing"} | {"max_length": 256}
-    setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)  # TRL turns it on by default
-    assert any("NOT priced" in n and "TRL's default" in n for n in setup.notes), setup.notes
+    model = zoo.tiny_llama_lora()
+    setup = sv.from_trainer(fields, model, world_size=2)  # TRL turns it on by default
+    assert any("priced as those layers checkpointed" in n and "TRL's default" in n for n in setup.notes), setup.notes
     assert any("Trainer raises" in n for n in setup.notes)  # with fsdp_config.activation_checkpointing too
+    twin = zoo.tiny_llama_lora()
+    twin.gradient_checkpointing_enable()  # what Trainer does to the model, done here on a twin
+    from transformers.modeling_layers import GradientCheckpointingLayer  # the layers whose forward checkpoints
+
+    switched = {n for n, m in twin.named_modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing}
+    assert switched and switched <= set(setup.plan.checkpoint)
+    every2 = sv.from_trainer(fields | {"fsdp_config": {**SFT["fsdp_config"], "activation_checkpointing": False},
+                                       "activation_checkpointing_kwargs": {"every_n_layers": 2}}, model, world_size=2)
+    assert 0 < len(every2.plan.checkpoint) < len(switched)
 
 
 def test_a_layer_class_the_model_lacks_is_refused_naming_the_key():
@@ -168,3 +180,18 @@ def test_a_fsdp_config_key_transformers_never_reads_is_said():
     with_cpu_offload = {**fields, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "cpu_offload": True}}
     setup = sv.from_trainer(with_cpu_offload, zoo.tiny_llama_lora(), world_size=2)
     assert all(u.offload for u in setup.plan.units) and not setup.notes
+
+
+def test_trl_model_name_or_path_and_peft_fields_build_the_model():
+    """``trl sft --config``'s one YAML: ModelConfig's model_name_or_path (a local config) and use_peft / lora_*
+    build the model through TRL's own get_peft_config; ScriptArguments' dataset fields are not Trainer fields."""
+    pytest.importorskip("trl")
+    tiny = os.path.join(os.path.dirname(__file__), "configs", "axolotl", "tiny_llama")
+    fields = {**SFT, "model_name_or_path": tiny, "use_peft": True, "lora_r": 4, "lora_alpha": 8,
+              "lora_target_modules": ["q_proj", "v_proj"], "dataset_name": "trl-lib/Capybara"}
+    setup = sv.from_trainer(fields, None, world_size=2)
+    ranks = {tuple(p.shape) for n, p in setup.model.named_parameters() if "lora_A" in n}
+    assert ranks and all(shape[0] == 4 for shape in ranks)
+    assert "TRL's get_peft_config" in setup.origins["model"]
+    again = sv.from_trainer(SFT, setup.model, world_size=2)  # the same model handed in: the same calls
+    assert again.plan.units == setup.plan.units and again.origins["model"] == "the model given"

@@ -54,7 +54,10 @@ def image_prefix_inputs(model, batch_size: int) -> dict:
     return {"pixel_values": torch.zeros((batch_size, getattr(vision, "num_channels", 3), h, w))}
 
 
-def _loss_of(out):
+def _loss_of(out, request=None):
+    own = getattr(request.example_inputs, "loss", None) if request is not None else None
+    if callable(own):  # the step's own loss on the output (torchtune's chunked cross-entropy)
+        return own(out)
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
         loss = out.get("loss")
@@ -93,7 +96,7 @@ def _run_step(reduced, request, recorder, counter) -> None:
     routing's answer to what fake tensors cannot run, and counts that)."""
     with counter, recorder, hf_plain_batches(), fake_friendly(recorder):
         out = _forward(reduced, request)
-        loss = _loss_of(out)
+        loss = _loss_of(out, request)
         del out
         if loss.requires_grad:
             loss.backward()

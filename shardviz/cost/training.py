@@ -50,6 +50,7 @@ class Training:
         ``FakeTensorMode``; ``None`` keeps the model-state-only peak.
     example_inputs: for models that are not Hugging Face language models, a callable
         ``fn(batch_size, seq_len) -> (args, kwargs)`` giving one micro-batch; the loss is
+        ``fn.loss(out)`` when the callable has one (``sv.from_torchtune``: the recipe's loss), else
         ``out.loss`` if present, else the sum of the output.
     global_batch: sequences per optimizer step over all data-parallel ranks (``sv.search`` then
         tries every micro-batch and accumulation that give it); None: not fixed.

@@ -1,0 +1,48 @@
+"""Run in the axolotl venv (``scripts/setup.sh --axolotl``; ``tests/test_axolotl_config.py`` calls it):
+accelerate's FSDP2 preparation with axolotl's own ``fsdp2_prepare_model`` (as ``patch_accelerate_fsdp2``
+installs it) on a meta copy under the fake process group, outside shardviz's capture, against torch's record
+after shardviz's oracle applies the plan ``sv.from_axolotl`` read. Prints one JSON object.
+
+    python tests/axolotl_truth.py AXOLOTL.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402
+
+import shardviz as sv  # noqa: E402
+from shardviz.axolotl_config import axolotl_prepare, from_axolotl, fsdp_env  # noqa: E402
+from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
+
+WORLD = 4
+
+
+def main(path):
+    setup = from_axolotl(path, world_size=WORLD)
+    with KeptEnviron(), fake_process_group(0, WORLD):
+        theirs_model = axolotl_prepare(meta_copy(setup.model), fsdp_env(setup.config))
+        theirs = torch_calls(theirs_model), checkpointed(theirs_model)
+    with fake_process_group(0, WORLD):
+        copy_ = meta_copy(setup.model)
+        apply_plan(copy_, setup.plan, device_mesh(sv.Mesh(WORLD)))
+        ours = torch_calls(copy_), checkpointed(copy_)
+    t = setup.training
+    lora_units = [u for u in setup.plan.units if any(".lora_" in m for m in u.modules)]
+    n_lora_modules = sum(1 for n, _ in setup.model.named_modules() if n.endswith((".lora_A.default", ".lora_B.default")))
+    print(json.dumps({
+        "calls_equal": theirs[0] == ours[0], "n_calls": len(theirs[0]), "units": len(setup.plan.units),
+        "lora_units": len(lora_units), "lora_modules": n_lora_modules,
+        "checkpoint": list(setup.plan.checkpoint),
+        "training": {"batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
+                     "param_dtype": t.param_dtype, "fused": t.fused},
+        "lora_r": setup.config.lora_r, "origins": setup.origins, "notes": list(setup.notes),
+        "label": setup.plan.origin.label}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,93 @@
+"""sv.from_axolotl / --axolotl-config against axolotl's own code.
+
+axolotl pins its whole stack, so it runs in its own venv (``scripts/setup.sh --axolotl`` makes
+``.venv-axolotl``; ``SHARDVIZ_AXOLOTL_PYTHON`` names another). ``tests/axolotl_truth.py`` runs there:
+accelerate's preparation with axolotl's own ``fsdp2_prepare_model`` on a meta copy under the fake process
+group, outside shardviz's capture, and torch's record after shardviz's oracle applies the plan read; the two
+records must be the same, call by call. What the training says is compared with the YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(HERE)
+TINY = os.path.join("tests", "configs", "axolotl", "tiny_lora.yaml")  # base_model is relative to the repo root
+
+
+def axolotl_python() -> str:
+    path = os.environ.get("SHARDVIZ_AXOLOTL_PYTHON") or os.path.join(ROOT, ".venv-axolotl", "bin", "python")
+    if not os.path.exists(path):
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} missing, and CI is set: .ci/run's set-up (scripts/setup.sh --axolotl) must make it")
+        pytest.skip(f"no axolotl venv at {path} (scripts/setup.sh --axolotl; CI fails instead)")
+    return path
+
+
+def run_there(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([axolotl_python(), *argv], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def recipe() -> dict:
+    with open(os.path.join(ROOT, TINY), encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+@pytest.mark.slow
+def test_plan_is_axolotls_own_preparation_call_by_call():
+    done = run_there(os.path.join(HERE, "axolotl_truth.py"), TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    body = recipe()
+    with open(os.path.join(ROOT, body["base_model"], "config.json"), encoding="utf-8") as f:
+        layers = json.load(f)["num_hidden_layers"]
+    assert out["calls_equal"], out
+    assert out["n_calls"] == out["units"]
+    # axolotl's own units: one per lora_A / lora_B module peft made (torch's count of the modules), the layers
+    assert out["lora_units"] == out["lora_modules"] > 0
+    assert out["n_calls"] - out["lora_units"] > layers
+    assert len(out["checkpoint"]) == layers  # gradient_checkpointing: true, the model's own enable
+    t = out["training"]
+    assert (t["batch_size"], t["seq_len"], t["grad_accum"]) == (
+        body["micro_batch_size"], body["sequence_len"], body["gradient_accumulation_steps"])
+    assert t["param_dtype"] == "bfloat16" and t["fused"] and out["lora_r"] == body["lora_r"]
+    assert any("its own fully_shard call" in n for n in out["notes"])
+
+
+@pytest.mark.slow
+def test_report_reads_the_axolotl_yaml(tmp_path):
+    done = run_there("-m", "shardviz.cli", "report", "--axolotl-config", TINY, "--world-size", "4",
+                     "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    body = recipe()
+    assert f"read: batch_size: micro_batch_size={body['micro_batch_size']} (tiny_lora.yaml)" in said
+    assert f"sequence_len={body['sequence_len']}" in said and "plan: axolotl: tiny_lora.yaml" in said
+
+
+def test_an_axolotl_yaml_given_as_accelerate_config_says_so(tmp_path, capsys):
+    pytest.importorskip("accelerate")
+    from shardviz.cli import main
+
+    assert main(["report", "zoo:tiny_llama_lora", "--accelerate-config", os.path.join(ROOT, TINY),
+                 "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "this is an axolotl config" in err and "use --axolotl-config" in err
+
+
+def test_missing_axolotl_says_how_to_install():
+    from importlib.util import find_spec
+
+    from shardviz.axolotl_config import from_axolotl
+
+    if find_spec("axolotl") is not None:
+        pytest.skip("axolotl is installed here")
+    with pytest.raises(ImportError, match="scripts/setup.sh --axolotl"):
+        from_axolotl(os.path.join(ROOT, TINY), world_size=4)
