@@ -38,7 +38,7 @@ def text_of(page: str) -> str:
     """What a reader sees: no scripts (the chart payloads, the code's JSON), no tags."""
     page = re.sub(r"<script.*?</script>", " ", page, flags=re.S)
     page = re.sub(r"<style.*?</style>", " ", page, flags=re.S)
-    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
 
 
 def test_the_report_names_the_model_once_by_one_name():
@@ -102,7 +102,7 @@ def test_the_report_opens_with_the_inspectors_header_card():
     assert card["verdict_word"] in top and card["step_text"] in top
     assert card["tokens_text"] in top and card["mfu_text"] in top
     assert card["finding"]["code"] == "SV102" and card["finding"]["applies"]  # its fix is a plan change
-    assert f"SV102 ({TITLES['SV102']})" in top
+    assert f"SV102 ({TITLES['SV102']}):" in top
     assert 'class="card-bar"' in page
     # the Inspector's summary carries the very same card
     from shardviz.widget import Inspector
