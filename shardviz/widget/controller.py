@@ -255,13 +255,11 @@ class InspectorState:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
         return self._lazy("findings", lambda: panels.findings_payload(self.analysis))
 
-    def card(self, with_findings: bool = True) -> dict:
-        """The header card (``display.header_card``), the same dict the report draws."""
+    def card(self, with_findings: bool = True) -> dict:  # the header card: the report's dict (display.header_card)
         return self._lazy("card" if with_findings else "card_numbers", lambda: header_card(
             self.analysis, self.analysis.findings if with_findings else None))
 
-    def apply_fix(self, code: str) -> None:
-        """A finding's fix when it is a plan change (``plan_actions.finding_fix``), as one undo step."""
+    def apply_fix(self, code: str) -> None:  # a finding's fix that is a plan change, as one undo step
         self._commit(plan=plan_actions.finding_fix(self, code), note=f"applied the fix of {code}; undo goes back")
 
     @property
@@ -499,8 +497,7 @@ class InspectorState:
         self._notify(Change.ROWS)
 
     def set_rank(self, rank: int) -> None:
-        rank = int(rank)
-        if not 0 <= rank < self.mesh.world:
+        if not 0 <= (rank := int(rank)) < self.mesh.world:
             raise ValueError(f"rank {rank} is outside the mesh of {self.mesh.world} ranks")
         self.view.rank = rank
         self._notify(Change.ROWS)
