@@ -368,11 +368,11 @@ Generated {stamp}; measured with {_esc(display.versions_text())}.</p>
 {units_section(a)}
 {code_section(a, plan, mesh, training, torch_version)}
 {params_section(a)}
-{{codes}}
+<!--sv-finding-codes-->
 <script>{script}</script>
 </body></html>
 """
-    return page.replace("{codes}", codes_section(body_codes), 1)
+    return page.replace("<!--sv-finding-codes-->", codes_section(body_codes), 1)
 
 
 def _layout_line(a) -> str:
