@@ -16,6 +16,14 @@ round trip within 300 ms.
 Run: .venv/bin/python benchmarks/bench_widget.py [--models tiny_llama_lora llama3_70b nllb_moe_54b] [--toggles 20]
 Writes artifacts/bench_widget.json and prints a table. Needs /usr/bin/chromium
 (./scripts/setup.sh --browser).
+
+``--python``: no browser, the widget's Python path alone (issue 37's edit list): Llama-3.1-70B +
+LoRA, 64 x H100, ``sv.Training(batch_size=1, seq_len=8192)``, each edit made on ``InspectorState``
+as the widget makes it, timed to the full numbers (memory, traffic, timeline: what the charts and
+the header draw) and then to the findings (SV201's what-ifs), wall and CPU seconds. ``--ahead``
+runs the widget's look-ahead (``background.look_ahead``) between edits, as the worker does while
+the user reads the numbers. Targets: plan edits <= 300 ms, dtype / sequence / TP / HSDP <= 1 s,
+first render <= 3 s, Suggest <= 5 s.
 """
 
 from __future__ import annotations
@@ -168,14 +176,102 @@ def bench_model(page, server, name: str, renders: int, toggles: int) -> dict:
     }
 
 
+#: (name, the edit on an InspectorState, its target in ms to the full numbers)
+PLAN_MS, SETUP_MS = 300, 1000
+PY_EDITS = [
+    ("preset -> LoRA ignored", lambda st: st.apply_preset("ignored"), PLAN_MS),
+    ("one block's checkpoint", lambda st: st.toggle_checkpoint(st.blocks()[1]), PLAN_MS),
+    ("checkpoint all blocks", lambda st: st.checkpoint_blocks(True), PLAN_MS),
+    ("uncheckpoint all", lambda st: st.checkpoint_blocks(False), PLAN_MS),
+    ("undo", lambda st: st.undo(), PLAN_MS),
+    ("redo", lambda st: st.redo(), PLAN_MS),
+    ("param dtype -> float32", lambda st: st.set_training(param_dtype="float32"), SETUP_MS),
+    ("param dtype -> bfloat16", lambda st: st.set_training(param_dtype="bfloat16"), SETUP_MS),
+    ("sequence 8192 -> 4096", lambda st: st.set_training(seq_len=4096), SETUP_MS),
+    ("sequence 4096 -> 8192", lambda st: st.set_training(seq_len=8192), SETUP_MS),
+    ("TP 1 -> 2", lambda st: st.set_tensor(2), SETUP_MS),
+    ("TP 2 -> 1", lambda st: st.set_tensor(1), SETUP_MS),
+    ("HSDP 1 -> 2", lambda st: st.set_mesh(replicate=2), SETUP_MS),
+    ("undo (HSDP 2 -> 1)", lambda st: st.undo(), PLAN_MS),
+]
+
+
+def _clock():
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t) -> tuple[float, float]:
+    return time.perf_counter() - t[0], time.process_time() - t[1]
+
+
+def bench_python(model_name: str = "llama3_70b", ahead: bool = False, suggest: bool = True) -> list[dict]:
+    """The widget's Python path, edit by edit (see the module docstring, ``--python``)."""
+    t = _clock()
+    import shardviz as sv
+    from shardviz import zoo
+    from shardviz.widget import background
+    from shardviz.widget.controller import InspectorState
+
+    out = [{"edit": "import shardviz", "wall_s": _since(t)[0]}]
+    t = _clock()
+    model = zoo.build(model_name)
+    out.append({"edit": "build the model on meta", "wall_s": _since(t)[0]})
+    mesh, training = sv.Mesh(shard=64, device="H100"), sv.Training(batch_size=1, seq_len=8192)
+
+    def numbers(st):
+        for key in ("memory", "traffic", "timeline"):
+            getattr(st, key)
+
+    def timed(name, edit, target_ms, st=None):
+        t = _clock()
+        st = edit(st) if st is None else (edit(st), st)[1]
+        wall, cpu = _since(t)
+        numbers(st)
+        wall, cpu = _since(t)
+        st.findings
+        fwall, _ = _since(t)
+        row = {"edit": name, "wall_s": wall, "cpu_s": cpu, "findings_s": fwall, "target_s": target_ms / 1000}
+        out.append(row)
+        print(f"  {name:<26}{1000 * wall:9.0f} ms{1000 * cpu:9.0f} ms cpu{1000 * fwall:10.0f} ms"
+              f"   target {target_ms:5.0f} ms: {'met' if wall <= target_ms / 1000 else 'MISSED'}", flush=True)
+        if ahead:
+            background.look_ahead(st)
+        return st
+
+    print(f"{model_name} + LoRA, 64 x H100, 1 x 8192: to the full numbers (wall, cpu), then to the findings")
+    st = timed("first render", lambda _: InspectorState(model, mesh=mesh, training=training), 3000)
+    for name, edit, target in PY_EDITS:
+        timed(name, edit, target, st)
+    if suggest:
+        t = _clock()
+        st.suggest()
+        wall, cpu = _since(t)
+        out.append({"edit": "Suggest", "wall_s": wall, "cpu_s": cpu, "target_s": 5.0})
+        print(f"  {'Suggest':<26}{1000 * wall:9.0f} ms{1000 * cpu:9.0f} ms cpu   target  5000 ms: "
+              f"{'met' if wall <= 5 else 'MISSED'}", flush=True)
+        timed("apply a suggestion", lambda s: s.apply_suggestion(0), PLAN_MS, st)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--python", action="store_true", help="no browser: the widget's Python path, edit by edit")
+    parser.add_argument("--ahead", action="store_true", help="with --python: the look-ahead between edits")
+    parser.add_argument("--no-suggest", action="store_true", help="with --python: leave Suggest out")
     parser.add_argument("--models", nargs="+", default=["tiny_llama_lora", "llama3_70b", "nllb_moe_54b"],
                         help="zoo names (nllb_moe_54b is the zoo's largest MoE)")
     parser.add_argument("--renders", type=int, default=4, help="first-render runs per model (the first is cold)")
     parser.add_argument("--toggles", type=int, default=20)
     parser.add_argument("--out", default=str(helpers.ARTIFACTS_DIR / "bench_widget.json"))
     args = parser.parse_args(argv)
+    if args.python:
+        sys.path.insert(0, str(ROOT))
+        rows = bench_python(ahead=args.ahead, suggest=not args.no_suggest)
+        out = Path(args.out).with_name("bench_widget_python.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"written {out}")
+        return 0
 
     from playwright.sync_api import sync_playwright
 

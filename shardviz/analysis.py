@@ -35,7 +35,7 @@ from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
 from .steptime import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
 from .steptime import step_time as time_the_step
-from .tp import local_model, local_tree, tensor_collectives
+from .tp import cached_local_model, local_tree, tensor_collectives
 from .tree import ModelTree, as_tree
 
 
@@ -202,7 +202,7 @@ class Analysis:
 
     @cached_property
     def _tp_local_model(self):
-        return local_model(self.model, self.full_tree, self.tp_placements, self.plan.tensor_parallel, self.mesh.tensor)
+        return cached_local_model(self.model, self.full_tree, self.tp_placements, self.plan.tensor_parallel, self.mesh.tensor)
 
     @cached_property
     def run_order(self) -> tuple[str, ...] | None:

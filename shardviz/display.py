@@ -501,3 +501,49 @@ def seq_len_note(model, seq_len) -> str | None:
         return None
     return (f"sequence length {seq_len:,} is above this model's max_position_embeddings ({limit:,}): "
             "it was not built for sequences this long")
+
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def model_name(tree) -> str:
+    """The model's one name on every surface: its class under any peft wrapper ("LlamaForCausalLM"),
+    with "+ LoRA" when an adapter wraps it; ``model_text`` says the rest."""
+    model = tree.model
+    name = type(base_model(model)).__name__ if model is not None else tree.root_type
+    return name + (" + LoRA" if model is not None and peft_configs(model) else "")
+
+
+def header_card(a, findings=None) -> dict:
+    """The answer first, as the Inspector's header card and the report's top show it: the verdict
+    (its word and kind, the one ``a.fit``), the judged peak against the usable memory with the
+    margin (``limit_use``), step time, tokens/s and MFU (``a.step``), and the top finding (errors
+    first) with its title and whether its fix is a change of plan (``fixes.fix_plan``: "apply").
+    ``findings``: ``a.findings`` when computed (None: not yet, the card says nothing of them)."""
+    from .finding import TITLES
+    from .fixes import fix_plan
+
+    step = a.step
+    timed = step.step_time_s is not None
+    card = {
+        "model": model_name(a.tree),
+        "verdict": a.fit.verdict if a.fit is not None else None,
+        "verdict_word": a.fit.word if a.fit is not None else "no verdict",
+        "verdict_text": verdict_text(a),
+        "use": limit_use(a.fit),
+        "step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s, "mfu": step.mfu,
+        "step_text": format_duration(step.step_time_s) if timed else "not timed",
+        "tokens_text": f"{step.tokens_per_s:,.0f} tokens/s per rank" if timed else "",
+        "mfu_text": f"MFU {format_percent(step.mfu)}" if timed and step.mfu is not None else "",
+        "untimed": None if timed else step.reason,
+        "finding": None, "findings_ready": findings is not None,
+    }
+    if findings:
+        top = min(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))
+        try:
+            fixable = fix_plan(a, top) is not None
+        except Exception:  # noqa: BLE001 - the card still shows the finding, without "apply"
+            fixable = False
+        card["finding"] = {"code": top.code, "severity": top.severity, "title": TITLES.get(top.code, ""),
+                           "message": top.message, "fix": top.fix, "applies": fixable}
+    return card

@@ -47,3 +47,56 @@ class PlanError(ValueError):
     def __init__(self, findings: list[Finding]):
         self.findings = list(findings)
         super().__init__("\n".join(str(f) for f in self.findings))
+
+
+#: What each code is about, in a few words: every surface that shows a code (the report, the
+#: Inspector's findings) shows its title beside it, so no code is left unexplained. A new code
+#: needs a title here (``tests/test_report_fixes.py`` reads every code the sources emit).
+TITLES = {
+    "SV000": "the checks themselves failed",
+    "SV001": "a parameter reached by several fully_shard calls",
+    "SV002": "a 0-dim parameter cannot be sharded",
+    "SV003": "one call manages trainable parameters of several dtypes",
+    "SV004": "a grouped call with no enclosing call becomes a second root",
+    "SV005": "reshard_after_forward is not a divisor of the shard size",
+    "SV006": "a tied parameter sharded under one name, whole under another",
+    "SV007": "a call on a container without forward",
+    "SV008": "a non-contiguous parameter",
+    "SV101": "ignored parameters need torch 2.7 or later",
+    "SV102": "trainable parameters ignored: their gradients are never reduced by FSDP",
+    "SV103": "trainable parameters under no call: no gradient sync",
+    "SV104": "frozen parameters under no call: whole on every rank",
+    "SV105": "only the root is sharded: the whole model is gathered at once",
+    "SV106": "one call's unsharded size dominates the parameter peak",
+    "SV107": "padding wastes a large share of the shard",
+    "SV108": "empty shards: parameters with fewer rows than ranks",
+    "SV109": "a call that shards nothing (all its parameters ignored)",
+    "SV110": "grouped calls need torch 2.5 or later",
+    "SV111": "fully_shard needs torch 2.4 or later",
+    "SV112": "trainable parameters both sharded and whole: one optimizer group fails",
+    "SV113": "the step keeps a key/value cache",
+    "SV120": "the adapter's target_modules miss this model's layers",
+    "SV121": "the config declares float32 weights",
+    "SV122": "quantized weights priced unquantized",
+    "SV123": "4-bit weights cast by FSDP2's param_dtype",
+    "SV124": "uint8 4-bit weights kept whole by accelerate",
+    "SV201": "the peak against the device memory",
+    "SV202": "the allocator's reserved memory well above the allocated",
+    "SV301": "the captured sharding code raised",
+    "SV302": "a checkpointing policy shardviz does not model",
+    "SV303": "no per-layer fully_shard calls",
+    "SV304": "no reduce dtype in the framework's config",
+    "SV305": "modules inside the blocks checkpointed, not the blocks",
+    "SV306": "the framework casts trainable parameters to float32",
+    "SV307": "the framework's config gives HSDP",
+    "SV308": "calls on checkpoint wrappers that manage nothing",
+    "SV309": "explicit prefetch settings recorded, default prefetch priced",
+}
+
+
+def title(code: str) -> str:
+    """``code``'s title (``TITLES``); a code without one raises, naming it."""
+    try:
+        return TITLES[code]
+    except KeyError:
+        raise ValueError(f"finding code {code!r} has no title in shardviz.finding.TITLES") from None

@@ -20,7 +20,8 @@ import pandas as pd
 
 from . import display
 from .analysis import analyze
-from .format import COLUMNS, column_kind, format_count, format_value
+from .finding import TITLES
+from .format import COLUMNS, column_kind, format_bytes, format_count, format_value
 from .highlight import python_html
 from .fsdp import Mesh
 
@@ -57,6 +58,10 @@ pre { overflow-x: auto; max-width: 100%; box-sizing: border-box; padding: 1rem; 
 .verdict { font-size: 16px; font-weight: 600; padding: .4rem .8rem; border-left: 4px solid var(--info); margin: .6rem 0; }
 .verdict.fits { border-color: #1a7f37 } .verdict.over { border-color: var(--err) } .verdict.tight { border-color: #b8860b }
 th.own, td.own { background: color-mix(in srgb, var(--info) 12%, transparent); }
+.card { border: 1px solid var(--line); border-radius: 6px; padding: .2rem .8rem .6rem; margin: .6rem 0; }
+.card-bar { height: 10px; background: var(--line); border-radius: 5px; overflow: hidden; margin: .3rem 0; }
+.card-fill { height: 100%; background: #1a7f37; } .card-fill.tight { background: #b8860b } .card-fill.over { background: var(--err) }
+.card-bar-text, .card-figures { margin: .2rem 0; } .card-finding { margin: .3rem 0; }
 .copy { font: inherit; font-size: 12px; padding: .15rem .6rem; margin: 0 0 .4rem; cursor: pointer; border: 1px solid var(--line);
   border-radius: 4px; background: var(--bg); color: var(--fg); }
 """
@@ -160,7 +165,9 @@ def traffic_section(a, traffic: dict) -> str:
     """Totals by collective, then every collective of every call (folded when long)."""
     by_coll = pd.DataFrame(traffic.get("by_collective", []), columns=["collective", "count", "bytes", "sent"])
     by_coll = by_coll.rename(columns={"sent": "sent_bytes"})
-    totals = html_table(by_coll, {"count": "calls per step", "bytes": "size per step", "sent_bytes": "sent per rank per step"})
+    # one name per number: the total is "moved per step" here as in the layouts compared (format.COLUMNS)
+    totals = html_table(by_coll, {"count": "calls per step", "bytes": COLUMNS["bytes_per_step"][0],
+                                  "sent_bytes": COLUMNS["sent_bytes_per_rank"][0]})
     comm = a.comm[list(COMM_COLUMNS)]
     note = ('<p class="note">Calls named without the prefix they all share (hover for the full name); "(outside FSDP)": '
             "the all-reduce the exported code issues for parameters FSDP leaves alone.</p>")
@@ -244,18 +251,46 @@ def code_section(a, plan, mesh, training, torch_version) -> str:
 def findings_section(findings) -> str:
     return "<h2>Findings</h2>" + ("".join(
         f'<div class="finding {f.severity}"><span class="code">{_esc(f.severity)} {_esc(f.code)}</span> '
+        f'<span class="title">({_esc(TITLES.get(f.code, ""))})</span> '
         f"{_esc(f.message)}" + (f"<div class=\"fix\">Fix: {_esc(f.fix)}</div>" if f.fix else "") + "</div>"
         for f in findings
     ) or "<p>No findings.</p>")
 
 
-def verdict_section(a) -> str:
-    """The answer first: fits or not (``display.verdict_text``, the words of ``a.fit``), on which
-    device, with the step time."""
-    text = display.verdict_text(a)
-    kind = "" if a.fit is None else a.fit.verdict  # fits | tight | over: the colour of the one verdict
+def codes_section(body: str) -> str:
+    """Every finding code the report shows (in the findings, the layouts compared), with its title
+    (``finding.TITLES``): no code left unexplained."""
+    codes = sorted(set(re.findall(r"\bSV\d{3}\b", body)))
+    if not codes:
+        return ""
+    items = "".join(f"<li><b>{_esc(c)}</b>: {_esc(TITLES.get(c, 'no title: report it'))}</li>" for c in codes)
+    return f"<h2>Finding codes</h2><ul class=\"codes\">{items}</ul>"
+
+
+def verdict_section(a, findings=None) -> str:
+    """The answer first, as the Inspector's header card (``display.header_card``, the same dict): the
+    verdict in words and colour, one bar of the judged peak against the usable memory with the
+    margin, step time, tokens/s, MFU, and the top finding; then the mesh and device."""
+    card = display.header_card(a, findings)
+    kind = card["verdict"] or ""  # fits | tight | over: the colour of the one verdict
+    use = card["use"]
+    bar = ""
+    if use is not None and use["usable"]:
+        share = min(1.0, use["judged"] / use["usable"])
+        bar = (f'<div class="card-bar" title="{_esc(use["text"])}"><div class="card-fill {kind}" '
+               f'style="width:{100 * share:.1f}%"></div></div>'
+               f'<p class="card-bar-text">{_esc(use["judged_name"])} {_esc(format_bytes(use["judged"]))} of '
+               f'{_esc(use["limit_text"])} · {_esc(use["spare_text"])}</p>')
+    figures = " · ".join(x for x in (f"step {card['step_text']}" if card["step_time_s"] is not None else
+                                     f"step time: {card['untimed']}", card["tokens_text"], card["mfu_text"]) if x)
+    top = card["finding"]
+    finding = "<p class=\"card-finding\">No findings.</p>" if findings is not None and top is None else ""
+    if top is not None:
+        finding = (f'<p class="card-finding {top["severity"]}"><b>{_esc(top["code"])}</b> ({_esc(top["title"])}): '
+                   f'{_esc(top["message"])}' + (f" <i>Fix: {_esc(top['fix'])}</i>" if top["fix"] else "") + "</p>")
     device = a.mesh.device.name if a.mesh.device is not None else "no device named (--device)"
-    return (f'<p class="verdict {kind}">{_esc(text)}</p>'
+    return (f'<div class="card"><p class="verdict {kind}"><b class="word">{_esc(card["verdict_word"])}</b>: '
+            f'{_esc(card["verdict_text"])}</p>{bar}<p class="card-figures">{_esc(figures)}</p>{finding}</div>'
             f'<p class="step">{_esc(a.mesh)} of {_esc(device)}; {_esc(display.step_text(a.step))}</p>')
 
 
@@ -312,16 +347,17 @@ def render_report(model, plan, mesh: Mesh | None = None, training=None, *, torch
         charts.append(_chart("memory", c.memory_payload(), c.chart_title()))
         comparison_html = comparison_section(c, own)
     charts.append(_chart("timeline", timeline))
+    body_codes = findings_section(a.findings) + comparison_html
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     script = (WIDGET / "charts.js").read_text() + _DRAW
     css = _CSS + (WIDGET / "inspector.css").read_text()
-    return f"""<!DOCTYPE html>
+    page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:">
 <title>{_esc(title)}</title><style>{css}</style></head><body>
 <h1>{_esc(title)}</h1>
-{verdict_section(a)}
-<p class="sub">{_esc(a.summary())}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training, a.plan))}.
+{verdict_section(a, a.findings)}
+<p class="sub">{_esc(_layout_line(a))}. Plan: {_esc(a.plan.name or "custom")}. Training: {_esc(_training_line(a.training, a.plan))}.
 Generated {stamp}; measured with {_esc(display.versions_text())}.</p>
 {findings_section(a.findings)}
 <h2>Memory, traffic and step time</h2><div class="charts">{"".join(charts)}</div>
@@ -332,9 +368,19 @@ Generated {stamp}; measured with {_esc(display.versions_text())}.</p>
 {units_section(a)}
 {code_section(a, plan, mesh, training, torch_version)}
 {params_section(a)}
+<!--sv-finding-codes-->
 <script>{script}</script>
 </body></html>
 """
+    return page.replace("<!--sv-finding-codes-->", codes_section(body_codes), 1)
+
+
+def _layout_line(a) -> str:
+    """What the analysis is, without naming the model again (the title names it, once):
+    "FSDP 64 ranks: 83 fully_shard calls, 1,204 parameters: 1,204 sharded, 0 ignored, 0 unmanaged"."""
+    counts = a.params["status"].value_counts().to_dict()
+    return (f"{a.mesh}: {format_count(len(a.plan.units))} fully_shard calls, {format_count(len(a.tree.params))} "
+            "parameters: " + ", ".join(f"{format_count(counts.get(s, 0))} {s}" for s in ("sharded", "ignored", "unmanaged")))
 
 
 def write_report(path, model, plan, mesh: Mesh | None = None, training=None, **kwargs) -> str:

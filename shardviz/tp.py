@@ -31,6 +31,8 @@ import copy
 import difflib
 import math
 import re
+import threading
+import weakref
 from dataclasses import dataclass, replace
 
 from torch import nn
@@ -378,6 +380,30 @@ def gathers_output(style: TPStyle, type_name: str) -> bool:
         return False
     out = style.output_layouts or ("Replicate()" if type_name == "Embedding" else "Shard(-1)")
     return out == "Replicate()"
+
+
+#: One tensor rank's copy per (model, TP plan, degree), kept while the model lives: a new copy is a
+#: new model to ``measure_activations``, whose cache is per model, so every analysis of the same 2-D
+#: layout (each what-if of the findings, each edit back to it) would deep-copy 70B's 6,600 modules
+#: and measure its step again. The copy is never changed once made (its forward hooks are its own).
+_LOCAL_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCAL_LOCK = threading.Lock()
+_LOCAL_KEEP = 4  # layouts kept per model (TP 2, 4, 8 and one other plan)
+
+
+def cached_local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: TensorParallel, tensor: int):
+    """``local_model``, made once per (model, ``tp``, ``tensor``): the placements follow from them and
+    the model's tree, so the same key is the same copy (and its measured steps are reused)."""
+    key = (tuple(tp), int(tensor))
+    with _LOCAL_LOCK:
+        kept = _LOCAL_MODELS.setdefault(model, {})
+        out = kept.get(key)
+        if out is None:
+            out = local_model(model, tree, placements, tp, tensor)
+            kept[key] = out
+            while len(kept) > _LOCAL_KEEP:
+                del kept[next(iter(kept))]
+        return out
 
 
 def local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: TensorParallel, tensor: int):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 import shardviz as sv
 from shardviz import zoo
 from shardviz.devices import GiB
@@ -103,3 +105,16 @@ def test_each_row_says_its_difference_in_percent_of_the_step():
     assert not fit.why.str.contains(r"[\d.]+ (?:s|ms|µs)\b(?! safety)").any(), list(fit.why)
     assert fit.why.str.contains(r"\(a tie: within 1 %\), with ").any()
     assert fit.why.str.contains(r"and \d+ fully_shard calls \(the row above 35\)").any()  # LoRA separate, below
+
+
+@pytest.mark.slow
+def test_plan_search_on_the_command_line_decides_the_same(capsys):
+    """``shardviz plan search`` runs ``sv.search`` and its tie rule: on Llama-3-8B + LoRA, 8 x A100-40GB,
+    it picks LoRA sharded too, the same first row as ``sv.search``'s."""
+    from shardviz.cli import main
+
+    rc = main(["plan", "search", "zoo:llama3_8b", "--world-size", "8", "--device", "A100-40GB", "--batch-size", "1",
+               "--seq-len", "8192", "--param-dtype", "none", "--reduce-dtype", "none"])
+    err = capsys.readouterr().err
+    best = llama3_8b_search().table.iloc[0]
+    assert rc == 0 and f"best: {best['name']} (mesh" in err and best.lora == "sharded"

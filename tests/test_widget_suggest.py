@@ -263,3 +263,25 @@ def test_a_suggested_plans_name_stops_naming_its_mesh_once_the_mesh_changes(sear
     assert ins.summary["plan_name"] == f"{found} (found for that mesh; now FSDP 4)"
     ins.controller.pin()
     assert ins.controller.comparison["b"]["plan_name"] == ins.summary["plan_name"]
+
+
+def test_no_row_is_blank_without_a_reason(searched):
+    """Issue 37: rows 9-20 of the table were blank. Every row of the whole search, as the panel
+    would show it, has its name, a step cell and a reason."""
+    ins, _ = searched
+    found = reference()
+    payload = suggest_module.search_payload(found, 1.0, len(found.table), ins.controller)
+    assert len(payload["rows"]) == len(found.table) > TOP
+    for row in payload["rows"]:
+        assert row["name"] and row["step_text"] and row["fits_text"], row
+        assert row["why"] or row["index"] == 0, row  # the best row needs no reason to be above the rest
+
+
+def test_the_search_says_how_far_it_is():
+    """``sv.search(progress=...)``: the Suggest panel counts the plans tried while it runs."""
+    calls = []
+    found = sv.search(model(), mesh=MESH, training=TRAINING, progress=lambda done, n: calls.append((done, n)))
+    assert calls and {n for _, n in calls} == {found.n_candidates}
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and done[-1] <= found.n_candidates
+    assert found.table.equals(reference().table)  # the callback changes nothing

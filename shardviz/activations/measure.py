@@ -16,6 +16,7 @@ from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
 from ..tree import ModelTree, as_tree, base_model
 from .flops import flop_counter, module_costs, module_flops
+from .kernels import attention_note
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
 from .profile import ActivationProfile, ModuleEvent, strip_wrapper
@@ -314,7 +315,20 @@ def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, poli
             request.example_inputs, request.use_cache)
 
 
-def _assumptions(moe, attention: tuple[str, ...], model=None) -> tuple[str, ...]:
+def _compute_dtype(tree: ModelTree, param_dtype) -> str:
+    """The dtype the step's matmuls and attention run in: the mixed-precision ``param_dtype``, else
+    the dtype holding most of the floating parameters."""
+    if param_dtype is not None:
+        return str(param_dtype).replace("torch.", "")
+    sizes: dict[str, int] = {}
+    for p in tree.params:
+        if p.dtype.is_floating_point:
+            key = str(p.dtype).replace("torch.", "")
+            sizes[key] = sizes.get(key, 0) + p.numel
+    return max(sizes, key=sizes.get) if sizes else "float32"
+
+
+def _assumptions(moe, attention: tuple[str, ...], model=None, dtype: str = "float32") -> tuple[str, ...]:
     out = []
     impl = getattr(hf_config(model), "_attn_implementation", None)
     if impl:  # what transformers picked for the class (Gemma-2: eager) unless the user chose
@@ -324,8 +338,8 @@ def _assumptions(moe, attention: tuple[str, ...], model=None) -> tuple[str, ...]
         top = moe[1] if moe[1] else "top_k"
         out.append(f"MoE: balanced routing, each of {moe[0]} experts gets tokens*{top}/{moe[0]} rows "
                    "where the model's code sizes by routing (nonzero/where)")
-    if attention:
-        out.append("attention kernel: " + ", ".join(attention))
+    if attention:  # what the GPU runs, not the CPU op measured (kernels.py: the table and its source)
+        out.append(attention_note(attention, dtype))
     return tuple(out)
 
 
@@ -344,7 +358,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
-        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention, tree.model) + _CACHE_NOTE[request.use_cache],
+        attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention, tree.model, _compute_dtype(tree, pdt)) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
         module_costs=module_costs(timeline, ends),
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},

@@ -59,7 +59,8 @@ __all__ = ["CHECKPOINTS", "COLUMNS", "Candidate", "Measured", "Pruned", "Row", "
 DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives none (the README's table)
 
 
-def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True), tensor=(1,)) -> Search:
+def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True), tensor=(1,),
+           progress=None) -> Search:
     """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
 
     ``tensor``: the tensor-parallel degrees to try, e.g. ``(1, 2, 4, 8)``: each with the model's own
@@ -69,10 +70,12 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     bandwidths (the README table's 450 / 50 GB/s when absent); ``training``: the optimizer, dtypes
     and micro-batch (default ``DEFAULT_TRAINING``: AdamW, bf16 parameters, fp32 reduction, as every
     view and command assumes); with ``global_batch`` the micro-batch and accumulation are searched too.
+    ``progress``: called as ``progress(done, total)`` after each candidate (the Inspector's Suggest
+    shows it while the search runs).
     """
     space, notes = _space(model, mesh, training, offload, tensor)
     cands = candidates(space, offload)
-    rows, n_analysed = run(space, cands)
+    rows, n_analysed = run(space, cands, progress)
     rows = ranked(rows, space.limit)
     untimed = next((r.untimed for r in rows if r.analysed and r.untimed), None)
     if untimed:

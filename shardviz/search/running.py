@@ -17,17 +17,21 @@ from .rows import Measured, Pruned, Row, Rule
 from .space import Space
 
 
-def run(space: Space, cands: list[Candidate]) -> tuple[list[Row], int]:
+def run(space: Space, cands: list[Candidate], progress=None) -> tuple[list[Row], int]:
     """A row for every candidate, in pruning order, and the number of analyses made. A micro-batch
-    larger than one with which nothing fits is pruned."""
-    ev, rows = Evidence(), []
+    larger than one with which nothing fits is pruned. ``progress(done, total)`` after each candidate."""
+    ev, rows, total = Evidence(), [], len(cands)
     nowhere: int | None = None  # the smallest micro-batch with which nothing fits
     for batch, group in groupby(pruning_order(cands), key=lambda c: c.batch_size):
         if nowhere is not None and batch is not None:
             words = f"over {space.usable_text}: micro-batch {nowhere} fits with no plan"
             rows += [Pruned(c, Rule.MICRO_BATCH, words) for c in group]
             continue
-        batch_rows = [_evaluate(space, ev, c) for c in group]
+        batch_rows: list[Row] = []
+        for c in group:
+            batch_rows.append(_evaluate(space, ev, c))
+            if progress is not None:
+                progress(len(rows) + len(batch_rows), total)
         rows += batch_rows
         if batch is not None and not any(r.fits for r in batch_rows):
             nowhere = batch

@@ -7,14 +7,22 @@ button, cancels the job running: ``Cancelled`` (a ``BaseException``, which no ``
 in the analysis swallows) is raised in the worker thread at its next Python instruction, its
 ``with`` blocks and ``finally`` clauses run, and the next job starts only once it has ended, so
 that two measurements never run at once (they patch module-level functions while they run).
+
+Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
+measures what the likely next edits need (one block checkpointed, every block, the other parameter
+dtype, half the sequence, TP 2, the LoRA layouts) into the measurement caches, so that the edit
+itself finds its step measured. The look-ahead is invisible: the widget is idle (``Worker.busy`` is
+False, ``wait()`` returns), and the next edit cancels it like any job.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -34,22 +42,43 @@ class Cancelled(BaseException):
     """Raised inside the worker thread by ``Worker.cancel``."""
 
 
+#: every Worker, so that a job still running when the interpreter exits is stopped first (a daemon
+#: thread frozen inside torch at shutdown can abort the process)
+_WORKERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    for worker in list(_WORKERS):
+        worker.cancel()
+
+
 class Worker:
     """Runs ``fn`` on a daemon thread; ``on_error(exc)`` for an exception it raises."""
 
     def __init__(self, on_error: Callable[[BaseException], None]):
+        _WORKERS.add(self)
         self._thread: threading.Thread | None = None
         self._on_error = on_error
         self.label = ""
         self.started = 0.0
+        #: set when the job's visible work is done (``settle``) or it ended: what is left is the look-ahead
+        self.settled = threading.Event()
+        self.settled.set()
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """A job runs whose results the widget still waits for (the look-ahead does not count)."""
+        return self._thread is not None and self._thread.is_alive() and not self.settled.is_set()
+
+    def settle(self) -> None:
+        """Called by the job: what the widget waits for is sent; the rest is look-ahead."""
+        self.settled.set()
 
     def start(self, fn: Callable[[], None], label: str) -> None:
         self.cancel()
         self.label, self.started = label, time.time()
+        self.settled.clear()
         self._thread = threading.Thread(target=self._main, args=(fn,), daemon=True, name=f"shardviz Inspector: {label}")
         self._thread.start()
 
@@ -59,22 +88,27 @@ class Worker:
         except Cancelled:
             pass
         except Exception as exc:  # noqa: BLE001 - shown in the widget, never lost in a thread
-            self._on_error(exc)
+            if not self.settled.is_set():  # an error of the look-ahead is no one's: the edit will say it
+                self._on_error(exc)
+        finally:
+            self.settled.set()
 
     def cancel(self) -> bool:
-        """Stop the running job (True) and wait for it to end; False when none runs."""
+        """Stop the running job and wait for it to end: True when its visible work was stopped,
+        False when none ran or only the look-ahead (stopped too)."""
         t = self._thread
         if t is None or t is threading.current_thread() or not t.is_alive():
             return False
+        visible = not self.settled.is_set()
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Cancelled))
         t.join(30)
-        return True
+        return visible
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the running job; True once none runs."""
+        """Wait for the running job's visible work; True once none is left (the look-ahead may run on)."""
         t = self._thread
         if t is not None and t is not threading.current_thread():
-            t.join(timeout)
+            self.settled.wait(timeout)
         return not self.busy
 
 
@@ -91,6 +125,9 @@ class BackgroundPush:
         self.shown_memory: dict | None = None  # the memory chart's payload as sent (interim or full)
         self.host_ram_text = ""
         self.interrupted = False  # a change of view (pin, target release) stopped the background work
+        #: measure the likely next edits once the findings are sent (``look_ahead``): on with a front
+        #: end (the Inspector sets it), off for a widget no one sees
+        self.ahead = False
 
     def push_state(self, initial: bool = False) -> None:
         """After a change of plan, mesh or training: charts first, then rows, then findings.
@@ -125,6 +162,9 @@ class BackgroundPush:
                 if self.interim_revision == rev:  # the model-state numbers went first: the full ones now
                     self.push_numbers()
             self.push_rest(rev)
+            self.worker.settle()
+            if self.ahead:
+                look_ahead(st, rev)
 
         self.worker.start(job, "measuring the activations" if interim else "checking the plan")
         try:
@@ -161,6 +201,9 @@ class BackgroundPush:
         def rest():
             st.names.known()  # the presets an edit's name is measured from: built once, here
             self.push_rest(rev)
+            self.worker.settle()
+            if self.ahead:
+                look_ahead(st, rev)
 
         self.worker.start(rest, "checking the plan (findings, SV201's what-ifs)")
         w.work = self.work_state()
@@ -272,3 +315,63 @@ class BackgroundPush:
             w.work = {"busy": False, "revision": w.controller.revision}
             w.push_messages()
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The look-ahead: what the next edit likely needs, measured while the user reads the numbers
+# ---------------------------------------------------------------------------------------------
+def next_edits(st) -> list[tuple[str, object]]:
+    """The likely next edits of ``st`` (an ``InspectorState``) that need a new measurement, most
+    likely first, as (what, a function of ``st`` returning its (plan, mesh, training)): the same
+    plain functions the edits call (``plan_actions``, ``setup_actions``), so that what is measured
+    ahead is exactly what the edit then asks for. Without a micro-batch nothing is measured."""
+    from . import plan_actions, setup_actions
+
+    if not st.training.with_activations:
+        return []
+    plan, mesh, tr = st.plan, st.mesh, st.training
+    blocks = st.blocks()
+    out: list[tuple[str, object]] = []
+    if len(blocks) > 1:
+        out.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
+        out.append(("every block's checkpoint", lambda: (plan_actions.checkpoint_blocks(st, not plan.checkpoint), mesh, tr)))
+    other = "float32" if tr.param_dtype == "bfloat16" else "bfloat16"
+    out.append((f"param dtype {other}", lambda: (plan, mesh, setup_actions.training_edit(st, param_dtype=other).training)))
+    if tr.seq_len >= 2:
+        out.append(("half the sequence", lambda: (plan, mesh, setup_actions.training_edit(st, seq_len=tr.seq_len // 2).training)))
+    if mesh.tensor == 1 and mesh.world % (mesh.replicate * 2) == 0:
+        def tp2():
+            edit = setup_actions.tensor_edit(st, 2)
+            return edit.plan or plan, edit.mesh, tr
+        out.append(("TP 2", tp2))
+    for key in plan_actions.PRESETS:
+        if key in ("ignored", "sharded", "separate"):
+            out.append((f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr)))
+    return out
+
+
+def look_ahead(st, rev: int | None = None, findings: bool = True) -> list[str]:
+    """Measure what ``next_edits`` need into the caches (the activations per layout, TP's local
+    model), then (``findings``) their findings' what-ifs; stops when the state moves on from ``rev``
+    (the worker is cancelled then anyway). Returns what it measured. A failure is left to the edit."""
+    done, analyses = [], []
+    for what, edit in next_edits(st):
+        if rev is not None and st.revision != rev:
+            return done
+        try:
+            plan, mesh, training = edit()
+            a = analyze(st.tree, plan, mesh, training, strict=False, torch_version=st.torch_version)
+            a.memory  # noqa: B018 - measures the step: the cache keeps it
+            a.step  # noqa: B018
+        except Exception:  # noqa: BLE001 - the edit, if made, says why
+            continue
+        done.append(what)
+        analyses.append(a)
+    for a in analyses if findings else ():
+        if rev is not None and st.revision != rev:
+            break
+        try:
+            a.findings  # noqa: B018 - SV201's what-ifs measure their steps: the cache keeps them
+        except Exception:  # noqa: BLE001
+            continue
+    return done

@@ -246,7 +246,7 @@ function drawTraffic(trafficEl, tr) {
   });
   const total = h("div", {
     class: "sv-chart-note",
-    text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (collective buffers ${fmtBytes(tr.total_bytes)})${tr.time_s ? ` · ≈ ${tr.time_text} at the given bandwidths` : ""}`,
+    text: `total ${fmtBytes(tr.total_sent)} sent per rank per step (${fmtBytes(tr.total_bytes)} moved per step)${tr.time_s ? ` · ≈ ${tr.time_text} at the given bandwidths` : ""}`,
   });
   trafficEl.append(svg1, total);
   const units = tr.by_unit || [];

@@ -10,12 +10,10 @@ actions and draws what ``rows()``, ``memory``, ``traffic``, ``findings`` and ``c
 sets A against the current state ("B") with ``sv.Comparison``, updated after every change. Pinning
 is view state, like the filters: not an undo step (undo moves B, A stays where it was pinned).
 
-Every change either fully happens or raises ``ValueError`` and changes nothing: the new plan is
-analysed before it becomes current: an ``Analysis`` is never changed once made. The plan edits
-(and the mesh and training edits) are plain functions of this state in ``plan_actions.py`` and
-``setup_actions.py`` (each returns the new value; the methods here make it current), the plan's
-name after edits in ``plan_names.py``, the Suggest panel
-(``sv.search``) in ``suggest.py``. Listeners hear what changed as a ``Change`` (a flag, not a string).
+Every change either fully happens or raises ``ValueError`` and changes nothing (an ``Analysis`` is
+never changed once made). The edits are plain functions of this state in ``plan_actions.py`` and
+``setup_actions.py`` (the methods here make their result current), the plan's name after edits in
+``plan_names.py``, Suggest (``sv.search``) in ``suggest.py``. Listeners hear a ``Change`` (a flag).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from ..files import write_text_atomic
 from ..fsdp import Mesh
 from ..plan import Plan, as_plan
 from ..tree import ModelTree
-from ..display import DEFAULT_TRAINING  # what the Inspector assumes when no training is given
+from ..display import DEFAULT_TRAINING, header_card  # DEFAULT_TRAINING: what the Inspector assumes
 from . import panels, plan_actions, setup_actions, suggest
 from .panels import raised_by, shortened_diff
 from .plan_actions import PRESETS, BlockAction
@@ -162,7 +160,7 @@ class InspectorState:
         return self._pos < len(self._history) - 1
 
     def observe(self, callback: Callable[[Change], None]) -> None:
-        """``callback(changed)`` after every change; ``changed`` (a ``Change``) says what moved."""
+        """``callback(changed)`` after every change (a ``Change`` says what moved)."""
         self.listeners.append(callback)
 
     def _notify(self, changed: Change) -> None:
@@ -257,6 +255,13 @@ class InspectorState:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
         return self._lazy("findings", lambda: panels.findings_payload(self.analysis))
 
+    def card(self, with_findings: bool = True) -> dict:  # the header card: the report's dict (display.header_card)
+        return self._lazy("card" if with_findings else "card_numbers", lambda: header_card(
+            self.analysis, self.analysis.findings if with_findings else None))
+
+    def apply_fix(self, code: str) -> None:  # a finding's fix that is a plan change, as one undo step
+        self._commit(plan=plan_actions.finding_fix(self, code), note=f"applied the fix of {code}; undo goes back")
+
     @property
     def comparison(self) -> dict:
         """The A vs B view's data (``panels.comparison_payload``); ``{"pinned": False}`` until ``pin()``."""
@@ -264,11 +269,8 @@ class InspectorState:
             panels.comparison_payload(self.pinned_comparison(), self.pinned, self.current)))
 
     def pinned_comparison(self) -> Comparison | None:
-        """``sv.Comparison`` of the pinned state ("A") and the current one ("B"); None when nothing is pinned.
-
-        Both analyses are ``sv.analyze(tree, plan, mesh, training, strict=False)`` on the cached tree,
-        as ``sv.compare`` makes them, so ``table`` and ``diff("A", "B")`` are exactly compare's.
-        """
+        """``sv.Comparison`` of the pinned state ("A") and the current one ("B"), None when nothing is pinned:
+        both analysed on the cached tree as ``sv.compare`` does, so ``table`` and ``diff`` are compare's."""
         if self.pinned is None:
             return None
         return Comparison({"A": self._pinned_analysis, "B": self.analysis})
@@ -277,10 +279,9 @@ class InspectorState:
                 note: str | None = None) -> bool:
         """Make (plan, mesh, training) current as one undo step; False when nothing changed.
 
-        ``edit``: the plan is one user edit of the current one (named after its base, see
-        ``PlanNames.after_edit``); False for a plan that replaces it (``set_plan``, a suggestion), which
-        keeps its own name, or a ``NamedPlan`` named already (a preset that kept the checkpointing). A change that happens clears the earlier messages (they were about an
-        earlier state); ``note`` is then the one message shown."""
+        ``edit``: the plan is one user edit of the current one (named after its base, ``PlanNames.after_edit``);
+        False for a plan that replaces it (``set_plan``, a suggestion), or a ``NamedPlan`` named already.
+        A change clears the earlier messages; ``note`` is then the one message shown."""
         cur = self.current
         if isinstance(plan, Plan):
             named = self.names.after_edit(plan, cur.named) if edit else self.names.arrived(plan)
@@ -496,8 +497,7 @@ class InspectorState:
         self._notify(Change.ROWS)
 
     def set_rank(self, rank: int) -> None:
-        rank = int(rank)
-        if not 0 <= rank < self.mesh.world:
+        if not 0 <= (rank := int(rank)) < self.mesh.world:
             raise ValueError(f"rank {rank} is outside the mesh of {self.mesh.world} ranks")
         self.view.rank = rank
         self._notify(Change.ROWS)

@@ -113,6 +113,7 @@ class Inspector(anywidget.AnyWidget):
         #: slow work off the kernel's thread (default: when a front end is connected; see BackgroundPush)
         self.background = background if background is not None else not isinstance(self.comm, DummyComm)
         self.pushes = BackgroundPush(self)  # the pushes after a change, the slow part on a worker thread
+        self.pushes.ahead = self.background and not isinstance(self.comm, DummyComm)  # a page shows it
         controller.before_change.append(self.pushes.stop)
         self._sent_order: list[str] | None = None
         self._sent_rows: dict[str, dict] = {}
@@ -259,6 +260,9 @@ class Inspector(anywidget.AnyWidget):
             "has_model": st.model is not None,
             "optimizer": str(tr.optimizer),
             "pinned": st.pinned is not None,
+            # the header card (display.header_card, the report's too): only from full numbers, never
+            # computed here (the main thread measures nothing); None until they are in
+            "card": st.card(findings is not None) if st.computed("memory") is not None else None,
         }
 
     def push_messages(self) -> None:
@@ -420,6 +424,7 @@ def _set_torch_version(ins: Inspector, kw: dict) -> None:
 
 def _verify(ins: Inspector, kw: dict) -> dict:
     ins.pushes.worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
+    ins.pushes.worker.cancel()  # nor beside the look-ahead's
     return ins.controller.verify(**kw)
 
 

@@ -12,6 +12,7 @@ import os
 import traceback
 
 from ..format import format_bytes
+from ..finding import TITLES
 from .plan_names import shown_name
 from ..display import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
                      training_text)
@@ -32,6 +33,7 @@ def findings_payload(analysis) -> list[dict]:
     for f in findings:
         out.append({
             "code": f.code,
+            "title": TITLES.get(f.code, ""),  # every code explained where it is shown
             "severity": f.severity,
             "message": f.message,
             "fqns": list(f.fqns[:50]),
@@ -48,7 +50,7 @@ COMPARISON_ROWS = (
     ("optimizer", "optimizer states", "bytes", "memory"),
     ("peak", "allocated peak", "bytes", "memory"),
     ("judged_peak", "judged peak", "bytes", "memory"),
-    ("bytes_per_step", "collective bytes per step", "bytes", "traffic"),
+    ("bytes_per_step", "moved per step", "bytes", "traffic"),  # format.COLUMNS' name, as the report and compare say
     ("sent_bytes_per_rank", "sent per rank per step", "bytes", "traffic"),
     ("collectives_per_step", "collectives per step", "count", "collectives"),
     ("n_all_gather", "all_gather", "count", "collectives"),

@@ -333,3 +333,17 @@ def parse_reshard_after_forward(value):
         if low.isdigit():
             return int(low)
     raise ValueError(f"reshard_after_forward={value!r}: expected default, True, False or an int")
+
+
+def finding_fix(state, code: str) -> Plan:
+    """The plan a finding's fix describes (``fixes.fix_plan``); ``ValueError`` when the current plan
+    has no such finding or its fix is not a change of plan."""
+    from ..fixes import fix_plan
+
+    found = [f for f in state.analysis.findings if f.code == code]
+    if not found:
+        raise ValueError(f"finding {code!r}: the current plan has no such finding")
+    plan = fix_plan(state.analysis, found[0])
+    if plan is None:
+        raise ValueError(f"finding {code}: its fix is not a change of plan ({found[0].fix[:120]})")
+    return plan

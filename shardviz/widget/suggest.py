@@ -94,10 +94,19 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
     except ValueError as exc:
         state.set_suggest_status({"state": "error", "error": str(exc)})
         raise
-    state.set_suggest_status({"state": "running", "n_candidates": n})
+    state.set_suggest_status({"state": "running", "n_candidates": n, "done": 0})
     t0 = time.perf_counter()
+    shown = [t0]
+
+    def progress(done: int, total: int) -> None:  # at most 5 updates a second: the panel's count moves
+        now = time.perf_counter()
+        if now - shown[0] >= 0.2:
+            shown[0] = now
+            state.set_suggest_status({"state": "running", "n_candidates": total, "done": done,
+                                      "elapsed_s": round(now - t0, 1)})
+
     try:
-        found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh))
+        found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress)
     except Exception as exc:
         state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
         raise
@@ -133,7 +142,8 @@ def suggestions_payload(state) -> dict:
     out = {**state.suggest_status, "inputs": f"{_mesh_text(state.mesh)} · {training_text(state.training)}",
            "missing": _missing(state), "top": state.suggest_top, "needs_memory": state.mesh.device_memory is None}
     if out["state"] == "running":
-        out["text"] = f"searching {out['n_candidates']} plans…"
+        done = out.get("done", 0)
+        out["text"] = f"searching {out['n_candidates']} plans…" + (f" {done} tried" if done else "")
     if state.found is not None:
         out.update(search_payload(state.found.search, state.found.seconds, state.suggest_top, state))
         out["stale"] = state.found.key != search_key(state.mesh, state.training)

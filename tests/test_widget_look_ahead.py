@@ -1,0 +1,109 @@
+"""The Inspector measures ahead what the next edit likely needs (issue 37): once an edit's findings
+are sent, the worker measures the other parameter dtype, half the sequence, a block checkpointed,
+TP 2 and the LoRA presets into the measurement caches, so that the edit itself measures nothing
+and shows its full numbers in milliseconds. What it leaves in the caches is what torch measures
+for that state: the numbers after the edit equal a fresh measurement's."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.activations import clear_cache
+from shardviz.activations import measure as measure_mod
+from shardviz.widget import Inspector, background
+from shardviz.widget.controller import InspectorState
+
+MESH = sv.Mesh(shard=4, device="H100")
+TRAINING = sv.Training(param_dtype="bfloat16", reduce_dtype="float32", batch_size=1, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """Counts the steps torch runs (``measure.measure_copy``)."""
+    count = []
+    real = measure_mod.measure_copy
+
+    def counted(*args, **kwargs):
+        count.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure_mod, "measure_copy", counted)
+    return count
+
+
+def fresh_peak(model, st) -> int:
+    clear_cache()
+    return int(sv.analyze(model, st.plan, st.mesh, st.training, strict=False).memory["peak"].max())
+
+
+@pytest.mark.parametrize("edit", [
+    lambda st: st.set_training(param_dtype="float32"),
+    lambda st: st.set_training(seq_len=32),
+    lambda st: st.toggle_checkpoint(st.blocks()[1]),
+    lambda st: st.apply_preset("ignored"),
+    lambda st: st.set_tensor(2),
+])
+def test_after_the_look_ahead_the_edit_measures_nothing(model, runs, edit):
+    clear_cache()
+    st = InspectorState(model, mesh=MESH, training=TRAINING)
+    st.memory  # noqa: B018 - the current state's numbers, as the widget shows them first
+    done = background.look_ahead(st, st.revision, findings=False)
+    assert len(done) >= 5, done
+    before = len(runs)
+    edit(st)
+    peak = st.memory["max_peak"]
+    assert len(runs) == before  # the step was measured ahead: nothing runs in the edit's path
+    assert peak == fresh_peak(model, st)  # and what was kept is what torch measures for this state
+
+
+def test_without_the_look_ahead_the_same_edit_measures(model, runs):
+    clear_cache()
+    st = InspectorState(model, mesh=MESH, training=TRAINING)
+    st.memory  # noqa: B018
+    before = len(runs)
+    st.set_training(param_dtype="float32")
+    st.memory  # noqa: B018
+    assert len(runs) > before  # the premise of the test above: a new dtype is a new measurement
+
+
+def test_a_tp_layout_is_copied_and_measured_once(model, runs):
+    """TP's one-rank copy is kept per (model, TP plan, degree): a second analysis of the same 2-D
+    layout (a what-if, an undo back to it) reuses the copy and its measured step."""
+    clear_cache()
+    plan = sv.Plan.auto(model, tensor_parallel=True)
+    mesh = sv.Mesh(shard=2, tensor=2, device="H100")
+    a = sv.analyze(model, plan, mesh, TRAINING, strict=False)
+    first = a.memory["peak"].max()
+    before = len(runs)
+    b = sv.analyze(model, plan, mesh, TRAINING, strict=False)
+    assert b.memory["peak"].max() == first and len(runs) == before
+    assert a._tp_local_model is b._tp_local_model
+
+
+def test_the_look_ahead_is_idle_work_and_the_next_edit_stops_it(model, monkeypatch):
+    """The widget is idle while it looks ahead (``wait`` returns, no spinner), and an edit cancels it."""
+    clear_cache()
+    started, release = threading.Event(), threading.Event()
+
+    def slow(st, rev=None, findings=True):
+        started.set()
+        while not release.is_set():
+            release.wait(0.01)
+
+    monkeypatch.setattr(background, "look_ahead", slow)
+    ins = Inspector(model, mesh=MESH, training=TRAINING, background=True)
+    ins.pushes.ahead = True
+    assert started.wait(120) and ins.wait(5)  # the findings are in; the look-ahead runs on
+    assert ins.work["busy"] is False and not ins.pushes.worker.busy
+    assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # cancels it, does not wait for it
+    assert ins.wait(120) and ins.memory["max_peak"] == fresh_peak(model, ins.controller)
+    release.set()
