@@ -1,8 +1,8 @@
 """``sv.Inspector``: the Jupyter widget, one anywidget.
 
-The front end (``charts.js`` and the files of ``front/``, concatenated in the order
-``FRONT_FILES`` into one ES module, and ``inspector.css``; shipped in the package: no build step,
-nothing fetched at run time) draws the controls, the module tree, the memory and traffic charts
+The front end (the ES modules of ``front/``, which import ``charts.js`` and each other, bundled
+into one ES module by ``bundle.py`` when this class is defined, and ``inspector.css``; shipped in
+the package: no npm, nothing fetched at run time; with ``ANYWIDGET_HMR=1`` a saved edit reloads) draws the controls, the module tree, the memory and traffic charts
 (SVG, the same drawing code as the HTML report), the findings, A vs B and the export. Every
 number comes from ``InspectorState`` (``controller.py``), which takes them from ``sv.analyze``; the
 front end formats them and sends back what the user did.
@@ -39,7 +39,7 @@ from ..format import format_bytes, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
 from ..presets import preset_key
-from . import panels, protocol
+from . import bundle, panels, protocol
 from .background import BackgroundPush
 from .inputs import mesh_fields, seq_len_note, training_fields, whole
 from .controller import PRESETS, BlockAction, Change, InspectorState
@@ -52,19 +52,12 @@ GIB = 1024**3
 #: Releases offered in the export's "target torch" menu ("" = detected when the code runs).
 TORCH_RELEASES = ["", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4"]
 DTYPES = [["", "model's dtype"], ["bfloat16", "bfloat16"], ["float16", "float16"], ["float32", "float32"]]
-#: The front end's files (``front/``), one per component, concatenated in this order into one ES
-#: module after ``charts.js``: they share top-level names; ``inspector.js`` (``render``,
-#: ``export default``) comes last.
-FRONT_FILES = (
-    "base.js", "summary.js", "controls.js", "tree_rows.js", "tree.js", "compare.js", "findings.js", "suggest.js",
-    "export.js", "inspector.js",
-)
 
 
-def _read_esm() -> str:
-    # charts.js is the report's chart code too: one drawing of each chart
-    front = "\n".join((HERE / "front" / name).read_text() for name in FRONT_FILES)
-    return (HERE / "charts.js").read_text() + "\n" + front
+def _read_esm() -> str | Path:
+    """The front end as anywidget loads it: the bundle of ``front/inspector.js`` and what it imports
+    (``bundle.py``); in development (``ANYWIDGET_HMR=1``) a file that is rebuilt on every save."""
+    return bundle.dev_bundle_path() if bundle.hot_reload_wanted() else bundle.bundle()
 
 
 class Inspector(anywidget.AnyWidget):

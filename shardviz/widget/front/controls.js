@@ -1,6 +1,9 @@
 // controls.js: the mesh, training, rank and history controls, drawn from the "controls" trait.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { h } from "../charts.js";
+import { fillSelect, keepKeysFromLab } from "./base.js";
 
 // ---------------------------------------------------------------------------------------------
 // controls: drawn here, state from the "controls" trait; every edit is an action
@@ -134,7 +137,7 @@ function showCheckpointBlocks(btn, c) {
   btn.classList.toggle("sv-on", !!all);
 }
 
-function controlsComponent(ctx, { onRafChoices }) {
+export function controlsComponent(ctx, { onRafChoices }) {
   const ctl = controlInputs();
   const el = controlsLayout(ctl);
   function showState() {

@@ -1,6 +1,9 @@
 // findings.js: the findings panel, each finding with its fix and a link into the tree.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { h } from "../charts.js";
+import { revealLink } from "./compare.js";
 
 // ---------------------------------------------------------------------------------------------
 // findings: what is wrong or wasteful, each with its fix; a click reveals it in the tree
@@ -41,7 +44,7 @@ function findingItem(send, f) {
   return item;
 }
 
-function findingsPanel(ctx, { tabButton }) {
+export function findingsPanel(ctx, { tabButton }) {
   const el = h("div", { class: "sv-panel sv-panel-findings", "data-panel": "findings" });
   function render() {
     const list = ctx.model.get("findings") || [];

@@ -1,7 +1,17 @@
 // inspector.js: the charts panel, the tabs, and render (the anywidget entry point), which builds
-// the components and wires the traits and messages to them. Last: it holds `export default`.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// the components and wires the traits and messages to them. The entry module: `export default`.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { drawMemory, drawTimeline, drawTraffic, h } from "../charts.js";
+import { makeContext } from "./base.js";
+import { messagesComponent, summaryComponent } from "./summary.js";
+import { controlsComponent } from "./controls.js";
+import { treeComponent } from "./tree.js";
+import { comparePanel } from "./compare.js";
+import { findingsPanel } from "./findings.js";
+import { suggestPanel } from "./suggest.js";
+import { exportPanel } from "./export.js";
 
 // ---------------------------------------------------------------------------------------------
 // charts: charts.js draws them (the report uses the same functions)

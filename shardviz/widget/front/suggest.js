@@ -1,8 +1,10 @@
 // suggest.js: the Suggest panel, sv.search's best plans for this model, mesh and training, each
 // with one button that applies it (one undo step). Every figure arrives as text from Python
 // (widget/suggest.py); nothing is computed here.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // suggest: the search's top rows, "searching N plans…" while it runs, what is missing, the errors
@@ -55,7 +57,7 @@ function suggestStatus(d, waiting) {
 
 const RUN_TITLE = "search the plans a user would try (LoRA layout, checkpointing, reshard, HSDP split, offload, micro-batch) and rank those that fit";
 
-function suggestPanel(ctx) {
+export function suggestPanel(ctx) {
   const el = h("div", { class: "sv-panel sv-panel-suggest", "data-panel": "suggest" });
   let waiting = false;
   const run = h("button", {

@@ -1,12 +1,14 @@
 // summary.js: the summary line (model, mesh, training, plan, peak, findings, A vs B, plan file)
 // and the messages (errors and notes).
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmtBytes, fmtDelta, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // summary: model, mesh, training, the plan's name, the peak, the findings' counts
 // ---------------------------------------------------------------------------------------------
-function summaryComponent(ctx, { openCompare }) {
+export function summaryComponent(ctx, { openCompare }) {
   const el = h("div", { class: "sv-summary" });
   const shown = { lastFull: null }; // this widget's last fully measured summary (one per Inspector on the page)
   function render() {
@@ -130,7 +132,7 @@ function planFileItem(pf) {
 // ---------------------------------------------------------------------------------------------
 // messages: the latest errors and notes, and a plan file that stopped saving
 // ---------------------------------------------------------------------------------------------
-function messagesComponent(ctx) {
+export function messagesComponent(ctx) {
   const el = h("div", { class: "sv-messages" });
   function render() {
     const msgs = ctx.model.get("messages") || [];

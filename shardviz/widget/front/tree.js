@@ -1,7 +1,11 @@
 // tree.js: the tree's filters and header, names fitted to their cell, and treeComponent, the
 // virtualised list of the visible rows (built by tree_rows.js).
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { h } from "../charts.js";
+import { MAX_TREE_H, OVERSCAN, ROW_H, selectOf } from "./base.js";
+import { buildRow } from "./tree_rows.js";
 
 // ---------------------------------------------------------------------------------------------
 // tree: filters, a virtualised list of the visible rows (Python sends only the rows that changed)
@@ -111,7 +115,7 @@ function watchWidthAndTheme(el, redraw) {
   };
 }
 
-function treeComponent(ctx) {
+export function treeComponent(ctx) {
   const rowsById = new Map();
   let order = [];
   let flashId = null;

@@ -1,6 +1,8 @@
 // tree_rows.js: one row of the tree (name, type, size, status, bytes, shard) and its actions.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmtBytes, fmtCount, fmtShape, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // tree rows: the cells and action buttons of module, group and parameter rows (tree.js lists them)
@@ -64,7 +66,7 @@ function caretOf(ctx, id, r) {
 }
 
 // one tree row: name, type, size, status, bytes per rank, local shard, actions
-function buildRow(ctx, id, r, flashed) {
+export function buildRow(ctx, id, r, flashed) {
   const row = h("div", {
     class: `sv-row sv-kind-${r.kind}${flashed ? " sv-flash" : ""}`,
     "data-id": id,
