@@ -150,3 +150,34 @@ def test_no_glyph_that_needs_an_emoji_font():
     for path in [here / "charts.js", here / "inspector.css", *sorted((here / "front").glob("*.js"))]:
         found = pictograph.findall(path.read_text())
         assert not found, (path.name, found)
+
+
+def test_one_number_style_in_the_front_end_and_in_python():
+    """Issue 37: one column mixed "8,192", "131.1 k", "67.37 mn" and "70.76 bn", and "8 us" with
+    "15.4 µs". The front end's one formatter, ``fmt`` (charts.js), writes every number as
+    shardviz/format.py does, run under node against the Python functions."""
+    import json
+    import shutil
+    import subprocess
+
+    from shardviz.format import format_bytes, format_count, format_duration, format_large_count, format_percent
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    cases = {
+        "bytes": ([0, 512, 1536, 123_456_789, 19.34 * 2**30, 263.6 * 2**30, 3 * 2**40], format_bytes),
+        "count": ([0, 8192, 131_072, 67_371_008, 70_553_706_496, 1_234_567_890_123], format_large_count),
+        "int": ([0, 999, 8192, 1_412, 70_553_706_496], format_count),
+        "seconds": ([0, 4e-6, 1.54e-5, 2.7e-4, 0.0123, 0.25, 3.58, 23.6], format_duration),
+        "percent": ([0, 0.0004, 0.054, 0.281, 0.54, 1.0], format_percent),
+    }
+    src = (Path(sv.__file__).parent / "widget" / "charts.js").read_text()
+    fmt_src = src[src.index("function fmt(v, kind)"):src.index("const fmtBytes")]
+    calls = [[kind, v] for kind, (values, _) in cases.items() for v in values]
+    script = fmt_src + f"console.log(JSON.stringify({json.dumps(calls)}.map(([k, v]) => fmt(v, k))));"
+    js = json.loads(subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True).stdout)
+    py = [cases[kind][1](v) for kind, v in calls]
+    assert js == py, [(c, a, b) for c, a, b in zip(calls, js, py) if a != b]
+    # the old shortened counts are gone from every file the front end ships
+    esm = front_end_source()
+    assert not re.search(r"\b(bn|mn|tn)`", esm)

@@ -52,27 +52,48 @@ function s(tag, attrs = {}, ...kids) {
   return el;
 }
 
-function fmtBytes(n) {
-  if (n === null || n === undefined || Number.isNaN(n)) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n);
-  let i = 0;
-  while (Math.abs(v) >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i += 1;
+// the one number style of every view (the Inspector, the report, the charts), the same as
+// shardviz/format.py's (format_bytes, format_large_count, format_duration, format_percent,
+// format_count; tests/test_widget_front_end.py runs both): bytes in binary units with two decimals,
+// counts in words ("70.55 billion"; never "bn" or "B", which reads as bytes), times in s / ms / µs
+function fmt(v, kind) {
+  if (v === null || v === undefined || Number.isNaN(Number(v))) return "–";
+  const n = Number(v);
+  if (kind === "bytes") {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let x = n;
+    let i = 0;
+    while (Math.abs(x) >= 1024 && i < units.length - 1) {
+      x /= 1024;
+      i += 1;
+    }
+    return i === 0 ? `${x.toFixed(0)} B` : `${x.toFixed(2)} ${units[i]}`;
   }
-  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
+  if (kind === "count") {
+    for (const [div, name] of [[1e12, "trillion"], [1e9, "billion"], [1e6, "million"]]) if (Math.abs(n) >= div) return `${(Math.trunc(n) / div).toFixed(2)} ${name}`;
+    return Math.trunc(n).toLocaleString("en-US");
+  }
+  if (kind === "int") return Math.trunc(n).toLocaleString("en-US");
+  if (kind === "seconds") {
+    if (n >= 0.1 || n === 0) return `${n.toFixed(3)} s`;
+    return n >= 1e-4 ? `${(n * 1e3).toFixed(2)} ms` : `${(n * 1e6).toFixed(1)} µs`;
+  }
+  if (kind === "percent") {
+    const pct = 100 * n;
+    if (pct > 0 && pct < 0.1) return "<0.1%";
+    return pct < 10 ? `${pct.toFixed(1)}%` : `${pct.toFixed(0)}%`;
+  }
+  return String(v);
 }
+const fmtBytes = (n) => fmt(n, "bytes");
+const fmtCount = (n) => fmt(n, "count");
 
-// element counts: words, never a letter that reads as a byte unit ("70.76 bn", not "70.76B")
-function fmtCount(n) {
-  if (n === null || n === undefined) return "–";
-  const v = Number(n);
-  if (v >= 1e12) return `${(v / 1e12).toFixed(2)} tn`;
-  if (v >= 1e9) return `${(v / 1e9).toFixed(2)} bn`;
-  if (v >= 1e6) return `${(v / 1e6).toFixed(2)} mn`;
-  if (v >= 1e4) return `${(v / 1e3).toFixed(1)} k`;
-  return v.toLocaleString("en-US");
+// an axis's ticks in one unit, picked for the step between them, no trailing zeros ("0 s, 2.5 s",
+// not "0.000 s, 2.500 s")
+function fmtTick(v, step, kind) {
+  const units = kind === "seconds" ? [[1, "s"], [1e-3, "ms"], [1e-6, "µs"]] : [[1, ""]];
+  const [div, name] = units.find(([d]) => step >= d) || units[units.length - 1];
+  return `${+(v / div).toFixed(3)}${name ? " " + name : ""}`;
 }
 
 function fmtShape(shape) {
@@ -156,7 +177,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
         "data-cat": c.key,
         "data-bytes": v,
       });
-      rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${v.toLocaleString()} B)` }));
+      rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${fmt(v, "int")} B)` }));
       g.append(rect);
       acc += v;
     }
@@ -286,9 +307,7 @@ function drawTraffic(trafficEl, tr) {
   trafficEl.dataset.revision = String(tr.revision);
 }
 
-function fmtValue(v, kind) {
-  return kind === "bytes" ? fmtBytes(v) : String(v);
-}
+const fmtValue = fmt;
 
 function fmtDelta(d, kind) {
   if (!d) return "±0";
@@ -319,7 +338,7 @@ function pairedBars(title, rows, kind, limit, limitText) {
       const w = v > 0 ? Math.max(1, (barW * v) / max) : 0;
       const yy = y + j * (barH + 2);
       const rect = s("rect", { class: `sv-seg sv-pair-${side[0]}`, x: labelW, y: yy, width: w, height: barH, "data-side": side[0], "data-value": v });
-      rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${v.toLocaleString()} B)` : ""}` }));
+      rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${fmt(v, "int")} B)` : ""}` }));
       g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: yy + barH - 1, text: `${side[1]} ${fmtValue(v, kind)}` }));
     }
     svg.append(g);
@@ -394,10 +413,7 @@ function drawChart(el, kind, payload, title) {
 // stream's waits on communication (exposed) drawn in red on the compute lane
 // the same colours as steptime.timeline_figure (plotly); red is kept for the waits
 const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c4", all_gather: "sv-c6", reduce_scatter: "sv-c7", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
-function fmtSeconds(x) {
-  if (x >= 0.1 || x === 0) return `${x.toFixed(3)} s`;
-  return x >= 1e-4 ? `${(x * 1e3).toFixed(2)} ms` : `${(x * 1e6).toFixed(1)} µs`;
-}
+const fmtSeconds = (x) => fmt(x, "seconds");
 function drawTimeline(el, p, title = "One step, stream by stream") {
   el.replaceChildren(h("div", { class: "sv-chart-title", text: title }));
   if (!p || !p.available) {
@@ -420,7 +436,7 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   });
   const step = niceStep(end);
   for (let t = 0; t <= end * 1.0001; t += step) {
-    svg.append(s("text", { class: "sv-axis", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtSeconds(t) }));
+    svg.append(s("text", { class: "sv-axis sv-tick", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtTick(t, step, "seconds") }));
   }
   for (const e of events) {
     const lane = streams.indexOf(e.stream);

@@ -2,7 +2,7 @@
 // An ES module of the Inspector's front end: it imports what it uses and exports what others use
 // (widget/bundle.py bundles the modules into the one string anywidget loads).
 
-import { fmtDelta, fmtValue, h, pairedBars } from "../charts.js";
+import { fmt, fmtDelta, fmtValue, h, pairedBars } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // A vs B: the pinned plan against the current one
@@ -39,7 +39,7 @@ function compareTable(c) {
       table.append(h("tr", { class: "sv-cmp-group" }, h("td", { colspan: 4, text: group })));
     }
     const cls = r.delta === 0 ? "sv-cmp-same" : r.delta > 0 ? "sv-cmp-up" : "sv-cmp-down"; // more is costlier, for every row
-    const exact = (v) => (r.kind === "bytes" ? `${v.toLocaleString()} B` : "");
+    const exact = (v) => (r.kind === "bytes" ? `${fmt(v, "int")} B` : "");
     table.append(
       h(
         "tr",

@@ -2,7 +2,7 @@
 // An ES module of the Inspector's front end: it imports what it uses and exports what others use
 // (widget/bundle.py bundles the modules into the one string anywidget loads).
 
-import { h } from "../charts.js";
+import { fmt, h } from "../charts.js";
 import { revealLink } from "./compare.js";
 
 // ---------------------------------------------------------------------------------------------
@@ -28,10 +28,10 @@ function findingItem(send, f) {
   const listed = Math.min(4, f.fqns.length);
   if (f.n_fqns > listed) {
     where.append(
-      h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${(f.n_fqns - listed).toLocaleString()} more` }),
+      h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${fmt(f.n_fqns - listed, "int")} more` }),
       h("button", {
         class: "sv-btn sv-finding-filter",
-        text: `show all ${f.n_fqns.toLocaleString()} in the tree`,
+        text: `show all ${fmt(f.n_fqns, "int")} in the tree`,
         title: "filter the tree to every name this finding is about",
         onclick: (e) => {
           e.stopPropagation();

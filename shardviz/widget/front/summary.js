@@ -3,7 +3,7 @@
 // An ES module of the Inspector's front end: it imports what it uses and exports what others use
 // (widget/bundle.py bundles the modules into the one string anywidget loads).
 
-import { fmtBytes, fmtDelta, h } from "../charts.js";
+import { fmt, fmtBytes, fmtDelta, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // summary: model, mesh, training, the plan's name, the peak, the findings' counts
@@ -17,7 +17,7 @@ export function summaryComponent(ctx, { openCompare }) {
     if (!sm.model) return;
     el.append(
       h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: sm.size_text }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${fmt(sm.numel || 0, "int")} parameter elements`, text: sm.size_text }),
       h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
       h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
       planItem(sm),

@@ -3,7 +3,7 @@
 // An ES module of the Inspector's front end: it imports what it uses and exports what others use
 // (widget/bundle.py bundles the modules into the one string anywidget loads).
 
-import { h } from "../charts.js";
+import { fmt, h } from "../charts.js";
 import { MAX_TREE_H, OVERSCAN, ROW_H, selectOf } from "./base.js";
 import { buildRow } from "./tree_rows.js";
 
@@ -57,7 +57,7 @@ function treeFilters(ctx) {
       msg.filtering && msg.matches === 0
         ? "nothing matches this filter: no module or parameter has this name, status and role"
         : msg.truncated
-          ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
+          ? `${fmt(msg.truncated, "int")} more matches not shown: refine the filter`
           : msg.filter_label
             ? `showing ${msg.filter_label}`
             : "";

@@ -2,7 +2,7 @@
 // An ES module of the Inspector's front end: it imports what it uses and exports what others use
 // (widget/bundle.py bundles the modules into the one string anywidget loads).
 
-import { fmtBytes, fmtCount, fmtShape, h } from "../charts.js";
+import { fmt, fmtBytes, fmtCount, fmtShape, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // tree rows: the cells and action buttons of module, group and parameter rows (tree.js lists them)
@@ -46,7 +46,7 @@ function reshardSelect(choices, value, onchange, mixed = false) {
 // the name's tooltip: also what a narrow widget hides (the elements and status columns)
 function rowTip(r) {
   const status = r.badge && r.badge.label ? ` · ${r.badge.label}` : "";
-  const size = typeof r.numel === "number" ? ` · ${r.numel.toLocaleString()} elements` : "";
+  const size = typeof r.numel === "number" ? ` · ${fmt(r.numel, "int")} elements` : "";
   if (r.kind === "group") return `${r.label}${size}${status}`;
   if (r.kind === "module") return `${r.fqn || "(root)"} · ${r.type}${size}${status}`;
   return `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}${size}${status}`;
@@ -94,7 +94,7 @@ function bytesCell(r) {
 }
 
 function moduleCells(r) {
-  const tied = r.tied_numel > 0 ? `; ${r.tied_numel.toLocaleString()} more in tied parameters, counted under their first module` : "";
+  const tied = r.tied_numel > 0 ? `; ${fmt(r.tied_numel, "int")} more in tied parameters, counted under their first module` : "";
   return {
     name: [h("span", { class: "sv-name", text: r.name })],
     middle: [
@@ -104,7 +104,7 @@ function moduleCells(r) {
         class: "sv-col-size",
         "data-numel": r.numel,
         text: r.numel === 0 && r.tied_numel > 0 ? "tied" : fmtCount(r.numel),
-        title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters${tied}`,
+        title: `${fmt(r.numel, "int")} elements in ${r.n_params} parameters${tied}`,
       }),
       h("span", { class: "sv-col-status" }, badge(r.badge)),
       bytesCell(r),
@@ -141,7 +141,7 @@ function paramCells(r) {
         `${r.dtype} `,
         h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
       ),
-      h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${r.numel.toLocaleString()} elements` }),
+      h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${fmt(r.numel, "int")} elements` }),
       h("span", { class: "sv-col-status" }, badge(r.badge)),
       bytesCell(r),
       h(
