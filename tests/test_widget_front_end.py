@@ -131,7 +131,7 @@ def test_protocol_is_defined_once_and_checked_in_python():
     assert protocol.check_action("set_mesh", {"device_gib": None}) is None
     # every action the front end may send is a method of the state or handled by the widget
     for name in protocol.ACTIONS:
-        assert hasattr(InspectorState, name) or name in ("set_tab", "set_torch_version", "cancel"), name
+        assert hasattr(InspectorState, name) or name in ("set_tab", "set_torch_version", "cancel", "apply_fix"), name
     # the front end reads the schema from the trait: no list of names of its own
     esm = front_end_source()
     assert "FRONT_END_ACTIONS" not in esm and 'model.get("protocol")' in esm

@@ -431,6 +431,20 @@ def _suggest(ins: Inspector, kw: dict) -> None:
     return None
 
 
+def _apply_fix(ins: Inspector, kw: dict) -> None:
+    """The fix of finding ``code`` (the header card's "apply"), as one undo step: ``sv.fix_plan``."""
+    st = ins.controller
+    analysis = st.analysis
+    finding = next((f for f in analysis.findings if f.code == kw["code"]), None)
+    if finding is None:
+        raise ValueError(f"finding {kw['code']!r}: not among the current plan's findings")
+    plan = panels.fix_plan_or_none(analysis, finding)
+    if plan is None:
+        raise ValueError(f"finding {kw['code']}: its fix is not a change of plan ({finding.fix})")
+    # one user edit (the plan's name counts it), one undo step; controller.py is at its 600-line cap
+    st._commit(plan=plan, note=f"applied the fix of {finding.code}: {finding.fix}")
+
+
 def _block_action_args(kw: dict) -> dict:
     """The front end's block action by name, as a type from here on; no value when it sent null."""
     kw["action"] = BlockAction.parse(kw["action"])
@@ -459,6 +473,7 @@ ACTION_HANDLERS: dict[str, ActionHandler] = {
     "set_mesh": lambda ins, kw: ins.controller.set_mesh(**mesh_fields(kw, ins.controller.mesh)),
     "set_training": _set_training,
     "apply_suggestion": lambda ins, kw: ins.controller.apply_suggestion(**kw),
+    "apply_fix": _apply_fix,
     "undo": lambda ins, kw: ins.controller.undo(),
     "redo": lambda ins, kw: ins.controller.redo(),
     # the view
