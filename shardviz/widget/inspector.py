@@ -41,7 +41,7 @@ from ..highlight import python_html
 from ..presets import preset_key
 from . import bundle, panels, protocol
 from .background import BackgroundPush
-from .inputs import mesh_fields, seq_len_note, training_fields, whole
+from .inputs import FieldError, field_error, mesh_fields, seq_len_note, training_fields, whole
 from .controller import PRESETS, BlockAction, Change, InspectorState
 from .panels import training_text
 from .plan_names import shown_name
@@ -369,6 +369,8 @@ class Inspector(anywidget.AnyWidget):
                     ack["path"] = str(result)  # the export panel shows it
             except FileExistsError as exc:
                 ack.update(ok=False, error=str(exc), exists=True, path=str(args.get("path")))
+            except FieldError as exc:  # the front end highlights the control (its key: exc.field)
+                ack.update(ok=False, error=str(exc), field=exc.field)
             except (ValueError, OSError, KeyError, TypeError) as exc:
                 ack.update(ok=False, error=str(exc).strip("'\""))
             except Exception as exc:  # noqa: BLE001 - a bug must not leave the page waiting
@@ -388,6 +390,17 @@ class Inspector(anywidget.AnyWidget):
 # ------------------------------------------------------------------------------------
 #: A handler gets the widget and the action's checked arguments; what it returns goes in the ack.
 ActionHandler = Callable[[Inspector, dict], object]
+
+
+def _set_mesh(ins: Inspector, kw: dict) -> None:
+    """One mesh control's value; what the engine then refuses is said as a message about that
+    control, by its one name (``inputs.FIELD_NAMES``), and the front end highlights it."""
+    fields = mesh_fields(kw, ins.controller.mesh)  # FieldError: the control's own check
+    field = next((k for k in ("tensor", "replicate", "world", "device_memory") if k in kw), "world")
+    try:
+        return ins.controller.set_mesh(**fields)
+    except ValueError as exc:
+        raise field_error(field, exc) from None
 
 
 def _set_training(ins: Inspector, kw: dict) -> None:
@@ -470,7 +483,7 @@ ACTION_HANDLERS: dict[str, ActionHandler] = {
     "apply_to_type": lambda ins, kw: ins.controller.apply_to_type(**_block_action_args(kw)),
     "apply_preset": lambda ins, kw: ins.controller.apply_preset(**kw),
     # mesh and training
-    "set_mesh": lambda ins, kw: ins.controller.set_mesh(**mesh_fields(kw, ins.controller.mesh)),
+    "set_mesh": lambda ins, kw: _set_mesh(ins, kw),
     "set_training": _set_training,
     "apply_suggestion": lambda ins, kw: ins.controller.apply_suggestion(**kw),
     "apply_fix": _apply_fix,

@@ -5,6 +5,7 @@
 
 import { drawMemory, drawTimeline, drawTraffic, h } from "../charts.js";
 import { makeContext } from "./base.js";
+import { headerCard } from "./header.js";
 import { messagesComponent, summaryComponent } from "./summary.js";
 import { controlsComponent } from "./controls.js";
 import { treeComponent } from "./tree.js";
@@ -90,6 +91,7 @@ function render({ model, el }) {
   const ctx = makeContext(model);
   const tabs = tabsComponent(ctx);
   const summary = summaryComponent(ctx, { openCompare: () => tabs.open("compare") });
+  const card = headerCard(ctx, { openFindings: () => tabs.open("findings") });
   const messages = messagesComponent(ctx);
   ctx.onLocalError = messages.localError;
   const tree = treeComponent(ctx);
@@ -101,10 +103,11 @@ function render({ model, el }) {
   const exporter = exportPanel(ctx);
   tabs.setPanels([charts.el, compare.el, findings.el, suggest.el, exporter.el]);
   const views = h("div", { class: "sv-views" }, tabs.el, charts.el, compare.el, findings.el, suggest.el, exporter.el);
-  ctx.root = h("div", { class: "sv-inspector" }, summary.el, controls.el, messages.el, tree.el, views);
+  ctx.root = h("div", { class: "sv-inspector" }, card.el, summary.el, controls.el, messages.el, tree.el, views);
   el.append(ctx.root);
 
   const renderSummary = () => {
+    card.render();
     summary.render();
     tree.showFilter((model.get("summary") || {}).filter || {});
   };
@@ -122,8 +125,8 @@ function render({ model, el }) {
     ["change:messages", messages.render],
     ["change:memory", charts.renderMemory],
     ["change:traffic", charts.renderTraffic],
-    ["change:timeline", charts.renderTimeline],
-    ["change:findings", findings.render],
+    ["change:timeline", () => (charts.renderTimeline(), card.render())],
+    ["change:findings", () => (findings.render(), card.render())],
     ["change:comparison", () => (compare.render(), renderSummary())],
     ["change:suggestions", suggest.render],
     ["change:code", exporter.renderCode],

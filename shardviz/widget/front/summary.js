@@ -1,4 +1,5 @@
-// summary.js: the summary line (model, mesh, training, plan, peak, findings, A vs B, plan file)
+// summary.js: the summary line under the header card (model, mesh, training, plan, findings, A vs B,
+// plan file)
 // and the messages (errors and notes).
 // An ES module of the Inspector's front end: it imports what it uses and exports what others use
 // (widget/bundle.py bundles the modules into the one string anywidget loads).
@@ -6,11 +7,10 @@
 import { fmt, fmtBytes, fmtDelta, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
-// summary: model, mesh, training, the plan's name, the peak, the findings' counts
+// summary: model, mesh, training, the plan's name, the findings' counts (the verdict: header.js)
 // ---------------------------------------------------------------------------------------------
 export function summaryComponent(ctx, { openCompare }) {
   const el = h("div", { class: "sv-summary" });
-  const shown = { lastFull: null }; // this widget's last fully measured summary (one per Inspector on the page)
   function render() {
     const sm = ctx.model.get("summary") || {};
     el.replaceChildren();
@@ -21,7 +21,6 @@ export function summaryComponent(ctx, { openCompare }) {
       h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
       h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
       planItem(sm),
-      peakItem(sm, shown),
       findingsItem(sm),
     );
     const work = workItem(ctx);
@@ -60,33 +59,6 @@ function workItem(ctx) {
     `${w.label}…`,
     clock,
     h("button", { class: "sv-btn sv-work-cancel", text: "cancel", title: "stop it; the numbers shown stay", onclick: () => ctx.send("cancel") }),
-  );
-}
-
-function peakItem(sm, shown) {
-  if (sm.pending) {
-    // never a partial answer: the last full verdict stays, dimmed and marked as updating
-    const last = shown.lastFull ? peakItem(shown.lastFull, shown) : h("span", { class: "sv-sum-item sv-sum-peak", text: "measuring the step…" });
-    last.classList.add("sv-pending");
-    last.title = sm.pending;
-    last.append(h("span", { class: "sv-spinner", "aria-hidden": "true" }));
-    return last;
-  }
-  shown.lastFull = sm;
-  const use = sm.use;
-  if (!use) {
-    return h(
-      "span",
-      { class: "sv-sum-item sv-sum-peak", "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank}); no device memory: no verdict` },
-      `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
-    );
-  }
-  // the one verdict (a.fit): its word, the judged peak, its share of the usable memory and the margin
-  return h(
-    "span",
-    { class: `sv-sum-item sv-sum-peak sv-verdict-${use.verdict}${use.over ? " sv-over" : ""}`, "data-bytes": use.judged, "data-verdict": use.verdict, title: `${use.text}; ${use.assumed}` },
-    h("b", { class: "sv-verdict-word", text: use.word }),
-    `: ${use.judged_name} ${fmtBytes(use.judged)} (rank ${sm.worst_rank}) · ${use.percent_text} of ${use.limit_text || fmtBytes(sm.limit)} · ${use.spare_text}`,
   );
 }
 

@@ -48,7 +48,7 @@ function rowTip(r) {
   const status = r.badge && r.badge.label ? ` · ${r.badge.label}` : "";
   const size = typeof r.numel === "number" ? ` · ${fmt(r.numel, "int")} elements` : "";
   if (r.kind === "group") return `${r.label}${size}${status}`;
-  if (r.kind === "module") return `${r.fqn || "(root)"} · ${r.type}${size}${status}`;
+  if (r.kind === "module") return `${r.fqn || "<root>"} · ${r.type}${size}${status}`;
   return `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}${size}${status}`;
 }
 
