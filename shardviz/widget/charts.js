@@ -115,6 +115,13 @@ function axisUnit(top) {
   return [1024, "KiB"];
 }
 
+// A chart is drawn at the width it is shown (its container's, within [lo, hi]), so that its
+// 11 px text stays 11 px: a 820-wide drawing shown 400 px wide read 6 px (issue 37)
+function chartWidth(el, fallback, lo, hi) {
+  const w = (el && el.clientWidth) || 0;
+  return Math.round(Math.min(hi, Math.max(lo, w || fallback)));
+}
+
 // ---------------------------------------------------------------------------------------------
 
 function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
@@ -126,7 +133,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   }
   const bars = mem.bars || [];
   const cats = mem.categories || [];
-  const W = 520;
+  const W = chartWidth(memoryEl, 520, 320, 720);
   const H = 250;
   const padL = 56;
   const padR = 12;
@@ -143,7 +150,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   const unit = axisUnit(top);
   const stepG = niceStep(top / unit[0]);
   const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
-  const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
+  const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": "memory per rank" });
   for (let g = 0; g * unit[0] <= top; g += stepG) {
     const y = yOf(g * unit[0]);
     svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
@@ -249,12 +256,12 @@ function drawTraffic(trafficEl, tr) {
   const colls = tr.collectives || [];
   const byC = tr.by_collective || [];
   const maxC = Math.max(1, ...byC.map((c) => c.sent));
-  const W = 520;
+  const W = chartWidth(trafficEl, 520, 320, 760);
   const rowH = 20;
   const labelW = 170;
   const valueW = 120;
   const barW = W - labelW - valueW;
-  const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, role: "img", "aria-label": "traffic by collective" });
+  const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, width: W, height: byC.length * rowH + 6, role: "img", "aria-label": "traffic by collective" });
   byC.forEach((c, i) => {
     const y = 3 + i * rowH;
     const w = Math.max(1, (barW * c.sent) / maxC);
@@ -273,7 +280,7 @@ function drawTraffic(trafficEl, tr) {
   const units = tr.by_unit || [];
   if (units.length) {
     const maxU = Math.max(1, ...units.map((u) => u.total));
-    const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, role: "img", "aria-label": "traffic by call" });
+    const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, width: W, height: units.length * rowH + 6, role: "img", "aria-label": "traffic by call" });
     units.forEach((u, i) => {
       const y = 3 + i * rowH;
       const g = s("g", { class: "sv-unit-bar", "data-unit": u.unit, "data-bytes": u.total });
@@ -362,13 +369,13 @@ function drawLines(el, p) {
   const limit = p.limit || 0;
   const limitOnScale = limit && limit <= 4 * ymax; // far above every point: named, not drawn
   const top = Math.max(ymax, limitOnScale ? limit : 0) * 1.08;
-  const W = 520, H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
+  const W = chartWidth(el, 520, 320, 720), H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
   const unit = axisUnit(top);
   const lx = (x) => Math.log2(x);
   const x0 = lx(xs[0] || 1), x1 = lx(xs[xs.length - 1] || 2);
   const xOf = (x) => padL + ((W - padL - padR) * (lx(x) - x0)) / Math.max(x1 - x0, 1);
   const yOf = (y) => padT + (H - padT - padB) * (1 - y / top);
-  const svg = s("svg", { class: "sv-svg sv-lines-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": p.title || "chart" });
+  const svg = s("svg", { class: "sv-svg sv-lines-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": p.title || "chart" });
   const step = niceStep(top / unit[0]);
   for (let g = 0; g * unit[0] <= top; g += step) {
     const y = yOf(g * unit[0]);
@@ -424,11 +431,11 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   const events = p.events || [];
   const labels = p.labels || {};
   // as wide as the panel (it was 520 wide at most 620 px: 80 blocks' calls a few pixels each)
-  const W = 820, laneH = 30, padL = 96, padR = 12, padT = 6, padB = 30;
+  const W = chartWidth(el, 820, 320, 1100), laneH = 30, padL = 104, padR = 24, padT = 6, padB = 30;
   const H = padT + streams.length * laneH + padB;
   const end = p.step_time_s || 1;
   const xOf = (t) => padL + ((W - padL - padR) * t) / end;
-  const svg = s("svg", { class: "sv-svg sv-timeline-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "step timeline" });
+  const svg = s("svg", { class: "sv-svg sv-timeline-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": "step timeline" });
   streams.forEach((st, i) => {
     const y = padT + i * laneH;
     svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + laneH / 2 + 4, "text-anchor": "end", text: st.replace("_", "-") }));

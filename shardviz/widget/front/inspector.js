@@ -23,7 +23,19 @@ function chartsPanel(ctx) {
   const timelineEl = h("div", { class: "sv-timeline" });
   const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl, timelineEl);
   let lastFull = null; // the last memory payload with every number measured
-  return {
+  // the charts are drawn at the width they are shown (charts.js: chartWidth): again when it changes
+  // (a tab shown, the file browser opened), so that their text stays 11 px
+  let drawnWidth = 0;
+  const redraw = () => {
+    const w = el.clientWidth;
+    if (!w || Math.abs(w - drawnWidth) < 8) return;
+    drawnWidth = w;
+    panel.renderMemory();
+    panel.renderTraffic();
+    panel.renderTimeline();
+  };
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => requestAnimationFrame(redraw)).observe(el);
+  const panel = {
     el,
     renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
     renderMemory: () => {
@@ -41,6 +53,7 @@ function chartsPanel(ctx) {
     },
     renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
   };
+  return panel;
 }
 
 // a status line with a CSS spinner (no emoji: it needs a font that may not be installed)

@@ -73,7 +73,7 @@ function treeHeader() {
     { class: "sv-row sv-header" },
     h("span", { class: "sv-col-name", text: "module / parameter" }),
     h("span", { class: "sv-col-type", text: "type / dtype" }),
-    h("span", { class: "sv-col-size", text: "elements", title: "number of elements (modules: every parameter under it, tied ones once) or shape (parameters); bn = billion, mn = million, k = thousand" }),
+    h("span", { class: "sv-col-size", text: "elements", title: "number of elements (modules: every parameter under it, tied ones once) or shape (parameters)" }),
     h("span", { class: "sv-col-status", text: "status" }),
     h("span", { class: "sv-col-bytes", text: "per rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
     h("span", { class: "sv-col-local", text: "local shard" }),
@@ -127,22 +127,29 @@ export function treeComponent(ctx) {
   const scroller = h("div", { class: "sv-scroller", tabindex: "0" }, sizer, rowsLayer);
   const el = h("div", { class: "sv-tree" }, filters.el, treeHeader(), scroller);
 
-  // only the rows on screen (and a few more) exist in the page
+  // only the rows on screen (and a few more) exist in the page; a row's height is the CSS's
+  // (--sv-row-h: three lines in a narrow widget, numbers under the name)
+  let rowH = ROW_H;
   function draw() {
     if (disposed) return;
-    sizer.style.height = `${order.length * ROW_H}px`;
-    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 4) * ROW_H + 2)}px`;
+    rowH = parseFloat(getComputedStyle(el).getPropertyValue("--sv-row-h")) || ROW_H;
+    const ROW_H_NOW = rowH;
+    // each row's bytes drawn as a bar in its cell, against the largest row sent (the root's total)
+    let most = 1;
+    for (const r of rowsById.values()) most = Math.max(most, r.bytes || 0);
+    sizer.style.height = `${order.length * ROW_H_NOW}px`;
+    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 4) * ROW_H_NOW + 2)}px`;
     const top = scroller.scrollTop;
     const height = scroller.clientHeight || 420;
-    const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
-    const last = Math.min(order.length, Math.ceil((top + height) / ROW_H) + OVERSCAN);
+    const first = Math.max(0, Math.floor(top / ROW_H_NOW) - OVERSCAN);
+    const last = Math.min(order.length, Math.ceil((top + height) / ROW_H_NOW) + OVERSCAN);
     const frag = document.createDocumentFragment();
     for (let i = first; i < last; i++) {
       const id = order[i];
       const r = rowsById.get(id);
       if (!r) continue;
-      const row = buildRow(ctx, id, r, id === flashId);
-      row.style.top = `${i * ROW_H}px`;
+      const row = buildRow(ctx, id, r, id === flashId, most);
+      row.style.top = `${i * ROW_H_NOW}px`;
       frag.append(row);
     }
     rowsLayer.replaceChildren(frag);
@@ -177,7 +184,7 @@ export function treeComponent(ctx) {
     if (i < 0) return;
     flashId = id;
     const height = scroller.clientHeight || 420;
-    scroller.scrollTop = Math.max(0, i * ROW_H - height / 2 + ROW_H);
+    scroller.scrollTop = Math.max(0, i * rowH - height / 2 + rowH);
     draw();
     setTimeout(() => {
       if (flashId === id) {

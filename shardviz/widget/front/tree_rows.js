@@ -66,9 +66,10 @@ function caretOf(ctx, id, r) {
 }
 
 // one tree row: name, type, size, status, bytes per rank, local shard, actions
-export function buildRow(ctx, id, r, flashed) {
+export function buildRow(ctx, id, r, flashed, most = 0) {
   const row = h("div", {
     class: `sv-row sv-kind-${r.kind}${flashed ? " sv-flash" : ""}`,
+    style: `--depth:${r.depth}`,
     "data-id": id,
     "data-fqn": r.kind === "group" ? null : r.fqn,
     "data-group": r.kind === "group" ? r.name : null,
@@ -82,6 +83,8 @@ export function buildRow(ctx, id, r, flashed) {
   const choices = (ctx.model.get("controls") || {}).reshard_choices || ["default", "true", "false"];
   const cells = r.kind === "module" ? moduleCells(r) : r.kind === "group" ? groupCells(r) : paramCells(r);
   name.append(...cells.name);
+  const bytes = cells.middle.find((c) => c.classList.contains("sv-col-bytes"));
+  if (bytes && most > 0) bytes.style.setProperty("--sv-fill", `${((100 * (r.bytes || 0)) / most).toFixed(1)}%`);
   row.append(name, ...cells.middle, actions);
   const send = ctx.send;
   const acts = r.kind === "module" ? moduleActions(send, r, choices) : r.kind === "group" ? groupActions(send, id, r, choices) : paramActions(send, r);
