@@ -66,7 +66,9 @@ class StaticInspector:
         self.recording = False
         ins.send = self._record_msg  # the widget's custom messages (rows, acks) go to the page
         ins.observe(self._record_trait, names=traitlets.All)
-        page.expose_binding("svSend", lambda _source, msg: self.handle(msg))
+        if not hasattr(page, "_sv_inspector"):  # one binding per page: it serves the latest inspector
+            page.expose_binding("svSend", lambda _source, msg: page._sv_inspector.handle(msg))
+        page._sv_inspector = self
         self.load(width, dark)
 
     def traits(self) -> dict:

@@ -65,16 +65,16 @@ function workItem(ctx) {
 function findingsItem(sm) {
   const f = sm.findings_text;
   if (!f) return h("span", { class: "sv-sum-item sv-muted", text: "checking…" });
+  // a count of 0 is not an entry ("0 errors 0 warnings 0 info" said nothing the total does not)
+  const counts = sm.findings || {};
+  const sev = (k) => (counts[k] > 0 ? [" ", h("span", { class: `sv-sev sv-sev-${k}`, text: f[k] })] : []);
   return h(
     "span",
     { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
-    h("span", { class: "sv-sum-findings-total", text: `${f.total}:` }),
-    " ",
-    h("span", { class: "sv-sev sv-sev-error", text: f.error }),
-    " ",
-    h("span", { class: "sv-sev sv-sev-warning", text: f.warning }),
-    " ",
-    h("span", { class: "sv-sev sv-sev-info", text: f.info }),
+    h("span", { class: "sv-sum-findings-total", text: Object.values(counts).some((n) => n > 0) ? `${f.total}:` : f.total }),
+    ...sev("error"),
+    ...sev("warning"),
+    ...sev("info"),
   );
 }
 
