@@ -53,7 +53,6 @@ def test_every_front_end_module_imports_what_it_uses():
     mods = {m.path.name: m for m in bundle.modules()}
     assert mods["tree.js"].imports and mods["inspector.js"].imports  # real imports, read from the files
     assert "buildRow" in mods["tree_rows.js"].exported and "render" not in mods["inspector.js"].exported
-    front = Path(bundle.ENTRY).parent
     assert all(re.search(r'^import \{[^}]+\} from "\.\.?/', m.text, re.MULTILINE) for n, m in mods.items() if n != "charts.js")
 
 

@@ -88,11 +88,11 @@ function fmt(v, kind) {
 const fmtBytes = (n) => fmt(n, "bytes");
 const fmtCount = (n) => fmt(n, "count");
 
-// an axis's ticks in one unit, picked for the step between them, no trailing zeros ("0 s, 2.5 s",
-// not "0.000 s, 2.500 s")
-function fmtTick(v, step, kind) {
+// an axis's ticks in one unit, picked for the axis's end, no trailing zeros ("0 s, 0.5 s, 1.5 s",
+// not "0.000 s, 2.500 s" nor "1500 ms")
+function fmtTick(v, end, kind) {
   const units = kind === "seconds" ? [[1, "s"], [1e-3, "ms"], [1e-6, "µs"]] : [[1, ""]];
-  const [div, name] = units.find(([d]) => step >= d) || units[units.length - 1];
+  const [div, name] = units.find(([d]) => end >= d) || units[units.length - 1];
   return `${+(v / div).toFixed(3)}${name ? " " + name : ""}`;
 }
 
@@ -443,7 +443,7 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   });
   const step = niceStep(end);
   for (let t = 0; t <= end * 1.0001; t += step) {
-    svg.append(s("text", { class: "sv-axis sv-tick", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtTick(t, step, "seconds") }));
+    svg.append(s("text", { class: "sv-axis sv-tick", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtTick(t, end, "seconds") }));
   }
   for (const e of events) {
     const lane = streams.indexOf(e.stream);

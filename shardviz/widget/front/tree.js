@@ -138,7 +138,7 @@ export function treeComponent(ctx) {
     let most = 1;
     for (const r of rowsById.values()) most = Math.max(most, r.bytes || 0);
     sizer.style.height = `${order.length * ROW_H_NOW}px`;
-    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 4) * ROW_H_NOW + 2)}px`;
+    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 2) * ROW_H_NOW + 2)}px`;
     const top = scroller.scrollTop;
     const height = scroller.clientHeight || 420;
     const first = Math.max(0, Math.floor(top / ROW_H_NOW) - OVERSCAN);
