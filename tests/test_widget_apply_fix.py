@@ -27,7 +27,7 @@ def test_apply_fix_is_fix_plan_as_one_undo_step():
     assert ack["ok"], ack
     assert ins.plan.units == want.units and ins.plan.ignored == want.ignored
     assert top["code"] not in {f["code"] for f in ins.findings}
-    assert "edited" in ins.summary["plan_name"]  # a user edit, named as one
+    assert ins.summary["plan_name"].endswith(f"{top['code']} fixed")  # the plan says what it is
     ins.handle_action("undo", {})
     assert ins.plan.units == plan.units
 

@@ -27,6 +27,7 @@ runs, the summary shows it with a cancel button.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -454,8 +455,9 @@ def _apply_fix(ins: Inspector, kw: dict) -> None:
     plan = panels.fix_plan_or_none(analysis, finding)
     if plan is None:
         raise ValueError(f"finding {kw['code']}: its fix is not a change of plan ({finding.fix})")
-    # one user edit (the plan's name counts it), one undo step; controller.py is at its 600-line cap
-    st._commit(plan=plan, note=f"applied the fix of {finding.code}: {finding.fix}")
+    # one undo step; the plan says what it is (an unnamed plan read "custom plan")
+    st.set_plan(dataclasses.replace(plan, name=f"{st.plan.name or 'custom plan'}, {finding.code} fixed"))
+    st.say("info", f"applied the fix of {finding.code}: {finding.fix}")
 
 
 def _block_action_args(kw: dict) -> dict:
