@@ -180,3 +180,13 @@ def test_one_number_style_in_the_front_end_and_in_python():
     # the old shortened counts are gone from every file the front end ships
     esm = front_end_source()
     assert not re.search(r"\b(bn|mn|tn)`", esm)
+
+
+def test_the_root_has_one_name():
+    """The tree's root read "(root)", its tooltip "(root)", the findings and the charts "<root>"."""
+    from shardviz.format import ROOT_NAME
+
+    ins = Inspector(nn.Sequential(nn.Linear(2, 2)), mesh=sv.Mesh(shard=2))
+    order, rows = ins.controller.rows()
+    assert rows[order[0]]["name"] == ROOT_NAME == "<root>"
+    assert "(root)" not in front_end_source()

@@ -142,6 +142,13 @@ def test_suggest_table_breaks_no_word_and_cuts_no_name(page, model):
       return bad;
     }""")
     assert broken == [], broken
+    # each row's judged peak as a bar against the usable memory (issue 37's Suggest)
+    ins = si.ins
+    limit = ins.mesh.usable_memory
+    for r in ins.suggestions["rows"][:3]:
+        bar = si.widget.locator(f'.sv-suggest-row[data-index="{r["index"]}"] .sv-suggest-bar')
+        frac = bar.evaluate("e => e.firstChild.getBoundingClientRect().width / e.getBoundingClientRect().width")
+        assert frac == pytest.approx(min(1, r["peak"] / limit), abs=0.01)
 
 
 def test_bad_field_is_highlighted_and_named_once(page, model):
