@@ -120,6 +120,7 @@ def test_tree_at_830_keeps_names_and_numbers(page, model):
     assert root_rows[0]["fill"] == "100.0%"  # the root holds every byte: a full bar
 
 
+@pytest.mark.slow
 def test_suggest_table_breaks_no_word_and_cuts_no_name(page, model):
     """The Suggest table broke words ("ste p", "token s/s") and cut names ("of…")."""
     si = StaticInspector(page, inspector(model, mesh=sv.Mesh(shard=4, device="H100")), width=790)
