@@ -305,7 +305,11 @@ def timeline_payload(analysis) -> dict:
         st = analysis.step_time
     except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
         return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
-    return steptime.timeline_payload(st)
+    payload = steptime.timeline_payload(st)
+    if payload.get("available"):  # the Inspector's header card: the step's three figures
+        step = st.step
+        payload["headline"] = {"step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s, "mfu": step.mfu}
+    return payload
 
 
 def traffic_payload(analysis) -> dict:

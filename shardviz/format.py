@@ -9,6 +9,8 @@ import re
 
 import pandas as pd
 
+#: The root module's name wherever a name is shown (its fqn is ""): one spelling, never "(root)".
+ROOT_NAME = "<root>"
 _BYTE_UNITS = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
 # What a typed size may end with: decimal (k, kb, g, gb ...) and binary (kib, gib ...) units.
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,

@@ -200,3 +200,34 @@ def test_the_default_sequence_length_is_not_flagged(model):
     ins = Inspector(model, mesh=MESH)  # no training given: the default 2048 is not the user's
     assert ins.training.seq_len > model.config.max_position_embeddings and ins.controls["seq_len_note"] is None
     assert ins.handle_action("set_training", {"seq_len": 4096})["ok"] and ins.controls["seq_len_note"]
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ({"tensor": 3}, "tensor"),  # 4 ranks: no divisor (was "tensor degree 3")
+    ({"tensor": 2.5}, "tensor"),  # (was "tensor parallel 2.5")
+    ({"tensor": 0}, "tensor"),
+    ({"world": 6, "replicate": 4}, "replicate"),
+    ({"device_memory": "-5"}, "device_memory"),  # was read as a device name
+    ({"device_memory": "0"}, "device_memory"),
+    ({"device_memory": "abc"}, "device_memory"),
+])
+def test_each_field_has_one_name_in_its_messages_and_is_named_for_highlighting(ins, args, field):
+    """Issue 37: the field labelled "TP" was "tensor degree", "tensor parallel" and "tensor_parallel" in
+    its messages; the bad field was never highlighted. Each refusal now starts with the field's label
+    (inputs.FIELD_NAMES, the label the controls show) and the ack names the field to highlight."""
+    from shardviz.widget.inputs import FIELD_NAMES
+
+    ack = ins.handle_action("set_mesh", args)
+    assert not ack["ok"] and ack["field"] == field, ack
+    assert ack["error"].startswith(FIELD_NAMES[field]), ack["error"]
+    other_names = {"tensor degree", "tensor parallel", "tensor_parallel"} - {FIELD_NAMES[field]}
+    assert not any(n in ack["error"] for n in other_names), ack["error"]
+
+
+def test_signed_and_zero_device_memory_say_what_is_wanted(ins):
+    """'-5' was read as a device name ("no device named '-5'"); '0' did not say that the size must
+    exceed the reserve."""
+    minus = ins.handle_action("set_mesh", {"device_memory": "-5"})["error"]
+    zero = ins.handle_action("set_mesh", {"device_memory": "0"})["error"]
+    assert "never negative" in minus and "more than the 1.00 GiB reserve" in minus and "device named" not in minus
+    assert "is not more than the 1.00 GiB" in zero and "give more than 1.00 GiB" in zero

@@ -1,5 +1,5 @@
 """The front end checks every message against the same schema as Python, with the same verdicts:
-``checkAction`` (widget/front/base.js, as concatenated into the widget's ``_esm``) run under node against ``protocol.check_action``."""
+``checkAction`` (widget/front/base.js, as bundled into the widget's ``_esm``) run under node against ``protocol.check_action``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from shardviz.widget import protocol
-from shardviz.widget.inspector import _read_esm
+from shardviz.widget.bundle import bundle
 
 CASES = [
     ("toggle_unit", {"fqn": "a.b"}),
@@ -45,7 +45,7 @@ def test_front_end_and_python_refuse_the_same_messages():
         if os.environ.get("CI"):
             pytest.fail("node is not installed, and CI is set: .ci/run's set-up must install it")
         pytest.skip("node is not installed (CI fails instead)")
-    src = _read_esm()  # the ES module the widget ships: charts.js + widget/front/*.js
+    src = bundle()  # the ES module the widget ships: widget/front/*.js and charts.js, bundled
     start = src.index("function kindOk(")
     end = src.index("// ---", src.index("function checkAction("))
     script = src[start:end] + f"""

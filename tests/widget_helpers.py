@@ -12,7 +12,7 @@ from pathlib import Path
 import shardviz as sv
 from shardviz import display
 from shardviz.widget import Inspector
-from shardviz.widget.inspector import FRONT_FILES
+from shardviz.widget import bundle
 
 L0 = "base_model.model.model.layers.0"
 L1 = "base_model.model.model.layers.1"
@@ -131,6 +131,5 @@ def group_id(st):
 
 
 def front_end_source() -> str:
-    """The front end's files (widget/front/), in the order inspector.py concatenates them."""
-    front = Path(sv.__file__).parent / "widget" / "front"
-    return "\n".join((front / name).read_text() for name in FRONT_FILES)
+    """The front end's ES module as the widget ships it (widget/bundle.py: front/*.js and charts.js)."""
+    return bundle.bundle()

@@ -9,8 +9,9 @@
 - ``panels``: the findings and A vs B payloads, read from ``sv.analyze`` (the charts' are ``shardviz.display``'s);
 - ``planfile``: the atomically saved, restorable plan file;
 - ``protocol``: the message schema both halves check;
-- ``inspector.Inspector``: one anywidget, controls included (``charts.js`` + ``front/*.js``,
-  one file per component, ``inspector.css``: shipped files, no build step, no network);
+- ``inspector.Inspector``: one anywidget, controls included (``front/*.js``, one ES module per
+  component importing ``charts.js`` and each other, bundled by ``bundle``; ``inspector.css``:
+  shipped files, no npm, no network; ``ANYWIDGET_HMR=1`` reloads a saved edit);
 - ``Chart`` (made by ``shardviz/chart.py``): one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
 """
 

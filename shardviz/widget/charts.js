@@ -1,6 +1,6 @@
-// shardviz charts: one drawing of each chart, shared by the Inspector (concatenated in front of
-// the files of front/) and the standalone HTML report (inlined in a <script>). Plain functions, no
-// imports, nothing fetched. They draw the payloads Python computes (shardviz/display.py:
+// shardviz charts: one drawing of each chart, shared by the Inspector (its modules in front/ import
+// from here; widget/bundle.py reads this classic script's top-level declarations as its exports) and
+// the standalone HTML report (inlined in a <script>). Plain functions, no imports, nothing fetched. They draw the payloads Python computes (shardviz/display.py:
 // memory_payload, traffic_payload, comparison rows); they never compute a number of their own.
 // Colours and text follow JupyterLab's theme variables (light and dark), with fallbacks.
 
@@ -52,27 +52,48 @@ function s(tag, attrs = {}, ...kids) {
   return el;
 }
 
-function fmtBytes(n) {
-  if (n === null || n === undefined || Number.isNaN(n)) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n);
-  let i = 0;
-  while (Math.abs(v) >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i += 1;
+// the one number style of every view (the Inspector, the report, the charts), the same as
+// shardviz/format.py's (format_bytes, format_large_count, format_duration, format_percent,
+// format_count; tests/test_widget_front_end.py runs both): bytes in binary units with two decimals,
+// counts in words ("70.55 billion"; never "bn" or "B", which reads as bytes), times in s / ms / µs
+function fmt(v, kind) {
+  if (v === null || v === undefined || Number.isNaN(Number(v))) return "–";
+  const n = Number(v);
+  if (kind === "bytes") {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let x = n;
+    let i = 0;
+    while (Math.abs(x) >= 1024 && i < units.length - 1) {
+      x /= 1024;
+      i += 1;
+    }
+    return i === 0 ? `${x.toFixed(0)} B` : `${x.toFixed(2)} ${units[i]}`;
   }
-  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
+  if (kind === "count") {
+    for (const [div, name] of [[1e12, "trillion"], [1e9, "billion"], [1e6, "million"]]) if (Math.abs(n) >= div) return `${(Math.trunc(n) / div).toFixed(2)} ${name}`;
+    return Math.trunc(n).toLocaleString("en-US");
+  }
+  if (kind === "int") return Math.trunc(n).toLocaleString("en-US");
+  if (kind === "seconds") {
+    if (n >= 0.1 || n === 0) return `${n.toFixed(3)} s`;
+    return n >= 1e-4 ? `${(n * 1e3).toFixed(2)} ms` : `${(n * 1e6).toFixed(1)} µs`;
+  }
+  if (kind === "percent") {
+    const pct = 100 * n;
+    if (pct > 0 && pct < 0.1) return "<0.1%";
+    return pct < 10 ? `${pct.toFixed(1)}%` : `${pct.toFixed(0)}%`;
+  }
+  return String(v);
 }
+const fmtBytes = (n) => fmt(n, "bytes");
+const fmtCount = (n) => fmt(n, "count");
 
-// element counts: words, never a letter that reads as a byte unit ("70.76 bn", not "70.76B")
-function fmtCount(n) {
-  if (n === null || n === undefined) return "–";
-  const v = Number(n);
-  if (v >= 1e12) return `${(v / 1e12).toFixed(2)} tn`;
-  if (v >= 1e9) return `${(v / 1e9).toFixed(2)} bn`;
-  if (v >= 1e6) return `${(v / 1e6).toFixed(2)} mn`;
-  if (v >= 1e4) return `${(v / 1e3).toFixed(1)} k`;
-  return v.toLocaleString("en-US");
+// an axis's ticks in one unit, picked for the axis's end, no trailing zeros ("0 s, 0.5 s, 1.5 s",
+// not "0.000 s, 2.500 s" nor "1500 ms")
+function fmtTick(v, end, kind) {
+  const units = kind === "seconds" ? [[1, "s"], [1e-3, "ms"], [1e-6, "µs"]] : [[1, ""]];
+  const [div, name] = units.find(([d]) => end >= d) || units[units.length - 1];
+  return `${+(v / div).toFixed(3)}${name ? " " + name : ""}`;
 }
 
 function fmtShape(shape) {
@@ -94,6 +115,13 @@ function axisUnit(top) {
   return [1024, "KiB"];
 }
 
+// A chart is drawn at the width it is shown (its container's, within [lo, hi]), so that its
+// 11 px text stays 11 px: a 820-wide drawing shown 400 px wide read 6 px (issue 37)
+function chartWidth(el, fallback, lo, hi) {
+  const w = (el && el.clientWidth) || 0;
+  return Math.round(Math.min(hi, Math.max(lo, w || fallback)));
+}
+
 // ---------------------------------------------------------------------------------------------
 
 function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
@@ -105,7 +133,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   }
   const bars = mem.bars || [];
   const cats = mem.categories || [];
-  const W = 520;
+  const W = chartWidth(memoryEl, 520, 320, 720);
   const H = 250;
   const padL = 56;
   const padR = 12;
@@ -122,7 +150,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
   const unit = axisUnit(top);
   const stepG = niceStep(top / unit[0]);
   const yOf = (b) => padT + (H - padT - padB) * (1 - b / top);
-  const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory per rank" });
+  const svg = s("svg", { class: "sv-svg sv-memory-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": "memory per rank" });
   for (let g = 0; g * unit[0] <= top; g += stepG) {
     const y = yOf(g * unit[0]);
     svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y, y2: y }));
@@ -156,7 +184,7 @@ function drawMemory(memoryEl, mem, title = "Memory per rank at the peak") {
         "data-cat": c.key,
         "data-bytes": v,
       });
-      rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${v.toLocaleString()} B)` }));
+      rect.append(s("title", { text: `${b.label} · ${c.label}: ${fmtBytes(v)} (${fmt(v, "int")} B)` }));
       g.append(rect);
       acc += v;
     }
@@ -228,12 +256,12 @@ function drawTraffic(trafficEl, tr) {
   const colls = tr.collectives || [];
   const byC = tr.by_collective || [];
   const maxC = Math.max(1, ...byC.map((c) => c.sent));
-  const W = 520;
+  const W = chartWidth(trafficEl, 520, 320, 760);
   const rowH = 20;
   const labelW = 170;
   const valueW = 120;
   const barW = W - labelW - valueW;
-  const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, role: "img", "aria-label": "traffic by collective" });
+  const svg1 = s("svg", { class: "sv-svg sv-traffic-coll", viewBox: `0 0 ${W} ${byC.length * rowH + 6}`, width: W, height: byC.length * rowH + 6, role: "img", "aria-label": "traffic by collective" });
   byC.forEach((c, i) => {
     const y = 3 + i * rowH;
     const w = Math.max(1, (barW * c.sent) / maxC);
@@ -252,7 +280,7 @@ function drawTraffic(trafficEl, tr) {
   const units = tr.by_unit || [];
   if (units.length) {
     const maxU = Math.max(1, ...units.map((u) => u.total));
-    const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, role: "img", "aria-label": "traffic by call" });
+    const svg2 = s("svg", { class: "sv-svg sv-traffic-units", viewBox: `0 0 ${W} ${units.length * rowH + 6}`, width: W, height: units.length * rowH + 6, role: "img", "aria-label": "traffic by call" });
     units.forEach((u, i) => {
       const y = 3 + i * rowH;
       const g = s("g", { class: "sv-unit-bar", "data-unit": u.unit, "data-bytes": u.total });
@@ -286,9 +314,7 @@ function drawTraffic(trafficEl, tr) {
   trafficEl.dataset.revision = String(tr.revision);
 }
 
-function fmtValue(v, kind) {
-  return kind === "bytes" ? fmtBytes(v) : String(v);
-}
+const fmtValue = fmt;
 
 function fmtDelta(d, kind) {
   if (!d) return "±0";
@@ -319,7 +345,7 @@ function pairedBars(title, rows, kind, limit, limitText) {
       const w = v > 0 ? Math.max(1, (barW * v) / max) : 0;
       const yy = y + j * (barH + 2);
       const rect = s("rect", { class: `sv-seg sv-pair-${side[0]}`, x: labelW, y: yy, width: w, height: barH, "data-side": side[0], "data-value": v });
-      rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${v.toLocaleString()} B)` : ""}` }));
+      rect.append(s("title", { text: `${side[1]} · ${r.label}: ${fmtValue(v, kind)}${kind === "bytes" ? ` (${fmt(v, "int")} B)` : ""}` }));
       g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: yy + barH - 1, text: `${side[1]} ${fmtValue(v, kind)}` }));
     }
     svg.append(g);
@@ -343,13 +369,13 @@ function drawLines(el, p) {
   const limit = p.limit || 0;
   const limitOnScale = limit && limit <= 4 * ymax; // far above every point: named, not drawn
   const top = Math.max(ymax, limitOnScale ? limit : 0) * 1.08;
-  const W = 520, H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
+  const W = chartWidth(el, 520, 320, 720), H = 250, padL = 62, padR = 12, padT = 22, padB = 36;
   const unit = axisUnit(top);
   const lx = (x) => Math.log2(x);
   const x0 = lx(xs[0] || 1), x1 = lx(xs[xs.length - 1] || 2);
   const xOf = (x) => padL + ((W - padL - padR) * (lx(x) - x0)) / Math.max(x1 - x0, 1);
   const yOf = (y) => padT + (H - padT - padB) * (1 - y / top);
-  const svg = s("svg", { class: "sv-svg sv-lines-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": p.title || "chart" });
+  const svg = s("svg", { class: "sv-svg sv-lines-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": p.title || "chart" });
   const step = niceStep(top / unit[0]);
   for (let g = 0; g * unit[0] <= top; g += step) {
     const y = yOf(g * unit[0]);
@@ -394,10 +420,7 @@ function drawChart(el, kind, payload, title) {
 // stream's waits on communication (exposed) drawn in red on the compute lane
 // the same colours as steptime.timeline_figure (plotly); red is kept for the waits
 const TL_CLASS = { forward: "sv-c0", backward: "sv-c3", recompute: "sv-c5", optimizer: "sv-c4", all_gather: "sv-c6", reduce_scatter: "sv-c7", all_reduce: "sv-c2", ignored_all_reduce: "sv-c2", h2d: "sv-c8", d2h: "sv-c8" };
-function fmtSeconds(x) {
-  if (x >= 0.1 || x === 0) return `${x.toFixed(3)} s`;
-  return x >= 1e-4 ? `${(x * 1e3).toFixed(2)} ms` : `${(x * 1e6).toFixed(1)} µs`;
-}
+const fmtSeconds = (x) => fmt(x, "seconds");
 function drawTimeline(el, p, title = "One step, stream by stream") {
   el.replaceChildren(h("div", { class: "sv-chart-title", text: title }));
   if (!p || !p.available) {
@@ -408,11 +431,11 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   const events = p.events || [];
   const labels = p.labels || {};
   // as wide as the panel (it was 520 wide at most 620 px: 80 blocks' calls a few pixels each)
-  const W = 820, laneH = 30, padL = 96, padR = 12, padT = 6, padB = 30;
+  const W = chartWidth(el, 820, 320, 1100), laneH = 30, padL = 104, padR = 24, padT = 6, padB = 30;
   const H = padT + streams.length * laneH + padB;
   const end = p.step_time_s || 1;
   const xOf = (t) => padL + ((W - padL - padR) * t) / end;
-  const svg = s("svg", { class: "sv-svg sv-timeline-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "step timeline" });
+  const svg = s("svg", { class: "sv-svg sv-timeline-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": "step timeline" });
   streams.forEach((st, i) => {
     const y = padT + i * laneH;
     svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + laneH / 2 + 4, "text-anchor": "end", text: st.replace("_", "-") }));
@@ -420,7 +443,7 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   });
   const step = niceStep(end);
   for (let t = 0; t <= end * 1.0001; t += step) {
-    svg.append(s("text", { class: "sv-axis", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtSeconds(t) }));
+    svg.append(s("text", { class: "sv-axis sv-tick", x: xOf(t), y: H - padB + 14, "text-anchor": "middle", text: fmtTick(t, end, "seconds") }));
   }
   for (const e of events) {
     const lane = streams.indexOf(e.stream);

@@ -29,18 +29,43 @@ MAX_DEVICE_MEMORY = 64 * 1024**4
 MAX_TOKENS = 2**24
 
 
+#: Each control's one name: its label on screen and the name every message about it uses (the TP
+#: field was "tensor degree", "tensor parallel" and "tensor_parallel" in its messages).
+FIELD_NAMES = {"world": "world size", "replicate": "HSDP replicate", "tensor": "TP", "device_memory": "device memory",
+               "batch_size": "batch size", "seq_len": "sequence length", "rank": "rank"}
+
+
+class FieldError(ValueError):
+    """A value a control refused: ``field`` is the control's key (``FIELD_NAMES``), so that the front
+    end highlights that input; the message starts with the field's one name."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def field_error(field: str, exc: Exception) -> FieldError:
+    """``exc`` (from the engine, in its API's words) as a message about control ``field``, by its one name."""
+    if isinstance(exc, FieldError):
+        return exc
+    name = FIELD_NAMES[field]
+    text = re.sub(r"^tensor_parallel(\[[^\]]*\])?\s*[:=]?\s*", "", str(exc).strip("'\"")).replace("tensor degree", name)
+    return FieldError(field, text if text.startswith(name) else f"{name}: {text}")
+
+
 def whole(name: str, value, low: int = 1, high: int | None = None) -> int:
     """``value`` as an int, if it is a whole number in [low, high]; else a ValueError naming the
     field and the closest valid value (2.7 is refused, not made 3)."""
+    field = next((k for k, v in FIELD_NAMES.items() if v == name), name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} {value!r}: give a whole number")
+        raise FieldError(field, f"{name} {value!r}: give a whole number")
     top = high if high is not None else math.inf
     closest = int(min(max(round(value), low), top))
     if value != int(value):
-        raise ValueError(f"{name} {value:g}: give a whole number (closest: {closest:,})")
+        raise FieldError(field, f"{name} {value:g}: give a whole number (closest: {closest:,})")
     if not low <= value <= top:
         span = f"from {low:,} to {high:,}" if high is not None else f"{low:,} or more"
-        raise ValueError(f"{name} {int(value):,}: give a number {span} (closest: {closest:,})")
+        raise FieldError(field, f"{name} {int(value):,}: give a number {span} (closest: {closest:,})")
     return int(value)
 
 
@@ -49,8 +74,8 @@ def check_tokens(batch_size, seq_len) -> None:
     if batch_size is None or batch_size * seq_len <= MAX_TOKENS:
         return
     most = max(MAX_TOKENS // seq_len, 0)
-    closest = f"batch {most:,} at this sequence length" if most else f"sequence length {MAX_TOKENS // batch_size:,}"
-    raise ValueError(f"batch {format_count(batch_size)} x sequence {format_count(seq_len)} = "
+    closest = f"batch size {most:,} at this sequence length" if most else f"sequence length {MAX_TOKENS // batch_size:,}"
+    raise FieldError("batch_size", f"batch size {format_count(batch_size)} x sequence length {format_count(seq_len)} = "
                      f"{format_count(batch_size * seq_len)} tokens per rank: the Inspector measures micro-batches "
                      f"of up to {format_count(MAX_TOKENS)} tokens (closest: {closest})")
 
@@ -59,30 +84,35 @@ def device_field(text, mesh) -> dict:
     """The device-memory field's text -> ``set_mesh`` keywords: ``device_memory`` in bytes (None: no
     limit), or a device name's own mesh fields. ValueError naming the field for anything else."""
     raw = "" if text is None else str(text).strip()
+    reserve = format_bytes(mesh.memory_reserve)
+    if re.match(r"^[-+]\s*[0-9.]", raw):  # a signed number is a size typed wrong, never a device name
+        raise FieldError("device_memory", f"device memory {raw!r}: a size is never negative or signed; give more than the "
+                         f"{reserve} reserve, e.g. 80 (GiB), 80GiB or 96GB, or leave it empty for no limit")
     if raw and not re.match(r"^[0-9.]", raw):
         try:
             device = device_by_name(raw)  # as sv.Mesh(device=...) reads it
         except ValueError as exc:
-            raise ValueError(f"device memory {raw!r}: give a size such as 80 (GiB), 80GiB or 96GB, or leave it empty "
-                             f"for no limit; as a device name: {exc}") from None
+            raise FieldError("device_memory", f"device memory {raw!r}: give a size such as 80 (GiB), 80GiB or 96GB, or "
+                             f"leave it empty for no limit; as a device name: {exc}") from None
         return {"device": device.name}
-    size = parse_device_memory(raw)
+    size = parse_device_memory(raw, mesh.memory_reserve)
     if size is None and mesh.device is not None:
-        raise ValueError(f"device memory: the mesh's device {mesh.device.name} has {format_bytes(mesh.device.memory)}, "
+        raise FieldError("device_memory", f"device memory: the mesh's device {mesh.device.name} has {format_bytes(mesh.device.memory)}, "
                          "which the numbers use; a mesh with a device has a limit: type another size (e.g. 40), "
                          "or build the Inspector with sv.Mesh(shard=..., device=None) for no limit")
     if size is not None and size <= mesh.memory_reserve:
-        raise ValueError(f"device memory {raw!r} ({format_bytes(size)}) is not more than the "
+        raise FieldError("device_memory", f"device memory {raw!r} ({format_bytes(size)}) is not more than the "
                          f"{format_bytes(mesh.memory_reserve)} the mesh keeps in reserve (CUDA context, NCCL): "
-                         f"nothing would be usable; give more than {format_bytes(mesh.memory_reserve)}")
+                         f"nothing would be usable; give more than {format_bytes(mesh.memory_reserve)}, or leave it empty for no limit")
     if size is not None and size > MAX_DEVICE_MEMORY:
-        raise ValueError(f"device memory {raw!r}: more than {format_bytes(MAX_DEVICE_MEMORY)}, far above any device "
+        raise FieldError("device_memory", f"device memory {raw!r}: more than {format_bytes(MAX_DEVICE_MEMORY)}, far above any device "
                          "(the largest known has 288 GiB); give the memory of one device, e.g. 80")
     return {"device_memory": size}
 
 
-def parse_device_memory(text) -> int | None:
-    """The device-memory field's text -> bytes (None: no limit); ValueError naming the field for junk."""
+def parse_device_memory(text, reserve: int = 0) -> int | None:
+    """The device-memory field's text -> bytes (None: no limit; 0 stays 0, for the caller to say it
+    must exceed the ``reserve``); a ``FieldError`` naming the field for junk."""
     if text is None or str(text).strip() == "":
         return None
     raw = str(text).strip()
@@ -90,17 +120,17 @@ def parse_device_memory(text) -> int | None:
         size = parse_size(raw, "device memory")  # the API's and the command line's reading: a bare number is GiB
     except (ValueError, OverflowError):
         size = None
-    if size is None or size <= 0:
-        raise ValueError(f"device memory {raw!r}: give a size such as 80 (GiB), 80GiB or 96GB, "
+    if size is None or size < 0 or (size == 0 and not reserve):
+        raise FieldError("device_memory", f"device memory {raw!r}: give a size such as 80 (GiB), 80GiB or 96GB, "
                          "or leave it empty for no limit")
     return size
 
 
 def mesh_fields(kw: dict, mesh) -> dict:
     """The mesh controls' values (``set_mesh``'s arguments), validated as ``sv.Mesh`` reads them."""
-    for key, label in (("world", "world size"), ("replicate", "HSDP replicate"), ("tensor", "tensor parallel")):
+    for key in ("world", "replicate", "tensor"):
         if key in kw:
-            kw[key] = whole(label, kw[key])
+            kw[key] = whole(FIELD_NAMES[key], kw[key])
     if "device_gib" in kw:
         gib = kw.pop("device_gib")
         kw["device_memory"] = None if gib is None else f"{gib}"

@@ -1,8 +1,8 @@
 """``sv.Inspector``: the Jupyter widget, one anywidget.
 
-The front end (``charts.js`` and the files of ``front/``, concatenated in the order
-``FRONT_FILES`` into one ES module, and ``inspector.css``; shipped in the package: no build step,
-nothing fetched at run time) draws the controls, the module tree, the memory and traffic charts
+The front end (the ES modules of ``front/``, which import ``charts.js`` and each other, bundled
+into one ES module by ``bundle.py`` when this class is defined, and ``inspector.css``; shipped in
+the package: no npm, nothing fetched at run time; with ``ANYWIDGET_HMR=1`` a saved edit reloads) draws the controls, the module tree, the memory and traffic charts
 (SVG, the same drawing code as the HTML report), the findings, A vs B and the export. Every
 number comes from ``InspectorState`` (``controller.py``), which takes them from ``sv.analyze``; the
 front end formats them and sends back what the user did.
@@ -27,6 +27,7 @@ runs, the summary shows it with a cancel button.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,9 +40,9 @@ from ..format import format_bytes, format_large_count, format_plural
 from ..fsdp import Mesh
 from ..highlight import python_html
 from ..presets import preset_key
-from . import panels, protocol
+from . import bundle, panels, protocol
 from .background import BackgroundPush
-from .inputs import mesh_fields, seq_len_note, training_fields, whole
+from .inputs import FieldError, field_error, mesh_fields, seq_len_note, training_fields, whole
 from .controller import PRESETS, BlockAction, Change, InspectorState
 from .panels import training_text
 from .plan_names import shown_name
@@ -52,19 +53,12 @@ GIB = 1024**3
 #: Releases offered in the export's "target torch" menu ("" = detected when the code runs).
 TORCH_RELEASES = ["", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4"]
 DTYPES = [["", "model's dtype"], ["bfloat16", "bfloat16"], ["float16", "float16"], ["float32", "float32"]]
-#: The front end's files (``front/``), one per component, concatenated in this order into one ES
-#: module after ``charts.js``: they share top-level names; ``inspector.js`` (``render``,
-#: ``export default``) comes last.
-FRONT_FILES = (
-    "base.js", "summary.js", "controls.js", "tree_rows.js", "tree.js", "compare.js", "findings.js", "suggest.js",
-    "export.js", "inspector.js",
-)
 
 
-def _read_esm() -> str:
-    # charts.js is the report's chart code too: one drawing of each chart
-    front = "\n".join((HERE / "front" / name).read_text() for name in FRONT_FILES)
-    return (HERE / "charts.js").read_text() + "\n" + front
+def _read_esm() -> str | Path:
+    """The front end as anywidget loads it: the bundle of ``front/inspector.js`` and what it imports
+    (``bundle.py``); in development (``ANYWIDGET_HMR=1``) a file that is rebuilt on every save."""
+    return bundle.dev_bundle_path() if bundle.hot_reload_wanted() else bundle.bundle()
 
 
 class Inspector(anywidget.AnyWidget):
@@ -380,6 +374,8 @@ class Inspector(anywidget.AnyWidget):
                     ack["path"] = str(result)  # the export panel shows it
             except FileExistsError as exc:
                 ack.update(ok=False, error=str(exc), exists=True, path=str(args.get("path")))
+            except FieldError as exc:  # the front end highlights the control (its key: exc.field)
+                ack.update(ok=False, error=str(exc), field=exc.field)
             except (ValueError, OSError, KeyError, TypeError) as exc:
                 ack.update(ok=False, error=str(exc).strip("'\""))
             except Exception as exc:  # noqa: BLE001 - a bug must not leave the page waiting
@@ -399,6 +395,17 @@ class Inspector(anywidget.AnyWidget):
 # ------------------------------------------------------------------------------------
 #: A handler gets the widget and the action's checked arguments; what it returns goes in the ack.
 ActionHandler = Callable[[Inspector, dict], object]
+
+
+def _set_mesh(ins: Inspector, kw: dict) -> None:
+    """One mesh control's value; what the engine then refuses is said as a message about that
+    control, by its one name (``inputs.FIELD_NAMES``), and the front end highlights it."""
+    fields = mesh_fields(kw, ins.controller.mesh)  # FieldError: the control's own check
+    field = next((k for k in ("tensor", "replicate", "world", "device_memory") if k in kw), "world")
+    try:
+        return ins.controller.set_mesh(**fields)
+    except ValueError as exc:
+        raise field_error(field, exc) from None
 
 
 def _set_training(ins: Inspector, kw: dict) -> None:
@@ -443,6 +450,21 @@ def _suggest(ins: Inspector, kw: dict) -> None:
     return None
 
 
+def _apply_fix(ins: Inspector, kw: dict) -> None:
+    """The fix of finding ``code`` (the header card's "apply"), as one undo step: ``sv.fix_plan``."""
+    st = ins.controller
+    analysis = st.analysis
+    finding = next((f for f in analysis.findings if f.code == kw["code"]), None)
+    if finding is None:
+        raise ValueError(f"finding {kw['code']!r}: not among the current plan's findings")
+    plan = panels.fix_plan_or_none(analysis, finding)
+    if plan is None:
+        raise ValueError(f"finding {kw['code']}: its fix is not a change of plan ({finding.fix})")
+    # one undo step; the plan says what it is (an unnamed plan read "custom plan")
+    st.set_plan(dataclasses.replace(plan, name=f"{st.plan.name or 'custom plan'}, {finding.code} fixed"))
+    st.say("info", f"applied the fix of {finding.code}: {finding.fix}")
+
+
 def _block_action_args(kw: dict) -> dict:
     """The front end's block action by name, as a type from here on; no value when it sent null."""
     kw["action"] = BlockAction.parse(kw["action"])
@@ -468,9 +490,10 @@ ACTION_HANDLERS: dict[str, ActionHandler] = {
     "apply_to_type": lambda ins, kw: ins.controller.apply_to_type(**_block_action_args(kw)),
     "apply_preset": lambda ins, kw: ins.controller.apply_preset(**kw),
     # mesh and training
-    "set_mesh": lambda ins, kw: ins.controller.set_mesh(**mesh_fields(kw, ins.controller.mesh)),
+    "set_mesh": lambda ins, kw: _set_mesh(ins, kw),
     "set_training": _set_training,
     "apply_suggestion": lambda ins, kw: ins.controller.apply_suggestion(**kw),
+    "apply_fix": _apply_fix,
     "undo": lambda ins, kw: ins.controller.undo(),
     "redo": lambda ins, kw: ins.controller.redo(),
     # the view

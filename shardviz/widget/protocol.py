@@ -41,7 +41,8 @@ ACTIONS: dict[str, dict[str, str]] = {
                  "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
                      "offload": "bool", "batch_size": "number|null", "seq_len": "number"},
-    "apply_suggestion": {"index": "int"},  # a row of the last search: plan, HSDP split, micro-batch
+    "apply_suggestion": {"index": "int"},
+    "apply_fix": {"code": "str"},  # the top finding's fix, where it is a change of plan (sv.fix_plan)  # a row of the last search: plan, HSDP split, micro-batch
     "undo": {},
     "redo": {},
     # the view (not undoable)
@@ -69,7 +70,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "unignore": ("fqns",), "toggle_checkpoint": ("fqn",), "apply_to_many": ("targets", "action"),
     "apply_to_type": ("type_or_fqn", "action"), "apply_preset": ("name",), "expand": ("target",),
     "set_rank": ("rank",), "reveal": ("fqn",), "filter_finding": ("code",), "set_tab": ("tab",), "set_torch_version": ("version",),
-    "save_code": ("path",), "apply_suggestion": ("index",),
+    "save_code": ("path",), "apply_suggestion": ("index",), "apply_fix": ("code",),
 }
 MESSAGE_TYPES = ("hello", "action")
 TABS = ("charts", "compare", "findings", "suggest", "export")

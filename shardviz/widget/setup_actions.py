@@ -36,8 +36,8 @@ def mesh_edit(state, world: int | None = None, replicate: int | None = None, dev
         if replicate < 1:
             raise ValueError(f"HSDP replicate {replicate}: give the number of copies, 1 or more (1: plain FSDP)")
         if world % (replicate * tensor):
-            raise ValueError(f"world size {world} is not a multiple of the HSDP replicate size {replicate}"
-                             + (f" x the tensor degree {tensor}" if tensor > 1 else ""))
+            raise ValueError(f"world size {world} is not a multiple of HSDP replicate {replicate}"
+                             + (f" x TP {tensor}" if tensor > 1 else ""))
         shard = world // (replicate * tensor)
     changes = dict(shard=int(shard), replicate=replicate, **fields)
     if device_memory is not ...:
@@ -53,7 +53,7 @@ def tensor_edit(state, tensor: int, world: int | None = None) -> SetupEdit:
     cur, tensor = state.mesh, int(tensor)
     world = cur.world if world is None else int(world)
     if tensor < 1 or world % (cur.replicate * tensor):
-        raise ValueError(f"tensor degree {tensor}: give a divisor of world size {world} / replicate {cur.replicate}")
+        raise ValueError(f"TP {tensor}: give a divisor of world size {world} / HSDP replicate {cur.replicate}")
     plan = None
     if tensor > 1 and not state.plan.tensor_parallel:
         plan = state.plan.with_tensor_parallel(preset(state.tree, True))

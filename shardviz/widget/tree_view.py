@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ..format import ROOT_NAME
 from ..tree import ModelTree
 from .folding import Folding, last_name
 from .module_stats import MIXED_SIG, ModuleStats, StaticStats, short_unit_name
@@ -229,7 +230,7 @@ class TreeView:
         row = {
             "kind": "module",
             "depth": depth,
-            "name": last_name(info.fqn) if info.fqn else "(root)",
+            "name": last_name(info.fqn) if info.fqn else ROOT_NAME,
             "fqn": info.fqn,
             "type": info.type_name,
             "numel": static.numel[m],

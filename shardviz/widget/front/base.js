@@ -1,11 +1,12 @@
-// shardviz Inspector front end (anywidget ESM; no build step, no imports, nothing fetched).
+// shardviz Inspector front end (anywidget ESM; no npm, nothing fetched).
 // base.js: the constants, the message schema check (kindOk, checkAction), the shared context
 // (makeContext: the model and `send`) and small DOM helpers for the select and input elements.
 //
-// The front end is the files of shardviz/widget/front/, concatenated by Python in a fixed order
-// (inspector.py: FRONT_FILES) after charts.js (the chart drawing, shared with the report) into
-// one ES module: base, summary, controls, tree_rows, tree, compare, findings, suggest, export,
-// inspector.
+// The front end is the ES modules of shardviz/widget/front/: each imports what it uses (from
+// ../charts.js, the chart drawing shared with the report, and from its siblings) and exports what
+// others use; inspector.js is the entry (`export default { render }`). widget/bundle.py bundles
+// them, in Python, into the one string anywidget loads (and rebuilds it on save with
+// ANYWIDGET_HMR=1): see CONTRIBUTING.md, "The front end".
 //
 // Python (shardviz/widget/inspector.py) is the single source of every number and writes every
 // trait; the front end only draws what it is sent and sends back what the user did, as actions.
@@ -19,13 +20,15 @@
 //
 // Layout: one top-level function per component (summary, messages, controls, tree, charts,
 // compare, findings, suggest, export, tabs), each given what it needs explicitly (the shared `ctx`:
-// model and send, plus callbacks), then `render` (inspector.js, last), which builds them and
+// model and send, plus callbacks), then `render` (inspector.js, the entry), which builds them and
 // wires the traits to them.
 // The exported code arrives highlighted (HTML from pygments, in Python): nothing is parsed here.
 
-const ROW_H = 26;
-const OVERSCAN = 12;
-const MAX_TREE_H = 390;
+import { h } from "../charts.js";
+
+export const ROW_H = 26;
+export const OVERSCAN = 12;
+export const MAX_TREE_H = 390;
 
 // ---------------------------------------------------------------------------------------------
 // the message schema (protocol.py, sent as the "protocol" trait): the same checks as Python's
@@ -58,7 +61,7 @@ function checkAction(protocol, action, args) {
 // ---------------------------------------------------------------------------------------------
 // the shared context: the model, and `send`, which checks an action and counts it as pending
 // ---------------------------------------------------------------------------------------------
-function makeContext(model) {
+export function makeContext(model) {
   const ctx = { model, root: null, reqSeq: 0, pending: new Map(), onLocalError: () => {} };
   ctx.send = (action, args = {}, onAck = null) => {
     const problem = checkAction(model.get("protocol"), action, args);
@@ -86,17 +89,17 @@ function makeContext(model) {
   return ctx;
 }
 
-function selectOf(cls, label, options) {
+export function selectOf(cls, label, options) {
   return h("select", { class: cls, "aria-label": label }, ...options.map(([v, t]) => h("option", { value: v, text: t })));
 }
 
-function fillSelect(sel, options) {
+export function fillSelect(sel, options) {
   const key = JSON.stringify(options);
   if (sel.dataset.options === key) return;
   sel.dataset.options = key;
   sel.replaceChildren(...options.map((o) => (Array.isArray(o) ? h("option", { value: o[0], text: o[1] }) : h("option", { value: o, text: o }))));
 }
 
-function keepKeysFromLab(input) {
+export function keepKeysFromLab(input) {
   input.addEventListener("keydown", (e) => e.stopPropagation()); // JupyterLab's notebook shortcuts stay out
 }

@@ -1,6 +1,8 @@
 // compare.js: the A vs B panel, the pinned plan against the current one.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmt, fmtDelta, fmtValue, h, pairedBars } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // A vs B: the pinned plan against the current one
@@ -37,7 +39,7 @@ function compareTable(c) {
       table.append(h("tr", { class: "sv-cmp-group" }, h("td", { colspan: 4, text: group })));
     }
     const cls = r.delta === 0 ? "sv-cmp-same" : r.delta > 0 ? "sv-cmp-up" : "sv-cmp-down"; // more is costlier, for every row
-    const exact = (v) => (r.kind === "bytes" ? `${v.toLocaleString()} B` : "");
+    const exact = (v) => (r.kind === "bytes" ? `${fmt(v, "int")} B` : "");
     table.append(
       h(
         "tr",
@@ -72,7 +74,7 @@ function compareCharts(c) {
   );
 }
 
-function revealLink(send, fqn, text, title) {
+export function revealLink(send, fqn, text, title) {
   return h("a", {
     class: "sv-reveal",
     href: "#",
@@ -112,7 +114,7 @@ function compareDiff(send, c) {
   return box;
 }
 
-function comparePanel(ctx, { pinButtons, setTabLabel }) {
+export function comparePanel(ctx, { pinButtons, setTabLabel }) {
   const el = h("div", { class: "sv-panel sv-panel-compare", "data-panel": "compare" });
   function render() {
     const c = ctx.model.get("comparison") || {};

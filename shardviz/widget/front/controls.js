@@ -1,6 +1,9 @@
 // controls.js: the mesh, training, rank and history controls, drawn from the "controls" trait.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { h } from "../charts.js";
+import { fillSelect, keepKeysFromLab } from "./base.js";
 
 // ---------------------------------------------------------------------------------------------
 // controls: drawn here, state from the "controls" trait; every edit is an action
@@ -15,8 +18,8 @@ function controlInputs() {
     rank: numberInput("sv-rank", { min: 0, "aria-label": "rank" }),
     world: numberInput("sv-world", { min: 1, "aria-label": "world size" }),
     replicate: numberInput("sv-replicate", { min: 1, "aria-label": "HSDP replicate" }),
-    tensor: numberInput("sv-tensor", { min: 1, "aria-label": "tensor parallel" }),
-    device: h("input", { class: "sv-input sv-device", type: "text", inputmode: "decimal", placeholder: "no limit", "aria-label": "device memory in GiB" }),
+    tensor: numberInput("sv-tensor", { min: 1, "aria-label": "TP" }),
+    device: h("input", { class: "sv-input sv-device", type: "text", inputmode: "decimal", placeholder: "no limit", "aria-label": "device memory" }),
     paramDtype: h("select", { class: "sv-param-dtype", "aria-label": "param dtype" }),
     reduceDtype: h("select", { class: "sv-reduce-dtype", "aria-label": "reduce dtype" }),
     optimizer: h("select", { class: "sv-optimizer", "aria-label": "optimizer" }),
@@ -25,39 +28,47 @@ function controlInputs() {
     seq: numberInput("sv-seq", { min: 1, "aria-label": "sequence length" }),
     seqNote: h("span", { class: "sv-field-note sv-seq-note" }),
     offloadNote: h("span", { class: "sv-muted sv-offload-note" }),
+    more: h("button", { class: "sv-btn sv-more", text: "more settings", "aria-expanded": "false", title: "reduce dtype, optimizer, CPU offload, the rank the tree shows" }),
   };
 }
 
+// one row of the controls an edit usually needs; the rest in a drawer ("more settings")
 function controlsLayout(ctl) {
   const field = (label, input, title) => h("label", { class: "sv-field", title }, h("span", { class: "sv-field-label", text: label }), input);
+  const drawer = h(
+    "div",
+    { class: "sv-controls-row sv-drawer", hidden: true },
+    field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
+    field("optimizer", ctl.optimizer),
+    field("CPU offload", ctl.offload),
+    ctl.offloadNote,
+    field("rank", ctl.rank, "the rank whose local shard shapes the tree shows"),
+  );
+  ctl.more.addEventListener("click", () => {
+    drawer.hidden = !drawer.hidden;
+    ctl.more.setAttribute("aria-expanded", String(!drawer.hidden));
+    ctl.more.textContent = drawer.hidden ? "more settings" : "fewer settings";
+  });
   return h(
     "div",
     { class: "sv-controls" },
     h(
       "div",
-      { class: "sv-controls-row" },
+      { class: "sv-controls-row sv-controls-main" },
       field("preset", ctl.preset),
-      ctl.undo,
-      ctl.redo,
+      h("span", { class: "sv-history" }, ctl.undo, ctl.redo),
       ctl.ckptBlocks,
-      field("rank", ctl.rank, "the rank whose local shard shapes the tree shows"),
-    ),
-    h(
-      "div",
-      { class: "sv-controls-row" },
       field("world size", ctl.world),
       field("HSDP replicate", ctl.replicate, "HSDP: copies of the sharded model (shard size = world / replicate)"),
       field("TP", ctl.tensor, "tensor-parallel ranks inside a node (shard size = world / (replicate x TP)); > 1 adds the model's own TP plan"),
-      field("device GiB", ctl.device, "device memory per rank: a number of GiB, or a size with its unit (80GiB, 96GB); empty: no limit"),
+      field("device memory", ctl.device, "device memory per rank: a number of GiB, or a size with its unit (80GiB, 96GB); empty: no limit"),
       field("param dtype", ctl.paramDtype, "MixedPrecisionPolicy(param_dtype): the dtype parameters are all-gathered and computed in"),
-      field("reduce dtype", ctl.reduceDtype, "MixedPrecisionPolicy(reduce_dtype): the dtype gradients are reduced in"),
-      field("optimizer", ctl.optimizer),
-      field("CPU offload", ctl.offload),
-      ctl.offloadNote,
-      field("batch", ctl.batch, "micro-batch per rank; empty: the peak counts the model state only (no activations)"),
-      field("seq len", ctl.seq, "tokens per sample"),
+      field("batch size", ctl.batch, "micro-batch per rank; empty: the peak counts the model state only (no activations)"),
+      field("sequence length", ctl.seq, "tokens per sample"),
       ctl.seqNote,
+      ctl.more,
     ),
+    drawer,
   );
 }
 
@@ -65,9 +76,23 @@ function wireControls(ctx, ctl, showState) {
   const { send, model } = ctx;
   // the number as typed: Python refuses one that is not whole (naming the field), never rounded here
   const intOrNull = (el) => (el.value.trim() === "" ? null : Number(el.value));
+  // the control a refusal is about (ack.field, inputs.FIELD_NAMES' key): highlighted until it is edited
+  const byField = { world: ctl.world, replicate: ctl.replicate, tensor: ctl.tensor, device_memory: ctl.device, batch_size: ctl.batch, seq_len: ctl.seq, rank: ctl.rank };
   const onRefused = (ack) => {
-    if (!ack.ok) showState(); // refused: the control shows the current state again
+    if (ack.ok) return;
+    showState(); // refused: the control shows the current state again
+    const bad = byField[ack.field];
+    if (!bad) return;
+    bad.classList.add("sv-bad-input");
+    bad.setAttribute("aria-invalid", "true");
+    bad.title = ack.error;
   };
+  for (const input of Object.values(byField)) {
+    input.addEventListener("input", () => {
+      input.classList.remove("sv-bad-input");
+      input.removeAttribute("aria-invalid");
+    });
+  }
   ctl.preset.addEventListener("change", () => {
     if (ctl.preset.value) send("apply_preset", { name: ctl.preset.value }, onRefused);
   });
@@ -134,7 +159,7 @@ function showCheckpointBlocks(btn, c) {
   btn.classList.toggle("sv-on", !!all);
 }
 
-function controlsComponent(ctx, { onRafChoices }) {
+export function controlsComponent(ctx, { onRafChoices }) {
   const ctl = controlInputs();
   const el = controlsLayout(ctl);
   function showState() {

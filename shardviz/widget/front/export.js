@@ -1,6 +1,9 @@
 // export.js: the export panel, the fully_shard code, copy, save and torch's verification.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { h } from "../charts.js";
+import { keepKeysFromLab, selectOf } from "./base.js";
 
 // ---------------------------------------------------------------------------------------------
 // export: the fully_shard code for a torch release (highlighted by Python), copy, save, verify
@@ -66,7 +69,7 @@ function exportToolbar(model, send) {
   };
 }
 
-function exportPanel(ctx) {
+export function exportPanel(ctx) {
   const { model, send } = ctx;
   const { versionSel, pathInput, copyBtn, saveBtn, verifyBtn } = exportToolbar(model, send);
   const status = h("div", { class: "sv-export-status" });

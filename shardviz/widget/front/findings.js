@@ -1,6 +1,9 @@
 // findings.js: the findings panel, each finding with its fix and a link into the tree.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmt, h } from "../charts.js";
+import { revealLink } from "./compare.js";
 
 // ---------------------------------------------------------------------------------------------
 // findings: what is wrong or wasteful, each with its fix; a click reveals it in the tree
@@ -25,10 +28,10 @@ function findingItem(send, f) {
   const listed = Math.min(4, f.fqns.length);
   if (f.n_fqns > listed) {
     where.append(
-      h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${(f.n_fqns - listed).toLocaleString()} more` }),
+      h("span", { class: "sv-muted sv-finding-more", "data-more": f.n_fqns - listed, text: ` and ${fmt(f.n_fqns - listed, "int")} more` }),
       h("button", {
         class: "sv-btn sv-finding-filter",
-        text: `show all ${f.n_fqns.toLocaleString()} in the tree`,
+        text: `show all ${fmt(f.n_fqns, "int")} in the tree`,
         title: "filter the tree to every name this finding is about",
         onclick: (e) => {
           e.stopPropagation();
@@ -41,7 +44,7 @@ function findingItem(send, f) {
   return item;
 }
 
-function findingsPanel(ctx, { tabButton }) {
+export function findingsPanel(ctx, { tabButton }) {
   const el = h("div", { class: "sv-panel sv-panel-findings", "data-panel": "findings" });
   function render() {
     const list = ctx.model.get("findings") || [];

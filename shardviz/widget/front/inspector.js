@@ -1,7 +1,18 @@
 // inspector.js: the charts panel, the tabs, and render (the anywidget entry point), which builds
-// the components and wires the traits and messages to them. Last: it holds `export default`.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// the components and wires the traits and messages to them. The entry module: `export default`.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { drawMemory, drawTimeline, drawTraffic, h } from "../charts.js";
+import { makeContext } from "./base.js";
+import { headerCard } from "./header.js";
+import { messagesComponent, summaryComponent } from "./summary.js";
+import { controlsComponent } from "./controls.js";
+import { treeComponent } from "./tree.js";
+import { comparePanel } from "./compare.js";
+import { findingsPanel } from "./findings.js";
+import { suggestPanel } from "./suggest.js";
+import { exportPanel } from "./export.js";
 
 // ---------------------------------------------------------------------------------------------
 // charts: charts.js draws them (the report uses the same functions)
@@ -12,7 +23,19 @@ function chartsPanel(ctx) {
   const timelineEl = h("div", { class: "sv-timeline" });
   const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl, timelineEl);
   let lastFull = null; // the last memory payload with every number measured
-  return {
+  // the charts are drawn at the width they are shown (charts.js: chartWidth): again when it changes
+  // (a tab shown, the file browser opened), so that their text stays 11 px
+  let drawnWidth = 0;
+  const redraw = () => {
+    const w = el.clientWidth;
+    if (!w || Math.abs(w - drawnWidth) < 8) return;
+    drawnWidth = w;
+    panel.renderMemory();
+    panel.renderTraffic();
+    panel.renderTimeline();
+  };
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => requestAnimationFrame(redraw)).observe(el);
+  const panel = {
     el,
     renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
     renderMemory: () => {
@@ -30,6 +53,7 @@ function chartsPanel(ctx) {
     },
     renderTraffic: () => drawTraffic(trafficEl, ctx.model.get("traffic") || {}),
   };
+  return panel;
 }
 
 // a status line with a CSS spinner (no emoji: it needs a font that may not be installed)
@@ -80,6 +104,7 @@ function render({ model, el }) {
   const ctx = makeContext(model);
   const tabs = tabsComponent(ctx);
   const summary = summaryComponent(ctx, { openCompare: () => tabs.open("compare") });
+  const card = headerCard(ctx, { openFindings: () => tabs.open("findings") });
   const messages = messagesComponent(ctx);
   ctx.onLocalError = messages.localError;
   const tree = treeComponent(ctx);
@@ -91,10 +116,11 @@ function render({ model, el }) {
   const exporter = exportPanel(ctx);
   tabs.setPanels([charts.el, compare.el, findings.el, suggest.el, exporter.el]);
   const views = h("div", { class: "sv-views" }, tabs.el, charts.el, compare.el, findings.el, suggest.el, exporter.el);
-  ctx.root = h("div", { class: "sv-inspector" }, summary.el, controls.el, messages.el, tree.el, views);
+  ctx.root = h("div", { class: "sv-inspector" }, card.el, summary.el, controls.el, messages.el, tree.el, views);
   el.append(ctx.root);
 
   const renderSummary = () => {
+    card.render();
     summary.render();
     tree.showFilter((model.get("summary") || {}).filter || {});
   };
@@ -112,8 +138,8 @@ function render({ model, el }) {
     ["change:messages", messages.render],
     ["change:memory", charts.renderMemory],
     ["change:traffic", charts.renderTraffic],
-    ["change:timeline", charts.renderTimeline],
-    ["change:findings", findings.render],
+    ["change:timeline", () => (charts.renderTimeline(), card.render())],
+    ["change:findings", () => (findings.render(), card.render())],
     ["change:comparison", () => (compare.render(), renderSummary())],
     ["change:suggestions", suggest.render],
     ["change:code", exporter.renderCode],

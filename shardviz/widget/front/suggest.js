@@ -1,13 +1,26 @@
 // suggest.js: the Suggest panel, sv.search's best plans for this model, mesh and training, each
 // with one button that applies it (one undo step). Every figure arrives as text from Python
 // (widget/suggest.py); nothing is computed here.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmt, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // suggest: the search's top rows, "searching N plans…" while it runs, what is missing, the errors
 // ---------------------------------------------------------------------------------------------
-function suggestRow(send, r, stale) {
+// a row's judged peak as a bar against the usable memory (the summary's limit: one device for every row)
+function peakBar(r, limit) {
+  if (!(limit > 0) || r.peak == null) return null;
+  const frac = Math.min(1, r.peak / limit);
+  return h(
+    "div",
+    { class: `sv-suggest-bar${r.fits ? "" : " sv-over"}`, role: "img", "aria-label": `${r.peak_text} of ${fmt(limit, "bytes")} usable`, title: `${r.peak_text} of ${fmt(limit, "bytes")} usable` },
+    h("div", { class: "sv-suggest-bar-fill", style: `width:${(100 * frac).toFixed(1)}%`, "data-bytes": r.peak }),
+  );
+}
+
+function suggestRow(send, r, stale, limit) {
   const apply = h("button", {
     class: "sv-btn sv-suggest-apply",
     text: r.current ? "current" : "apply",
@@ -28,20 +41,20 @@ function suggestRow(send, r, stale) {
       h("div", { class: "sv-suggest-mesh sv-muted", text: r.mesh_text }),
       h("div", { class: "sv-suggest-applies", text: `applies: ${r.applies.join("; ")}` }),
     ),
-    h("td", { class: "sv-suggest-peak", "data-value": r.peak ?? "" }, h("div", { text: r.peak_text }), h("div", { class: "sv-suggest-sub", text: r.margin_text })),
+    h("td", { class: "sv-suggest-peak", "data-value": r.peak ?? "" }, h("div", { text: r.peak_text }), peakBar(r, limit), h("div", { class: "sv-suggest-sub", text: r.margin_text })),
     h("td", { class: "sv-suggest-step", "data-value": r.step_time_s ?? "", title: r.step_title, text: r.step_text }),
     h("td", { class: "sv-suggest-tokens" }, h("div", { text: r.tokens_text }), h("div", { class: "sv-suggest-sub", text: r.mfu_text })),
     h("td", { class: "sv-suggest-act" }, apply),
   );
 }
 
-function suggestTable(send, d) {
+function suggestTable(send, d, limit) {
   const head = h(
     "tr",
     {},
     ["#", "plan (why it is below the row above)", "judged peak per rank", "step", "throughput per rank", ""].map((t) => h("th", { text: t })),
   );
-  return h("table", { class: "sv-suggest-table" }, head, (d.rows || []).map((r) => suggestRow(send, r, d.stale)));
+  return h("table", { class: "sv-suggest-table" }, head, (d.rows || []).map((r) => suggestRow(send, r, d.stale, limit)));
 }
 
 function suggestStatus(d, waiting) {
@@ -55,7 +68,7 @@ function suggestStatus(d, waiting) {
 
 const RUN_TITLE = "search the plans a user would try (LoRA layout, checkpointing, reshard, HSDP split, offload, micro-batch) and rank those that fit";
 
-function suggestPanel(ctx) {
+export function suggestPanel(ctx) {
   const el = h("div", { class: "sv-panel sv-panel-suggest", "data-panel": "suggest" });
   let waiting = false;
   const run = h("button", {
@@ -88,7 +101,7 @@ function suggestPanel(ctx) {
     if (d.stale) el.append(h("div", { class: "sv-suggest-stale", text: "The mesh or training changed since this search: its rows are for the earlier one. Search again to apply one." }));
     el.append(h("div", { class: "sv-suggest-explain", text: d.explain }));
     if (d.note) el.append(h("div", { class: "sv-muted sv-suggest-note", text: d.note }));
-    el.append(h("div", { class: "sv-suggest-scroll" }, suggestTable(ctx.send, d)));
+    el.append(h("div", { class: "sv-suggest-scroll" }, suggestTable(ctx.send, d, (ctx.model.get("summary") || {}).limit)));
   }
   return { el, render };
 }

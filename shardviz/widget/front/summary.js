@@ -1,25 +1,26 @@
-// summary.js: the summary line (model, mesh, training, plan, peak, findings, A vs B, plan file)
+// summary.js: the summary line under the header card (model, mesh, training, plan, findings, A vs B,
+// plan file)
 // and the messages (errors and notes).
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmt, fmtBytes, fmtDelta, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
-// summary: model, mesh, training, the plan's name, the peak, the findings' counts
+// summary: model, mesh, training, the plan's name, the findings' counts (the verdict: header.js)
 // ---------------------------------------------------------------------------------------------
-function summaryComponent(ctx, { openCompare }) {
+export function summaryComponent(ctx, { openCompare }) {
   const el = h("div", { class: "sv-summary" });
-  const shown = { lastFull: null }; // this widget's last fully measured summary (one per Inspector on the page)
   function render() {
     const sm = ctx.model.get("summary") || {};
     el.replaceChildren();
     if (!sm.model) return;
     el.append(
       h("span", { class: "sv-sum-model", text: `${sm.model}` }),
-      h("span", { class: "sv-sum-item sv-sum-size", title: `${(sm.numel || 0).toLocaleString()} parameter elements`, text: sm.size_text }),
+      h("span", { class: "sv-sum-item sv-sum-size", title: `${fmt(sm.numel || 0, "int")} parameter elements`, text: sm.size_text }),
       h("span", { class: "sv-sum-item sv-sum-mesh", text: sm.mesh }),
       h("span", { class: "sv-sum-item sv-sum-training", title: "what the numbers assume (change it below)", text: sm.training }),
       planItem(sm),
-      peakItem(sm, shown),
       findingsItem(sm),
     );
     const work = workItem(ctx);
@@ -61,46 +62,19 @@ function workItem(ctx) {
   );
 }
 
-function peakItem(sm, shown) {
-  if (sm.pending) {
-    // never a partial answer: the last full verdict stays, dimmed and marked as updating
-    const last = shown.lastFull ? peakItem(shown.lastFull, shown) : h("span", { class: "sv-sum-item sv-sum-peak", text: "measuring the step…" });
-    last.classList.add("sv-pending");
-    last.title = sm.pending;
-    last.append(h("span", { class: "sv-spinner", "aria-hidden": "true" }));
-    return last;
-  }
-  shown.lastFull = sm;
-  const use = sm.use;
-  if (!use) {
-    return h(
-      "span",
-      { class: "sv-sum-item sv-sum-peak", "data-bytes": sm.peak, title: `highest predicted peak of any rank (rank ${sm.worst_rank}); no device memory: no verdict` },
-      `peak ${fmtBytes(sm.peak)} (rank ${sm.worst_rank})`,
-    );
-  }
-  // the one verdict (a.fit): its word, the judged peak, its share of the usable memory and the margin
-  return h(
-    "span",
-    { class: `sv-sum-item sv-sum-peak sv-verdict-${use.verdict}${use.over ? " sv-over" : ""}`, "data-bytes": use.judged, "data-verdict": use.verdict, title: `${use.text}; ${use.assumed}` },
-    h("b", { class: "sv-verdict-word", text: use.word }),
-    `: ${use.judged_name} ${fmtBytes(use.judged)} (rank ${sm.worst_rank}) · ${use.percent_text} of ${use.limit_text || fmtBytes(sm.limit)} · ${use.spare_text}`,
-  );
-}
-
 function findingsItem(sm) {
   const f = sm.findings_text;
   if (!f) return h("span", { class: "sv-sum-item sv-muted", text: "checking…" });
+  // a count of 0 is not an entry ("0 errors 0 warnings 0 info" said nothing the total does not)
+  const counts = sm.findings || {};
+  const sev = (k) => (counts[k] > 0 ? [" ", h("span", { class: `sv-sev sv-sev-${k}`, text: f[k] })] : []);
   return h(
     "span",
     { class: `sv-sum-item sv-sum-findings${sm.findings_stale ? " sv-stale" : ""}`, title: sm.findings_stale ? "checking the new plan…" : "" },
-    h("span", { class: "sv-sum-findings-total", text: `${f.total}:` }),
-    " ",
-    h("span", { class: "sv-sev sv-sev-error", text: f.error }),
-    " ",
-    h("span", { class: "sv-sev sv-sev-warning", text: f.warning }),
-    " ",
-    h("span", { class: "sv-sev sv-sev-info", text: f.info }),
+    h("span", { class: "sv-sum-findings-total", text: Object.values(counts).some((n) => n > 0) ? `${f.total}:` : f.total }),
+    ...sev("error"),
+    ...sev("warning"),
+    ...sev("info"),
   );
 }
 
@@ -130,7 +104,7 @@ function planFileItem(pf) {
 // ---------------------------------------------------------------------------------------------
 // messages: the latest errors and notes, and a plan file that stopped saving
 // ---------------------------------------------------------------------------------------------
-function messagesComponent(ctx) {
+export function messagesComponent(ctx) {
   const el = h("div", { class: "sv-messages" });
   function render() {
     const msgs = ctx.model.get("messages") || [];

@@ -1,7 +1,11 @@
 // tree.js: the tree's filters and header, names fitted to their cell, and treeComponent, the
 // virtualised list of the visible rows (built by tree_rows.js).
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmt, h } from "../charts.js";
+import { MAX_TREE_H, OVERSCAN, ROW_H, selectOf } from "./base.js";
+import { buildRow } from "./tree_rows.js";
 
 // ---------------------------------------------------------------------------------------------
 // tree: filters, a virtualised list of the visible rows (Python sends only the rows that changed)
@@ -53,7 +57,7 @@ function treeFilters(ctx) {
       msg.filtering && msg.matches === 0
         ? "nothing matches this filter: no module or parameter has this name, status and role"
         : msg.truncated
-          ? `${msg.truncated.toLocaleString()} more matches not shown: refine the filter`
+          ? `${fmt(msg.truncated, "int")} more matches not shown: refine the filter`
           : msg.filter_label
             ? `showing ${msg.filter_label}`
             : "";
@@ -69,7 +73,7 @@ function treeHeader() {
     { class: "sv-row sv-header" },
     h("span", { class: "sv-col-name", text: "module / parameter" }),
     h("span", { class: "sv-col-type", text: "type / dtype" }),
-    h("span", { class: "sv-col-size", text: "elements", title: "number of elements (modules: every parameter under it, tied ones once) or shape (parameters); bn = billion, mn = million, k = thousand" }),
+    h("span", { class: "sv-col-size", text: "elements", title: "number of elements (modules: every parameter under it, tied ones once) or shape (parameters)" }),
     h("span", { class: "sv-col-status", text: "status" }),
     h("span", { class: "sv-col-bytes", text: "per rank", title: "parameter bytes each rank allocates (padded shards; whole tensors for ignored and unmanaged)" }),
     h("span", { class: "sv-col-local", text: "local shard" }),
@@ -111,7 +115,7 @@ function watchWidthAndTheme(el, redraw) {
   };
 }
 
-function treeComponent(ctx) {
+export function treeComponent(ctx) {
   const rowsById = new Map();
   let order = [];
   let flashId = null;
@@ -123,22 +127,29 @@ function treeComponent(ctx) {
   const scroller = h("div", { class: "sv-scroller", tabindex: "0" }, sizer, rowsLayer);
   const el = h("div", { class: "sv-tree" }, filters.el, treeHeader(), scroller);
 
-  // only the rows on screen (and a few more) exist in the page
+  // only the rows on screen (and a few more) exist in the page; a row's height is the CSS's
+  // (--sv-row-h: three lines in a narrow widget, numbers under the name)
+  let rowH = ROW_H;
   function draw() {
     if (disposed) return;
-    sizer.style.height = `${order.length * ROW_H}px`;
-    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 4) * ROW_H + 2)}px`;
+    rowH = parseFloat(getComputedStyle(el).getPropertyValue("--sv-row-h")) || ROW_H;
+    const ROW_H_NOW = rowH;
+    // each row's bytes drawn as a bar in its cell, against the largest row sent (the root's total)
+    let most = 1;
+    for (const r of rowsById.values()) most = Math.max(most, r.bytes || 0);
+    sizer.style.height = `${order.length * ROW_H_NOW}px`;
+    scroller.style.height = `${Math.min(MAX_TREE_H, Math.max(order.length, 2) * ROW_H_NOW + 2)}px`;
     const top = scroller.scrollTop;
     const height = scroller.clientHeight || 420;
-    const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
-    const last = Math.min(order.length, Math.ceil((top + height) / ROW_H) + OVERSCAN);
+    const first = Math.max(0, Math.floor(top / ROW_H_NOW) - OVERSCAN);
+    const last = Math.min(order.length, Math.ceil((top + height) / ROW_H_NOW) + OVERSCAN);
     const frag = document.createDocumentFragment();
     for (let i = first; i < last; i++) {
       const id = order[i];
       const r = rowsById.get(id);
       if (!r) continue;
-      const row = buildRow(ctx, id, r, id === flashId);
-      row.style.top = `${i * ROW_H}px`;
+      const row = buildRow(ctx, id, r, id === flashId, most);
+      row.style.top = `${i * ROW_H_NOW}px`;
       frag.append(row);
     }
     rowsLayer.replaceChildren(frag);
@@ -173,7 +184,7 @@ function treeComponent(ctx) {
     if (i < 0) return;
     flashId = id;
     const height = scroller.clientHeight || 420;
-    scroller.scrollTop = Math.max(0, i * ROW_H - height / 2 + ROW_H);
+    scroller.scrollTop = Math.max(0, i * rowH - height / 2 + rowH);
     draw();
     setTimeout(() => {
       if (flashId === id) {

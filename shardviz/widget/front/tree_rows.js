@@ -1,6 +1,8 @@
 // tree_rows.js: one row of the tree (name, type, size, status, bytes, shard) and its actions.
-// Part of the Inspector's front end: inspector.py (FRONT_FILES) concatenates charts.js and the
-// files of this folder, in a fixed order, into one ES module, so top-level names are shared.
+// An ES module of the Inspector's front end: it imports what it uses and exports what others use
+// (widget/bundle.py bundles the modules into the one string anywidget loads).
+
+import { fmt, fmtBytes, fmtCount, fmtShape, h } from "../charts.js";
 
 // ---------------------------------------------------------------------------------------------
 // tree rows: the cells and action buttons of module, group and parameter rows (tree.js lists them)
@@ -44,9 +46,9 @@ function reshardSelect(choices, value, onchange, mixed = false) {
 // the name's tooltip: also what a narrow widget hides (the elements and status columns)
 function rowTip(r) {
   const status = r.badge && r.badge.label ? ` · ${r.badge.label}` : "";
-  const size = typeof r.numel === "number" ? ` · ${r.numel.toLocaleString()} elements` : "";
+  const size = typeof r.numel === "number" ? ` · ${fmt(r.numel, "int")} elements` : "";
   if (r.kind === "group") return `${r.label}${size}${status}`;
-  if (r.kind === "module") return `${r.fqn || "(root)"} · ${r.type}${size}${status}`;
+  if (r.kind === "module") return `${r.fqn || "<root>"} · ${r.type}${size}${status}`;
   return `${r.fqn} · ${r.dtype}, ${r.trainable ? "trainable" : "frozen"}${size}${status}`;
 }
 
@@ -64,9 +66,10 @@ function caretOf(ctx, id, r) {
 }
 
 // one tree row: name, type, size, status, bytes per rank, local shard, actions
-function buildRow(ctx, id, r, flashed) {
+export function buildRow(ctx, id, r, flashed, most = 0) {
   const row = h("div", {
     class: `sv-row sv-kind-${r.kind}${flashed ? " sv-flash" : ""}`,
+    style: `--depth:${r.depth}`,
     "data-id": id,
     "data-fqn": r.kind === "group" ? null : r.fqn,
     "data-group": r.kind === "group" ? r.name : null,
@@ -80,6 +83,8 @@ function buildRow(ctx, id, r, flashed) {
   const choices = (ctx.model.get("controls") || {}).reshard_choices || ["default", "true", "false"];
   const cells = r.kind === "module" ? moduleCells(r) : r.kind === "group" ? groupCells(r) : paramCells(r);
   name.append(...cells.name);
+  const bytes = cells.middle.find((c) => c.classList.contains("sv-col-bytes"));
+  if (bytes && most > 0) bytes.style.setProperty("--sv-fill", `${((100 * (r.bytes || 0)) / most).toFixed(1)}%`);
   row.append(name, ...cells.middle, actions);
   const send = ctx.send;
   const acts = r.kind === "module" ? moduleActions(send, r, choices) : r.kind === "group" ? groupActions(send, id, r, choices) : paramActions(send, r);
@@ -92,7 +97,7 @@ function bytesCell(r) {
 }
 
 function moduleCells(r) {
-  const tied = r.tied_numel > 0 ? `; ${r.tied_numel.toLocaleString()} more in tied parameters, counted under their first module` : "";
+  const tied = r.tied_numel > 0 ? `; ${fmt(r.tied_numel, "int")} more in tied parameters, counted under their first module` : "";
   return {
     name: [h("span", { class: "sv-name", text: r.name })],
     middle: [
@@ -102,7 +107,7 @@ function moduleCells(r) {
         class: "sv-col-size",
         "data-numel": r.numel,
         text: r.numel === 0 && r.tied_numel > 0 ? "tied" : fmtCount(r.numel),
-        title: `${r.numel.toLocaleString()} elements in ${r.n_params} parameters${tied}`,
+        title: `${fmt(r.numel, "int")} elements in ${r.n_params} parameters${tied}`,
       }),
       h("span", { class: "sv-col-status" }, badge(r.badge)),
       bytesCell(r),
@@ -139,7 +144,7 @@ function paramCells(r) {
         `${r.dtype} `,
         h("span", { class: `sv-tag ${r.trainable ? "sv-tag-train" : "sv-tag-frozen"}`, text: r.trainable ? "trainable" : "frozen" }),
       ),
-      h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${r.numel.toLocaleString()} elements` }),
+      h("span", { class: "sv-col-size", text: fmtShape(r.shape), title: `${fmt(r.numel, "int")} elements` }),
       h("span", { class: "sv-col-status" }, badge(r.badge)),
       bytesCell(r),
       h(
