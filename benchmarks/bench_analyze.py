@@ -141,7 +141,7 @@ def stage_times(run, rounds: int = 3) -> None:
     """CPU time of each stage of a change of plan (the layout, each input of ``cost.cost_model``,
     the traced step, the two tables), minimum and median over ``rounds`` calls of ``run``."""
     from shardviz import analysis
-    from shardviz.cost import model
+    from shardviz.step import model
 
     times: dict[str, list[float]] = {}
 

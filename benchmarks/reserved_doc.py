@@ -11,8 +11,8 @@ from pathlib import Path
 
 import shardviz as sv
 from bench_reserved import ROWS, model, predict
-from shardviz.cost.model import cublas_workspace_bytes
-from shardviz.cost.reserved import traced_step
+from shardviz.step.model import cublas_workspace_bytes
+from shardviz.step.reserved import traced_step
 
 GiB = 2**30
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reserved.md"

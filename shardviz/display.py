@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import os
 
-from .cost import BREAKDOWN
+from .step import BREAKDOWN
 from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
-from . import steptime
+from .step import timing as steptime
 from .tree import base_model, peft_configs
 # the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
-from .steptime import step_text, timeline_figure  # noqa: F401 - re-exported for every view
+from .step.timing import step_text, timeline_figure  # noqa: F401 - re-exported for every view
 
 #: The training every view assumes when none is given (``cost.training.DEFAULT_TRAINING``, the one
 #: default of every entry point). Each view states it (``training_text``).

@@ -17,8 +17,8 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.cost import allocator as al
-from shardviz.cost.reserved import replay
+from shardviz.step import allocator as al
+from shardviz.step.reserved import replay
 
 MiB = 1 << 20
 HEADER = Path(torch.__file__).parent / "include/c10/core/AllocatorConfig.h"
@@ -273,7 +273,7 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
     output. The embedding's gradients come after every block's backward, whose activations are
     freed by then: the replay must not allocate the blocks' backward level again there (it did:
     a segment as large as that level at the end of backward, 34 GiB on Llama-3.1-8B)."""
-    from shardviz.cost.reserved import TracingSimulation
+    from shardviz.step.reserved import TracingSimulation
 
     m = zoo.tiny_llama_lora(lora=False)
     blocks = [f"model.layers.{name}" for name, _ in m.model.layers.named_children()]
@@ -313,7 +313,7 @@ def test_the_replay_frees_a_calls_forward_transients_before_the_next_call_gather
     all-gather output and unsharded parameters were allocated: tensors torch never holds together.
     DeepSeek-V3 + LoRA on 256 ranks, 1 x 4096, blocks checkpointed: the replayed tensors peaked at
     91.0 GiB where the step peaks at 76.4 GiB (its reserved peak then read 121.5 for 136.1 GiB)."""
-    from shardviz.cost.reserved import TracingSimulation
+    from shardviz.step.reserved import TracingSimulation
 
     c = step("blocks").costs
     units, levels = c.replay_inputs[0], c.replay_inputs[4]

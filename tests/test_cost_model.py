@@ -17,7 +17,7 @@ import pytest
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
 from shardviz.cost import Training
-from shardviz.cost.tables import STR_DTYPE
+from shardviz.step.tables import STR_DTYPE
 from torch_truth import tiny_lora
 
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
@@ -208,7 +208,7 @@ def test_time_per_step_from_link_bandwidths(model):
     a = sv.analyze(model, plan, mesh)
     comm = a.comm
     bw = np.where(comm.group == "shard", 100e9, 10e9)  # shard groups inside a node, replicas across
-    from shardviz.steptime import efficiency_for
+    from shardviz.step.timing import efficiency_for
 
     bus = efficiency_for(a.tree, mesh).collective_bus  # one call's duration: latency + bytes at the bus share
     assert np.allclose(comm.time_s, comm.latency_s + comm.sent_bytes / (bw * bus), rtol=1e-12, atol=0)
@@ -259,7 +259,7 @@ def test_device_memory_finding(model):
 def test_execution_walk_follows_the_order_it_is_given(model):
     """The walk is cached per tree and order (the last order by identity): alternating two orders,
     or passing an equal order that is another object, gives each order's own walk."""
-    from shardviz.cost.walk import execution_walk
+    from shardviz.step.walk import execution_walk
 
     tree = sv.ModelTree(model)
     names = [m.fqn for m in tree.modules]

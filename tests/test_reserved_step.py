@@ -10,9 +10,9 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.cost.allocator import CachingAllocator
-from shardviz.cost.reserved import TracingSimulation
-from shardviz.cost.simulation import StepSimulation
+from shardviz.step.allocator import CachingAllocator
+from shardviz.step.reserved import TracingSimulation
+from shardviz.step.simulation import StepSimulation
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from shardviz.devices import DEVICES, Efficiency, collective_seconds
-from shardviz.schedule import (StepExtras, UnitTime, comm_seconds, compute_seconds, hfu, mfu,
+from shardviz.step.schedule import (StepExtras, UnitTime, comm_seconds, compute_seconds, hfu, mfu,
                                optimizer_seconds, schedule_step, step_summary, transformer_flops_per_token,
                                unit_times)
 
@@ -274,7 +274,7 @@ def test_comm_seconds_count_each_call_at_its_one_duration():
 
 
 def test_the_host_optimizer_step_runs_at_the_host_adamw_rate():
-    from shardviz.schedule import host_optimizer_seconds
+    from shardviz.step.schedule import host_optimizer_seconds
 
     assert host_optimizer_seconds(2e9, Efficiency(host_adamw_gparams_per_s=0.5)) == pytest.approx(4.0)
     assert host_optimizer_seconds(1e9, Efficiency()) == pytest.approx(1.39)  # ZeRO-Offload's PyTorch CPU Adam

@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 
 import shardviz as sv
-from shardviz import steptime, zoo
+from shardviz import zoo
+from shardviz.step import timing as steptime
 from shardviz.activations import opcost
 from shardviz.analysis import Analysis
 from shardviz.devices import Device, Efficiency
-from shardviz.schedule import StepExtras, UnitTime, schedule_step
+from shardviz.step.schedule import StepExtras, UnitTime, schedule_step
 from shardviz.format import OUTSIDE_FSDP
-from shardviz.steptime import TIME_COLUMNS, timeline_payload
+from shardviz.step.timing import TIME_COLUMNS, timeline_payload
 
 # 1 TFLOPS bf16, every efficiency 1: a unit's compute seconds are its FLOPs / 1e12
 ROUND = Device("round", "80GiB", 1, 1, 1, hbm_gbps=100, intra_node_gbps=10, inter_node_gbps=1)
@@ -283,7 +284,7 @@ def test_outside_row_without_a_root_is_timed(model, monkeypatch):
 
 def test_a_comm_table_counted_over_the_step_is_read_per_micro_batch():
     """h7's accumulation may count a step's collectives over its k micro-batches: read back per micro-batch."""
-    from shardviz.steptime import _one_micro_batch
+    from shardviz.step.timing import _one_micro_batch
 
     comm = pd.DataFrame({"unit": ["b", "b", "b", None], "collective": ["all_gather", "all_gather", "reduce_scatter",
                                                                        "all_reduce"],
@@ -392,7 +393,7 @@ def test_the_default_efficiency_is_the_preset_of_the_models_stack(model):
 
 
 def test_the_offloaded_optimizer_step_is_the_host_adamw(model):
-    from shardviz.schedule import host_optimizer_seconds
+    from shardviz.step.schedule import host_optimizer_seconds
 
     training = replace(TRAINING, offload=True)
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), training)

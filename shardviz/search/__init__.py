@@ -202,7 +202,7 @@ def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Me
     if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
         raise ValueError("search: activations are measured by running the model: pass the nn.Module")
     if mesh.device is not None:
-        from ..steptime import efficiency_for
+        from ..step.timing import efficiency_for
 
         notes.append("step times assume " + efficiency_for(tree, mesh).describe())
     return tree, mesh, training, notes

@@ -118,10 +118,10 @@ class TracingSimulation(StepSimulation):
         if self.S > 1:
             self.take(("ag", k), u.gather, "ag")
         self.take(("param", k), u.gather)  # copy-out into the unsharded parameters
-        previous = self.context_gather.pop(u.hooks.root, None)
+        previous = self.context_gather.pop(u.root, None)
         if previous is not None:
             self.drop(previous)
-        self.context_gather[u.hooks.root] = ("ag", k)
+        self.context_gather[u.root] = ("ag", k)
         StepSimulation.pre_forward(self, k, gathers)
 
     def post_forward(self, k: int) -> None:

@@ -27,7 +27,7 @@ first, its forward compute (norm, LM head) runs after the blocks, its backward c
 theirs, and its post-backward (reduce-scatter) comes last.
 
 The order of the hooks is the one walk ``step_events`` (shared with the bytes model,
-``cost.simulation``, and built on ``hook_rules``: the default backward prefetch target, the
+``simulation``, and built on ``hook_rules``: the default backward prefetch target, the
 final callback's post-backwards); this module folds it into seconds (docs/step-rules.md).
 
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
@@ -41,8 +41,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
-from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
-from .step_events import Group, Hook, ParamState, StepCall, step_events
+from ..devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from .calls import Call, ParamState
+from .events import Group, Hook, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
 STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -314,21 +315,21 @@ def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
 
-def _calls(every: list[UnitTime], root: UnitTime | None) -> list[StepCall]:
+def _calls(every: list[UnitTime], root: UnitTime | None) -> list[Call]:
     """The units as ``step_events`` walks them, under the schedule's assumptions: no call nested
     in another but the root, whose forward begins first and ends last; every input but the root's
     needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
     end = (2 * len(every),)
-    return [StepCall(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
+    return [Call(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
                      u is not root, 0, _after_forward(u), _reduces(u)) for j, u in enumerate(every)]
 
 
-def _placed(calls: list[StepCall], every: list[UnitTime]) -> list[StepCall]:
+def _placed(calls: list[Call], every: list[UnitTime]) -> list[Call]:
     """The layout's calls, with what the units' seconds say happens to each: its parameters'
     state after forward (a backward all-gather, over which group) and whether it reduces (the
     collectives priced, which the bytes model issued from the same stream)."""
-    if len(calls) != len(every) or not all(isinstance(c, StepCall) for c in calls):
-        raise ValueError(f"calls: one StepCall per unit (root first), {len(every)} of them; got {calls!r}")
+    if len(calls) != len(every) or not all(isinstance(c, Call) for c in calls):
+        raise ValueError(f"calls: one Call per unit (root first), {len(every)} of them; got {calls!r}")
     return [c._replace(after_forward=_after_forward(u), reduces=_reduces(u)) for c, u in zip(calls, every)]
 
 
@@ -369,15 +370,15 @@ def _check_units(units, root) -> list[UnitTime]:
 def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
                   forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
                   separate_reduce_scatter_group: bool = False, sync: bool = True,
-                  calls: list[StepCall] | None = None) -> Schedule:
+                  calls: list[Call] | None = None) -> Schedule:
     """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
     on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
     of the units its hook prefetches, when the plan sets them (torch's explicit prefetch).
     ``separate_reduce_scatter_group``: the reduce-scatters have a communicator of their own
     (``set_separate_reduce_scatter_group``), so they overlap the all-gathers. ``sync=False``: a
     micro-batch under ``set_requires_gradient_sync(False)``: no reduction (nor its host copy).
-    ``calls``: each unit's ``StepCall`` (root first, then ``units``) where the layout places its
-    hooks (``cost.units.call_hooks``: nesting, contexts, which hooks torch registers); None: laid
+    ``calls``: each unit's ``Call`` (root first, then ``units``) where the layout places its
+    hooks (``calls.build_calls``: nesting, contexts, which hooks torch registers); None: laid
     out under the schedule's assumptions (``_calls``), for rows made by hand."""
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..step_events import GROUP_NAMES, POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
-from .units import UnitCost
+from .events import GROUP_NAMES, POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
+from .calls import Call
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class StepSimulation:
     gradient averaging (``cost.rank_state.GradientAveraging``) or None; ``levels``: activation levels
     (``cost.levels``)."""
 
-    def __init__(self, units: list[UnitCost], root_posts, unmanaged_grads: int, averaging, levels,
+    def __init__(self, units: list[Call], root_posts, unmanaged_grads: int, averaging, levels,
                  shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False):
         self.units = units
         self.grad_accum, self.sync_every = grad_accum, sync_every
@@ -149,7 +149,7 @@ class StepSimulation:
         # the one walk of the hooks: one for the micro-batches that sync, one for those that do not
         # (each call's gradients by a list's __getitem__: no Python call per call)
         grads_at = [u.grads_at for u in units]
-        self.walks = {sync: step_events([u.hooks for u in units], root_posts, grads_at.__getitem__, sync=sync)
+        self.walks = {sync: step_events(units, root_posts, grads_at.__getitem__, sync=sync)
                       for sync in {mb.sync for mb in microbatches(grad_accum, sync_every)}}
         self.events = self.walks[True]
 
@@ -220,11 +220,11 @@ class StepSimulation:
         # drops comm_ctx.all_gather_state first, but its local prev_all_gather_state holds it until it returns)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
                      communication_buffers=h.forward_gathers + ag, gradients=h.gradients)
-        h.forward_gathers -= h.last_gather_of_context.get(u.hooks.root, 0)
+        h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
         if self.S > 1:
             self.collectives.append(new_collective((k, "all_gather", "forward", "shard", self.S, 1)))
         h.unsharded_params += u.gather
-        h.last_gather_of_context[u.hooks.root] = ag
+        h.last_gather_of_context[u.root] = ag
         h.forward_gathers += ag
         self.state[k] = UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded. The root's

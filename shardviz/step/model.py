@@ -12,27 +12,26 @@ from .params import sharded_params, tree_arrays, whole_params
 from .reserved import traced_step
 from .simulation import StepResult
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
-from .training import Training
-from ..step_events import StepCall
-from .units import UnitCost, call_hooks, root_post_forwards, unit_costs
+from ..cost.training import Training
+from .calls import Call, build_calls, root_post_forwards
 from .walk import execution_walk
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """``units``: one ``UnitCost`` per ``fully_shard`` call with parameters, in plan order; the
+    """``units``: the ``Call`` of each ``fully_shard`` call with parameters, in plan order; the
     resident state and the optimizer states per shard coordinate; ``step``: the simulated
     forward + backward (``cost.simulation``)."""
 
     mesh: object  # fsdp.Mesh
     training: Training
-    units: list[UnitCost]
+    units: list[Call]
     resident: ResidentState
     optimizer: OptimizerState
     averaging: GradientAveraging | None
     step: StepResult
     replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
-    calls: tuple[StepCall, ...] = ()  # where every call's hooks run, which it gets (the schedule reads them too)
+    calls: tuple[Call, ...] = ()  # every call, those without parameters included (the schedule reads them too)
     _reserved: dict = field(default_factory=dict, compare=False, repr=False)
 
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
@@ -65,8 +64,8 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     policies = [training.unit_defaults(ul.unit) for ul in layout.units]
     sh = sharded_params(arr, layout, policies, S)
     whole = whole_params(arr, layout, sh)
-    calls = call_hooks(arr, layout, walk, sh)
-    units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations, calls)
+    calls = build_calls(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations)
+    units = [c for c in calls if c.managed]
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
     inputs = (units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
               S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)

@@ -15,21 +15,21 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .activations import opcost
-from .format import OUTSIDE_FSDP, format_duration
+from ..activations import opcost
+from ..format import OUTSIDE_FSDP, format_duration
 from .hook_rules import enclosing_root
-from .devices import Device, Efficiency, default_efficiency, stack_of
-from .step_events import StepCall
+from ..devices import Device, Efficiency, default_efficiency, stack_of
+from .calls import OUTSIDE, Call
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .activations import ActivationProfile
-    from .cost import Training
-    from .fsdp import Layout
-    from .tree import ModelTree
+    from ..activations import ActivationProfile
+    from ..cost import Training
+    from ..fsdp import Layout
+    from ..tree import ModelTree
 
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
@@ -46,7 +46,7 @@ class StepInputs:
     plan and the mesh. The callables return the analysis' stages, each computed once by it on first
     call, so a step without a device or a micro-batch reads none but the FLOPs: ``flops`` (the FLOP
     table, ``Analysis.flops``), ``profile`` (the activation profile, with each op's cost; None
-    without a micro-batch), ``comm`` (the comm table), ``calls`` (each call's ``StepCall``:
+    without a micro-batch), ``comm`` (the comm table), ``calls`` (each call's ``Call``:
     where the layout places its hooks) and ``memory`` (the memory table: the optimizer's bytes)."""
 
     layout: Layout
@@ -54,7 +54,7 @@ class StepInputs:
     flops: Callable[[], pd.DataFrame]
     profile: Callable[[], ActivationProfile | None]
     comm: Callable[[], pd.DataFrame]
-    calls: Callable[[], tuple[StepCall, ...]]
+    calls: Callable[[], tuple[Call, ...]]
     memory: Callable[[], pd.DataFrame]
 
 
@@ -127,7 +127,7 @@ def unit_op_costs(inputs: StepInputs) -> dict:
     """unit name (``OUTSIDE_FSDP`` for what runs outside every call) -> {"forward", "backward",
     "recompute"} ``opcost`` costs of the measured step's ops; a unit measured without them (a
     profile from before op costs) gets its FLOPs as large matmuls."""
-    from .activations import unit_costs
+    from ..activations import unit_costs
 
     profile = inputs.profile()
     costs = unit_costs(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
@@ -145,7 +145,7 @@ PHASES = ("forward", "backward", "recompute")
 
 def stack_for(tree) -> str:
     """The stack the model of ``tree`` most likely trains with (``devices.stack_of``)."""
-    from .activations.measure import hf_config
+    from ..activations.measure import hf_config
 
     model = tree.model
     return stack_of(tree.root_type, model is not None and hf_config(model) is not None)
@@ -235,9 +235,9 @@ def optimizer_step_seconds(inputs: StepInputs, device: Device, eff: Efficiency) 
     return seconds, host_params
 
 
-def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[StepCall]]:
+def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[Call]]:
     """UnitTime rows: the root (the call on the whole model, if any) and the others in forward
-    order; and the ``StepCall`` of each (root first): where the layout places its hooks."""
+    order; and the ``Call`` of each (root first): where the layout places its hooks."""
     plan_units = inputs.layout.plan.units
     units = {u.name: u for u in plan_units}
     offloaded, numbers = _offloaded(inputs)
@@ -270,12 +270,12 @@ def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) ->
     return root, rows, [hooks.get(u.name, outside) for u in ([root] if root else []) + rows]
 
 
-def _outside_call(calls) -> StepCall:
+def _outside_call(calls) -> Call:
     """What runs outside every call (a plan without a call on the whole model), as the schedule
     times it: after every call's forward, first in backward, in no call's context (no hook of
     its own prefetches or is prefetched)."""
     end = max((c.post_forward[0] for c in calls), default=0)
-    return StepCall(-1, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE_FSDP)
+    return Call(OUTSIDE, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE)
 
 
 def optimizer_bytes(mem: pd.DataFrame) -> int:
