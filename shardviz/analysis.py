@@ -28,6 +28,7 @@ from .checks import findings_of, selective_with_cache
 from .step import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
 from .step import peak_breakdown as peak_breakdown_of
+from .step.collectives import Collectives, step_collectives
 from .step.params import tree_arrays
 from .cost.training import DEFAULT_TRAINING
 from .finding import Finding
@@ -286,16 +287,23 @@ class Analysis:
 
     @cached_property
     def comm(self) -> pd.DataFrame:
-        table = comm_table(self.costs, self._tensor_rows(), efficiency_for(self.tree, self.mesh))
+        table = comm_table(self.costs, self.collectives)
         if self.tp_placements and not self.training.with_activations:
             table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
                                               "Training(batch_size=..., seq_len=...) to count them")
         return table
 
+    @cached_property
+    def collectives(self) -> Collectives:
+        """Every collective of the step, priced once at the stack's efficiency: ``comm`` shows them,
+        the step time schedules them (``step.collectives``)."""
+        return step_collectives(self.costs, self._tensor_rows(), efficiency_for(self.tree, self.mesh))
+
     def _tensor_rows(self) -> list[tuple]:
-        """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,
-        count, dtype, bytes), one per module and kind; a checkpointed module's forward ones again in
-        backward (its recompute). None without a tensor dim or a micro-batch (their size is its)."""
+        """The TP collectives as ``step_collectives`` rows: (call index, collective, phase, group,
+        group size, dtype, bytes), one per module and kind, each issued once a micro-batch; a
+        checkpointed module's forward ones again in backward (its recompute). None without a tensor
+        dim or a micro-batch (their size is its)."""
         t = self.training
         if not self.tp_placements or not t.with_activations:
             return []
@@ -305,9 +313,8 @@ class Analysis:
         checkpointed = [self.tree.module_index[c] for c in self.plan.checkpoint]
         for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
             m = self.tree.module_index[fqn]
-            unit = self.unit_label(lay.module_unit[m])
             elements = -width if width < 0 else tokens * width  # < 0: a parameter gradient's elements
-            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, elements * itemsize)
+            row = (lay.module_unit[m], collective, phase, "tensor", self.mesh.tensor, dtype, elements * itemsize)
             rows.append(row)
             if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
                 rows.append(row[:2] + ("backward",) + row[3:])
@@ -319,7 +326,8 @@ class Analysis:
         """The stages the step time reads (``steptime.StepInputs``), the costly ones as functions
         computed on first call."""
         return StepInputs(self.layout, self.training, flops=lambda: self.flops, profile=lambda: self.activation_profile,
-                          comm=lambda: self.comm, calls=lambda: self.costs.calls, memory=lambda: self.memory)
+                          collectives=lambda: self.collectives, calls=lambda: self.costs.calls,
+                          memory=lambda: self.memory)
 
     @cached_property
     def step_time(self) -> StepTime:

@@ -18,7 +18,7 @@ import torch
 import shardviz as sv
 from shardviz import zoo
 from shardviz.step import allocator as al
-from shardviz.step.reserved import replay
+from shardviz.step.reserved import traced_step
 
 MiB = 1 << 20
 HEADER = Path(torch.__file__).parent / "include/c10/core/AllocatorConfig.h"
@@ -219,7 +219,7 @@ def test_the_replay_holds_what_the_step_simulation_holds(checkpoint):
     """The replayed tensors peak where the simulated step does (the same hooks, the same sizes)."""
     c = step(checkpoint).costs
     resident = int(c.resident.total + c.optimizer.device.max() + c.optimizer.whole)
-    alloc = replay(*c.replay_inputs, resident, int(c.optimizer.step_temporaries.max()), False)
+    alloc = traced_step(*c.replay_inputs, resident, int(c.optimizer.step_temporaries.max()), False)[1]
     peak = int(step(checkpoint).memory.peak.max())
     assert abs(alloc.peak_requested - peak) <= 0.03 * peak
     # everything the step allocated was freed but the sharded gradients (kept for optimizer.step())
@@ -237,12 +237,12 @@ def test_reserved_is_above_allocated_and_expandable_segments_reserve_less(checkp
 def test_one_rank_has_no_all_gather_stream():
     """Without sharding there is no all-gather output: one stream fewer keeps a cache."""
     c = step(None).costs
-    alloc = replay(*c.replay_inputs, 0, 0, False)
+    alloc = traced_step(*c.replay_inputs, 0, 0, False)[1]
     streams = {seg_stream for seg_stream, _ in alloc.free_blocks}
     assert {"default", "ag", "rs"} <= streams
     m = zoo.tiny_llama_lora()
     one = sv.analyze(m, sv.Plan.auto(m), sv.Mesh(1), sv.Training(batch_size=2, seq_len=64)).costs
-    assert "ag" not in {s for s, _ in replay(*one.replay_inputs, 0, 0, False).free_blocks}
+    assert "ag" not in {s for s, _ in traced_step(*one.replay_inputs, 0, 0, False)[1].free_blocks}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch's own allocator")

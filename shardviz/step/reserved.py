@@ -200,11 +200,6 @@ class TracingSimulation(StepSimulation):
         self.drop_all("ag")
 
 
-def replay(*inputs, **kw) -> CachingAllocator:
-    """``traced_step``'s allocator."""
-    return traced_step(*inputs, **kw)[1]
-
-
 def traced_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate, grad_accum, sync_every,
                 resident_bytes: int, step_temporaries: int, expandable_segments: bool,
                 device=None) -> tuple[StepResult, CachingAllocator]:

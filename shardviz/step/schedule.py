@@ -396,15 +396,8 @@ def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | N
 
 
 # ---------------------------------------------------------------------------
-# Seconds from FLOPs and bytes, and the utilisation figures
+# The optimizer step's seconds (a collective's: collectives.py; an op's: timing.op_seconds)
 # ---------------------------------------------------------------------------
-def compute_seconds(flops: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                    dtype: str = "bfloat16") -> float:
-    """FLOPs / (peak dense FLOP/s in ``dtype`` x ``efficiency.matmul``)."""
-    _check_seconds("compute_seconds", "flops", flops)
-    return float(flops) / (device.peak_flops(dtype) * efficiency.matmul)
-
-
 def optimizer_seconds(bytes_moved: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
     """The optimizer step is memory-bound: bytes read and written / (HBM GB/s x ``efficiency.hbm``)."""
     _check_seconds("optimizer_seconds", "bytes_moved", bytes_moved)
@@ -416,89 +409,3 @@ def host_optimizer_seconds(params: float, efficiency: Efficiency = DEFAULT_EFFIC
     ``efficiency.host_adamw_gparams_per_s`` (docs/step-time.md, "Host time")."""
     _check_seconds("host_optimizer_seconds", "params", params)
     return float(params) / (efficiency.host_adamw_gparams_per_s * 1e9)
-
-
-def comm_seconds(comm) -> tuple[dict, float | None]:
-    """A comm table (``a.comm``: ``time_s`` the duration of one call, ``devices.collective_seconds``:
-    its latency plus its bytes at the stack's share of the link; ``count`` per step) -> ({unit:
-    {"all_gather_forward_s", "all_gather_backward_s", "reduce_scatter_s", "all_reduce_s"}}, seconds
-    of the ignored parameters' all-reduce or None): each row ``time_s x count``, nothing added, so
-    ``a.time`` and ``a.comm`` give one duration per collective."""
-    per_unit: dict = {}
-    ignored = None
-    # plain lists, not itertuples: a 70B plan's table is read on every change of plan
-    columns = [comm[c].tolist() for c in ("unit", "collective", "phase", "group", "time_s", "count")]
-    for unit, collective, phase, group, time_s, count in zip(*columns):
-        seconds = float(time_s) * int(count)
-        if math.isnan(seconds):
-            raise ValueError(f"comm table: no bandwidth for the {collective} of {unit!r} over the "
-                             f"{group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")
-        if unit is None or (isinstance(unit, float) and math.isnan(unit)):  # pandas may hold None as NaN
-            ignored = (ignored or 0.0) + seconds
-            continue
-        key = f"all_gather_{phase}_s" if collective == "all_gather" else f"{collective}_s"
-        if collective == "all_gather" and group == "post_forward":  # its own communicator, not the shard group's
-            per_unit.setdefault(unit, {})["post_forward_gather"] = True
-        if group == "tensor":  # tensor parallelism's: blocking, on the compute stream (no async TP)
-            key = f"tensor_{phase}_s"
-        slot = per_unit.setdefault(unit, {})
-        slot[key] = slot.get(key, 0.0) + seconds
-    return per_unit, ignored
-
-
-def unit_times(names, *, flops: dict, comm_s: dict, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-               dtype: str = "bfloat16", reshard_after_forward: dict | None = None,
-               backward_hook: dict | None = None) -> list[UnitTime]:
-    """``UnitTime`` rows for ``names`` (forward order) from FLOPs and collective seconds.
-
-    ``flops``: name -> {"forward", "backward", "recompute"} FLOPs per rank and step (missing: 0);
-    ``comm_s``: the first value of ``comm_seconds`` (a unit without a reduce-scatter there has no
-    gradient); ``reshard_after_forward`` / ``backward_hook``: name -> bool (default True; pass False
-    for the root, whose ``reshard_after_forward=None`` means False)."""
-    rows = []
-    for name in names:
-        f, c = flops.get(name, {}), comm_s.get(name, {})
-        rows.append(UnitTime(
-            name,
-            forward_s=compute_seconds(f.get("forward", 0.0), device, efficiency, dtype),
-            backward_s=compute_seconds(f.get("backward", 0.0), device, efficiency, dtype),
-            recompute_s=compute_seconds(f.get("recompute", 0.0), device, efficiency, dtype),
-            all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
-            all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
-            reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
-            reshard_after_forward=(reshard_after_forward or {}).get(name, True),
-            backward_hook=(backward_hook or {}).get(name, True)))
-    return rows
-
-
-def step_summary(schedule: Schedule, *, tokens: int, flops: float, model_flops: float, peak_flops: float) -> dict:
-    """``a.step``: the schedule's times with tokens/s (per rank) and MFU/HFU.
-    ``tokens``: per rank and step; ``flops`` with recomputation, ``model_flops`` without."""
-    t = schedule.step_time_s
-    return {"step_time_s": t, "tokens_per_s": tokens / t if t > 0 else float("nan"),
-            "mfu": mfu(model_flops, t, peak_flops) if t > 0 else float("nan"),
-            "hfu": hfu(flops, t, peak_flops) if t > 0 else float("nan"),
-            "exposed_comm_s": schedule.exposed_comm_s, "compute_s": schedule.compute_s,
-            "flops": flops, "model_flops": model_flops}
-
-
-def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
-    """torchtitan's ``get_num_flop_per_token``: 6 N + 12 l h q t (forward + backward, no recomputation)."""
-    return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
-
-
-def mfu(model_flops: float, step_time_s: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: FLOPs the model needs (no recomputation) / (step time x peak)."""
-    return _utilisation(model_flops, step_time_s, peak_flops)
-
-
-def hfu(hardware_flops: float, step_time_s: float, peak_flops: float) -> float:
-    """Hardware FLOPs utilisation: FLOPs executed, recomputation included / (step time x peak)."""
-    return _utilisation(hardware_flops, step_time_s, peak_flops)
-
-
-def _utilisation(flops: float, step_time_s: float, peak_flops: float) -> float:
-    for name, value in (("step_time_s", step_time_s), ("peak_flops", peak_flops)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
-    return float(flops) / (float(step_time_s) * float(peak_flops))

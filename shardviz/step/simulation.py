@@ -42,14 +42,14 @@ class Moment:
 
 
 class Collective(NamedTuple):
-    """One collective the step issues (``cost.tables.comm_table`` prices it)."""
+    """One collective a micro-batch issues, once (``collectives.step_count``: how many times a step
+    does; ``collectives.price``: its seconds)."""
 
-    unit: int  # index into CostModel.units
+    unit: int  # the call's index in plan.units
     collective: str  # all_gather | reduce_scatter | all_reduce
     phase: str
     group: str  # shard | post_forward | replicate
     group_size: int
-    count: int = 1
 
 
 # built positionally by ``_make``: a NamedTuple's own constructor is a Python-level ``__new__``, three
@@ -79,7 +79,7 @@ def microbatches(grad_accum: int, sync_every: bool) -> list[Microbatch]:
 class StepResult:
     peak: int  # transient bytes (on top of the resident state) of the largest moment; -1: none
     moment: Moment | None
-    collectives: tuple[Collective, ...]
+    collectives: tuple[Collective, ...]  # the last micro-batch's (the one that reduces), each issued once
 
 
 @dataclass
@@ -158,16 +158,7 @@ class StepSimulation:
             self.mb, self.collectives, self.events = mb, [], self.walks[mb.sync]
             self.forward()
             self.backward()
-        return StepResult(self.peak, self.moment, tuple(self.step_collectives()))
-
-    def step_collectives(self) -> list[Collective]:
-        """The last micro-batch's collectives, counted over the step: the all-gathers run in every
-        micro-batch, the reduce-scatters (and HSDP all-reduces) in those that sync."""
-        k = self.grad_accum
-        if k == 1:  # every collective runs once
-            return list(self.collectives)
-        syncs = k if self.sync_every else 1
-        return [c._replace(count=k if c.collective == "all_gather" else syncs) for c in self.collectives]
+        return StepResult(self.peak, self.moment, tuple(self.collectives))
 
     def observe(self, phase: str, k, *, act=(0, None), unsharded_params: int = 0, communication_buffers: int = 0,
                 gradients: int = 0, temporaries: int = 0) -> None:
@@ -222,7 +213,7 @@ class StepSimulation:
                      communication_buffers=h.forward_gathers + ag, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
         if self.S > 1:
-            self.collectives.append(new_collective((k, "all_gather", "forward", "shard", self.S, 1)))
+            self.collectives.append(new_collective((u.unit, "all_gather", "forward", "shard", self.S)))
         h.unsharded_params += u.gather
         h.last_gather_of_context[u.root] = ag
         h.forward_gathers += ag
@@ -292,7 +283,7 @@ class StepSimulation:
         h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
-            self.collectives.append(new_collective((k, "all_gather", "backward", GROUP_NAMES[gather.group], size, 1)))
+            self.collectives.append(new_collective((u.unit, "all_gather", "backward", GROUP_NAMES[gather.group], size)))
 
     def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
         """``FSDPState._pre_backward``: unshard (``own``: the call's all-gather, none if unsharded
@@ -402,9 +393,9 @@ class StepSimulation:
                      communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
                      gradients=h.gradients + cast_copy)
         if self.S > 1:
-            self.collectives.append(new_collective((k, "reduce_scatter", "backward", "shard", self.S, 1)))
+            self.collectives.append(new_collective((u.unit, "reduce_scatter", "backward", "shard", self.S)))
         if self.R > 1:
-            self.collectives.append(new_collective((k, "all_reduce", "backward", "replicate", self.R, 1)))
+            self.collectives.append(new_collective((u.unit, "all_reduce", "backward", "replicate", self.R)))
         if self.mb.first or not self.sync_every:  # else foreach_reduce adds into the sharded gradients
             h.gradients += device_grads
         h.reduce_scatter_input = u.rs_input

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..devices import DEFAULT_EFFICIENCY, Efficiency, collective_seconds
 from ..format import worst_rank
+from .calls import OUTSIDE
+from .collectives import Collectives
 from .model import CostModel
 from .simulation import Alive
 
@@ -96,89 +97,31 @@ def per_global_rank(table: pd.DataFrame, tensor: int) -> pd.DataFrame:
     return out
 
 
-#: comm_table's columns before ``dim``, and the kinds of collective in the order ``_moved`` stacks them
-ROW_FIELDS = ("unit", "collective", "phase", "group", "group_size", "count", "dtype", "bytes")
-KINDS = ("all_gather", "reduce_scatter", "all_reduce")
-
-
-def _moved(costs: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """Per kind of collective (``KINDS``) and call: the bytes it moves, and their dtype."""
-    units = costs.units
-    nbytes = np.array([[u.gather for u in units], [u.rs_input for u in units], [u.rs_output for u in units]],
-                      dtype=np.int64)
-    dtypes = np.array([[u.gather_dtype for u in units], [u.reduce_dtype for u in units], [u.reduce_dtype for u in units]],
-                      dtype=object)
-    return nbytes, dtypes
-
-
-def _collective_columns(costs: CostModel, extra: list[tuple]) -> tuple[dict, np.ndarray, list[tuple]]:
-    """``ROW_FIELDS`` as columns: one entry per collective the step issues, then one per ``extra`` row
-    (``ROW_FIELDS`` tuples); each entry's ring and the rings, the few distinct (collective, group,
-    size), each priced once. The call of an FSDP collective and its kind, read once per ring, pick
-    what it moves (``_moved``)."""
-    collectives = costs.step.collectives
-    call, kinds, phase, group, gsize, count = zip(*collectives) if collectives else ((),) * 6
-    rings: dict[tuple, int] = {}
-    ring = [rings.setdefault(key, len(rings)) for key in zip(kinds, group, gsize)]
-    code = np.array([KINDS.index(c) for c, _, _ in rings], dtype=np.int64)[ring]  # the rings so far are FSDP's
-    call = np.array(call, dtype=np.int64)
-    nbytes, dtypes = _moved(costs)
-    names = np.array([u.name for u in costs.units], dtype=object)
-    unit, dtype, moved = names[call], dtypes[code, call].tolist(), nbytes[code, call]
-    if extra:
-        e_unit, e_kinds, e_phase, e_group, e_gsize, e_count, e_dtype, e_bytes = zip(*extra)
-        ring += [rings.setdefault(key, len(rings)) for key in zip(e_kinds, e_group, e_gsize)]
-        unit, moved = np.concatenate([unit, np.array(e_unit, dtype=object)]), np.concatenate([moved, e_bytes])
-        kinds, phase, group, gsize, count = kinds + e_kinds, phase + e_phase, group + e_group, gsize + e_gsize, count + e_count
-        dtype += e_dtype
-    columns = dict(zip(ROW_FIELDS, (unit, kinds, phase, group, gsize, count, dtype, moved)))
-    return columns, np.array(ring, dtype=np.int64), list(rings)
-
-
-def _averager_rows(costs: CostModel) -> list[tuple]:
-    """The exported gradient averager's all-reduce as a ``ROW_FIELDS`` row (none without it): it
-    runs at the end of every backward, each micro-batch's."""
-    avg = costs.averaging
-    if avg is None:
-        return []
-    return [(None, "all_reduce", "backward", "world", costs.mesh.world // costs.mesh.tensor, costs.training.grad_accum,
-             avg.dtype, avg.bytes)]
-
-
-def comm_table(costs: CostModel, tensor_rows=(), efficiency: Efficiency | None = None) -> pd.DataFrame:
-    """One row per collective per call per step: see ``docs/cost-model.md``. ``tensor_rows``: the
-    tensor-parallel ones (``tp.tensor_collectives``, group "tensor"), after FSDP's; with a tensor
-    dim the table has a ``dim`` column: "shard" | "replicate" | "tensor". ``efficiency``: the
-    stack's (``steptime.efficiency_for``), whose ``collective_bus`` every call's ``time_s`` (the
-    one duration, ``devices.collective_seconds``) runs at; None: the mesh's, else the default."""
-    mesh = costs.mesh
-    cols, ring, rings = _collective_columns(costs, [*_averager_rows(costs), *tensor_rows])
-    group, gsize = cols["group"], cols["group_size"]
-    twice = np.array([2 if c == "all_reduce" else 1 for c, _, _ in rings], dtype=np.int64)
-    bw = np.array([_group_bandwidth(mesh, g, s) for _, g, s in rings], dtype=float)
-    latency = np.array([ring_latency_s(c, s, _nodes_crossed(mesh, g, s)) for c, g, s in rings], dtype=float)
-    n = np.asarray(gsize, dtype=np.int64)
-    b = cols["bytes"]
-    count = np.asarray(cols["count"], dtype=np.int64)
-    # ring algorithm: all-gather / reduce-scatter send (n-1)/n of the full buffer per rank,
-    # all-reduce (reduce-scatter + all-gather) twice that
-    sent = (twice[ring] * b * (n - 1)) // np.maximum(n, 1)
-    eff = efficiency or costs.mesh.efficiency or DEFAULT_EFFICIENCY
-    time_s = collective_seconds(sent, bw[ring], latency[ring], eff)
+def comm_table(costs: CostModel, collectives: Collectives) -> pd.DataFrame:
+    """One row per collective per call per step: see ``docs/cost-model.md``. ``collectives``: the
+    step's, priced (``collectives.step_collectives`` of ``costs``, tensor parallelism's included:
+    group "tensor"); with a tensor dim the table has a ``dim`` column: "shard" | "replicate" |
+    "tensor". ``time_s`` is one call's duration (``collectives.collective_seconds``)."""
+    mesh, c = costs.mesh, collectives
+    names = [u.name for u in costs.calls]
+    group = c.group
     dim = {}  # with a tensor dim, which dim each row's group spans
     if mesh.tensor > 1:
         dims = {"shard": "shard", "post_forward": "shard", "replicate": "replicate", "tensor": "tensor",
                 "world": "replicate" if mesh.is_hsdp else "shard"}
         dim["dim"] = _str_column([dims[g] for g in group])
+    n = np.asarray(c.group_size, dtype=np.int64)
+    count = np.asarray(c.count, dtype=np.int64)
     index = pd.RangeIndex(len(n))
-    columns = {"unit": _object_column(cols["unit"], index), "collective": _str_column(cols["collective"]),
-               "phase": _str_column(cols["phase"]),
-               "group": _str_column(group), **dim, "group_size": n, "count": count, "dtype": _str_column(cols["dtype"]),
-               "bytes": b, "sent_bytes": sent, "time_s": time_s, "latency_s": latency[ring]}
+    unit = [None if k == OUTSIDE else names[k] for k in c.call]
+    columns = {"unit": _object_column(unit, index), "collective": _str_column(c.collective),
+               "phase": _str_column(c.phase),
+               "group": _str_column(group), **dim, "group_size": n, "count": count, "dtype": _str_column(c.dtype),
+               "bytes": c.nbytes, "sent_bytes": c.sent, "time_s": c.time_s, "latency_s": c.latency_s}
     # every column a new array: the frame may hold them without a copy
     df = pd.DataFrame(columns, index=index, copy=False)
     # bytes, sent_bytes and time_s are per call; a step issues each row ``count`` times
-    df.attrs["time_per_step_s"] = float((time_s * count).sum())  # NaN when a bandwidth it needs is unknown
+    df.attrs["time_per_step_s"] = float((c.time_s * count).sum())  # NaN when a bandwidth it needs is unknown
     return df
 
 
@@ -198,52 +141,6 @@ def _object_column(values, index: pd.Index) -> pd.Series:
     """A column of str and None kept as objects (pandas would infer str, None becoming NaN), on
     the frame's own ``index``, so that the frame need not align it."""
     return pd.Series(values, dtype=object, index=index)
-
-
-def _nodes_crossed(mesh, group: str, size: int) -> int:
-    """How many nodes a ring over this process group visits (1: it stays inside one node)."""
-    rpn = mesh.ranks_per_node
-    t = mesh.tensor  # innermost: a tensor group's ranks are consecutive, a shard group's T apart
-    if group in ("tensor", "shard", "post_forward"):
-        span = {"tensor": t, "shard": mesh.shard * t, "post_forward": size * t}[group]  # consecutive ranks covered
-        return 1 if span <= rpn and rpn % span == 0 else min(size, -(-span // rpn))
-    # replicate (one rank of every shard group) and world: spread over the nodes the whole mesh tiles
-    return 1 if mesh.world <= rpn else min(size, -(-mesh.world // rpn))
-
-
-def _group_bandwidth(mesh, group: str, size: int) -> float:
-    """GB/s per rank of a ring over this process group (NaN when unknown). Inside a node: the
-    intra-node link. Across nodes NCCL runs one ring per NIC (channels), each leaving a node through
-    its own NIC, so the ranks a group has on each node share the node's network bandwidth
-    (``Mesh.node_network_gbps``, their share of the node's GPUs), and a ring over them is never
-    faster than the intra-node link it also crosses (docs/step-time.md, "The links")."""
-    nodes = _nodes_crossed(mesh, group, size)
-    if nodes == 1:
-        return float("nan") if mesh.intra_node_gbps is None else float(mesh.intra_node_gbps)
-    if mesh.inter_node_gbps is None:
-        return float("nan")
-    per_node = max(1, min(mesh.ranks_per_node, -(-size // nodes)))  # the group's ranks on one node
-    network = mesh.node_network_gbps * per_node / mesh.ranks_per_node
-    if per_node == 1 or mesh.intra_node_gbps is None:
-        return float(network)
-    return float(min(network, mesh.intra_node_gbps))
-
-
-# NCCL's own latency model of a ring, Simple protocol (src/graph/tuning.cc, ncclTunerConstantsDefaults
-# and ncclTopoTuneModel): a base of 8.4 us, 3.4 us per step over NVLink, 14 us per step over the
-# network; n - 1 steps for an all-gather or reduce-scatter (nodes - 1 of them across nodes), twice
-# that for an all-reduce.
-RING_BASE_US, RING_NVLINK_STEP_US, RING_NET_STEP_US = 8.4, 3.4, 14.0
-
-
-def ring_latency_s(collective: str, size: int, nodes: int) -> float:
-    """Seconds a ring ``collective`` over ``size`` ranks spanning ``nodes`` nodes takes before any
-    byte counts (alpha of alpha + n / beta); 0 for a group of one."""
-    if size <= 1:
-        return 0.0
-    twice = 2 if collective == "all_reduce" else 1
-    steps, net = twice * (size - 1), twice * (nodes - 1)
-    return (RING_BASE_US + (steps - net) * RING_NVLINK_STEP_US + net * RING_NET_STEP_US) * 1e-6
 
 
 def peak_breakdown(costs: CostModel, rank: int | None = None) -> dict[str, int]:
