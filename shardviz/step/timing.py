@@ -129,10 +129,10 @@ def unit_op_costs(inputs: StepInputs) -> dict:
     """unit name (``OUTSIDE_FSDP`` for what runs outside every call) -> {"forward", "backward",
     "recompute"} ``opcost`` costs of the measured step's ops; a unit measured without them (a
     profile from before op costs) gets its FLOPs as large matmuls."""
-    from ..activations import unit_costs
+    from ..activations import op_costs_per_call
 
     profile = inputs.profile()
-    costs = unit_costs(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
+    costs = op_costs_per_call(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
     out = {}
     for row in inputs.flops().to_dict("records"):
         unit = row["unit"]
