@@ -112,7 +112,7 @@ def markdown() -> str:
         "",
         "Every fits verdict judges `a.memory.reserved_peak`: the caching allocator's reserved peak "
         "(`torch.cuda.max_memory_reserved`), from a replay of the step through torch's allocator rules "
-        "(`shardviz/cost/allocator.py`, `shardviz/cost/reserved.py`; docs/cost-model.md, \"Reserved memory\").",
+        "(`shardviz/step/allocator.py`, `shardviz/step/reserved.py`; docs/cost-model.md, \"Reserved memory\").",
         "",
         "## The allocator setting: `expandable_segments`",
         "torch's default is **off**: `CUDAAllocatorConfig`'s `use_expandable_segments_` is false unless "

@@ -8,7 +8,7 @@ The pipeline, one stage after the other (each computed on first use, once):
 4. the activation profile (one training step run by torch: ``activations.measure_activations``):
    ``activation_profile``, ``activations``, ``flops``;
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
-6. the step in seconds (``steptime.step_time`` of the stages ``step_inputs`` hands it): ``time``,
+6. the step in seconds (``step.timing.step_time`` of the stages ``step_inputs`` hands it): ``time``,
    ``step``, ``timeline()``;
 7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
 """
@@ -61,7 +61,7 @@ class Analysis:
         self.training = training if training is not None else DEFAULT_TRAINING  # == Training()
         self.layout = Layout(tree, plan, mesh)
         # the module itself, held only when it is run: to measure activations, or to see the order its
-        # modules run in when calls are nested (their gradients interleave by it, cost.walk)
+        # modules run in when calls are nested (their gradients interleave by it, step.walk)
         self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
 
     def _runs_a_step(self) -> bool:
@@ -323,7 +323,7 @@ class Analysis:
     # -- 6. the step in seconds: FSDP2's schedule (steptime) --------------------------------------
     @cached_property
     def step_inputs(self) -> StepInputs:
-        """The stages the step time reads (``steptime.StepInputs``), the costly ones as functions
+        """The stages the step time reads (``step.timing.StepInputs``), the costly ones as functions
         computed on first call."""
         return StepInputs(self.layout, self.training, flops=lambda: self.flops, profile=lambda: self.activation_profile,
                           collectives=lambda: self.collectives, calls=lambda: self.costs.calls,
@@ -331,7 +331,7 @@ class Analysis:
 
     @cached_property
     def step_time(self) -> StepTime:
-        """The step as FSDP2 schedules it (``steptime.StepTime``), computed once: ``time``, ``step``
+        """The step as FSDP2 schedules it (``step.timing.StepTime``), computed once: ``time``, ``step``
         and ``timeline()`` read it. Needs ``Mesh(device=...)`` and ``Training(batch_size=...)``."""
         return time_the_step(self.step_inputs)
 
@@ -345,7 +345,7 @@ class Analysis:
 
     @property
     def step(self) -> StepSummary:
-        """The step's figures (``steptime.StepSummary``): step_time_s (one optimizer step, every
+        """The step's figures (``step.timing.StepSummary``): step_time_s (one optimizer step, every
         micro-batch), tokens_per_s (per rank), mfu, hfu, exposed_comm_s, compute_s, flops and
         model_flops (per rank, one micro-batch), grad_accum, step_time_sync_every_s (reducing on every
         micro-batch), device, dtype; ``reason`` (and None figures) when there is no step to time
@@ -354,7 +354,7 @@ class Analysis:
 
     def timeline(self):
         """The step as a plotly figure: compute and communication streams, unit by unit, exposed
-        communication in red (``steptime.timeline_payload``, the payload the report and the Inspector draw)."""
+        communication in red (``step.timing.timeline_payload``, the payload the report and the Inspector draw)."""
         return timeline_figure(timeline_payload(self.step_time))
 
     # -- 7. findings -----------------------------------------------------------------------------

@@ -393,7 +393,7 @@ def memory_fit(peak: int, reserved: int, device_memory: int | None, reserve: int
                host_memory: int | None = None, host_ranks: int = 0) -> MemoryFit | None:
     """Does the run fit a device of ``device_memory`` bytes keeping ``reserve`` out and
     ``safety_margin`` (``safety_margin_bytes``) to spare? ``peak`` is the allocated peak,
-    ``reserved`` the caching allocator's reserved peak (``cost.allocator``): both are always given,
+    ``reserved`` the caching allocator's reserved peak (``step.allocator``): both are always given,
     so no caller can judge the wrong one by leaving one out; ``judge`` says which decides
     ("reserved": the larger of the two, as the allocator never reserves less than it hands out).
     The one fits verdict; None when no device memory is given. ``allocator``: the allocator setting

@@ -14,7 +14,7 @@ import os
 
 from .step import BREAKDOWN
 from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
-from .step import timing as steptime
+from .step import timing
 from .tree import base_model, peft_configs
 # the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
 from .step.timing import step_text, timeline_figure  # noqa: F401 - re-exported for every view
@@ -299,13 +299,13 @@ def _time_per_step(df, mesh) -> float | None:
 
 
 def timeline_payload(analysis) -> dict:
-    """The step's timeline (``steptime.timeline_payload`` of ``a.step_time``): what the report and
+    """The step's timeline (``step.timing.timeline_payload`` of ``a.step_time``): what the report and
     the Inspector draw."""
     try:
         st = analysis.step_time
     except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
         return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
-    return steptime.timeline_payload(st)
+    return timing.timeline_payload(st)
 
 
 def traffic_payload(analysis) -> dict:

@@ -1,6 +1,6 @@
-"""The caching allocator model (``cost.allocator``) against the rules of torch's
+"""The caching allocator model (``step.allocator``) against the rules of torch's
 ``c10/cuda/CUDACachingAllocator.cpp`` (the constants are read from torch's own header where the
-wheel ships it), and the reserved peak of a step (``cost.reserved``, ``a.memory.reserved_peak``).
+wheel ships it), and the reserved peak of a step (``step.reserved``, ``a.memory.reserved_peak``).
 
 torch exposes none of these rules on a CPU build; on a machine with CUDA the last test replays
 the same requests through torch's own allocator and compares ``torch.cuda.memory_reserved``.

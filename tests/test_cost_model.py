@@ -82,7 +82,7 @@ def test_unit_defaults_kept_per_training_are_no_part_of_it():
 
 
 def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
-    """Where each call's hooks run is kept per walk (``cost.units.call_places``): the calls of an
+    """Where each call's hooks run is kept per walk (``step.calls.call_places``): the calls of an
     edited plan equal those a fresh tree of the same model computes."""
     tree, mesh = sv.ModelTree(model), sv.Mesh(4)
     plan = sv.Plan.auto(tree, lora="sharded")
@@ -93,8 +93,8 @@ def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
 
 
 def test_a_change_of_plan_with_activations_reads_what_a_fresh_tree_reads(model):
-    """With activations, the levels of one step are kept per tree (``cost.levels.activation_levels``)
-    and each call's gradient parts per walk (``cost.units.CallPlaces.gradients``): an edited plan analysed
+    """With activations, the levels of one step are kept per tree (``step.levels.activation_levels``)
+    and each call's gradient parts per walk (``step.calls.CallPlaces.gradients``): an edited plan analysed
     after the plan it edits has the tables and step of the same plan on a fresh tree."""
     tree, mesh, step = sv.ModelTree(model), sv.Mesh(4), Training(batch_size=2, seq_len=64)
     plan = sv.Plan.auto(tree, lora="sharded")
@@ -228,7 +228,7 @@ def _rebuilt(table: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.parametrize("mesh", [sv.Mesh(1), sv.Mesh(shard=4, replicate=2)], ids=["one-rank", "hsdp"])
 def test_tables_are_the_frames_pandas_builds(model, mesh):
     """The comm table's str columns are built without the constructor's inference
-    (``cost.tables._str_column``): each table is the frame the constructor builds from its values,
+    (``step.tables._str_column``): each table is the frame the constructor builds from its values,
     dtypes and labels included (str columns as pandas infers them, object ones with None kept, one
     rank's empty comm table)."""
     a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), mesh)

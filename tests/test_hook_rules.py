@@ -1,4 +1,4 @@
-"""FSDP2's hook rules (``shardviz/hook_rules.py``) against torch: which calls are roots, and which
+"""FSDP2's hook rules (``shardviz/step/hook_rules.py``) against torch: which calls are roots, and which
 calls get a pre-backward, read off a real step of the tiny Llama under the fake process group."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _torch_step(model, plan: sv.Plan) -> tuple[dict, set]:
 
 def test_calls_get_a_pre_backward_where_torch_runs_one():
     """The blocks hold no trainable parameter, the root's embedding does: the blocks still get a
-    pre-backward (``StepCall.out_grad``), and the step time computes their backward."""
+    pre-backward (``Call.out_grad``), and the step time computes their backward."""
     plan = sv.Plan(units=[L + "0", L + "1", ""])
     _, ran = _torch_step(_only_embedding_trains(), plan)
     a = sv.analyze(_only_embedding_trains(), plan, sv.Mesh(WORLD, device="H100"), sv.Training(batch_size=2, seq_len=16))

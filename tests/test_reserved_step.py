@@ -1,5 +1,5 @@
-"""The step is simulated once: the replay through the caching allocator (``cost.reserved``) is the
-step simulation (``cost.simulation``) with the tensors traced, so its peak, moment and collectives
+"""The step is simulated once: the replay through the caching allocator (``step.reserved``) is the
+step simulation (``step.simulation``) with the tensors traced, so its peak, moment and collectives
 are the plain simulation's, for every kind of plan and training, and ``a.costs.step`` is that result."""
 
 from __future__ import annotations

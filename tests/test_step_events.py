@@ -1,4 +1,4 @@
-"""The one walk of FSDP2's hooks (``shardviz/step_events.py``) against torch: the order the
+"""The one walk of FSDP2's hooks (``shardviz/step/events.py``) against torch: the order the
 parameter groups' pre/post-forward and pre/post-backward run in a real step of the tiny Llama
 under the fake process group, nested calls and the root's final callback included."""
 

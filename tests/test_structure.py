@@ -105,8 +105,8 @@ def test_private_read_checker_catches_an_import_and_an_attribute(tmp_path):
 #: The per-call record types, by module: ``plan.Unit`` (what the user asks of a call),
 #: ``fsdp.UnitLayout`` (where its parameters go), ``step.calls.Call`` (its hooks and buffers: the
 #: one record both models of the step read) and ``step.schedule.UnitTime`` (its seconds, which the
-#: schedule also takes made by hand). Five on issue 36's count (``step_events.StepCall`` and
-#: ``cost.units.UnitCost`` were folded into ``Call``).
+#: schedule also takes made by hand). Five on issue 36's count: ``step_events.StepCall`` and
+#: ``cost.units.UnitCost`` were folded into ``Call``.
 PER_CALL_RECORDS = {"plan.py": {"Unit"}, "fsdp.py": {"UnitLayout"}, "step/calls.py": {"Call"},
                     "step/schedule.py": {"UnitTime"}}
 #: a per-call record holds a call's reshard-after-forward setting (in some form) and names the call

@@ -19,7 +19,7 @@ parameters kept after forward are, or a smaller micro-batch fits with no plan). 
 does not depend on the order of the candidates.
 
 The plans that fit are ranked (``rank.py``, ``ranked``) by ``a.step.step_time_s`` (the step model,
-``steptime.py``: the mesh needs a ``device``), differences under 1 % of the step being ties
+``step/timing.py``: the mesh needs a ``device``), differences under 1 % of the step being ties
 (``STEP_TIME_TIE``, below what the step model can tell), decided by keeping the safety margin, no
 CPU offload, the larger margin, then the simpler plan (fewer calls; FSDP before HSDP; LoRA sharded
 before ignored before separate): ``rank.ranked``. ``why`` says a plan's difference to the one above it in % of the step: the

@@ -7,7 +7,7 @@ formulas and their sources are written out in ``docs/cost-model.md`` (bytes), ``
 numbers come from the ``ModelTree`` once (cached per tree, as numpy arrays), then everything is
 summed per ``fully_shard`` call, so a widget toggle costs O(calls), not O(parameters).
 
-- ``hook_rules``: FSDP2's hook rules, one function each (roots, which hooks a call gets, prefetch
+- ``step.hook_rules``: FSDP2's hook rules, one function each (roots, which hooks a call gets, prefetch
   targets, the final callback);
 - ``events``: the step as one ordered stream of hook events, the one walk of the hooks both models fold;
 - ``walk``: the order modules run in, which places every hook;

@@ -1,6 +1,6 @@
 """One ``Call`` per ``fully_shard`` call, keyed by its index in ``plan.units`` (``OUTSIDE``: what
 runs outside every call): where its hooks run in the step (positions in the module walk), which it
-gets (``hook_rules``), its state after forward, and, when it manages parameters (one
+gets (``step.hook_rules``), its state after forward, and, when it manages parameters (one
 ``FSDPParamGroup``), its buffers in bytes per rank. The one record the bytes model
 (``simulation``), the seconds model (``schedule``) and the tables read."""
 
@@ -72,7 +72,7 @@ class GradientsAt(NamedTuple):
 
 class Call(NamedTuple):
     """One ``fully_shard`` call: where its hooks run, which of them torch registers
-    (``hook_rules``), the state its post-forward leaves its parameters in and, when it manages
+    (``step.hook_rules``), the state its post-forward leaves its parameters in and, when it manages
     parameters (``managed``: one ``FSDPParamGroup``), its buffers in bytes per rank (zero
     otherwise: a call with no parameters has no group, no buffers, no collectives).
     A NamedTuple built positionally (``_make``): one is built per call on every change of plan,
@@ -82,9 +82,9 @@ class Call(NamedTuple):
     first: int  # registration order (the final callback's): the tree index of its first module
     pre_forward: tuple  # its pre-forward's position (first module entered; any ordered value)
     post_forward: tuple  # its post-forward's position (last module left)
-    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
-    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
-    root: Hashable  # the root call whose communication context it shares (hook_rules.roots)
+    out_grad: bool  # gets a pre-backward hook (step.hook_rules.output_needs_grad)
+    in_grad: bool  # its post-backward runs in backward (step.hook_rules.input_needs_grad)
+    root: Hashable  # the root call whose communication context it shares (step.hook_rules.roots)
     after_forward: ParamState = ParamState.SHARDED  # effective reshard_after_forward: True, an int, False
     reduces: bool = True  # its post-backward reduces gradients (it has trainable parameters)
     # -- its parameter group, in bytes per rank (the bytes model's)
@@ -332,7 +332,7 @@ class CallPlaces:
         return place
 
 
-# walk -> CallPlaces: a walk belongs to one tree (``cost.walk`` keeps one per tree and order)
+# walk -> CallPlaces: a walk belongs to one tree (``step.walk`` keeps one per tree and order)
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

@@ -21,7 +21,7 @@ from .walk import execution_walk
 class CostModel:
     """``units``: the ``Call`` of each ``fully_shard`` call with parameters, in plan order; the
     resident state and the optimizer states per shard coordinate; ``step``: the simulated
-    forward + backward (``cost.simulation``)."""
+    forward + backward (``step.simulation``)."""
 
     mesh: object  # fsdp.Mesh
     training: Training
@@ -30,14 +30,14 @@ class CostModel:
     optimizer: OptimizerState
     averaging: GradientAveraging | None
     step: StepResult
-    replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
+    replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``step.reserved``)
     calls: tuple[Call, ...] = ()  # every call, those without parameters included (the schedule reads them too)
     _reserved: dict = field(default_factory=dict, compare=False, repr=False)
 
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
         """Bytes the caching allocator reserves beyond the bytes tensors hold at the peak, under
         ``expandable_segments`` (None: the mesh's setting): the replay of the step through the
-        allocator's rules (``cost.reserved``), its reserved peak less its requested peak. The
+        allocator's rules (``step.reserved``), its reserved peak less its requested peak. The
         mesh's setting was replayed with the step (``cost_model``); the other is replayed here."""
         if expandable_segments is None:
             expandable_segments = self.mesh.expandable_segments
@@ -56,8 +56,8 @@ class CostModel:
 
 def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -> CostModel:
     """The cost model of ``layout`` (``fsdp.Layout`` of ``tree``) on ``mesh``; ``levels``: the
-    activation levels of the step (``cost.levels``); ``run_order``: module names in the order a
-    measured step first ran them (None: registration order, ``cost.walk``)."""
+    activation levels of the step (``step.levels``); ``run_order``: module names in the order a
+    measured step first ran them (None: registration order, ``step.walk``)."""
     S = mesh.shard
     arr = tree_arrays(tree)
     walk = execution_walk(tree, run_order)
@@ -81,7 +81,7 @@ def replayed_step(inputs: tuple, resident: ResidentState, optimizer: OptimizerSt
                   device) -> tuple[StepResult, int]:
     """The step (``StepSimulation.run``'s result) and the bytes the caching allocator reserves beyond the
     tensors at its peak under ``expandable_segments``, from one run of the step with its tensors
-    replayed (``cost.reserved.traced_step``) after the resident state."""
+    replayed (``step.reserved.traced_step``) after the resident state."""
     resident_bytes = int(resident.total + optimizer.device.max() + optimizer.whole)
     step, alloc = traced_step(*inputs, resident_bytes, int(optimizer.step_temporaries.max()), expandable_segments, device)
     tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts

@@ -1,7 +1,7 @@
-"""The step's allocations and frees, replayed through the caching allocator (``cost.allocator``):
+"""The step's allocations and frees, replayed through the caching allocator (``step.allocator``):
 what ``torch.cuda.max_memory_reserved`` would show beside the allocated peak.
 
-``TracingSimulation`` runs the step simulation (``cost.simulation``) and, at each hook, allocates and
+``TracingSimulation`` runs the step simulation (``step.simulation``) and, at each hook, allocates and
 frees the tensors the hook creates and drops, on the stream FSDP2 uses for them (torch 2.13,
 ``_fsdp_collectives.py``): all-gather outputs on the all-gather copy-in stream ("ag"), the unsharded
 parameters (copy-out), gradients, reduce-scatter inputs and activations on the default stream, the

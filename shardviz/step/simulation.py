@@ -3,8 +3,8 @@
 Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
 (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
 root's final callback and the exported code's gradient averaging. The optimizer step is not here:
-its size differs by rank (``cost.model``). The hooks and their order are the one walk
-``step_events`` (built on ``hook_rules``, shared with ``schedule``); this module folds it into bytes.
+its size differs by rank (``step.model``). The hooks and their order are the one walk
+``step_events`` (built on ``step.hook_rules``, shared with ``schedule``); this module folds it into bytes.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ class StepSimulation:
 
     ``root_posts``: (post-forward position, plan unit index) of every root call;
     ``unmanaged_grads``: gradients computed outside every call; ``averaging``: the exported code's
-    gradient averaging (``cost.rank_state.GradientAveraging``) or None; ``levels``: activation levels
-    (``cost.levels``)."""
+    gradient averaging (``step.rank_state.GradientAveraging``) or None; ``levels``: activation levels
+    (``step.levels``)."""
 
     def __init__(self, units: list[Call], root_posts, unmanaged_grads: int, averaging, levels,
                  shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False):
@@ -175,7 +175,7 @@ class StepSimulation:
             self.at_level(level)
 
     def at_level(self, level: int) -> None:
-        """A moment holds ``level`` bytes of activations, unlike the one before (``cost.reserved``
+        """A moment holds ``level`` bytes of activations, unlike the one before (``step.reserved``
         replays their tensors from there)."""
         self.act_level = level
 

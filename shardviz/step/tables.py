@@ -77,7 +77,7 @@ def memory_table(costs: CostModel) -> pd.DataFrame:
         "peak_module": _object_column(tile(peak["peak_module"]), index),
         "peak_transient": tile(peak["peak_transient"]),
         # the caching allocator's reserved peak (torch.cuda.max_memory_reserved) under the mesh's
-        # allocator setting: the peak plus what its segments hold beyond the tensors (cost.reserved)
+        # allocator setting: the peak plus what its segments hold beyond the tensors (step.reserved)
         "reserved_peak": tile(peak["peak"] + costs.reserved_overhead()),
         "cpu_params": per_rank(res.cpu_params),
         "cpu_grads": tile(res.cpu_grads),

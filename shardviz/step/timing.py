@@ -1,4 +1,4 @@
-"""The step time of one analysis: FSDP2's schedule (``schedule.py``) fed by torch's FLOP count
+"""The step time of one analysis: FSDP2's schedule (``step/schedule.py``) fed by torch's FLOP count
 (the FLOP table), the comm table, the mesh's device and efficiencies, the optimizer step's bytes
 and CPU offload's copies. Computed once here; ``Analysis.time``, ``Analysis.step``,
 ``Analysis.timeline()`` and every view read it (docs/step-time.md, "From an analysis").
