@@ -128,11 +128,13 @@ class StepSimulation:
     ``root_posts``: (post-forward position, plan unit index) of every root call;
     ``unmanaged_grads``: gradients computed outside every call; ``averaging``: the exported code's
     gradient averaging (``step.rank_state.GradientAveraging``) or None; ``levels``: activation levels
-    (``step.levels``)."""
+    (``step.levels``); ``tensors``: an option that replays each hook's tensors
+    (``reserved.TensorReplay``: the caching allocator), called at each hook, or None."""
 
     def __init__(self, units: list[Call], root_posts, unmanaged_grads: int, averaging, levels,
-                 shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False):
+                 shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False, tensors=None):
         self.units = units
+        self.tensors = tensors
         self.grad_accum, self.sync_every = grad_accum, sync_every
         self.mb = Microbatch(True, True)
         self.root_posts = root_posts
@@ -176,8 +178,11 @@ class StepSimulation:
 
     def at_level(self, level: int) -> None:
         """A moment holds ``level`` bytes of activations, unlike the one before (``step.reserved``
-        replays their tensors from there)."""
-        self.act_level = level
+        replays their tensors from there: the replay then holds ``act_level``)."""
+        if self.tensors is not None:
+            self.tensors.at_level(self, level)
+        else:
+            self.act_level = level
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:
@@ -202,6 +207,8 @@ class StepSimulation:
         explicit forward prefetch, so each call gathers at its own pre-forward."""
         if gathers != ((k, SHARD_GROUP),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
             raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
+        if self.tensors is not None:
+            self.tensors.pre_forward(self, k)
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
         act = self.act.enter("forward", u.modules)
@@ -238,6 +245,8 @@ class StepSimulation:
                          gradients=h.gradients)
             h.unsharded_params += shard - u.gather
             self.state[k] = POST_FORWARD_SHARD
+        if self.tensors is not None:
+            self.tensors.post_forward(self, k)
 
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
@@ -246,6 +255,8 @@ class StepSimulation:
             self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
                          communication_buffers=h.forward_gathers, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
+        if self.tensors is not None:
+            self.tensors.root_post_forward(self, root)
 
     # -- backward ---------------------------------------------------------------------------------
     def observe_backward(self, k, act, params: int = 0, buffers: int = 0) -> None:
@@ -273,6 +284,8 @@ class StepSimulation:
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
             self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.gradients,
                          communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
+        if self.tensors is not None:
+            self.tensors.end_backward(self)
 
     def unshard(self, gather: Gather, act) -> None:
         """``FSDPParamGroup.unshard`` in backward, one all-gather ``step_events`` decided (``act``:
@@ -284,6 +297,8 @@ class StepSimulation:
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
             self.collectives.append(new_collective((u.unit, "all_gather", "backward", GROUP_NAMES[gather.group], size)))
+        if self.tensors is not None:
+            self.tensors.unshard(self, gather)
 
     def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
         """``FSDPState._pre_backward``: unshard (``own``: the call's all-gather, none if unsharded
@@ -305,6 +320,8 @@ class StepSimulation:
     def copy_out(self, k: int, act) -> None:
         """``FSDPParamGroup.wait_for_unshard`` in backward: call ``k``'s all-gather output becomes its
         unsharded parameters (a post-forward shard is freed)."""
+        if self.tensors is not None:
+            self.tensors.copy_out(self, k, act)
         u, h = self.units[k], self.held
         self.observe_backward(k, act, params=u.gather)
         shard = u.gather // u.reshard_after_forward if self.state[k] is POST_FORWARD_SHARD else 0
@@ -317,19 +334,23 @@ class StepSimulation:
         parameters ``module`` owns during that module's backward (``span``: with the modules whose
         backward runs just before it, ``GradientsAt.span``), or all of them at once. Returns the bytes
         it allocates (``new_gradients``)."""
-        h = self.held
+        h, tensors = self.held, self.tensors
+        if tensors is not None:
+            tensors.before_gradients(self, k, module, span)
         unsharded, whole = self.new_gradients(k, unsharded, whole)
         if module is None:  # the call's backward at once: its peak with all its gradients
             h.add_unsharded_grads(k, unsharded)
             h.gradients += whole
             self.observe_backward(k, self.act.during("backward", self.units[k].modules))
-            return unsharded, whole
-        # the module's backward runs (its highest level) before its parameters' gradients are
-        # accumulated; then they are, at the level its backward leaves
-        self.observe_backward(k, self.act.during("backward", span or (module,)))
-        h.add_unsharded_grads(k, unsharded)
-        h.gradients += whole
-        self.observe_backward(k, self.act.after_backward(module))
+        else:
+            # the module's backward runs (its highest level) before its parameters' gradients are
+            # accumulated; then they are, at the level its backward leaves
+            self.observe_backward(k, self.act.during("backward", span or (module,)))
+            h.add_unsharded_grads(k, unsharded)
+            h.gradients += whole
+            self.observe_backward(k, self.act.after_backward(module))
+        if tensors is not None:
+            tensors.gradients(self, k, unsharded, whole)
         return unsharded, whole
 
     def new_gradients(self, k: int, unsharded: int, whole: int) -> tuple[int, int]:
@@ -369,6 +390,12 @@ class StepSimulation:
     def post_backward(self, k: int, reduce: bool) -> None:
         """``FSDPParamGroup.post_backward``: reshard, then (``reduce``, ``step_events``) reduce-scatter
         (and all-reduce on HSDP)."""
+        self.reshard_and_reduce(k, reduce)
+        if self.tensors is not None:
+            self.tensors.post_backward(self, k, reduce)
+
+    def reshard_and_reduce(self, k: int, reduce: bool) -> None:
+        """``post_backward``'s bytes: reshard; keep the gradients without sync, else reduce them."""
         u, h = self.units[k], self.held
         if not self.mb.sync:
             self.keep_gradients(k)
