@@ -1,4 +1,4 @@
-"""The step time of an analysis (shardviz.steptime): a.time, a.step, the timeline payload, the
+"""The step time of an analysis (shardviz.step.timing): a.time, a.step, the timeline payload, the
 comparison columns. The schedule's rules are tested on their own in test_schedule.py; here the
 wiring: which FLOPs, which collectives, which flags reach the schedule, and what every view shows.
 

@@ -385,6 +385,8 @@ def build_calls(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, w
     }
     tails = dict(zip(units, zip(*(columns[f] for f in BYTES_FIELDS))))
     defaults = Call._field_defaults
+    # a call without parameters: its name, settings and modules, no buffers (the defaults)
+    empty = tuple(defaults[f] for f in BYTES_FIELDS[3:-2])
     return [Call._make(h + (tails[ul.index] if ul.index in tails else
-                            (ul.unit.name, *(defaults[f] for f in BYTES_FIELDS[1:-2]), ul.modules, None)))
+                            (ul.unit.name, False, ul.reshard_after_forward, *empty, ul.modules, None)))
             for h, ul in zip(hooks, layout.units)]
