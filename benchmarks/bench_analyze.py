@@ -138,10 +138,10 @@ def bench_change_of_plan(name: str = "llama3_70b", world: int = 64, repeat: int 
 
 
 def stage_times(run, rounds: int = 3) -> None:
-    """CPU time of each stage of a change of plan (the layout, each input of ``cost.cost_model``,
+    """CPU time of each stage of a change of plan (the layout, each input of ``step.cost_model``,
     the traced step, the two tables), minimum and median over ``rounds`` calls of ``run``."""
     from shardviz import analysis
-    from shardviz.cost import model
+    from shardviz.step import model
 
     times: dict[str, list[float]] = {}
 
@@ -156,8 +156,8 @@ def stage_times(run, rounds: int = 3) -> None:
         setattr(module, name, wrapper)
         return fn
 
-    stages = [(analysis, "Layout"), (analysis, "memory_table"), (analysis, "comm_table")] + [
-        (model, n) for n in ("sharded_params", "whole_params", "call_hooks", "unit_costs", "optimizer_state",
+    stages = [(analysis, "Layout"), (analysis, "memory_table"), (analysis, "step_collectives"), (analysis, "comm_table")] + [
+        (model, n) for n in ("sharded_params", "whole_params", "build_calls", "optimizer_state",
                              "resident_state", "replayed_step")]
     originals = [(module, name, timed(module, name)) for module, name in stages]
     try:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import shardviz as sv
 from bench_reserved import ROWS, model, predict
-from shardviz.cost.model import cublas_workspace_bytes
-from shardviz.cost.reserved import traced_step
+from shardviz.step.model import cublas_workspace_bytes
+from shardviz.step.reserved import traced_step
 
 GiB = 2**30
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reserved.md"
@@ -112,7 +112,7 @@ def markdown() -> str:
         "",
         "Every fits verdict judges `a.memory.reserved_peak`: the caching allocator's reserved peak "
         "(`torch.cuda.max_memory_reserved`), from a replay of the step through torch's allocator rules "
-        "(`shardviz/cost/allocator.py`, `shardviz/cost/reserved.py`; docs/cost-model.md, \"Reserved memory\").",
+        "(`shardviz/step/allocator.py`, `shardviz/step/reserved.py`; docs/cost-model.md, \"Reserved memory\").",
         "",
         "## The allocator setting: `expandable_segments`",
         "torch's default is **off**: `CUDAAllocatorConfig`'s `use_expandable_segments_` is false unless "
@@ -150,7 +150,7 @@ def markdown() -> str:
         "copy) of an MoE block is 21.7 GiB (256 experts × 3 × 7168 × 2048 in bf16, with its LoRA): two on the "
         "all-gather stream, one on the default stream, as FSDP2 holds them (allocated). The rest are the "
         "activation segments: the replay allocates each rise of the measured activation level as one "
-        "block (`TracingSimulation.set_activations`), so each forward, recompute or backward rise (18.4, 23.7, "
+        "block (`TensorReplay.set_activations`), so each forward, recompute or backward rise (18.4, 23.7, "
         "39.0, 42.4 GiB here) needs one contiguous free block; none of the cached ones is large enough, so "
         "each opens a segment. On a GPU each rise is many tensors that can reuse each other's cached blocks "
         "(how large the largest is was not traced here: peft's LoRA on fused 3-D experts may build one "

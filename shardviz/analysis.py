@@ -8,7 +8,7 @@ The pipeline, one stage after the other (each computed on first use, once):
 4. the activation profile (one training step run by torch: ``activations.measure_activations``):
    ``activation_profile``, ``activations``, ``flops``;
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
-6. the step in seconds (``steptime.step_time`` of the stages ``step_inputs`` hands it): ``time``,
+6. the step in seconds (``step.timing.step_time`` of the stages ``step_inputs`` hands it): ``time``,
    ``step``, ``timeline()``;
 7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
 """
@@ -25,16 +25,17 @@ from torch import nn
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
 from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
-from .cost import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
+from .step import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
-from .cost import peak_breakdown as peak_breakdown_of
-from .cost.params import tree_arrays
+from .step import peak_breakdown as peak_breakdown_of
+from .step.collectives import Collectives, step_collectives
+from .step.params import tree_arrays
 from .cost.training import DEFAULT_TRAINING
 from .finding import Finding
 from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
-from .steptime import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
-from .steptime import step_time as time_the_step
+from .step.timing import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
+from .step.timing import step_time as time_the_step
 from .tp import cached_local_model, local_tree, tensor_collectives
 from .tree import ModelTree, as_tree
 
@@ -60,7 +61,7 @@ class Analysis:
         self.training = training if training is not None else DEFAULT_TRAINING  # == Training()
         self.layout = Layout(tree, plan, mesh)
         # the module itself, held only when it is run: to measure activations, or to see the order its
-        # modules run in when calls are nested (their gradients interleave by it, cost.walk)
+        # modules run in when calls are nested (their gradients interleave by it, step.walk)
         self.model = (model if model is not None else tree.model) if self._runs_a_step() else None
 
     def _runs_a_step(self) -> bool:
@@ -286,16 +287,23 @@ class Analysis:
 
     @cached_property
     def comm(self) -> pd.DataFrame:
-        table = comm_table(self.costs, self._tensor_rows(), efficiency_for(self.tree, self.mesh))
+        table = comm_table(self.costs, self.collectives)
         if self.tp_placements and not self.training.with_activations:
             table.attrs["tensor_parallel"] = ("the tensor-parallel collectives move activations: give "
                                               "Training(batch_size=..., seq_len=...) to count them")
         return table
 
+    @cached_property
+    def collectives(self) -> Collectives:
+        """Every collective of the step, priced once at the stack's efficiency: ``comm`` shows them,
+        the step time schedules them (``step.collectives``)."""
+        return step_collectives(self.costs, self._tensor_rows(), efficiency_for(self.tree, self.mesh))
+
     def _tensor_rows(self) -> list[tuple]:
-        """The TP collectives as ``comm_table`` rows: (unit, collective, phase, group, group size,
-        count, dtype, bytes), one per module and kind; a checkpointed module's forward ones again in
-        backward (its recompute). None without a tensor dim or a micro-batch (their size is its)."""
+        """The TP collectives as ``step_collectives`` rows: (call index, collective, phase, group,
+        group size, dtype, bytes), one per module and kind, each issued once a micro-batch; a
+        checkpointed module's forward ones again in backward (its recompute). None without a tensor
+        dim or a micro-batch (their size is its)."""
         t = self.training
         if not self.tp_placements or not t.with_activations:
             return []
@@ -305,9 +313,8 @@ class Analysis:
         checkpointed = [self.tree.module_index[c] for c in self.plan.checkpoint]
         for fqn, collective, phase, width in tensor_collectives(self.full_tree, self.plan.tensor_parallel):
             m = self.tree.module_index[fqn]
-            unit = self.unit_label(lay.module_unit[m])
             elements = -width if width < 0 else tokens * width  # < 0: a parameter gradient's elements
-            row = (unit, collective, phase, "tensor", self.mesh.tensor, t.grad_accum, dtype, elements * itemsize)
+            row = (lay.module_unit[m], collective, phase, "tensor", self.mesh.tensor, dtype, elements * itemsize)
             rows.append(row)
             if phase == "forward" and any(self.tree.is_inside(m, c) for c in checkpointed):
                 rows.append(row[:2] + ("backward",) + row[3:])
@@ -316,14 +323,15 @@ class Analysis:
     # -- 6. the step in seconds: FSDP2's schedule (steptime) --------------------------------------
     @cached_property
     def step_inputs(self) -> StepInputs:
-        """The stages the step time reads (``steptime.StepInputs``), the costly ones as functions
+        """The stages the step time reads (``step.timing.StepInputs``), the costly ones as functions
         computed on first call."""
         return StepInputs(self.layout, self.training, flops=lambda: self.flops, profile=lambda: self.activation_profile,
-                          comm=lambda: self.comm, calls=lambda: self.costs.calls, memory=lambda: self.memory)
+                          collectives=lambda: self.collectives, calls=lambda: self.costs.calls,
+                          memory=lambda: self.memory)
 
     @cached_property
     def step_time(self) -> StepTime:
-        """The step as FSDP2 schedules it (``steptime.StepTime``), computed once: ``time``, ``step``
+        """The step as FSDP2 schedules it (``step.timing.StepTime``), computed once: ``time``, ``step``
         and ``timeline()`` read it. Needs ``Mesh(device=...)`` and ``Training(batch_size=...)``."""
         return time_the_step(self.step_inputs)
 
@@ -337,7 +345,7 @@ class Analysis:
 
     @property
     def step(self) -> StepSummary:
-        """The step's figures (``steptime.StepSummary``): step_time_s (one optimizer step, every
+        """The step's figures (``step.timing.StepSummary``): step_time_s (one optimizer step, every
         micro-batch), tokens_per_s (per rank), mfu, hfu, exposed_comm_s, compute_s, flops and
         model_flops (per rank, one micro-batch), grad_accum, step_time_sync_every_s (reducing on every
         micro-batch), device, dtype; ``reason`` (and None figures) when there is no step to time
@@ -346,7 +354,7 @@ class Analysis:
 
     def timeline(self):
         """The step as a plotly figure: compute and communication streams, unit by unit, exposed
-        communication in red (``steptime.timeline_payload``, the payload the report and the Inspector draw)."""
+        communication in red (``step.timing.timeline_payload``, the payload the report and the Inspector draw)."""
         return timeline_figure(timeline_payload(self.step_time))
 
     # -- 7. findings -----------------------------------------------------------------------------

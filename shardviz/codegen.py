@@ -263,7 +263,7 @@ def _verdict_line(analysis) -> str:
 def _expandable_reason(analysis) -> str:
     """Why the exported code sets ``expandable_segments:True``, or "" when it need not: the mesh
     assumes it, or the plan fits (keeping the safety margin) only with it (``Analysis.fit`` of
-    both allocator settings, judged on the reserved peak, ``cost.reserved``)."""
+    both allocator settings, judged on the reserved peak, ``step.reserved``)."""
     mesh = analysis.mesh
     if mesh.expandable_segments:
         return "the plan was sized for it (Mesh(expandable_segments=True))"

@@ -34,7 +34,7 @@ def summarize(a: Analysis) -> dict:
     row["activations"] = int(worst["activations"])  # alive at the peak (0 without Training.batch_size)
     row["peak"] = int(worst["peak"])
     row["peak_rank"] = rank
-    row["reserved_peak"] = int(mem["reserved_peak"].max())  # what the caching allocator holds (cost.reserved)
+    row["reserved_peak"] = int(mem["reserved_peak"].max())  # what the caching allocator holds (step.reserved)
     fit = a.fit  # the one verdict (devices.memory_fit): the same words as the report's, the CLI's, the Inspector's
     row["judged_peak"] = None if fit is None else fit.judged
     row["fits"] = None if fit is None else bool(fit.fits)

@@ -150,13 +150,6 @@ DEFAULT_MATMUL = 0.5
 DEFAULT_EFFICIENCY = Efficiency()
 
 
-def collective_seconds(sent_bytes, gbps, latency_s=0.0, efficiency: Efficiency = DEFAULT_EFFICIENCY):
-    """The one duration of a collective call, wherever it is read (``a.comm.time_s``, ``a.time``, the
-    timeline, the traffic chart, the search): its ring latency (alpha) plus the bytes each rank sends
-    at ``efficiency.collective_bus`` of the link's GB/s (n / beta). Scalars or numpy arrays; an
-    unknown bandwidth (NaN) gives NaN."""
-    return latency_s + sent_bytes / (gbps * 1e9 * efficiency.collective_bus)
-
 # What the part achieves, whatever the stack (docs/step-time.md, "Efficiencies": calibrated on the
 # rows of benchmarks/bench_published.py marked "calibration", checked on the others):
 # large bf16 GEMMs, and fused attention (FlashAttention-2: 50-73 % of the A100's peak, ~35 % of
@@ -400,7 +393,7 @@ def memory_fit(peak: int, reserved: int, device_memory: int | None, reserve: int
                host_memory: int | None = None, host_ranks: int = 0) -> MemoryFit | None:
     """Does the run fit a device of ``device_memory`` bytes keeping ``reserve`` out and
     ``safety_margin`` (``safety_margin_bytes``) to spare? ``peak`` is the allocated peak,
-    ``reserved`` the caching allocator's reserved peak (``cost.allocator``): both are always given,
+    ``reserved`` the caching allocator's reserved peak (``step.allocator``): both are always given,
     so no caller can judge the wrong one by leaving one out; ``judge`` says which decides
     ("reserved": the larger of the two, as the allocator never reserves less than it hands out).
     The one fits verdict; None when no device memory is given. ``allocator``: the allocator setting

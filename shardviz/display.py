@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import os
 
-from .cost import BREAKDOWN
+from .step import BREAKDOWN
 from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
-from . import steptime
+from .step import timing
 from .tree import base_model, peft_configs
 # the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
-from .steptime import step_text, timeline_figure  # noqa: F401 - re-exported for every view
+from .step.timing import step_text, timeline_figure  # noqa: F401 - re-exported for every view
 
 #: The training every view assumes when none is given (``cost.training.DEFAULT_TRAINING``, the one
 #: default of every entry point). Each view states it (``training_text``).
@@ -299,13 +299,13 @@ def _time_per_step(df, mesh) -> float | None:
 
 
 def timeline_payload(analysis) -> dict:
-    """The step's timeline (``steptime.timeline_payload`` of ``a.step_time``): what the report and
+    """The step's timeline (``step.timing.timeline_payload`` of ``a.step_time``): what the report and
     the Inspector draw."""
     try:
         st = analysis.step_time
     except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
         return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
-    payload = steptime.timeline_payload(st)
+    payload = timing.timeline_payload(st)
     if payload.get("available"):  # the Inspector's header card: the step's three figures
         step = st.step
         payload["headline"] = {"step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s, "mfu": step.mfu}

@@ -1,6 +1,6 @@
-"""The caching allocator model (``cost.allocator``) against the rules of torch's
+"""The caching allocator model (``step.allocator``) against the rules of torch's
 ``c10/cuda/CUDACachingAllocator.cpp`` (the constants are read from torch's own header where the
-wheel ships it), and the reserved peak of a step (``cost.reserved``, ``a.memory.reserved_peak``).
+wheel ships it), and the reserved peak of a step (``step.reserved``, ``a.memory.reserved_peak``).
 
 torch exposes none of these rules on a CPU build; on a machine with CUDA the last test replays
 the same requests through torch's own allocator and compares ``torch.cuda.memory_reserved``.
@@ -17,8 +17,8 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.cost import allocator as al
-from shardviz.cost.reserved import replay
+from shardviz.step import allocator as al
+from shardviz.step.reserved import traced_step
 
 MiB = 1 << 20
 HEADER = Path(torch.__file__).parent / "include/c10/core/AllocatorConfig.h"
@@ -219,7 +219,7 @@ def test_the_replay_holds_what_the_step_simulation_holds(checkpoint):
     """The replayed tensors peak where the simulated step does (the same hooks, the same sizes)."""
     c = step(checkpoint).costs
     resident = int(c.resident.total + c.optimizer.device.max() + c.optimizer.whole)
-    alloc = replay(*c.replay_inputs, resident, int(c.optimizer.step_temporaries.max()), False)
+    alloc = traced_step(*c.replay_inputs, resident, int(c.optimizer.step_temporaries.max()), False)[1]
     peak = int(step(checkpoint).memory.peak.max())
     assert abs(alloc.peak_requested - peak) <= 0.03 * peak
     # everything the step allocated was freed but the sharded gradients (kept for optimizer.step())
@@ -237,12 +237,12 @@ def test_reserved_is_above_allocated_and_expandable_segments_reserve_less(checkp
 def test_one_rank_has_no_all_gather_stream():
     """Without sharding there is no all-gather output: one stream fewer keeps a cache."""
     c = step(None).costs
-    alloc = replay(*c.replay_inputs, 0, 0, False)
+    alloc = traced_step(*c.replay_inputs, 0, 0, False)[1]
     streams = {seg_stream for seg_stream, _ in alloc.free_blocks}
     assert {"default", "ag", "rs"} <= streams
     m = zoo.tiny_llama_lora()
     one = sv.analyze(m, sv.Plan.auto(m), sv.Mesh(1), sv.Training(batch_size=2, seq_len=64)).costs
-    assert "ag" not in {s for s, _ in replay(*one.replay_inputs, 0, 0, False).free_blocks}
+    assert "ag" not in {s for s, _ in traced_step(*one.replay_inputs, 0, 0, False)[1].free_blocks}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch's own allocator")
@@ -273,7 +273,8 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
     output. The embedding's gradients come after every block's backward, whose activations are
     freed by then: the replay must not allocate the blocks' backward level again there (it did:
     a segment as large as that level at the end of backward, 34 GiB on Llama-3.1-8B)."""
-    from shardviz.cost.reserved import TracingSimulation
+    from shardviz.step.reserved import TensorReplay
+    from shardviz.step.simulation import StepSimulation
 
     m = zoo.tiny_llama_lora(lora=False)
     blocks = [f"model.layers.{name}" for name, _ in m.model.layers.named_children()]
@@ -289,7 +290,7 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
     first_block = min(k for k, u in enumerate(units) if u.modules != (0,))
     late = []
 
-    class Watched(TracingSimulation):
+    class Watched(StepSimulation):
         blocks_done = False
 
         def post_backward(self, k, reduce):
@@ -301,7 +302,7 @@ def test_the_replay_holds_no_block_activations_after_the_blocks_backward():
             if self.blocks_done:  # the activations the replay holds at this moment
                 late.append(self.act_level)
 
-    Watched(*c.replay_inputs, allocator=al.CachingAllocator()).run()
+    Watched(*c.replay_inputs, tensors=TensorReplay(al.CachingAllocator())).run()
     blocks_peak = max(levels.during("backward", (r,))[0] for r in block_roots)
     assert late and blocks_peak > bound  # the case this test is about
     assert max(late) <= bound
@@ -313,27 +314,29 @@ def test_the_replay_frees_a_calls_forward_transients_before_the_next_call_gather
     all-gather output and unsharded parameters were allocated: tensors torch never holds together.
     DeepSeek-V3 + LoRA on 256 ranks, 1 x 4096, blocks checkpointed: the replayed tensors peaked at
     91.0 GiB where the step peaks at 76.4 GiB (its reserved peak then read 121.5 for 136.1 GiB)."""
-    from shardviz.cost.reserved import TracingSimulation
+    from shardviz.step.reserved import TensorReplay
+    from shardviz.step.simulation import StepSimulation
 
     c = step("blocks").costs
     units, levels = c.replay_inputs[0], c.replay_inputs[4]
     above = []
 
-    class Watched(TracingSimulation):
-        def take(self, key, size, stream="default"):
-            if key[0] in ("ag", "param") and self.replayed_level is None and self.act_level >= 0:
-                phase = "forward" if self.phase == "forward" else "backward"
+    class Watched(TensorReplay):
+        def take(self, sim, key, size, stream="default"):
+            if key[0] in ("ag", "param") and self.replayed_level is None and sim.act_level >= 0:
+                phase = "forward" if sim.phase == "forward" else "backward"
                 enter = int(levels.enter(phase, units[key[1]].modules)[0])
-                if phase == "forward" and self.act_level > enter:
-                    above.append((key, self.act_level - enter))
-            super().take(key, size, stream)
+                if phase == "forward" and sim.act_level > enter:
+                    above.append((key, sim.act_level - enter))
+            super().take(sim, key, size, stream)
 
+    class Phased(StepSimulation):
         def forward(self):
             self.phase = "forward"
             super().forward()
             self.phase = "backward"
 
-    sim = Watched(*c.replay_inputs, allocator=al.CachingAllocator())
+    sim = Phased(*c.replay_inputs, tensors=Watched(al.CachingAllocator()))
     sim.phase = "forward"
     sim.run()
     assert not above, above[:3]

@@ -1,5 +1,5 @@
 """The exported code sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` where that is what
-makes the plan fit (judged on the caching allocator's reserved peak, ``cost.reserved``), says so,
+makes the plan fit (judged on the caching allocator's reserved peak, ``step.reserved``), says so,
 and does it before torch is imported; otherwise it leaves the allocator alone."""
 
 from __future__ import annotations

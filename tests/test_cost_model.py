@@ -17,7 +17,7 @@ import pytest
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
 from shardviz.cost import Training
-from shardviz.cost.tables import STR_DTYPE
+from shardviz.step.tables import STR_DTYPE
 from torch_truth import tiny_lora
 
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
@@ -77,7 +77,7 @@ def test_unit_defaults_kept_per_training_are_no_part_of_it():
 
 
 def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
-    """Where each call's hooks run is kept per walk (``cost.units.call_places``): the calls of an
+    """Where each call's hooks run is kept per walk (``step.calls.call_places``): the calls of an
     edited plan equal those a fresh tree of the same model computes."""
     tree, mesh = sv.ModelTree(model), sv.Mesh(4)
     plan = sv.Plan.auto(tree, lora="sharded")
@@ -88,8 +88,8 @@ def test_a_change_of_plan_reuses_the_places_of_the_calls_it_keeps(model):
 
 
 def test_a_change_of_plan_with_activations_reads_what_a_fresh_tree_reads(model):
-    """With activations, the levels of one step are kept per tree (``cost.levels.activation_levels``)
-    and each call's gradient parts per walk (``cost.units.CallPlaces.gradients``): an edited plan analysed
+    """With activations, the levels of one step are kept per tree (``step.levels.activation_levels``)
+    and each call's gradient parts per walk (``step.calls.CallPlaces.gradients``): an edited plan analysed
     after the plan it edits has the tables and step of the same plan on a fresh tree."""
     tree, mesh, step = sv.ModelTree(model), sv.Mesh(4), Training(batch_size=2, seq_len=64)
     plan = sv.Plan.auto(tree, lora="sharded")
@@ -203,7 +203,7 @@ def test_time_per_step_from_link_bandwidths(model):
     a = sv.analyze(model, plan, mesh)
     comm = a.comm
     bw = np.where(comm.group == "shard", 100e9, 10e9)  # shard groups inside a node, replicas across
-    from shardviz.steptime import efficiency_for
+    from shardviz.step.timing import efficiency_for
 
     bus = efficiency_for(a.tree, mesh).collective_bus  # one call's duration: latency + bytes at the bus share
     assert np.allclose(comm.time_s, comm.latency_s + comm.sent_bytes / (bw * bus), rtol=1e-12, atol=0)
@@ -223,7 +223,7 @@ def _rebuilt(table: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.parametrize("mesh", [sv.Mesh(1), sv.Mesh(shard=4, replicate=2)], ids=["one-rank", "hsdp"])
 def test_tables_are_the_frames_pandas_builds(model, mesh):
     """The comm table's str columns are built without the constructor's inference
-    (``cost.tables._str_column``): each table is the frame the constructor builds from its values,
+    (``step.tables._str_column``): each table is the frame the constructor builds from its values,
     dtypes and labels included (str columns as pandas infers them, object ones with None kept, one
     rank's empty comm table)."""
     a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), mesh)
@@ -254,7 +254,7 @@ def test_device_memory_finding(model):
 def test_execution_walk_follows_the_order_it_is_given(model):
     """The walk is cached per tree and order (the last order by identity): alternating two orders,
     or passing an equal order that is another object, gives each order's own walk."""
-    from shardviz.cost.walk import execution_walk
+    from shardviz.step.walk import execution_walk
 
     tree = sv.ModelTree(model)
     names = [m.fqn for m in tree.modules]

@@ -130,7 +130,7 @@ def test_comm_table_uses_the_device_bandwidths():
     model = zoo.tiny_llama_lora()
     plan = sv.Plan.auto(model, lora="sharded")
     comm = sv.analyze(model, plan, sv.Mesh(shard=8, device="H100")).comm
-    from shardviz.steptime import efficiency_for
+    from shardviz.step.timing import efficiency_for
 
     a = sv.analyze(model, plan, sv.Mesh(shard=8, device="H100"))
     bus = efficiency_for(a.tree, a.mesh).collective_bus  # the stack's preset, as the step time uses
@@ -168,9 +168,9 @@ def test_efficiency_refuses_bad_stack_figures_naming_the_field(field, bad):
 # The links (issue 27): rings across nodes spread over the node's NICs; NCCL's ring latency
 # ---------------------------------------------------------------------------
 def _bandwidth(mesh, group="shard", size=None):
-    from shardviz.cost.tables import _group_bandwidth
+    from shardviz.step.collectives import group_bandwidth
 
-    return _group_bandwidth(mesh, group, size or mesh.shard)
+    return group_bandwidth(mesh, group, size or mesh.shard)
 
 
 def test_a_ring_across_nodes_spreads_over_the_nodes_nics():
@@ -215,7 +215,7 @@ def test_the_ring_bandwidth_across_nodes_is_nccl_tests_busbw(nics, gbps, publish
 
 def test_each_collective_pays_nccls_ring_latency():
     from shardviz import zoo
-    from shardviz.cost.tables import RING_BASE_US, RING_NET_STEP_US, RING_NVLINK_STEP_US, ring_latency_s
+    from shardviz.step.collectives import RING_BASE_US, RING_NET_STEP_US, RING_NVLINK_STEP_US, ring_latency_s
 
     assert ring_latency_s("all_gather", 1, 1) == 0
     assert ring_latency_s("all_gather", 8, 1) == pytest.approx((RING_BASE_US + 7 * RING_NVLINK_STEP_US) * 1e-6)

@@ -1,4 +1,4 @@
-"""FSDP2's hook rules (``shardviz/hook_rules.py``) against torch: which calls are roots, and which
+"""FSDP2's hook rules (``shardviz/step/hook_rules.py``) against torch: which calls are roots, and which
 calls get a pre-backward, read off a real step of the tiny Llama under the fake process group."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.hook_rules import enclosing_root, roots
+from shardviz.step.hook_rules import enclosing_root, roots
 from fsdp_steps import WORLD, recorded_step
 
 L = "model.layers."
@@ -38,11 +38,11 @@ def _torch_step(model, plan: sv.Plan) -> tuple[dict, set]:
 
 def test_calls_get_a_pre_backward_where_torch_runs_one():
     """The blocks hold no trainable parameter, the root's embedding does: the blocks still get a
-    pre-backward (``StepCall.out_grad``), and the step time computes their backward."""
+    pre-backward (``Call.out_grad``), and the step time computes their backward."""
     plan = sv.Plan(units=[L + "0", L + "1", ""])
     _, ran = _torch_step(_only_embedding_trains(), plan)
     a = sv.analyze(_only_embedding_trains(), plan, sv.Mesh(WORLD, device="H100"), sv.Training(batch_size=2, seq_len=16))
-    predicted = {u.name for u in a.costs.units if u.hooks.out_grad}  # the calls with a parameter group
+    predicted = {u.name for u in a.costs.units if u.out_grad}  # the calls with a parameter group
     assert predicted == ran == {u.name for u in plan.units}
     backward = {unit for kind, unit in a.step_time.schedule.issue_order if kind == "backward"}
     assert backward == ran
@@ -55,8 +55,8 @@ def test_a_frozen_call_before_every_trainable_parameter_gets_no_pre_backward():
     plan = sv.Plan.auto(model, lora="sharded")
     _, ran = _torch_step(zoo.tiny_llama_lora(), plan)
     a = sv.analyze(model, plan, sv.Mesh(WORLD))
-    assert {u.name for u in a.costs.units if u.hooks.out_grad} == ran  # the calls with a parameter group
-    assert any(not u.hooks.out_grad for u in a.costs.units)
+    assert {u.name for u in a.costs.units if u.out_grad} == ran  # the calls with a parameter group
+    assert any(not u.out_grad for u in a.costs.units)
 
 
 def test_roots_and_the_enclosing_root_are_torchs():

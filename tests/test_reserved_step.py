@@ -1,5 +1,5 @@
-"""The step is simulated once: the replay through the caching allocator (``cost.reserved``) is the
-step simulation (``cost.simulation``) with the tensors traced, so its peak, moment and collectives
+"""The step is simulated once: the replay through the caching allocator (``step.reserved``) is the
+step simulation (``step.simulation``) with the tensors traced, so its peak, moment and collectives
 are the plain simulation's, for every kind of plan and training, and ``a.costs.step`` is that result."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.cost.allocator import CachingAllocator
-from shardviz.cost.reserved import TracingSimulation
-from shardviz.cost.simulation import StepSimulation
+from shardviz.step.allocator import CachingAllocator
+from shardviz.step.reserved import TensorReplay
+from shardviz.step.simulation import StepSimulation
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,7 +43,7 @@ CASES = {
     "torchtitan root": (tiny, lambda m: sv.Plan.auto(m).with_units([sv.Unit(b) for b in blocks(m)] + [""]),
                         sv.Mesh(8), sv.Training(batch_size=4, seq_len=256)),
     # the embedding's gradients after every block's backward: the replay leaves the blocks' level out
-    # (TracingSimulation.own_span), the step's peak counts it
+    # (TensorReplay.own_span), the step's peak counts it
     "torchtitan root, no LoRA": (tiny_without_lora, lambda m: sv.Plan.auto(m).with_units([sv.Unit(b) for b in blocks(m)] + [""]),
                                  sv.Mesh(8), sv.Training(batch_size=4, seq_len=256)),
     "nested, no root": (tiny, lambda m: sv.Plan.auto(m).without_unit(""), sv.Mesh(8), sv.Training(**ACTS)),
@@ -81,8 +81,11 @@ class Plain(Recording, StepSimulation):
     pass
 
 
-class Traced(Recording, TracingSimulation):
-    pass
+class Traced(Recording, StepSimulation):
+    """The step with its tensors replayed: the allocator is an option of the one simulation."""
+
+    def __init__(self, *args, allocator, **kw):
+        super().__init__(*args, tensors=TensorReplay(allocator), **kw)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -24,7 +24,7 @@ from torch import nn
 import shardviz as sv
 from shardviz import zoo
 from shardviz.oracle import apply_plan, device_mesh, fake_process_group
-from shardviz.schedule import UnitTime, schedule_step
+from shardviz.step.schedule import UnitTime, schedule_step
 
 WORLD = 4
 
@@ -237,7 +237,7 @@ _LAYOUTS = {
 def test_the_analysis_schedule_walks_the_layouts_calls_in_torch_order(name):
     """The step time of an analysis walks the calls where the layout places them (nesting, one
     context per root, which hooks torch registers): the order it issues hooks and collectives is
-    torch's, for layouts the schedule's own assumptions (``schedule._calls``) do not hold for."""
+    torch's, for layouts the schedule's own assumptions (``step.schedule._calls``) do not hold for."""
     plan = sv.Plan(units=_LAYOUTS[name])
     truth = torch_issue_order(plan)
     a = sv.analyze(zoo.tiny_llama_lora(), plan, sv.Mesh(WORLD, device="H100"), sv.Training(batch_size=2, seq_len=16))

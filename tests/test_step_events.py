@@ -1,4 +1,4 @@
-"""The one walk of FSDP2's hooks (``shardviz/step_events.py``) against torch: the order the
+"""The one walk of FSDP2's hooks (``shardviz/step/events.py``) against torch: the order the
 parameter groups' pre/post-forward and pre/post-backward run in a real step of the tiny Llama
 under the fake process group, nested calls and the root's final callback included."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import shardviz as sv
 from shardviz import zoo
 from fsdp_steps import WORLD, recorded_step
-from shardviz.step_events import Hook, step_events
+from shardviz.step.events import Hook, step_events
 
 L = "model.layers."
 HOOKS = {"pre_forward": Hook.PRE_FORWARD, "post_forward": Hook.POST_FORWARD,
@@ -42,7 +42,7 @@ def test_the_walk_runs_the_hooks_in_torchs_order():
     plan = sv.Plan(units=[L + "0.self_attn", L + "0", L + "1", ""])
     a = sv.analyze(zoo.tiny_llama_lora(lora=False), plan, sv.Mesh(WORLD))
     units = a.costs.units
-    events = step_events([u.hooks for u in units], (), lambda k: units[k].grads_at)
+    events = step_events(units, (), lambda k: units[k].grads_at)
     predicted = [(e.kind, units[e.call].name) for e in events.forward + events.backward if e.kind in HOOKS.values()]
     truth = _torch_hooks(zoo.tiny_llama_lora(lora=False), plan)
     assert predicted == truth
@@ -82,7 +82,7 @@ def test_the_walk_issues_the_all_gathers_torch_issues():
     plan = plan.with_unit_options(L + "1", reshard_after_forward=2)
     a = sv.analyze(zoo.tiny_llama_lora(lora=False), plan, sv.Mesh(WORLD))
     units = a.costs.units
-    events = step_events([u.hooks for u in units], (), lambda k: units[k].grads_at)
+    events = step_events(units, (), lambda k: units[k].grads_at)
     phase = {Hook.PRE_FORWARD: "forward", Hook.PRE_BACKWARD: "backward"}
     predicted = [(phase[e.kind], units[g.call].name, g.group.value)
                  for e in events.forward + events.backward for g in e.gathers + e.prefetches]
@@ -98,8 +98,8 @@ def test_a_micro_batch_without_sync_reduces_nothing():
     model = zoo.tiny_llama_lora()
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(WORLD))
     units = a.costs.units
-    synced = step_events([u.hooks for u in units], (), lambda k: units[k].grads_at, sync=True)
-    quiet = step_events([u.hooks for u in units], (), lambda k: units[k].grads_at, sync=False)
+    synced = step_events(units, (), lambda k: units[k].grads_at, sync=True)
+    quiet = step_events(units, (), lambda k: units[k].grads_at, sync=False)
     reduce = {units[e.call].name: e.reduce for e in synced.backward if e.kind is Hook.POST_BACKWARD}
     assert reduce == {u.name: u.trainable for u in units}
     assert any(reduce.values()) and not all(reduce.values())

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "step-rules.md"
-MODULES = ("step_events", "hook_rules", "schedule", "steptime", "fsdp", "cost.simulation", "cost.units",
-           "cost.reserved", "cost.levels", "cost.model", "cost.rank_state")
+MODULES = ("step.events", "step.hook_rules", "step.schedule", "step.timing", "fsdp", "step.simulation", "step.calls",
+           "step.reserved", "step.levels", "step.model", "step.rank_state")
 
 
 def _rows() -> list[tuple[str, list[str]]]:

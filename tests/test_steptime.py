@@ -1,4 +1,4 @@
-"""The step time of an analysis (shardviz.steptime): a.time, a.step, the timeline payload, the
+"""The step time of an analysis (shardviz.step.timing): a.time, a.step, the timeline payload, the
 comparison columns. The schedule's rules are tested on their own in test_schedule.py; here the
 wiring: which FLOPs, which collectives, which flags reach the schedule, and what every view shows.
 
@@ -7,18 +7,21 @@ compute seconds follow from them; the collectives are the ones torch issues in i
 (``torch_truth.fake_run``); the FLOPs against torch's count are in test_flops_truth.py.
 """
 
+from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import shardviz as sv
-from shardviz import steptime, zoo
+from shardviz import zoo
+from shardviz.step import timing as steptime
 from shardviz.activations import opcost
 from shardviz.analysis import Analysis
 from shardviz.devices import Device, Efficiency
 from shardviz.format import OUTSIDE_FSDP
-from shardviz.steptime import TIME_COLUMNS, timeline_payload
+from shardviz.step.timing import TIME_COLUMNS, timeline_payload
 from torch_truth import fake_run
 
 # 1 TFLOPS bf16, every efficiency 1: a unit's compute seconds are its FLOPs / 1e12
@@ -180,14 +183,14 @@ def test_the_step_is_timed_from_its_inputs_without_the_analysis(model, monkeypat
     ``Analysis``: the same step from the stages' values once every stage of the analysis raises."""
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), replace(TRAINING, grad_accum=2))
     expected = a.step_time
-    flops, profile, comm, calls, memory = a.flops, a.activation_profile, a.comm, a.costs.calls, a.memory
+    flops, profile, collectives, calls, memory = a.flops, a.activation_profile, a.collectives, a.costs.calls, a.memory
     inputs = steptime.StepInputs(a.layout, a.training, flops=lambda: flops, profile=lambda: profile,
-                                 comm=lambda: comm, calls=lambda: calls, memory=lambda: memory)
+                                 collectives=lambda: collectives, calls=lambda: calls, memory=lambda: memory)
 
     def read(self):
         raise AssertionError("the step time read the Analysis")
 
-    for name in ("flops", "activation_profile", "measured_step", "comm", "costs", "memory", "step_time",
+    for name in ("flops", "activation_profile", "measured_step", "comm", "collectives", "costs", "memory", "step_time",
                  "step_inputs", "time", "step"):
         monkeypatch.setattr(Analysis, name, property(read))
     st = steptime.step_time(inputs)
@@ -266,18 +269,30 @@ def test_outside_row_without_a_root_is_timed(model, monkeypatch):
     assert row.forward_s == pytest.approx(5e8 / 1e12) and row.all_gather_forward_s == 0
 
 
-def test_a_comm_table_counted_over_the_step_is_read_per_micro_batch():
-    """h7's accumulation may count a step's collectives over its k micro-batches: read back per micro-batch."""
-    from shardviz.steptime import _one_micro_batch
+def test_the_step_time_reads_one_micro_batch_of_collectives_each_issued_once(model):
+    """The seconds model reads the step's collectives directly, one micro-batch's (no count over the
+    step divided back): a.comm counts each over the step (``collectives.step_count``), and the
+    last micro-batch's schedule holds each all-gather and reduce-scatter of a.comm once."""
+    a = analysis(model, training=replace(TRAINING, grad_accum=4))
+    comm = a.comm[a.comm.unit.notna()]
+    assert set(comm[comm.collective == "all_gather"]["count"]) == {4}
+    assert set(comm[comm.collective == "reduce_scatter"]["count"]) == {1}
+    sched = a.step_time.schedule
+    bars = Counter((e.unit, e.kind, e.phase) for e in sched.events if e.kind in ("all_gather", "reduce_scatter")
+                   and e.end_s > e.start_s)
+    assert bars == Counter((r.unit, r.collective, r.phase) for r in comm.itertuples())
 
-    comm = pd.DataFrame({"unit": ["b", "b", "b", None], "collective": ["all_gather", "all_gather", "reduce_scatter",
-                                                                       "all_reduce"],
-                         "phase": ["forward", "backward", "backward", "backward"], "count": [4, 4, 1, 4]})
-    last = sv.Training(grad_accum=4)
-    assert _one_micro_batch(comm, 4, last)["count"].tolist() == [1, 1, 1, 1]
-    every = sv.Training(grad_accum=4, sync_every_microbatch=True)
-    assert _one_micro_batch(comm.assign(count=[4, 4, 4, 4]), 4, every)["count"].tolist() == [1, 1, 1, 1]
-    assert _one_micro_batch(comm.assign(count=[1, 1, 1, 1]), 4, last)["count"].tolist() == [1, 1, 1, 1]  # per micro-batch already
+
+def test_a_collective_without_a_bandwidth_names_its_call():
+    from shardviz.step.collectives import Collectives
+    from shardviz.step.timing import call_seconds
+
+    units = sv.Plan(["a", ""]).units
+    nan = np.array([float("nan")])
+    bad = Collectives([0], ("all_gather",), ("forward",), ("shard",), (4,), ["bfloat16"], np.array([8]), (1,),
+                      np.array([6]), nan, np.array([0.0]))
+    with pytest.raises(ValueError, match="no bandwidth for the all_gather of 'a' over the shard group"):
+        call_seconds(bad, units)
 
 
 def test_unit_flops_from_the_profile_index_equal_the_sum_module_by_module():
@@ -368,7 +383,7 @@ def test_the_default_efficiency_is_the_preset_of_the_models_stack(model):
 
 
 def test_the_offloaded_optimizer_step_is_the_host_adamw(model):
-    from shardviz.schedule import host_optimizer_seconds
+    from shardviz.step.schedule import host_optimizer_seconds
 
     training = replace(TRAINING, offload=True)
     a = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(4, device="H100"), training)

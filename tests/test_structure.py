@@ -99,3 +99,46 @@ def test_private_read_checker_catches_an_import_and_an_attribute(tmp_path):
     (tmp_path / "m.py").write_text("from .plan import _x\nfrom .export_runtime import _y\n\n\ndef f(plan):\n"
                                    "    return plan._edited(), self._edited()\n")
     assert _private_reads(tmp_path / "m.py", {"_edited"}) == ["line 1: from plan import _x", "line 6: ._edited"]
+
+
+# -- One fully_shard call, few records (issue 36) -------------------------------------------------
+#: The per-call record types, by module: ``plan.Unit`` (what the user asks of a call),
+#: ``fsdp.UnitLayout`` (where its parameters go), ``step.calls.Call`` (its hooks and buffers: the
+#: one record both models of the step read) and ``step.schedule.UnitTime`` (its seconds, which the
+#: schedule also takes made by hand). Five on issue 36's count: ``step_events.StepCall`` and
+#: ``cost.units.UnitCost`` were folded into ``Call``.
+PER_CALL_RECORDS = {"plan.py": {"Unit"}, "fsdp.py": {"UnitLayout"}, "step/calls.py": {"Call"},
+                    "step/schedule.py": {"UnitTime"}}
+#: a per-call record holds a call's reshard-after-forward setting (in some form) and names the call
+PER_CALL_SETTING = {"reshard_after_forward", "after_forward"}
+PER_CALL_IDENTITY = {"name", "unit", "index", "modules"}
+
+
+def _record_fields(node: ast.ClassDef) -> set[str]:
+    """The annotated class-level names of a dataclass or NamedTuple (its fields)."""
+    return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def _per_call_records(paths, root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Per module (relative to shardviz/), the classes whose fields hold a call's reshard setting
+    and its identity: what a record of one ``fully_shard`` call carries, whatever its name."""
+    out: dict[str, set[str]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                fields = _record_fields(node)
+                if fields & PER_CALL_SETTING and fields & PER_CALL_IDENTITY:
+                    out.setdefault(path.relative_to(root).as_posix(), set()).add(node.name)
+    return out
+
+
+def test_one_fully_shard_call_has_four_record_types():
+    found = _per_call_records(PACKAGE.rglob("*.py"))
+    assert found == PER_CALL_RECORDS, f"a new per-call record type: fold it into step.calls.Call ({found})"
+    assert sum(len(v) for v in found.values()) == 4
+
+
+def test_the_record_counter_finds_a_per_call_record(tmp_path):
+    (tmp_path / "m.py").write_text("class A(NamedTuple):\n    unit: int\n    after_forward: bool\n\n\n"
+                                   "class B:\n    reshard_after_forward: bool = True\n")
+    assert _per_call_records([tmp_path / "m.py"], tmp_path) == {"m.py": {"A"}}

@@ -533,3 +533,16 @@ def test_sequence_parallel_peak_with_activations(tensor):
     truth = fake_run(_Titan, plan, mesh, training, 0,
                      apply=lambda model, dmesh: apply_plan(model, plan, dmesh, training=training))
     assert abs(int(row.peak + row.cpu_optimizer) / truth.peak_snap["Total"] - 1) < 0.03
+
+
+def test_tensor_collectives_under_grad_accum_are_timed_once_per_micro_batch():
+    """Every micro-batch runs tensor parallelism's collectives, synced or not: the step time reads
+    one micro-batch's (``step.collectives``), so ``a.step.tensor_comm_s`` is a.comm's seconds over
+    the step. (It read the step's counts divided back by the reducing micro-batches, and timed each
+    tensor all-reduce ``grad_accum`` times per micro-batch.)"""
+    m = llama()
+    training = sv.Training(batch_size=2, seq_len=64, param_dtype="bfloat16", grad_accum=2)
+    a = sv.analyze(m, sv.Plan.auto(m, tensor_parallel=True), sv.Mesh(shard=2, tensor=2, device="H100"), training)
+    rows = a.comm[a.comm.dim == "tensor"]
+    assert "all_reduce" in set(rows.collective) and set(rows["count"]) == {2}
+    assert a.step.tensor_comm_s == pytest.approx(float((rows.time_s * rows["count"]).sum()))

@@ -49,10 +49,10 @@ module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets 
 the measured step).
 """
 
-from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, unit_costs, unit_flops
+from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, op_costs_per_call, unit_flops
 from .measure import clear_cache, config_use_cache, measure_activations, read_run_order
 from .profile import ActivationProfile, ModuleEvent, ModuleActivations
 from .step_cache import MeasuredStep, StepCache, step_cache
 
 __all__ = ["FLOP_COLUMNS", "ActivationProfile", "MeasuredStep", "ModuleEvent", "ModuleActivations", "ModuleFlops",
-           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "step_cache", "unit_costs", "unit_flops"]
+           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "op_costs_per_call", "step_cache", "unit_flops"]

@@ -277,7 +277,7 @@ def unit_flops(profile, units) -> list[dict]:
     return [dict(zip(FLOP_COLUMNS, r)) for r in rows]
 
 
-def unit_costs(profile, units) -> dict:
+def op_costs_per_call(profile, units) -> dict:
     """unit name (None: outside every unit) -> {"forward", "backward", "recompute"} ``opcost``
     costs of its modules' own ops, as ``unit_flops`` sums FLOPs."""
     rows = _unit_sums(profile.cost_index, profile.flop_index, units, None, combined, difference)

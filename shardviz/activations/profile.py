@@ -138,7 +138,7 @@ class ActivationProfile:
     @cached_property
     def run_order(self) -> tuple[str, ...]:
         """Module names in the order the step first entered them (its ``pre_fw`` events): once per
-        profile, every plan analysed with it reads the same order (``cost.walk``)."""
+        profile, every plan analysed with it reads the same order (``step.walk``)."""
         return tuple(dict.fromkeys(e[1] for e in self.timeline if e[0] == "pre_fw"))
 
     @cached_property

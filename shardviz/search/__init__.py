@@ -25,7 +25,7 @@ ranks of a node, judged against ``Mesh.host_memory``): its row says the host's p
 column: bytes per node), and a plan the device holds but the host does not is over, its ``why`` says so.
 
 The plans that fit are ranked (``rank.py``, ``ranked``) by ``a.step.step_time_s`` (the step model,
-``steptime.py``: the mesh needs a ``device``), differences under 1 % of the step being ties
+``step/timing.py``: the mesh needs a ``device``), differences under 1 % of the step being ties
 (``STEP_TIME_TIE``, below what the step model can tell), decided by keeping the safety margin, no
 CPU offload, the larger margin, then the simpler plan (fewer calls; FSDP before HSDP; LoRA sharded
 before ignored before separate): ``rank.ranked``. ``why`` says a plan's difference to the one above it in % of the step: the
@@ -211,7 +211,7 @@ def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Me
     if isinstance(model, ModelTree) and training.batch_size is not None and tree.model is None:
         raise ValueError("search: activations are measured by running the model: pass the nn.Module")
     if mesh.device is not None:
-        from ..steptime import efficiency_for
+        from ..step.timing import efficiency_for
 
         notes.append("step times assume " + efficiency_for(tree, mesh).describe())
     return tree, mesh, training, notes

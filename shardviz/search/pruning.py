@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from ..cost import unsharded_bytes
+from ..step import unsharded_bytes
 from ..format import format_bytes
 from ..checkpointing import FULL
 from ..plan import LORA_OPTIONS

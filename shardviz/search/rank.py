@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------------------
-# Step time: a.step (the step model of steptime.py), or the collectives when there is no device
+# Step time: a.step (the step model of step/timing.py), or the collectives when there is no device
 # ---------------------------------------------------------------------------
 def step_numbers(a: Analysis) -> dict:
     """step_time_s (one optimizer step, every micro-batch), tokens_per_s (per rank) and

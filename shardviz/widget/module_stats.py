@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from ..cost.params import tree_arrays
+from ..step.params import tree_arrays
 from ..fsdp import Layout
 from ..tree import ModelTree
 

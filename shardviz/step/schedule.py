@@ -27,7 +27,7 @@ first, its forward compute (norm, LM head) runs after the blocks, its backward c
 theirs, and its post-backward (reduce-scatter) comes last.
 
 The order of the hooks is the one walk ``step_events`` (shared with the bytes model,
-``cost.simulation``, and built on ``hook_rules``: the default backward prefetch target, the
+``simulation``, and built on ``step.hook_rules``: the default backward prefetch target, the
 final callback's post-backwards); this module folds it into seconds (docs/step-rules.md).
 
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
@@ -41,8 +41,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
-from .devices import DEFAULT_EFFICIENCY, Device, Efficiency
-from .step_events import Group, Hook, ParamState, StepCall, step_events
+from ..devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from .calls import Call, ParamState
+from .events import Group, Hook, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
 STREAMS = (COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
@@ -314,21 +315,21 @@ def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
 
-def _calls(every: list[UnitTime], root: UnitTime | None) -> list[StepCall]:
+def _calls(every: list[UnitTime], root: UnitTime | None) -> list[Call]:
     """The units as ``step_events`` walks them, under the schedule's assumptions: no call nested
     in another but the root, whose forward begins first and ends last; every input but the root's
     needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
     end = (2 * len(every),)
-    return [StepCall(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
+    return [Call(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
                      u is not root, 0, _after_forward(u), _reduces(u)) for j, u in enumerate(every)]
 
 
-def _placed(calls: list[StepCall], every: list[UnitTime]) -> list[StepCall]:
+def _placed(calls: list[Call], every: list[UnitTime]) -> list[Call]:
     """The layout's calls, with what the units' seconds say happens to each: its parameters'
     state after forward (a backward all-gather, over which group) and whether it reduces (the
     collectives priced, which the bytes model issued from the same stream)."""
-    if len(calls) != len(every) or not all(isinstance(c, StepCall) for c in calls):
-        raise ValueError(f"calls: one StepCall per unit (root first), {len(every)} of them; got {calls!r}")
+    if len(calls) != len(every) or not all(isinstance(c, Call) for c in calls):
+        raise ValueError(f"calls: one Call per unit (root first), {len(every)} of them; got {calls!r}")
     return [c._replace(after_forward=_after_forward(u), reduces=_reduces(u)) for c, u in zip(calls, every)]
 
 
@@ -369,15 +370,15 @@ def _check_units(units, root) -> list[UnitTime]:
 def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
                   forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
                   separate_reduce_scatter_group: bool = False, sync: bool = True,
-                  calls: list[StepCall] | None = None) -> Schedule:
+                  calls: list[Call] | None = None) -> Schedule:
     """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
     on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
     of the units its hook prefetches, when the plan sets them (torch's explicit prefetch).
     ``separate_reduce_scatter_group``: the reduce-scatters have a communicator of their own
     (``set_separate_reduce_scatter_group``), so they overlap the all-gathers. ``sync=False``: a
     micro-batch under ``set_requires_gradient_sync(False)``: no reduction (nor its host copy).
-    ``calls``: each unit's ``StepCall`` (root first, then ``units``) where the layout places its
-    hooks (``cost.units.call_hooks``: nesting, contexts, which hooks torch registers); None: laid
+    ``calls``: each unit's ``Call`` (root first, then ``units``) where the layout places its
+    hooks (``calls.build_calls``: nesting, contexts, which hooks torch registers); None: laid
     out under the schedule's assumptions (``_calls``), for rows made by hand."""
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()
@@ -395,15 +396,8 @@ def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | N
 
 
 # ---------------------------------------------------------------------------
-# Seconds from FLOPs and bytes, and the utilisation figures
+# The optimizer step's seconds (a collective's: collectives.py; an op's: timing.op_seconds)
 # ---------------------------------------------------------------------------
-def compute_seconds(flops: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                    dtype: str = "bfloat16") -> float:
-    """FLOPs / (peak dense FLOP/s in ``dtype`` x ``efficiency.matmul``)."""
-    _check_seconds("compute_seconds", "flops", flops)
-    return float(flops) / (device.peak_flops(dtype) * efficiency.matmul)
-
-
 def optimizer_seconds(bytes_moved: float, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
     """The optimizer step is memory-bound: bytes read and written / (HBM GB/s x ``efficiency.hbm``)."""
     _check_seconds("optimizer_seconds", "bytes_moved", bytes_moved)
@@ -415,89 +409,3 @@ def host_optimizer_seconds(params: float, efficiency: Efficiency = DEFAULT_EFFIC
     ``efficiency.host_adamw_gparams_per_s`` (docs/step-time.md, "Host time")."""
     _check_seconds("host_optimizer_seconds", "params", params)
     return float(params) / (efficiency.host_adamw_gparams_per_s * 1e9)
-
-
-def comm_seconds(comm) -> tuple[dict, float | None]:
-    """A comm table (``a.comm``: ``time_s`` the duration of one call, ``devices.collective_seconds``:
-    its latency plus its bytes at the stack's share of the link; ``count`` per step) -> ({unit:
-    {"all_gather_forward_s", "all_gather_backward_s", "reduce_scatter_s", "all_reduce_s"}}, seconds
-    of the ignored parameters' all-reduce or None): each row ``time_s x count``, nothing added, so
-    ``a.time`` and ``a.comm`` give one duration per collective."""
-    per_unit: dict = {}
-    ignored = None
-    # plain lists, not itertuples: a 70B plan's table is read on every change of plan
-    columns = [comm[c].tolist() for c in ("unit", "collective", "phase", "group", "time_s", "count")]
-    for unit, collective, phase, group, time_s, count in zip(*columns):
-        seconds = float(time_s) * int(count)
-        if math.isnan(seconds):
-            raise ValueError(f"comm table: no bandwidth for the {collective} of {unit!r} over the "
-                             f"{group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")
-        if unit is None or (isinstance(unit, float) and math.isnan(unit)):  # pandas may hold None as NaN
-            ignored = (ignored or 0.0) + seconds
-            continue
-        key = f"all_gather_{phase}_s" if collective == "all_gather" else f"{collective}_s"
-        if collective == "all_gather" and group == "post_forward":  # its own communicator, not the shard group's
-            per_unit.setdefault(unit, {})["post_forward_gather"] = True
-        if group == "tensor":  # tensor parallelism's: blocking, on the compute stream (no async TP)
-            key = f"tensor_{phase}_s"
-        slot = per_unit.setdefault(unit, {})
-        slot[key] = slot.get(key, 0.0) + seconds
-    return per_unit, ignored
-
-
-def unit_times(names, *, flops: dict, comm_s: dict, device: Device, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-               dtype: str = "bfloat16", reshard_after_forward: dict | None = None,
-               backward_hook: dict | None = None) -> list[UnitTime]:
-    """``UnitTime`` rows for ``names`` (forward order) from FLOPs and collective seconds.
-
-    ``flops``: name -> {"forward", "backward", "recompute"} FLOPs per rank and step (missing: 0);
-    ``comm_s``: the first value of ``comm_seconds`` (a unit without a reduce-scatter there has no
-    gradient); ``reshard_after_forward`` / ``backward_hook``: name -> bool (default True; pass False
-    for the root, whose ``reshard_after_forward=None`` means False)."""
-    rows = []
-    for name in names:
-        f, c = flops.get(name, {}), comm_s.get(name, {})
-        rows.append(UnitTime(
-            name,
-            forward_s=compute_seconds(f.get("forward", 0.0), device, efficiency, dtype),
-            backward_s=compute_seconds(f.get("backward", 0.0), device, efficiency, dtype),
-            recompute_s=compute_seconds(f.get("recompute", 0.0), device, efficiency, dtype),
-            all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
-            all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
-            reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
-            reshard_after_forward=(reshard_after_forward or {}).get(name, True),
-            backward_hook=(backward_hook or {}).get(name, True)))
-    return rows
-
-
-def step_summary(schedule: Schedule, *, tokens: int, flops: float, model_flops: float, peak_flops: float) -> dict:
-    """``a.step``: the schedule's times with tokens/s (per rank) and MFU/HFU.
-    ``tokens``: per rank and step; ``flops`` with recomputation, ``model_flops`` without."""
-    t = schedule.step_time_s
-    return {"step_time_s": t, "tokens_per_s": tokens / t if t > 0 else float("nan"),
-            "mfu": mfu(model_flops, t, peak_flops) if t > 0 else float("nan"),
-            "hfu": hfu(flops, t, peak_flops) if t > 0 else float("nan"),
-            "exposed_comm_s": schedule.exposed_comm_s, "compute_s": schedule.compute_s,
-            "flops": flops, "model_flops": model_flops}
-
-
-def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
-    """torchtitan's ``get_num_flop_per_token``: 6 N + 12 l h q t (forward + backward, no recomputation)."""
-    return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
-
-
-def mfu(model_flops: float, step_time_s: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: FLOPs the model needs (no recomputation) / (step time x peak)."""
-    return _utilisation(model_flops, step_time_s, peak_flops)
-
-
-def hfu(hardware_flops: float, step_time_s: float, peak_flops: float) -> float:
-    """Hardware FLOPs utilisation: FLOPs executed, recomputation included / (step time x peak)."""
-    return _utilisation(hardware_flops, step_time_s, peak_flops)
-
-
-def _utilisation(flops: float, step_time_s: float, peak_flops: float) -> float:
-    for name, value in (("step_time_s", step_time_s), ("peak_flops", peak_flops)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
-    return float(flops) / (float(step_time_s) * float(peak_flops))

@@ -1,4 +1,4 @@
-"""The step time of one analysis: FSDP2's schedule (``schedule.py``) fed by torch's FLOP count
+"""The step time of one analysis: FSDP2's schedule (``step/schedule.py``) fed by torch's FLOP count
 (the FLOP table), the comm table, the mesh's device and efficiencies, the optimizer step's bytes
 and CPU offload's copies. Computed once here; ``Analysis.time``, ``Analysis.step``,
 ``Analysis.timeline()`` and every view read it (docs/step-time.md, "From an analysis").
@@ -15,21 +15,22 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .activations import opcost
-from .format import OUTSIDE_FSDP, format_duration
+from ..activations import opcost
+from ..format import OUTSIDE_FSDP, format_duration
 from .hook_rules import enclosing_root
-from .devices import Device, Efficiency, default_efficiency, stack_of
-from .step_events import StepCall
-from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, comm_seconds, host_optimizer_seconds,
+from ..devices import Device, Efficiency, default_efficiency, stack_of
+from .calls import OUTSIDE, Call
+from .collectives import Collectives
+from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .activations import ActivationProfile
-    from .cost import Training
-    from .fsdp import Layout
-    from .tree import ModelTree
+    from ..activations import ActivationProfile
+    from ..cost import Training
+    from ..fsdp import Layout
+    from ..tree import ModelTree
 
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]
@@ -47,15 +48,16 @@ class StepInputs:
     plan and the mesh. The callables return the analysis' stages, each computed once by it on first
     call, so a step without a device or a micro-batch reads none but the FLOPs: ``flops`` (the FLOP
     table, ``Analysis.flops``), ``profile`` (the activation profile, with each op's cost; None
-    without a micro-batch), ``comm`` (the comm table), ``calls`` (each call's ``StepCall``:
-    where the layout places its hooks) and ``memory`` (the memory table: the optimizer's bytes)."""
+    without a micro-batch), ``collectives`` (the step's collectives, priced once:
+    ``collectives.step_collectives``), ``calls`` (every ``Call``, by index: where the layout places
+    its hooks) and ``memory`` (the memory table: the optimizer's bytes)."""
 
     layout: Layout
     training: Training
     flops: Callable[[], pd.DataFrame]
     profile: Callable[[], ActivationProfile | None]
-    comm: Callable[[], pd.DataFrame]
-    calls: Callable[[], tuple[StepCall, ...]]
+    collectives: Callable[[], Collectives]
+    calls: Callable[[], tuple[Call, ...]]
     memory: Callable[[], pd.DataFrame]
 
 
@@ -128,10 +130,10 @@ def unit_op_costs(inputs: StepInputs) -> dict:
     """unit name (``OUTSIDE_FSDP`` for what runs outside every call) -> {"forward", "backward",
     "recompute"} ``opcost`` costs of the measured step's ops; a unit measured without them (a
     profile from before op costs) gets its FLOPs as large matmuls."""
-    from .activations import unit_costs
+    from ..activations import op_costs_per_call
 
     profile = inputs.profile()
-    costs = unit_costs(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
+    costs = op_costs_per_call(profile, inputs.layout.plan.units) if profile is not None and profile.module_costs else {}
     out = {}
     for row in inputs.flops().to_dict("records"):
         unit = row["unit"]
@@ -146,7 +148,7 @@ PHASES = ("forward", "backward", "recompute")
 
 def stack_for(tree) -> str:
     """The stack the model of ``tree`` most likely trains with (``devices.stack_of``)."""
-    from .activations.measure import hf_config
+    from ..activations.measure import hf_config
 
     model = tree.model
     return stack_of(tree.root_type, model is not None and hf_config(model) is not None)
@@ -201,11 +203,10 @@ def _offload_copies(numbers: dict, eff: Efficiency, device: Device) -> tuple[flo
 
 
 def _offloaded(inputs: StepInputs) -> tuple[set, dict]:
-    """The calls CPU offload keeps on the host, and the layout's numbers of each."""
+    """The calls CPU offload keeps on the host, and the layout's numbers of each, by call index."""
     layout = inputs.layout
-    units = {u.name: u for u in layout.plan.units}
-    offloaded = {name for name, u in units.items() if inputs.training.unit_defaults(u).offload}
-    numbers = {ul.unit.name: n for ul, n in zip(layout.units, layout.unit_numbers)} if offloaded else {}
+    offloaded = {k for k, u in enumerate(layout.plan.units) if inputs.training.unit_defaults(u).offload}
+    numbers = {ul.index: n for ul, n in zip(layout.units, layout.unit_numbers)} if offloaded else {}
     return offloaded, numbers
 
 
@@ -214,8 +215,8 @@ def host_step_params(inputs: StepInputs) -> float:
     each offloaded call's shard (its padded shard elements x trainable / all elements)."""
     offloaded, numbers = _offloaded(inputs)
     total = 0.0
-    for name in offloaded:
-        n = numbers[name]
+    for k in offloaded:
+        n = numbers[k]
         shard_numel = float(n["padded_shard_bytes"]) / max(float(n["unsharded_bytes"]) / max(float(n["numel"]), 1.0), 1.0)
         total += shard_numel * float(n["trainable_numel"]) / (float(n["numel"]) or 1.0)
     return total
@@ -236,20 +237,50 @@ def optimizer_step_seconds(inputs: StepInputs, device: Device, eff: Efficiency) 
     return seconds, host_params
 
 
-def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[StepCall]]:
+def call_seconds(collectives: Collectives, plan_units) -> tuple[dict, float | None]:
+    """The collectives of one micro-batch (each issued once: ``Collectives.time_s`` is its one
+    duration) -> ({call index: {"all_gather_forward_s", "all_gather_backward_s", "reduce_scatter_s",
+    "all_reduce_s", "tensor_forward_s", "tensor_backward_s"}}, seconds of the ignored parameters'
+    all-reduce or None), nothing added, so ``a.time`` and ``a.comm`` give one duration per collective."""
+    per_call: dict = {}
+    ignored = None
+    c = collectives
+    for call, collective, phase, group, seconds in zip(c.call, c.collective, c.phase, c.group, c.time_s.tolist()):
+        if math.isnan(seconds):
+            name = None if call == OUTSIDE else plan_units[call].name
+            raise ValueError(f"comm table: no bandwidth for the {collective} of {name!r} over the "
+                             f"{group} group: give Mesh(device=...) or intra_node_gbps / inter_node_gbps")
+        if call == OUTSIDE:  # the exported averager of ignored gradients
+            ignored = (ignored or 0.0) + seconds
+            continue
+        key = f"all_gather_{phase}_s" if collective == "all_gather" else f"{collective}_s"
+        if collective == "all_gather" and group == "post_forward":  # its own communicator, not the shard group's
+            per_call.setdefault(call, {})["post_forward_gather"] = True
+        if group == "tensor":  # tensor parallelism's: blocking, on the compute stream (no async TP)
+            key = f"tensor_{phase}_s"
+        slot = per_call.setdefault(call, {})
+        slot[key] = slot.get(key, 0.0) + seconds
+    return per_call, ignored
+
+
+def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[Call]]:
     """UnitTime rows: the root (the call on the whole model, if any) and the others in forward
-    order; and the ``StepCall`` of each (root first): where the layout places its hooks."""
+    order (``order``: the FLOP table's, by name: the table names its calls); and the ``Call`` of
+    each (root first): where the layout places its hooks. ``comm_s``: ``call_seconds``, by index."""
     plan_units = inputs.layout.plan.units
-    units = {u.name: u for u in plan_units}
+    index = {u.name: k for k, u in enumerate(plan_units)}
+    index[OUTSIDE_FSDP] = OUTSIDE  # the FLOP table's row of what runs outside every call
     offloaded, numbers = _offloaded(inputs)
-    hooks = {plan_units[c.unit].name: c for c in inputs.calls()}
+    calls = inputs.calls()
+    outside = _outside_call(calls)
     root_index = enclosing_root(inputs.layout)
-    root_name = plan_units[root_index].name if root_index is not None else None
-    root, rows = None, []
-    for name in order + [n for n in units if n not in order]:
-        f, c = costs.get(name, {}), comm_s.get(name, {})
-        is_root = name == root_name
-        h2d, d2h = _offload_copies(numbers[name], eff, device) if name in offloaded else (0.0, 0.0)
+    ordered = [index[n] for n in order]
+    root, rows, placed = None, [], []
+    seen = set(ordered)
+    for k in ordered + [k for k in range(len(plan_units)) if k not in seen]:
+        name = OUTSIDE_FSDP if k == OUTSIDE else plan_units[k].name
+        f, c = costs.get(name, {}), comm_s.get(k, {})
+        h2d, d2h = _offload_copies(numbers[k], eff, device) if k in offloaded else (0.0, 0.0)
         # tensor parallelism's collectives block the compute stream (torch's TP is synchronous):
         # on the critical path, inside the unit's forward and backward
         unit = UnitTime(
@@ -261,22 +292,22 @@ def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) ->
             reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
             reshard_after_forward="all_gather_backward_s" in c, h2d_s=h2d,
             d2h_s=d2h if c.get("reduce_scatter_s") is not None else 0.0,
-            backward_hook=True if is_root or name == OUTSIDE_FSDP else hooks[name].out_grad,
+            backward_hook=True if k == root_index or k == OUTSIDE else calls[k].out_grad,
             backward_gather_own_group=bool(c.get("post_forward_gather")))
-        if is_root:
+        if k == root_index:
             root = unit
         else:
             rows.append(unit)
-    outside = _outside_call(inputs.calls())
-    return root, rows, [hooks.get(u.name, outside) for u in ([root] if root else []) + rows]
+            placed.append(outside if k == OUTSIDE else calls[k])
+    return root, rows, ([calls[root_index]] if root is not None else []) + placed
 
 
-def _outside_call(calls) -> StepCall:
+def _outside_call(calls) -> Call:
     """What runs outside every call (a plan without a call on the whole model), as the schedule
     times it: after every call's forward, first in backward, in no call's context (no hook of
     its own prefetches or is prefetched)."""
     end = max((c.post_forward[0] for c in calls), default=0)
-    return StepCall(-1, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE_FSDP)
+    return Call(OUTSIDE, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE)
 
 
 def optimizer_bytes(mem: pd.DataFrame) -> int:
@@ -284,20 +315,6 @@ def optimizer_bytes(mem: pd.DataFrame) -> int:
     trainable shards (read and written), their gradients (read), the optimizer states (read and written)."""
     worst = int(mem["peak"].to_numpy().argmax())
     return int(3 * int(mem["grads"].to_numpy()[worst]) + 2 * int(mem["optimizer"].to_numpy()[worst]))
-
-
-def _one_micro_batch(comm, k: int, training):
-    """The comm table of one micro-batch. Every row is issued once per micro-batch (all-gathers,
-    the averager of ignored gradients) or once per reducing micro-batch (reduce-scatter, HSDP
-    all-reduce); a table that counts them over the whole step (``count`` k or the number of
-    reducing micro-batches) is divided back."""
-    if k <= 1:
-        return comm
-    syncs = k if training.sync_every_microbatch else 1
-    per = [k if (c == "all_gather" or u is None or u != u) else syncs
-           for c, u in zip(comm["collective"].tolist(), comm["unit"].tolist())]
-    counts = [n // d if n >= d and n % d == 0 else n for n, d in zip(comm["count"].tolist(), per)]
-    return comm.assign(count=counts)
 
 
 def _why_not(inputs: StepInputs) -> str | None:
@@ -319,7 +336,7 @@ def step_time(inputs: StepInputs) -> StepTime:
     eff = efficiency_for(tree, mesh)
     dtype = compute_dtype(training, tree)
     try:
-        comm_s, ignored_s = comm_seconds(_one_micro_batch(inputs.comm(), k, training))
+        comm_s, ignored_s = call_seconds(inputs.collectives(), inputs.layout.plan.units)
     except ValueError as e:
         return _unavailable(str(e), k, _measured_flops(inputs))
     order, _, totals = _unit_flops(inputs.flops())

@@ -8,12 +8,13 @@ gradients autograd computes, each post-backward, and the root's final callback w
 post-backwards it runs. Each pre-forward and pre-backward carries the all-gathers it issues
 (``Gather``): its own call's unless already unsharded or prefetched, then its prefetch targets',
 decided once here by each call's parameter state (``ParamState``). Which hooks run and when is
-``hook_rules``'; what a hook costs is each consumer's: ``cost.simulation`` folds the stream into
+``step.hook_rules``'; what a hook costs is each consumer's: ``simulation`` folds the stream into
 bytes (what each hook allocates and frees), ``schedule`` into seconds (the all-gathers,
 copy-outs, compute and reductions on their streams). See docs/step-rules.md.
 
-A call is one ``StepCall``: the one record both models walk (the bytes model's from the
-layout, ``cost.units.call_hooks``; the seconds model's from its ``UnitTime`` rows).
+A call is one ``calls.Call``: the one record both models walk (the bytes model's from the
+layout, ``calls.build_calls``; the seconds model's the same records, or laid out from its
+``UnitTime`` rows when they are made by hand).
 """
 
 from __future__ import annotations
@@ -22,30 +23,8 @@ from enum import Enum, IntEnum
 from operator import itemgetter
 from typing import Callable, Hashable, NamedTuple, Sequence
 
+from .calls import Call, ParamState
 from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
-
-
-class ParamState(Enum):
-    """A call's parameters during the step (``FSDPParamGroup``'s sharded state)."""
-
-    SHARDED = "sharded"
-    UNSHARDED = "unsharded"
-    POST_FORWARD_SHARD = "post-forward shard"  # int reshard_after_forward: a smaller shard kept after forward
-
-
-class StepCall(NamedTuple):
-    """One ``fully_shard`` call as the stream walks it: where its hooks run, which of them torch
-    registers (``hook_rules``) and the state its post-forward leaves its parameters in."""
-
-    unit: int  # the consumer's name for it (the bytes model's: its index in plan.units)
-    first: int  # registration order (the final callback's): the tree index of its first module
-    pre_forward: tuple  # its pre-forward's position (first module entered; any ordered value)
-    post_forward: tuple  # its post-forward's position (last module left)
-    out_grad: bool  # gets a pre-backward hook (hook_rules.output_needs_grad)
-    in_grad: bool  # its post-backward runs in backward (hook_rules.input_needs_grad)
-    root: Hashable  # the root call whose communication context it shares (hook_rules.roots)
-    after_forward: ParamState = ParamState.SHARDED  # effective reshard_after_forward: True, an int, False
-    reduces: bool = True  # its post-backward reduces gradients (it has trainable parameters)
 
 
 class Group(Enum):
@@ -78,7 +57,7 @@ class Hook(IntEnum):
 class HookEvent(NamedTuple):
     """One hook of the step. ``call``: the consumer's index of the call (for ``ROOT_POST_FORWARD``
     the root's ``root`` value, its context; None for ``FINAL_CALLBACK``); ``gradients``: for
-    ``GRADIENTS``, the consumer's part (``cost.units.GradientsAt``); ``prefetch``: for
+    ``GRADIENTS``, the consumer's part (``calls.GradientsAt``); ``prefetch``: for
     ``PRE_BACKWARD``, the call its default backward prefetch targets (-1: none). For ``PRE_FORWARD``
     and ``PRE_BACKWARD``, the all-gathers the hook issues, in issue order: ``gathers`` inside the
     group's hook (its own call's, then the default backward prefetch), ``prefetches`` after it
@@ -123,7 +102,7 @@ class StepEvents(NamedTuple):
     backward: tuple[HookEvent, ...]
 
 
-def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[tuple]:
+def forward_events(calls: Sequence[Call], root_posts=()) -> list[tuple]:
     """Pre-forward where each call's first module starts, post-forward where its last one returns
     (``FSDPState._pre_forward`` / ``_post_forward``); ``root_posts``: (position, root) of each
     root's own post-forward. Each hook is a tuple of ``HookEvent``'s fields but the all-gathers,
@@ -135,7 +114,7 @@ def forward_events(calls: Sequence[StepCall], root_posts=()) -> list[tuple]:
     return sorted(hooks)
 
 
-def backward_events(calls: Sequence[StepCall], gradients_of: Callable | None = None,
+def backward_events(calls: Sequence[Call], gradients_of: Callable | None = None,
                     sync: bool = True) -> list[tuple]:
     """Reverse module order: a call's pre-backward where its forward ended (only with a
     pre-backward hook: ``out_grad``), its gradients where their modules ran (``gradients_of(k)``:
@@ -174,7 +153,7 @@ class ParamStates:
     """Each call's ``ParamState`` through one micro-batch (every call starts it sharded: each
     post-backward reshards), and the all-gathers issued and not yet copied out."""
 
-    def __init__(self, calls: Sequence[StepCall]):
+    def __init__(self, calls: Sequence[Call]):
         self.state = [ParamState.SHARDED] * len(calls)
         self.issued: set[int] = set()
 
@@ -207,7 +186,7 @@ class ParamStates:
         return gathers, (self.unshard_all(explicit) if explicit else ())
 
 
-def with_gathers(forward: list[tuple], backward: list[tuple], calls: Sequence[StepCall],
+def with_gathers(forward: list[tuple], backward: list[tuple], calls: Sequence[Call],
                  forward_prefetch: dict | None = None, backward_prefetch: dict | None = None) -> StepEvents:
     """Each hook as a ``HookEvent``, each pre-forward and pre-backward with the all-gathers it
     issues (each event built once). ``forward_prefetch`` / ``backward_prefetch``: call -> the calls
@@ -239,7 +218,7 @@ def with_gathers(forward: list[tuple], backward: list[tuple], calls: Sequence[St
     return StepEvents(tuple(out_forward), tuple(out_backward))
 
 
-def step_events(calls: Sequence[StepCall], root_posts=(), gradients_of: Callable | None = None,
+def step_events(calls: Sequence[Call], root_posts=(), gradients_of: Callable | None = None,
                 forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
                 sync: bool = True) -> StepEvents:
     """One micro-batch's walk of the hooks, with the all-gathers each issues and the reductions

@@ -3,8 +3,8 @@
 Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: ``pre_backward``
 (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
 root's final callback and the exported code's gradient averaging. The optimizer step is not here:
-its size differs by rank (``cost.model``). The hooks and their order are the one walk
-``step_events`` (built on ``hook_rules``, shared with ``schedule``); this module folds it into bytes.
+its size differs by rank (``step.model``). The hooks and their order are the one walk
+``step_events`` (built on ``step.hook_rules``, shared with ``schedule``); this module folds it into bytes.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..step_events import GROUP_NAMES, POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
-from .units import UnitCost
+from .events import GROUP_NAMES, POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
+from .calls import Call
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,14 @@ class Moment:
 
 
 class Collective(NamedTuple):
-    """One collective the step issues (``cost.tables.comm_table`` prices it)."""
+    """One collective a micro-batch issues, once (``collectives.step_count``: how many times a step
+    does; ``collectives.price``: its seconds)."""
 
-    unit: int  # index into CostModel.units
+    unit: int  # the call's index in plan.units
     collective: str  # all_gather | reduce_scatter | all_reduce
     phase: str
     group: str  # shard | post_forward | replicate
     group_size: int
-    count: int = 1
 
 
 # built positionally by ``_make``: a NamedTuple's own constructor is a Python-level ``__new__``, three
@@ -79,7 +79,7 @@ def microbatches(grad_accum: int, sync_every: bool) -> list[Microbatch]:
 class StepResult:
     peak: int  # transient bytes (on top of the resident state) of the largest moment; -1: none
     moment: Moment | None
-    collectives: tuple[Collective, ...]
+    collectives: tuple[Collective, ...]  # the last micro-batch's (the one that reduces), each issued once
 
 
 @dataclass
@@ -127,12 +127,14 @@ class StepSimulation:
 
     ``root_posts``: (post-forward position, plan unit index) of every root call;
     ``unmanaged_grads``: gradients computed outside every call; ``averaging``: the exported code's
-    gradient averaging (``cost.rank_state.GradientAveraging``) or None; ``levels``: activation levels
-    (``cost.levels``)."""
+    gradient averaging (``step.rank_state.GradientAveraging``) or None; ``levels``: activation levels
+    (``step.levels``); ``tensors``: an option that replays each hook's tensors
+    (``reserved.TensorReplay``: the caching allocator), called at each hook, or None."""
 
-    def __init__(self, units: list[UnitCost], root_posts, unmanaged_grads: int, averaging, levels,
-                 shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False):
+    def __init__(self, units: list[Call], root_posts, unmanaged_grads: int, averaging, levels,
+                 shard: int, replicate: int, grad_accum: int = 1, sync_every: bool = False, tensors=None):
         self.units = units
+        self.tensors = tensors
         self.grad_accum, self.sync_every = grad_accum, sync_every
         self.mb = Microbatch(True, True)
         self.root_posts = root_posts
@@ -149,7 +151,7 @@ class StepSimulation:
         # the one walk of the hooks: one for the micro-batches that sync, one for those that do not
         # (each call's gradients by a list's __getitem__: no Python call per call)
         grads_at = [u.grads_at for u in units]
-        self.walks = {sync: step_events([u.hooks for u in units], root_posts, grads_at.__getitem__, sync=sync)
+        self.walks = {sync: step_events(units, root_posts, grads_at.__getitem__, sync=sync)
                       for sync in {mb.sync for mb in microbatches(grad_accum, sync_every)}}
         self.events = self.walks[True]
 
@@ -158,16 +160,7 @@ class StepSimulation:
             self.mb, self.collectives, self.events = mb, [], self.walks[mb.sync]
             self.forward()
             self.backward()
-        return StepResult(self.peak, self.moment, tuple(self.step_collectives()))
-
-    def step_collectives(self) -> list[Collective]:
-        """The last micro-batch's collectives, counted over the step: the all-gathers run in every
-        micro-batch, the reduce-scatters (and HSDP all-reduces) in those that sync."""
-        k = self.grad_accum
-        if k == 1:  # every collective runs once
-            return list(self.collectives)
-        syncs = k if self.sync_every else 1
-        return [c._replace(count=k if c.collective == "all_gather" else syncs) for c in self.collectives]
+        return StepResult(self.peak, self.moment, tuple(self.collectives))
 
     def observe(self, phase: str, k, *, act=(0, None), unsharded_params: int = 0, communication_buffers: int = 0,
                 gradients: int = 0, temporaries: int = 0) -> None:
@@ -184,9 +177,12 @@ class StepSimulation:
             self.at_level(level)
 
     def at_level(self, level: int) -> None:
-        """A moment holds ``level`` bytes of activations, unlike the one before (``cost.reserved``
-        replays their tensors from there)."""
-        self.act_level = level
+        """A moment holds ``level`` bytes of activations, unlike the one before (``step.reserved``
+        replays their tensors from there: the replay then holds ``act_level``)."""
+        if self.tensors is not None:
+            self.tensors.at_level(self, level)
+        else:
+            self.act_level = level
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self) -> None:
@@ -211,6 +207,8 @@ class StepSimulation:
         explicit forward prefetch, so each call gathers at its own pre-forward."""
         if gathers != ((k, SHARD_GROUP),):  # (Gather(k, Group.SHARD),), without building one: a Gather is its tuple
             raise ValueError(f"the bytes model takes no explicit forward prefetch (call {k}: {gathers})")
+        if self.tensors is not None:
+            self.tensors.pre_forward(self, k)
         u, h = self.units[k], self.held
         ag = u.gather if self.S > 1 else 0
         act = self.act.enter("forward", u.modules)
@@ -220,11 +218,11 @@ class StepSimulation:
         # drops comm_ctx.all_gather_state first, but its local prev_all_gather_state holds it until it returns)
         self.observe("forward", k, act=act, unsharded_params=h.unsharded_params + u.gather,
                      communication_buffers=h.forward_gathers + ag, gradients=h.gradients)
-        h.forward_gathers -= h.last_gather_of_context.get(u.hooks.root, 0)
+        h.forward_gathers -= h.last_gather_of_context.get(u.root, 0)
         if self.S > 1:
-            self.collectives.append(new_collective((k, "all_gather", "forward", "shard", self.S, 1)))
+            self.collectives.append(new_collective((u.unit, "all_gather", "forward", "shard", self.S)))
         h.unsharded_params += u.gather
-        h.last_gather_of_context[u.hooks.root] = ag
+        h.last_gather_of_context[u.root] = ag
         h.forward_gathers += ag
         self.state[k] = UNSHARDED
         # the call's own forward: its activations and temporaries while it is unsharded. The root's
@@ -247,6 +245,8 @@ class StepSimulation:
                          gradients=h.gradients)
             h.unsharded_params += shard - u.gather
             self.state[k] = POST_FORWARD_SHARD
+        if self.tensors is not None:
+            self.tensors.post_forward(self, k)
 
     def root_post_forward(self, root: int) -> None:
         """``FSDPState._post_forward`` of a root: frees its context's last all-gather output."""
@@ -255,6 +255,8 @@ class StepSimulation:
             self.observe("forward", None, act=self.act.during("forward", (0,)), unsharded_params=h.unsharded_params,
                          communication_buffers=h.forward_gathers, gradients=h.gradients)
         h.forward_gathers -= h.last_gather_of_context.pop(root, 0)
+        if self.tensors is not None:
+            self.tensors.root_post_forward(self, root)
 
     # -- backward ---------------------------------------------------------------------------------
     def observe_backward(self, k, act, params: int = 0, buffers: int = 0) -> None:
@@ -282,6 +284,8 @@ class StepSimulation:
         if self.averaging is not None:  # the exported averager's callback runs after FSDP's final callback
             self.observe("backward", None, unsharded_params=self.held.unsharded_params, gradients=self.held.gradients,
                          communication_buffers=self.averaging.bytes, temporaries=self.averaging.temporaries)
+        if self.tensors is not None:
+            self.tensors.end_backward(self)
 
     def unshard(self, gather: Gather, act) -> None:
         """``FSDPParamGroup.unshard`` in backward, one all-gather ``step_events`` decided (``act``:
@@ -292,7 +296,9 @@ class StepSimulation:
         h.prefetch(k, u.gather if size > 1 else 0)
         if size > 1:
             self.observe_backward(k, act, buffers=u.staged)
-            self.collectives.append(new_collective((k, "all_gather", "backward", GROUP_NAMES[gather.group], size, 1)))
+            self.collectives.append(new_collective((u.unit, "all_gather", "backward", GROUP_NAMES[gather.group], size)))
+        if self.tensors is not None:
+            self.tensors.unshard(self, gather)
 
     def pre_backward(self, k: int, own: tuple[Gather, ...], prefetches: tuple[Gather, ...]) -> None:
         """``FSDPState._pre_backward``: unshard (``own``: the call's all-gather, none if unsharded
@@ -314,6 +320,8 @@ class StepSimulation:
     def copy_out(self, k: int, act) -> None:
         """``FSDPParamGroup.wait_for_unshard`` in backward: call ``k``'s all-gather output becomes its
         unsharded parameters (a post-forward shard is freed)."""
+        if self.tensors is not None:
+            self.tensors.copy_out(self, k, act)
         u, h = self.units[k], self.held
         self.observe_backward(k, act, params=u.gather)
         shard = u.gather // u.reshard_after_forward if self.state[k] is POST_FORWARD_SHARD else 0
@@ -326,19 +334,23 @@ class StepSimulation:
         parameters ``module`` owns during that module's backward (``span``: with the modules whose
         backward runs just before it, ``GradientsAt.span``), or all of them at once. Returns the bytes
         it allocates (``new_gradients``)."""
-        h = self.held
+        h, tensors = self.held, self.tensors
+        if tensors is not None:
+            tensors.before_gradients(self, k, module, span)
         unsharded, whole = self.new_gradients(k, unsharded, whole)
         if module is None:  # the call's backward at once: its peak with all its gradients
             h.add_unsharded_grads(k, unsharded)
             h.gradients += whole
             self.observe_backward(k, self.act.during("backward", self.units[k].modules))
-            return unsharded, whole
-        # the module's backward runs (its highest level) before its parameters' gradients are
-        # accumulated; then they are, at the level its backward leaves
-        self.observe_backward(k, self.act.during("backward", span or (module,)))
-        h.add_unsharded_grads(k, unsharded)
-        h.gradients += whole
-        self.observe_backward(k, self.act.after_backward(module))
+        else:
+            # the module's backward runs (its highest level) before its parameters' gradients are
+            # accumulated; then they are, at the level its backward leaves
+            self.observe_backward(k, self.act.during("backward", span or (module,)))
+            h.add_unsharded_grads(k, unsharded)
+            h.gradients += whole
+            self.observe_backward(k, self.act.after_backward(module))
+        if tensors is not None:
+            tensors.gradients(self, k, unsharded, whole)
         return unsharded, whole
 
     def new_gradients(self, k: int, unsharded: int, whole: int) -> tuple[int, int]:
@@ -378,6 +390,12 @@ class StepSimulation:
     def post_backward(self, k: int, reduce: bool) -> None:
         """``FSDPParamGroup.post_backward``: reshard, then (``reduce``, ``step_events``) reduce-scatter
         (and all-reduce on HSDP)."""
+        self.reshard_and_reduce(k, reduce)
+        if self.tensors is not None:
+            self.tensors.post_backward(self, k, reduce)
+
+    def reshard_and_reduce(self, k: int, reduce: bool) -> None:
+        """``post_backward``'s bytes: reshard; keep the gradients without sync, else reduce them."""
         u, h = self.units[k], self.held
         if not self.mb.sync:
             self.keep_gradients(k)
@@ -402,9 +420,9 @@ class StepSimulation:
                      communication_buffers=h.prefetched_bytes + u.rs_input + u.rs_output,
                      gradients=h.gradients + cast_copy)
         if self.S > 1:
-            self.collectives.append(new_collective((k, "reduce_scatter", "backward", "shard", self.S, 1)))
+            self.collectives.append(new_collective((u.unit, "reduce_scatter", "backward", "shard", self.S)))
         if self.R > 1:
-            self.collectives.append(new_collective((k, "all_reduce", "backward", "replicate", self.R, 1)))
+            self.collectives.append(new_collective((u.unit, "all_reduce", "backward", "replicate", self.R)))
         if self.mb.first or not self.sync_every:  # else foreach_reduce adds into the sharded gradients
             h.gradients += device_grads
         h.reduce_scatter_input = u.rs_input

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..fsdp import local_rows_table, padded_shard_numel
 from ..tree import tree_index
-from .training import itemsize
+from ..cost.training import itemsize
 
 # dtype name -> a small int, so that numpy can count dtypes per call
 _DTYPE_CODES: dict = {}

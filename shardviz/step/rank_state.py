@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .params import ShardedParams, TreeArrays, WholeParams, code_names, per_coord_max, per_coord_sum, promote
-from .training import Training, itemsize
-from .units import UnitCost
+from ..cost.training import Training, itemsize
+from .calls import Call
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class ResidentState:
         return self.params_sharded + self.params_whole + self.buffers + self.quant_state
 
 
-def resident_state(arr: TreeArrays, sh: ShardedParams, whole: WholeParams, units: list[UnitCost],
+def resident_state(arr: TreeArrays, sh: ShardedParams, whole: WholeParams, units: list[Call],
                    shard: int) -> ResidentState:
     device = ~sh.offload
     t_off = sh.trainable & sh.offload

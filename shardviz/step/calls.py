@@ -1,21 +1,33 @@
-"""One ``StepCall`` per ``fully_shard`` call (``step_events``' record): where its hooks run in the
-step (positions in the module walk), which it gets (``hook_rules``) and its state after forward;
-one ``UnitCost`` per call that manages parameters: its buffers in bytes per rank, with its ``StepCall``."""
+"""One ``Call`` per ``fully_shard`` call, keyed by its index in ``plan.units`` (``OUTSIDE``: what
+runs outside every call): where its hooks run in the step (positions in the module walk), which it
+gets (``step.hook_rules``), its state after forward, and, when it manages parameters (one
+``FSDPParamGroup``), its buffers in bytes per rank. The one record the bytes model
+(``simulation``), the seconds model (``schedule``) and the tables read."""
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import NamedTuple
+from enum import Enum, IntEnum
+from typing import Hashable, NamedTuple
 
 import numpy as np
 
-from ..hook_rules import input_needs_grad, output_needs_grad, roots
-from ..step_events import ParamState, StepCall
+from ..cost.training import itemsize
+from .hook_rules import input_needs_grad, output_needs_grad, roots
 from .params import ShardedParams, WholeParams, code_names, dtype_code, n_dtype_codes, sum_per_unit
-from .training import itemsize
 from .walk import Walk
+
+#: The call index of what runs outside every ``fully_shard`` call (and of parameters under none).
+OUTSIDE = -1
+
+
+class ParamState(Enum):
+    """A call's parameters during the step (``FSDPParamGroup``'s sharded state)."""
+
+    SHARDED = "sharded"
+    UNSHARDED = "unsharded"
+    POST_FORWARD_SHARD = "post-forward shard"  # int reshard_after_forward: a smaller shard kept after forward
 
 
 class Edge(IntEnum):
@@ -58,36 +70,53 @@ class GradientsAt(NamedTuple):
     span: tuple[int, ...] = ()
 
 
-class UnitCost(NamedTuple):
-    """One ``fully_shard`` call that manages parameters (one ``FSDPParamGroup``), in bytes per rank.
-    A NamedTuple: one is built per call on every change of plan, several times faster than a
-    frozen dataclass of as many fields."""
+class Call(NamedTuple):
+    """One ``fully_shard`` call: where its hooks run, which of them torch registers
+    (``step.hook_rules``), the state its post-forward leaves its parameters in and, when it manages
+    parameters (``managed``: one ``FSDPParamGroup``), its buffers in bytes per rank (zero
+    otherwise: a call with no parameters has no group, no buffers, no collectives).
+    A NamedTuple built positionally (``_make``): one is built per call on every change of plan,
+    several times faster than a frozen dataclass of as many fields."""
 
-    unit: int  # index in plan.units
-    name: str
-    reshard_after_forward: bool | int  # effective reshard_after_forward (an int: the post-forward group size)
-    offload: bool
-    gather: int  # all-gather output, also the unsharded parameters (padded, param dtype)
-    staged: int  # all-gather input staged before the collective
-    gather_dtype: str  # one dtype, or uint8 when the inputs differ
-    trainable: bool
-    reduce_dtype: str
-    rs_input: int  # reduce-scatter input (padded, reduce dtype, the whole group's)
-    rs_output: int  # reduce-scatter output: this rank's slice
-    sharded_grads: int  # padded, original dtype
-    cast: bool  # reduce dtype differs from the original: the sharded gradients are a new buffer
-    unsharded_grads: int  # what autograd computes for the unsharded parameters (unpadded, param dtype)
+    unit: int  # its index in plan.units (OUTSIDE: what runs outside every call)
+    first: int  # registration order (the final callback's): the tree index of its first module
+    pre_forward: tuple  # its pre-forward's position (first module entered; any ordered value)
+    post_forward: tuple  # its post-forward's position (last module left)
+    out_grad: bool  # gets a pre-backward hook (step.hook_rules.output_needs_grad)
+    in_grad: bool  # its post-backward runs in backward (step.hook_rules.input_needs_grad)
+    root: Hashable  # the root call whose communication context it shares (step.hook_rules.roots)
+    after_forward: ParamState = ParamState.SHARDED  # effective reshard_after_forward: True, an int, False
+    reduces: bool = True  # its post-backward reduces gradients (it has trainable parameters)
+    # -- its parameter group, in bytes per rank (the bytes model's)
+    name: str = ""
+    managed: bool = False  # it manages parameters (an FSDPParamGroup)
+    reshard_after_forward: bool | int = True  # effective reshard_after_forward (an int: the post-forward group size)
+    offload: bool = False
+    gather: int = 0  # all-gather output, also the unsharded parameters (padded, param dtype)
+    staged: int = 0  # all-gather input staged before the collective
+    gather_dtype: str = ""  # one dtype, or uint8 when the inputs differ
+    trainable: bool = False
+    reduce_dtype: str = ""
+    rs_input: int = 0  # reduce-scatter input (padded, reduce dtype, the whole group's)
+    rs_output: int = 0  # reduce-scatter output: this rank's slice
+    sharded_grads: int = 0  # padded, original dtype
+    cast: bool = False  # reduce dtype differs from the original: the sharded gradients are a new buffer
+    unsharded_grads: int = 0  # what autograd computes for the unsharded parameters (unpadded, param dtype)
     # kept from one micro-batch to the next without gradient sync: the unsharded gradients, cast to
     # the reduce dtype when it differs from theirs (FSDPParam.to_accumulated_grad_if_needed)
-    accumulated_grads: int
-    converts_grads: bool  # that cast happens: the accumulated gradients are a second buffer
-    whole_grads: int  # gradients of trainable whole parameters under this call
-    hooks: StepCall  # where its hooks run, which it gets, its state after forward
-    modules: tuple[int, ...]  # its modules (tree indices)
+    accumulated_grads: int = 0
+    converts_grads: bool = False  # that cast happens: the accumulated gradients are a second buffer
+    whole_grads: int = 0  # gradients of trainable whole parameters under this call
+    modules: tuple[int, ...] = ()  # its modules (tree indices)
     # per module that owns its parameters, when other calls are nested inside it (their backward
     # runs in between) or when activations are counted (each module's backward has its own
     # level); None: all at once
     grads_at: tuple[GradientsAt, ...] | None = None
+
+
+#: ``Call``'s fields past the hooks' (``call_hooks``), and their defaults
+HOOK_FIELDS = 9
+BYTES_FIELDS = Call._fields[HOOK_FIELDS:]
 
 
 def first_module(walk: Walk, indices) -> int:
@@ -131,7 +160,7 @@ def gradient_positions(arr, layout, modules, walk: Walk, sh: ShardedParams, whol
     calls = None if every_call else calls_with_nested_calls(layout)
     if calls is not None and not calls:
         return {}
-    # the calls wanted, by plan unit index; the last entry stands for -1 (a whole parameter under no call)
+    # the calls wanted, by plan unit index; the last entry stands for OUTSIDE (a whole parameter under no call)
     wanted = np.zeros(len(layout.units) + 1, dtype=bool)
     wanted[:-1] = calls is None
     wanted[list(calls or ())] = True
@@ -174,7 +203,7 @@ def _with_spans(parts: list[tuple[int, int, int]], walk: Walk) -> tuple[Gradient
 
 @dataclass(frozen=True)
 class _PerUnit:
-    """Sums over each call's sharded parameters and its reduce-scatter (``UnitCost``'s fields of
+    """Sums over each call's sharded parameters and its reduce-scatter (``Call``'s fields of
     the same names), as Python lists indexed by plan unit: read one call at a time, as ints."""
 
     n_params: list[int]
@@ -186,7 +215,7 @@ class _PerUnit:
 
 
 def _per_unit(sh: ShardedParams, policies, shard: int, reduces: np.ndarray) -> _PerUnit:
-    """``reduces``: per call, it has trainable parameters (``StepCall.reduces``, read, not derived again)."""
+    """``reduces``: per call, it has trainable parameters (``Call.reduces``, read, not derived again)."""
     n_units, u = len(policies), sh.unit
     # all-gather inputs staged before the collective: the foreach copy into param dtype
     # (_get_param_all_gather_inputs), or the host-to-device copy of an offloaded shard
@@ -218,7 +247,7 @@ def _per_unit(sh: ShardedParams, policies, shard: int, reduces: np.ndarray) -> _
 
 @dataclass(frozen=True)
 class _Reductions:
-    """Each call's reduce-scatter (``UnitCost``'s fields of the same names), lists indexed by plan
+    """Each call's reduce-scatter (``Call``'s fields of the same names), lists indexed by plan
     unit; a call without trainable parameters reduces nothing: False, "" and zeros."""
 
     trainable: list[bool]
@@ -263,7 +292,7 @@ def after_forward(reshard_after_forward: bool | int) -> ParamState:
 
 
 class CallPlace(NamedTuple):
-    """Where a call's hooks run in the walk, which depends on its modules alone (``StepCall``'s
+    """Where a call's hooks run in the walk, which depends on its modules alone (``Call``'s
     fields of the same names; ``first``: its first module in registration order)."""
 
     first: int
@@ -303,7 +332,7 @@ class CallPlaces:
         return place
 
 
-# walk -> CallPlaces: a walk belongs to one tree (``cost.walk`` keeps one per tree and order)
+# walk -> CallPlaces: a walk belongs to one tree (``step.walk`` keeps one per tree and order)
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -315,33 +344,35 @@ def call_places(arr, walk: Walk) -> CallPlaces:
     return places
 
 
-def call_hooks(arr, layout, walk: Walk, sh: ShardedParams) -> list[StepCall]:
-    """One ``StepCall`` per call of ``layout``, in plan order (``sh``: its sharded parameters), each
-    built positionally by ``_make`` (a NamedTuple's own constructor is three times slower)."""
+def call_hooks(arr, layout, walk: Walk, sh: ShardedParams) -> list[tuple]:
+    """Per call of ``layout``, in plan order (``sh``: its sharded parameters), ``Call``'s hook fields
+    (the first ``HOOK_FIELDS``) as a tuple: where its hooks run, which it gets, its state after forward."""
     root_of = roots(layout)
     places = call_places(arr, walk)
     trains = np.zeros(len(layout.units), dtype=bool)  # a call that manages trainable parameters
     trains[sh.unit[sh.trainable]] = True
     trains = trains.tolist()
-    return [StepCall._make((ul.index, *places.of(ul.modules), root_of[ul.index], after_forward(ul.reshard_after_forward),
-                            trains[ul.index])) for ul in layout.units]
+    return [(ul.index, *places.of(ul.modules), root_of[ul.index], after_forward(ul.reshard_after_forward),
+             trains[ul.index]) for ul in layout.units]
 
 
-def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
-               with_activations: bool, calls: list[StepCall]) -> list[UnitCost]:
-    """One ``UnitCost`` per call with parameters, in plan order (a call with no parameters has no
-    group, no buffers, no collectives); ``calls``: ``call_hooks`` of the layout."""
-    sums = _per_unit(sh, policies, shard, np.array([c.reduces for c in calls], dtype=bool))
+def build_calls(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, whole: WholeParams, shard: int,
+                with_activations: bool) -> list[Call]:
+    """One ``Call`` per call of ``layout``, in plan order: its hooks (``call_hooks``) and, for a
+    call with parameters, its buffers (a call with no parameters has no group, no buffers, no
+    collectives: ``Call``'s defaults past its name)."""
+    hooks = call_hooks(arr, layout, walk, sh)
+    sums = _per_unit(sh, policies, shard, np.array([h[HOOK_FIELDS - 1] for h in hooks], dtype=bool))
     r = sums.reduction
     grads_at = gradient_positions(arr, layout, modules, walk, sh, whole, every_call=with_activations)
     whole_grads = whole.grads_per_unit.tolist()
-    kept = [(ul, hooks) for ul, hooks in zip(layout.units, calls) if sums.n_params[ul.index]]
-    units = [ul.index for ul, _ in kept]
-    # UnitCost's fields as columns over the kept calls, each row built positionally by ``_make``
-    # (a NamedTuple built by keyword costs ~1 us a call; a change of plan builds one per call)
+    kept = [ul for ul in layout.units if sums.n_params[ul.index]]
+    units = [ul.index for ul in kept]
+    # Call's byte fields as columns over the calls with parameters, each row built positionally by
+    # ``_make`` (a NamedTuple built by keyword costs ~1 us a call; a change of plan builds one per call)
     columns = {
-        "unit": units, "name": [ul.unit.name for ul, _ in kept],
-        "reshard_after_forward": [ul.reshard_after_forward for ul, _ in kept],
+        "name": [ul.unit.name for ul in kept], "managed": [True] * len(kept),
+        "reshard_after_forward": [ul.reshard_after_forward for ul in kept],
         "offload": [policies[i].offload for i in units],
         "gather": [sums.gather[i] for i in units], "staged": [sums.staged[i] for i in units],
         "gather_dtype": [sums.gather_dtype[i] for i in units], "trainable": [r.trainable[i] for i in units],
@@ -350,7 +381,12 @@ def unit_costs(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, wh
         "cast": [r.cast[i] for i in units], "unsharded_grads": [sums.unsharded_grads[i] for i in units],
         "accumulated_grads": [r.accumulated_grads[i] for i in units],
         "converts_grads": [r.converts_grads[i] for i in units], "whole_grads": [whole_grads[i] for i in units],
-        "hooks": [hooks for _, hooks in kept], "modules": [ul.modules for ul, _ in kept],
-        "grads_at": [grads_at.get(i) for i in units],
+        "modules": [ul.modules for ul in kept], "grads_at": [grads_at.get(i) for i in units],
     }
-    return list(map(UnitCost._make, zip(*(columns[f] for f in UnitCost._fields))))
+    tails = dict(zip(units, zip(*(columns[f] for f in BYTES_FIELDS))))
+    defaults = Call._field_defaults
+    # a call without parameters: its name, settings and modules, no buffers (the defaults)
+    empty = tuple(defaults[f] for f in BYTES_FIELDS[3:-2])
+    return [Call._make(h + (tails[ul.index] if ul.index in tails else
+                            (ul.unit.name, False, ul.reshard_after_forward, *empty, ul.modules, None)))
+            for h, ul in zip(hooks, layout.units)]

@@ -12,27 +12,26 @@ from .params import code_names, sharded_params, tree_arrays, whole_params
 from .reserved import traced_step
 from .simulation import StepResult
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
-from .training import Training
-from ..step_events import StepCall
-from .units import UnitCost, call_hooks, root_post_forwards, unit_costs
+from ..cost.training import Training
+from .calls import Call, build_calls, root_post_forwards
 from .walk import execution_walk
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """``units``: one ``UnitCost`` per ``fully_shard`` call with parameters, in plan order; the
+    """``units``: the ``Call`` of each ``fully_shard`` call with parameters, in plan order; the
     resident state and the optimizer states per shard coordinate; ``step``: the simulated
-    forward + backward (``cost.simulation``)."""
+    forward + backward (``step.simulation``)."""
 
     mesh: object  # fsdp.Mesh
     training: Training
-    units: list[UnitCost]
+    units: list[Call]
     resident: ResidentState
     optimizer: OptimizerState
     averaging: GradientAveraging | None
     step: StepResult
-    replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``cost.reserved``)
-    calls: tuple[StepCall, ...] = ()  # where every call's hooks run, which it gets (the schedule reads them too)
+    replay_inputs: tuple = ()  # what ``reserved_overhead`` replays the step with (``step.reserved``)
+    calls: tuple[Call, ...] = ()  # every call, those without parameters included (the schedule reads them too)
     _reserved: dict = field(default_factory=dict, compare=False, repr=False)
     # torchao float8 all-gather weights: precompute_float8_dynamic_scale_for_fsdp's one all-reduce a step
     # of every sharded float8 weight's amax, as (dtype name, bytes); None without such weights
@@ -41,7 +40,7 @@ class CostModel:
     def reserved_overhead(self, expandable_segments: bool | None = None) -> int:
         """Bytes the caching allocator reserves beyond the bytes tensors hold at the peak, under
         ``expandable_segments`` (None: the mesh's setting): the replay of the step through the
-        allocator's rules (``cost.reserved``), its reserved peak less its requested peak. The
+        allocator's rules (``step.reserved``), its reserved peak less its requested peak. The
         mesh's setting was replayed with the step (``cost_model``); the other is replayed here."""
         if expandable_segments is None:
             expandable_segments = self.mesh.expandable_segments
@@ -60,16 +59,16 @@ class CostModel:
 
 def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -> CostModel:
     """The cost model of ``layout`` (``fsdp.Layout`` of ``tree``) on ``mesh``; ``levels``: the
-    activation levels of the step (``cost.levels``); ``run_order``: module names in the order a
-    measured step first ran them (None: registration order, ``cost.walk``)."""
+    activation levels of the step (``step.levels``); ``run_order``: module names in the order a
+    measured step first ran them (None: registration order, ``step.walk``)."""
     S = mesh.shard
     arr = tree_arrays(tree)
     walk = execution_walk(tree, run_order)
     policies = [training.unit_defaults(ul.unit) for ul in layout.units]
     sh = sharded_params(arr, layout, policies, S)
     whole = whole_params(arr, layout, sh)
-    calls = call_hooks(arr, layout, walk, sh)
-    units = unit_costs(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations, calls)
+    calls = build_calls(arr, layout, tree.modules, walk, policies, sh, whole, S, training.with_activations)
+    units = [c for c in calls if c.managed]
     averaging = gradient_averaging(training, arr, whole, S * mesh.replicate)
     inputs = (units, root_post_forwards(layout, walk), whole.unmanaged_grads, averaging, levels,
               S, mesh.replicate, training.grad_accum, training.sync_every_microbatch)
@@ -95,7 +94,7 @@ def replayed_step(inputs: tuple, resident: ResidentState, optimizer: OptimizerSt
                   device) -> tuple[StepResult, int]:
     """The step (``StepSimulation.run``'s result) and the bytes the caching allocator reserves beyond the
     tensors at its peak under ``expandable_segments``, from one run of the step with its tensors
-    replayed (``cost.reserved.traced_step``) after the resident state."""
+    replayed (``step.reserved.traced_step``) after the resident state."""
     resident_bytes = int(resident.total + optimizer.device.max() + optimizer.whole)
     step, alloc = traced_step(*inputs, resident_bytes, int(optimizer.step_temporaries.max()), expandable_segments, device)
     tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts

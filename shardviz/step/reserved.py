@@ -1,7 +1,7 @@
-"""The step's allocations and frees, replayed through the caching allocator (``cost.allocator``):
+"""The step's allocations and frees, replayed through the caching allocator (``step.allocator``):
 what ``torch.cuda.max_memory_reserved`` would show beside the allocated peak.
 
-``TracingSimulation`` runs the step simulation (``cost.simulation``) and, at each hook, allocates and
+``TensorReplay``, an option of the step simulation (``step.simulation``), at each hook allocates and
 frees the tensors the hook creates and drops, on the stream FSDP2 uses for them (torch 2.13,
 ``_fsdp_collectives.py``): all-gather outputs on the all-gather copy-in stream ("ag"), the unsharded
 parameters (copy-out), gradients, reduce-scatter inputs and activations on the default stream, the
@@ -9,7 +9,7 @@ reduce-scatter outputs (the new sharded gradients) on the reduce-scatter stream 
 activations are one block per rise of the measured activation level, freed last-in first-out as
 the level falls (forward saves tensors in order, backward frees them in reverse), in the order
 the hooks run: a gradient's level leaves out the nested calls' modules that its span covers
-(``TracingSimulation.own_span``), which were replayed at their own hooks; the step's moments stay
+(``TensorReplay.own_span``), which were replayed at their own hooks; the step's moments stay
 the plain simulation's, so one traced run gives ``a.costs.step`` too. The resident
 state (sharded parameters, optimizer states) is allocated first, one block per call.
 
@@ -26,41 +26,41 @@ from .allocator import CachingAllocator, cublas_workspace_bytes
 from .simulation import StepResult, StepSimulation
 
 
-class TracingSimulation(StepSimulation):
-    """``StepSimulation`` that also replays each hook's tensors through ``allocator``. Each override
-    calls ``StepSimulation``'s by name, not through ``super()``: Python 3.11 builds a super object at
-    every call (~100 ns; ~500 calls a plan)."""
+class TensorReplay:
+    """The option of ``StepSimulation`` (``tensors=``) that replays each hook's tensors through
+    ``allocator``: the simulation calls it at each hook (``sim``: the simulation, whose state it
+    reads). It keeps the activations the replay holds in ``sim.act_level`` (the bytes of
+    ``act_stack``; -1 until the next moment: a replayed level), so that the simulation's next moment
+    reaches ``at_level`` whenever the replay's level differs from the step's."""
 
-    def __init__(self, *args, allocator: CachingAllocator, **kw):
-        super().__init__(*args, **kw)
+    def __init__(self, allocator: CachingAllocator):
         self.alloc = allocator
         self.blocks: dict = {}
         self.grads: dict[int, list] = {}  # per call, the blocks of its unsharded gradients in this backward
         self.act_stack: list = []  # activation blocks, oldest first
-        self.act_level = 0  # the bytes of act_stack (-1 until the next moment: a replayed level)
         self.context_gather: dict[int, tuple] = {}  # root -> key of its last forward all-gather output
         self.last_rs_input = None
         self.serial = itertools.count()
         self.owners: dict[int, int] | None = None  # module -> the call that manages it (``owner``)
         self.replayed_level: int | None = None  # the next moment's activations in the replay, where they differ
 
-    def own_span(self, k: int, span: tuple) -> tuple:
+    def own_span(self, sim, k: int, span: tuple) -> tuple:
         """``span`` without the modules of other calls nested in call ``k``: their backward ran
         before these gradients, at their own hooks (replayed there), and its level is gone by now.
         The step simulation counts the span's highest level with these gradients (an upper bound
         of the peak); replayed, that level would be a new allocation at the end of the span (the
         embedding's gradients, after every block's backward: a segment as large as the blocks'
         highest backward level)."""
-        tree = self.act.tree
+        tree = sim.act.tree
         if tree is None or len(span) < 2:
             return span
-        return tuple(m for m in span if self.owner(m, tree) == k)
+        return tuple(m for m in span if self.owner(sim, m, tree) == k)
 
-    def owner(self, m: int, tree) -> int | None:
+    def owner(self, sim, m: int, tree) -> int | None:
         """The call whose parameters' module holds ``m`` most closely (the innermost call around it)."""
         if self.owners is None:
             self.owners = {}
-            for j, u in enumerate(self.units):
+            for j, u in enumerate(sim.units):
                 for r in u.modules:
                     self.owners[r] = j
         while m >= 0 and m not in self.owners:
@@ -68,7 +68,7 @@ class TracingSimulation(StepSimulation):
         return self.owners.get(m)
 
     # -- the tensors ------------------------------------------------------------------------------
-    def take(self, key, size: int, stream: str = "default") -> None:
+    def take(self, sim, key, size: int, stream: str = "default") -> None:
         if size > 0 and key not in self.blocks:
             self.blocks[key] = self.alloc.malloc(size, stream)
 
@@ -85,124 +85,116 @@ class TracingSimulation(StepSimulation):
         for block in self.grads.pop(k, ()):
             self.alloc.free(block)
 
-    def at_level(self, level: int) -> None:
+    def at_level(self, sim, level: int) -> None:
         if self.replayed_level is not None:  # this moment replays its own level (``gradients``), not the step's
             level, self.replayed_level = self.replayed_level, None
-            self.act_level = sum(block.requested for block in self.act_stack)
-        self.set_activations(int(level))
+            sim.act_level = sum(block.requested for block in self.act_stack)
+        self.set_activations(sim, int(level))
 
-    def set_activations(self, level: int) -> None:
+    def set_activations(self, sim, level: int) -> None:
         """The activations at ``level`` bytes: new ones a block each, the latest freed first."""
-        while self.act_level > level and self.act_stack:
+        while sim.act_level > level and self.act_stack:
             block = self.act_stack.pop()
-            self.act_level -= block.requested
+            sim.act_level -= block.requested
             self.alloc.free(block)
-        if level > self.act_level:
-            self.act_stack.append(self.alloc.malloc(level - self.act_level))
-            self.act_level = level
+        if level > sim.act_level:
+            self.act_stack.append(self.alloc.malloc(level - sim.act_level))
+            sim.act_level = level
 
-    def settle(self, level: int) -> None:
+    def settle(self, sim, level: int) -> None:
         """Before a hook allocates: the activations fall to ``level`` (the level its moment
         observes) if they are above it. The step simulation observes no moment at a post-forward
         that reshards, so the replay's level is still the previous call's forward peak (its
         transients) when the next call gathers; torch freed those inside that forward, before the
         all-gather and copy-out that follow (DeepSeek-V3 + LoRA, 256 ranks, 1 x 4096, blocks
         checkpointed: the replayed tensors peaked at 91.0 GiB where the step peaks at 76.4)."""
-        if self.replayed_level is None and self.act_level > level:
-            self.set_activations(level)
+        if self.replayed_level is None and sim.act_level > level:
+            self.set_activations(sim, level)
 
-    # -- forward ----------------------------------------------------------------------------------
-    def pre_forward(self, k: int, gathers) -> None:
-        u = self.units[k]
-        self.settle(int(self.act.enter("forward", u.modules)[0]))
-        if self.S > 1:
-            self.take(("ag", k), u.gather, "ag")
-        self.take(("param", k), u.gather)  # copy-out into the unsharded parameters
-        previous = self.context_gather.pop(u.hooks.root, None)
+    # -- forward: before the simulation's pre-forward, after its post-forwards ---------------------
+    def pre_forward(self, sim, k: int) -> None:
+        u = sim.units[k]
+        self.settle(sim, int(sim.act.enter("forward", u.modules)[0]))
+        if sim.S > 1:
+            self.take(sim, ("ag", k), u.gather, "ag")
+        self.take(sim, ("param", k), u.gather)  # copy-out into the unsharded parameters
+        previous = self.context_gather.pop(u.root, None)
         if previous is not None:
             self.drop(previous)
-        self.context_gather[u.hooks.root] = ("ag", k)
-        StepSimulation.pre_forward(self, k, gathers)
+        self.context_gather[u.root] = ("ag", k)
 
-    def post_forward(self, k: int) -> None:
-        u = self.units[k]
-        StepSimulation.post_forward(self, k)
+    def post_forward(self, sim, k: int) -> None:
+        u = sim.units[k]
         if u.reshard_after_forward is True:
             self.drop(("param", k))
         elif u.reshard_after_forward is not False:
-            self.take(("post_forward_shard", k), u.gather // u.reshard_after_forward)
+            self.take(sim, ("post_forward_shard", k), u.gather // u.reshard_after_forward)
             self.drop(("param", k))
 
-    def root_post_forward(self, root: int) -> None:
-        StepSimulation.root_post_forward(self, root)
+    def root_post_forward(self, sim, root: int) -> None:
         previous = self.context_gather.pop(root, None)
         if previous is not None:
             self.drop(previous)
 
     # -- backward ---------------------------------------------------------------------------------
-    def unshard(self, gather, act) -> None:
-        StepSimulation.unshard(self, gather, act)
-        if self.held.prefetched.get(gather.call, 0) > 0:
-            self.take(("ag", gather.call), self.units[gather.call].gather, "ag")
+    def unshard(self, sim, gather) -> None:
+        """After the simulation's unshard."""
+        if sim.held.prefetched.get(gather.call, 0) > 0:
+            self.take(sim, ("ag", gather.call), sim.units[gather.call].gather, "ag")
 
-    def copy_out(self, k: int, act) -> None:
-        self.settle(int(act[0]))
-        self.take(("param", k), self.units[k].gather)
+    def copy_out(self, sim, k: int, act) -> None:
+        """Before the simulation's copy-out."""
+        self.settle(sim, int(act[0]))
+        self.take(sim, ("param", k), sim.units[k].gather)
         self.drop(("post_forward_shard", k))
         self.drop(("ag", k))
-        StepSimulation.copy_out(self, k, act)
 
-    def gradients(self, k: int, unsharded: int, whole: int, module=None, span=()) -> tuple[int, int]:
-        own = self.own_span(k, span)
+    def before_gradients(self, sim, k: int, module, span) -> None:
+        own = self.own_span(sim, k, span)
         if module is not None and own != span:  # the step's first moment here counts the whole span, the replay its own
-            self.replayed_level = int(self.act.during("backward", own or (module,))[0])
-            self.act_level = -1  # no level: the next moment reaches at_level, whatever the step's level
-        new_unsharded, new_whole = StepSimulation.gradients(self, k, unsharded, whole, module, span)
+            self.replayed_level = int(sim.act.during("backward", own or (module,))[0])
+            sim.act_level = -1  # no level: the next moment reaches at_level, whatever the step's level
+
+    def gradients(self, sim, k: int, new_unsharded: int, new_whole: int) -> None:
+        """After the simulation's gradients: the bytes they allocated."""
         if new_unsharded > 0:
             self.grads.setdefault(k, []).append(self.alloc.malloc(new_unsharded))
         if new_whole > 0:  # kept to the optimizer step
             self.alloc.malloc(new_whole)
-        return new_unsharded, new_whole
 
-    def post_backward(self, k: int, reduce: bool) -> None:
-        u = self.units[k]
-        sync = self.mb.sync
-        StepSimulation.post_backward(self, k, reduce)
+    def post_backward(self, sim, k: int, reduce: bool) -> None:
+        """After the simulation's post-backward."""
+        u = sim.units[k]
         self.drop(("param", k))  # resharded
         self.drop(("post_forward_shard", k))
-        if not sync:
+        if not sim.mb.sync:
             if u.converts_grads:
-                self.take(("accumulated", k), u.accumulated_grads)
+                self.take(sim, ("accumulated", k), u.accumulated_grads)
                 self.drop_grads(k)
             return
         if self.last_rs_input is not None:
             self.drop(self.last_rs_input)
         if reduce:
-            self.take(("rs_input", k), u.rs_input)
+            self.take(sim, ("rs_input", k), u.rs_input)
             self.last_rs_input = ("rs_input", k)
         self.drop_grads(k)
         self.drop(("accumulated", k))
         if reduce:
             key = ("rs_output", k, next(self.serial))
-            self.take(key, u.rs_output, "rs")
+            self.take(sim, key, u.rs_output, "rs")
             if not (u.offload or u.cast) and ("sharded_grad", k) not in self.blocks:
                 self.blocks[("sharded_grad", k)] = self.blocks.pop(key)  # the output is the sharded gradient
                 return
             if not u.offload and u.cast:  # cast into a new sharded gradient in the post-reduce stream
-                self.take(("sharded_grad", k), u.sharded_grads, "rs")
+                self.take(sim, ("sharded_grad", k), u.sharded_grads, "rs")
             self.drop(key)
 
-    def backward(self) -> None:
-        StepSimulation.backward(self)
+    def end_backward(self, sim) -> None:
+        """After the simulation's backward."""
         if self.last_rs_input is not None:  # finalize_backward drops the last reduce-scatter input
             self.drop(self.last_rs_input)
             self.last_rs_input = None
         self.drop_all("ag")
-
-
-def replay(*inputs, **kw) -> CachingAllocator:
-    """``traced_step``'s allocator."""
-    return traced_step(*inputs, **kw)[1]
 
 
 def traced_step(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate, grad_accum, sync_every,
@@ -219,10 +211,11 @@ def traced_step(units, root_posts, unmanaged_grads, averaging, levels, shard, re
         share = resident_bytes * u.gather // gathers
         if share > 0:
             alloc.malloc(share)
-    sim = TracingSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
-                            grad_accum, sync_every, allocator=alloc)
+    replay = TensorReplay(alloc)
+    sim = StepSimulation(units, root_posts, unmanaged_grads, averaging, levels, shard, replicate,
+                         grad_accum, sync_every, tensors=replay)
     step = sim.run()
-    sim.set_activations(0)
+    replay.set_activations(sim, 0)
     if step_temporaries > 0:
         alloc.free(alloc.malloc(step_temporaries))
     return step, alloc

@@ -1,5 +1,5 @@
 """What the CUDA caching allocator reserves for one step: torch's block rules, re-implemented, replayed
-over the allocations and frees of the step the cost model simulates (``cost.simulation``).
+over the allocations and frees of the step the cost model simulates (``step.simulation``).
 
 ``a.memory.peak`` counts the bytes tensors hold (what ``torch.cuda.max_memory_allocated`` shows and
 what FSDPMemTracker measures). A CUDA OOM is raised when the allocator cannot *reserve* more

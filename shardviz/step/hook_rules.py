@@ -1,11 +1,11 @@
 """FSDP2's hook rules, one function each: which call is a root, which hooks a call gets, which call
 a hook prefetches, which post-backwards the root's final callback runs.
 
-``step_events``, the one walk of the hooks that both models of the step fold (``cost.simulation``
-in bytes, ``schedule`` in seconds), calls them; so do ``cost.units`` and ``steptime``, which build
+``step_events``, the one walk of the hooks that both models of the step fold (``step.simulation``
+in bytes, ``schedule`` in seconds), calls them; so do ``step.calls`` and ``step.timing``, which build
 their inputs. Each cites the torch 2.13 code it
 mirrors (``torch/distributed/fsdp/_fully_shard``); the table is in ``docs/step-rules.md``.
-Positions are whatever orders the hooks of one pass (``cost.units.Position`` in the module walk).
+Positions are whatever orders the hooks of one pass (``step.calls.Position`` in the module walk).
 """
 
 from __future__ import annotations
