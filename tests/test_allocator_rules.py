@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from shardviz.cost import allocator as al
+from shardviz.step import allocator as al
 
 KiB, MiB = 1 << 10, 1 << 20
 
