@@ -10,7 +10,7 @@ The pipeline, one stage after the other (each computed on first use, once):
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
 6. the step in seconds (``steptime.step_time`` of the stages ``step_inputs`` hands it): ``time``,
    ``step``, ``timeline()``;
-7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
+7. the findings (``checks.findings_of`` the analysis read as ``check_inputs.AnalysisView``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 from torch import nn
 
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
-from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
+from .check_inputs import Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
 from .cost import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table, worst_rank)
@@ -153,6 +153,11 @@ class Analysis:
         without ``Training.batch_size``."""
         measured = self.measured_step
         return None if measured is None else measured.profile
+
+    @property
+    def measures(self) -> bool:
+        """A live model runs the step, so activations can be measured (the findings read it)."""
+        return self.model is not None
 
     @property
     def cache_refused(self) -> str | None:
@@ -353,18 +358,8 @@ class Analysis:
     @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.findings_of``
-        the stages ``check_inputs`` hands them)."""
-        return findings_of(self.check_inputs())
-
-    def check_inputs(self, torch_version=None) -> CheckInputs:
-        """The stages the findings read (``check_inputs.CheckInputs``), the costly ones as functions
-        computed on first call; ``torch_version``: the release judged (default: the analysis')."""
-        return CheckInputs(
-            self.layout, self.training, torch_version if torch_version is not None else self.torch_version,
-            self.cache, self.model is not None, memory=lambda: self.memory, units=lambda: self.units,
-            params=lambda: self.params, comm=lambda: self.comm, fit=lambda: self.fit,
-            peak_breakdown=self.peak_breakdown, reserved_overhead=lambda expandable: self.costs.reserved_overhead(expandable),
-            step_time_s=lambda: self.step.step_time_s, cache_refused=lambda: self.cache_refused, price=self.price)
+        the analysis read as ``check_inputs.AnalysisView``)."""
+        return findings_of(self)
 
     def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, *, timed: bool = False,
               traffic: bool = False) -> Priced:
