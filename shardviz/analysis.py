@@ -33,6 +33,7 @@ from .cost.training import DEFAULT_TRAINING
 from .finding import Finding
 from .fsdp import Layout, Mesh, parse_version
 from .plan import Plan, as_plan
+from .presets import auto_plan
 from .steptime import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
 from .steptime import step_time as time_the_step
 from .tp import local_model, local_tree, tensor_collectives
@@ -400,7 +401,7 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     assumes (AdamW, bf16 parameters, fp32 reduction; ``cost.training.DEFAULT_TRAINING``).
     """
     tree = as_tree(model)
-    plan = as_plan(plan) if plan is not None else Plan.auto(tree)
+    plan = as_plan(plan) if plan is not None else auto_plan(tree)
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
