@@ -8,7 +8,7 @@ from .devices import Device, Efficiency
 from .finding import Finding, PlanError
 from .fixes import fix_plan
 from .format import fmt  # any table for reading: sv.fmt(a.memory)
-from .fsdp import Mesh
+from .run.mesh import Mesh
 from .plan import Plan, Unit
 from .search import Search, search
 from .tree import ModelTree

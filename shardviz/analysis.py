@@ -25,13 +25,14 @@ from torch import nn
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
 from .check_inputs import Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
-from .cost import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
-                   memory_table, worst_rank)
+from .cost import NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model, memory_table
+from .run.mesh import worst_rank
 from .cost import peak_breakdown as peak_breakdown_of
 from .cost.params import tree_arrays
 from .cost.training import DEFAULT_TRAINING
 from .finding import Finding
-from .fsdp import Layout, Mesh, parse_version
+from .fsdp import Layout, parse_version
+from .run.mesh import Mesh
 from .plan import Plan, as_plan
 from .presets import auto_plan
 from .steptime import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload

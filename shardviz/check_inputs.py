@@ -18,7 +18,8 @@ import pandas as pd
 from .activations import StepCache
 from .cost import Training
 from .devices import MemoryFit
-from .fsdp import Layout, Mesh
+from .fsdp import Layout
+from .run.mesh import Mesh
 from .plan import Plan
 from .tree import ModelTree
 

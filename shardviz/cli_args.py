@@ -19,7 +19,8 @@ from .devices import DEVICES
 from .display import training_text
 from .format import format_bytes, parse_size
 from .frameworks import plan_from_source
-from .fsdp import MIN_TORCH, Mesh, parse_version
+from .fsdp import MIN_TORCH, parse_version
+from .run.mesh import Mesh
 from .load import CONFIG_FILE, import_object, load_model, read_json
 from .plan import Plan
 from .presets import blocks_without_calls, named_plan, plan_mismatch

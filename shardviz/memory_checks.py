@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from .check_inputs import AnalysisView, worst_peak
 from .finding import Finding
-from .format import format_bytes, format_duration, worst_rank
+from .format import format_bytes, format_duration
+from .run.mesh import worst_rank
 from .checkpointing import parse_checkpoint
 from .presets import find_blocks
 

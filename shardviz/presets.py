@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
-from .fsdp import Layout, Mesh
+from .fsdp import Layout
+from .run.mesh import Mesh
 from .plan import LORA_OPTIONS, Plan, Unit, closest_hint
 from .tp_presets import preset as tp_preset
 from .tree import ModelTree, as_tree, children_with_params, subtree_numel

@@ -18,7 +18,8 @@ O(parameters).
 - ``tables``: ``memory_table``, ``comm_table``, ``peak_breakdown``.
 """
 
-from ..format import format_bytes, worst_rank
+from ..format import format_bytes
+from ..run.mesh import worst_rank
 from .levels import ActivationLevels, NoActivations, activation_levels
 from .model import CostModel, cost_model
 from .params import unsharded_bytes

@@ -24,7 +24,7 @@ class CostModel:
     resident state and the optimizer states per shard coordinate; ``step``: the simulated
     forward + backward (``cost.simulation``)."""
 
-    mesh: object  # fsdp.Mesh
+    mesh: object  # run.Mesh
     training: Training
     units: list[UnitCost]
     resident: ResidentState

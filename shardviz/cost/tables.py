@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..devices import DEFAULT_EFFICIENCY, Efficiency, collective_seconds
-from ..format import worst_rank
+from ..run.mesh import worst_rank
 from .model import CostModel
 from .simulation import Alive
 

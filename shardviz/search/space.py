@@ -12,7 +12,7 @@ from ..activations import step_cache
 from ..analysis import Analysis, analyze
 from ..cost import Training
 from .. import devices
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..plan import Plan, Unit
 from ..presets import auto_plan
 from ..tree import ModelTree
