@@ -21,7 +21,7 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.format import worst_rank
+from shardviz.run.mesh import worst_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "comparison.md"

@@ -24,9 +24,9 @@ START, END = "<!-- layers:start -->", "<!-- layers:end -->"
 def _commented_items(pyproject: str, key: str) -> dict[str, list[str]]:
     """Each string item of the array ``key = [...]`` with the ``#`` comment lines just above it
     (tomllib drops comments, so the raw text is read for them)."""
-    body = re.search(rf"^{key} = \[\n(.*?)^\]", pyproject, re.S | re.M).group(1)
+    found = re.search(rf"^{key} = \[\n(.*?)^\]", pyproject, re.S | re.M)
     notes, pending = {}, []
-    for line in body.splitlines():
+    for line in (found.group(1) if found else "").splitlines():
         line = line.strip()
         if line.startswith("#"):
             pending.append(line.lstrip("# "))
@@ -37,7 +37,7 @@ def _commented_items(pyproject: str, key: str) -> dict[str, list[str]]:
 
 
 def _code_list(layer: str) -> str:
-    return ", ".join(f"`{name.strip()}`" for name in layer.split("|"))
+    return ", ".join(f"`{name.strip()}`" for name in re.split(r"[|:]", layer))
 
 
 def layers_markdown(pyproject: str) -> str:

@@ -8,7 +8,7 @@ from .devices import Device, Efficiency
 from .finding import Finding, PlanError
 from .fixes import fix_plan
 from .format import fmt  # any table for reading: sv.fmt(a.memory)
-from .fsdp import Mesh
+from .run.mesh import Mesh
 from .plan import Plan, Unit
 from .search import Search, search
 from .tree import ModelTree
@@ -20,6 +20,22 @@ from .capture import capture
 from .trainer_config import TrainerSetup, from_trainer  # a Trainer / TRL run's arguments, read by transformers
 from .torchtune_config import TorchtuneSetup, from_torchtune  # a torchtune recipe, read by torchtune (its own venv)
 from .axolotl_config import AxolotlSetup, from_axolotl  # an axolotl YAML, read by axolotl (its own venv)
+from .presets import auto_plan  # sv.auto_plan(model, lora=..., checkpoint=..., tensor_parallel=...)
+from .frameworks import from_accelerate, to_accelerate  # a framework's own preparation, run through capture
+
+# Plan's documented entries whose code lives above plan.py in the layers (presets, frameworks):
+# attached here, where the package is assembled, so plan.py imports nothing above it.
+Plan.auto = staticmethod(auto_plan)
+Plan.from_accelerate = staticmethod(from_accelerate)
+
+
+def _plan_to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:
+    """(YAML, what it cannot express): the accelerate config closest to this plan, checked by running
+    the installed accelerate on it (``sv.to_accelerate(model, plan)``)."""
+    return to_accelerate(model, self, world_size)
+
+
+Plan.to_accelerate = _plan_to_accelerate
 
 __all__ = [
     "Analysis", "Comparison", "capture", "Finding", "Inspector", "Mesh", "ModelTree", "Plan", "PlanError", "Search", "Sweep",
@@ -28,6 +44,7 @@ __all__ = [
 ]
 __all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
 __all__ += ["TrainerSetup", "from_trainer", "TorchtuneSetup", "from_torchtune", "AxolotlSetup", "from_axolotl"]  # sv.from_trainer(args or a YAML of them, model, world_size)
+__all__ += ["auto_plan", "from_accelerate", "to_accelerate"]  # also Plan.auto / from_accelerate / to_accelerate
 __all__ += ["tp"]  # tensor parallelism: sv.tp, Plan.tensor_parallel, Mesh(tensor=T)
 __version__ = "0.1.0"
 

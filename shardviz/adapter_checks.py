@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 import torch
 
-from .check_inputs import CheckInputs
+from .check_inputs import AnalysisView
 from .finding import Finding
 from .format import format_bytes
 from .load import source_of
@@ -84,7 +84,7 @@ def _fused(name: str, stems: set[str]) -> bool:
     return ok[-1] and rest not in stems
 
 
-def check_adapter_targets(inputs: CheckInputs) -> list[Finding]:
+def check_adapter_targets(inputs: AnalysisView) -> list[Finding]:
     """SV120: a ``target_modules`` list some of whose names match no layer of this model, while some
     of the blocks' linear layers go unadapted (Llama's list on Phi-3's fused ``qkv_proj``)."""
     model = inputs.tree.model
@@ -116,7 +116,7 @@ def check_adapter_targets(inputs: CheckInputs) -> list[Finding]:
     return out
 
 
-def check_fp32_config(inputs: CheckInputs) -> list[Finding]:
+def check_fp32_config(inputs: AnalysisView) -> list[Finding]:
     """SV121: the config file declares float32 weights. With frozen base weights (an adapter) that is
     twice the bytes for nothing (a warning); trained weights in fp32 are a choice (fp32 master weights
     under bf16 compute): said as info."""
@@ -175,7 +175,7 @@ def _quant_words(qc: dict) -> str:
     return "{" + ", ".join(said or [f"{k}: {v!r}" for k, v in list(qc.items())[:3]]) + "}"
 
 
-def _unpriced(inputs: CheckInputs) -> tuple[dict[str, list[str]], dict | None]:
+def _unpriced(inputs: AnalysisView) -> tuple[dict[str, list[str]], dict | None]:
     """Quantized parameters shardviz does not price (by class: any quantized class but a bitsandbytes
     ``Params4bit`` holding packed data, which the tree reads as it is), and the ``quantization_config``
     when it is not a bitsandbytes 4-bit one that the model carries as ``Params4bit`` (else None).
@@ -199,7 +199,7 @@ def _walk_unpriced(model) -> tuple[dict[str, list[str]], dict | None]:
     return typed, qc
 
 
-def check_quantized(inputs: CheckInputs) -> list[Finding]:
+def check_quantized(inputs: AnalysisView) -> list[Finding]:
     """SV122: quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ or AWQ configs,
     a ``Params4bit`` not yet quantized, a bitsandbytes config without bitsandbytes installed): they
     are priced at the unquantized dtype, so memory, traffic and the verdict are not those of the run.
@@ -263,7 +263,7 @@ def _storage(p) -> str:
     return str(p.dtype).replace("torch.", "")
 
 
-def check_quant_storage(inputs: CheckInputs) -> list[Finding]:
+def check_quant_storage(inputs: AnalysisView) -> list[Finding]:
     """SV123: a ``Params4bit`` whose storage dtype is floating point, sharded by a call whose
     ``param_dtype`` differs: FSDP2 casts the sharded parameter to ``param_dtype`` before the all-gather
     (``FSDPParam.init_dtype_attrs`` clamps only equal or non-floating dtypes), so the packed 4-bit codes
@@ -291,7 +291,7 @@ def check_quant_storage(inputs: CheckInputs) -> list[Finding]:
     return out
 
 
-def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
+def check_uint8_storage(inputs: AnalysisView) -> list[Finding]:
     """SV124: ``Params4bit`` stored as uint8 (bitsandbytes' default). accelerate's FSDP2 preparation
     (``fsdp2_prepare_model``, accelerate/utils/fsdp_utils.py) puts every frozen non-floating
     ``Params4bit`` into ``ignored_params``, so each rank holds all of them whole; with a floating
@@ -314,7 +314,7 @@ def check_uint8_storage(inputs: CheckInputs) -> list[Finding]:
         n_fqns=len(names), all_fqns=tuple(names), flags="--quant-storage bfloat16")]
 
 
-def check_nf4_split(inputs: CheckInputs) -> list[Finding]:
+def check_nf4_split(inputs: AnalysisView) -> list[Finding]:
     """SV128: torchao ``NF4Tensor`` weights that ``fully_shard`` cannot split over the shard dimension:
     torchao's ``nf4_split`` asserts every inner tensor's numel divides by the number of chunks and an
     NF4 weight cannot be padded, so the run fails at ``fully_shard`` (torchtune's Llama 70B QLoRA on
@@ -357,7 +357,7 @@ def _nf4_block_size(model) -> int | None:
     return None
 
 
-def check_fp8_cast(inputs: CheckInputs) -> list[Finding]:
+def check_fp8_cast(inputs: AnalysisView) -> list[Finding]:
     """SV129: float8 weights (``FP8Linear``'s, from an fp8 ``quantization_config``) sharded by a call whose
     ``param_dtype`` differs. FSDP2 casts every floating parameter of the call to ``param_dtype`` before
     the all-gather (measured: a bf16 policy gathers them as bf16), so each gathers 2 bytes per element

@@ -8,9 +8,9 @@ segments' free space. With torch's default allocator (``expandable_segments`` of
 segments sized for the requests that opened them; ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
 (what torchtitan's launcher ``run_train.sh`` sets) maps pages at the end of one segment per stream
 instead. ``check_reserved_gap`` says how large the gap is, what the other setting reserves (the
-same step replayed, ``CheckInputs.reserved_overhead(True)``, no new analysis) and how to set it.
+same step replayed, ``AnalysisView.costs.reserved_overhead(True)``, no new analysis) and how to set it.
 
-It reads the verdict only through ``CheckInputs.fit`` (verdict, margin, usable, safety) and the
+It reads the verdict only through ``AnalysisView.fit`` (verdict, margin, usable, safety) and the
 memory table's columns (``peak``, ``reserved_peak``); SV201 (``memory_checks``) says whether it fits.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .check_inputs import CheckInputs
+from .check_inputs import AnalysisView
 from .finding import Finding
 from .format import format_bytes
 
@@ -32,23 +32,23 @@ FIX = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch touche
        "os.environ.setdefault before import torch). torch's default is off; torchtitan's launcher sets it on")
 
 
-def check_reserved_gap(inputs: CheckInputs) -> list[Finding]:
+def check_reserved_gap(inputs: AnalysisView) -> list[Finding]:
     """SV202 (``RESERVED_GAP``, info): a plan that fits, whose reserved peak on the worst rank is more
     than 10 % of the usable memory above the allocated peak. Not raised when the mesh already assumes
     expandable segments, judges the allocated peak, or has no device; an over or tight plan is SV201's."""
     mesh = inputs.mesh
     if mesh.device_memory is None or mesh.expandable_segments or mesh.judge != "reserved":
         return []  # judged on the allocated peak, the allocator's cache decides nothing
-    fit = inputs.fit()
+    fit = inputs.fit
     if fit is None or fit.usable <= 0:
         return []
-    mem = inputs.memory()
+    mem = inputs.memory
     worst = mem["reserved_peak"].idxmax()  # the peaks a.fit judges: the highest of all ranks
     peak, reserved = int(mem["peak"].max()), int(mem.at[worst, "reserved_peak"])
     gap = reserved - peak
     if fit.verdict != "fits" or gap <= RESERVED_GAP * fit.usable:
         return []
-    grown = peak + inputs.reserved_overhead(True)
+    grown = peak + inputs.costs.reserved_overhead(True)
     # the one verdict (Mesh.fit) of the same step under the other allocator setting, judged as every surface judges
     other = replace(mesh, expandable_segments=True).fit(peak, grown)
     rank = int(mem.at[worst, "rank"])

@@ -10,7 +10,7 @@ The pipeline, one stage after the other (each computed on first use, once):
 5. the step in bytes (``cost.cost_model``): ``memory``, ``fit``, ``comm``;
 6. the step in seconds (``step.timing.step_time`` of the stages ``step_inputs`` hands it): ``time``,
    ``step``, ``timeline()``;
-7. the findings (``checks.findings_of`` the stages ``check_inputs`` hands them).
+7. the findings (``checks.findings_of`` the analysis read as ``check_inputs.AnalysisView``).
 """
 
 from __future__ import annotations
@@ -23,17 +23,20 @@ import pandas as pd
 from torch import nn
 
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
-from .check_inputs import CheckInputs, Priced, reduce_scatter_sent
+from .check_inputs import Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
 from .step import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
-                   memory_table, worst_rank)
+                   memory_table)
 from .step import peak_breakdown as peak_breakdown_of
 from .step.collectives import Collectives, step_collectives
 from .step.params import tree_arrays
+from .run.mesh import worst_rank
 from .cost.training import DEFAULT_TRAINING
 from .finding import Finding
-from .fsdp import Layout, Mesh, parse_version
+from .fsdp import Layout, parse_version
+from .run.mesh import Mesh
 from .plan import Plan, as_plan
+from .presets import auto_plan
 from .step.timing import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
 from .step.timing import step_time as time_the_step
 from .tp import cached_local_model, local_tree, tensor_collectives
@@ -154,6 +157,11 @@ class Analysis:
         without ``Training.batch_size``."""
         measured = self.measured_step
         return None if measured is None else measured.profile
+
+    @property
+    def measures(self) -> bool:
+        """A live model runs the step, so activations can be measured (the findings read it)."""
+        return self.model is not None
 
     @property
     def cache_refused(self) -> str | None:
@@ -361,18 +369,8 @@ class Analysis:
     @cached_property
     def findings(self) -> list[Finding]:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.findings_of``
-        the stages ``check_inputs`` hands them)."""
-        return findings_of(self.check_inputs())
-
-    def check_inputs(self, torch_version=None) -> CheckInputs:
-        """The stages the findings read (``check_inputs.CheckInputs``), the costly ones as functions
-        computed on first call; ``torch_version``: the release judged (default: the analysis')."""
-        return CheckInputs(
-            self.layout, self.training, torch_version if torch_version is not None else self.torch_version,
-            self.cache, self.model is not None, memory=lambda: self.memory, units=lambda: self.units,
-            params=lambda: self.params, comm=lambda: self.comm, fit=lambda: self.fit,
-            peak_breakdown=self.peak_breakdown, reserved_overhead=lambda expandable: self.costs.reserved_overhead(expandable),
-            step_time_s=lambda: self.step.step_time_s, cache_refused=lambda: self.cache_refused, price=self.price)
+        the analysis read as ``check_inputs.AnalysisView``)."""
+        return findings_of(self)
 
     def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, *, timed: bool = False,
               traffic: bool = False) -> Priced:
@@ -413,7 +411,7 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     assumes (AdamW, bf16 parameters, fp32 reduction; ``cost.training.DEFAULT_TRAINING``).
     """
     tree = as_tree(model)
-    plan = as_plan(plan) if plan is not None else Plan.auto(tree)
+    plan = as_plan(plan) if plan is not None else auto_plan(tree)
     mesh = mesh if mesh is not None else Mesh(shard=8)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a shardviz.Mesh, got {type(mesh).__name__}")

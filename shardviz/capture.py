@@ -33,7 +33,8 @@ from torch import nn
 
 from .checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from .finding import Finding
-from .fsdp import Mesh, parse_version
+from .run.mesh import Mesh
+from .fsdp import parse_version
 from .oracle import device_mesh, fake_process_group, meta_copy
 from .plan import Origin, Plan, Unit
 

@@ -1,8 +1,9 @@
-"""What the findings read: the stages of an analysis (``CheckInputs``) and a way to price a variant.
+"""What the findings read: a typed view of the analysis (``AnalysisView``) and a way to price a variant.
 
-``Analysis.check_inputs`` builds one; ``checks.findings_of`` and every check below it read only
-this, never the ``Analysis``. The stages a step costs (memory, traffic, seconds) are functions the
-analysis computes once, on first call, so a check that does not need them costs nothing.
+``shardviz.Analysis`` satisfies ``AnalysisView``; ``checks.findings_of`` and every check below it
+read only what the view declares (this module sits below ``analysis``, so they cannot import it).
+The stages a step costs (memory, traffic, seconds) are the analysis' cached properties, computed
+once, on first read, so a check that does not read them costs nothing.
 ``price`` answers a what-if (another plan, mesh or training: SV113, SV201's fixes, SV304) with the
 figures the checks compare (``Priced``), not with an analysis to read further.
 """
@@ -10,14 +11,15 @@ figures the checks compare (``Priced``), not with an analysis to read further.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
 from .activations import StepCache
 from .cost import Training
 from .devices import MemoryFit
-from .fsdp import Layout, Mesh
+from .fsdp import Layout
+from .run.mesh import Mesh
 from .plan import Plan
 from .tree import ModelTree
 
@@ -44,42 +46,62 @@ def reduce_scatter_sent(comm: pd.DataFrame) -> int:
     return int(comm.loc[comm["collective"] == "reduce_scatter", "sent_bytes"].sum())
 
 
-@dataclass(frozen=True)
-class CheckInputs:
-    """The stages the findings read. ``layout`` holds the tree, the plan and the mesh; ``measures``:
-    a live model runs the step (activations can be measured); the callables return the analysis'
-    tables and figures (computed once by it): ``memory``, ``units``, ``params``, ``comm``, ``fit``,
-    ``peak_breakdown(rank)``, ``reserved_overhead(expandable_segments)``, ``step_time_s`` and
-    ``cache_refused`` (``activations.MeasuredStep``); ``price`` prices a variant (``PriceVariant``)."""
+class StepFigures(Protocol):
+    """The step's figure the findings compare (``steptime.StepSummary`` has it)."""
+
+    step_time_s: float | None
+
+
+class ReservedOverhead(Protocol):
+    """The cost model's replay of the step by the allocator (``cost.CostModel``)."""
+
+    def reserved_overhead(self, expandable_segments: bool | None = None) -> int: ...
+
+
+@runtime_checkable
+class AnalysisView(Protocol):
+    """What the findings read of an analysis: the typed view ``shardviz.Analysis`` satisfies.
+
+    ``layout`` holds the tree, the plan and the mesh; ``measures``: a live model runs the step
+    (activations can be measured); the tables (``memory``, ``units``, ``params``, ``comm``), the
+    verdict ``fit``, ``peak_breakdown(rank)``, ``costs.reserved_overhead(expandable)``,
+    ``step.step_time_s`` and ``cache_refused`` are the analysis' own, computed once by it on first
+    read, so a check that does not read one costs nothing; ``price`` prices a variant
+    (``PriceVariant``)."""
 
     layout: Layout
+    tree: ModelTree
+    plan: Plan
+    mesh: Mesh
     training: Training
     torch_version: str | None
     cache: StepCache
-    measures: bool
-    memory: Callable[[], pd.DataFrame]
-    units: Callable[[], pd.DataFrame]
-    params: Callable[[], pd.DataFrame]
-    comm: Callable[[], pd.DataFrame]
-    fit: Callable[[], MemoryFit | None]
-    peak_breakdown: Callable[[int], dict[str, int]]
-    reserved_overhead: Callable[[bool], int]
-    step_time_s: Callable[[], float | None]
-    cache_refused: Callable[[], str | None]
-    price: PriceVariant
 
     @property
-    def tree(self) -> ModelTree:
-        return self.layout.tree
-
+    def measures(self) -> bool: ...
     @property
-    def plan(self) -> Plan:
-        return self.layout.plan
-
+    def memory(self) -> pd.DataFrame: ...
     @property
-    def mesh(self) -> Mesh:
-        return self.layout.mesh
+    def units(self) -> pd.DataFrame: ...
+    @property
+    def params(self) -> pd.DataFrame: ...
+    @property
+    def comm(self) -> pd.DataFrame: ...
+    @property
+    def fit(self) -> MemoryFit | None: ...
+    @property
+    def cache_refused(self) -> str | None: ...
+    @property
+    def costs(self) -> ReservedOverhead: ...
+    @property
+    def step(self) -> StepFigures: ...
 
-    def peak(self) -> int:
-        """The worst rank's predicted peak (``memory.peak``)."""
-        return int(self.memory()["peak"].max())
+    def peak_breakdown(self, rank: int | None = None) -> dict[str, int]: ...
+
+    def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training: Training | None = None, *,
+              timed: bool = False, traffic: bool = False) -> Priced: ...
+
+
+def worst_peak(view: AnalysisView) -> int:
+    """The worst rank's predicted peak (``memory.peak``)."""
+    return int(view.memory["peak"].max())

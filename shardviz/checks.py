@@ -5,9 +5,9 @@ checks below (SV1xx) and the memory check (``check_memory``, SV201), errors firs
 stable: tests, users and the widget grep for them. ``fixes.fix_plan(analysis, finding)`` turns a
 finding's fix into a new plan when the fix is a change of plan.
 
-Below ``analysis`` in the layers: every check reads the stages it is given
-(``check_inputs.CheckInputs``: the layout, the training, the key/value-cache decision, the memory
-table, ...), never the ``Analysis``; the what-ifs (SV113, SV201's fixes, SV304) go through its
+Below ``analysis`` in the layers: every check reads the analysis through its typed view
+(``check_inputs.AnalysisView``, a Protocol: the layout, the training, the key/value-cache decision, the
+memory table, ...), never the ``Analysis`` class; the what-ifs (SV113, SV201's fixes, SV304) go through its
 ``price`` (``check_inputs.Priced``: the variant's peak, and its step time or traffic when asked).
 
 | code  | severity | what |
@@ -37,7 +37,7 @@ from dataclasses import replace
 from .adapter_checks import (check_adapter_targets, check_fp8_cast, check_fp32_config, check_nf4_split, check_quant_storage, check_quantized,
                              check_uint8_storage)
 from .allocator_checks import check_reserved_gap
-from .check_inputs import CheckInputs
+from .check_inputs import AnalysisView
 from .finding import Finding
 from .memory_checks import CHECKPOINT_FIXES, MemoryFix, check_memory, memory_fixes  # noqa: F401 - SV201, importable here
 from .fixes import split_unit
@@ -121,7 +121,7 @@ def release_findings(layout: Layout, torch_version=None) -> list[Finding]:
 # ---------------------------------------------------------------------------
 # Plan checks
 # ---------------------------------------------------------------------------
-def check_unsynchronised(inputs: CheckInputs) -> list[Finding]:
+def check_unsynchronised(inputs: AnalysisView) -> list[Finding]:
     lay, tree = inputs.layout, inputs.tree
     out = []
     world = inputs.mesh.world
@@ -162,7 +162,7 @@ def check_unsynchronised(inputs: CheckInputs) -> list[Finding]:
     return out
 
 
-def check_root_only(inputs: CheckInputs) -> list[Finding]:
+def check_root_only(inputs: AnalysisView) -> list[Finding]:
     plan, lay = inputs.plan, inputs.layout
     if len(plan.units) != 1 or plan.units[0].modules != ("",):
         return []
@@ -178,7 +178,7 @@ def check_root_only(inputs: CheckInputs) -> list[Finding]:
     )]
 
 
-def check_dominant_unit(inputs: CheckInputs) -> list[Finding]:
+def check_dominant_unit(inputs: AnalysisView) -> list[Finding]:
     """One call's unsharded parameters dominate a rank's peak: most of it, and far above every other call."""
     lay = inputs.layout
     numbers = lay.unit_numbers
@@ -188,7 +188,7 @@ def check_dominant_unit(inputs: CheckInputs) -> list[Finding]:
     biggest, second = sizes[-1], sizes[-2]
     if biggest == 0 or biggest <= 2 * second:
         return []
-    peak = int(inputs.memory()["peak"].max())
+    peak = int(inputs.memory["peak"].max())
     out = []
     for ul, n in zip(lay.units, numbers):
         size = n["padded_unsharded_bytes"]
@@ -213,7 +213,7 @@ def check_dominant_unit(inputs: CheckInputs) -> list[Finding]:
     return out
 
 
-def check_padding(inputs: CheckInputs) -> list[Finding]:
+def check_padding(inputs: AnalysisView) -> list[Finding]:
     lay, tree, shard = inputs.layout, inputs.tree, inputs.mesh.shard
     if shard == 1:
         return []
@@ -241,7 +241,7 @@ def check_padding(inputs: CheckInputs) -> list[Finding]:
     )]
 
 
-def check_empty_shards(inputs: CheckInputs) -> list[Finding]:
+def check_empty_shards(inputs: AnalysisView) -> list[Finding]:
     lay, tree, shard = inputs.layout, inputs.tree, inputs.mesh.shard
     hit = []
     for p in tree.params:
@@ -266,7 +266,7 @@ def check_empty_shards(inputs: CheckInputs) -> list[Finding]:
     )]
 
 
-def check_all_ignored_units(inputs: CheckInputs) -> list[Finding]:
+def check_all_ignored_units(inputs: AnalysisView) -> list[Finding]:
     lay, tree = inputs.layout, inputs.tree
     ignored = {tree.param_index[f] for f in inputs.plan.ignored}
     if not ignored:  # no call can have every parameter ignored (1.4 ms a plan at 70B)
@@ -285,7 +285,7 @@ def check_all_ignored_units(inputs: CheckInputs) -> list[Finding]:
     return out
 
 
-def check_mixed_optimizer_groups(inputs: CheckInputs) -> list[Finding]:
+def check_mixed_optimizer_groups(inputs: AnalysisView) -> list[Finding]:
     """Sharded parameters are DTensors, whole ones plain tensors; torch's foreach optimizer kernels
     (the default for accelerator tensors) raise "got mixed torch.Tensor and DTensor" on one group
     holding both (checked against torch in tests/test_mixed_optimizer.py)."""
@@ -327,18 +327,18 @@ def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
     )]
 
 
-def _cache_refused(inputs: CheckInputs) -> list[Finding]:
+def _cache_refused(inputs: AnalysisView) -> list[Finding]:
     """SV113 as an error: torch cannot run the plan with the cache the training asks for (its
     checkpointed recomputation fails), so the numbers are those of the step without it."""
     return [Finding(
         "SV113", "error",
-        f"use_cache=True with this plan's checkpointing is a step torch cannot run: {inputs.cache_refused()[:400]}; "
+        f"use_cache=True with this plan's checkpointing is a step torch cannot run: {inputs.cache_refused[:400]}; "
         "priced with use_cache=False",
         **_first(inputs.plan.checkpoint), fix=USE_CACHE_FIX,
     )]
 
 
-def check_use_cache(inputs: CheckInputs) -> list[Finding]:
+def check_use_cache(inputs: AnalysisView) -> list[Finding]:
     """SV113: the step runs with ``use_cache=True`` (the config's, without checkpointing, or the
     training's): each training forward also fills a key/value cache holding every layer's keys and
     values until the output is dropped. The predicted peak counts it; with a batch, the finding says
@@ -357,8 +357,8 @@ def check_use_cache(inputs: CheckInputs) -> list[Finding]:
             "values alive until the loss (give Training(batch_size=...) to have it measured and priced)",
             **_first(inputs.plan.checkpoint), fix=USE_CACHE_FIX,
         )] if inputs.plan.checkpoint else [])
-    peak = int(inputs.memory()["peak"].max())
-    if inputs.cache_refused():
+    peak = int(inputs.memory["peak"].max())
+    if inputs.cache_refused:
         return _cache_refused(inputs)
     try:
         without = inputs.price(training=replace(inputs.training, use_cache=False)).peak
@@ -399,18 +399,19 @@ CHECKS = (
 
 
 def run_checks(analysis, torch_version=None) -> list[Finding]:
-    """Every finding for ``analysis``, errors first (``findings_of`` its ``check_inputs``).
+    """Every finding for ``analysis``, errors first (``findings_of`` the analysis, read as an ``AnalysisView``).
 
     ``torch_version``: the release the plan will run on (default: the analysis's ``torch_version``,
     else the installed torch).
     """
-    return findings_of(analysis.check_inputs(torch_version))
+    return findings_of(analysis, torch_version)
 
 
-def findings_of(inputs: CheckInputs) -> list[Finding]:
-    """Every finding for the stages ``inputs`` (``check_inputs.CheckInputs``), errors first."""
+def findings_of(inputs: AnalysisView, torch_version=None) -> list[Finding]:
+    """Every finding for the analysis ``inputs`` reads as its typed view (``check_inputs.AnalysisView``),
+    errors first; ``torch_version``: the release judged (default: the view's)."""
     findings = list(inputs.layout.errors)
-    findings += release_findings(inputs.layout, inputs.torch_version)
+    findings += release_findings(inputs.layout, torch_version if torch_version is not None else inputs.torch_version)
     for check in CHECKS:
         findings += check(inputs)
     findings += check_memory(inputs)

@@ -42,10 +42,36 @@ import textwrap
 from dataclasses import replace
 from pathlib import Path
 
+from .analysis import analyze
+from .checkpointing import parse_checkpoint
+from .checks import run_checks
 from .cli_args import (  # noqa: F401 - the command line's inputs, importable from here as before
-    CliError, build_model, build_plan, check_plan_file, check_version, is_config_path, make_mesh, make_training, model_from_spec,
-    model_label, read_plan, resolve_setup,
+    CliError,
+    build_model,
+    build_plan,
+    check_plan_file,
+    check_version,
+    is_config_path,
+    make_mesh,
+    make_training,
+    model_from_spec,
+    model_label,
+    read_plan,
+    resolve_setup,
 )
+from .codegen import export_code
+from .cost.setup import setup_obj
+from .devices import device_by_name
+from .display import versions_text
+from .files import write_text_atomic
+from .finding import PlanError
+from .format import format_bytes, format_duration, parse_size
+from .frameworks import to_accelerate
+from .plan import LORA_OPTIONS
+from .presets import auto_plan, named_plan
+from .report import render_report
+from .search import search
+from .terminal import WIDTH, answer, finding_lines, quiet_libraries, report_lines, say, seq_len_warning, table_text
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
@@ -60,8 +86,6 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------
 def write_atomic(path: str, text: str, force: bool) -> None:
     """Write ``text`` to ``path`` atomically; without ``force`` an existing file is left alone."""
-    from .files import write_text_atomic
-
     target = Path(path)
     if target.is_dir():
         raise CliError(f"{path!r} is a directory")
@@ -84,8 +108,6 @@ def emit(text: str, output: str | None, force: bool) -> None:
 
 
 def _print_findings(findings, severities=("error", "warning")) -> None:
-    from .terminal import say
-
     for f in findings:
         if f.severity in severities:
             fix = f.fix_for("cli")
@@ -102,8 +124,6 @@ class Refused(Exception):
 def _build_plan(tree, args, model=None):
     """``cli_args.build_plan``; a captured function that raised (``--plan-from``: SV301) would stop the
     run at start-up: its error on stderr, then ``Refused`` (no verdict, nothing written)."""
-    from .terminal import say
-
     plan = build_plan(tree, args, model)
     raised = [f for f in (plan.origin.findings if plan.origin else ()) if f.code == "SV301"]
     if raised:
@@ -133,12 +153,6 @@ def _add_source_args(p) -> None:
 
 
 def cmd_export(args) -> int:
-    from .analysis import analyze
-    from .checks import run_checks
-    from .codegen import export_code
-    from .finding import PlanError
-    from .terminal import say, seq_len_warning
-
     version = check_version(args.torch)
     model, tree = build_model(args)
     plan = _build_plan(tree, args, model)
@@ -151,7 +165,6 @@ def cmd_export(args) -> int:
         return EXIT_REFUSED
     emit(code, args.output, args.force)
     if args.accelerate_yaml:  # the same plan as accelerate's config, where its keys can say it
-        from .frameworks import to_accelerate
 
         text, cannot = to_accelerate(model, plan, mesh.world)
         write_atomic(args.accelerate_yaml, text, args.force)
@@ -185,11 +198,6 @@ def _plan_lines(plan) -> list[str]:
 
 
 def cmd_plan_read(args) -> int:
-    from .analysis import analyze
-    from .checks import run_checks
-    from .presets import named_plan
-    from .terminal import WIDTH, answer, finding_lines
-
     plan = read_plan(args.file)
     if args.model is None:
         answer("\n".join(_plan_lines(plan)))
@@ -215,10 +223,6 @@ def cmd_plan_read(args) -> int:
 def cmd_plan_search(args) -> int:
     """Print the search's table (best first) and write the best plan with its mesh and training;
     nothing fits: exit 1, nothing written."""
-    from .cost.setup import setup_obj
-    from .search import search
-    from .terminal import answer, say, seq_len_warning
-
     if args.device is None and args.device_memory is None:
         raise CliError("plan search needs --device or --device-memory: what fits depends on it")
     mesh, training, notes = resolve_setup(args)
@@ -263,8 +267,6 @@ def search_table(s, top: int) -> str:
     (or over), step time, tokens/s and MFU (the reasons: ``Search.explain`` and ``s.table.why``)."""
     import pandas as pd
 
-    from .format import format_bytes, format_duration
-    from .terminal import table_text
 
     t = s.table.head(top)
     num = lambda v: v is not None and v == v  # noqa: E731 - not None, not NaN
@@ -300,11 +302,6 @@ def _add_allocator_args(p) -> None:
 
 
 def cmd_report(args) -> int:
-    from .analysis import analyze
-    from .plan import LORA_OPTIONS, Plan
-    from .report import render_report
-    from .terminal import answer, report_lines, say
-
     version = check_version(args.torch)
     model, tree = build_model(args)
     plan = _build_plan(tree, args, model)
@@ -312,7 +309,7 @@ def cmd_report(args) -> int:
     lora_plans = None
     if not args.no_compare and not args.torchtune_config and not args.axolotl_config and any(p.role == "lora" for p in tree.params):
         checkpoint = args.checkpoint
-        lora_plans = {f"LoRA {x}": Plan.auto(tree, lora=x, checkpoint=checkpoint) for x in LORA_OPTIONS}
+        lora_plans = {f"LoRA {x}": auto_plan(tree, lora=x, checkpoint=checkpoint) for x in LORA_OPTIONS}
     a = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
     label = model_label(args.model) if args.model else plan.origin.label
     text = render_report(tree, plan, mesh, training, torch_version=version, compare_with=lora_plans, analysis=a,
@@ -356,8 +353,6 @@ def _add_checkpoint_arg(p) -> None:
 
 
 def _checkpoint_preset(value: str) -> str:
-    from .checkpointing import parse_checkpoint
-
     try:
         parse_checkpoint(value)
     except ValueError as exc:
@@ -396,8 +391,6 @@ def _add_training_args(p, search: bool = False) -> None:
 
 def _size(flag: str):
     def parse(value: str) -> int:
-        from .format import parse_size
-
         try:
             parse_size(value, flag)  # refused here, naming the flag; kept as typed so the output can say how it was read
         except ValueError as exc:
@@ -407,8 +400,6 @@ def _size(flag: str):
 
 
 def _device_name(value: str) -> str:
-    from .devices import device_by_name
-
     try:
         device_by_name(value)  # refused here; kept as typed so the output can say how an alias was read
         return value
@@ -455,8 +446,6 @@ def _add_search_parser(plan_sub) -> None:
 
 
 def _add_plan_choice(p) -> None:
-    from .plan import LORA_OPTIONS
-
     p.add_argument("--lora", choices=LORA_OPTIONS, help="the per-block preset (sv.Plan.auto(lora=...)): LoRA parameters in "
                    "their block's call, ignored, or a call each; default sharded")
     p.add_argument("--plan", help="a plan JSON file instead of a preset (its mesh and training too, if it has them)")
@@ -486,8 +475,6 @@ SHARED_DEFAULTS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .plan import LORA_OPTIONS
-
     parser = _Parser(prog="shardviz", description="Plan, check and export PyTorch FSDP2 fully_shard plans.")
     parser.add_argument("--version", action="store_true", help="shardviz's version and the libraries it measures with")
     parser.set_defaults(**SHARED_DEFAULTS)  # a command's own flags and defaults override these
@@ -541,8 +528,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """The command line; every refusal (a CliError, or a ValueError of any shardviz function) is one
     line on stderr and exit code 2, never a traceback."""
-    from .terminal import quiet_libraries, say
-
     parser = build_parser()
     try:
         with quiet_libraries():
@@ -557,12 +542,8 @@ def main(argv=None) -> int:
 
 
 def _run(parser, argv) -> int:
-    from .terminal import answer
-
     args = parser.parse_args(argv)
     if args.version:
-        from .display import versions_text
-
         answer(versions_text())
         return EXIT_OK
     if args.func is None:

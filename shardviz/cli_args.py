@@ -10,6 +10,26 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from torch import nn
+
+from . import zoo
+from .cost.setup import mesh_from_obj, mesh_to_obj, read_setup
+from .cost.training import DEFAULT_TRAINING
+from .devices import DEVICES
+from .display import training_text
+from .format import format_bytes, parse_size
+from .frameworks import plan_from_source
+from .fsdp import MIN_TORCH, parse_version
+from .run.mesh import Mesh
+from .load import CONFIG_FILE, import_object, load_model, read_json
+from .plan import Plan
+from .presets import blocks_without_calls, named_plan, plan_mismatch
+from .tp import local_tree
+from .trainer_config import from_trainer
+from .axolotl_config import from_axolotl
+from .torchtune_config import from_torchtune
+from .tree import ModelTree
+
 
 class CliError(Exception):
     """Bad input: printed as one line, exit code 2."""
@@ -37,15 +57,11 @@ def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn
     if quantization and not is_config_path(spec):
         raise CliError(f"--load-in-4bit / --quant-storage apply to a config.json model, not {spec!r}")
     if spec.startswith("zoo:"):
-        from . import zoo
-
         try:
             return zoo.build(spec, lora=lora)
         except ValueError as exc:
             raise CliError(str(exc)) from None
     if is_config_path(spec):
-        from .load import load_model
-
         try:
             return load_model(spec, adapter=adapter or None, dtype=dtype, attn_implementation=attn_implementation,
                               quantization=_quantization(spec, quantization))
@@ -58,8 +74,6 @@ def model_label(spec: str) -> str | None:
     """What the model is shaped after, for the report's title: a zoo model's name from its docstring
     ("Llama 3.1 70B"), a config's folder name ("Qwen3-8B"); None for a factory."""
     if spec.startswith("zoo:"):
-        from . import zoo
-
         builder = getattr(zoo, spec.removeprefix("zoo:"), None)
         first = ((builder.__doc__ or "").strip().splitlines() or [""])[0]  # None (no such model) has one too
         return first.split(" on meta")[0].strip() or None if " on meta" in first else None  # "Llama 3.1 70B on meta ..."
@@ -72,12 +86,9 @@ def model_label(spec: str) -> str | None:
 
 def _model_from_factory(spec: str):
     """``package.module:factory`` (or ``:attribute``, an nn.Module) -> an nn.Module; the current folder is importable."""
-    from torch import nn
-
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CliError(f"model {spec!r}: expected zoo:NAME, path/to/config.json or package.module:factory")
-    from .load import import_object
 
     try:
         obj = import_object(module_name, attr, f"model {spec!r}")
@@ -97,8 +108,6 @@ def _model_from_factory(spec: str):
 
 
 def make_mesh(world: int | None, replicate: int, tensor: int = 1):
-    from .fsdp import Mesh
-
     if world is None:
         raise CliError("--world-size is required")
     if world < 1 or replicate < 1 or tensor < 1:
@@ -116,7 +125,6 @@ def tensor_degree(args) -> int:
 def check_version(version: str | None) -> str | None:
     if version is None:
         return None
-    from .fsdp import MIN_TORCH, parse_version
 
     try:
         release = parse_version(version)
@@ -128,8 +136,6 @@ def check_version(version: str | None) -> str | None:
 
 
 def read_plan(path: str):
-    from .plan import Plan
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -144,8 +150,6 @@ def check_plan_file(tree, plan, path: str, gaps: bool = True) -> str | None:
     """A plan file made for another model is refused: every name it has that the model lacks, and
     (``gaps``) the blocks its units miss (``presets.plan_mismatch``). With ``gaps=False`` the missed
     blocks come back as a sentence (None when there are none), for a command that lists findings."""
-    from .presets import blocks_without_calls, plan_mismatch
-
     problems = plan_mismatch(tree, plan)
     gap = problems.pop() if problems and blocks_without_calls(tree, plan) else None
     if problems or (gap and gaps):
@@ -176,7 +180,6 @@ def _quantization(spec: str, changes: dict | None) -> dict | None:
         return None
     if changes.get("load_in_4bit"):
         return changes
-    from .load import CONFIG_FILE, read_json
 
     declared = read_json(spec, CONFIG_FILE)[1].get("quantization_config")
     if not isinstance(declared, dict) or not declared.get("load_in_4bit"):
@@ -187,8 +190,6 @@ def _quantization(spec: str, changes: dict | None) -> dict | None:
 
 def build_model(args):
     """The command's model, walked once: (model, tree). Every later step reads the tree."""
-    from .tree import ModelTree
-
     if getattr(args, "torchtune_config", None):
         return _torchtune_model(args)
     if args.model is None and getattr(args, "trainer_config", None):  # TRL's model_name_or_path names it
@@ -206,8 +207,6 @@ def build_model(args):
 
 def _trainer_model(args):
     """``--trainer-config`` with no MODEL: TRL's ``model_name_or_path`` (and ``use_peft``/``lora_*``) builds it."""
-    from .trainer_config import from_trainer
-    from .tree import ModelTree
 
     if args.world_size is None:
         raise CliError("--world-size is required with --trainer-config")
@@ -222,7 +221,6 @@ def _trainer_model(args):
 def _axolotl_model(args, model):
     """``--axolotl-config``: axolotl's validated config builds the model (MODEL, given, wins), the plan and the
     training (``args.framework_setup``, read as the framework's setup)."""
-    from .axolotl_config import from_axolotl
 
     if args.world_size is None:
         raise CliError("--world-size is required with --axolotl-config")
@@ -237,8 +235,6 @@ def _axolotl_model(args, model):
 def _torchtune_model(args):
     """``--torchtune-config RECIPE.yaml key=value ...``: torchtune's recipe builds the model (and the plan and
     the training: ``args.framework_setup``)."""
-    from .torchtune_config import from_torchtune
-    from .tree import ModelTree
 
     if args.model is not None:
         raise CliError(f"--torchtune-config: the recipe builds its own model (model._component_); drop MODEL "
@@ -257,9 +253,6 @@ def _torchtune_model(args):
 def build_plan(tree, args, model=None):
     """The command's plan: a preset (--lora), a plan file (--plan), or what the user's framework or
     function makes (--accelerate-config, --plan-from: ``captured_plan``)."""
-    from .plan import Plan
-    from .presets import named_plan
-
     checkpoint = args.checkpoint
     if args.framework_setup is not None:
         if args.lora or args.plan or checkpoint:
@@ -281,7 +274,6 @@ def build_plan(tree, args, model=None):
         except ValueError as exc:
             raise CliError(str(exc)) from None
         if tensor_degree(args) > 1 and plan.tensor_parallel:  # names, styles, divisibility: before any command runs
-            from .tp import local_tree
 
             if args.world_size is not None:  # export and report: the only commands with --tensor-parallel
                 make_mesh(args.world_size, args.replicate or 1, tensor_degree(args))  # the mesh first
@@ -299,8 +291,6 @@ def build_plan(tree, args, model=None):
 
 def captured_plan(model, args):
     """``--accelerate-config`` / ``--plan-from``: the plan the user's framework or function makes (sv.capture)."""
-    from .frameworks import plan_from_source
-
     given = [f for f in ("lora", "plan", "checkpoint", "accelerate_config", "plan_from", "trainer_config")
              if getattr(args, f)]
     if len(given) > 1:
@@ -312,7 +302,6 @@ def captured_plan(model, args):
         if args.trainer_config and args.trainer_setup is not None:  # read with the model (TRL's model_name_or_path)
             return args.trainer_setup.plan
         if args.trainer_config:  # its training too: resolve_setup reads args.trainer_setup
-            from .trainer_config import from_trainer
 
             args.trainer_setup = from_trainer(args.trainer_config, model, mesh=make_mesh(
                 args.world_size, args.replicate or 1, tensor_degree(args)))
@@ -360,10 +349,6 @@ def resolve_setup(args, plan=None):
     """The command's mesh and training: a plan file's (``plan.setup``), else the flags and
     ``DEFAULT_TRAINING``; a flag given explicitly overrides the file. Returns (mesh, training, notes):
     the notes say where each came from, for the output."""
-    from .cost.setup import read_setup
-    from .cost.training import DEFAULT_TRAINING
-    from .display import training_text
-
     try:
         file_mesh, file_training = read_setup(plan)
     except ValueError as exc:
@@ -389,9 +374,6 @@ def resolve_setup(args, plan=None):
 def _readings(args, mesh) -> list[str]:
     """How a flag that could be read two ways was read, said where the verdict is: a device name
     that is an alias ("A100" is the 80 GB card) and a size in decimal units ("80G" is 74.51 GiB)."""
-    from .devices import DEVICES
-    from .format import format_bytes, parse_size
-
     key = lambda name: re.sub(r"[^0-9A-Z]", "", name.upper())  # noqa: E731 - spelling aside
     out = []
     if args.device is not None and mesh.device is not None and key(args.device) != key(mesh.device.name):
@@ -429,8 +411,6 @@ def _mesh_text(mesh) -> str:
 def _resolve_mesh(args, file_mesh):
     """(mesh, the flags that changed the file's): --world-size/--replicate/--device/--device-memory/
     --memory-reserve over the plan file's mesh."""
-    from .cost.setup import mesh_from_obj, mesh_to_obj
-
     world, replicate, tensor = args.world_size, args.replicate, args.tensor_parallel
     if file_mesh is None:
         if world is None:

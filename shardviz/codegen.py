@@ -50,13 +50,13 @@ from .fsdp import (
     MIN_TORCH,
     PUBLIC_DTENSOR,
     PUBLIC_FSDP,
-    Mesh,
     dtensor_module_path,
     fully_shard_module_path,
     parse_version,
     release_label,
     supports_ignored_params,
 )
+from .run.mesh import Mesh
 from .plan import Plan, Unit, as_plan
 from .presets import named_plan
 from .tree import as_tree

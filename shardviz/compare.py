@@ -14,8 +14,9 @@ import pandas as pd
 
 from . import display
 from .analysis import Analysis, analyze
-from .format import byte_unit, fmt, worst_rank
-from .fsdp import Mesh
+from .format import byte_unit, fmt
+from .run.mesh import worst_rank
+from .run.mesh import Mesh
 from .plan import as_plan
 from .tree import as_tree
 from .display import DEFAULT_TRAINING

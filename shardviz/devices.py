@@ -420,36 +420,6 @@ def memory_fit(peak: int, reserved: int, device_memory: int | None, reserve: int
                      *((int(host), None if host_memory is None else int(host_memory), int(host_ranks)) if host > 0 else ()))
 
 
-class DeviceLimits:
-    """What ``fsdp.Mesh`` judges memory with, from its ``device_memory``, ``memory_reserve``,
-    ``safety_margin``, ``expandable_segments`` and ``judge`` fields."""
-
-    def fit(self, peak: int, reserved: int, cpu_peak: int = 0) -> MemoryFit | None:
-        """``memory_fit`` of the allocated ``peak`` and the caching allocator's ``reserved`` peak,
-        judged on the reserved one unless ``judge="allocated"``; None without ``device_memory``.
-        Both are required: a verdict always knows the figure it judges. ``cpu_peak``: the worst rank's
-        host RAM under CPU offload (``a.memory.cpu_peak``), times the ranks of a node (``host_ranks``)
-        judged against ``host_memory``."""
-        ranks = self.host_ranks
-        return memory_fit(peak, reserved, self.device_memory, self.memory_reserve, self.safety_margin, self.judge,
-                          allocator_text(self.expandable_segments), int(cpu_peak) * ranks, self.host_memory, ranks)
-
-    @property
-    def host_ranks(self) -> int:
-        """The ranks one node's host RAM serves: ``ranks_per_node``, or the whole world when smaller."""
-        return min(self.ranks_per_node, self.world)
-
-    @property
-    def usable_memory(self) -> int | None:
-        """``device_memory`` less ``memory_reserve``: the limit every fits verdict draws and uses."""
-        return None if self.device_memory is None else usable_memory(self.device_memory, self.memory_reserve)
-
-    @property
-    def limit_text(self) -> str | None:
-        """The limit in words: "79.00 GiB usable (80.00 GiB − 1.00 GiB reserve)"."""
-        return None if self.device_memory is None else limit_text(self.device_memory, self.memory_reserve)
-
-
 # Sources (full URLs and the page each figure is read from in docs/step-time.md).
 _NV_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _NV_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"

@@ -13,8 +13,9 @@ import math
 import os
 
 from .step import BREAKDOWN
-from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent, worst_rank
+from .format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent
 from .step import timing
+from .run.mesh import worst_rank
 from .tree import base_model, peft_configs
 # the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
 from .step.timing import step_text, timeline_figure  # noqa: F401 - re-exported for every view
@@ -132,7 +133,7 @@ def _rank_bars(analysis, table, rows: list[dict]) -> list[dict]:
 
 
 def worst_bar(analysis) -> dict:
-    """The bar of the worst rank alone (``format.worst_rank``): what ``compare`` draws per layout."""
+    """The bar of the worst rank alone (``run.worst_rank``): what ``compare`` draws per layout."""
     table = analysis.memory
     rank = worst_rank(table)
     row = next(r for r in _rank_rows(table) if r["rank"] == rank)

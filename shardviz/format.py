@@ -89,11 +89,6 @@ def format_percent(fraction: float) -> str:
     return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
 
 
-def worst_rank(memory: pd.DataFrame) -> int:
-    """The rank with the highest peak in a memory table (``a.memory``); the first such rank on a tie."""
-    return int(memory["rank"].iloc[int(memory["peak"].to_numpy().argmax())])
-
-
 def format_shape(shape) -> str:
     """``(128256, 8192)`` -> ``"128,256 × 8,192"``; a 0-dim shape is ``"scalar"``."""
     dims = tuple(shape)

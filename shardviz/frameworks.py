@@ -139,7 +139,7 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
             if "accelerate config" in str(exc):
                 raise
             raise config_error(label, str(exc), body, model, release) from None
-    from .fsdp import Mesh
+    from .run.mesh import Mesh
 
     pc_shape = _parallelism_shape(env, mesh.world)
     run_mesh = Mesh(shard=pc_shape[1], replicate=pc_shape[0]) if pc_shape else mesh

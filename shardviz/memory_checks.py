@@ -3,9 +3,9 @@
 ``check_memory(inputs)`` judges the worst rank's peak with the one fits verdict (``Analysis.fit``:
 the caching allocator's reserved peak against device memory less the reserve, with the safety
 margin); when it is over or tight, ``memory_fixes`` tries the changes ``sv.search`` tries, one at a
-time, each priced with ``CheckInputs.price`` (its peak and its step time) and written both in Python
+time, each priced with ``AnalysisView.price`` (its peak and its step time) and written both in Python
 and as CLI flags. A what-if that fails is a fix marked ``failed``, said in the finding, never raised.
-Called by ``checks.findings_of``; it reads the stages it is given (``check_inputs.CheckInputs``), never the analysis.
+Called by ``checks.findings_of``; it reads the stages it is given (``check_inputs.AnalysisView``), never the analysis.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from .check_inputs import CheckInputs
+from .check_inputs import AnalysisView, worst_peak
 from .finding import Finding
-from .format import format_bytes, format_duration, worst_rank
+from .format import format_bytes, format_duration
+from .run.mesh import worst_rank
 from .checkpointing import parse_checkpoint
 from .presets import find_blocks
 
@@ -41,14 +42,14 @@ class MemoryFix(NamedTuple):
     failed: str | None = None  # the what-if could not be analysed: why (peak is then None)
 
 
-def _priced(inputs: CheckInputs, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
-    """``text``'s change priced (``CheckInputs.price``): its peak, and its step time
+def _priced(inputs: AnalysisView, text: str, micro_batches: int = 1, hardware: bool = False, flags: str = "", **change) -> MemoryFix:
+    """``text``'s change priced (``AnalysisView.price``): its peak, and its step time
     (``micro_batches`` steps of the smaller micro-batch make the plan's own tokens).
     A what-if that fails is a fix with ``failed`` set: it never crashes the analysis."""
     try:
         priced = inputs.price(**change, timed=True)
         peak, reserved = priced.peak, priced.reserved_peak
-        new, own = priced.step_time_s, inputs.step_time_s()
+        new, own = priced.step_time_s, inputs.step.step_time_s
     except Exception as exc:  # noqa: BLE001 - the finding says it could not be priced instead
         return MemoryFix(text, None, hardware=hardware, flags=flags, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
     if new is None or own is None:
@@ -61,17 +62,17 @@ def _every_kth(tree, blocks: list[str], preset: str, covered) -> list[str]:
     return [b for b in parse_checkpoint(preset).chosen(blocks) if b not in covered]
 
 
-def _fits(inputs: CheckInputs, fix: MemoryFix) -> bool:
+def _fits(inputs: AnalysisView, fix: MemoryFix) -> bool:
     """The one fits verdict (``Mesh.fit``: device memory less the reserve, judged on the reserved
     peak): the fix keeps the safety margin, or at least fits when the plan itself is over; a what-if
     that failed does not fit."""
     if fix.peak is None:
         return False
     fit = inputs.mesh.fit(fix.peak, fix.reserved)
-    return fit.verdict == "fits" or (fit.fits and not inputs.fit().fits)
+    return fit.verdict == "fits" or (fit.fits and not inputs.fit.fits)
 
 
-def _checkpoint_fixes(inputs: CheckInputs) -> list[MemoryFix]:
+def _checkpoint_fixes(inputs: AnalysisView) -> list[MemoryFix]:
     """Every block checkpointed, then every 2nd, every 3rd (``CHECKPOINT_FIXES``) while they fit."""
     tree, plan = inputs.tree, inputs.plan
     blocks = [tree.modules[b].fqn for b in find_blocks(tree)]
@@ -101,7 +102,7 @@ def _micro_batches(batch: int) -> list[int]:
     return [b for b in range(batch // 2, 0, -1) if batch % b == 0]
 
 
-def _batch_fix(inputs: CheckInputs) -> list[MemoryFix]:
+def _batch_fix(inputs: AnalysisView) -> list[MemoryFix]:
     """The largest smaller micro-batch that fits, accumulated to the same sequences per step
     (``Training.grad_accum``: reduce-scatter on the last micro-batch only, as the exported
     ``train_step`` does), found by bisection over ``_micro_batches`` (a smaller micro-batch holds less)."""
@@ -124,22 +125,22 @@ def _batch_fix(inputs: CheckInputs) -> list[MemoryFix]:
     return [best] if best is not None else []
 
 
-def _expandable_fix(inputs: CheckInputs) -> list[MemoryFix]:
+def _expandable_fix(inputs: AnalysisView) -> list[MemoryFix]:
     """``expandable_segments:True``: the same step, the reserved peak of the other allocator setting
     (``CostModel.reserved_overhead``, no new analysis), at no cost in time."""
     mesh = inputs.mesh
     if mesh.expandable_segments or mesh.judge != "reserved":
         return []
-    peak = inputs.peak()
-    own = inputs.step_time_s()
+    peak = worst_peak(inputs)
+    own = inputs.step.step_time_s
     return [MemoryFix("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (sv.Mesh(expandable_segments=True); "
                       "the exported code then sets it)", peak, own, None if own is None else 0.0,
-                      reserved=peak + inputs.reserved_overhead(True), flags="--expandable-segments")]
+                      reserved=peak + inputs.costs.reserved_overhead(True), flags="--expandable-segments")]
 
 
-def memory_fixes(inputs: CheckInputs) -> list[MemoryFix]:
+def memory_fixes(inputs: AnalysisView) -> list[MemoryFix]:
     """Changes that bring the peak under the usable memory (``Mesh.fit``), cheapest first, each with its new peak
-    and the time it costs (``MemoryFix``), each priced as the analysis prices its own step (``CheckInputs.price``).
+    and the time it costs (``MemoryFix``), each priced as the analysis prices its own step (``AnalysisView.price``).
 
     The changes are those ``sv.search`` tries, one at a time: shard the LoRA adapters instead of
     ignoring them, the step without the key/value cache (when it keeps one), checkpoint every block / every 2nd / every 3rd (``CHECKPOINT_FIXES``), a smaller
@@ -155,7 +156,7 @@ def memory_fixes(inputs: CheckInputs) -> list[MemoryFix]:
         out.append(_priced(inputs, "shard the LoRA adapters with their blocks instead of ignoring them "
                                      "(sv.Plan.auto(model, lora='sharded'))", plan=plan.without_ignored(lora_ignored),
                            flags="--lora sharded"))
-    if training.with_activations and inputs.cache.use_cache and not inputs.cache_refused():
+    if training.with_activations and inputs.cache.use_cache and not inputs.cache_refused:
         out.append(_priced(inputs, "run the step without the key/value cache (Training(use_cache=False), CLI "
                                      "--no-use-cache; model.config.use_cache = False)",
                            training=replace(training, use_cache=False), flags="--no-use-cache"))
@@ -197,22 +198,22 @@ def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
             f"{sign}{format_duration(abs(fix.cost_s))})")
 
 
-def _largest_calls(inputs: CheckInputs) -> tuple[list, dict]:
+def _largest_calls(inputs: AnalysisView) -> tuple[list, dict]:
     """The three calls whose unsharded parameters are largest as the step holds them: the bytes of
     their forward all-gather (in the call's ``param_dtype``, as torch gathers them), or their
     stored bytes when a call gathers nothing (one rank, or no mixed precision to read)."""
-    comm = inputs.comm()
+    comm = inputs.comm
     ag = comm[(comm["collective"] == "all_gather") & (comm["phase"] == "forward") & (comm["group"] == "shard")]
     gathered = {str(u): int(b) for u, b in zip(ag["unit"], ag["bytes"])}
-    rows = list(inputs.units().itertuples(index=False))
+    rows = list(inputs.units.itertuples(index=False))
     sizes = {r.unit: gathered.get(str(r.unit), int(r.padded_unsharded_bytes)) for r in rows}
     return sorted(rows, key=lambda r: -sizes[r.unit])[:3], sizes
 
 
-def _host_finding(inputs: CheckInputs, fit) -> Finding:
+def _host_finding(inputs: AnalysisView, fit) -> Finding:
     """SV201 for the host: what CPU offload keeps in a node's host RAM (``a.memory``'s cpu columns,
     the worst rank's), over ``Mesh.host_memory``; the fixes are the host's, not the device's."""
-    mem = inputs.memory()
+    mem = inputs.memory
     row = mem.loc[mem["cpu_peak"].idxmax()]
     kinds = {"offloaded params": row["cpu_params"], "offloaded grads": row["cpu_grads"],
              "optimizer states": row["cpu_optimizer"]}
@@ -224,7 +225,7 @@ def _host_finding(inputs: CheckInputs, fit) -> Finding:
     return Finding("SV201", "error", f"{fit.headline} (rank {int(row['rank'])}'s host RAM: {top})", (), fix)
 
 
-def check_memory(inputs: CheckInputs) -> list[Finding]:
+def check_memory(inputs: AnalysisView) -> list[Finding]:
     """SV201: the predicted peak of some rank does not fit ``Mesh.device_memory`` less
     ``Mesh.memory_reserve`` (``Analysis.fit``: judged on the caching allocator's reserved peak),
     an error; or it fits inside the safety margin ("tight"), a warning. The fix is the cheapest
@@ -233,9 +234,9 @@ def check_memory(inputs: CheckInputs) -> list[Finding]:
     naming host RAM, with the host's fixes (``_host_finding``)."""
     if inputs.mesh.device_memory is None:
         return []
-    mem = inputs.memory()
+    mem = inputs.memory
     worst = worst_rank(mem)  # a.memory has one row per rank, indexed by rank
-    fit = inputs.fit()
+    fit = inputs.fit
     if fit.verdict == "fits":
         return []
     if fit.margin >= 0 and fit.host_over:  # the device holds the step, a node's host RAM does not

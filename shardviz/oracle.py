@@ -21,7 +21,7 @@ from torch import nn
 from .activations.profile import strip_wrapper
 from .checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from .analysis import analyze
-from .fsdp import Mesh
+from .run.mesh import Mesh
 from .plan import Plan, as_plan
 from .tp import LAYOUT_FIELDS
 

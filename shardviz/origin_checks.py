@@ -13,7 +13,7 @@
 | SV309 | info     | explicit prefetch recorded; memory and step time keep torch's default prefetch (not modelled) |
 
 ``capture_findings`` runs when the plan is captured (it needs only the model and the calls);
-``check_origin`` runs among ``run_checks`` (SV304 prices fp32 with ``CheckInputs.price``);
+``check_origin`` runs among ``run_checks`` (SV304 prices fp32 with ``AnalysisView.price``);
 ``in_user_terms`` adds to the engine's own findings (SV001 a tie split by two calls, SV103 trainable
 parameters in no call, ...) the fix said where the user makes it: the YAML key, the line of their code.
 """
@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from .check_inputs import CheckInputs, reduce_scatter_sent
+from .check_inputs import AnalysisView, reduce_scatter_sent, worst_peak
 from .finding import Finding
 from .format import format_bytes
 from .plan import Plan
@@ -125,19 +125,19 @@ def capture_findings(model, plan: Plan, env: dict | None = None) -> list[Finding
     return found
 
 
-def low_precision_reduce(inputs: CheckInputs) -> list[Finding]:
+def low_precision_reduce(inputs: AnalysisView) -> list[Finding]:
     """SV304: trainable gradients reduced in bf16/fp16, with what fp32 reduction would cost."""
     plan, training = inputs.plan, inputs.training
     units = [u for u in plan.units if (training.unit_defaults(u).reduce_dtype if training else u.reduce_dtype) in LOW_PRECISION]
-    params = inputs.params()
+    params = inputs.params
     trainable = set(params.loc[params["requires_grad"], "unit"].dropna())
     units = [u for u in units if u.name in trainable]
     if not units:
         return []
     fp32 = plan.with_units([replace(u, reduce_dtype="float32") if u in units else u for u in plan.units])
     other = inputs.price(fp32, traffic=True)
-    rs_now, rs_fp32 = reduce_scatter_sent(inputs.comm()), other.reduce_scatter_sent
-    peak_now, peak_fp32 = inputs.peak(), other.peak
+    rs_now, rs_fp32 = reduce_scatter_sent(inputs.comm), other.reduce_scatter_sent
+    peak_now, peak_fp32 = worst_peak(inputs), other.peak
     dtype = training.unit_defaults(units[0]).reduce_dtype if training else units[0].reduce_dtype
     return [Finding(
         "SV304", "warning",
@@ -149,7 +149,7 @@ def low_precision_reduce(inputs: CheckInputs) -> list[Finding]:
         n_fqns=len(units), all_fqns=tuple(u.name for u in units))]
 
 
-def check_origin(inputs: CheckInputs) -> list[Finding]:
+def check_origin(inputs: AnalysisView) -> list[Finding]:
     """The capture's own findings (SV301-SV306) and SV304, for a captured plan; [] for any other."""
     plan = inputs.plan
     origin = plan.origin

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, NamedTuple, Sequence, Union
 
-from .checkpointing import FULL, POLICY_SPELLINGS, SELECTIVE, CheckpointPolicy, CheckpointPreset, parse_checkpoint
+from .checkpointing import FULL, POLICY_SPELLINGS, SELECTIVE, CheckpointPolicy
 from .finding import Finding
 from .tp import TensorParallel
 from .tree import ModelTree, as_tree
@@ -522,51 +522,6 @@ class Plan:
         edited = Edited.from_obj(obj["edited"]) if "edited" in obj else None
         plan = cls(units, ignored, name, checkpoint, tensor_parallel, prefetch=prefetch, origin=origin, edited=edited)
         return plan.with_setup({k: obj[k] for k in SETUP_FIELDS if k in obj})
-
-    def to_accelerate(self, model, world_size: int = 8) -> tuple[str, list[str]]:
-        """(YAML, what it cannot express): the accelerate config closest to this plan, checked by running
-        the installed accelerate on it (``shardviz.frameworks.to_accelerate``)."""
-        from .frameworks import to_accelerate
-
-        return to_accelerate(model, self, world_size)
-
-    # -- presets -------------------------------------------------------------
-    @classmethod
-    def from_accelerate(cls, model, config, world_size: int | None = None, mesh=None) -> "Plan":
-        """The plan the installed accelerate's own FSDP2 preparation makes for ``model`` from ``config``
-        (the YAML ``accelerate config`` writes, or its ``fsdp_config`` mapping plus ``mixed_precision``),
-        run on a meta copy under the fake process group (``shardviz.frameworks``)."""
-        from .frameworks import from_accelerate
-
-        return from_accelerate(model, config, world_size=world_size, mesh=mesh)
-
-    @classmethod
-    def auto(cls, model, lora: str = "sharded", checkpoint: str | CheckpointPreset | None = None,
-             tensor_parallel=None) -> "Plan":
-        """Per-block preset: every repeated block, the embeddings, [final norm, lm_head], the root.
-
-        ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
-        parameter in ``ignored``; "separate" gives each LoRA adapter module its own call.
-        ``checkpoint``: None; "blocks" wraps every block in ``checkpoint_wrapper``; "every k"
-        (``"every 2"``, ...) every k-th block, as torchtitan's "selective layer" option does
-        (its 1-based block counter: blocks k-1, 2k-1, ... counting from 0); "selective" every
-        block with the "selective" policy (torchtitan's "selective op"); or a ``CheckpointPreset``.
-        ``tensor_parallel``: None; True: the model's own plan (what transformers'
-        ``from_pretrained(tp_plan="auto")`` applies); "torchtitan": torchtitan's Llama-family plan
-        (``shardviz.tp``); or a mapping module FQN -> style.
-        """
-        from .presets import auto_plan
-
-        if lora not in LORA_OPTIONS:
-            raise ValueError(f"lora={lora!r}: expected one of {LORA_OPTIONS}")
-        preset = parse_checkpoint(checkpoint)  # a bad value fails before the walk
-        tree = as_tree(model)
-        plan = auto_plan(tree, lora, preset)
-        if tensor_parallel is None or tensor_parallel is False:
-            return plan
-        from .tp_presets import preset
-
-        return plan.with_tensor_parallel(preset(tree, tensor_parallel))
 
     def __repr__(self) -> str:
         label = f"{self.name!r}, " if self.name else ""

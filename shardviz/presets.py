@@ -1,4 +1,4 @@
-"""``Plan.auto``: the per-block layout that torchtitan and torchtune use, found from the tree.
+"""``sv.auto_plan`` (``sv.Plan.auto``): the per-block layout that torchtitan and torchtune use, found from the tree.
 
 Above ``fsdp`` in the layers: calls that would share a parameter are found with ``Layout`` (the
 engine's ownership rule) and joined into one call."""
@@ -10,8 +10,10 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
-from .fsdp import Layout, Mesh
+from .fsdp import Layout
+from .run.mesh import Mesh
 from .plan import LORA_OPTIONS, Plan, Unit, closest_hint
+from .tp_presets import preset as tp_preset
 from .tree import ModelTree, as_tree, children_with_params, subtree_numel
 
 
@@ -62,9 +64,30 @@ def _topmost_without(tree: ModelTree, module: int, avoid: list[int]) -> int:
         module = parent
 
 
-def auto_plan(tree: ModelTree, lora: str, checkpoint: str | CheckpointPreset | None = None) -> Plan:
+def auto_plan(model, lora: str = "sharded", checkpoint: str | CheckpointPreset | None = None,
+              tensor_parallel=None) -> Plan:
+    """``sv.Plan.auto`` / ``sv.auto_plan``: the per-block preset: every repeated block, the embeddings,
+    [final norm, lm_head], the root (``model``: an ``nn.Module`` or a ``ModelTree``).
+
+    ``lora``: "sharded" keeps LoRA in its block's call; "ignored" lists every LoRA
+    parameter in ``ignored``; "separate" gives each LoRA adapter module its own call.
+    ``checkpoint``: None; "blocks" wraps every block in ``checkpoint_wrapper``; "every k"
+    (``"every 2"``, ...) every k-th block, as torchtitan's "selective layer" option does
+    (its 1-based block counter: blocks k-1, 2k-1, ... counting from 0); "selective" every
+    block with the "selective" policy (torchtitan's "selective op"); or a ``CheckpointPreset``.
+    ``tensor_parallel``: None; True: the model's own plan (what transformers'
+    ``from_pretrained(tp_plan="auto")`` applies); "torchtitan": torchtitan's Llama-family plan
+    (``shardviz.tp``); or a mapping module FQN -> style.
+    """
+    if lora not in LORA_OPTIONS:
+        raise ValueError(f"lora={lora!r}: expected one of {LORA_OPTIONS}")
+    parse_checkpoint(checkpoint)  # a bad value fails before the walk
+    tree = as_tree(model)
     plan, blocks = _auto_calls(tree, lora)
-    return checkpointed(plan, blocks, lora, checkpoint, tree)
+    plan = checkpointed(plan, blocks, lora, checkpoint, tree)
+    if tensor_parallel is None or tensor_parallel is False:
+        return plan
+    return plan.with_tensor_parallel(tp_preset(tree, tensor_parallel))
 
 
 def _auto_calls(tree: ModelTree, lora: str) -> tuple[Plan, list[str]]:

@@ -23,7 +23,7 @@ from .analysis import analyze
 from .finding import TITLES
 from .format import COLUMNS, column_kind, format_bytes, format_count, format_value
 from .highlight import python_html
-from .fsdp import Mesh
+from .run.mesh import Mesh
 
 WIDGET = Path(__file__).parent / "widget"
 #: A table longer than this, or code longer than ``FOLD_CODE_LINES``, opens on demand.

@@ -82,7 +82,7 @@ def test_analysis_findings_calls_run_checks():
 
 
 def test_findings_price_their_what_ifs_without_the_analysis(monkeypatch):
-    """The checks read the stages they are given (``CheckInputs``); SV201's fixes and SV113 are
+    """The checks read the stages they are given (``check_inputs.AnalysisView``); SV201's fixes and SV113 are
     priced with its ``price``, never by calling back into ``Analysis.what_if``."""
     from shardviz import zoo
 
@@ -258,3 +258,17 @@ def test_memory_findings_from_the_cost_model_are_included():
 
 
 GOOD_BIGHEAD = sv.Plan([f"blocks.{i}" for i in range(4)] + ["embed", "head", ""])
+
+
+def test_analysis_satisfies_the_view_the_checks_read():
+    """The checks read a typed view (``check_inputs.AnalysisView``, a Protocol), not a bag of lambdas:
+    every member it declares is the ``Analysis``' own, and ``isinstance`` holds on a real analysis."""
+    import typing
+
+    from shardviz.check_inputs import AnalysisView
+
+    members = typing.get_protocol_members(AnalysisView) if hasattr(typing, "get_protocol_members") else (
+        {*AnalysisView.__annotations__, *(k for k in vars(AnalysisView) if not k.startswith("_"))})
+    a = sv.analyze(sv.zoo.tiny_llama_lora(), None, sv.Mesh(4))
+    missing = sorted(m for m in members if not hasattr(sv.Analysis, m) and m not in vars(a))
+    assert missing == [] and isinstance(a, AnalysisView)

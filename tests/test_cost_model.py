@@ -239,9 +239,9 @@ def test_tables_are_the_frames_pandas_builds(model, mesh):
 def test_device_memory_finding(model):
     plan = sv.Plan.auto(model, lora="sharded")
     fits = sv.analyze(model, plan, sv.Mesh(8, device_memory="80GiB"))
-    assert memory_findings(fits.check_inputs()) == [] and not [f for f in fits.findings if f.code == "SV201"]
+    assert memory_findings(fits) == [] and not [f for f in fits.findings if f.code == "SV201"]
     tight = sv.analyze(model, plan, sv.Mesh(8, device_memory="100KiB"))
-    found = memory_findings(tight.check_inputs())
+    found = memory_findings(tight)
     assert [f.code for f in found] == ["SV201"] and found[0].severity == "error"
     message = found[0].message
     parts = tight.peak_breakdown(0)

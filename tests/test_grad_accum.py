@@ -102,7 +102,7 @@ def test_sv201_splits_the_micro_batch_into_the_same_sequences_with_flags_that_re
     device_memory, flags = _sv201_at_batch_9(model, capsys)
     mesh = sv.Mesh(8, device="H100", device_memory=device_memory, memory_reserve=0, judge="allocated")
     a = sv.analyze(model, sv.Plan.auto(model), mesh, replace(DEFAULT_TRAINING, batch_size=9, seq_len=256))
-    fixes = [f for f in memory_fixes(a.check_inputs()) if "--grad-accum" in f.flags]
+    fixes = [f for f in memory_fixes(a) if "--grad-accum" in f.flags]
     assert [f.flags for f in fixes] == ["--batch-size 3 --grad-accum 3"]
     assert "the same 9 sequences per step" in fixes[0].text and "last micro-batch only" in fixes[0].text
     sv201 = next(f for f in a.findings if f.code == "SV201")

@@ -103,7 +103,7 @@ def test_the_inspector_and_the_chart_payload_read_the_one_verdict(model):
 
 def test_the_verdict_line_names_the_device_rank_apart_from_the_host(model):
     from shardviz.display import verdict_text
-    from shardviz.format import worst_rank
+    from shardviz.run.mesh import worst_rank
 
     a, plain = _analyze(model), _analyze(model, offload=False)
     assert verdict_text(a) == f"{a.fit.headline}; device peak on rank {worst_rank(a.memory)}"

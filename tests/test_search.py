@@ -317,7 +317,7 @@ def test_sv201_prices_each_fix_with_the_step_model():
     limit = limits()["between"]  # nothing fits without checkpointing
     plan = sv.Plan.auto(model(), lora="sharded")
     a = sv.analyze(model(), plan, replace(MESH, device_memory=limit), TRAINING)
-    fixes = memory_fixes(a.check_inputs())
+    fixes = memory_fixes(a)
     assert fixes and all(f.peak <= limit and f.cost_s is not None for f in fixes)
     plain = [f for f in fixes if not f.hardware]
     assert [f.cost_s for f in plain] == sorted(f.cost_s for f in plain)  # cheapest first, by time

@@ -6,7 +6,8 @@ step) is ``shardviz.step``.
 - ``setup``: the mesh and training of a plan file, as JSON.
 """
 
-from ..format import format_bytes, worst_rank
+from ..format import format_bytes
+from ..run.mesh import worst_rank
 from .training import OPTIMIZERS, Training
 
 __all__ = ["OPTIMIZERS", "Training", "format_bytes", "worst_rank"]

@@ -13,7 +13,7 @@ import difflib
 from dataclasses import asdict, fields
 
 from ..devices import DEVICES, Device, Efficiency
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from .training import Training
 
 

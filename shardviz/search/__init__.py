@@ -44,7 +44,7 @@ import pandas as pd
 from ..cost import Training
 from ..cost.training import DEFAULT_TRAINING
 from ..format import format_bytes
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..plan import Plan
 from ..tree import ModelTree, as_tree
 from .candidates import CHECKPOINTS, Candidate, candidates

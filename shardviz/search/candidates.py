@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..checks import CHECKPOINT_FIXES
 from ..cost import Training
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..plan import LORA_OPTIONS
 
 QUANT_WORDS = {"sharded": "4-bit sharded (bf16 storage)",

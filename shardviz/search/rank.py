@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..analysis import Analysis
 from ..format import format_bytes, format_duration, format_plural
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 
 if TYPE_CHECKING:
     from .rows import Measured, Row

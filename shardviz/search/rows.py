@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar, Union
 
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from .candidates import Candidate
 
 

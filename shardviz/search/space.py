@@ -12,8 +12,9 @@ from ..activations import step_cache
 from ..analysis import Analysis, analyze
 from ..cost import Training
 from .. import devices
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..plan import Plan, Unit
+from ..presets import auto_plan
 from ..tree import ModelTree
 from .candidates import Candidate
 
@@ -60,7 +61,7 @@ class Space:
     def _plan(self, c: Candidate) -> Plan:
         key = (c.lora, c.checkpoint, c.tensor)
         if key not in self._auto:
-            auto = Plan.auto(self.tree, lora=c.lora, checkpoint=c.checkpoint)
+            auto = auto_plan(self.tree, lora=c.lora, checkpoint=c.checkpoint)
             self._auto[key] = auto.with_tensor_parallel(self.tp_entries) if c.tensor > 1 else auto
         auto = self._auto[key]
         if c.reshard_after_forward is None and not c.offload:

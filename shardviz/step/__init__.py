@@ -24,7 +24,8 @@ summed per ``fully_shard`` call, so a widget toggle costs O(calls), not O(parame
 - ``timing``: the step time of one analysis (``a.step``, ``a.time``, the timeline).
 """
 
-from ..format import format_bytes, worst_rank
+from ..format import format_bytes
+from ..run.mesh import worst_rank
 from .calls import OUTSIDE, Call, calls_with_nested_calls
 from .levels import ActivationLevels, NoActivations, activation_levels
 from .model import CostModel, cost_model

@@ -23,7 +23,7 @@ class CostModel:
     resident state and the optimizer states per shard coordinate; ``step``: the simulated
     forward + backward (``step.simulation``)."""
 
-    mesh: object  # fsdp.Mesh
+    mesh: object  # run.Mesh
     training: Training
     units: list[Call]
     resident: ResidentState

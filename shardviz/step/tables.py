@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..format import worst_rank
+from ..run.mesh import worst_rank
 from .calls import OUTSIDE
 from .collectives import Collectives
 from .model import CostModel

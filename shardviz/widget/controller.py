@@ -28,7 +28,7 @@ from typing import Any
 from ..analysis import Analysis, analyze
 from ..compare import Comparison
 from ..files import write_text_atomic
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..plan import Plan, as_plan
 from ..tree import ModelTree
 from ..display import DEFAULT_TRAINING, header_card  # DEFAULT_TRAINING: what the Inspector assumes

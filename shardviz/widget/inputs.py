@@ -18,7 +18,7 @@ import re
 
 from ..devices import device_by_name
 from ..format import format_bytes, format_count, parse_size
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 # the sequence-length warning is the command line's and the report's too: one function, in shardviz.display
 from ..display import max_positions, seq_len_note  # noqa: F401
 

@@ -37,7 +37,7 @@ import traitlets
 from comm import DummyComm
 
 from ..format import format_bytes, format_large_count, format_plural
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..highlight import python_html
 from ..presets import preset_key
 from . import bundle, panels, protocol

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from ..fsdp import Mesh
+from ..run.mesh import Mesh
 from ..plan import Plan
 
 
