@@ -293,7 +293,7 @@ class Layout:
             raise ValueError(f"no parameter named {fqn!r}.{closest_hint(fqn, self.tree.param_index)}")
         p = self.tree.param_index[fqn]
         _, coord = self.mesh.coords(rank)
-        shape = self.tree.params[p].shape
+        shape = self.tree.params[p].dequantized_shape or self.tree.params[p].shape  # a torchao NF4Tensor's own shape
         if self.param_status[p] != "sharded":
             return shape
         return (local_rows(shape[0], self.mesh.shard, coord),) + shape[1:]

@@ -33,6 +33,7 @@ def test_float8_all_gather_matches_fully_shard(world):
     assert not [f for f in a.findings if f.code == "SV122"]
     gathers = a.comm[(a.comm.collective == "all_gather") & a.comm.unit.str.contains("layers")]
     assert set(gathers.dtype) == {"uint8"}
+    assert sv.verify(model, plan, mesh).empty
     step_only = SimpleNamespace(comm=a.comm[a.comm.phase != "optimizer"])  # fake_run's step has no optimizer row
     amax = a.comm[a.comm.phase == "optimizer"]
     for rank in (0, world - 1):

@@ -38,6 +38,7 @@ def test_params_and_all_gathers_match_fully_shard(world):
     a = sv.analyze(model, plan, mesh, training)
     assert not [f for f in a.findings if f.severity == "error"], a.findings
     assert set(a.params.dtype[a.params.fqn.str.endswith("proj.base_layer.weight")]) == {"uint8"}
+    assert sv.verify(model, plan, mesh).empty  # placements and local (NF4, dequantized-shape) shards: torch's
     for rank in (0, world - 1):
         truth = fake_run(nf4_llama, plan, mesh, training, rank)
         row = a.memory.iloc[rank]
