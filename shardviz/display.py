@@ -306,11 +306,7 @@ def timeline_payload(analysis) -> dict:
         st = analysis.step_time
     except Exception as exc:  # noqa: BLE001 - a view shows why (a plan torch refuses) instead of breaking
         return {"available": False, "reason": f"no step time: {type(exc).__name__}: {exc}"}
-    payload = timing.timeline_payload(st)
-    if payload.get("available"):  # the Inspector's header card: the step's three figures
-        step = st.step
-        payload["headline"] = {"step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s, "mfu": step.mfu}
-    return payload
+    return timing.timeline_payload(st)
 
 
 def traffic_payload(analysis) -> dict:

@@ -17,12 +17,11 @@ def test_apply_fix_is_fix_plan_as_one_undo_step():
     m = model()
     plan = sv.Plan(["0", "1"])  # the last layer in no call: torch's root call must take it
     ins = Inspector(m, plan=plan, mesh=sv.Mesh(shard=4, device_memory="80GiB"), background=False)
-    top = ins.findings[0]
+    top = ins.summary["card"]["finding"]  # the card's top finding (display.header_card)
     a = sv.analyze(m, plan, mesh=ins.mesh, training=ins.training)
     finding = next(f for f in a.findings if f.code == top["code"])
     want = sv.fix_plan(a, finding)
-    assert want is not None and top["fix_applies"] is True
-    assert all(f["fix_applies"] is False for f in ins.findings[1:])  # only the card's finding is priced
+    assert want is not None and top["applies"] is True
     ack = ins.handle_action("apply_fix", {"code": top["code"]})
     assert ack["ok"], ack
     assert ins.plan.units == want.units and ins.plan.ignored == want.ignored

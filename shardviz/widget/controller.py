@@ -255,12 +255,12 @@ class InspectorState:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
         return self._lazy("findings", lambda: panels.findings_payload(self.analysis))
 
-    def card(self, with_findings: bool = True) -> dict:  # the header card: the report's dict (display.header_card)
-        return self._lazy("card" if with_findings else "card_numbers", lambda: header_card(
+    def card(self, with_findings: bool = True) -> dict:  # the header card (display.header_card, the report's too)
+        return self._lazy(f"card{with_findings}", lambda: header_card(
             self.analysis, self.analysis.findings if with_findings else None))
 
     def apply_fix(self, code: str) -> None:  # a finding's fix that is a plan change, as one undo step
-        self._commit(plan=plan_actions.finding_fix(self, code), note=f"applied the fix of {code}; undo goes back")
+        self._commit(plan=plan_actions.finding_fix(self, code), edit=False, note=f"applied the fix of {code}; undo goes back")
 
     @property
     def comparison(self) -> dict:

@@ -27,7 +27,6 @@ runs, the summary shows it with a cancel button.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -451,18 +450,8 @@ def _suggest(ins: Inspector, kw: dict) -> None:
 
 
 def _apply_fix(ins: Inspector, kw: dict) -> None:
-    """The fix of finding ``code`` (the header card's "apply"), as one undo step: ``sv.fix_plan``."""
-    st = ins.controller
-    analysis = st.analysis
-    finding = next((f for f in analysis.findings if f.code == kw["code"]), None)
-    if finding is None:
-        raise ValueError(f"finding {kw['code']!r}: not among the current plan's findings")
-    plan = panels.fix_plan_or_none(analysis, finding)
-    if plan is None:
-        raise ValueError(f"finding {kw['code']}: its fix is not a change of plan ({finding.fix})")
-    # one undo step; the plan says what it is (an unnamed plan read "custom plan")
-    st.set_plan(dataclasses.replace(plan, name=f"{st.plan.name or 'custom plan'}, {finding.code} fixed"))
-    st.say("info", f"applied the fix of {finding.code}: {finding.fix}")
+    """The fix of finding ``code`` (the header card's "apply"), as one undo step (``InspectorState.apply_fix``)."""
+    ins.controller.apply_fix(kw["code"])
 
 
 def _block_action_args(kw: dict) -> dict:

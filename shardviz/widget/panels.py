@@ -14,7 +14,6 @@ import traceback
 from ..format import format_bytes
 from ..finding import TITLES
 from .plan_names import shown_name
-from ..fixes import fix_plan
 from ..display import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
                      training_text)
 
@@ -31,7 +30,7 @@ def findings_payload(analysis) -> list[dict]:
         return [{"code": "SV000", "severity": "error", "message": f"the checks failed: {type(exc).__name__}: {exc}",
                  "fqns": [], "n_fqns": 0, "fix": ""}]
     out = []
-    for i, f in enumerate(findings):
+    for f in findings:
         out.append({
             "code": f.code,
             "title": TITLES.get(f.code, ""),  # every code explained where it is shown
@@ -40,18 +39,8 @@ def findings_payload(analysis) -> list[dict]:
             "fqns": list(f.fqns[:50]),
             "n_fqns": f.n_fqns,
             "fix": f.fix,
-            # the top finding (the header card's): can its fix be applied as a change of plan?
-            "fix_applies": i == 0 and fix_plan_or_none(analysis, f) is not None,
         })
     return out
-
-
-def fix_plan_or_none(analysis, finding):
-    """``sv.fix_plan``: the plan the finding's fix describes, or None (not a plan change, or it fails)."""
-    try:
-        return fix_plan(analysis, finding)
-    except Exception:  # noqa: BLE001 - no button then; the finding's text still says the fix
-        return None
 
 
 #: The A vs B table, top to bottom: (key of ``Comparison.table``, label, "bytes" or "count", group).

@@ -10,6 +10,7 @@ model first, so an error (``ValueError``) names the module or parameter and the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from enum import Enum
 
 from .. import presets
@@ -336,8 +337,8 @@ def parse_reshard_after_forward(value):
 
 
 def finding_fix(state, code: str) -> Plan:
-    """The plan a finding's fix describes (``fixes.fix_plan``); ``ValueError`` when the current plan
-    has no such finding or its fix is not a change of plan."""
+    """The plan a finding's fix describes (``fixes.fix_plan``), named "<plan>, SVxxx fixed"; ``ValueError``
+    when the current plan has no such finding or its fix is not a change of plan."""
     from ..fixes import fix_plan
 
     found = [f for f in state.analysis.findings if f.code == code]
@@ -346,4 +347,4 @@ def finding_fix(state, code: str) -> Plan:
     plan = fix_plan(state.analysis, found[0])
     if plan is None:
         raise ValueError(f"finding {code}: its fix is not a change of plan ({found[0].fix[:120]})")
-    return plan
+    return replace(plan, name=f"{state.plan.name or 'custom plan'}, {code} fixed")

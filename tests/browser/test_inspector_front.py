@@ -193,9 +193,9 @@ def test_header_card_says_the_answer_first(page, model):
     # the top finding, with "apply fix" where its fix is a change of plan
     broken = inspector(model, plan=sv.Plan([L0]), mesh=sv.Mesh(shard=4, device="H100"))
     si = StaticInspector(page, broken, width=1240)
-    top = broken.findings[0]
+    top = broken.summary["card"]["finding"]
     assert si.widget.locator(".sv-card-finding").get_attribute("data-code") == top["code"]
-    assert top["fix_applies"]
+    assert top["applies"]
     si.widget.locator(".sv-apply-fix").click()
     page.wait_for_function(f"() => document.querySelector('.sv-card-finding')?.dataset.code !== '{top['code']}'")
     assert top["code"] not in {f["code"] for f in broken.findings}

@@ -59,17 +59,16 @@ function fitBar(use) {
   return h("div", { class: "sv-fit" }, bar, scale);
 }
 
-// the step's three figures, from the timeline payload (a.step_time)
-function stepFigures(tl) {
-  const s = tl && tl.available ? tl.headline : null;
-  if (!s || s.step_time_s == null) return h("div", { class: "sv-card-step sv-muted", text: (tl && tl.reason) || "step time: give a batch size" });
+// the step's three figures, from the card (display.header_card: a.step, computed once in Python)
+function stepFigures(card) {
+  if (!card || card.step_time_s == null) return h("div", { class: "sv-card-step sv-muted", text: (card && card.untimed) || "step time: give a batch size" });
   const fig = (label, value, cls) => h("span", { class: `sv-card-fig ${cls}` }, h("span", { class: "sv-card-fig-label", text: label }), h("b", { text: value }));
   return h(
     "div",
     { class: "sv-card-step" },
-    fig("step", fmt(s.step_time_s, "seconds"), "sv-card-steptime"),
-    fig("tokens/s per rank", fmt(s.tokens_per_s, "count"), "sv-card-tokens"),
-    fig("MFU", fmt(s.mfu, "percent"), "sv-card-mfu"),
+    fig("step", fmt(card.step_time_s, "seconds"), "sv-card-steptime"),
+    fig("tokens/s per rank", fmt(card.tokens_per_s, "count"), "sv-card-tokens"),
+    fig("MFU", fmt(card.mfu, "percent"), "sv-card-mfu"),
   );
 }
 
@@ -79,19 +78,20 @@ function firstSentence(text) {
   return m ? m[1] : text || "";
 }
 
-function topFinding(ctx, list, stale, openFindings) {
-  const f = list[0];
+// the card's top finding (display.header_card: errors first, "applies" where its fix is a plan change)
+function topFinding(ctx, card, list, stale, openFindings) {
+  const f = card && card.finding;
   const more = list.length > 1 ? h("a", { class: "sv-card-more", href: "#", text: `all ${fmt(list.length, "int")} findings`, onclick: (e) => (e.preventDefault(), openFindings()) }) : null;
   const updating = stale ? h("span", { class: "sv-card-updating", role: "status" }, h("span", { class: "sv-spinner", "aria-hidden": "true" }), "updating") : null;
   if (!f) return h("div", { class: `sv-card-finding sv-muted${stale ? " sv-stale" : ""}` }, "no findings: torch accepts this plan and nothing looks costly", updating);
-  const apply = f.fix_applies
+  const apply = f.applies
     ? h("button", { class: "sv-btn sv-apply-fix", text: "apply fix", disabled: stale, title: `${f.fix} (one undo step)`, onclick: () => ctx.send("apply_fix", { code: f.code }) })
     : null;
   return h(
     "div",
     { class: `sv-card-finding${stale ? " sv-stale" : ""}`, "data-code": f.code },
     h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }),
-    h("b", { class: "sv-card-code", text: f.code }),
+    h("b", { class: "sv-card-code", text: f.code, title: f.title || "" }),
     h("span", { class: "sv-card-finding-text", text: firstSentence(f.message), title: f.fix ? `${f.message}\nfix: ${f.fix}` : f.message }),
     apply,
     more,
@@ -101,13 +101,14 @@ function topFinding(ctx, list, stale, openFindings) {
 
 export function headerCard(ctx, { openFindings }) {
   const el = h("div", { class: "sv-card", role: "region", "aria-label": "the answer" });
-  const shown = { lastFull: null, lastStep: null };
+  const shown = { lastFull: null, lastCard: null };
   function render() {
     const sm = ctx.model.get("summary") || {};
     if (!sm.model) return el.replaceChildren();
     const pending = !!sm.pending;
-    const tl = ctx.model.get("timeline") || {};
-    if (!pending) shown.lastStep = tl;
+    // the card is null until full numbers are in: the last full card stays on screen meanwhile
+    if (sm.card) shown.lastCard = sm.card;
+    const card = sm.card || shown.lastCard;
     const full = pending && shown.lastFull ? shown.lastFull : sm;
     el.classList.toggle("sv-card-pending", pending);
     el.dataset.verdict = full.use ? full.use.verdict : "none";
@@ -115,8 +116,8 @@ export function headerCard(ctx, { openFindings }) {
     el.replaceChildren(
       h("div", { class: "sv-card-verdict" }, peakItem(sm, shown)),
       fitBar(full.use),
-      stepFigures(pending && shown.lastStep ? shown.lastStep : tl),
-      topFinding(ctx, ctx.model.get("findings") || [], !!sm.findings_stale, openFindings),
+      stepFigures(card),
+      topFinding(ctx, card, ctx.model.get("findings") || [], !!sm.findings_stale || !(card && card.findings_ready), openFindings),
     );
   }
   return { el, render };
