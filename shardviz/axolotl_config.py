@@ -190,6 +190,10 @@ def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = 
     plan = cap.plan(Origin("axolotl", label, f"axolotl {release}, accelerate {accelerate.__version__}"))
     if cap.error is not None:
         raise ValueError(f"axolotl config {label}: axolotl's FSDP2 preparation raised: {cap.error.message}")
+    from .frameworks import with_findings
+    from .origin_checks import capture_findings
+
+    plan = with_findings(plan, capture_findings(model, plan, env))  # SV304 bf16 reduction, SV306 the fp32 upcast, ...
     if cfg.gradient_checkpointing:
         from .hf_checkpointing import in_forward_checkpointed, priced_with
 
