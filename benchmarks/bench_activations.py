@@ -22,8 +22,8 @@ warnings.filterwarnings("ignore")
 
 from shardviz import zoo  # noqa: E402
 from shardviz.activations import clear_cache, measure_activations  # noqa: E402
-from shardviz.cost import format_bytes  # noqa: E402
-from shardviz.tree import ModelTree  # noqa: E402
+from shardviz.format import format_bytes  # noqa: E402
+from shardviz.model.tree import ModelTree  # noqa: E402
 
 
 def timed(fn):

@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
 from shardviz import zoo  # noqa: E402
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
 
 
 def best_of(fn, repeat=5):

@@ -28,7 +28,7 @@ warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
 from shardviz import zoo  # noqa: E402
-from shardviz.devices import Efficiency  # noqa: E402
+from shardviz.run.devices import Efficiency  # noqa: E402
 
 GiB = 1024**3
 TITAN_2024 = ("torchtitan docs/performance.md (2024, 64 A100)",

@@ -20,7 +20,7 @@ def main() -> dict:
     import torchtune
 
     import shardviz as sv
-    from shardviz.torchtune_config import from_torchtune
+    from shardviz.frameworks.torchtune_config import from_torchtune
 
     recipe = os.path.join(os.path.dirname(torchtune.__file__), "..", "recipes", "configs", "llama3_1", "70B_lora.yaml")
     setup = from_torchtune(recipe, OVERRIDES, mesh=sv.Mesh(PUBLISHED["gpus"], device=PUBLISHED["device"]))

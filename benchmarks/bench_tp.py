@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore")
 
 import shardviz as sv  # noqa: E402
 from shardviz import zoo  # noqa: E402
-from shardviz.devices import DEVICES, default_efficiency  # noqa: E402
+from shardviz.run.devices import DEVICES, default_efficiency  # noqa: E402
 
 TETON = dataclasses.replace(DEVICES["H100"], name="H100 (Grand Teton, 500 W)", memory="96GB", hbm_gbps=2400)
 TETON_LOW = dataclasses.replace(TETON, bf16_tflops=835, fp16_tflops=835)

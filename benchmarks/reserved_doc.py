@@ -38,7 +38,7 @@ def deepseek_v3():
     with peft LoRA r=16 on every projection (the experts' fused 3-D parameters included)."""
     from transformers import DeepseekV3Config
 
-    from shardviz.load import load_model
+    from shardviz.model.load import load_model
 
     with tempfile.TemporaryDirectory() as d:
         config = DeepseekV3Config()

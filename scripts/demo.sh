@@ -17,7 +17,7 @@ import pandas as pd
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.format import worst_rank
+from shardviz.run.mesh import worst_rank
 
 pd.set_option("display.width", 250, "display.max_colwidth", 70, "display.max_rows", 60)
 model = zoo.llama3_8b(lora=True)

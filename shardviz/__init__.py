@@ -1,25 +1,25 @@
 """shardviz: see what PyTorch FSDP2's ``fully_shard`` does to a model before training it."""
 
 from .analysis import Analysis, analyze
-from .codegen import export_code
+from .export.codegen import export_code
 from .compare import Comparison, Sweep, compare, sweep
-from .cost import Training
-from .devices import Device, Efficiency
+from .run.training import Training
+from .run.devices import Device, Efficiency
 from .finding import Finding, PlanError
-from .fixes import fix_plan
+from .checks.fixes import fix_plan
 from .format import fmt  # any table for reading: sv.fmt(a.memory)
 from .run.mesh import Mesh
 from .plan import Plan, Unit
 from .search import Search, search
-from .tree import ModelTree
+from .model.tree import ModelTree
 from . import tp  # sv.tp: the tensor-parallel rules (styles, TP-local shapes)
 from . import zoo  # sv.zoo: example models, no download (transformers is imported when one is built)
-from .load import load_model
-from .oracle import verify
-from .capture import capture
-from .trainer_config import TrainerSetup, from_trainer  # a Trainer / TRL run's arguments, read by transformers
-from .torchtune_config import TorchtuneSetup, from_torchtune  # a torchtune recipe, read by torchtune (its own venv)
-from .axolotl_config import AxolotlSetup, from_axolotl  # an axolotl YAML, read by axolotl (its own venv)
+from .model.load import load_model
+from .export.oracle import verify
+from .frameworks.capture import capture
+from .frameworks.trainer_config import TrainerSetup, from_trainer  # a Trainer / TRL run's arguments, read by transformers
+from .frameworks.torchtune_config import TorchtuneSetup, from_torchtune  # a torchtune recipe, read by torchtune (its own venv)
+from .frameworks.axolotl_config import AxolotlSetup, from_axolotl  # an axolotl YAML, read by axolotl (its own venv)
 from .presets import auto_plan  # sv.auto_plan(model, lora=..., checkpoint=..., tensor_parallel=...)
 from .frameworks import from_accelerate, to_accelerate  # a framework's own preparation, run through capture
 

@@ -23,7 +23,7 @@ import pandas as pd
 from torch import nn
 
 from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
-from .check_inputs import Priced, reduce_scatter_sent
+from .checks.check_inputs import Priced, reduce_scatter_sent
 from .checks import findings_of, selective_with_cache
 from .step import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table)
@@ -31,7 +31,7 @@ from .step import peak_breakdown as peak_breakdown_of
 from .step.collectives import Collectives, step_collectives
 from .step.params import tree_arrays
 from .run.mesh import worst_rank
-from .cost.training import DEFAULT_TRAINING
+from .run.training import DEFAULT_TRAINING
 from .finding import Finding
 from .fsdp import Layout, parse_version
 from .run.mesh import Mesh
@@ -40,7 +40,7 @@ from .presets import auto_plan
 from .step.timing import StepInputs, StepSummary, StepTime, efficiency_for, timeline_figure, timeline_payload
 from .step.timing import step_time as time_the_step
 from .tp import cached_local_model, local_tree, tensor_collectives
-from .tree import ModelTree, as_tree
+from .model.tree import ModelTree, as_tree
 
 
 def _dtype_name(dtype) -> str:
@@ -408,7 +408,7 @@ def analyze(model, plan=None, mesh: Mesh | None = None, training=None, *, strict
     ``torch_version``: the release the plan will run on ("2.6", ...); ``findings`` follow it
     (SV101 for ``ignored`` before 2.7, SV110 for a grouped call before 2.5). Default: the installed torch.
     ``training``: an ``sv.Training``; None: ``sv.Training()``, the one default every entry point
-    assumes (AdamW, bf16 parameters, fp32 reduction; ``cost.training.DEFAULT_TRAINING``).
+    assumes (AdamW, bf16 parameters, fp32 reduction; ``run.training.DEFAULT_TRAINING``).
     """
     tree = as_tree(model)
     plan = as_plan(plan) if plan is not None else auto_plan(tree)

@@ -12,14 +12,14 @@ from dataclasses import replace
 
 import pandas as pd
 
-from . import display
+from .views import display
 from .analysis import Analysis, analyze
 from .format import byte_unit, fmt
 from .run.mesh import worst_rank
 from .run.mesh import Mesh
 from .plan import as_plan
-from .tree import as_tree
-from .display import DEFAULT_TRAINING
+from .model.tree import as_tree
+from .views.display import DEFAULT_TRAINING
 
 MEMORY_PARTS = ("params", "grads", "optimizer")
 #: What ``Sweep.figure(y=...)`` plots besides memory and traffic: axis title, scale.
@@ -117,7 +117,7 @@ class Comparison:
 
     def chart(self):
         """The memory chart of the layouts, drawn like the Inspector's (SVG, follows JupyterLab's theme)."""
-        from .chart import chart
+        from .views.chart import chart
 
         return chart("memory", self.memory_payload(), title=self.chart_title())
 
@@ -213,7 +213,7 @@ class Sweep:
 
     def chart(self, metric: str = "peak"):
         """The sweep drawn like the Inspector's charts (SVG, follows JupyterLab's theme)."""
-        from .chart import chart
+        from .views.chart import chart
 
         return chart("lines", self.lines_payload(metric))
 

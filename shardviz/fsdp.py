@@ -29,7 +29,7 @@ import numpy as np
 from .finding import Finding, PlanError
 from .plan import Plan, Unit, closest_hint
 from .run.mesh import Mesh
-from .tree import ModelTree, children_with_params, tree_index
+from .model.tree import ModelTree, children_with_params, tree_index
 
 # ---------------------------------------------------------------------------
 # Release-by-release API facts (checked against torch's sources and PRs named below)

@@ -15,10 +15,10 @@ from typing import Iterable, NamedTuple, Sequence, Union
 from .checkpointing import FULL, POLICY_SPELLINGS, SELECTIVE, CheckpointPolicy
 from .finding import Finding
 from .tp import TensorParallel
-from .tree import ModelTree, as_tree
+from .model.tree import ModelTree, as_tree
 
 SCHEMA = "shardviz.plan"
-SCHEMA_VERSION = 2  # 2: may carry the run's "mesh" and "training" (cost.setup), a capture's "prefetch" and "origin",
+SCHEMA_VERSION = 2  # 2: may carry the run's "mesh" and "training" (run.setup), a capture's "prefetch" and "origin",
 # the Inspector's "edited"
 READ_VERSIONS = (1, 2)  # a plan with none of version 2's fields is written as version 1, as before
 SETUP_FIELDS = ("mesh", "training")  # what a version-2 file records of the run (plain JSON objects)
@@ -286,7 +286,7 @@ class Plan:
     # what ``name`` counts when an Inspector named the plan after its edits (None otherwise)
     edited: Edited | None = field(default=None, compare=False, repr=False)
     # what the plan file it was read from says of the run ({"mesh": {...}, "training": {...}}, as
-    # ``cost.setup`` writes them); not part of the plan: edits and comparisons ignore it
+    # ``run.setup`` writes them); not part of the plan: edits and comparisons ignore it
     setup: dict = field(default_factory=dict, compare=False, repr=False, init=False)
 
     # module FQN or pattern -> style (shardviz.tp): parallelize_module on the mesh's "tensor" dim
@@ -444,7 +444,7 @@ class Plan:
 
     # -- JSON -------------------------------------------------------------------
     def to_dict(self, setup: dict | None = None) -> dict:
-        """The plan as JSON data; ``setup`` ({"mesh": {...}, "training": {...}}, see ``cost.setup``) is
+        """The plan as JSON data; ``setup`` ({"mesh": {...}, "training": {...}}, see ``run.setup``) is
         recorded with it, and a captured plan's prefetch and origin (version 2); with none of them the
         file is version 1, as before."""
         setup = {k: v for k, v in (setup or {}).items() if v is not None}
@@ -476,7 +476,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         """A plan file (versions 1 and 2) -> the plan; what a version-2 file records of the run is in
-        ``plan.setup`` (plain JSON objects; ``cost.setup`` turns them into a Mesh and a Training)."""
+        ``plan.setup`` (plain JSON objects; ``run.setup`` turns them into a Mesh and a Training)."""
         try:
             obj = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:

@@ -13,8 +13,8 @@ from .checkpointing import SELECTIVE, CheckpointPreset, parse_checkpoint
 from .fsdp import Layout
 from .run.mesh import Mesh
 from .plan import LORA_OPTIONS, Plan, Unit, closest_hint
-from .tp_presets import preset as tp_preset
-from .tree import ModelTree, as_tree, children_with_params, subtree_numel
+from .tp.tp_presets import preset as tp_preset
+from .model.tree import ModelTree, as_tree, children_with_params, subtree_numel
 
 
 def find_blocks(tree: ModelTree, min_share: float = 0.05) -> list[int]:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import display
+from .views import display
 from .analysis import analyze
 from .finding import TITLES
 from .format import COLUMNS, column_kind, format_bytes, format_count, format_value
-from .highlight import python_html
+from .views.highlight import python_html
 from .run.mesh import Mesh
 
 WIDGET = Path(__file__).parent / "widget"
@@ -232,7 +232,7 @@ def params_section(a) -> str:
 
 
 def code_section(a, plan, mesh, training, torch_version) -> str:
-    from .codegen import export_code
+    from .export.codegen import export_code
 
     try:
         code = export_code(a.tree, plan, mesh=mesh, training=training, torch_version=torch_version)

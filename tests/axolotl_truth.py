@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402
 
 import shardviz as sv  # noqa: E402
-from shardviz.axolotl_config import axolotl_prepare, from_axolotl, fsdp_env  # noqa: E402
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
+from shardviz.frameworks.axolotl_config import axolotl_prepare, from_axolotl, fsdp_env  # noqa: E402
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
 
 WORLD = 4
 

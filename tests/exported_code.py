@@ -14,7 +14,7 @@ import types
 from torch import nn
 
 import shardviz as sv
-from shardviz.oracle import device_mesh, fake_process_group
+from shardviz.export.oracle import device_mesh, fake_process_group
 
 
 def load_exported(code: str, name: str = "exported_fsdp") -> types.ModuleType:

@@ -7,7 +7,7 @@ from typing import Callable
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
 
 WORLD = 4
 

@@ -80,7 +80,7 @@ def test_a_float32_config_says_it_doubles_the_weights(tmp_path):
 
 def test_dropout_on_fused_moe_experts_is_a_clear_message(tmp_path, capsys):
     config, adapter = files(tmp_path, QWEN3_MOE)
-    with pytest.raises(sv.load.ModelFileError) as err:
+    with pytest.raises(sv.model.load.ModelFileError) as err:
         sv.load_model(config, adapter=adapter)
     text = str(err.value)
     assert text.startswith(str(adapter)) and "field 'lora_dropout' is 0.05" in text
@@ -111,7 +111,7 @@ AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}
 def test_a_quantization_config_is_an_error_not_a_silent_price(tmp_path, qc, said):
     config, adapter = files(tmp_path, LLAMA, quantization_config=qc)
     model = sv.load_model(config, adapter=adapter)
-    assert sv.load.source_of(model).quantization == qc  # load_model remembers it (and transformers keeps it)
+    assert sv.model.load.source_of(model).quantization == qc  # load_model remembers it (and transformers keeps it)
     found = findings(model, "SV122")
     assert len(found) == 1 and found[0].severity == "error"
     assert f"{config}: field 'quantization_config' is {{{said}" in found[0].message

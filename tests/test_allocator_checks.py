@@ -10,7 +10,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.allocator_checks import RESERVED_GAP
+from shardviz.checks.allocator_checks import RESERVED_GAP
 from shardviz.format import format_bytes
 
 

@@ -85,7 +85,7 @@ def test_an_axolotl_yaml_given_as_accelerate_config_says_so(tmp_path, capsys):
 def test_missing_axolotl_says_how_to_install():
     from importlib.util import find_spec
 
-    from shardviz.axolotl_config import from_axolotl
+    from shardviz.frameworks.axolotl_config import from_axolotl
 
     if find_spec("axolotl") is not None:
         pytest.skip("axolotl is installed here")

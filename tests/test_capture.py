@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 import shardviz as sv
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
 sys.path.insert(0, os.path.dirname(__file__))
 from capture_truth import checkpointed, torch_calls  # noqa: E402
@@ -53,7 +53,7 @@ def cluster_fsdp(model):
 
 def run_directly(fn, model):
     """The function itself on a meta copy under the fake group: what torch holds afterwards."""
-    from shardviz.capture import _cluster_on_cpu, run_captured  # noqa: F401  (the same CPU patches)
+    from shardviz.frameworks.capture import _cluster_on_cpu, run_captured  # noqa: F401  (the same CPU patches)
 
     cap = type("C", (), {"calls": [], "library": ()})()
     with fake_process_group(0, WORLD):
@@ -287,9 +287,9 @@ def test_a_users_folder_named_like_a_library_is_still_the_users_code():
     import sys
     import traceback
 
-    from shardviz.capture import user_line
+    from shardviz.frameworks.capture import user_line
 
     users = traceback.FrameSummary("/home/u/shardviz/torch/train.py", 7, "main", line="fully_shard(m)")
     assert user_line([users]) == "train.py:7 (fully_shard(m))"
-    ours = traceback.FrameSummary(sys.modules["shardviz.capture"].__file__, 1, "capture", line="fn(model)")
+    ours = traceback.FrameSummary(sys.modules["shardviz.frameworks.capture"].__file__, 1, "capture", line="fn(model)")
     assert user_line([users, ours]) == "train.py:7 (fully_shard(m))"  # shardviz's own frame is skipped

@@ -265,7 +265,7 @@ def test_analysis_satisfies_the_view_the_checks_read():
     every member it declares is the ``Analysis``' own, and ``isinstance`` holds on a real analysis."""
     import typing
 
-    from shardviz.check_inputs import AnalysisView
+    from shardviz.checks.check_inputs import AnalysisView
 
     members = typing.get_protocol_members(AnalysisView) if hasattr(typing, "get_protocol_members") else (
         {*AnalysisView.__annotations__, *(k for k in vars(AnalysisView) if not k.startswith("_"))})

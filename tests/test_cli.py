@@ -14,7 +14,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import cli
-from shardviz.display import DEFAULT_TRAINING
+from shardviz.views.display import DEFAULT_TRAINING
 
 FACTORY = '''
 import torch

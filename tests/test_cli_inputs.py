@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 import shardviz as sv
-from shardviz import cli_args, zoo
+from shardviz.cli import cli_args
+from shardviz import zoo
 from shardviz.cli import SHARED_DEFAULTS, build_parser, main
-from shardviz.devices import DEVICES, device_by_name
+from shardviz.run.devices import DEVICES, device_by_name
 from shardviz.format import parse_size
-from shardviz.display import DEFAULT_TRAINING, library_versions
+from shardviz.views.display import DEFAULT_TRAINING, library_versions
 from shardviz.widget.inputs import parse_device_memory
 
 GiB = 1024**3

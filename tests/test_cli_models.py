@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 import shardviz as sv
-from shardviz import cli, tree
-from shardviz.cost import format_bytes
-from shardviz.display import DEFAULT_TRAINING
+from shardviz import cli
+from shardviz.model import tree
+from shardviz.format import format_bytes
+from shardviz.views.display import DEFAULT_TRAINING
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 T5, T5_DORA = EXAMPLES / "t5-small" / "config.json", EXAMPLES / "t5-small-dora"

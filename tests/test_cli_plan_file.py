@@ -14,9 +14,9 @@ import pytest
 import shardviz as sv
 from shardviz import zoo
 from shardviz.cli import main
-from shardviz.cost.setup import read_setup, setup_obj
+from shardviz.run.setup import read_setup, setup_obj
 from shardviz.format import format_bytes
-from shardviz.display import DEFAULT_TRAINING
+from shardviz.views.display import DEFAULT_TRAINING
 
 WORLD, BATCH, SEQ = 16, 2, 256
 SEARCH = ["plan", "search", "zoo:tiny_llama_lora", "--world-size", str(WORLD), "--device", "H100-80GB",

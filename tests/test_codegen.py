@@ -17,7 +17,7 @@ from torch import nn
 import shardviz as sv
 from shardviz import zoo
 from shardviz.finding import PlanError
-from shardviz.oracle import device_mesh, fake_process_group
+from shardviz.export.oracle import device_mesh, fake_process_group
 from exported_code import apply_under_fake_pg, fully_shard_targets, imports_of, layout_mismatches, load_exported, tiny_plans
 
 VERSIONS = ("2.4", "2.5", "2.6", "2.7", "2.8", "2.13", None)
@@ -182,7 +182,7 @@ def test_applied_layout_matches_prediction(version, layout):
 
 def test_applied_like_torch_oracle(model):
     """Same DTensors and local shapes as shardviz's own oracle (torch's fully_shard with ignored_params)."""
-    from shardviz.oracle import torch_layout
+    from shardviz.export.oracle import torch_layout
 
     plan = tiny_plans(model)["ignored"]
     mesh = sv.Mesh(4)

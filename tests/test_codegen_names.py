@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import shardviz as sv
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
 from exported_code import layout_mismatches, load_exported
 
 NASTY = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import shardviz as sv
-from shardviz import codegen
-from shardviz.codegen import LOOP_FROM
+from shardviz.export import codegen
+from shardviz.export.codegen import LOOP_FROM
 from exported_code import apply_under_fake_pg, fully_shard_targets, imports_of, layout_mismatches, tiny_plans
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

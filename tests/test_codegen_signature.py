@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.oracle import device_mesh, fake_process_group
+from shardviz.export.oracle import device_mesh, fake_process_group
 from exported_code import layout_mismatches, load_exported, tiny_plans
 
 ERROR = "fully_shard() got an unexpected keyword argument 'ignored_params'"

@@ -5,7 +5,7 @@ import pytest
 import shardviz as sv
 from shardviz import zoo
 from shardviz.compare import summarize
-from shardviz.display import DEFAULT_TRAINING  # what compare and sweep assume without a training
+from shardviz.views.display import DEFAULT_TRAINING  # what compare and sweep assume without a training
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
-from shardviz.cost import Training
+from shardviz.run.training import Training
 from shardviz.step.tables import STR_DTYPE
 from torch_truth import tiny_lora
 
@@ -121,7 +121,7 @@ def test_memory_one_row_per_rank_and_consistent(model):
 def test_optimizer_per_rank_follows_torchs_local_shapes(uneven):
     """Later ranks hold fewer rows (or none) of an unevenly sharded parameter: optimizer states shrink,
     padded buffers do not. Expected values come from torch's own fully_shard (local shapes)."""
-    from shardviz.oracle import torch_layout
+    from shardviz.export.oracle import torch_layout
 
     plan, mesh = sv.Plan.auto(uneven, lora="sharded"), sv.Mesh(8)
     a = sv.analyze(uneven, plan, mesh)

@@ -9,7 +9,7 @@ import torch
 
 import shardviz as sv
 from shardviz import report, zoo
-from shardviz.cost.training import DEFAULT_TRAINING
+from shardviz.run.training import DEFAULT_TRAINING
 from shardviz.widget.controller import InspectorState
 
 

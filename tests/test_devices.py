@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 
 import shardviz as sv
-from shardviz.devices import (DEVICES, Device, Efficiency, GiB, MEMORY_RESERVE_BYTES, device_by_name,
-                              usable_memory)
+from shardviz.run.devices import DEVICES, Device, Efficiency, GiB, MEMORY_RESERVE_BYTES, device_by_name, usable_memory
 
 REQUIRED = ("A100-40GB", "A100-80GB", "H100", "H100-PCIe", "H200", "B200", "MI300X", "L40S", "A10G", "RTX-4090", "L4",
             "RTX-3090", "RTX-3090-NVLink")
@@ -141,7 +140,7 @@ def test_comm_table_uses_the_device_bandwidths():
 
 
 def test_stack_presets_take_the_parts_figures_and_the_stacks():
-    from shardviz.devices import DEFAULT_MATMUL, STACKS, default_efficiency, stack_of
+    from shardviz.run.devices import DEFAULT_MATMUL, STACKS, default_efficiency, stack_of
 
     for stack, extra in STACKS.items():
         eff = Efficiency.for_stack(stack, "A100-80GB")

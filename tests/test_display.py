@@ -7,7 +7,7 @@ import pytest
 import shardviz as sv
 from shardviz.format import COLUMNS, byte_unit, format_bytes, format_count, format_duration, format_percent, format_shape
 from shardviz.run.mesh import worst_rank
-from shardviz.display import DEFAULT_TRAINING, training_text
+from shardviz.views.display import DEFAULT_TRAINING, training_text
 
 NBSP = "\u00a0"
 

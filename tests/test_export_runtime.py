@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 import shardviz as sv
-from shardviz import codegen, export_runtime as rt, zoo
+from shardviz.export import codegen
+from shardviz import export_runtime as rt, zoo
 
 SOURCE = Path(rt.__file__).read_text()
 DEFINITIONS = [n.name for n in ast.parse(SOURCE).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
@@ -155,7 +156,7 @@ def test_tensors_and_common_dtype():
 def test_optimizer_param_groups_separates_dtensors():
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-    from shardviz.oracle import device_mesh, fake_process_group
+    from shardviz.export.oracle import device_mesh, fake_process_group
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     model[1].requires_grad_(False)

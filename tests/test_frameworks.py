@@ -16,7 +16,7 @@ import torch
 
 import shardviz as sv
 from shardviz.frameworks import AccelerateConfigError, _config_path, accelerate_prepare, launch_env
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
 sys.path.insert(0, os.path.dirname(__file__))
 from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402

@@ -5,7 +5,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import shardviz as sv
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy, torch_layout
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy, torch_layout
 from handmade import MixedFrozen, Odd, Tied, WeirdKeys, handmade_cases
 
 MESHES = [sv.Mesh(1), sv.Mesh(2), sv.Mesh(3), sv.Mesh(8), sv.Mesh(64), sv.Mesh(4, replicate=2)]
@@ -85,7 +85,7 @@ def test_scalar_parameter_refused_like_torch():
     model.temp = torch.nn.Parameter(torch.tensor(1.0))
     with pytest.raises(sv.PlanError, match="temp"):
         sv.analyze(model, sv.Plan([""]), sv.Mesh(2))
-    from shardviz.oracle import fake_process_group, device_mesh, apply_plan, meta_copy
+    from shardviz.export.oracle import fake_process_group, device_mesh, apply_plan, meta_copy
 
     with fake_process_group(0, 2), pytest.raises(ValueError, match="scalar"):
         apply_plan(meta_copy(model), sv.Plan([""]), device_mesh(sv.Mesh(2)))
@@ -109,7 +109,7 @@ def test_grouped_root_is_an_error():
 
 def test_int_reshard_after_forward_like_torch():
     """torch takes a divisor of the shard size (1 means False, the shard size True) and refuses the rest."""
-    from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+    from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
     mesh = sv.Mesh(8)
     with pytest.raises(sv.PlanError, match="SV005"):

@@ -11,7 +11,7 @@ from torch import nn
 
 import shardviz as sv
 from handmade import Stages
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
 MESH = sv.Mesh(4)
 

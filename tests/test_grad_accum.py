@@ -76,7 +76,7 @@ def _sv201_at_batch_9(model, capsys):
     allocated peak judged, no reserve: the tiny model's reserved peak is the allocator's segments)."""
     from dataclasses import replace
 
-    from shardviz.display import DEFAULT_TRAINING
+    from shardviz.views.display import DEFAULT_TRAINING
 
     def peak(batch, k):
         training = replace(DEFAULT_TRAINING, batch_size=batch, seq_len=256, grad_accum=k)
@@ -94,9 +94,9 @@ def test_sv201_splits_the_micro_batch_into_the_same_sequences_with_flags_that_re
     from dataclasses import replace
 
     from shardviz.cli import main
-    from shardviz.display import DEFAULT_TRAINING
+    from shardviz.views.display import DEFAULT_TRAINING
     from shardviz.format import format_duration
-    from shardviz.memory_checks import _micro_batches, memory_fixes
+    from shardviz.checks.memory_checks import _micro_batches, memory_fixes
 
     assert _micro_batches(9) == [3, 1] and _micro_batches(8) == [4, 2, 1] and _micro_batches(7) == [1]
     device_memory, flags = _sv201_at_batch_9(model, capsys)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import shardviz as sv
-from shardviz.hf_checkpointing import in_forward_checkpointed, priced_with
+from shardviz.frameworks.hf_checkpointing import in_forward_checkpointed, priced_with
 from torch_truth import fake_run, tiny_lora
 
 pytest.importorskip("transformers")

@@ -5,7 +5,7 @@ import pytest
 
 import shardviz as sv
 from shardviz.cli import main
-from shardviz.devices import DEVICES, Device, memory_fit
+from shardviz.run.devices import DEVICES, Device, memory_fit
 from shardviz.format import format_bytes
 
 WORLD, PER_NODE = 4, 2
@@ -88,7 +88,7 @@ def test_cli_offload_with_host_memory_prints_the_host_verdict(model, tmp_path, c
 
 
 def test_the_inspector_and_the_chart_payload_read_the_one_verdict(model):
-    from shardviz import display
+    from shardviz.views import display
     from shardviz.widget.panels import host_ram_text
 
     need = _analyze(model).fit.host
@@ -102,7 +102,7 @@ def test_the_inspector_and_the_chart_payload_read_the_one_verdict(model):
 
 
 def test_the_verdict_line_names_the_device_rank_apart_from_the_host(model):
-    from shardviz.display import verdict_text
+    from shardviz.views.display import verdict_text
     from shardviz.run.mesh import worst_rank
 
     a, plain = _analyze(model), _analyze(model, offload=False)

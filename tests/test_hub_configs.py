@@ -14,7 +14,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import cli
-from shardviz.cost.training import DEFAULT_TRAINING
+from shardviz.run.training import DEFAULT_TRAINING
 
 CONFIGS = Path(__file__).parent / "configs"
 # model folder -> a sequence just past its sliding window (Gemma-3-1B: 512, Phi-3-mini: 2047, Gemma-2-9B: 4096)

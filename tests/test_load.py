@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz.load import ModelFileError
+from shardviz.model.load import ModelFileError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 QWEN, QWEN_LORA = EXAMPLES / "qwen2.5-0.5b", EXAMPLES / "qwen2.5-0.5b-lora"

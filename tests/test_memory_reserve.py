@@ -13,8 +13,9 @@ import functools
 import pytest
 
 import shardviz as sv
-from shardviz import display, zoo
-from shardviz.devices import MEMORY_RESERVE_BYTES, GiB, memory_fit
+from shardviz.views import display
+from shardviz import zoo
+from shardviz.run.devices import MEMORY_RESERVE_BYTES, GiB, memory_fit
 
 TRAINING = sv.Training(batch_size=2, seq_len=64)
 

@@ -6,7 +6,7 @@ import torch
 import shardviz as sv
 from handmade import Odd
 from exported_code import load_exported
-from shardviz.oracle import device_mesh, fake_process_group
+from shardviz.export.oracle import device_mesh, fake_process_group
 
 MIXED = sv.Plan(["a", ""], ignored=["b.weight", "b.bias"])  # a and c sharded, b whole: all trainable
 

@@ -26,7 +26,7 @@ pytest.importorskip("torchao.quantization", reason="torchao NF4: pip install 'sh
 
 
 def _nf4_params(model) -> int:
-    from shardviz.quant_torchao import is_nf4
+    from shardviz.model.quant_torchao import is_nf4
 
     return sum(1 for p in model.parameters() if is_nf4(p))
 
@@ -68,7 +68,7 @@ def test_peak_with_activations_matches_torch():
 
 
 def test_unsplittable_nf4_is_found_and_its_scaler_block_size_shards():
-    from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+    from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
 
     model = nf4_llama()
     plan, mesh = sv.Plan.auto(model), sv.Mesh(shard=8)

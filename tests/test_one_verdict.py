@@ -12,7 +12,7 @@ import pytest
 
 import shardviz as sv
 from shardviz.cli import main
-from shardviz.display import DEFAULT_TRAINING
+from shardviz.views.display import DEFAULT_TRAINING
 from shardviz.format import format_bytes
 
 QWEN_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,

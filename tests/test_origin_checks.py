@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from shardviz import zoo
-from shardviz.origin_checks import upcast_trainable
-from shardviz.tree import as_tree
+from shardviz.checks.origin_checks import upcast_trainable
+from shardviz.model.tree import as_tree
 
 ENV = {"ACCELERATE_MIXED_PRECISION": "bf16"}
 

@@ -46,8 +46,8 @@ def test_declared_dependencies():
     deps = {re.split(r"[<>=!\[ ]", d)[0]: d for d in project["dependencies"]}
     assert "transformers" not in deps and "peft" not in deps
     assert deps["torch"] == "torch>=2.6"  # verify calls torch.distributed.fsdp.fully_shard (public from 2.6)
-    assert "from torch.distributed.fsdp" in (ROOT / "shardviz" / "oracle.py").read_text() or \
-        "torch.distributed.fsdp as" in (ROOT / "shardviz" / "oracle.py").read_text()
+    assert "from torch.distributed.fsdp" in (ROOT / "shardviz" / "export" / "oracle.py").read_text() or \
+        "torch.distributed.fsdp as" in (ROOT / "shardviz" / "export" / "oracle.py").read_text()
     hf = {re.split(r"[<>=!\[ ]", d)[0] for d in project["optional-dependencies"]["hf"]}
     assert hf == {"transformers", "peft"}
     assert "ruff" in {re.split(r"[<>=!\[ ]", d)[0] for d in project["optional-dependencies"]["test"]}

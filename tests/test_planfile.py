@@ -7,7 +7,7 @@ import json
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.cost.setup import read_setup, setup_obj
+from shardviz.run.setup import read_setup, setup_obj
 from shardviz.widget.planfile import PlanFile
 
 

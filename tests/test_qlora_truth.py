@@ -31,7 +31,7 @@ CASES = [("nf4", "bfloat16", False), ("nf4", "bfloat16", True), ("fp4", "uint8",
 
 
 def _described(model) -> dict:
-    from shardviz.quant import quant_state_bytes
+    from shardviz.model.quant import quant_state_bytes
 
     return {n: (type(p).__name__, tuple(p.shape), p.dtype, p.requires_grad, quant_state_bytes(p))
             for n, p in model.named_parameters()}

@@ -19,7 +19,7 @@ import torch
 
 import shardviz as sv
 from qlora_models import ADAPTER, LLAMA, quantized, save_llama
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
 from torch_truth import _collective_recorder
 
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
@@ -81,7 +81,7 @@ def test_8bit_builds_what_transformers_quantizes(tmp_path):
     pytest.importorskip("bitsandbytes")
     from transformers import BitsAndBytesConfig
 
-    from shardviz.quant import quant_state_bytes
+    from shardviz.model.quant import quant_state_bytes
 
     save_llama(tmp_path / "base")
     real = quantized(tmp_path / "base", BitsAndBytesConfig(load_in_8bit=True))

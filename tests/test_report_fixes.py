@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import shardviz as sv
-from shardviz import display, zoo
+from shardviz.views import display
+from shardviz import zoo
 from shardviz.finding import TITLES
 from shardviz.format import COLUMNS
 from shardviz.report import render_report

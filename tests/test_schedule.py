@@ -8,7 +8,7 @@ Base case: forward 2 s, backward 4 s, all-gather 1 s (forward and backward), red
 
 import pytest
 
-from shardviz.devices import DEVICES, Efficiency
+from shardviz.run.devices import DEVICES, Efficiency
 from shardviz.step.collectives import collective_seconds
 from shardviz.step.schedule import StepExtras, UnitTime, optimizer_seconds, schedule_step
 

@@ -23,7 +23,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
 from shardviz.step.schedule import UnitTime, schedule_step
 
 WORLD = 4

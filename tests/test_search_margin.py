@@ -12,8 +12,9 @@ from dataclasses import replace
 import pytest
 
 import shardviz as sv
-from shardviz import display, zoo
-from shardviz.devices import GiB, SAFETY_MARGIN, memory_fit
+from shardviz.views import display
+from shardviz import zoo
+from shardviz.run.devices import GiB, SAFETY_MARGIN, memory_fit
 from shardviz.search.rank import TIGHT_PENALTY
 
 TRAINING = sv.Training(batch_size=2, seq_len=2048)  # compute-bound enough: HSDP splits within 2 %
@@ -107,7 +108,7 @@ def test_a_tight_plan_is_picked_when_nothing_keeping_the_margin_is_close():
 
 def test_cli_takes_the_margin_and_the_allocator_setting():
     from shardviz.cli import build_parser
-    from shardviz.cli_args import allocator_changes as _allocator_changes, resolve_setup
+    from shardviz.cli.cli_args import allocator_changes as _allocator_changes, resolve_setup
 
     args = build_parser().parse_args(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100",
                                       "--safety-margin", "10%", "--expandable-segments", "--judge", "allocated"])

@@ -15,7 +15,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.devices import GiB
+from shardviz.run.devices import GiB
 from shardviz.run.mesh import Mesh
 from shardviz.search.candidates import Candidate
 from shardviz.search.rank import MARGIN_TIE, STEP_TIME_TIE, TIGHT_PENALTY, ranked

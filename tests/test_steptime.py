@@ -19,7 +19,7 @@ from shardviz import zoo
 from shardviz.step import timing as steptime
 from shardviz.activations import opcost
 from shardviz.analysis import Analysis
-from shardviz.devices import Device, Efficiency
+from shardviz.run.devices import Device, Efficiency
 from shardviz.format import OUTSIDE_FSDP
 from shardviz.step.timing import TIME_COLUMNS, timeline_payload
 from torch_truth import fake_run
@@ -161,8 +161,8 @@ def test_without_a_device_or_a_batch_the_step_says_why(model, flops):
         assert word in a.step.reason
         assert a.time.empty and list(a.time.columns) == TIME_COLUMNS and word in a.time.attrs["reason"]
         p = timeline_payload(a.step_time)
-        assert p == {"available": False, "reason": a.step.reason} == sv.display.timeline_payload(a)
-        assert "step time:" in sv.display.step_text(a.step)
+        assert p == {"available": False, "reason": a.step.reason} == sv.views.display.timeline_payload(a)
+        assert "step time:" in sv.views.display.step_text(a.step)
 
 
 def test_the_step_is_a_frozen_value_of_typed_fields(model, flops):
@@ -200,7 +200,7 @@ def test_the_step_is_timed_from_its_inputs_without_the_analysis(model, monkeypat
 
 def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
     a = analysis(model, "ignored")
-    p = sv.display.timeline_payload(a)
+    p = sv.views.display.timeline_payload(a)
     assert p["available"] and p["streams"] == ["compute", "all_gather", "reduce_scatter", "all_reduce"]
     events = p["events"]
     starts = [e["start_s"] for e in events]
@@ -243,7 +243,7 @@ def test_the_report_states_the_step_and_draws_the_timeline(model, flops):
     mesh = sv.Mesh(4, device=ROUND, efficiency=EXACT)
     html = render_report(model, sv.Plan.auto(model), mesh, TRAINING)
     a = sv.analyze(model, sv.Plan.auto(model), mesh, TRAINING)
-    assert sv.display.step_text(a.step).replace("·", "&middot;") in html or sv.display.step_text(a.step) in html
+    assert sv.views.display.step_text(a.step).replace("·", "&middot;") in html or sv.views.display.step_text(a.step) in html
     assert 'data-kind="timeline"' in html
     assert "Step time by call" in html and "matmuls at" in html  # a.time and its assumptions
     no_device = render_report(model, sv.Plan.auto(model), sv.Mesh(4), TRAINING)

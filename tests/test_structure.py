@@ -142,3 +142,62 @@ def test_the_record_counter_finds_a_per_call_record(tmp_path):
     (tmp_path / "m.py").write_text("class A(NamedTuple):\n    unit: int\n    after_forward: bool\n\n\n"
                                    "class B:\n    reshard_after_forward: bool = True\n")
     assert _per_call_records([tmp_path / "m.py"], tmp_path) == {"m.py": {"A"}}
+
+
+# -- The house: layers by concept, and the lowest data type imports nothing above it (issue 36) -----
+MAX_LAYERS = 16
+PYPROJECT = PACKAGE.parent / "pyproject.toml"
+
+
+def _layers() -> list[list[str]]:
+    """The import-linter layers, top first, each as its top-level names (an optional "(x)" as "x")."""
+    import re
+    import tomllib
+
+    contract = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"][0]
+    return [[m.strip().strip("()") for m in re.split(r"[|:]", layer)] for layer in contract["layers"]]
+
+
+def _shardviz_imports(path: Path, package: str = "shardviz") -> set[str]:
+    """Every shardviz module ``path`` imports, at the top or inside a function, as its top-level name."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = (node.module or "").split(".")[0]
+                names = [base] if base else [a.name for a in node.names]
+            elif (node.module or "").split(".")[0] == package:
+                parts = node.module.split(".")
+                names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+            else:
+                names = []
+            out.update(names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith(package + "."))
+    return out
+
+
+def _layer_of(name: str, layers: list[list[str]]) -> int:
+    return next(i for i, layer in enumerate(layers) if name in layer)
+
+
+def test_layers_are_concepts_not_file_sizes():
+    """At most 16 layers: a package is a layer, so the next split of a file does not add one."""
+    layers = _layers()
+    assert 5 <= len(layers) <= MAX_LAYERS, f"{len(layers)} import layers: group modules into packages by concept"
+
+
+def test_plan_imports_nothing_above_it():
+    """plan.py, the lowest data type, imports (anywhere in it, in-function imports included) only
+    modules of layers below its own: no cycle through the presets or the framework readers."""
+    layers = _layers()
+    own = _layer_of("plan", layers)
+    imported = _shardviz_imports(PACKAGE / "plan.py")
+    above = sorted(m for m in imported if _layer_of(m, layers) <= own)
+    assert imported and above == [], f"plan.py imports {above}, not below it in pyproject's layers"
+
+
+def test_upward_import_checker_catches_an_in_function_import(tmp_path):
+    (tmp_path / "plan.py").write_text("from .tree import x\n\n\ndef auto():\n    from .presets import auto_plan\n"
+                                      "    from . import frameworks\n    import shardviz.checks.fixes\n")
+    assert _shardviz_imports(tmp_path / "plan.py") == {"tree", "presets", "frameworks", "checks"}

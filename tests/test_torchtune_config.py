@@ -1,6 +1,6 @@
 """sv.from_torchtune / --torchtune-config against torchtune's own code.
 
-torchtune 0.6.1 and peft cannot share a torchao (see shardviz/torchtune_config.py), so torchtune runs in
+torchtune 0.6.1 and peft cannot share a torchao (see shardviz/frameworks/torchtune_config.py), so torchtune runs in
 its own venv (``scripts/setup.sh --torchtune`` makes ``.venv-torchtune``; ``SHARDVIZ_TORCHTUNE_PYTHON``
 names another). ``tests/torchtune_truth.py`` runs there: torchtune's recipe steps (its
 ``set_activation_checkpointing`` and ``shard_model``) on a meta copy under the fake process group, outside
@@ -101,7 +101,7 @@ def test_chunked_loss_is_the_step():
 def test_missing_torchtune_says_how_to_install():
     from importlib.util import find_spec
 
-    from shardviz.torchtune_config import from_torchtune
+    from shardviz.frameworks.torchtune_config import from_torchtune
 
     if find_spec("torchtune") is not None:
         pytest.skip("torchtune is installed here")
@@ -110,7 +110,7 @@ def test_missing_torchtune_says_how_to_install():
 
 
 def test_torchao_conflict_is_named_with_the_pair_that_works():
-    from shardviz.torchtune_config import WORKING_PAIR, torchao_conflict
+    from shardviz.frameworks.torchtune_config import WORKING_PAIR, torchao_conflict
 
     assert "int4_weight_only" in torchao_conflict("0.18.0", None) and WORKING_PAIR in torchao_conflict("0.16.0", None)
     assert "peft 0.21.2" in torchao_conflict("0.15.0", "0.21.2")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
-from shardviz.tree import as_tree
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.model.tree import as_tree
 
 
 def llama():
@@ -381,7 +381,7 @@ def test_sweep_and_compare_take_the_tensor_degree():
     plan = sv.Plan.auto(m, tensor_parallel=True)
     sw = sv.sweep(m, {"tp": plan}, world_sizes=(4, 8), tensor=2)
     assert list(sw.table.tensor) == [2, 2]
-    a = sv.analyze(m, plan, sv.Mesh(shard=4, tensor=2), sv.display.DEFAULT_TRAINING)
+    a = sv.analyze(m, plan, sv.Mesh(shard=4, tensor=2), sv.views.display.DEFAULT_TRAINING)
     assert sw.table.peak.iloc[1] == int(a.memory.peak.max())
     cmp = sv.compare(m, {"FSDP": sv.Plan.auto(m), "FSDP x TP": plan}, mesh=sv.Mesh(shard=2, tensor=2))
     assert cmp.table.peak["FSDP x TP"] < cmp.table.peak["FSDP"]

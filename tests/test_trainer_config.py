@@ -21,8 +21,8 @@ import shardviz as sv
 from shardviz import zoo
 from shardviz.cli import main
 from shardviz.frameworks import AccelerateConfigError
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
-from shardviz.trainer_config import trainer_prepare, training_arguments
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+from shardviz.frameworks.trainer_config import trainer_prepare, training_arguments
 
 sys.path.insert(0, os.path.dirname(__file__))
 from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402

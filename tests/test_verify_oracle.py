@@ -4,7 +4,7 @@ import pytest
 
 import shardviz as sv
 from handmade import Nested, Odd, handmade_cases
-from shardviz import oracle
+from shardviz.export import oracle
 
 
 def test_ignored_and_unmanaged_come_from_torch(monkeypatch):

@@ -58,12 +58,12 @@ def test_widget_export_tab_save_and_verify(model, ins, tmp_path):
 
 
 def test_exported_code_is_highlighted_in_python_once(ins):
-    """The export arrives as HTML from the one highlighter (pygments, shardviz/highlight.py), with
+    """The export arrives as HTML from the one highlighter (pygments, shardviz/views/highlight.py), with
     its line count: the front end parses nothing, and the report uses the same function."""
     import html
 
     from shardviz import report
-    from shardviz.highlight import python_html
+    from shardviz.views.highlight import python_html
 
     ins.tab = "export"
     code = ins.code

@@ -12,7 +12,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz import display
+from shardviz.views import display
 from shardviz.widget import Inspector, InspectorState
 from shardviz.widget.controller import DEFAULT_TRAINING, plan_changes
 from widget_helpers import L0, MESH, Q0

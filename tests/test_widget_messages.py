@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import shardviz as sv
-from shardviz import display
+from shardviz.views import display
 from shardviz.widget import panels, protocol
 from shardviz.widget.inspector import ACTION_HANDLERS
 from widget_helpers import EMBED, L0, L1, Q0, Q0_A, Wire, assert_numbers_match, fresh, group_id, torch_shard

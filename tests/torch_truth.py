@@ -41,7 +41,7 @@ from torch import nn
 
 import shardviz as sv
 from shardviz.activations.measure import image_prefix_inputs
-from shardviz.oracle import apply_plan, fake_process_group
+from shardviz.export.oracle import apply_plan, fake_process_group
 from truth_tracker import see_post_forward_shards, state_tracker, unsharded_params, unsharded_storages
 
 SEQ = 16
@@ -328,7 +328,7 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     ``Training.step_use_cache``: the config's, off with checkpointing, the step sv prices).
     """
     from shardviz.activations import config_use_cache
-    from shardviz.oracle import device_mesh
+    from shardviz.export.oracle import device_mesh
 
     if use_cache is None and config_use_cache(model):  # the step sv prices (Training.step_use_cache)
         use_cache = training.step_use_cache(True, bool(plan.checkpoint))

@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402
 
 import shardviz as sv  # noqa: E402
-from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
-from shardviz.torchtune_config import from_torchtune, recipe_shard  # noqa: E402
+from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy  # noqa: E402
+from shardviz.frameworks.torchtune_config import from_torchtune, recipe_shard  # noqa: E402
 
 WORLD = 4
 
@@ -67,7 +67,7 @@ def export_back(path):
     ignored parameter cannot be said."""
     from dataclasses import replace
 
-    from shardviz.torchtune_config import to_torchtune
+    from shardviz.frameworks.torchtune_config import to_torchtune
 
     target = from_torchtune(path, ["enable_activation_checkpointing=False", "fsdp_reshard_after_forward=False",
                                    "custom_sharded_layers=['tok_embeddings']"], world_size=WORLD).plan

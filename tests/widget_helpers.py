@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 import shardviz as sv
-from shardviz import display
+from shardviz.views import display
 from shardviz.widget import Inspector
 from shardviz.widget import bundle
 
@@ -91,7 +91,7 @@ def torch_shard(model, plan, mesh, rank, fqn):
     """(padded shard shape, local shape) of parameter ``fqn`` on ``rank``, from torch's own fully_shard."""
     from torch.distributed.fsdp import fully_shard
 
-    from shardviz.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
+    from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, meta_copy
 
     copy_ = meta_copy(model)
     with fake_process_group(rank, mesh.world):

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
-from ..tree import ModelTree, as_tree, base_model
+from ..model.tree import ModelTree, as_tree, base_model
 from .flops import flop_counter, module_costs, module_flops
 from .kernels import attention_note
 from .kvcache import KVRelease

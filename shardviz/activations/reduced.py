@@ -12,8 +12,8 @@ from torch import nn
 
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
-from ..quant_torchao import is_nf4
-from ..tree import ModelTree
+from ..model.quant_torchao import is_nf4
+from ..model.tree import ModelTree
 from .profile import strip_wrapper
 
 # A variant's checkpointed paths: frozenset of (path inside the block, CheckpointPolicy).

@@ -13,8 +13,19 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..devices import (MEMORY_RESERVE_BYTES, SAFETY_MARGIN, Device, Efficiency, MemoryFit, allocator_text,
-                       check_fit_settings, limit_text, memory_fit, mesh_defaults, usable_memory)
+from .devices import (
+    MEMORY_RESERVE_BYTES,
+    SAFETY_MARGIN,
+    Device,
+    Efficiency,
+    MemoryFit,
+    allocator_text,
+    check_fit_settings,
+    limit_text,
+    memory_fit,
+    mesh_defaults,
+    usable_memory,
+)
 from ..format import format_plural, parse_size
 
 
@@ -64,7 +75,7 @@ class Mesh(DeviceLimits):
 
     Global rank r sits at (r // shard, r % shard), as ``init_device_mesh(..., (replicate, shard))`` lays it out.
     Bandwidths (GB/s per rank, one direction) are optional and only feed the time estimate.
-    ``device`` (a name from ``shardviz.devices.DEVICES`` or an ``sv.Device``) fills
+    ``device`` (a name from ``shardviz.run.devices.DEVICES`` or an ``sv.Device``) fills
     ``device_memory``, the bandwidths and ``ranks_per_node`` (its GPUs per node) where they are not
     given; fields given explicitly win over the device's row. Without a device: 8 ranks per node.
     ``efficiency`` (an ``sv.Efficiency``): the fractions of the device's peaks a step achieves, for

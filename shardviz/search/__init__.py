@@ -41,12 +41,12 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ..cost import Training
-from ..cost.training import DEFAULT_TRAINING
+from ..run.training import Training
+from ..run.training import DEFAULT_TRAINING
 from ..format import format_bytes
 from ..run.mesh import Mesh
 from ..plan import Plan
-from ..tree import ModelTree, as_tree
+from ..model.tree import ModelTree, as_tree
 from .candidates import CHECKPOINTS, Candidate, candidates
 from .rank import COLUMNS, explain, ranked, step_numbers, table
 from .rows import Measured, Pruned, Row, Rule
@@ -198,7 +198,7 @@ def _inputs(model, mesh: Mesh, training: Training | None) -> tuple[ModelTree, Me
         raise ValueError(f"search: mesh must be a shardviz.Mesh, got {type(mesh).__name__}")
     if mesh.device_memory is None:
         raise ValueError("search: Mesh.device_memory is needed to tell what fits, e.g. sv.Mesh(64, device_memory='80GiB')")
-    training = training if training is not None else DEFAULT_TRAINING  # the one default (cost.training)
+    training = training if training is not None else DEFAULT_TRAINING  # the one default (run.training)
     if not isinstance(training, Training):
         raise ValueError(f"search: training must be a shardviz.Training, got {type(training).__name__}")
     notes = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks import CHECKPOINT_FIXES
-from ..cost import Training
+from ..run.training import Training
 from ..run.mesh import Mesh
 from ..plan import LORA_OPTIONS
 

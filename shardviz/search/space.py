@@ -10,12 +10,12 @@ from functools import cached_property
 
 from ..activations import step_cache
 from ..analysis import Analysis, analyze
-from ..cost import Training
-from .. import devices
+from ..run.training import Training
+from ..run import devices
 from ..run.mesh import Mesh
 from ..plan import Plan, Unit
 from ..presets import auto_plan
-from ..tree import ModelTree
+from ..model.tree import ModelTree
 from .candidates import Candidate
 
 
@@ -92,7 +92,7 @@ def tensor_degrees(tree: ModelTree, mesh: Mesh, tensor) -> tuple[tuple[int, ...]
     """The degrees of ``tensor`` that can run, the model's TP plan for them, and the notes on those
     left out (over a node, not dividing the world, or the model's heads or widths)."""
     from ..tp import local_tree
-    from ..tp_presets import preset
+    from ..tp.tp_presets import preset
 
     kept, notes, entries = [], [], {}
     for t in sorted(set(tensor)):

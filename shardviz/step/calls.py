@@ -13,7 +13,7 @@ from typing import Hashable, NamedTuple
 
 import numpy as np
 
-from ..cost.training import itemsize
+from ..run.training import itemsize
 from .hook_rules import input_needs_grad, output_needs_grad, roots
 from .params import ShardedParams, WholeParams, code_names, dtype_code, n_dtype_codes, sum_per_unit
 from .walk import Walk

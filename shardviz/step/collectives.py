@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..devices import DEFAULT_EFFICIENCY, Efficiency
+from ..run.devices import DEFAULT_EFFICIENCY, Efficiency
 from .calls import OUTSIDE
 
 #: what ``price`` and ``comm_table`` read of a collective: its kind, process group and size, its bytes

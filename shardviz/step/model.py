@@ -12,7 +12,7 @@ from .params import code_names, sharded_params, tree_arrays, whole_params
 from .reserved import traced_step
 from .simulation import StepResult
 from .rank_state import GradientAveraging, OptimizerState, ResidentState, gradient_averaging, optimizer_state, resident_state
-from ..cost.training import Training
+from ..run.training import Training
 from .calls import Call, build_calls, root_post_forwards
 from .walk import execution_walk
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..fsdp import local_rows_table, padded_shard_numel
-from ..tree import tree_index
-from ..cost.training import itemsize
+from ..model.tree import tree_index
+from ..run.training import itemsize
 
 # dtype name -> a small int, so that numpy can count dtypes per call
 _DTYPE_CODES: dict = {}

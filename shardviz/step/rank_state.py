@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .params import ShardedParams, TreeArrays, WholeParams, code_names, per_coord_max, per_coord_sum, promote
-from ..cost.training import Training, itemsize
+from ..run.training import Training, itemsize
 from .calls import Call
 
 

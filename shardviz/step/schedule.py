@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
-from ..devices import DEFAULT_EFFICIENCY, Device, Efficiency
+from ..run.devices import DEFAULT_EFFICIENCY, Device, Efficiency
 from .calls import Call, ParamState
 from .events import Group, Hook, step_events
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from ..activations import opcost
 from ..format import OUTSIDE_FSDP, format_duration
 from .hook_rules import enclosing_root
-from ..devices import Device, Efficiency, default_efficiency, stack_of
+from ..run.devices import Device, Efficiency, default_efficiency, stack_of
 from .calls import OUTSIDE, Call
 from .collectives import Collectives
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, host_optimizer_seconds,
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ..activations import ActivationProfile
-    from ..cost import Training
+    from ..run.training import Training
     from ..fsdp import Layout
-    from ..tree import ModelTree
+    from ..model.tree import ModelTree
 
 TIME_COLUMNS = ["unit", "forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
                 "reduce_scatter_s", "all_reduce_s", "exposed_comm_s"]

@@ -6,16 +6,16 @@
   ``plan_names``, what the typed fields accept in ``inputs``;
 - ``tree_view``: expansion, filters and the visible rows, over ``folding`` (repeated blocks as one
   row) and ``module_stats`` (per-module sizes, bytes and badges);
-- ``panels``: the findings and A vs B payloads, read from ``sv.analyze`` (the charts' are ``shardviz.display``'s);
+- ``panels``: the findings and A vs B payloads, read from ``sv.analyze`` (the charts' are ``shardviz.views.display``'s);
 - ``planfile``: the atomically saved, restorable plan file;
 - ``protocol``: the message schema both halves check;
 - ``inspector.Inspector``: one anywidget, controls included (``front/*.js``, one ES module per
   component importing ``charts.js`` and each other, bundled by ``bundle``; ``inspector.css``:
   shipped files, no npm, no network; ``ANYWIDGET_HMR=1`` reloads a saved edit);
-- ``Chart`` (made by ``shardviz/chart.py``): one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
+- ``Chart`` (made by ``shardviz/views/chart.py``): one chart on its own (``sv.compare(...).chart()``, ``sv.sweep(...).chart()``).
 """
 
-from ..chart import chart_class
+from ..views.chart import chart_class
 from .controller import InspectorState
 from .inspector import Inspector
 from .planfile import PlanFileError

@@ -1,6 +1,6 @@
 // shardviz charts: one drawing of each chart, shared by the Inspector (its modules in front/ import
 // from here; widget/bundle.py reads this classic script's top-level declarations as its exports) and
-// the standalone HTML report (inlined in a <script>). Plain functions, no imports, nothing fetched. They draw the payloads Python computes (shardviz/display.py:
+// the standalone HTML report (inlined in a <script>). Plain functions, no imports, nothing fetched. They draw the payloads Python computes (shardviz/views/display.py:
 // memory_payload, traffic_payload, comparison rows); they never compute a number of their own.
 // Colours and text follow JupyterLab's theme variables (light and dark), with fallbacks.
 

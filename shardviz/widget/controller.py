@@ -30,8 +30,8 @@ from ..compare import Comparison
 from ..files import write_text_atomic
 from ..run.mesh import Mesh
 from ..plan import Plan, as_plan
-from ..tree import ModelTree
-from ..display import DEFAULT_TRAINING, header_card  # DEFAULT_TRAINING: what the Inspector assumes
+from ..model.tree import ModelTree
+from ..views.display import DEFAULT_TRAINING, header_card  # DEFAULT_TRAINING: what the Inspector assumes
 from . import panels, plan_actions, setup_actions, suggest
 from .panels import raised_by, shortened_diff
 from .plan_actions import PRESETS, BlockAction
@@ -546,7 +546,7 @@ class InspectorState:
         """``sv.export_code`` for the current plan, mesh and training (cached until the next change)."""
         key = ("code", torch_version)
         if key not in self._code_cache:
-            from ..codegen import export_code
+            from ..export.codegen import export_code
 
             self._code_cache[key] = export_code(self.model if self.model is not None else self.tree, self.plan,
                                                 mesh=self.mesh, training=self.training, torch_version=torch_version)

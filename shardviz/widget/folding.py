@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..tree import ModelTree
+from ..model.tree import ModelTree
 
 #: Fewest siblings that fold into one row.
 FOLD_MIN = 2

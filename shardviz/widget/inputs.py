@@ -16,11 +16,11 @@ import dataclasses
 import math
 import re
 
-from ..devices import device_by_name
+from ..run.devices import device_by_name
 from ..format import format_bytes, format_count, parse_size
 from ..run.mesh import Mesh
-# the sequence-length warning is the command line's and the report's too: one function, in shardviz.display
-from ..display import max_positions, seq_len_note  # noqa: F401
+# the sequence-length warning is the command line's and the report's too: one function, in shardviz.views.display
+from ..views.display import max_positions, seq_len_note  # noqa: F401
 
 #: Far above every device shardviz knows (the largest has 288 GiB): a larger number is a typo.
 MAX_DEVICE_MEMORY = 64 * 1024**4

@@ -37,7 +37,7 @@ from comm import DummyComm
 
 from ..format import format_bytes, format_large_count, format_plural
 from ..run.mesh import Mesh
-from ..highlight import python_html
+from ..views.highlight import python_html
 from ..presets import preset_key
 from . import bundle, panels, protocol
 from .background import BackgroundPush
@@ -163,7 +163,7 @@ class Inspector(anywidget.AnyWidget):
         st = self.controller
         mesh, tr = st.mesh, st.training
         shard = mesh.shard
-        from ..cost import OPTIMIZERS
+        from ..run.training import OPTIMIZERS
 
         opts = list(OPTIMIZERS)
         if str(tr.optimizer) not in opts:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..step.params import tree_arrays
 from ..fsdp import Layout
-from ..tree import ModelTree
+from ..model.tree import ModelTree
 
 # Status codes of one parameter; a sharded parameter's code is SHARDED + its unit index.
 IGNORED, UNMANAGED, SHARDED = 1, 2, 10

@@ -1,7 +1,7 @@
 """The Inspector's own payloads: the findings list and the A vs B view, as plain JSON-able data.
 
 What the widget shares with the report and ``compare`` (the memory and traffic charts, their
-plotly figures, the training text) lives one layer down in ``shardviz/display.py``; the names the
+plotly figures, the training text) lives one layer down in ``shardviz/views/display.py``; the names the
 Inspector reads through this module are re-exported here so it has one place to read payloads from.
 """
 
@@ -14,8 +14,7 @@ import traceback
 from ..format import format_bytes
 from ..finding import TITLES
 from .plan_names import shown_name
-from ..display import (int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload,
-                     training_text)
+from ..views.display import int_or_zero, memory_figure, memory_payload, timeline_payload, traffic_figure, traffic_payload, training_text
 
 __all__ = ["COMPARISON_ROWS", "MAX_DIFF_SHOWN", "comparison_payload", "findings_payload", "memory_figure",
            "memory_payload", "timeline_payload", "traffic_figure", "traffic_payload", "training_text"]

@@ -339,7 +339,7 @@ def parse_reshard_after_forward(value):
 def finding_fix(state, code: str) -> Plan:
     """The plan a finding's fix describes (``fixes.fix_plan``), named "<plan>, SVxxx fixed"; ``ValueError``
     when the current plan has no such finding or its fix is not a change of plan."""
-    from ..fixes import fix_plan
+    from ..checks.fixes import fix_plan
 
     found = [f for f in state.analysis.findings if f.code == code]
     if not found:

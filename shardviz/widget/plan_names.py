@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from ..plan import Edited, Plan
 from ..presets import preset_plans
-from ..tree import ModelTree
+from ..model.tree import ModelTree
 
 class Edit(NamedTuple):
     """One user action on the plan: the plan entries it changed, and how many edits it stands for

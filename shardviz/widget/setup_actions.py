@@ -48,7 +48,7 @@ def mesh_edit(state, world: int | None = None, replicate: int | None = None, dev
 def tensor_edit(state, tensor: int, world: int | None = None) -> SetupEdit:
     """The tensor-parallel degree (the world kept): with T > 1 and a plan without tensor-parallel
     entries, the model's own plan is added; T = 1 keeps the entries, unused."""
-    from ..tp_presets import preset
+    from ..tp.tp_presets import preset
 
     cur, tensor = state.mesh, int(tensor)
     world = cur.world if world is None else int(world)

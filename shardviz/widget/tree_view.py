@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..format import ROOT_NAME
-from ..tree import ModelTree
+from ..model.tree import ModelTree
 from .folding import Folding, last_name
 from .module_stats import MIXED_SIG, ModuleStats, StaticStats, short_unit_name
 

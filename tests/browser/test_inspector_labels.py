@@ -171,7 +171,7 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
     named = [legend.nth(i).get_attribute("data-cat") for i in range(legend.count())]
     worst = max(widget.locator(".sv-memory .sv-mem-bar").all(), key=lambda b: int(b.get_attribute("data-peak")))
     drawn = [s.get_attribute("data-cat") for s in worst.locator(".sv-seg").all()]
-    from shardviz.display import PEAK_PARTS
+    from shardviz.views.display import PEAK_PARTS
     assert named == drawn + ["reserved"] and drawn == [p for p in PEAK_PARTS if p in drawn]
 
     # traffic labels: the common prefix dropped, the end that names the module kept, full name on hover

@@ -203,7 +203,7 @@ def test_report_explains_itself_and_copies_its_code(tmp_path, chromium_browser):
     expect(button).to_have_text("Copied", timeout=5_000)
     copied = page.evaluate("navigator.clipboard.readText()")
     model = zoo.tiny_llama_lora()
-    from shardviz.display import DEFAULT_TRAINING
+    from shardviz.views.display import DEFAULT_TRAINING
 
     expected = sv.export_code(model, sv.Plan.auto(model, lora="ignored"), mesh=sv.Mesh(8, device="H100"),
                               training=sv.Training(**{**DEFAULT_TRAINING.__dict__, "batch_size": 1, "seq_len": 256}))

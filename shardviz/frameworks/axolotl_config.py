@@ -1,0 +1,204 @@
+"""``sv.from_axolotl``: the model, plan, mesh and training of an axolotl run, read from its YAML by
+axolotl's own code.
+
+Nothing of axolotl's rules is re-implemented here. The YAML goes through axolotl's validated config
+(``axolotl.utils.config.validate_config``: its pydantic schema, with the GPU capabilities of the run
+predicted, then ``normalize_config``). The model is the ``base_model``'s config (a local config.json or
+folder, read by axolotl's ``load_model_config``) built on meta in the config's ``torch_dtype``, its
+adapter made by axolotl's own ``load_lora``. The FSDP2 plan is accelerate's preparation as axolotl runs
+it: axolotl's ``setup_fsdp_envs`` exports the ``FSDP_*`` variables, and ``Accelerator._prepare_fsdp2``'s
+steps run (``frameworks.accelerate_prepare``) with axolotl's own ``fsdp2_prepare_model`` in place of
+accelerate's, as ``patch_accelerate_fsdp2`` puts it (its extra ``fully_shard`` calls on every LoRA
+``lora_A`` / ``lora_B``, its fp32-norm units), through ``sv.capture``. ``gradient_checkpointing: true``
+is Hugging Face's in-forward checkpointing (``hf_checkpointing``; axolotl defaults it to reentrant).
+
+axolotl pins its whole stack (accelerate, transformers, peft, trl, torchao, ...), so it runs in its own
+environment (``scripts/setup.sh --axolotl``: axolotl with ``--no-deps`` plus the pins its config and
+FSDP2 modules import). This registry has axolotl up to 0.19.0; 0.20 and 0.21 are not installable here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+from .capture import as_mesh, run_captured
+from ..plan import Origin, Plan
+
+INSTALL = "scripts/setup.sh --axolotl (axolotl==0.19.0 --no-deps with its pins, in their own venv)"
+
+
+@dataclass(frozen=True)
+class AxolotlSetup:
+    """What ``sv.from_axolotl`` read: the model (built on meta with axolotl's adapter), the plan axolotl's
+    preparation makes, the mesh, the ``sv.Training``, ``origins``, ``notes`` and axolotl's validated ``config``."""
+
+    model: nn.Module
+    plan: Plan
+    mesh: object
+    training: object
+    origins: dict
+    notes: tuple
+    config: object
+
+
+def axolotl_release() -> str:
+    try:
+        from importlib import metadata
+
+        version = metadata.version("axolotl")
+        from axolotl.utils.config import validate_config  # noqa: F401 - its schema and its pins import here
+    except metadata.PackageNotFoundError:
+        raise ImportError(f"from_axolotl runs axolotl's own config and FSDP2 preparation; axolotl is not installed. "
+                          f"Install it with: {INSTALL}") from None
+    except ImportError as exc:
+        raise ImportError(f"axolotl does not import here ({exc}); it pins its stack: {INSTALL}") from None
+    return version
+
+
+def read_config(path, world: int):
+    """axolotl's validated, normalized config of the YAML, for ``world`` GPUs with bf16 (the run predicted)."""
+    import torch
+    import yaml
+    from axolotl.utils.config import normalize_config, validate_config
+    from axolotl.utils.dict import DictDefault
+
+    path = os.fspath(path)
+    label = os.path.basename(path)
+    if not os.path.exists(path):
+        raise ValueError(f"axolotl config {path!r}: no such file")
+    with open(path, encoding="utf-8") as f:
+        body = yaml.safe_load(f)
+    if not isinstance(body, dict):
+        raise ValueError(f"axolotl config {label}: expected a mapping of axolotl keys")
+    base = str(body.get("base_model", ""))
+    if base and not os.path.exists(base):
+        raise ValueError(f"axolotl config {label}: base_model {base!r} is not a local path; shardviz downloads "
+                         "nothing: point base_model at the model's config.json (or its folder)")
+    capabilities = {"bf16": True, "fp8": False, "n_gpu": world, "n_node": 1, "compute_capability": "sm_90"}
+    try:
+        cfg = validate_config(DictDefault(body), capabilities=capabilities,
+                              env_capabilities={"torch_version": torch.__version__.split("+")[0]})
+        normalize_config(cfg)
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, axolotl's ValueErrors
+        said = " ".join(str(exc).split())
+        raise ValueError(f"axolotl config {label}: axolotl refuses it: {said[:800]}") from None
+    return cfg
+
+
+def build_model(cfg):
+    """The base model on meta in the config's dtype (axolotl's ``load_model_config``), with axolotl's adapter."""
+    import torch
+    from axolotl.loaders.utils import load_model_config
+    from transformers import AutoModelForCausalLM
+
+    config = load_model_config(cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=cfg.torch_dtype or torch.bfloat16)
+    if cfg.adapter in ("lora", "qlora"):
+        from axolotl.loaders.adapter import load_lora
+
+        model, _ = load_lora(model, cfg)
+    return model
+
+
+def axolotl_prepare(model: nn.Module, env: dict) -> nn.Module:
+    """``Accelerator._prepare_fsdp2``'s steps with axolotl's ``fsdp2_prepare_model`` (``patch_accelerate_fsdp2``)."""
+    from accelerate.utils import fsdp_utils
+    from axolotl.monkeypatch.accelerate import fsdp2 as ax
+
+    from . import accelerate_prepare
+
+    saved = fsdp_utils.fsdp2_prepare_model, ax.fsdp2_load_full_state_dict
+    fsdp_utils.fsdp2_prepare_model = ax.fsdp2_prepare_model
+    ax.fsdp2_load_full_state_dict = lambda *args, **kwargs: None  # weights: a meta copy has none
+    try:
+        return accelerate_prepare(model, env)
+    finally:
+        fsdp_utils.fsdp2_prepare_model, ax.fsdp2_load_full_state_dict = saved
+
+
+def fsdp_env(cfg) -> dict:
+    """The environment axolotl's ``setup_fsdp_envs`` exports, plus the mixed precision its Trainer gives accelerate."""
+    from axolotl.utils.trainer import setup_fsdp_envs
+
+    saved = dict(os.environ)
+    try:
+        setup_fsdp_envs(cfg)
+        env = {k: v for k, v in os.environ.items() if saved.get(k) != v}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    env["ACCELERATE_MIXED_PRECISION"] = "bf16" if cfg.bf16 else "fp16" if cfg.fp16 else "no"
+    return env
+
+
+def _training(cfg, label: str):
+    from ..run.training import DEFAULT_TRAINING
+
+    origins = {"batch_size": f"micro_batch_size={cfg.micro_batch_size} ({label})",
+               "grad_accum": f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} ({label})",
+               "seq_len": f"sequence_len={cfg.sequence_len} ({label}; sample_packing={bool(cfg.sample_packing)})"}
+    dtype = "bfloat16" if cfg.bf16 else "float16" if cfg.fp16 else None
+    origins["precision"] = f"bf16={cfg.bf16} fp16={cfg.fp16} torch_dtype={cfg.torch_dtype} ({label})"
+    optimizer = str(cfg.optimizer or "adamw_torch")
+    fused = "fused" in optimizer
+    origins["optimizer"] = f"optimizer={optimizer} -> adamw{' (fused)' if fused else ''}"
+    training = replace(DEFAULT_TRAINING, batch_size=int(cfg.micro_batch_size or 1), seq_len=int(cfg.sequence_len or 2048),
+                       grad_accum=int(cfg.gradient_accumulation_steps or 1), param_dtype=dtype,
+                       reduce_dtype=DEFAULT_TRAINING.reduce_dtype if dtype else None, fused=fused,
+                       offload=bool((cfg.fsdp_config or {}).get("offload_params")))
+    return training, origins
+
+
+def _notes(cfg, plan: Plan) -> tuple:
+    notes = []
+    lora_units = [u for u in plan.units if any(".lora_A." in m or ".lora_B." in m for m in u.modules)]
+    if lora_units:
+        notes.append(f"axolotl's fsdp2_prepare_model gives every LoRA lora_A / lora_B its own fully_shard call: "
+                     f"{len(lora_units)} of the {len(plan.units)} calls (accelerate's gives none)")
+    if cfg.gradient_checkpointing:
+        notes.append(f"gradient_checkpointing=True: Hugging Face's checkpointing inside each decoder layer's forward "
+                     f"({cfg.gradient_checkpointing_kwargs or {}}), priced as those layers checkpointed")
+    if cfg.sample_packing:
+        notes.append("sample_packing=True: one sequence_len row of packed samples; the packed attention mask is not priced")
+    if cfg.adapter == "qlora" or cfg.load_in_4bit:
+        notes.append("load_in_4bit / qlora: the base is built unquantized here (bitsandbytes' 4-bit on meta is not "
+                     "wired to --axolotl-config yet)")
+    return tuple(notes)
+
+
+def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = None, mesh=None) -> AxolotlSetup:
+    """``sv.from_axolotl``: see the module docstring. ``model`` given: it wins over ``base_model``."""
+    release = axolotl_release()
+    mesh = as_mesh(world_size, mesh)
+    label = os.path.basename(os.fspath(path))
+    cfg = read_config(path, mesh.world)
+    if not cfg.fsdp_config or str(cfg.fsdp_version or (cfg.fsdp_config or {}).get("fsdp_version")) != "2":
+        raise ValueError(f"axolotl config {label}: no fsdp_config with fsdp_version: 2 (shardviz models FSDP2)")
+    origins = {"model": "the MODEL given (over base_model)" if model is not None else
+               f"base_model={cfg.base_model}, adapter={cfg.adapter} r={cfg.lora_r} alpha={cfg.lora_alpha} "
+               f"targets={cfg.lora_target_modules} (axolotl's load_lora)"}
+    if model is None:
+        model = build_model(cfg)
+    env = fsdp_env(cfg)
+    import accelerate
+
+    cap = run_captured(axolotl_prepare, model, (env,), mesh=mesh, fn_name=f"axolotl {release}")
+    plan = cap.plan(Origin("axolotl", label, f"axolotl {release}, accelerate {accelerate.__version__}"))
+    if cap.error is not None:
+        raise ValueError(f"axolotl config {label}: axolotl's FSDP2 preparation raised: {cap.error.message}")
+    from . import with_findings
+    from ..checks.origin_checks import capture_findings
+
+    plan = with_findings(plan, capture_findings(model, plan, env))  # SV304 bf16 reduction, SV306 the fp32 upcast, ...
+    if cfg.gradient_checkpointing:
+        from .hf_checkpointing import in_forward_checkpointed, priced_with
+
+        plan = priced_with(plan, in_forward_checkpointed(model, dict(cfg.gradient_checkpointing_kwargs or {})))
+    training, more = _training(cfg, label)
+    origins |= more
+    origins["plan"] = f"fsdp_config of {label} through axolotl {release}'s fsdp2_prepare_model"
+    return AxolotlSetup(model, plan, mesh, training, origins, _notes(cfg, plan), cfg)
