@@ -80,6 +80,7 @@ TITLES = {
     "SV122": "quantized weights priced unquantized",
     "SV123": "4-bit weights cast by FSDP2's param_dtype",
     "SV124": "uint8 4-bit weights kept whole by accelerate",
+    "SV125": "quantized weights left trainable",
     "SV128": "a torchao NF4 weight fully_shard cannot split over the mesh",
     "SV129": "float8 weights cast by FSDP2's param_dtype before the all-gather",
     "SV201": "the peak against the device memory",

@@ -88,15 +88,17 @@ NF4_LLAMA = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, nu
                  vocab_size=128, max_position_embeddings=256)
 
 
-def nf4_llama(adapter: bool = True, scaler_block_size: int = 256, seed: int = 0):
+def nf4_llama(adapter: bool = True, scaler_block_size: int = 256, seed: int = 0, device: str = "cpu"):
     """A tiny bf16 Llama whose decoder linears hold torchao ``NF4Tensor`` weights (quantized for real,
-    as torchtune's ``FrozenNF4Linear`` does), with peft's LoRA on every linear layer when ``adapter``."""
+    as torchtune's ``FrozenNF4Linear`` does; ``device="meta"``: ``to_nf4`` of meta weights, nothing
+    quantized, as benchmarks/bench_qlora.py builds 405B), with peft's LoRA on every linear layer when ``adapter``."""
     from torch import nn
     from torchao.quantization import to_nf4
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**NF4_LLAMA)).to(torch.bfloat16)
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**NF4_LLAMA)).to(torch.bfloat16)
     for module in model.model.layers.modules():
         if isinstance(module, nn.Linear):
             module.weight = nn.Parameter(to_nf4(module.weight.detach(), scaler_block_size=scaler_block_size),

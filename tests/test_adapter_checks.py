@@ -150,3 +150,44 @@ def test_cli_loads_in_4bit_and_says_so(tmp_path, capsys):
     assert main([*args, "--load-in-4bit", "--quant-storage", "bfloat16", "--param-dtype", "float32", "--force"]) in (0, 1)
     out = " ".join("".join(capsys.readouterr()).split())  # lines wrapped for the terminal
     assert "bfloat16 storage" in out and "SV123" in out and "SV124" not in out
+
+
+def _qlora_bf16(folder, trainable: bool):
+    """A real bitsandbytes nf4 model (bf16 storage) with bf16 LoRA, its packed weights trainable or not."""
+    import torch
+
+    from qlora_models import bnb_config, quantized
+
+    model = quantized(folder, bnb_config("nf4", "bfloat16"), adapter=True)
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.to(torch.bfloat16)
+        elif type(p).__name__ == "Params4bit" and trainable:
+            p.requires_grad_(True)
+    return model
+
+
+def test_trainable_quantized_weights_are_found_and_torch_gives_them_no_gradient(tmp_path):
+    """SV125: Params4bit left with requires_grad=True. Under torch's own fully_shard (fake process group)
+    they receive no gradient: the sharded gradients and the reduce-scatters are the frozen model's, while
+    the figures price gradients for them; the finding names them and the fix in the user's terms."""
+    pytest.importorskip("bitsandbytes")
+    from qlora_models import save_llama
+    from torch_truth import fake_run
+
+    save_llama(tmp_path / "base")
+    trained, frozen = (_qlora_bf16(tmp_path / "base", t) for t in (True, False))
+    plan, mesh, training = sv.Plan.auto(trained), sv.Mesh(shard=2), sv.Training()
+    found = [f for f in sv.analyze(trained, plan, mesh, training).findings if f.code == "SV125"]
+    packed = [n for n, p in trained.named_parameters() if type(p).__name__ == "Params4bit"]
+    assert len(found) == 1 and found[0].severity == "error" and set(found[0].all_fqns) == set(packed)
+    assert packed[0] in found[0].message and "requires_grad_(False)" in found[0].fix
+    assert "prepare_model_for_kbit_training" in found[0].fix
+    assert not [f for f in sv.analyze(frozen, plan, mesh, training).findings if f.code == "SV125"]
+
+    step = sv.Training(batch_size=1, seq_len=16)
+    truths = [fake_run(lambda t=t: _qlora_bf16(tmp_path / "base", t), plan, mesh, step, 0) for t in (True, False)]
+    reduced = [sorted(c["bytes"] for c in t.collectives if c["collective"] == "reduce_scatter") for t in truths]
+    assert truths[0].sharded_grads == truths[1].sharded_grads > 0 and reduced[0] == reduced[1]
+    priced = sv.analyze(trained, plan, mesh, training).memory.grads.iloc[0]
+    assert priced > truths[0].sharded_grads  # what the finding warns: gradients priced torch never allocates

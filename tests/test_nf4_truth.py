@@ -67,6 +67,17 @@ def test_peak_with_activations_matches_torch():
     assert predicted - truth.peak_snap["Total"] == ACTIVATION_DEVIATION, (predicted, a.peak_breakdown(0), truth.peak_snap)
 
 
+def test_nf4_built_on_meta_is_priced_as_the_real_one():
+    """``to_nf4`` of meta weights (benchmarks/bench_qlora.py's 405B row) gives the figures of the real NF4
+    model held to torch above: the same memory per rank, activations included, and the same traffic."""
+    meta = nf4_llama(device="meta")
+    assert _nf4_params(meta) == _nf4_params(nf4_llama()) > 0 and all(p.is_meta for p in meta.parameters())
+    plan, mesh, training = sv.Plan.auto(meta), sv.Mesh(shard=2), sv.Training(batch_size=2, seq_len=64)
+    a, real = (sv.analyze(m, plan, mesh, training) for m in (meta, nf4_llama()))
+    assert a.memory.equals(real.memory) and a.comm.equals(real.comm)
+    assert int(a.memory.activations.iloc[0]) > 0
+
+
 def test_unsplittable_nf4_is_found_and_its_scaler_block_size_shards():
     from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
 

@@ -37,5 +37,6 @@ def test_a_row_is_predicted_from_its_quantized_model():
 
 @pytest.mark.slow
 def test_qlora_doc_is_up_to_date():
+    pytest.importorskip("torchao.quantization", reason="torchtune's 405B row is built with torchao's to_nf4")
     assert (ROOT / "docs" / "qlora.md").read_text() == bench_qlora.markdown(), (
         "docs/qlora.md is stale: run .venv/bin/python benchmarks/bench_qlora.py --docs")

@@ -114,3 +114,29 @@ def test_fp8_weights_cast_by_param_dtype_are_found(tmp_path):
     assert sorted((r.dtype, int(r.bytes)) for r in gathers.itertuples()) == torch_gathers
     assert int(a.memory.params_sharded.iloc[0]) == sharded
     assert "uint8" in {d for d, _ in torch_gathers}  # float8 weights, fp32 scales and LoRA: one uint8 buffer
+
+
+def test_cli_load_in_8bit_builds_the_8bit_model_torch_shards(tmp_path, capsys):
+    """--load-in-8bit on a bf16 config.json analyses the model ``BitsAndBytesConfig(load_in_8bit=True)``
+    gives (int8 weights, their SCB), named on the model line: its printed peak is that of the same model
+    declared in the config, whose sharded bytes are torch's own ``fully_shard``'s."""
+    pytest.importorskip("bitsandbytes")
+    from shardviz.cli import main
+    from shardviz.format import format_bytes
+
+    load = _files(tmp_path, BNB_8BIT)
+    declared = load()
+    plan, mesh = sv.Plan.auto(declared), sv.Mesh(shard=2)
+    a = sv.analyze(declared, plan, mesh, sv.Training())
+    assert int(a.memory.params_sharded.iloc[0]) == _torch_shards_and_gathers(load(), plan, mesh, 0)[0]
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    flags = ["report", str(tmp_path / "config.json"), "--adapter", str(tmp_path / "adapter_config.json"),
+             "--world-size", "2", "--no-compare", "-o", str(tmp_path / "r.html")]
+    assert main([*flags, "--load-in-8bit"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the terminal wraps at 100 columns
+    assert "8-bit int8 (bitsandbytes)" in out and "SV122" not in out
+    assert f"peak {format_bytes(int(a.memory.peak.max()))} allocated" in out
+    assert main([*flags, "--load-in-8bit", "--quant-storage", "bfloat16", "--force"]) == 2
+    assert "--load-in-8bit has no such field" in capsys.readouterr().err

@@ -30,12 +30,12 @@ ADAPTER = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "
            "task_type": "CAUSAL_LM"}
 
 
-def qlora(folder: Path, config: str, r: int = 8):
+def qlora(folder: Path, config: str, r: int = 8, storage: str = "bfloat16"):
     """``config`` (a shipped config.json) with a bitsandbytes nf4 quantization_config (bf16 storage) and
     LoRA r on every linear, built on meta by ``sv.load_model``."""
     cfg = json.loads((CONFIGS / config).read_text())
     cfg.pop("_comment", None)
-    cfg["quantization_config"] = NF4
+    cfg["quantization_config"] = {**NF4, "bnb_4bit_quant_storage": storage}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "adapter_config.json").write_text(json.dumps({**ADAPTER, "r": r}))
@@ -66,6 +66,19 @@ def test_storage_is_searched_and_the_replicated_plan_is_what_torch_places(tiny):
     assert diff.empty, diff
     ra, sa = (sv.analyze(tiny, p, mesh, sv.Training()) for p in (replicated, sharded))
     assert ra.memory.params_whole.iloc[0] > sa.memory.params_whole.iloc[0]
+
+
+def test_the_storage_knob_names_what_the_model_has(tmp_path):
+    """A uint8-stored model's sharded row says uint8 storage (FSDP2 shards its packed uint8 data: torch's
+    own fully_shard places it so), not the bf16 storage it does not have."""
+    model = qlora(tmp_path, "tiny_llama.json", storage="uint8")
+    mesh = sv.Mesh(shard=2, device_memory="24GiB")
+    s = sv.search(model, mesh, sv.Training(batch_size=1, seq_len=64), offload=(False,))
+    i = next(i for i, q in enumerate(s.table.quant) if q == "sharded")
+    assert "nf4 (uint8 storage) sharded" in s.table.name.iloc[i] and "bf16" not in s.table.name.iloc[i]
+    plan = s.candidate(i)[0]
+    assert not set(_packed(model)) & set(plan.ignored)
+    assert sv.verify(model, plan, mesh=mesh, ranks=[0, 1]).empty
 
 
 def test_offloaded_rows_carry_the_host_verdict(tiny):

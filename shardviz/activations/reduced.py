@@ -119,12 +119,23 @@ def plan_lists(tree: ModelTree, blocks: list[int], compute_dtype, checkpoint: di
 
 def _fake_param(p: torch.Tensor, dtype: torch.dtype, fake_mode) -> torch.Tensor:
     if is_nf4(p):  # a torchao NF4Tensor stays NF4 (FSDP2 ignores param_dtype for it): its own F.linear runs
-        return nn.Parameter(fake_mode.from_tensor(p), requires_grad=False)
+        return nn.Parameter(_fake_cpu_subclass(p, fake_mode) if p.is_meta else fake_mode.from_tensor(p),
+                            requires_grad=False)
     with fake_mode:
         t = torch.empty(p.shape, dtype=dtype, device="cpu")
     if isinstance(p, nn.Parameter):
         return nn.Parameter(t, requires_grad=p.requires_grad)
     return t
+
+
+def _fake_cpu_subclass(p: torch.Tensor, fake_mode) -> torch.Tensor:
+    """A meta tensor subclass (an NF4Tensor built by ``to_nf4`` on meta) rebuilt from fake CPU inner
+    tensors of the same shapes and dtypes, so that it meets the fake CPU activations on one device."""
+    names, ctx = p.__tensor_flatten__()
+    with fake_mode:
+        inner = {n: torch.empty_strided(getattr(p, n).shape, getattr(p, n).stride(), dtype=getattr(p, n).dtype,
+                                        device="cpu") for n in names}
+    return type(p).__tensor_unflatten__(inner, ctx, p.shape, p.stride())
 
 
 def _wrapped(module: nn.Module, policy: CheckpointPolicy) -> nn.Module:

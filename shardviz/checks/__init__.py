@@ -25,7 +25,7 @@ memory table, ...), never the ``Analysis`` class; the what-ifs (SV113, SV201's f
 | SV111 | error    | a target release before 2.4 has no ``fully_shard`` |
 | SV112 | warning  | trainable parameters both sharded (DTensor) and whole (Tensor): one foreach optimizer group fails |
 | SV113 | warning / error | the step runs with ``use_cache=True`` (a key/value cache per layer; the config's without checkpointing, ``Training(use_cache=...)``): the bytes ``use_cache=False`` saves; an error when torch cannot run the plan with the cache (selective checkpointing, a failing recomputation): priced without it |
-| SV120-SV124, SV128, SV129 | | an adapter's target_modules that miss this model's projections; a float32 config; quantized weights priced unquantized; a 4-bit storage dtype FSDP2 would cast; uint8 storage that accelerate replicates; torchao NF4 weights fully_shard cannot split; float8 weights a param_dtype casts (``adapter_checks``) |
+| SV120-SV125, SV128, SV129 | | an adapter's target_modules that miss this model's projections; a float32 config; quantized weights priced unquantized; a 4-bit storage dtype FSDP2 would cast; uint8 storage that accelerate replicates; quantized weights left trainable; torchao NF4 weights fully_shard cannot split; float8 weights a param_dtype casts (``adapter_checks``) |
 | SV202 | info | a plan that fits with reserved − allocated above 10 % of the usable memory: priced with ``expandable_segments:True`` (``allocator_checks``; an over or tight plan is SV201's, which prices it among its fixes) |
 """
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .adapter_checks import (check_adapter_targets, check_fp8_cast, check_fp32_config, check_nf4_split, check_quant_storage, check_quantized,
-                             check_uint8_storage)
+                             check_trainable_quantized, check_uint8_storage)
 from .allocator_checks import check_reserved_gap
 from .check_inputs import AnalysisView
 from ..finding import Finding
@@ -395,6 +395,7 @@ CHECKS = (
     check_nf4_split,
     check_fp8_cast,
     check_uint8_storage,
+    check_trainable_quantized,
 )
 
 

@@ -7,6 +7,7 @@
 | SV122 | error    | quantized weights shardviz does not price (torchao float8 / affine tensors, GPTQ / AWQ configs, an unpacked ``Params4bit``): priced as the unquantized dtype. bitsandbytes 4-bit and 8-bit, fp8 block configs and torchao ``NF4Tensor`` are priced exactly |
 | SV123 | error    | a ``Params4bit`` whose floating storage dtype differs from its call's ``param_dtype``: FSDP2 casts the packed bits |
 | SV124 | warning  | ``Params4bit`` stored as uint8: accelerate ignores them (replicated); what bf16 storage saves |
+| SV125 | error    | quantized weights (``Params4bit``, ``Int8Params``, torchao ``NF4Tensor``, fp8) left trainable (``requires_grad=True``): FSDP2 and the optimizer treat them as trained, the kernels give them no gradient |
 | SV129 | error    | float8 weights (an fp8 config's ``FP8Linear``) in a call whose ``param_dtype`` differs: FSDP2 casts them, gathers 2 bytes per element and ``FP8Linear`` then skips its scales |
 | SV128 | error    | a torchao ``NF4Tensor`` that ``fully_shard`` cannot split over the mesh (an inner tensor's numel not divisible by the shard size, no padding); the ``scaler_block_size`` that works |
 
@@ -312,6 +313,36 @@ def check_uint8_storage(inputs: AnalysisView) -> list[Finding]:
         tuple(names[:50]), fix="set \"bnb_4bit_quant_storage\": \"bfloat16\" in the quantization_config (and a "
         "param_dtype of bfloat16 in the mixed-precision policy)",
         n_fqns=len(names), all_fqns=tuple(names), flags="--quant-storage bfloat16")]
+
+
+def check_trainable_quantized(inputs: AnalysisView) -> list[Finding]:
+    """SV125: quantized weights with ``requires_grad=True`` (a bitsandbytes ``Params4bit`` with a floating
+    storage dtype, a torchao ``NF4Tensor``, fp8 weights; integer tensors cannot require grad). FSDP2 and
+    the optimizer take them as trained parameters, but the kernels that read them (bitsandbytes'
+    ``dequantize_4bit`` / ``gemm_4bit``, torchao's ``LinearNF4``) give the packed weight no gradient:
+    under ``fully_shard`` torch allocates and reduce-scatters none for them (tests/test_adapter_checks.py).
+    With adapters of another dtype the call mixes trainable dtypes and FSDP2 asserts at the first forward
+    (SV003); in every case the run is not the QLoRA step meant, and shardviz's figures price a gradient and
+    AdamW states for the packed bits that torch never allocates. torchao float8 training weights
+    (``Float8Linear``'s master weights) are meant to train and are not counted."""
+    bad = [p for p in inputs.tree.params if p.requires_grad and p.gather_dtype is None
+           and (p.quant or p.dtype in FP8_DTYPES)]
+    if not bad:
+        return []
+    names = [p.fqn for p in bad]
+    return [Finding(
+        "SV125", "error",
+        f"{len(bad):,} quantized weights require gradients ({names[0]}"
+        f"{f' and {len(bad) - 1:,} more' if len(bad) > 1 else ''}: "
+        f"{', '.join(sorted({p.quant or str(p.dtype).replace('torch.', '') for p in bad}))}): FSDP2 and the "
+        "optimizer treat them as trained, but bitsandbytes' and torchao's kernels give the packed weights no "
+        "gradient, so nothing trains them; a call that also holds adapters of another dtype fails at the first "
+        "forward (mixed trainable dtypes), and the gradients and optimizer states priced here for them are never "
+        "allocated by torch",
+        tuple(names[:50]), fix="freeze the quantized base before wrapping: model.requires_grad_(False) on it (or "
+        "param.requires_grad_(False) for each weight named), or peft's prepare_model_for_kbit_training(model) "
+        "before get_peft_model, which freezes every base parameter and leaves only the adapters trainable",
+        n_fqns=len(names), all_fqns=tuple(names))]
 
 
 def check_nf4_split(inputs: AnalysisView) -> list[Finding]:

@@ -338,6 +338,9 @@ def _add_model_args(p, model_required=True, model_optional=False) -> None:
     p.add_argument("--load-in-4bit", action="store_true",
                    help="config.json models: load as bitsandbytes 4-bit (QLoRA: BitsAndBytesConfig(load_in_4bit=True)), "
                         "built on meta, priced to the byte (needs pip install 'shardviz[qlora]')")
+    p.add_argument("--load-in-8bit", action="store_true",
+                   help="config.json models: load as bitsandbytes 8-bit (LLM.int8: BitsAndBytesConfig(load_in_8bit=True)), "
+                        "built on meta, priced to the byte (needs pip install 'shardviz[qlora]')")
     p.add_argument("--quant-storage", choices=("bfloat16", "float16", "float32", "uint8"),
                    help="4-bit models: bnb_4bit_quant_storage, the dtype FSDP2 shards the packed weights in (default: "
                         "the config's; uint8 with --load-in-4bit, as bitsandbytes)")

@@ -55,7 +55,7 @@ def model_from_spec(spec: str, lora: bool = True, adapter=None, dtype=None, attn
     if attn_implementation and not is_config_path(spec):
         raise CliError(f"--attn-implementation applies to a config.json model, not {spec!r}")
     if quantization and not is_config_path(spec):
-        raise CliError(f"--load-in-4bit / --quant-storage apply to a config.json model, not {spec!r}")
+        raise CliError(f"--load-in-4bit / --load-in-8bit / --quant-storage apply to a config.json model, not {spec!r}")
     if spec.startswith("zoo:"):
         try:
             return zoo.build(spec, lora=lora)
@@ -159,8 +159,18 @@ def check_plan_file(tree, plan, path: str, gaps: bool = True) -> str | None:
 
 def quantization_from_args(args) -> dict | None:
     """--load-in-4bit (a bitsandbytes nf4 config, as from_pretrained(quantization_config=...) loads it),
-    --quant-storage and --double-quant: the quantization_config fields they set (None: the config's own)."""
+    --load-in-8bit (bitsandbytes LLM.int8: BitsAndBytesConfig(load_in_8bit=True)), --quant-storage and
+    --double-quant: the quantization_config fields they set (None: the config's own)."""
     out = {}
+    if getattr(args, "load_in_8bit", False):
+        if getattr(args, "load_in_4bit", False):
+            raise CliError("--load-in-8bit and --load-in-4bit: choose one")
+        four_bit = [f for f, a in (("--quant-storage", "quant_storage"), ("--quant-type", "quant_type"),
+                                   ("--double-quant", "double_quant")) if getattr(args, a, None)]
+        if four_bit:
+            raise CliError(f"{' / '.join(four_bit)} set a 4-bit quantization_config; --load-in-8bit has no such field "
+                           "(drop it, or use --load-in-4bit)")
+        return {"quant_method": "bitsandbytes", "load_in_8bit": True}
     if getattr(args, "load_in_4bit", False):
         out.update(quant_method="bitsandbytes", load_in_4bit=True, bnb_4bit_quant_type=args.quant_type or "nf4",
                    bnb_4bit_compute_dtype="bfloat16", bnb_4bit_quant_storage="uint8")
@@ -178,7 +188,7 @@ def _quantization(spec: str, changes: dict | None) -> dict | None:
     --load-in-4bit replaces it); None: the config's own."""
     if not changes:
         return None
-    if changes.get("load_in_4bit"):
+    if changes.get("load_in_4bit") or changes.get("load_in_8bit"):
         return changes
 
     declared = read_json(spec, CONFIG_FILE)[1].get("quantization_config")

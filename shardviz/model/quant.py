@@ -117,6 +117,9 @@ def _quantize_8bit(model, config, pre_quantized: bool, dtype) -> int:
     n = 0
     for module in model.modules():
         if isinstance(module, bnb.nn.Linear8bitLt):
+            if module.weight.dtype != torch.int8:  # not pre-quantized: what loading the bf16 checkpoint ends with
+                module.weight = bnb.nn.Int8Params(torch.empty(module.weight.shape, dtype=torch.int8, device="meta"),
+                                                  requires_grad=False, has_fp16_weights=False)
             module.weight.SCB = torch.empty((module.weight.shape[0],), dtype=torch.float32, device="meta")
             n += 1
     return n

@@ -13,8 +13,19 @@ from ..run.training import Training
 from ..run.mesh import Mesh
 from ..plan import LORA_OPTIONS
 
-QUANT_WORDS = {"sharded": "4-bit sharded (bf16 storage)",
-               "replicated": "4-bit replicated (uint8 storage, accelerate ignores it)"}
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def quant_words(kinds, dtypes) -> dict[str, str]:
+    """The storage knob's words for a model whose quantized weights are of ``kinds`` ("nf4", "int8", ...:
+    ``quant.quant_kind``) stored in ``dtypes`` (torch dtypes): each option named by what the model has."""
+    storage = "/".join(sorted({SHORT_DTYPES.get(str(d).replace("torch.", ""), str(d).replace("torch.", ""))
+                               for d in dtypes}))
+    what = f"{'/'.join(sorted(set(kinds)))} ({storage} storage)"
+    return {"sharded": f"{what} sharded",
+            "replicated": f"{what} replicated (ignored_params, as accelerate does with uint8 storage)"}
+
+
 QUANT_OPTIONS = ("sharded", "replicated")  # sharded first: it holds less
 
 # Most checkpointed first: a plan is pruned when one that checkpoints more is already over.
@@ -39,7 +50,8 @@ class Candidate:
     # puts every Params4bit in ignored_params, each rank holds them whole)
     quant: str | None = None
 
-    def name(self, world: int, has_lora: bool, vary_batch: bool) -> str:
+    def name(self, world: int, has_lora: bool, vary_batch: bool, quant: dict[str, str] | None = None) -> str:
+        """``quant``: the storage knob's words for the model (``quant_words``)."""
         parts = [f"LoRA {self.lora}"] if has_lora else []
         parts.append({None: "no checkpointing", "blocks": "checkpoint every block",
                       "selective": "selective checkpointing"}.get(self.checkpoint, f"checkpoint {self.checkpoint}"))
@@ -51,7 +63,7 @@ class Candidate:
         parts.append((f"HSDP {self.replicate}x{dp // self.replicate}" if self.replicate > 1 else f"FSDP {dp}")
                      + (f" x TP {self.tensor}" if self.tensor > 1 else ""))
         if self.quant:
-            parts.append(QUANT_WORDS[self.quant])
+            parts.append((quant or {}).get(self.quant, f"quantized weights {self.quant}"))
         if self.offload:
             parts.append("CPU offload")
         if vary_batch:

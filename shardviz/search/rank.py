@@ -334,7 +334,7 @@ def table(rows: list[Row], space: Space) -> pd.DataFrame:
     above it (a ``tensor`` column when tensor degrees were searched)."""
     world, vary, tp = space.mesh.world, space.training.global_batch is not None, space.tensors != (1,)
     records, above, ties = [], None, tie_positions(rows)
-    name_of = lambda c: c.name(world, space.has_lora, vary)  # noqa: E731
+    name_of = lambda c: c.name(world, space.has_lora, vary, space.quant_words)  # noqa: E731
     for r in rows:
         tie = (ties[id(r)][0] == ties[id(above)][0], ties[id(r)][1]) if above is not None and id(r) in ties else None
         c, why = r.candidate, _why(r, above if r.fits else None, space.limit, space.usable_text, tie)

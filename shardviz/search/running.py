@@ -73,7 +73,7 @@ def what_would_fit(space: Space, rows: list[Row], max_factor: int = 64) -> tuple
     sizes doubling up to ``max_factor`` times the mesh's); and the number of analyses made."""
     batch = min((r.candidate.batch_size for r in rows if r.candidate.batch_size is not None), default=None)
     lean = Candidate("sharded", "blocks" if batch is not None else None, None, 1, True, batch, 1)  # holds least
-    world, name = space.mesh.world, lambda c, w: c.name(w, space.has_lora, False)
+    world, name = space.mesh.world, lambda c, w: c.name(w, space.has_lora, False, space.quant_words)
     head = f"nothing fits in {space.usable_text} on {world} ranks"
     a = space.analysis(lean)
     act = a.activation_profile.peak[0] if a.activation_profile is not None else 0
@@ -103,7 +103,7 @@ def _smaller_batch(space: Space, lean: Candidate) -> tuple[str, int]:
     tries += b >= 1  # the one that fits
     if b < 1:
         return "not even micro-batch 1 fits", tries
-    return f"micro-batch {b} fits ({lean.name(space.mesh.world, space.has_lora, False)})", tries
+    return f"micro-batch {b} fits ({lean.name(space.mesh.world, space.has_lora, False, space.quant_words)})", tries
 
 
 def _more_ranks(space: Space, lean: Candidate, max_factor: int) -> tuple[str, int]:
@@ -114,5 +114,5 @@ def _more_ranks(space: Space, lean: Candidate, max_factor: int) -> tuple[str, in
     tries += world <= top
     if world > top:
         return f"not even {world // 2} ranks fit", tries
-    return f"{world} ranks fit ({lean.name(world, space.has_lora, False)}" + (
+    return f"{world} ranks fit ({lean.name(world, space.has_lora, False, space.quant_words)}" + (
         f", micro-batch {lean.batch_size})" if lean.batch_size else ")"), tries

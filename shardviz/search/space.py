@@ -16,7 +16,7 @@ from ..run.mesh import Mesh
 from ..plan import Plan, Unit
 from ..presets import auto_plan
 from ..model.tree import ModelTree
-from .candidates import Candidate
+from .candidates import Candidate, quant_words
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +49,12 @@ class Space:
     def quant_fqns(self) -> tuple[str, ...]:
         """The bitsandbytes 4-bit weights (packed ``Params4bit``): the storage knob's parameters."""
         return tuple(p.fqn for p in self.tree.params if p.quant)
+
+    @cached_property
+    def quant_words(self) -> dict[str, str]:
+        """The storage knob's options named by what the model has: its quantized kinds and storage dtypes."""
+        quant = [p for p in self.tree.params if p.quant]
+        return quant_words([p.quant for p in quant], [p.dtype for p in quant])
 
     @property
     def has_quant(self) -> bool:
