@@ -37,7 +37,7 @@ def time_analyze(model_type: str, seq: int) -> tuple[float, float, str]:
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         a = sv.analyze(model, plan, sv.Mesh(4), sv.Training(batch_size=1, seq_len=seq))
-        said = f"peak {sv.cost.format_bytes(int(a.memory.peak.max()))}"
+        said = f"peak {sv.format.format_bytes(int(a.memory.peak.max()))}"
     except ValueError as exc:
         said = f"not measured: {str(exc)[:80]}"
     return time.perf_counter() - wall, time.process_time() - cpu, said

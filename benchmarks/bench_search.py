@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     again = sv.analyze(fresh, s.best, s.best_mesh, s.best_training or training)
     peak = int(again.memory.peak.max())
     ok = again.fit.fits  # the reserved peak against device memory less the reserve
-    print(f"chosen: {s.best.name} on {s.best_mesh}; re-analysed: peak {sv.cost.format_bytes(peak)} "
+    print(f"chosen: {s.best.name} on {s.best_mesh}; re-analysed: peak {sv.format.format_bytes(peak)} "
           f"{'fits' if ok else 'DOES NOT FIT'} in {args.memory}")
     return 0 if ok and s.n_candidates >= 200 and search_s <= 10 * cold_s else 1
 

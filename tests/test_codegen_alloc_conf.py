@@ -68,5 +68,5 @@ def test_sv201_names_the_allocator_setting_as_the_free_fix():
     found = [f for f in a.findings if f.code == "SV201"]
     assert found and found[0].fix.startswith("cheapest fix: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     grown = int(sv.analyze(m, plan, sv.Mesh(8, expandable_segments=True), TRAINING).memory.reserved_peak.max())
-    assert f"reserved {sv.cost.format_bytes(grown)}" in found[0].fix
+    assert f"reserved {sv.format.format_bytes(grown)}" in found[0].fix
     assert "reserved peak judged" in found[0].message and "5 % safety margin" in found[0].message

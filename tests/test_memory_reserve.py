@@ -66,7 +66,7 @@ def test_views_payload_draws_the_usable_memory_and_says_the_reserve():
     payload = display.memory_payload(sv.analyze(m, plan, mesh, TRAINING))
     assert payload["limit"] == mesh.usable_memory and payload["limit_text"] == mesh.limit_text
     use = payload["use"]
-    reserve = sv.cost.format_bytes(mesh.memory_reserve)
+    reserve = sv.format.format_bytes(mesh.memory_reserve)
     assert use["over"] and use["margin"] < 0 and f"− {reserve} reserve" in use["limit_text"]
     assert use["text"].startswith("does not fit: reserved peak")
 
@@ -99,4 +99,4 @@ def test_search_row_between_usable_and_total_does_not_fit():
     assert (t.margin == mesh.usable_memory - t.reserved_peak).all()
     between = t[(t.reserved_peak > mesh.usable_memory) & (t.reserved_peak <= mesh.device_memory)]
     assert len(between) and not between.fits.any()
-    assert between.why.str.contains(f"over {sv.cost.format_bytes(mesh.usable_memory)} usable by ").all()
+    assert between.why.str.contains(f"over {sv.format.format_bytes(mesh.usable_memory)} usable by ").all()

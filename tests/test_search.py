@@ -198,7 +198,7 @@ def test_nothing_fits_names_the_micro_batch_that_would():
     one = peak(lean, training=replace(TRAINING, batch_size=1))
     s = found(one, training=replace(TRAINING, batch_size=4))
     assert s.best is None and s.best_training is None and not s.table.fits.any()
-    assert s.table.why.iloc[0].startswith(f"nothing fits in {sv.cost.format_bytes(one)} on 8 ranks")
+    assert s.table.why.iloc[0].startswith(f"nothing fits in {sv.format.format_bytes(one)} on 8 ranks")
     assert "micro-batch 1 fits" in s.table.why.iloc[0] and "micro-batch 1 fits" in s.note
 
 
@@ -338,7 +338,7 @@ def test_explain_says_what_was_chosen_and_why():
     s = found("between")
     text = s.explain()
     best = s.table.iloc[0]
-    assert text.startswith(f"Run {best['name']}: peak {sv.cost.format_bytes(best.peak)}")
+    assert text.startswith(f"Run {best['name']}: peak {sv.format.format_bytes(best.peak)}")
     assert f"{best.tokens_per_s:,.0f} tokens/s per rank" in text and f"MFU {100 * best.mfu:.1f}%" in text
     assert "Checkpointing is needed" in text and s.table.why.iloc[1] in text
 

@@ -255,7 +255,7 @@ class Inspector(anywidget.AnyWidget):
             "pinned": st.pinned is not None,
             # the header card (display.header_card, the report's too): only from full numbers, never
             # computed here (the main thread measures nothing); None until they are in
-            "card": st.card(findings is not None) if st.computed("memory") is not None else None,
+            "card": st.card(findings is not None) if (st.computed("memory") or {}).get("available") else None,
         }
 
     def push_messages(self) -> None:
