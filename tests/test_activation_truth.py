@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import shardviz as sv
+from shardviz.format import format_bytes
 from torch_truth import breakdown_mismatches, fake_run, tiny_llama, tiny_lora
 
 BATCH, SEQ, VOCAB = 2, 256, 512
@@ -321,7 +322,7 @@ def test_use_cache_false_saves_what_torch_saves(name):
         assert not findings
         return
     assert findings[0].severity == "warning"
-    assert f"use_cache=False saves {sv.cost.format_bytes(saved)} ({saved:,} bytes)" in findings[0].message
+    assert f"use_cache=False saves {format_bytes(saved)} ({saved:,} bytes)" in findings[0].message
 
 
 def test_selective_checkpointing_with_use_cache_is_an_error_as_in_torch():
@@ -357,4 +358,4 @@ def test_memory_finding_names_the_cheapest_change_that_fits():
     assert checkpointed < sharded
     fix = next(f for f in sv.analyze(model, ignored, sv.Mesh(8, device_memory=checkpointed, **judged), training).findings
                if f.code == "SV201").fix
-    assert fix.startswith("cheapest fix: checkpoint every block") and f"peak {sv.cost.format_bytes(checkpointed)}" in fix
+    assert fix.startswith("cheapest fix: checkpoint every block") and f"peak {format_bytes(checkpointed)}" in fix
