@@ -316,10 +316,15 @@ def batch(model: nn.Module, training: sv.Training, seed: int = 1234) -> torch.Te
 
 
 def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int,
-             own_batch: bool = False, apply=None, use_cache: bool | None = None) -> StepTruth:
+             own_batch: bool = False, apply=None, use_cache: bool | None = None,
+             fresh_inputs: bool = False) -> StepTruth:
     """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
     then one under the memory tracker (last: it leaves grouped calls' hooks broken).
     ``own_batch``: every rank trains on its own batch (seed 1234 + rank), else all on one.
+    ``fresh_inputs``: each forward gets its own copy of the ids, made inside the tracked step and
+    dropped when the forward returns (the step shardviz measures: ``activations.measure._forward``);
+    otherwise the ids are made before the tracker starts, which then never sees them (not even as
+    Inputs), so a peak in the forward lacks their bytes.
 
     Needs an initialised process group of ``mesh.world`` ranks (fake or gloo). With
     ``training.sync_outside_fsdp`` the plan is applied by the exported code (``exported_apply``),
@@ -355,7 +360,10 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
             _PHASE[0] = "forward"
             # the step the user's config runs: with its use_cache (True by default for causal LMs, a
             # key/value cache kept through the step), what sv measures (docs/activations.md, use_cache)
-            loss = model(input_ids=ids, labels=ids, **images, **({} if use_cache is None else {"use_cache": use_cache})).loss
+            inputs = ids.clone() if fresh_inputs else ids
+            loss = model(input_ids=inputs, labels=inputs, **images,
+                         **({} if use_cache is None else {"use_cache": use_cache})).loss
+            del inputs
             _PHASE[0] = "backward"
             loss.backward()
         _PHASE[0] = "optimizer"
@@ -409,12 +417,13 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
 
 
 def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int, apply=None,
-             inspect=None, use_cache: bool | None = None) -> StepTruth:
+             inspect=None, use_cache: bool | None = None, fresh_inputs: bool = False) -> StepTruth:
     """``run_step`` on one rank of torch's fake process group (collectives are no-ops);
     ``inspect(model)`` runs on the trained model before the process group goes."""
     model = build()
     with fake_process_group(rank, mesh.world):
-        truth = run_step(model, plan, mesh, training, rank, apply=apply, use_cache=use_cache)
+        truth = run_step(model, plan, mesh, training, rank, apply=apply, use_cache=use_cache,
+                         fresh_inputs=fresh_inputs)
         if inspect is not None:
             inspect(model)
         return truth
