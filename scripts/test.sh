@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-./scripts/setup.sh --browser
+./scripts/setup.sh --browser --torchtune --axolotl   # the framework venvs too: their tests run here as in CI
 
 mkdir -p artifacts
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # Debian's /usr/bin/chromium is used, never a download
