@@ -322,11 +322,10 @@ def check_trainable_quantized(inputs: AnalysisView) -> list[Finding]:
     ``dequantize_4bit`` / ``gemm_4bit``, torchao's ``LinearNF4``) give the packed weight no gradient:
     under ``fully_shard`` torch allocates and reduce-scatters none for them (tests/test_adapter_checks.py).
     With adapters of another dtype the call mixes trainable dtypes and FSDP2 asserts at the first forward
-    (SV003); in every case the run is not the QLoRA step meant, and shardviz's figures price a gradient and
-    AdamW states for the packed bits that torch never allocates. torchao float8 training weights
+    (SV003); in every case the run is not the QLoRA step meant. The figures price what torch allocates: no
+    gradient and no optimizer state for them (``ParamInfo.gets_gradient``). torchao float8 training weights
     (``Float8Linear``'s master weights) are meant to train and are not counted."""
-    bad = [p for p in inputs.tree.params if p.requires_grad and p.gather_dtype is None
-           and (p.quant or p.dtype in FP8_DTYPES)]
+    bad = [p for p in inputs.tree.params if p.requires_grad and not p.gets_gradient]
     if not bad:
         return []
     names = [p.fqn for p in bad]
@@ -337,8 +336,8 @@ def check_trainable_quantized(inputs: AnalysisView) -> list[Finding]:
         f"{', '.join(sorted({p.quant or str(p.dtype).replace('torch.', '') for p in bad}))}): FSDP2 and the "
         "optimizer treat them as trained, but bitsandbytes' and torchao's kernels give the packed weights no "
         "gradient, so nothing trains them; a call that also holds adapters of another dtype fails at the first "
-        "forward (mixed trainable dtypes), and the gradients and optimizer states priced here for them are never "
-        "allocated by torch",
+        "forward (mixed trainable dtypes); the figures here price them as torch runs them, with no gradient and "
+        "no optimizer state",
         tuple(names[:50]), fix="freeze the quantized base before wrapping: model.requires_grad_(False) on it (or "
         "param.requires_grad_(False) for each weight named), or peft's prepare_model_for_kbit_training(model) "
         "before get_peft_model, which freezes every base parameter and leaves only the adapters trainable",

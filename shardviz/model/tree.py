@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .quant import quant_kind, quant_state_bytes
+from .quant_fp8 import FP8_DTYPES as FP8
 from .quant_torchao import float8_gather_dtype, is_nf4, nf4_layout, nf4_sharded_bytes
 
 LORA_NAME_MARKERS = ("lora_", "lora.")
@@ -62,6 +63,14 @@ class ParamInfo:
     @property
     def fqn(self) -> str:
         return self.fqns[0]
+
+    @property
+    def gets_gradient(self) -> bool:
+        """Whether the step gives it a gradient: ``requires_grad``, except quantized weights (bitsandbytes
+        4/8-bit, torchao NF4, fp8 blocks), whose kernels give the packed data none whatever requires_grad
+        says (torch allocates and reduce-scatters nothing for them: tests/test_adapter_checks.py, SV125).
+        torchao float8 training weights (``gather_dtype`` set) are trained."""
+        return self.requires_grad and not (self.gather_dtype is None and (self.quant is not None or self.dtype in FP8))
 
 
 @dataclass

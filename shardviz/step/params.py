@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..fsdp import local_rows_table, padded_shard_numel
-from ..model.tree import tree_index
 from ..run.training import itemsize
 
 # dtype name -> a small int, so that numpy can count dtypes per call
@@ -87,7 +86,8 @@ def tree_arrays(tree) -> TreeArrays:
     sizes = np.array([p.itemsize for p in params], dtype=np.int64)
     dtype = np.array([dtype_code(p.dtype) for p in params], dtype=np.int64)
     is_float = np.array([p.dtype.is_floating_point for p in params], dtype=bool)
-    trainable = tree_index(tree).trainable  # the one per-tree array of it (fsdp.Layout reads it too)
+    # what gets a gradient: requires_grad less quantized weights (SV125); fsdp.Layout's rules read requires_grad
+    trainable = np.array([p.gets_gradient for p in params], dtype=bool)
     owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
     buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
     dim0_values, dim0_group = np.unique(dim0, return_inverse=True)
