@@ -47,6 +47,8 @@ def test_the_report_names_the_model_once_by_one_name():
     head = text_of(report()).split("Findings")[0]
     classes = set(re.findall(r"\b\w+(?:ForCausalLM|Model)\b", head))
     assert classes == {"LlamaForCausalLM"}, classes
+    # the whole page, the step time's notes included ("the stack a PeftModelForCausalLM most likely trains with")
+    assert "PeftModelForCausalLM" not in text_of(report())
 
 
 def test_every_code_the_sources_emit_has_a_title():

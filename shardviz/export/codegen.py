@@ -59,7 +59,7 @@ from ..fsdp import (
 from ..run.mesh import Mesh
 from ..plan import Plan, Unit, as_plan
 from ..presets import named_plan
-from ..model.tree import as_tree
+from ..model.tree import as_tree, model_name
 
 
 def _lit(value) -> str:
@@ -141,7 +141,7 @@ def runtime_source(names) -> str:
 class _Export:
     """What every section of the exported module reads."""
 
-    root_type: str
+    model_name: str  # model.tree.model_name: the one name every surface gives the model
     plan: Plan
     mesh: Mesh
     units: list  # in bottom-up order, the training's default policies filled in
@@ -244,7 +244,7 @@ def _prepare(model, plan, mesh, training, torch_version) -> _Export:
         units = [training.unit_defaults(u) for u in units]
     cache_off = analysis.cache.turned_off
     float8 = tuple(dict.fromkeys(tree.modules[p.owners[0]].fqn for p in tree.params if p.gather_dtype is not None and p.owners))
-    return _Export(tree.root_type, plan, mesh, units, release, training.grad_accum if training else 1,
+    return _Export(model_name(tree), plan, mesh, units, release, training.grad_accum if training else 1,
                    training.sync_every_microbatch if training else False, _expandable_reason(analysis),
                    cache_off, _verdict_line(analysis), float8)
 
@@ -299,7 +299,7 @@ def _header(ex: _Export) -> list[str]:
     else:
         technique = f"by hiding them from fully_shard during the calls (torch {ex.label} has no ignored_params)"
     header = (
-        f"shardviz export: plan {ex.plan.name or 'unnamed plan'!r} on {ex.root_type}; mesh {mesh} "
+        f"shardviz export: plan {ex.plan.name or 'unnamed plan'!r} on {ex.model_name}; mesh {mesh} "
         f"(init_device_mesh shape {mesh.shape}); target {ex.target}. "
         f"{len(ex.units)} fully_shard calls, bottom-up; "
         + (f"{len(ignored)} ignored parameters, kept out {technique}. " if ignored else "no ignored parameters. ")

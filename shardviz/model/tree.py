@@ -111,6 +111,14 @@ def peft_configs(model) -> dict:
     return configs if isinstance(configs, dict) else {}
 
 
+def model_name(tree) -> str:
+    """The model's one name on every surface: its class under any peft wrapper ("LlamaForCausalLM"),
+    with "+ LoRA" when an adapter wraps it; ``model_text`` says the rest."""
+    model = tree.model
+    name = type(base_model(model)).__name__ if model is not None else tree.root_type
+    return name + (" + LoRA" if model is not None and peft_configs(model) else "")
+
+
 def _looks_like_lora(name: str) -> bool:
     return any(marker in part for part in name.split(".") for marker in LORA_NAME_MARKERS)
 

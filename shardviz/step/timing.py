@@ -19,6 +19,7 @@ from ..activations import opcost
 from ..format import OUTSIDE_FSDP, format_duration
 from .hook_rules import enclosing_root
 from ..run.devices import Device, Efficiency, default_efficiency, stack_of
+from ..model.tree import model_name
 from .calls import OUTSIDE, Call
 from .collectives import Collectives
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, host_optimizer_seconds,
@@ -374,7 +375,7 @@ def _assumptions(inputs: StepInputs, device: Device, eff: Efficiency, dtype: str
     notes = [f"{device.name}: {peak:g} TFLOPS {dtype} peak, HBM {device.hbm_gbps:g} GB/s; each op timed by its roofline "
              f"(FLOPs, bytes read and written, one kernel)",
              eff.describe() + (" (the mesh's own)" if mesh.efficiency else
-                               f" (the preset of the stack a {inputs.layout.tree.root_type} most likely trains with)"),
+                               f" (the preset of the stack a {model_name(inputs.layout.tree)} most likely trains with)"),
              f"links: {mesh.intra_node_gbps:g} GB/s per GPU inside a node of {mesh.ranks_per_node}, "
              f"{mesh.node_network_gbps:g} GB/s per node across nodes ({mesh.nics_per_node} NICs x {mesh.nic_gbps:g} GB/s; "
              "a ring spreads over them), plus NCCL's ring latency per call"]

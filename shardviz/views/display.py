@@ -16,7 +16,7 @@ from ..step import BREAKDOWN
 from ..format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent
 from ..step import timing
 from ..run.mesh import worst_rank
-from ..model.tree import base_model, peft_configs
+from ..model.tree import base_model, model_name, peft_configs
 # the step's words and the timeline's figure (built in steptime, where a.timeline() reads them too)
 from ..step.timing import step_text, timeline_figure  # noqa: F401 - re-exported for every view
 
@@ -505,14 +505,6 @@ def seq_len_note(model, seq_len) -> str | None:
 
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-
-def model_name(tree) -> str:
-    """The model's one name on every surface: its class under any peft wrapper ("LlamaForCausalLM"),
-    with "+ LoRA" when an adapter wraps it; ``model_text`` says the rest."""
-    model = tree.model
-    name = type(base_model(model)).__name__ if model is not None else tree.root_type
-    return name + (" + LoRA" if model is not None and peft_configs(model) else "")
 
 
 def header_card(a, findings=None) -> dict:
