@@ -289,8 +289,10 @@ def verdict_section(a, findings=None) -> str:
         finding = (f'<p class="card-finding {top["severity"]}"><b>{_esc(top["code"])}</b> ({_esc(top["title"])}): '
                    f'{_esc(top["message"])}' + (f" <i>Fix: {_esc(top['fix'])}</i>" if top["fix"] else "") + "</p>")
     device = a.mesh.device.name if a.mesh.device is not None else "no device named (--device)"
-    return (f'<div class="card"><p class="verdict {kind}"><b class="word">{_esc(card["verdict_word"])}</b>: '
-            f'{_esc(card["verdict_text"])}</p>{bar}<p class="card-figures">{_esc(figures)}</p>{finding}</div>'
+    word, text = card["verdict_word"], card["verdict_text"]
+    rest = text[len(word):] if text.startswith(word) else f": {text}"  # the headline starts with its word: bold once
+    return (f'<div class="card"><p class="verdict {kind}"><b class="word">{_esc(word)}</b>'
+            f'{_esc(rest)}</p>{bar}<p class="card-figures">{_esc(figures)}</p>{finding}</div>'
             f'<p class="step">{_esc(a.mesh)} of {_esc(device)}; {_esc(display.step_text(a.step))}</p>')
 
 

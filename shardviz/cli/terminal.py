@@ -24,7 +24,7 @@ WIDTH = 100
 TOP_FINDINGS = 5
 
 
-_QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate")
+_QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate", "torchao", "torch.utils._pytree")  # torchao: its missing CUDA kernels
 _QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 

@@ -98,7 +98,7 @@ class Inspector(anywidget.AnyWidget):
     work = traitlets.Dict({"busy": False}).tag(sync=True)
 
     def __init__(self, model, plan=None, mesh: Mesh | None = None, training=None, plan_path=None,
-                 background: bool | None = None, **kwargs):
+                 background: bool | None = None, look_ahead: bool = False, **kwargs):
         t0 = time.perf_counter()
         controller = InspectorState(model, plan=plan, mesh=mesh, training=training, plan_path=plan_path)
         super().__init__(**kwargs)
@@ -106,7 +106,9 @@ class Inspector(anywidget.AnyWidget):
         #: slow work off the kernel's thread (default: when a front end is connected; see BackgroundPush)
         self.background = background if background is not None else not isinstance(self.comm, DummyComm)
         self.pushes = BackgroundPush(self)  # the pushes after a change, the slow part on a worker thread
-        self.pushes.ahead = self.background and not isinstance(self.comm, DummyComm)  # a page shows it
+        # measure likely next edits while idle (background.look_ahead): opt-in, since a main-thread action that is
+        # not a change (pin as A) can run torch beside it, and that crashed the kernel in the browser tests
+        self.pushes.ahead = look_ahead and self.background and not isinstance(self.comm, DummyComm)
         controller.before_change.append(self.pushes.stop)
         self._sent_order: list[str] | None = None
         self._sent_rows: dict[str, dict] = {}
