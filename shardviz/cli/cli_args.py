@@ -218,27 +218,26 @@ def build_model(args):
 def _trainer_model(args):
     """``--trainer-config`` with no MODEL: TRL's ``model_name_or_path`` (and ``use_peft``/``lora_*``) builds it."""
 
+    args.trainer_setup = _read_framework(args, "--trainer-config", from_trainer, args.trainer_config, None)
+    return args.trainer_setup.model, ModelTree(args.trainer_setup.model)
+
+
+def _read_framework(args, flag: str, reader, *inputs):
+    """``reader(*inputs, mesh=...)`` (``from_trainer``, ``from_axolotl``, ``from_torchtune``) on the mesh the
+    command's flags give; its refusals (a bad key, the framework not installed) as one-line CLI errors."""
     if args.world_size is None:
-        raise CliError("--world-size is required with --trainer-config")
+        raise CliError(f"--world-size is required with {flag}")
     try:
-        args.trainer_setup = from_trainer(args.trainer_config, None, mesh=make_mesh(
-            args.world_size, args.replicate or 1, tensor_degree(args)))
+        return reader(*inputs, mesh=make_mesh(args.world_size, args.replicate or 1, tensor_degree(args)))
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from None
-    return args.trainer_setup.model, ModelTree(args.trainer_setup.model)
 
 
 def _axolotl_model(args, model):
     """``--axolotl-config``: axolotl's validated config builds the model (MODEL, given, wins), the plan and the
     training (``args.framework_setup``, read as the framework's setup)."""
 
-    if args.world_size is None:
-        raise CliError("--world-size is required with --axolotl-config")
-    try:
-        args.framework_setup = from_axolotl(args.axolotl_config, model, mesh=make_mesh(
-            args.world_size, args.replicate or 1, tensor_degree(args)))
-    except (ValueError, ImportError) as exc:
-        raise CliError(str(exc)) from None
+    args.framework_setup = _read_framework(args, "--axolotl-config", from_axolotl, args.axolotl_config, model)
     return args.framework_setup.model
 
 
@@ -249,14 +248,8 @@ def _torchtune_model(args):
     if args.model is not None:
         raise CliError(f"--torchtune-config: the recipe builds its own model (model._component_); drop MODEL "
                        f"{args.model!r} or override the recipe's: model._component_=... / model.lora_rank=...")
-    if args.world_size is None:
-        raise CliError("--world-size is required with --torchtune-config")
     path, *overrides = args.torchtune_config
-    try:
-        args.framework_setup = from_torchtune(path, overrides, mesh=make_mesh(
-            args.world_size, args.replicate or 1, tensor_degree(args)))
-    except (ValueError, ImportError) as exc:
-        raise CliError(str(exc)) from None
+    args.framework_setup = _read_framework(args, "--torchtune-config", from_torchtune, path, overrides)
     return args.framework_setup.model, ModelTree(args.framework_setup.model)
 
 
