@@ -14,6 +14,7 @@ import os
 import subprocess
 
 import pytest
+from framework_venv import framework_python
 import yaml
 
 HERE = os.path.dirname(__file__)
@@ -22,12 +23,7 @@ TINY = os.path.join("tests", "configs", "axolotl", "tiny_lora.yaml")  # base_mod
 
 
 def axolotl_python() -> str:
-    path = os.environ.get("SHARDVIZ_AXOLOTL_PYTHON") or os.path.join(ROOT, ".venv-axolotl", "bin", "python")
-    if not os.path.exists(path):
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} missing, and CI is set: .ci/run's set-up (scripts/setup.sh --axolotl) must make it")
-        pytest.skip(f"no axolotl venv at {path} (scripts/setup.sh --axolotl; CI fails instead)")
-    return path
+    return framework_python("axolotl")
 
 
 def run_there(*argv: str) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from framework_venv import framework_python
 import yaml
 
 HERE = os.path.dirname(__file__)
@@ -24,12 +25,7 @@ TINY = os.path.join(HERE, "configs", "torchtune", "tiny_lora.yaml")
 
 
 def torchtune_python() -> str:
-    path = os.environ.get("SHARDVIZ_TORCHTUNE_PYTHON") or os.path.join(ROOT, ".venv-torchtune", "bin", "python")
-    if not os.path.exists(path):
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} missing, and CI is set: .ci/run's set-up (scripts/setup.sh --torchtune) must make it")
-        pytest.skip(f"no torchtune venv at {path} (scripts/setup.sh --torchtune; CI fails instead)")
-    return path
+    return framework_python("torchtune")
 
 
 def run_there(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
