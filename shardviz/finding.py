@@ -21,6 +21,9 @@ class Finding:
     # the fix as command-line flags ("--checkpoint blocks") when it is a change the command line can
     # make (plan, training, mesh, model dtype); "" otherwise (the fix then reads the same everywhere)
     flags: str = field(default="", compare=False)
+    # its figures or fixes are still being priced (``checks.without_what_ifs``): the Inspector's first
+    # findings, replaced by the priced ones a moment later
+    pending: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:

@@ -34,6 +34,9 @@ from .panels import host_ram_text
 if TYPE_CHECKING:
     from .inspector import Inspector
 
+#: What the worker says it does once the numbers are sent (the summary shows it, with a cancel button)
+PRICING = "pricing the findings' what-ifs (SV201's fixes)"
+
 #: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
 NUMBERS_WAIT_S = 1.0
 
@@ -158,9 +161,10 @@ class BackgroundPush:
                 getattr(st, key)
             with self.lock:
                 ready.set()
-                self.worker.label = "checking the plan (findings, SV201's what-ifs)"
+                self.worker.label = PRICING
                 if self.interim_revision == rev:  # the model-state numbers went first: the full ones now
                     self.push_numbers()
+            self.push_first_findings(rev)
             self.push_rest(rev)
             self.worker.settle()
             if self.ahead:
@@ -199,13 +203,14 @@ class BackgroundPush:
             return
 
         def rest():
+            self.push_first_findings(rev)
             st.names.known()  # the presets an edit's name is measured from: built once, here
             self.push_rest(rev)
             self.worker.settle()
             if self.ahead:
                 look_ahead(st, rev)
 
-        self.worker.start(rest, "checking the plan (findings, SV201's what-ifs)")
+        self.worker.start(rest, PRICING)
         w.work = self.work_state()
 
     def model_state_numbers(self) -> dict | None:
@@ -245,6 +250,19 @@ class BackgroundPush:
             w.summary = w.summary_payload()
             w.controls = w.controls_payload()
             w.work = self.work_state()
+
+    def push_first_findings(self, rev: int) -> None:
+        """The findings without their what-ifs (``InspectorState.first_findings``, the checks' own time),
+        those still being priced marked ``pending``, unless the state moved on or the full ones are in."""
+        w = self.widget
+        st = w.controller
+        first = st.first_findings
+        with self.lock:
+            if st.revision != rev or st.computed("findings") is not None:
+                return
+            with w.hold_sync():
+                w.findings = first
+                w.summary = w.summary_payload()
 
     def push_rest(self, rev: int) -> None:
         """The findings, A vs B and the Suggest panel's state, once computed (on the worker, in the

@@ -210,7 +210,7 @@ class Inspector(anywidget.AnyWidget):
         st = self.controller
         mesh, tree = st.mesh, st.tree
         sev = {"error": 0, "warning": 0, "info": 0}
-        findings = st.computed("findings")
+        findings = st.computed("findings") or st.computed("first")  # the first findings: no what-if priced yet
         if findings is not None:
             for f in findings:
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
@@ -257,7 +257,8 @@ class Inspector(anywidget.AnyWidget):
             "pinned": st.pinned is not None,
             # the header card (display.header_card, the report's too): only from full numbers, never
             # computed here (the main thread measures nothing); None until they are in
-            "card": st.card(findings is not None) if (st.computed("memory") or {}).get("available") else None,
+            "card": st.card() if (st.computed("memory") or {}).get("available") else None,
+            "findings_pricing": findings is not None and st.computed("findings") is None,  # what-ifs still run
         }
 
     def push_messages(self) -> None:
