@@ -11,6 +11,7 @@ import time
 import pytest
 
 import shardviz as sv
+from shardviz.activations import stop
 from shardviz.widget import Inspector
 
 MESH = sv.Mesh(shard=4, device="H100")
@@ -51,7 +52,8 @@ def test_a_new_edit_cancels_the_work_of_the_last(model, ins, monkeypatch):
         if first:  # the first findings (no what-if priced) are quick; the priced ones are slow
             return real(analysis, first)
         started.set()
-        for _ in range(600):  # a what-if of 70B: seconds
+        for _ in range(600):  # a what-if of 70B: seconds, each operation it measures a check (activations.stop)
+            stop.check()
             time.sleep(0.01)
         return real(analysis)
 
@@ -79,6 +81,7 @@ def test_cancel_stops_the_work_and_says_so(ins, monkeypatch):
             return real(analysis, first)
         started.set()
         while True:
+            stop.check()  # as a measurement checks at each operation it dispatches
             time.sleep(0.01)
 
     monkeypatch.setattr(panels, "findings_payload", endless)
@@ -97,10 +100,11 @@ def test_suggest_runs_in_the_background_and_can_be_cancelled(ins, monkeypatch):
 
     started = threading.Event()
 
-    def endless(*args, **kwargs):
+    def endless(*args, progress, **kwargs):
         started.set()
-        while True:
+        while True:  # a candidate analysed, then the progress callback, where a cancel stops the search
             time.sleep(0.01)
+            progress(0, 1)
 
     monkeypatch.setattr(suggest, "search", endless)
     t0 = time.perf_counter()
