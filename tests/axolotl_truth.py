@@ -40,7 +40,7 @@ def main(path):
         "checkpoint": list(setup.plan.checkpoint),
         "training": {"batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
                      "param_dtype": t.param_dtype, "fused": t.fused},
-        "lora_r": setup.config.lora_r, "origins": setup.origins, "notes": list(setup.notes),
+        "lora_r": setup.config.lora_r, "origins": setup.origins, "findings": [[f.code, f.message, f.fix] for f in setup.findings],
         "label": setup.plan.origin.label}))
 
 

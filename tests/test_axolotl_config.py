@@ -54,7 +54,11 @@ def test_plan_is_axolotls_own_preparation_call_by_call():
     assert (t["batch_size"], t["seq_len"], t["grad_accum"]) == (
         body["micro_batch_size"], body["sequence_len"], body["gradient_accumulation_steps"])
     assert t["param_dtype"] == "bfloat16" and t["fused"] and out["lora_r"] == body["lora_r"]
-    assert any("its own fully_shard call" in n for n in out["notes"])
+    said = {code: (message, fix) for code, message, fix in out["findings"]}
+    assert "its own fully_shard call" in said["SV312"][0] and "lora_target_modules" in said["SV312"][1]
+    # axolotl's normalize_config gives gradient_checkpointing_kwargs {use_reentrant: True}: read off the layers
+    assert "use_reentrant=True" in said["SV310"][0] and "normalize_config" in said["SV310"][0]
+    assert "use_reentrant: false" in said["SV310"][1]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
@@ -28,6 +28,35 @@ from ..finding import Finding
 from ..plan import Origin, Plan
 
 INSTALL = "pip install 'shardviz[accelerate]'"
+#: the findings a framework's own code gives (SV310-SV315), in its keys; the rest of the plan's are capture's
+FRAMEWORK_CODES = ("SV310", "SV311", "SV312", "SV313", "SV314", "SV315")
+
+
+@dataclass(frozen=True)
+class FrameworkSetup:
+    """What ``sv.from_trainer``, ``sv.from_axolotl`` and ``sv.from_torchtune`` read, one record for all three:
+    ``framework`` ("trainer", "axolotl", "torchtune"), the ``model`` (built on meta, or the one given), the
+    ``plan`` the framework's own preparation makes, the ``mesh``, the ``sv.Training``, ``origins`` (each
+    field -> where its value came from: the file, an override, the framework's default, shardviz's
+    default), ``config`` (the framework's own reading of the file: ``TrainingArguments`` / TRL's config,
+    axolotl's validated config, torchtune's ``DictConfig``) and ``others``: other models the framework
+    shards beside the one trained ({"reference model": Plan}, TRL's DPO/KTO/GRPO). What the framework does
+    that the numbers do not show is in ``findings`` (SV310-SV315, each naming the key to change), carried
+    by the plan, so ``a.findings`` and ``shardviz report`` show them."""
+
+    framework: str
+    model: nn.Module
+    plan: Plan
+    mesh: object
+    training: object
+    origins: dict
+    config: object
+    others: dict = field(default_factory=dict)
+
+    @property
+    def findings(self) -> tuple:
+        """The framework's findings (SV310-SV315) among the plan's."""
+        return tuple(f for f in (self.plan.origin.findings if self.plan.origin else ()) if f.code in FRAMEWORK_CODES)
 
 
 def accelerate_release() -> str:
@@ -102,6 +131,12 @@ class _AcceleratorState:
 
         # accelerate's device on rank 0 (cuda:0 on a GPU node); capture keeps meta tensors on meta either way
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def accelerator_for(env: dict, plugin=None):
+    """What accelerate's FSDP2 functions (and TRL's ``prepare_fsdp``) read from an ``Accelerator``, as
+    accelerate builds it from ``env`` and ``plugin``."""
+    return _AcceleratorState(env, plugin)
 
 
 def accelerate_prepare(model: nn.Module, env: dict, plugin=None) -> nn.Module:
