@@ -91,6 +91,16 @@ def test_report_reads_batch_sequence_and_calls_from_the_recipe(tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_export_writes_the_tune_run_overrides(tmp_path):
+    out = tmp_path / "overrides.txt"
+    done = run_there("-m", "shardviz.cli", "export", "--torchtune-config", TINY, "fsdp_reshard_after_forward=False",
+                     "--world-size", "4", "-q", "-o", str(tmp_path / "fsdp.py"), "--torchtune-overrides", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torchtune makes exactly these calls from it" in done.stderr
+    assert "fsdp_reshard_after_forward=False" in out.read_text().splitlines()
+
+
+@pytest.mark.slow
 def test_chunked_loss_is_the_step():
     """The step's loss is the recipe's CEWithChunkedOutputLoss on chunked logits: its activations are not those
     of a sum of the logits (the fallback for a module with no loss)."""

@@ -247,3 +247,40 @@ def test_reentrant_checkpointing_read_from_the_layers_names_the_key():
     found = next(f for f in sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2).findings if f.code == "SV310")
     assert found.severity == "warning" and "use_reentrant=True" in found.message
     assert found.fix == "set gradient_checkpointing_kwargs: {use_reentrant: false}"
+
+
+@pytest.mark.parametrize("fields", [SFT, FP32_STRING], ids=["list_form_ac_bf16", "prefixed_no_reshard_fp32"])
+def test_export_back_to_trainer_fields_round_trips(tmp_path, fields):
+    """to_trainer: a plan the Trainer's own preparation made, written as Trainer fields, read back from the file by
+    from_trainer (TRL's SFTConfig where TRL is, as trl sft --config reads it) gives the same calls, and accelerate's
+    preparation of the file's fields gives torch what the plan exported gives it."""
+    from shardviz.frameworks.trainer_config import to_trainer
+
+    model = zoo.tiny_llama_lora()
+    target = sv.from_trainer(fields, model, world_size=2).plan
+    text, cannot = to_trainer(model, target, world_size=2)
+    assert cannot == [] and "exactly these fully_shard calls" in text
+    path = tmp_path / "back.yaml"
+    path.write_text(text)
+    back = sv.from_trainer(path, model, world_size=2)
+    assert back.plan.units == target.units and set(back.plan.checkpoint) == set(target.checkpoint)
+    assert trainer_truth(model, yaml.safe_load(text), 2) == shardviz_applies(model, target, 2)
+    ignored = [n for n, _ in model.named_parameters() if "lora_A" in n]
+    _, cannot = to_trainer(model, target.with_ignored(ignored), world_size=2)  # what no Trainer field says
+    assert any("ignored_params" in c for c in cannot)
+
+
+def test_cli_export_writes_the_trainer_fields(tmp_path, capsys):
+    """export --trainer-config ... --trainer-yaml: the plan read from the Trainer's file written back in its fields;
+    the same calls (transformers' own reading), said on stderr."""
+    path = tmp_path / "args.yaml"
+    path.write_text(yaml.safe_dump(FP32_STRING))
+    back = tmp_path / "back.yaml"
+    assert main(["export", "zoo:tiny_llama_lora", "--trainer-config", str(path), "--world-size", "2", "-q",
+                 "-o", str(tmp_path / "fsdp.py"), "--trainer-yaml", str(back)]) == 0
+    assert "transformers' Trainer makes exactly these calls from it" in capsys.readouterr().err
+    model = zoo.tiny_llama_lora()
+    assert sv.from_trainer(back, model, world_size=2).plan.units == sv.from_trainer(path, model, world_size=2).plan.units
+    assert main(["export", "zoo:tiny_llama_lora", "--lora", "sharded", "--world-size", "2", "-q",
+                 "--axolotl-yaml", str(tmp_path / "ax.yaml")]) == 2
+    assert "give it with --axolotl-config" in capsys.readouterr().err

@@ -208,3 +208,64 @@ def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = 
     origins["plan"] = f"fsdp_config of {label} through axolotl {release}'s fsdp2_prepare_model"
     found += checkpointing + _findings(cfg, plan, release)
     return FrameworkSetup("axolotl", model, with_findings(plan, found), mesh, training, origins, cfg)
+
+
+#: the accelerate keys that decide the calls; the block's others (state_dict_type, ...) stay the user's
+CALL_KEYS = ("fsdp_version", "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap", "fsdp_offload_params",
+             "fsdp_reshard_after_forward", "fsdp_activation_checkpointing")
+
+
+def axolotl_block(config: dict, given: dict | None = None) -> dict:
+    """axolotl's ``fsdp_config`` block (its ``FSDPConfig`` keys: accelerate's without the ``fsdp_`` prefix) saying
+    what the accelerate config ``config`` (``frameworks.accelerate_config``) says of the calls, over the
+    block ``given`` (the user's; its other keys kept)."""
+    name = lambda k: k if k == "fsdp_version" else k.removeprefix("fsdp_")  # noqa: E731
+    said = {name(k): v for k, v in config["fsdp_config"].items() if k in CALL_KEYS}
+    kept = {k: v for k, v in (given or {}).items() if name(k if k.startswith("fsdp_") else "fsdp_" + k) not in said}
+    return {**said, **kept}
+
+
+def _lora_lines(cannot: list[str]) -> list[str]:
+    """``plan_differences``' lines, those about axolotl's own calls on lora_A / lora_B said once (SV312)."""
+    lora = [c for c in cannot if c.startswith("no call on ") and (".lora_A." in c or ".lora_B." in c)]
+    rest = [c for c in cannot if c not in lora]
+    if lora:
+        rest.insert(0, f"no call on the {len(lora)} lora_A / lora_B modules: axolotl makes one on each (SV312), and "
+                       "no key turns them off")
+    return rest
+
+
+def to_axolotl(path, plan: Plan, model: nn.Module | None = None, world_size: int = 8) -> tuple[str, list[str]]:
+    """(YAML, what it cannot say): the axolotl YAML at ``path`` with its ``fsdp_config`` block's keys that decide
+    the calls set to say ``plan`` (every layer checkpointed: the file's ``gradient_checkpointing: true`` where it
+    has it, else the block's ``activation_checkpointing``).
+    Checked by reading it back with ``from_axolotl`` (axolotl's validated config and its own
+    ``fsdp2_prepare_model``) and comparing the calls; an empty list: axolotl makes exactly ``plan``."""
+    import tempfile
+
+    import yaml
+
+    from . import accelerate_config, plan_differences
+    from ..model.tree import as_tree
+
+    label = os.path.basename(os.fspath(path))
+    cfg, body = read_config(path, world_size)
+    built = model if model is not None else build_model(cfg)
+    block = axolotl_block(accelerate_config(as_tree(built), plan), body.get("fsdp_config"))
+    out = {**body, "fsdp_config": block}
+    out.pop("fsdp_version", None)  # the block says it
+    if block["activation_checkpointing"] and body.get("gradient_checkpointing"):
+        block["activation_checkpointing"] = False  # as the file says it: HF's in-forward checkpointing of every layer
+    elif body.get("gradient_checkpointing"):
+        out["gradient_checkpointing"] = False  # the plan checkpoints no layer (or not every one: said below)
+    text = yaml.safe_dump(out, sort_keys=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = os.path.join(tmp, label)
+        with open(exported, "w", encoding="utf-8") as f:
+            f.write(text)
+        setup = from_axolotl(exported, built, world_size=world_size)
+    cannot = _lora_lines(plan_differences(plan, setup.plan, "axolotl"))
+    head = [f"# {label} with the fsdp_config block for the plan {plan.name or '(unnamed)'}; checked with "
+            f"{setup.plan.origin.release}: " + ("it makes exactly these fully_shard calls." if not cannot else
+                                                "it cannot say:")]
+    return "\n".join(head + [f"#  - {line}" for line in cannot]) + "\n" + text, cannot

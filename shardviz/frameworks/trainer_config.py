@@ -425,3 +425,46 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
     found += checkpointing + reference + _findings(args, fields, f"from {label}")
     origins["model"] = model_origin
     return FrameworkSetup("trainer", model, with_findings(plan, found), mesh, training, origins, args, others)
+
+
+def trainer_fields(config: dict, arguments_class) -> dict:
+    """The Trainer's ``fsdp`` / ``fsdp_config`` (and ``bf16`` / ``fp16``) fields that say what the accelerate
+    config ``config`` (``frameworks.accelerate_config``) says, in the keys ``_process_fsdp_args`` reads."""
+    acc = config["fsdp_config"]
+    fsdp = {"version": 2, "auto_wrap_policy": acc["fsdp_auto_wrap_policy"], "cpu_offload": acc["fsdp_offload_params"],
+            "reshard_after_forward": acc["fsdp_reshard_after_forward"],
+            "activation_checkpointing": acc["fsdp_activation_checkpointing"]}  # the keys that decide the calls
+    if "fsdp_transformer_layer_cls_to_wrap" in acc:
+        fsdp["transformer_layer_cls_to_wrap"] = acc["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    names = {f.name for f in dataclasses.fields(arguments_class)}
+    # HF's in-forward checkpointing off (TRL's configs default it on): fsdp_config's checkpoints the layers
+    hf_checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    # both precision fields said: TRL's configs default bf16 on
+    return {"fsdp": True, "fsdp_config": fsdp, hf_checkpointing: False,
+            **{key: config["mixed_precision"] == key for key in _MIXED}}
+
+
+def to_trainer(model: nn.Module, plan: Plan, world_size: int = 8, trainer: str | None = "sft") -> tuple[str, list[str]]:
+    """(YAML, what it cannot say): the Trainer fields (``fsdp``, ``fsdp_config``, precision) closest to ``plan``,
+    for ``trl sft --config`` (``trainer``: TRL's trainer whose config checks them; None: ``TrainingArguments``,
+    also when TRL is not installed). Checked by reading the fields back with ``from_trainer`` (transformers'
+    and accelerate's own code) and comparing the calls; an empty list: they give exactly ``plan``."""
+    import yaml
+
+    from . import accelerate_config, plan_differences
+    from ..model.tree import as_tree
+
+    try:
+        cls = _arguments_class({}, trainer)
+    except ValueError:  # TRL not installed: TrainingArguments' fields, which TRL's configs extend
+        trainer = None
+        cls = _arguments_class({}, None)
+    fields = trainer_fields(accelerate_config(as_tree(model), plan), cls)
+    setup = from_trainer(fields, model, world_size=world_size, trainer=trainer)
+    cannot = plan_differences(plan, setup.plan)
+    head = [f"# {cls.__name__} fields for the plan {plan.name or '(unnamed)'}: merge them into the file you give "
+            f"{'trl ' + trainer + ' --config' if trainer else 'TrainingArguments'}; checked with "
+            f"{setup.plan.origin.release}: " + ("it makes exactly these fully_shard calls." if not cannot else
+                                                "it cannot say:")]
+    head += [f"#  - {line}" for line in cannot]
+    return "\n".join(head) + "\n" + yaml.safe_dump(fields, sort_keys=False), cannot
