@@ -70,6 +70,7 @@ def test_report_reads_the_axolotl_yaml(tmp_path):
     body = recipe()
     assert f"read: batch_size: micro_batch_size={body['micro_batch_size']} (tiny_lora.yaml)" in said
     assert f"sequence_len={body['sequence_len']}" in said and "plan: axolotl: tiny_lora.yaml" in said
+    assert "warning SV310" in said and "gradient_checkpointing_kwargs: {use_reentrant: false}" in " ".join(said.split())
 
 
 @pytest.mark.slow

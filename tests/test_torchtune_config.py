@@ -88,6 +88,7 @@ def test_report_reads_batch_sequence_and_calls_from_the_recipe(tmp_path):
     assert "read: batch_size: batch_size=2 (recipe)" in said
     assert "read: grad_accum: gradient_accumulation_steps=2 (override)" in said
     assert "tokenizer.max_seq_len=64 (recipe" in said
+    assert "info SV311: dtype=bf16" in said and "fix: dtype=fp32" in said  # the finding in the recipe's keys
 
 
 @pytest.mark.slow

@@ -162,6 +162,18 @@ def test_cli_report_reads_the_trainer_config(tmp_path, capsys):
     assert "read: seq_len: max_length=128 (from sft.yaml)" in err
 
 
+def test_cli_report_shows_the_reference_model_finding(tmp_path, capsys):
+    """shardviz report on a DPO config: SV313 among the findings printed, with its fix in TRL's keys."""
+    pytest.importorskip("trl")
+    path = tmp_path / "dpo.yaml"
+    path.write_text(yaml.safe_dump(DPO))
+    assert main(["report", "zoo:tiny_llama_lora", "--no-lora", "--trainer-config", str(path), "--world-size", "2", "--no-compare",
+                 "-o", str(tmp_path / "r.html")]) == 0
+    got = capsys.readouterr()
+    said = " ".join((got.out + got.err).split())
+    assert "warning SV313: TRL's DPOTrainer keeps a reference model" in said and "precompute_ref_log_probs: true" in said
+
+
 def test_cli_refuses_a_config_whose_preparation_raises(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({**SFT, "fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayr"]}}))

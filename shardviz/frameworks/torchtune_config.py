@@ -242,7 +242,7 @@ def _findings(cfg, model: nn.Module, plan: Plan, release: str) -> list[Finding]:
             "SV311", "info", f"dtype={cfg.get('dtype', 'bf16')}: torchtune {release} builds the model in {low[0]} and "
             f"its shard_model passes no MixedPrecisionPolicy, so the {trainable:,} trainable parameters, their "
             f"gradients and AdamW states are {low[0]} and gradients reduce in {low[0]}: no fp32 master weights "
-            "(priced so)", ("",), fix="dtype=fp32 (tune run override) for fp32 weights, gradients and states"))
+            "(priced so)", fix="dtype=fp32 (tune run override) for fp32 weights, gradients and states"))
     if cfg.get("enable_activation_offloading", False):
         found.append(Finding("SV315", "warning", "enable_activation_offloading=True is NOT priced: activations are "
                              "counted on the GPU", fix="enable_activation_offloading=False to see the run priced as it is"))

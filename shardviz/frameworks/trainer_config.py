@@ -229,7 +229,7 @@ def reference_model(args, model: nn.Module, mesh, env: dict, label: str) -> tupl
     fix = ("set use_peft: true (the adapter-disabled model is the reference)"
            + (" or precompute_ref_log_probs: true (it is freed before training)" if kind in ("DPO", "KTO")
               else " or beta: 0.0 (no KL term, no reference model)"))
-    return {"reference model": plan}, [Finding("SV313", "warning", said, ("",), fix=fix)]
+    return {"reference model": plan}, [Finding("SV313", "warning", said, fix=fix)]
 
 
 def _training(args, fields: dict | None, source: str):
