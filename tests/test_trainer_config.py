@@ -191,6 +191,7 @@ def test_a_fsdp_config_key_transformers_never_reads_is_said():
     assert not any(u.offload for u in setup.plan.units)  # transformers dropped it: accelerate offloads nothing
     finding = next(f for f in setup.findings if "fsdp_offload_params" in f.message)
     assert finding.code == "SV314" and "not read by transformers" in finding.message and "cpu_offload" in finding.message
+    assert "fsdp_offload_params -> cpu_offload" in finding.fix  # the key it reads, named in the fix
     with_cpu_offload = {**fields, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "cpu_offload": True}}
     setup = sv.from_trainer(with_cpu_offload, zoo.tiny_llama_lora(), world_size=2)
     assert all(u.offload for u in setup.plan.units) and not setup.findings
