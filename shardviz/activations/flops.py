@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from . import stop
 from .opcost import combined, difference
 from .profile import ModuleEvent
 
@@ -166,6 +167,7 @@ def _owned(timeline: list[ModuleEvent], ends: dict[str, int]):
 
 def module_flops(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str, ModuleFlops]:
     """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), by ``_owned``."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     totals: dict[tuple[str, str], int] = {}
     for fqn, phase, ev in _owned(timeline, ends):
         if ev.flops:
@@ -179,6 +181,7 @@ def module_flops(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str,
 
 def module_costs(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str, tuple]:
     """fqn -> (forward, backward, recompute) ``opcost`` costs of its own ops, by ``_owned``."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     out: dict[str, list] = {}
     for fqn, phase, ev in _owned(timeline, ends):
         if ev.cost:
