@@ -10,8 +10,8 @@ between Suggest's candidates. The next job starts only once it has ended, so tha
 never run at once (they patch module-level functions while they run).
 
 Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
-measures what the likely next edits need (one block checkpointed, every block, the other parameter
-dtype, half the sequence, TP 2, the LoRA layouts) into the measurement caches, so that the edit
+measures what the likely next edits need (the LoRA presets, one block checkpointed, every block, the
+other parameter dtype, half the sequence, TP 2) into the measurement caches, so that the edit
 itself finds its step measured. The look-ahead is invisible: the widget is idle (``Worker.busy`` is
 False, ``wait()`` returns), and the next edit cancels it like any job.
 """
@@ -374,6 +374,9 @@ def next_edits(st) -> list[tuple[str, object]]:
     plan, mesh, tr = st.plan, st.mesh, st.training
     blocks = st.blocks()
     out: list[tuple[str, object]] = []
+    for key in plan_actions.PRESETS:  # first: the LoRA layouts compared are the question the tool is for
+        if key in ("ignored", "sharded", "separate"):
+            out.append((f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr)))
     if len(blocks) > 1:
         out.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
         out.append(("every block's checkpoint", lambda: (plan_actions.checkpoint_blocks(st, not plan.checkpoint), mesh, tr)))
@@ -386,9 +389,6 @@ def next_edits(st) -> list[tuple[str, object]]:
             edit = setup_actions.tensor_edit(st, 2)
             return edit.plan or plan, edit.mesh, tr
         out.append(("TP 2", tp2))
-    for key in plan_actions.PRESETS:
-        if key in ("ignored", "sharded", "separate"):
-            out.append((f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr)))
     return out
 
 
