@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 import pytest
 
 import shardviz as sv
-from shardviz import zoo
+from shardviz import activations, zoo
 from shardviz.search import step_numbers
 
 BATCH, SEQ = 2, 256
@@ -132,6 +132,20 @@ def test_the_analyses_of_a_search_are_freed_as_it_goes_not_left_to_the_cyclic_gc
     finally:
         gc.enable()
     assert not alive
+
+
+def test_plans_that_differ_only_in_mesh_reshard_or_offload_share_one_measurement(monkeypatch):
+    """The activations are measured once per LoRA layout x checkpointing x micro-batch x cache, and
+    every HSDP split, reshard and offload option of it reads that one measurement (issue 37)."""
+    measure = importlib.import_module("shardviz.activations.measure")
+    runs, run = [], measure.measure_copy
+    monkeypatch.setattr(measure, "measure_copy", lambda *a, **k: runs.append(a[5]) or run(*a, **k))
+    activations.clear_cache()
+    s = sv.search(model(), mesh=replace(MESH, device_memory=limits()["between"]), training=TRAINING)
+    t = s.table[s.table.analysed]
+    layouts = {(r.lora, r.checkpoint, r.batch_size, r.use_cache) for r in t.itertuples()}
+    assert len(t) > 2 * len(layouts)  # many plans per layout were priced ...
+    assert 0 < len(runs) <= len(layouts)  # ... each layout's step measured at most once
 
 
 def test_each_row_is_typed_and_each_pruned_row_names_its_rule():
