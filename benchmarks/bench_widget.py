@@ -24,6 +24,11 @@ the header draw) and then to the findings (SV201's what-ifs), wall and CPU secon
 runs the widget's look-ahead (``background.look_ahead``) between edits, as the worker does while
 the user reads the numbers. Targets: plan edits <= 300 ms, dtype / sequence / TP / HSDP <= 1 s,
 first render <= 3 s, Suggest <= 5 s.
+
+``--python --suggest-only``: the same state, then Suggest alone: cold (only the current plan's step
+measured, by the first render) and twice warm (every measurement cached), wall and CPU seconds and the
+cyclic gc's CPU seconds per generation (``gc.callbacks``); ``--profile FILE`` writes the cold run's
+cProfile stats (``artifacts/bench_widget_suggest.json``).
 """
 
 from __future__ import annotations
