@@ -24,6 +24,11 @@ the header draw) then to the first findings (no what-if priced: what the Inspect
 runs the widget's look-ahead (``background.look_ahead``) between edits, as the worker does while
 the user reads the numbers. Targets: plan edits <= 300 ms, dtype / sequence / TP / HSDP <= 1 s,
 first render <= 3 s, Suggest <= 5 s.
+
+``--python --suggest-only``: the same state, then Suggest alone: cold (only the current plan's step
+measured, by the first render) and twice warm (every measurement cached), wall and CPU seconds and the
+cyclic gc's CPU seconds per generation (``gc.callbacks``); ``--profile FILE`` writes the cold run's
+cProfile stats (``artifacts/bench_widget_suggest.json``).
 """
 
 from __future__ import annotations
@@ -260,6 +265,65 @@ def bench_python(model_name: str = "llama3_70b", ahead: bool = False, suggest: b
     return out
 
 
+def bench_suggest(model_name: str = "llama3_70b", repeats: int = 3, profile: str | None = None,
+                  gc_freeze: bool = True) -> list[dict]:
+    """``--suggest-only``: build the state (first render), then time Suggest alone, cold (the
+    activations of the current plan measured by the first render, nothing else) and warm (the same
+    search again, every measurement cached); wall and CPU seconds, and the cyclic gc's share
+    (``gc.callbacks``: CPU seconds spent in collections, per generation)."""
+    import cProfile
+    import gc
+
+    import shardviz as sv
+    from shardviz import zoo
+    from shardviz.widget import background
+    from shardviz.widget.controller import InspectorState
+
+    model = zoo.build(model_name)
+    mesh, training = sv.Mesh(shard=64, device="H100"), sv.Training(batch_size=1, seq_len=8192)
+    if gc_freeze:  # as sv.Inspector does when it is made (background.freeze_long_lived)
+        background.freeze_long_lived()
+    t = _clock()
+    st = InspectorState(model, mesh=mesh, training=training)
+    for key in ("memory", "traffic", "timeline"):
+        getattr(st, key)
+    print(f"{model_name} + LoRA, 64 x H100, 1 x 8192: state built in {_since(t)[0]:.1f} s")
+    gc_s, gc_n, started = [0.0, 0.0, 0.0], [0, 0, 0], {}
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started["t"] = time.process_time()
+        elif "t" in started:
+            gc_s[info["generation"]] += time.process_time() - started.pop("t")
+            gc_n[info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
+    out = []
+    try:
+        for i in range(repeats):
+            gc_s[:], gc_n[:] = [0.0, 0.0, 0.0], [0, 0, 0]
+            prof = cProfile.Profile() if profile and i == 0 else None
+            t = _clock()
+            if prof:
+                prof.enable()
+            found = st.suggest()
+            if prof:
+                prof.disable()
+                prof.dump_stats(profile)
+            wall, cpu = _since(t)
+            row = {"edit": f"Suggest ({'cold' if i == 0 else 'warm'})", "wall_s": wall, "cpu_s": cpu,
+                   "gc_s": sum(gc_s), "gc_by_generation_s": list(gc_s), "gc_collections": list(gc_n),
+                   "candidates": found.n_candidates, "analysed": found.n_analysed, "target_s": 5.0}
+            out.append(row)
+            print(f"  {row['edit']:<16}{1000 * wall:9.0f} ms{1000 * cpu:9.0f} ms cpu   gc {1000 * sum(gc_s):6.0f} ms cpu "
+                  f"(collections by generation {gc_n}, gen 2 {1000 * gc_s[2]:.0f} ms)   "
+                  f"{found.n_candidates} plans, {found.n_analysed} analysed   target 5000 ms: "
+                  f"{'met' if wall <= 5 else 'MISSED'}", flush=True)
+    finally:
+        gc.callbacks.remove(on_gc)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--python", action="store_true", help="no browser: the widget's Python path, edit by edit")
@@ -267,6 +331,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-suggest", action="store_true", help="with --python: leave Suggest out")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="with --python: without the Inspector's gc.freeze of what exists when it is made")
+    parser.add_argument("--suggest-only", action="store_true",
+                        help="with --python: build the state, then time Suggest alone, cold then warm, with gc's share")
+    parser.add_argument("--profile", help="with --suggest-only: write the cold Suggest's cProfile stats here")
     parser.add_argument("--models", nargs="+", default=["tiny_llama_lora", "llama3_70b", "nllb_moe_54b"],
                         help="zoo names (nllb_moe_54b is the zoo's largest MoE)")
     parser.add_argument("--renders", type=int, default=4, help="first-render runs per model (the first is cold)")
@@ -275,8 +342,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.python:
         sys.path.insert(0, str(ROOT))
-        rows = bench_python(ahead=args.ahead, suggest=not args.no_suggest, gc_freeze=not args.no_gc_freeze)
-        out = Path(args.out).with_name("bench_widget_python.json")
+        if args.suggest_only:
+            rows = bench_suggest(profile=args.profile, gc_freeze=not args.no_gc_freeze)
+        else:
+            rows = bench_python(ahead=args.ahead, suggest=not args.no_suggest, gc_freeze=not args.no_gc_freeze)
+        out = Path(args.out).with_name("bench_widget_suggest.json" if args.suggest_only else "bench_widget_python.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"written {out}")

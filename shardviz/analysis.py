@@ -329,10 +329,13 @@ class Analysis:
         return rows
 
     # -- 6. the step in seconds: FSDP2's schedule (steptime) --------------------------------------
-    @cached_property
+    @property
     def step_inputs(self) -> StepInputs:
         """The stages the step time reads (``step.timing.StepInputs``), the costly ones as functions
-        computed on first call."""
+        computed on first call. Made on each read, not kept: kept, its functions would close a cycle
+        (analysis -> inputs -> function -> analysis), and an analysis dropped (a search prices
+        dozens) would wait, with its ~10,000 objects (schedule events, collectives, calls), for the
+        cyclic gc instead of being freed at once (issue 37)."""
         return StepInputs(self.layout, self.training, flops=lambda: self.flops, profile=lambda: self.activation_profile,
                           collectives=lambda: self.collectives, calls=lambda: self.costs.calls,
                           memory=lambda: self.memory)

@@ -125,7 +125,8 @@ def auto_name(tree: ModelTree, lora: str, *more: str) -> str:
 def _embeddings_and_head(tree: ModelTree, blocks: list[int]) -> tuple[list[int], list[int]]:
     """The modules outside the blocks: the embeddings, and the head (final norm, lm_head; tied
     embeddings join it, since a parameter may not be split across two calls)."""
-    in_block = lambda m: any(tree.is_inside(m, b) for b in blocks)  # noqa: E731
+    inside = {m for b in blocks for m in range(b, tree.modules[b].subtree_end)}  # tree.is_inside of any block
+    in_block = inside.__contains__
     # Embeddings: Embedding modules outside the blocks, climbed as far as they stay apart.
     embed_modules = [
         m.index for m in tree.modules if "Embedding" in m.type_name and m.params and not in_block(m.index)

@@ -282,17 +282,35 @@ def _unit_sums(subtree: dict, index: FlopIndex, units, zero, add, sub) -> list[t
     return rows
 
 
+#: Sums kept per profile (``_kept_sums``); an Inspector session makes a new plan at every edit.
+KEPT_SUMS = 64
+
+
+def _kept_sums(profile, units, what: str) -> list[tuple]:
+    """``_unit_sums`` of the profile's FLOPs (``what`` "flops") or op costs ("costs") per unit, kept
+    with the profile: they read only the units' names and modules, so the plans with the same calls
+    (a search's HSDP splits, reshard and offload options of one layout) share one sum."""
+    key = (what, tuple((u.name, tuple(u.modules)) for u in units))
+    kept = profile.unit_sums
+    rows = kept.get(key)
+    if rows is None:
+        index = profile.flop_index
+        rows = (_unit_sums(index.subtree, index, units, 0, lambda a, b: a + b, lambda a, b: a - b) if what == "flops"
+                else _unit_sums(profile.cost_index, index, units, None, combined, difference))
+        if len(kept) >= KEPT_SUMS:
+            kept.clear()
+        kept[key] = rows
+    return rows
+
+
 def unit_flops(profile, units) -> list[dict]:
     """One row per unit (``sv.Unit``s: ``name``, ``modules``) in forward order, its modules' own
     FLOPs summed (a nested unit's are its own): unit, forward_flops, backward_flops,
     recompute_flops; a last row with unit None for FLOPs outside every unit, if any."""
-    index = profile.flop_index
-    rows = _unit_sums(index.subtree, index, units, 0, lambda a, b: a + b, lambda a, b: a - b)
-    return [dict(zip(FLOP_COLUMNS, r)) for r in rows]
+    return [dict(zip(FLOP_COLUMNS, r)) for r in _kept_sums(profile, units, "flops")]
 
 
 def op_costs_per_call(profile, units) -> dict:
     """unit name (None: outside every unit) -> {"forward", "backward", "recompute"} ``opcost``
     costs of its modules' own ops, as ``unit_flops`` sums FLOPs."""
-    rows = _unit_sums(profile.cost_index, profile.flop_index, units, None, combined, difference)
-    return {r[0]: dict(zip(PHASES, r[1:])) for r in rows}
+    return {r[0]: dict(zip(PHASES, r[1:])) for r in _kept_sums(profile, units, "costs")}

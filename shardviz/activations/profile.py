@@ -136,6 +136,12 @@ class ActivationProfile:
         return {}
 
     @cached_property
+    def unit_sums(self) -> dict:
+        """(what, the calls' names and modules) -> the per-call sums ``flops.unit_flops`` and
+        ``flops.op_costs_per_call`` made of this profile: a plan with the same calls reads them again."""
+        return {}
+
+    @cached_property
     def run_order(self) -> tuple[str, ...]:
         """Module names in the order the step first entered them (its ``pre_fw`` events): once per
         profile, every plan analysed with it reads the same order (``step.walk``)."""

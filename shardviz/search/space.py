@@ -31,6 +31,7 @@ class Space:
     tp_entries: dict = field(default_factory=dict)  # the model's own TP plan, when a degree > 1 is searched
     lean_offload: bool = True  # whether the leanest options offload (search(..., offload=...) allows it)
     _auto: dict = field(default_factory=dict, repr=False)  # (lora, checkpoint, tensor) -> Plan.auto
+    _caches: dict = field(default_factory=dict, repr=False)  # (lora, checkpoint, tensor, batch, accum, use_cache) -> cache_of
 
     @cached_property
     def limit(self) -> int:
@@ -64,12 +65,17 @@ class Space:
         plan = self._plan(c)
         return plan.with_ignored(self.quant_fqns) if c.quant == "replicated" else plan
 
-    def _plan(self, c: Candidate) -> Plan:
+    def _auto_plan(self, c: Candidate) -> Plan:
+        """``Plan.auto`` for ``c``'s layout, checkpointing and tensor degree (computed once): its
+        calls before ``c``'s reshard and offload options, its checkpointing as ``c``'s."""
         key = (c.lora, c.checkpoint, c.tensor)
         if key not in self._auto:
             auto = auto_plan(self.tree, lora=c.lora, checkpoint=c.checkpoint)
             self._auto[key] = auto.with_tensor_parallel(self.tp_entries) if c.tensor > 1 else auto
-        auto = self._auto[key]
+        return self._auto[key]
+
+    def _plan(self, c: Candidate) -> Plan:
+        auto = self._auto_plan(c)
         if c.reshard_after_forward is None and not c.offload:
             return auto
         units = [Unit(u.modules, u.reshard_after_forward if u.modules == ("",) or c.reshard_after_forward is None else c.reshard_after_forward,
@@ -91,7 +97,12 @@ class Space:
 
     def cache_of(self, c: Candidate) -> bool:
         """Whether ``c``'s step keeps the key/value cache (``activations.step_cache``)."""
-        return step_cache(self.tree.model, self.training_for(c), bool(self.plan(c).checkpoint)).use_cache
+        # the checkpointing is the auto plan's (reshard, offload and the quantized storage change the
+        # calls and the ignored parameters only): no per-candidate plan is built for this
+        key = (c.lora, c.checkpoint, c.tensor, c.batch_size, c.grad_accum, c.use_cache)
+        if key not in self._caches:
+            self._caches[key] = step_cache(self.tree.model, self.training_for(c), bool(self._auto_plan(c).checkpoint)).use_cache
+        return self._caches[key]
 
 
 def tensor_degrees(tree: ModelTree, mesh: Mesh, tensor) -> tuple[tuple[int, ...], dict, list[str]]:

@@ -38,6 +38,7 @@ a separate reduce-scatter group) do not slow each other.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
@@ -360,8 +361,7 @@ def _check_units(units, root) -> list[UnitTime]:
     for u in everything:
         if not isinstance(u, UnitTime):
             raise ValueError(f"units must be UnitTime rows, got {u!r}")
-    names = [u.name for u in everything]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = sorted(n for n, k in Counter(u.name for u in everything).items() if k > 1)  # one pass: ~450 calls at 70B
     if duplicates:
         raise ValueError(f"units: {duplicates} appear more than once")
     return units

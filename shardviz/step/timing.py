@@ -3,7 +3,7 @@
 and CPU offload's copies. Computed once here; ``Analysis.time``, ``Analysis.step``,
 ``Analysis.timeline()`` and every view read it (docs/step-time.md, "From an analysis").
 
-It reads the stages it is given (``StepInputs``, built once by ``Analysis.step_inputs``), never
+It reads the stages it is given (``StepInputs``, built by ``Analysis.step_inputs``), never
 the analysis. Without a device (``Mesh(device=...)``) or without a micro-batch
 (``Training(batch_size=...)``) there is no step to time: ``a.step.step_time_s`` is None and
 ``a.step.reason`` says why.
