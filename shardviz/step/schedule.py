@@ -27,7 +27,7 @@ first, its forward compute (norm, LM head) runs after the blocks, its backward c
 theirs, and its post-backward (reduce-scatter) comes last.
 
 The order of the hooks is the one walk ``step_events`` (shared with the bytes model,
-``simulation``, and built on ``step.hook_rules``: the default backward prefetch target, the
+``simulation``, and built on ``step.calls``' hook rules: the default backward prefetch target, the
 final callback's post-backwards); this module folds it into seconds (docs/step-rules.md).
 
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each

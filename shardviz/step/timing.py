@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Callable
 
 from ..activations import opcost
 from ..format import OUTSIDE_FSDP, format_duration
-from .hook_rules import enclosing_root
 from ..run.devices import Device, Efficiency, default_efficiency, stack_of
 from ..model.tree import model_name
-from .calls import OUTSIDE, Call
+from .calls import OUTSIDE, Call, enclosing_root
 from .collectives import Collectives
 from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
