@@ -166,7 +166,8 @@ class Call(NamedTuple):
     """One ``fully_shard`` call: where its hooks run, which of them torch registers
     (the hook rules above), the state its post-forward leaves its parameters in and, when it manages
     parameters (``managed``: one ``FSDPParamGroup``), its buffers in bytes per rank (zero
-    otherwise: a call with no parameters has no group, no buffers, no collectives).
+    otherwise: a call with no parameters has no group, no buffers, no collectives), and its seconds
+    in one step once timed (``step.timing``): the one record of a call for the whole step.
     A NamedTuple built positionally (``_make``): one is built per call on every change of plan,
     several times faster than a frozen dataclass of as many fields."""
 
@@ -204,11 +205,25 @@ class Call(NamedTuple):
     # runs in between) or when activations are counted (each module's backward has its own
     # level); None: all at once
     grads_at: tuple[GradientsAt, ...] | None = None
+    # -- its seconds in one step, per rank, one micro-batch (the seconds model's: ``step.timing`` sets
+    # them, ``schedule.timed`` for rows made by hand); zero until timed
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    all_gather_forward_s: float = 0.0
+    all_gather_backward_s: float = 0.0
+    reduce_scatter_s: float | None = None  # None: no reduce-scatter (no gradient)
+    all_reduce_s: float | None = None  # None: no HSDP all-reduce
+    h2d_s: float = 0.0  # CPU offload: the parameters' copy to the device before each all-gather
+    d2h_s: float = 0.0  # and the gradient shard's to the host after the reduction
 
 
-#: ``Call``'s fields past the hooks' (``call_hooks``), and their defaults
+#: ``Call``'s fields past the hooks' (``call_hooks``): its buffers in bytes, then its seconds
 HOOK_FIELDS = 9
-BYTES_FIELDS = Call._fields[HOOK_FIELDS:]
+SECONDS_FIELDS = ("forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
+                  "reduce_scatter_s", "all_reduce_s", "h2d_s", "d2h_s")
+BYTES_FIELDS = Call._fields[HOOK_FIELDS:len(Call._fields) - len(SECONDS_FIELDS)]
+_UNTIMED = tuple(Call._field_defaults[f] for f in SECONDS_FIELDS)
 
 
 def first_module(walk: Walk, indices) -> int:
@@ -480,5 +495,5 @@ def build_calls(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, w
     # a call without parameters: its name, settings and modules, no buffers (the defaults)
     empty = tuple(defaults[f] for f in BYTES_FIELDS[3:-2])
     return [Call._make(h + (tails[ul.index] if ul.index in tails else
-                            (ul.unit.name, False, ul.reshard_after_forward, *empty, ul.modules, None)))
+                            (ul.unit.name, False, ul.reshard_after_forward, *empty, ul.modules, None)) + _UNTIMED)
             for h, ul in zip(hooks, layout.units)]

@@ -13,8 +13,8 @@ bytes (what each hook allocates and frees), ``schedule`` into seconds (the all-g
 copy-outs, compute and reductions on their streams). See docs/step-rules.md.
 
 A call is one ``calls.Call``: the one record both models walk (the bytes model's from the
-layout, ``calls.build_calls``; the seconds model's the same records, or laid out from its
-``UnitTime`` rows when they are made by hand).
+layout, ``calls.build_calls``; the seconds model's the same records with their seconds, or rows
+made by hand, ``schedule.timed``, laid out under the schedule's assumptions).
 """
 
 from __future__ import annotations
