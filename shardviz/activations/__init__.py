@@ -52,7 +52,7 @@ the measured step).
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, op_costs_per_call, unit_flops
 from .measure import clear_cache, config_use_cache, measure_activations, read_run_order
 from .profile import ActivationProfile, ModuleEvent, ModuleActivations
-from .step_cache import MeasuredStep, StepCache, step_cache
+from .step_cache import MeasuredStep, StepCache, selective_cache_refusal, step_cache
 
 __all__ = ["FLOP_COLUMNS", "ActivationProfile", "MeasuredStep", "ModuleEvent", "ModuleActivations", "ModuleFlops",
-           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "op_costs_per_call", "step_cache", "unit_flops"]
+           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "op_costs_per_call", "selective_cache_refusal", "step_cache", "unit_flops"]

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..activations import selective_cache_refusal
 from .adapter_checks import (check_adapter_targets, check_fp8_cast, check_fp32_config, check_nf4_split, check_quant_storage, check_quantized,
                              check_trainable_quantized, check_uint8_storage)
 from .allocator_checks import check_reserved_gap
@@ -318,16 +319,10 @@ def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
     a step that keeps the key/value cache (``use_cache``). The recomputation updates the cache again,
     so it runs other ops than the forward did, and torch's selective checkpointing raises in backward
     (checked: tests/test_activation_truth.py). The analysis then measures the step without the cache."""
-    selective = checkpoint.selective
-    if not selective or not use_cache:
+    refusal = selective_cache_refusal(checkpoint, use_cache)  # the cache decision's rule (activations.step_cache)
+    if refusal is None:
         return []
-    return [Finding(
-        "SV113", "error",
-        f"{_plural(len(selective), 'module')} checkpointed selectively with use_cache=True: the recomputation in "
-        "backward fills the key/value cache again, and torch's selective checkpointing raises ('... invocation "
-        "index ... encountered during backward but not found in storage'); priced with use_cache=False",
-        **_first(selective), fix=USE_CACHE_FIX,
-    )]
+    return [Finding("SV113", "error", refusal, **_first(checkpoint.selective), fix=USE_CACHE_FIX)]
 
 
 def _cache_refused(inputs: AnalysisView) -> list[Finding]:
