@@ -17,11 +17,11 @@ from . import zoo  # sv.zoo: example models, no download (transformers is import
 from .model.load import load_model
 from .export.oracle import verify
 from .frameworks.capture import capture
-from .frameworks.trainer_config import TrainerSetup, from_trainer  # a Trainer / TRL run's arguments, read by transformers
-from .frameworks.torchtune_config import TorchtuneSetup, from_torchtune  # a torchtune recipe, read by torchtune (its own venv)
-from .frameworks.axolotl_config import AxolotlSetup, from_axolotl  # an axolotl YAML, read by axolotl (its own venv)
+from .frameworks.trainer_config import from_trainer  # a Trainer / TRL run's arguments, read by transformers
+from .frameworks.torchtune_config import from_torchtune  # a torchtune recipe, read by torchtune (its own venv)
+from .frameworks.axolotl_config import from_axolotl  # an axolotl YAML, read by axolotl (its own venv)
 from .presets import auto_plan  # sv.auto_plan(model, lora=..., checkpoint=..., tensor_parallel=...)
-from .frameworks import from_accelerate, to_accelerate  # a framework's own preparation, run through capture
+from .frameworks import FrameworkSetup, from_accelerate, to_accelerate  # a framework's own preparation, run through capture
 
 # Plan's documented entries whose code lives above plan.py in the layers (presets, frameworks):
 # attached here, where the package is assembled, so plan.py imports nothing above it.
@@ -43,7 +43,7 @@ __all__ = [
     "zoo",
 ]
 __all__ += ["Device", "Efficiency"]  # step time: sv.Mesh(device=...), docs/step-time.md
-__all__ += ["TrainerSetup", "from_trainer", "TorchtuneSetup", "from_torchtune", "AxolotlSetup", "from_axolotl"]  # sv.from_trainer(args or a YAML of them, model, world_size)
+__all__ += ["FrameworkSetup", "from_trainer", "from_torchtune", "from_axolotl"]  # sv.from_trainer(args or a YAML of them, model, world_size)
 __all__ += ["auto_plan", "from_accelerate", "to_accelerate"]  # also Plan.auto / from_accelerate / to_accelerate
 __all__ += ["tp"]  # tensor parallelism: sv.tp, Plan.tensor_parallel, Mesh(tensor=T)
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from torch import nn
 from .activations import (FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order,
                           selective_cache_refusal, step_cache, unit_flops)
 from .checks.check_inputs import Priced, reduce_scatter_sent
-from .checks import findings_of
+from .checks import findings_of, without_what_ifs
 from .step import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table)
 from .step import peak_breakdown as peak_breakdown_of
@@ -372,6 +372,17 @@ class Analysis:
         """Every finding, errors first: the engine's refusals, the plan checks, memory (``checks.findings_of``
         the analysis read as ``check_inputs.AnalysisView``)."""
         return findings_of(self)
+
+    @property
+    def first_findings(self) -> list[Finding]:
+        """``findings`` once computed; before, the findings without their what-ifs
+        (``checks.without_what_ifs``): the checks' own time, with SV201's fixes, SV113's and SV304's
+        figures marked ``pending``. The Inspector shows them first, then ``findings``."""
+        return self.findings if "findings" in self.__dict__ else self._findings_without_what_ifs
+
+    @cached_property
+    def _findings_without_what_ifs(self) -> list[Finding]:
+        return findings_of(without_what_ifs(self))
 
     def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training=None, *, timed: bool = False,
               traffic: bool = False) -> Priced:

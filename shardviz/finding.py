@@ -21,6 +21,9 @@ class Finding:
     # the fix as command-line flags ("--checkpoint blocks") when it is a change the command line can
     # make (plan, training, mesh, model dtype); "" otherwise (the fix then reads the same everywhere)
     flags: str = field(default="", compare=False)
+    # its figures or fixes are still being priced (``checks.without_what_ifs``): the Inspector's first
+    # findings, replaced by the priced ones a moment later
+    pending: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
@@ -94,6 +97,12 @@ TITLES = {
     "SV307": "the framework's config gives HSDP",
     "SV308": "calls on checkpoint wrappers that manage nothing",
     "SV309": "explicit prefetch settings recorded, default prefetch priced",
+    "SV310": "Hugging Face's in-forward checkpointing and its use_reentrant",
+    "SV311": "torchtune keeps weights, gradients and optimizer states in its dtype",
+    "SV312": "axolotl's own fully_shard calls on the LoRA adapters",
+    "SV313": "TRL's reference model: one root fully_shard call, not priced",
+    "SV314": "a config key the framework ignores or refuses",
+    "SV315": "a config setting read but not priced",
 }
 
 

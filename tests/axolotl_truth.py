@@ -40,9 +40,39 @@ def main(path):
         "checkpoint": list(setup.plan.checkpoint),
         "training": {"batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
                      "param_dtype": t.param_dtype, "fused": t.fused},
-        "lora_r": setup.config.lora_r, "origins": setup.origins, "notes": list(setup.notes),
+        "lora_r": setup.config.lora_r, "origins": setup.origins, "findings": [[f.code, f.message, f.fix] for f in setup.findings],
         "label": setup.plan.origin.label}))
 
 
-if __name__ == "__main__":
+def export_back(path):
+    """to_axolotl on the plan axolotl itself made (round trip: the exported YAML read back by from_axolotl, and
+    axolotl's own preparation of it outside capture, against the plan exported applied by shardviz's oracle),
+    and on shardviz's auto plan (what axolotl's keys cannot say)."""
+    import tempfile
+
+    from shardviz.frameworks.axolotl_config import to_axolotl
+
+    setup = from_axolotl(path, world_size=WORLD)
+    text, cannot = to_axolotl(path, setup.plan, setup.model, world_size=WORLD)
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = os.path.join(tmp, "exported.yaml")
+        with open(exported, "w", encoding="utf-8") as f:
+            f.write(text)
+        back = from_axolotl(exported, world_size=WORLD)
+        with KeptEnviron(), fake_process_group(0, WORLD):
+            theirs = torch_calls(axolotl_prepare(meta_copy(back.model), fsdp_env(back.config)))
+    with fake_process_group(0, WORLD):
+        copy_ = meta_copy(setup.model)
+        apply_plan(copy_, setup.plan, device_mesh(sv.Mesh(WORLD)))
+        ours = torch_calls(copy_)
+    _, cannot_auto = to_axolotl(path, sv.Plan.auto(setup.model, checkpoint="blocks"), setup.model, world_size=WORLD)
+    print(json.dumps({"cannot": cannot, "units_equal": back.plan.units == setup.plan.units,
+                      "checkpoint_equal": set(back.plan.checkpoint) == set(setup.plan.checkpoint),
+                      "torch_calls_equal": theirs == ours, "n_calls": len(theirs), "text": text,
+                      "cannot_auto": cannot_auto}))
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[2] == "--export":
+    export_back(sys.argv[1])
+elif __name__ == "__main__":
     main(sys.argv[1])

@@ -54,7 +54,11 @@ def test_plan_is_axolotls_own_preparation_call_by_call():
     assert (t["batch_size"], t["seq_len"], t["grad_accum"]) == (
         body["micro_batch_size"], body["sequence_len"], body["gradient_accumulation_steps"])
     assert t["param_dtype"] == "bfloat16" and t["fused"] and out["lora_r"] == body["lora_r"]
-    assert any("its own fully_shard call" in n for n in out["notes"])
+    said = {code: (message, fix) for code, message, fix in out["findings"]}
+    assert "its own fully_shard call" in said["SV312"][0] and "lora_target_modules" in said["SV312"][1]
+    # axolotl's normalize_config gives gradient_checkpointing_kwargs {use_reentrant: True}: read off the layers
+    assert "use_reentrant=True" in said["SV310"][0] and "normalize_config" in said["SV310"][0]
+    assert "use_reentrant: false" in said["SV310"][1]
 
 
 @pytest.mark.slow
@@ -66,6 +70,33 @@ def test_report_reads_the_axolotl_yaml(tmp_path):
     body = recipe()
     assert f"read: batch_size: micro_batch_size={body['micro_batch_size']} (tiny_lora.yaml)" in said
     assert f"sequence_len={body['sequence_len']}" in said and "plan: axolotl: tiny_lora.yaml" in said
+    assert "warning SV310" in said and "gradient_checkpointing_kwargs: {use_reentrant: false}" in " ".join(said.split())
+
+
+@pytest.mark.slow
+def test_export_back_to_axolotls_fsdp_config_round_trips():
+    """to_axolotl: the plan axolotl made, written as its fsdp_config block, read back by from_axolotl gives the same
+    calls, and axolotl's own preparation of the exported YAML gives torch what the plan exported gives it; a plan
+    without axolotl's adapter calls names them as what its keys cannot say."""
+    done = run_there(os.path.join(HERE, "axolotl_truth.py"), TINY, "--export")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["cannot"] == [] and out["units_equal"] and out["checkpoint_equal"] and out["torch_calls_equal"], out
+    exported = yaml.safe_load(out["text"])
+    assert exported["fsdp_config"]["transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    assert exported["base_model"] == recipe()["base_model"]  # the rest of the user's file kept
+    assert exported["gradient_checkpointing"] is True and not exported["fsdp_config"]["activation_checkpointing"]
+    assert any("lora_A / lora_B" in c and "SV312" in c for c in out["cannot_auto"]), out["cannot_auto"]
+
+
+@pytest.mark.slow
+def test_cli_export_writes_the_axolotl_yaml(tmp_path):
+    back = tmp_path / "back.yaml"
+    done = run_there("-m", "shardviz.cli", "export", "--axolotl-config", TINY, "--world-size", "4", "-q",
+                     "-o", str(tmp_path / "fsdp.py"), "--axolotl-yaml", str(back))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "axolotl makes exactly these calls from it" in done.stderr
+    assert yaml.safe_load(back.read_text())["fsdp_config"]["fsdp_version"] == 2
 
 
 def test_an_axolotl_yaml_given_as_accelerate_config_says_so(tmp_path, capsys):

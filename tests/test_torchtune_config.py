@@ -57,12 +57,16 @@ def test_recipe_plan_is_torchtunes_call_by_call():
     assert t["param_dtype"] is None and out["params_dtypes"] == ["torch.bfloat16"]  # dtype: bf16, no mp policy
     assert t["fused"] is body["optimizer"]["fused"]
     assert out["origins"]["batch_size"].endswith("(recipe)") and out["label"] == "torchtune: tiny_lora.yaml"
+    said = {code: (message, fix) for code, message, fix in out["findings"]}  # from the model and calls torchtune made
+    assert "no MixedPrecisionPolicy" in said["SV311"][0] and "bfloat16" in said["SV311"][0]
+    assert said["SV311"][1].startswith("dtype=fp32")
 
 
 @pytest.mark.slow
 def test_overrides_reach_torchtunes_shard_model():
     overrides = ("enable_activation_checkpointing=False", "custom_sharded_layers=['tok_embeddings','output']",
-                 "fsdp_cpu_offload=True", "fsdp_reshard_after_forward=False", "batch_size=5", "model.lora_rank=4")
+                 "fsdp_cpu_offload=True", "fsdp_reshard_after_forward=False", "batch_size=5", "model.lora_rank=4",
+                 "dtype=fp32")
     out = truth(*overrides)
     assert out["calls_equal"] and out["checkpointed_equal"], out
     assert out["n_checkpointed"] == 0
@@ -70,6 +74,7 @@ def test_overrides_reach_torchtunes_shard_model():
     assert out["training"]["offload"] is True and out["training"]["batch_size"] == 5
     assert out["origins"]["batch_size"] == "batch_size=5 (override)"
     assert out["trainable"] < truth()["trainable"]  # rank 4 < 8: the builder saw the override
+    assert out["params_dtypes"] == ["torch.float32"] and "SV311" not in {f[0] for f in out["findings"]}  # dtype=fp32
 
 
 @pytest.mark.slow
@@ -83,6 +88,17 @@ def test_report_reads_batch_sequence_and_calls_from_the_recipe(tmp_path):
     assert "read: batch_size: batch_size=2 (recipe)" in said
     assert "read: grad_accum: gradient_accumulation_steps=2 (override)" in said
     assert "tokenizer.max_seq_len=64 (recipe" in said
+    assert "info SV311: dtype=bf16" in said and "fix: dtype=fp32" in said  # the finding in the recipe's keys
+
+
+@pytest.mark.slow
+def test_cli_export_writes_the_tune_run_overrides(tmp_path):
+    out = tmp_path / "overrides.txt"
+    done = run_there("-m", "shardviz.cli", "export", "--torchtune-config", TINY, "fsdp_reshard_after_forward=False",
+                     "--world-size", "4", "-q", "-o", str(tmp_path / "fsdp.py"), "--torchtune-overrides", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torchtune makes exactly these calls from it" in done.stderr
+    assert "fsdp_reshard_after_forward=False" in out.read_text().splitlines()
 
 
 @pytest.mark.slow

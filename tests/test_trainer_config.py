@@ -82,7 +82,7 @@ def test_batch_sequence_accumulation_and_precision_read_from_the_file(tmp_path):
     setup = sv.from_trainer(path, zoo.tiny_llama_lora(), world_size=4)
     tr = setup.training
     assert (tr.batch_size, tr.seq_len, tr.grad_accum, tr.param_dtype) == (2, 512, 8, "bfloat16")
-    assert type(setup.arguments).__name__ == "SFTConfig"  # max_length is TRL's field
+    assert type(setup.config).__name__ == "SFTConfig"  # max_length is TRL's field
     assert setup.origins["seq_len"] == "max_length=512 (from sft.yaml)"
     assert setup.origins["batch_size"] == "per_device_train_batch_size=2 (from sft.yaml)"
 
@@ -104,7 +104,7 @@ def test_a_training_arguments_object_is_read_as_given():
     setup = sv.from_trainer(args, model, world_size=2)
     assert [(n, p.device, p.dtype) for n, p in model.named_parameters()] == before  # the user's model untouched
     assert not any("FSDP" in type(m).__name__ for m in model.modules())
-    assert setup.arguments is args and setup.training.batch_size == 2 and len(setup.plan.units) == 5
+    assert setup.config is args and setup.framework == "trainer" and setup.training.batch_size == 2 and len(setup.plan.units) == 5
 
 
 def test_in_forward_checkpointing_is_priced_on_the_layers_transformers_switches_on():
@@ -114,8 +114,10 @@ def test_in_forward_checkpointing_is_priced_on_the_layers_transformers_switches_
     fields = {k: v for k, v in SFT.items() if k != "activation_checkpointing"} | {"max_length": 256}
     model = zoo.tiny_llama_lora()
     setup = sv.from_trainer(fields, model, world_size=2)  # TRL turns it on by default
-    assert any("priced as those layers checkpointed" in n and "TRL's default" in n for n in setup.notes), setup.notes
-    assert any("Trainer raises" in n for n in setup.notes)  # with fsdp_config.activation_checkpointing too
+    said = {f.code: f for f in setup.findings}
+    assert "priced as those layers checkpointed" in said["SV310"].message and "TRL's default" in said["SV310"].message
+    assert "use_reentrant=False" in said["SV310"].message  # transformers 5's default, read off the layers it switched on
+    assert "Trainer raises" in said["SV314"].message and "activation_checkpointing: false" in said["SV314"].fix
     twin = zoo.tiny_llama_lora()
     twin.gradient_checkpointing_enable()  # what Trainer does to the model, done here on a twin
     from transformers.modeling_layers import GradientCheckpointingLayer  # the layers whose forward checkpoints
@@ -160,6 +162,18 @@ def test_cli_report_reads_the_trainer_config(tmp_path, capsys):
     assert "read: seq_len: max_length=128 (from sft.yaml)" in err
 
 
+def test_cli_report_shows_the_reference_model_finding(tmp_path, capsys):
+    """shardviz report on a DPO config: SV313 among the findings printed, with its fix in TRL's keys."""
+    pytest.importorskip("trl")
+    path = tmp_path / "dpo.yaml"
+    path.write_text(yaml.safe_dump(DPO))
+    assert main(["report", "zoo:tiny_llama_lora", "--no-lora", "--trainer-config", str(path), "--world-size", "2", "--no-compare",
+                 "-o", str(tmp_path / "r.html")]) == 0
+    got = capsys.readouterr()
+    said = " ".join((got.out + got.err).split())
+    assert "warning SV313: TRL's DPOTrainer keeps a reference model" in said and "precompute_ref_log_probs: true" in said
+
+
 def test_cli_refuses_a_config_whose_preparation_raises(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({**SFT, "fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayr"]}}))
@@ -175,11 +189,12 @@ def test_a_fsdp_config_key_transformers_never_reads_is_said():
                                             "fsdp_offload_params": True}}  # accelerate's key; the Trainer's is cpu_offload
     setup = sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2)
     assert not any(u.offload for u in setup.plan.units)  # transformers dropped it: accelerate offloads nothing
-    note = next(n for n in setup.notes if "fsdp_offload_params" in n)
-    assert "not read by transformers" in note and "cpu_offload" in note
+    finding = next(f for f in setup.findings if "fsdp_offload_params" in f.message)
+    assert finding.code == "SV314" and "not read by transformers" in finding.message and "cpu_offload" in finding.message
+    assert "fsdp_offload_params -> cpu_offload" in finding.fix  # the key it reads, named in the fix
     with_cpu_offload = {**fields, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "cpu_offload": True}}
     setup = sv.from_trainer(with_cpu_offload, zoo.tiny_llama_lora(), world_size=2)
-    assert all(u.offload for u in setup.plan.units) and not setup.notes
+    assert all(u.offload for u in setup.plan.units) and not setup.findings
 
 
 def test_trl_model_name_or_path_and_peft_fields_build_the_model():
@@ -195,3 +210,90 @@ def test_trl_model_name_or_path_and_peft_fields_build_the_model():
     assert "TRL's get_peft_config" in setup.origins["model"]
     again = sv.from_trainer(SFT, setup.model, world_size=2)  # the same model handed in: the same calls
     assert again.plan.units == setup.plan.units and again.origins["model"] == "the model given"
+
+
+DPO = {"fsdp": True, "bf16": True, "activation_checkpointing": False, "beta": 0.1,
+       "fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}, "precompute_ref_log_probs": False}
+
+
+def test_trls_reference_model_is_the_one_root_call_its_prepare_fsdp_makes():
+    """DPO without peft: TRL keeps a reference model and shards it with its own prepare_fsdp (one root call); the
+    plan read is what TRL's prepare_fsdp gives torch on a meta copy outside shardviz's capture, and SV313 says it
+    in TRL's keys, among the analysis' findings."""
+    pytest.importorskip("trl")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from trl.models.utils import prepare_fsdp
+
+    from shardviz.frameworks import accelerator_for
+
+    model = zoo.tiny_llama_lora(lora=False)
+    setup = sv.from_trainer(DPO, model, world_size=2)
+    assert type(setup.config).__name__ == "DPOConfig"
+    args = setup.config
+    env = {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_MIXED_PRECISION": args.mixed_precision}
+    with KeptEnviron(), fake_process_group(0, 2):
+        os.environ.update(env)
+        theirs = torch_calls(prepare_fsdp(meta_copy(model), accelerator_for(env, FullyShardedDataParallelPlugin(
+            **args.fsdp_plugin_args))))
+    reference = setup.others["reference model"]
+    assert shardviz_applies(model, reference, 2)[0] == theirs and len(theirs) == 1  # one call: the root
+    found = next(f for f in setup.findings if f.code == "SV313")
+    assert "DPOTrainer keeps a reference model" in found.message and "precompute_ref_log_probs: true" in found.fix
+    a = sv.analyze(model, setup.plan, setup.mesh, setup.training)
+    assert "SV313" in {f.code for f in a.findings}
+
+
+@pytest.mark.parametrize("change", [{"precompute_ref_log_probs": True}, {"peft": True}])
+def test_no_reference_model_when_trl_keeps_none(change):
+    """precompute_ref_log_probs (freed before training) or a peft model (its own reference): no SV313."""
+    pytest.importorskip("trl")
+    model = zoo.tiny_llama_lora(lora="peft" in change)
+    fields = {**DPO, **{k: v for k, v in change.items() if k != "peft"}}
+    setup = sv.from_trainer(fields, model, world_size=2)
+    assert not setup.others and "SV313" not in {f.code for f in setup.findings}
+
+
+def test_reentrant_checkpointing_read_from_the_layers_names_the_key():
+    """use_reentrant=True in the file: SV310 is a warning whose fix names gradient_checkpointing_kwargs; the value is
+    what the model's own enable gave its layers."""
+    fields = {**FP32_STRING, "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+    found = next(f for f in sv.from_trainer(fields, zoo.tiny_llama_lora(), world_size=2).findings if f.code == "SV310")
+    assert found.severity == "warning" and "use_reentrant=True" in found.message
+    assert found.fix == "set gradient_checkpointing_kwargs: {use_reentrant: false}"
+
+
+@pytest.mark.parametrize("fields", [SFT, FP32_STRING], ids=["list_form_ac_bf16", "prefixed_no_reshard_fp32"])
+def test_export_back_to_trainer_fields_round_trips(tmp_path, fields):
+    """to_trainer: a plan the Trainer's own preparation made, written as Trainer fields, read back from the file by
+    from_trainer (TRL's SFTConfig where TRL is, as trl sft --config reads it) gives the same calls, and accelerate's
+    preparation of the file's fields gives torch what the plan exported gives it."""
+    from shardviz.frameworks.trainer_config import to_trainer
+
+    model = zoo.tiny_llama_lora()
+    target = sv.from_trainer(fields, model, world_size=2).plan
+    text, cannot = to_trainer(model, target, world_size=2)
+    assert cannot == [] and "exactly these fully_shard calls" in text
+    path = tmp_path / "back.yaml"
+    path.write_text(text)
+    back = sv.from_trainer(path, model, world_size=2)
+    assert back.plan.units == target.units and set(back.plan.checkpoint) == set(target.checkpoint)
+    assert trainer_truth(model, yaml.safe_load(text), 2) == shardviz_applies(model, target, 2)
+    ignored = [n for n, _ in model.named_parameters() if "lora_A" in n]
+    _, cannot = to_trainer(model, target.with_ignored(ignored), world_size=2)  # what no Trainer field says
+    assert any("ignored_params" in c for c in cannot)
+
+
+def test_cli_export_writes_the_trainer_fields(tmp_path, capsys):
+    """export --trainer-config ... --trainer-yaml: the plan read from the Trainer's file written back in its fields;
+    the same calls (transformers' own reading), said on stderr."""
+    path = tmp_path / "args.yaml"
+    path.write_text(yaml.safe_dump(FP32_STRING))
+    back = tmp_path / "back.yaml"
+    assert main(["export", "zoo:tiny_llama_lora", "--trainer-config", str(path), "--world-size", "2", "-q",
+                 "-o", str(tmp_path / "fsdp.py"), "--trainer-yaml", str(back)]) == 0
+    assert "transformers' Trainer makes exactly these calls from it" in capsys.readouterr().err
+    model = zoo.tiny_llama_lora()
+    assert sv.from_trainer(back, model, world_size=2).plan.units == sv.from_trainer(path, model, world_size=2).plan.units
+    assert main(["export", "zoo:tiny_llama_lora", "--lora", "sharded", "--world-size", "2", "-q",
+                 "--axolotl-yaml", str(tmp_path / "ax.yaml")]) == 2
+    assert "give it with --axolotl-config" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import shardviz as sv
+from shardviz.activations import stop
 from shardviz.widget import Inspector
 
 MESH = sv.Mesh(shard=4, device="H100")
@@ -47,9 +48,12 @@ def test_a_new_edit_cancels_the_work_of_the_last(model, ins, monkeypatch):
     started = threading.Event()
     real = panels.findings_payload
 
-    def slow(analysis):
+    def slow(analysis, first=False):
+        if first:  # the first findings (no what-if priced) are quick; the priced ones are slow
+            return real(analysis, first)
         started.set()
-        for _ in range(600):  # a what-if of 70B: seconds
+        for _ in range(600):  # a what-if of 70B: seconds, each operation it measures a check (activations.stop)
+            stop.check()
             time.sleep(0.01)
         return real(analysis)
 
@@ -70,9 +74,14 @@ def test_cancel_stops_the_work_and_says_so(ins, monkeypatch):
 
     started = threading.Event()
 
-    def endless(analysis):
+    real = panels.findings_payload
+
+    def endless(analysis, first=False):
+        if first:
+            return real(analysis, first)
         started.set()
         while True:
+            stop.check()  # as a measurement checks at each operation it dispatches
             time.sleep(0.01)
 
     monkeypatch.setattr(panels, "findings_payload", endless)
@@ -91,10 +100,11 @@ def test_suggest_runs_in_the_background_and_can_be_cancelled(ins, monkeypatch):
 
     started = threading.Event()
 
-    def endless(*args, **kwargs):
+    def endless(*args, progress, **kwargs):
         started.set()
-        while True:
+        while True:  # a candidate analysed, then the progress callback, where a cancel stops the search
             time.sleep(0.01)
+            progress(0, 1)
 
     monkeypatch.setattr(suggest, "search", endless)
     t0 = time.perf_counter()
@@ -111,3 +121,33 @@ def test_without_device_memory_suggest_is_disabled_and_says_why(model):
     assert ins.suggestions["needs_memory"] is True
     ack = ins.handle_action("suggest", {})
     assert not ack["ok"] and "needs the device memory" in ack["error"]
+
+
+def test_the_first_findings_come_before_the_what_ifs_are_priced(model, monkeypatch):
+    """Findings are never stale while SV201's what-ifs run: the worker sends the findings that need
+    no what-if first (``InspectorState.first_findings``, SV201 marked pending, the card saying so),
+    then the priced ones, which replace them."""
+    from shardviz.widget import panels
+
+    ins = Inspector(model, mesh=sv.Mesh(shard=4, device_memory="1MiB", memory_reserve=0), training=TRAINING,
+                    background=True)
+    assert ins.wait(120)
+    real, release = panels.findings_payload, threading.Event()
+
+    def held(analysis, first=False):
+        if not first:
+            assert release.wait(60)  # the what-ifs take seconds at 70B
+        return real(analysis, first)
+
+    monkeypatch.setattr(panels, "findings_payload", held)
+    assert ins.handle_action("set_training", {"seq_len": 96})["ok"]
+    deadline = time.time() + 60
+    while ins.summary.get("findings_stale", True) and time.time() < deadline:
+        time.sleep(0.05)
+    sv201 = next(f for f in ins.findings if f["code"] == "SV201")
+    assert sv201["pending"] and ins.summary["findings_pricing"] and ins.work["busy"]
+    assert ins.summary["card"]["finding"]["pending"] and ins.summary["revision"] == ins.controller.revision
+    release.set()
+    assert ins.wait(120)
+    assert ins.findings == ins.controller.findings and not any(f["pending"] for f in ins.findings)
+    assert not ins.summary["findings_pricing"] and not ins.summary["card"]["finding"]["pending"]

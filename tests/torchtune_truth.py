@@ -51,7 +51,7 @@ def main(argv):
                         "param_dtype": t.param_dtype, "offload": t.offload, "fused": t.fused},
            "params_dtypes": sorted({str(p.dtype) for p in setup.model.parameters()}),
            "trainable": sum(p.numel() for p in setup.model.parameters() if p.requires_grad),
-           "origins": setup.origins, "notes": list(setup.notes), "label": setup.plan.origin.label}
+           "origins": setup.origins, "findings": [[f.code, f.message, f.fix] for f in setup.findings], "label": setup.plan.origin.label}
     if "--step" in os.environ.get("TT_TRUTH", ""):
         a = sv.analyze(setup.model, setup.plan, sv.Mesh(WORLD), t)
         out["activations"] = int(a.memory["activations"].iloc[0])

@@ -15,6 +15,7 @@ from torch import nn
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
 from ..model.tree import ModelTree, as_tree, base_model
+from . import stop
 from .flops import flop_counter, module_costs, module_flops
 from .kernels import attention_note
 from .kvcache import KVRelease
@@ -348,6 +349,7 @@ _CACHE_NOTE = {False: (), True: ("use_cache=True: the key/value cache the forwar
 
 def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Measurement, moe):
     """The full model's profile from a measurement of its copy."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     timeline = splice(measurement.events, lists, measurement.kv_release)
     idx = event_index(timeline)
     ends = last_in_subtree(idx)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
+from . import stop
+
 WRAPPED = "_checkpoint_wrapped_module"
 
 
@@ -286,6 +288,7 @@ def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> ModuleA
 def module_stats(timeline: list[ModuleEvent], idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
     """({fqn: ModuleActivations}, (peak bytes, phase, innermost module running then)); ``idx``
     and ``ends``: ``event_index`` and ``last_in_subtree`` of the timeline."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     lv = _Levels(timeline)
     out = {fqn: _module_row(fqn, d, lv, ends, checkpointed, block_saved) for fqn, d in idx.items()}
     n = len(timeline)

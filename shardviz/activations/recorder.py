@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS, FakeTensor
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.utils._pytree import tree_flatten
 
-from . import opcost
+from . import opcost, stop
 from .kvcache import CacheTracker
 from .profile import ModuleEvent
 
@@ -90,6 +90,8 @@ class Recorder(MemTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
             return self._device_of(args)
+        if torch._C._current_graph_task_id() == -1:  # not in backward: torch's engine terminates on it there
+            stop.check()  # the Inspector's next edit stops this measurement here, where torch expects exceptions
         name = func._opname
         attention = name in ATTENTION_OPS
         if attention:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import stop
 from .kvcache import KVRelease
 from .opcost import combined
 from .profile import ModuleEvent
@@ -215,6 +216,7 @@ def splice(events: list[ModuleEvent], lists: list[ListPlan], release: KVRelease 
     regions replaced by one run per position (a dropped event's level change is carried to the
     next event, so levels stay exact). ``release``: the key/value cache's death in the copy
     (``kvcache``): the cache that every position's block filled dies at that moment instead."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     deltas = _deltas(events if release is None else _cache_kept(events, release))
     result, sources, cursor = [], [], 0
     for region in _regions(events, lists):

@@ -40,7 +40,7 @@ from ..activations import selective_cache_refusal
 from .adapter_checks import (check_adapter_targets, check_fp8_cast, check_fp32_config, check_nf4_split, check_quant_storage, check_quantized,
                              check_trainable_quantized, check_uint8_storage)
 from .allocator_checks import check_reserved_gap
-from .check_inputs import AnalysisView
+from .check_inputs import AnalysisView, WhatIfPending, without_what_ifs  # noqa: F401 - without_what_ifs: importable here
 from ..finding import Finding
 from .memory_checks import CHECKPOINT_FIXES, MemoryFix, check_memory, memory_fixes  # noqa: F401 - SV201, importable here
 from .fixes import split_unit
@@ -360,6 +360,11 @@ def check_use_cache(inputs: AnalysisView) -> list[Finding]:
         return _cache_refused(inputs)
     try:
         without = inputs.price(training=replace(inputs.training, use_cache=False)).peak
+    except WhatIfPending:
+        return [Finding("SV113", "warning", "the step runs with use_cache=True: each training forward also fills a "
+                        "key/value cache that keeps every layer's keys and values alive until the output is dropped; "
+                        f"the predicted peak ({format_bytes(peak)}) counts it; what use_cache=False saves is being priced",
+                        **_first(inputs.plan.checkpoint), fix=USE_CACHE_FIX, pending=True)]
     except Exception as exc:  # noqa: BLE001 - a what-if never crashes the analysis: it becomes the finding's words
         return [Finding("SV113", "warning", "the step keeps a key/value cache (use_cache=True); the step without it "
                         f"could not be priced ({type(exc).__name__}: {str(exc)[:200]})", fix=USE_CACHE_FIX)]

@@ -36,6 +36,11 @@ class Priced:
     reduce_scatter_sent: int | None = None
 
 
+class WhatIfPending(Exception):
+    """Raised by ``price`` on a view whose what-ifs come later (``without_what_ifs``): a check that
+    prices one says its finding is being priced (``Finding.pending``) instead of pricing it."""
+
+
 class PriceVariant(Protocol):
     def __call__(self, plan: Plan | None = None, mesh: Mesh | None = None, training: Training | None = None, *,
                  timed: bool = False, traffic: bool = False) -> Priced: ...
@@ -100,6 +105,26 @@ class AnalysisView(Protocol):
 
     def price(self, plan: Plan | None = None, mesh: Mesh | None = None, training: Training | None = None, *,
               timed: bool = False, traffic: bool = False) -> Priced: ...
+
+
+class _WithoutWhatIfs:
+    """``view`` as it is, but ``price`` raises ``WhatIfPending``: the findings that need no other
+    step priced, in the time of the checks alone (the Inspector shows them first, SV201's fixes after)."""
+
+    def __init__(self, view: AnalysisView):
+        self._view = view
+
+    def __getattr__(self, name: str):
+        return getattr(self._view, name)
+
+    def price(self, *args, **kwargs) -> Priced:
+        raise WhatIfPending("the what-ifs are priced after the first findings")
+
+
+def without_what_ifs(view: AnalysisView) -> AnalysisView:
+    """``view`` whose what-ifs are not priced (``WhatIfPending``): for ``findings_of`` to give the
+    findings at once, those that need a what-if marked ``pending``."""
+    return _WithoutWhatIfs(view)
 
 
 def worst_peak(view: AnalysisView) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from .check_inputs import AnalysisView, worst_peak
+from .check_inputs import AnalysisView, WhatIfPending, worst_peak
 from ..finding import Finding
 from ..format import format_bytes, format_duration
 from ..run.mesh import worst_rank
@@ -50,6 +50,8 @@ def _priced(inputs: AnalysisView, text: str, micro_batches: int = 1, hardware: b
         priced = inputs.price(**change, timed=True)
         peak, reserved = priced.peak, priced.reserved_peak
         new, own = priced.step_time_s, inputs.step.step_time_s
+    except WhatIfPending:
+        raise  # the finding says its fixes are being priced (check_memory)
     except Exception as exc:  # noqa: BLE001 - the finding says it could not be priced instead
         return MemoryFix(text, None, hardware=hardware, flags=flags, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
     if new is None or own is None:
@@ -183,6 +185,11 @@ def memory_fixes(inputs: AnalysisView) -> list[MemoryFix]:
     return out + failed
 
 
+#: SV201's fix while its what-ifs are priced (``check_inputs.without_what_ifs``: the Inspector's first findings)
+PENDING_FIXES = ("the fixes are being priced: each what-if (checkpointing, a smaller micro-batch, offload, more "
+                 "ranks) is analysed as this step is")
+
+
 def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
     """One fix for the finding: what to do (``cli``: as flags where it has them), the new peak, and
     what it costs per step; a what-if that failed says so."""
@@ -251,8 +258,15 @@ def check_memory(inputs: AnalysisView) -> list[Finding]:
     if mem.at[worst, "peak_module"]:
         where += f" (activations peak in {mem.at[worst, 'peak_module'] or '<root>'})"
     counted = "" if inputs.training.with_activations else " (activations not counted: give Training(batch_size=...))"
-    # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
-    fixes = [f for f in _expandable_fix(inputs) if _fits(inputs, f)] if fit.tight else memory_fixes(inputs)
+    # the one verdict's own words (devices.MemoryFit.headline), as the CLI, the report and the Inspector show them
+    verdict = f"{fit.headline} on rank {rank}{where} (device_memory {fit.text}; {fit.assumed})"
+    message = f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}"
+    fqns = tuple(m for r in units for m in r.modules)
+    severity = "warning" if fit.tight else "error"
+    try:  # a tight plan runs: only the fix that costs no analysis (the allocator setting) is tried
+        fixes = [f for f in _expandable_fix(inputs) if _fits(inputs, f)] if fit.tight else memory_fixes(inputs)
+    except WhatIfPending:
+        return [Finding("SV201", severity, message, fqns, PENDING_FIXES, pending=True)]
     failed = [f for f in fixes if f.failed]
     fixes = [f for f in fixes if not f.failed]
     flags = ""
@@ -272,12 +286,4 @@ def check_memory(inputs: AnalysisView) -> list[Finding]:
         fix += "; not priced: " + "; ".join(_fix_text(f) for f in failed)
         if flags:
             flags += "; not priced: " + "; ".join(_fix_text(f, cli=True) for f in failed)
-    # the one verdict's own words (devices.MemoryFit.headline), as the CLI, the report and the Inspector show them
-    verdict = f"{fit.headline} on rank {rank}{where} (device_memory {fit.text}; {fit.assumed})"
-    return [Finding(
-        "SV201", "warning" if fit.tight else "error",
-        f"{verdict}{counted}; largest contributors: {top}; largest calls: {big}",
-        tuple(m for r in units for m in r.modules),
-        fix,
-        flags=flags,
-    )]
+    return [Finding("SV201", severity, message, fqns, fix, flags=flags)]

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from .check_inputs import AnalysisView, reduce_scatter_sent, worst_peak
+from .check_inputs import AnalysisView, WhatIfPending, reduce_scatter_sent, worst_peak
 from ..finding import Finding
 from ..format import format_bytes
 from ..plan import Plan
@@ -135,18 +135,24 @@ def low_precision_reduce(inputs: AnalysisView) -> list[Finding]:
     if not units:
         return []
     fp32 = plan.with_units([replace(u, reduce_dtype="float32") if u in units else u for u in plan.units])
-    other = inputs.price(fp32, traffic=True)
+    dtype = training.unit_defaults(units[0]).reduce_dtype if training else units[0].reduce_dtype
+    fix = "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) on these calls"
+    names = tuple(u.name for u in units)
+    try:
+        other = inputs.price(fp32, traffic=True)
+    except WhatIfPending:
+        return [Finding("SV304", "warning", f"gradients of {len(units)} calls are reduced in {dtype}: the sum over "
+                        "ranks loses precision; what float32 reduction costs is being priced", names[:3], fix=fix,
+                        n_fqns=len(units), all_fqns=names, pending=True)]
     rs_now, rs_fp32 = reduce_scatter_sent(inputs.comm), other.reduce_scatter_sent
     peak_now, peak_fp32 = worst_peak(inputs), other.peak
-    dtype = training.unit_defaults(units[0]).reduce_dtype if training else units[0].reduce_dtype
     return [Finding(
         "SV304", "warning",
         f"gradients of {len(units)} calls are reduced in {dtype}: the sum over ranks loses precision. Reducing in "
         f"float32 moves {format_bytes(rs_fp32 - rs_now)} more per step ({format_bytes(rs_now)} -> "
         f"{format_bytes(rs_fp32)} reduce-scatter sent per rank); the peak per rank "
-        + (f"grows by {format_bytes(peak_fp32 - peak_now)}" if peak_fp32 > peak_now else "stays as it is"), tuple(u.name for u in units[:3]),
-        fix="MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) on these calls",
-        n_fqns=len(units), all_fqns=tuple(u.name for u in units))]
+        + (f"grows by {format_bytes(peak_fp32 - peak_now)}" if peak_fp32 > peak_now else "stays as it is"), names[:3],
+        fix=fix, n_fqns=len(units), all_fqns=names)]
 
 
 def check_origin(inputs: AnalysisView) -> list[Finding]:

@@ -69,6 +69,9 @@ from ..files import write_text_atomic
 from ..finding import PlanError
 from ..format import format_bytes, format_duration, parse_size
 from ..frameworks import to_accelerate
+from ..frameworks.axolotl_config import to_axolotl
+from ..frameworks.torchtune_config import to_torchtune
+from ..frameworks.trainer_config import to_trainer
 from ..plan import LORA_OPTIONS
 from ..presets import auto_plan, named_plan
 from ..report import render_report
@@ -166,12 +169,7 @@ def cmd_export(args) -> int:
         _print_findings(exc.findings, ("error",))
         return EXIT_REFUSED
     emit(code, args.output, args.force)
-    if args.accelerate_yaml:  # the same plan as accelerate's config, where its keys can say it
-
-        text, cannot = to_accelerate(model, plan, mesh.world)
-        write_atomic(args.accelerate_yaml, text, args.force)
-        print(f"shardviz: wrote {args.accelerate_yaml}" + (f"; it cannot express: {'; '.join(cannot)}" if cannot else
-              ": accelerate makes exactly these calls from it"), file=sys.stderr)
+    _export_framework_configs(args, model, plan, mesh.world)
     if not args.quiet:
         analysis = analyze(tree, plan, mesh, training, strict=False, torch_version=version)
         _print_findings(run_checks(analysis, torch_version=version))
@@ -182,6 +180,38 @@ def cmd_export(args) -> int:
             say(f"wrote {args.output}: {len(plan.units)} fully_shard calls, {len(plan.ignored)} ignored "
                 f"parameters, mesh {mesh}, torch {version or '>= 2.4 (detected at run time)'}")
     return EXIT_OK
+
+
+def _export_framework_configs(args, model, plan, world: int) -> None:
+    """--accelerate-yaml / --trainer-yaml / --axolotl-yaml / --torchtune-overrides: the same plan in the keys of
+    that framework, each checked by its own code, with what the keys cannot say."""
+    wanted = [(args.accelerate_yaml, "accelerate", lambda: to_accelerate(model, plan, world)),
+              (args.trainer_yaml, "transformers' Trainer", lambda: to_trainer(model, plan, world)),
+              (args.axolotl_yaml, "axolotl", lambda: to_axolotl(_framework_file(args, "axolotl_config", "--axolotl-yaml"), plan, model, world)),
+              (args.torchtune_overrides, "torchtune", lambda: _torchtune_text(args, plan, world))]
+    for path, who, export in wanted:
+        if not path:
+            continue
+        try:
+            text, cannot = export()
+        except (ValueError, ImportError) as exc:
+            raise CliError(str(exc)) from None
+        write_atomic(path, text, args.force)
+        say(f"wrote {path}" + (f"; it cannot express: {'; '.join(cannot)}" if cannot else
+                               f": {who} makes exactly these calls from it"))
+
+
+def _framework_file(args, flag: str, export: str):
+    if not getattr(args, flag):
+        raise CliError(f"{export} says the plan in your own file: give it with --{flag.replace('_', '-')}")
+    return getattr(args, flag)
+
+
+def _torchtune_text(args, plan, world: int):
+    path, *overrides = _framework_file(args, "torchtune_config", "--torchtune-overrides")
+    keys, cannot = to_torchtune(path, plan, overrides, world_size=world)
+    head = [f"# tune run overrides for the plan {plan.name or '(unnamed)'} on {path}"]
+    return "\n".join(head + [f"#  cannot say: {c}" for c in cannot] + keys) + "\n", cannot
 
 
 def cmd_plan_write(args) -> int:
@@ -493,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no findings or summary on stderr")
     p.add_argument("--accelerate-yaml", metavar="FSDP.YAML", help="also write the accelerate config that gives this "
                    "plan (checked with the installed accelerate), naming what it cannot express")
+    p.add_argument("--trainer-yaml", metavar="ARGS.YAML", help="also write the Trainer's fsdp / fsdp_config fields "
+                   "for this plan (for trl sft --config; checked by reading them back with sv.from_trainer)")
+    p.add_argument("--axolotl-yaml", metavar="AXOLOTL.YAML", help="also write the --axolotl-config file with its "
+                   "fsdp_config block set for this plan (checked by reading it back with sv.from_axolotl)")
+    p.add_argument("--torchtune-overrides", metavar="FILE", help="also write the tune run key=value overrides of the "
+                   "--torchtune-config recipe for this plan (checked by running torchtune's shard_model on them)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("plan", help="write or read plan JSON files")

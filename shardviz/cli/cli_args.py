@@ -370,7 +370,7 @@ def resolve_setup(args, plan=None):
         mesh_origin = f" ({source}" + (f"; {', '.join(mesh_flags)} override it)" if mesh_flags else ")")
     notes = [f"training: {training_text(training, plan)} ({origin})", f"mesh: {_mesh_text(mesh)}{mesh_origin}"]
     if trainer is not None:
-        notes += [f"read: {key}: {text}" for key, text in trainer.origins.items()] + [f"note: {n}" for n in trainer.notes]
+        notes += [f"read: {key}: {text}" for key, text in trainer.origins.items()]  # its notes: findings SV310-SV315
     return mesh, training, notes + _readings(args, mesh)
 
 

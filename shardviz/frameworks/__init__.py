@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
@@ -28,6 +28,35 @@ from ..finding import Finding
 from ..plan import Origin, Plan
 
 INSTALL = "pip install 'shardviz[accelerate]'"
+#: the findings a framework's own code gives (SV310-SV315), in its keys; the rest of the plan's are capture's
+FRAMEWORK_CODES = ("SV310", "SV311", "SV312", "SV313", "SV314", "SV315")
+
+
+@dataclass(frozen=True)
+class FrameworkSetup:
+    """What ``sv.from_trainer``, ``sv.from_axolotl`` and ``sv.from_torchtune`` read, one record for all three:
+    ``framework`` ("trainer", "axolotl", "torchtune"), the ``model`` (built on meta, or the one given), the
+    ``plan`` the framework's own preparation makes, the ``mesh``, the ``sv.Training``, ``origins`` (each
+    field -> where its value came from: the file, an override, the framework's default, shardviz's
+    default), ``config`` (the framework's own reading of the file: ``TrainingArguments`` / TRL's config,
+    axolotl's validated config, torchtune's ``DictConfig``) and ``others``: other models the framework
+    shards beside the one trained ({"reference model": Plan}, TRL's DPO/KTO/GRPO). What the framework does
+    that the numbers do not show is in ``findings`` (SV310-SV315, each naming the key to change), carried
+    by the plan, so ``a.findings`` and ``shardviz report`` show them."""
+
+    framework: str
+    model: nn.Module
+    plan: Plan
+    mesh: object
+    training: object
+    origins: dict
+    config: object
+    others: dict = field(default_factory=dict)
+
+    @property
+    def findings(self) -> tuple:
+        """The framework's findings (SV310-SV315) among the plan's."""
+        return tuple(f for f in (self.plan.origin.findings if self.plan.origin else ()) if f.code in FRAMEWORK_CODES)
 
 
 def accelerate_release() -> str:
@@ -102,6 +131,12 @@ class _AcceleratorState:
 
         # accelerate's device on rank 0 (cuda:0 on a GPU node); capture keeps meta tensors on meta either way
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def accelerator_for(env: dict, plugin=None):
+    """What accelerate's FSDP2 functions (and TRL's ``prepare_fsdp``) read from an ``Accelerator``, as
+    accelerate builds it from ``env`` and ``plugin``."""
+    return _AcceleratorState(env, plugin)
 
 
 def accelerate_prepare(model: nn.Module, env: dict, plugin=None) -> nn.Module:
@@ -329,7 +364,7 @@ def plan_from_source(model: nn.Module, mesh, accelerate_config=None, plan_from=N
     return capture(fn, model, *args, mesh=mesh)
 
 
-def _accelerate_config(tree, plan: Plan) -> dict:
+def accelerate_config(tree, plan: Plan) -> dict:
     """The accelerate config closest to ``plan``: per-layer calls by the blocks' class, its precision,
     offload, reshard and activation checkpointing."""
     from ..presets import find_blocks
@@ -354,18 +389,18 @@ def _resolved(unit):
     return replace(unit, reshard_after_forward=True) if unit.reshard_after_forward is None and "" not in unit.modules else unit
 
 
-def _differences(plan: Plan, theirs: Plan) -> list[str]:
-    """What accelerate's plan from the YAML does not do that ``plan`` does, in words."""
+def plan_differences(plan: Plan, theirs: Plan, who: str = "accelerate") -> list[str]:
+    """What ``who``'s plan from the exported config (``theirs``) does not do that ``plan`` does, in words."""
     out = []
     mine = {u.modules: _resolved(u) for u in plan.units}
     other = {u.modules: _resolved(u) for u in theirs.units}
     for modules in mine.keys() - other.keys():
-        out.append(f"a fully_shard call on {mine[modules].name} (accelerate makes no such call)")
+        out.append(f"a fully_shard call on {mine[modules].name} ({who} makes no such call)")
     for modules in other.keys() - mine.keys():
-        out.append(f"no call on {other[modules].name} (accelerate makes one)")
+        out.append(f"no call on {other[modules].name} ({who} makes one)")
     for modules in mine.keys() & other.keys():
         if mine[modules] != other[modules]:
-            out.append(f"{mine[modules].name}: {mine[modules].options() or 'defaults'} (accelerate: {other[modules].options()})")
+            out.append(f"{mine[modules].name}: {mine[modules].options() or 'defaults'} ({who}: {other[modules].options()})")
     if plan.ignored:
         out.append(f"{len(plan.ignored)} parameters kept out of FSDP (ignored_params, e.g. LoRA kept whole with its "
                    "own gradient averaging): the YAML has no key for parameters")
@@ -373,7 +408,7 @@ def _differences(plan: Plan, theirs: Plan) -> list[str]:
         out.append("activation checkpointing on modules other than every layer: fsdp_activation_checkpointing wraps "
                    "each layer the wrap policy matches")
     if plan.prefetch:
-        out.append("explicit prefetch (set_modules_to_forward/backward_prefetch): accelerate sets none")
+        out.append(f"explicit prefetch (set_modules_to_forward/backward_prefetch): {who} sets none")
     return out
 
 
@@ -385,10 +420,10 @@ def to_accelerate(model: nn.Module, plan: Plan, world_size: int = 8) -> tuple[st
 
     from ..model.tree import as_tree
 
-    config = _accelerate_config(as_tree(model), plan)
+    config = accelerate_config(as_tree(model), plan)
     config["num_processes"] = world_size
     theirs = from_accelerate(model, config, world_size=world_size)
-    cannot = _differences(plan, theirs)
+    cannot = plan_differences(plan, theirs)
     head = [f"# accelerate config for the plan {plan.name or '(unnamed)'}; checked with {theirs.origin.release}: "
             + ("it makes exactly these fully_shard calls." if not cannot else "it cannot express:")]
     head += [f"#  - {line}" for line in cannot]

@@ -20,28 +20,16 @@ FSDP2 modules import). This registry has axolotl up to 0.19.0; 0.20 and 0.21 are
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torch import nn
 
 from .capture import as_mesh, run_captured
+from . import FrameworkSetup, with_findings
+from ..finding import Finding
 from ..plan import Origin, Plan
 
 INSTALL = "scripts/setup.sh --axolotl (axolotl==0.19.0 --no-deps with its pins, in their own venv)"
-
-
-@dataclass(frozen=True)
-class AxolotlSetup:
-    """What ``sv.from_axolotl`` read: the model (built on meta with axolotl's adapter), the plan axolotl's
-    preparation makes, the mesh, the ``sv.Training``, ``origins``, ``notes`` and axolotl's validated ``config``."""
-
-    model: nn.Module
-    plan: Plan
-    mesh: object
-    training: object
-    origins: dict
-    notes: tuple
-    config: object
 
 
 def axolotl_release() -> str:
@@ -59,7 +47,8 @@ def axolotl_release() -> str:
 
 
 def read_config(path, world: int):
-    """axolotl's validated, normalized config of the YAML, for ``world`` GPUs with bf16 (the run predicted)."""
+    """(axolotl's validated, normalized config of the YAML, for ``world`` GPUs with bf16 (the run predicted),
+    the YAML's own mapping)."""
     import torch
     import yaml
     from axolotl.utils.config import normalize_config, validate_config
@@ -85,7 +74,7 @@ def read_config(path, world: int):
     except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, axolotl's ValueErrors
         said = " ".join(str(exc).split())
         raise ValueError(f"axolotl config {label}: axolotl refuses it: {said[:800]}") from None
-    return cfg
+    return cfg, body
 
 
 def build_model(cfg):
@@ -153,29 +142,49 @@ def _training(cfg, label: str):
     return training, origins
 
 
-def _notes(cfg, plan: Plan) -> tuple:
-    notes = []
+def _findings(cfg, plan: Plan, release: str) -> list[Finding]:
+    """What axolotl's own code did that the numbers do not say, in its keys (SV312, SV315)."""
+    found = []
     lora_units = [u for u in plan.units if any(".lora_A." in m or ".lora_B." in m for m in u.modules)]
     if lora_units:
-        notes.append(f"axolotl's fsdp2_prepare_model gives every LoRA lora_A / lora_B its own fully_shard call: "
-                     f"{len(lora_units)} of the {len(plan.units)} calls (accelerate's gives none)")
-    if cfg.gradient_checkpointing:
-        notes.append(f"gradient_checkpointing=True: Hugging Face's checkpointing inside each decoder layer's forward "
-                     f"({cfg.gradient_checkpointing_kwargs or {}}), priced as those layers checkpointed")
+        names = tuple(u.name for u in lora_units)
+        found.append(Finding(
+            "SV312", "info", f"axolotl {release}'s fsdp2_prepare_model gives every LoRA lora_A / lora_B its own "
+            f"fully_shard call: {len(lora_units)} of the {len(plan.units)} calls (accelerate's gives none), each with "
+            "its own all-gather and reduce-scatter per micro-batch", names[:3],
+            fix="no axolotl key turns them off (it shards each LoraLayer's adapters whenever fsdp_config."
+                "auto_wrap_policy is set); fewer lora_target_modules make fewer calls", n_fqns=len(names), all_fqns=names))
     if cfg.sample_packing:
-        notes.append("sample_packing=True: one sequence_len row of packed samples; the packed attention mask is not priced")
+        found.append(Finding("SV315", "info", "sample_packing=True: one sequence_len row of packed samples; the "
+                             "packed attention mask is not priced (the step is measured causal)"))
     if cfg.adapter == "qlora" or cfg.load_in_4bit:
-        notes.append("load_in_4bit / qlora: the base is built unquantized here (bitsandbytes' 4-bit on meta is not "
-                     "wired to --axolotl-config yet)")
-    return tuple(notes)
+        found.append(Finding("SV315", "warning", "load_in_4bit / qlora: the base is built unquantized here "
+                             "(bitsandbytes' 4-bit on meta is not wired to --axolotl-config yet)",
+                             fix="analyse the model with --load-in-4bit and the plan of --accelerate-config"))
+    return found
 
 
-def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = None, mesh=None) -> AxolotlSetup:
+def _with_checkpointing(plan: Plan, model: nn.Module, cfg, body: dict, label: str) -> tuple[Plan, list]:
+    """``gradient_checkpointing: true``: Hugging Face's in-forward checkpointing, as axolotl enables it (SV310)."""
+    from .hf_checkpointing import priced_in_forward
+
+    if not cfg.gradient_checkpointing:
+        return plan, []
+    given = "use_reentrant" in (body.get("gradient_checkpointing_kwargs") or {})
+    whose = (f"gradient_checkpointing_kwargs ({label})" if given else
+             "axolotl's normalize_config: the file sets no gradient_checkpointing_kwargs")
+    plan, finding = priced_in_forward(plan, model, dict(cfg.gradient_checkpointing_kwargs or {}),
+                                      f"gradient_checkpointing=True ({label}); use_reentrant: {whose}",
+                                      "gradient_checkpointing_kwargs")
+    return plan, [finding]
+
+
+def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = None, mesh=None) -> FrameworkSetup:
     """``sv.from_axolotl``: see the module docstring. ``model`` given: it wins over ``base_model``."""
     release = axolotl_release()
     mesh = as_mesh(world_size, mesh)
     label = os.path.basename(os.fspath(path))
-    cfg = read_config(path, mesh.world)
+    cfg, body = read_config(path, mesh.world)
     if not cfg.fsdp_config or str(cfg.fsdp_version or (cfg.fsdp_config or {}).get("fsdp_version")) != "2":
         raise ValueError(f"axolotl config {label}: no fsdp_config with fsdp_version: 2 (shardviz models FSDP2)")
     origins = {"model": "the MODEL given (over base_model)" if model is not None else
@@ -190,15 +199,73 @@ def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = 
     plan = cap.plan(Origin("axolotl", label, f"axolotl {release}, accelerate {accelerate.__version__}"))
     if cap.error is not None:
         raise ValueError(f"axolotl config {label}: axolotl's FSDP2 preparation raised: {cap.error.message}")
-    from . import with_findings
     from ..checks.origin_checks import capture_findings
 
-    plan = with_findings(plan, capture_findings(model, plan, env))  # SV304 bf16 reduction, SV306 the fp32 upcast, ...
-    if cfg.gradient_checkpointing:
-        from .hf_checkpointing import in_forward_checkpointed, priced_with
-
-        plan = priced_with(plan, in_forward_checkpointed(model, dict(cfg.gradient_checkpointing_kwargs or {})))
+    found = capture_findings(model, plan, env)  # SV304 bf16 reduction, SV306 the fp32 upcast, ...
+    plan, checkpointing = _with_checkpointing(plan, model, cfg, body, label)
     training, more = _training(cfg, label)
     origins |= more
     origins["plan"] = f"fsdp_config of {label} through axolotl {release}'s fsdp2_prepare_model"
-    return AxolotlSetup(model, plan, mesh, training, origins, _notes(cfg, plan), cfg)
+    found += checkpointing + _findings(cfg, plan, release)
+    return FrameworkSetup("axolotl", model, with_findings(plan, found), mesh, training, origins, cfg)
+
+
+#: the accelerate keys that decide the calls; the block's others (state_dict_type, ...) stay the user's
+CALL_KEYS = ("fsdp_version", "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap", "fsdp_offload_params",
+             "fsdp_reshard_after_forward", "fsdp_activation_checkpointing")
+
+
+def axolotl_block(config: dict, given: dict | None = None) -> dict:
+    """axolotl's ``fsdp_config`` block (its ``FSDPConfig`` keys: accelerate's without the ``fsdp_`` prefix) saying
+    what the accelerate config ``config`` (``frameworks.accelerate_config``) says of the calls, over the
+    block ``given`` (the user's; its other keys kept)."""
+    name = lambda k: k if k == "fsdp_version" else k.removeprefix("fsdp_")  # noqa: E731
+    said = {name(k): v for k, v in config["fsdp_config"].items() if k in CALL_KEYS}
+    kept = {k: v for k, v in (given or {}).items() if name(k if k.startswith("fsdp_") else "fsdp_" + k) not in said}
+    return {**said, **kept}
+
+
+def _lora_lines(cannot: list[str]) -> list[str]:
+    """``plan_differences``' lines, those about axolotl's own calls on lora_A / lora_B said once (SV312)."""
+    lora = [c for c in cannot if c.startswith("no call on ") and (".lora_A." in c or ".lora_B." in c)]
+    rest = [c for c in cannot if c not in lora]
+    if lora:
+        rest.insert(0, f"no call on the {len(lora)} lora_A / lora_B modules: axolotl makes one on each (SV312), and "
+                       "no key turns them off")
+    return rest
+
+
+def to_axolotl(path, plan: Plan, model: nn.Module | None = None, world_size: int = 8) -> tuple[str, list[str]]:
+    """(YAML, what it cannot say): the axolotl YAML at ``path`` with its ``fsdp_config`` block's keys that decide
+    the calls set to say ``plan`` (every layer checkpointed: the file's ``gradient_checkpointing: true`` where it
+    has it, else the block's ``activation_checkpointing``).
+    Checked by reading it back with ``from_axolotl`` (axolotl's validated config and its own
+    ``fsdp2_prepare_model``) and comparing the calls; an empty list: axolotl makes exactly ``plan``."""
+    import tempfile
+
+    import yaml
+
+    from . import accelerate_config, plan_differences
+    from ..model.tree import as_tree
+
+    label = os.path.basename(os.fspath(path))
+    cfg, body = read_config(path, world_size)
+    built = model if model is not None else build_model(cfg)
+    block = axolotl_block(accelerate_config(as_tree(built), plan), body.get("fsdp_config"))
+    out = {**body, "fsdp_config": block}
+    out.pop("fsdp_version", None)  # the block says it
+    if block["activation_checkpointing"] and body.get("gradient_checkpointing"):
+        block["activation_checkpointing"] = False  # as the file says it: HF's in-forward checkpointing of every layer
+    elif body.get("gradient_checkpointing"):
+        out["gradient_checkpointing"] = False  # the plan checkpoints no layer (or not every one: said below)
+    text = yaml.safe_dump(out, sort_keys=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = os.path.join(tmp, label)
+        with open(exported, "w", encoding="utf-8") as f:
+            f.write(text)
+        setup = from_axolotl(exported, built, world_size=world_size)
+    cannot = _lora_lines(plan_differences(plan, setup.plan, "axolotl"))
+    head = [f"# {label} with the fsdp_config block for the plan {plan.name or '(unnamed)'}; checked with "
+            f"{setup.plan.origin.release}: " + ("it makes exactly these fully_shard calls." if not cannot else
+                                                "it cannot say:")]
+    return "\n".join(head + [f"#  - {line}" for line in cannot]) + "\n" + text, cannot

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from torch import nn
 
+from ..finding import Finding
 from ..plan import Plan
 
 
@@ -28,6 +29,13 @@ def in_forward_checkpointed(model: nn.Module, kwargs: dict | None = None, every_
     ``gradient_checkpointing_enable`` before) checkpoints, run on a meta copy: the user's model is left as
     it is. ``kwargs``: ``activation_checkpointing_kwargs`` / ``gradient_checkpointing_kwargs``
     (``use_reentrant``)."""
+    return switched_on(model, kwargs, every_n_layers, offload)[0]
+
+
+def switched_on(model: nn.Module, kwargs: dict | None = None, every_n_layers: int = 1,
+                offload: bool = False) -> tuple[tuple[str, ...], object]:
+    """(the layers ``in_forward_checkpointed`` names, the ``use_reentrant`` their checkpoint function was
+    given by the model's own enable: read back from the partial it set on them)."""
     import inspect
 
     from ..export.oracle import meta_copy
@@ -55,7 +63,28 @@ def in_forward_checkpointed(model: nn.Module, kwargs: dict | None = None, every_
     if not names:
         raise ValueError(f"gradient_checkpointing: {type(model).__name__}'s own enable switched no layer on "
                          "(no GradientCheckpointingLayer): nothing is checkpointed")
-    return tuple(n for n in names if not any(n.startswith(o + ".") for o in names if o != n))
+    func = getattr(copy_.get_submodule(names[0]), "_gradient_checkpointing_func", None)  # transformers sets it
+    reentrant = getattr(func, "keywords", {}).get("use_reentrant")
+    return tuple(n for n in names if not any(n.startswith(o + ".") for o in names if o != n)), reentrant
+
+
+def priced_in_forward(plan: Plan, model: nn.Module, kwargs: dict | None, where: str, key: str,
+                      every_n_layers: int = 1, offload: bool = False) -> tuple[Plan, Finding]:
+    """(``plan`` priced with the layers the model's own enable checkpoints, SV310): the finding says which
+    ``use_reentrant`` that enable gave them (``where``: whose value it is), in the framework's ``key``."""
+    names, reentrant = switched_on(model, kwargs, every_n_layers, offload)
+    cls = type(model.get_submodule(names[0])).__name__
+    said = (f"Hugging Face's checkpointing inside the forward of {len(names)} {cls} layers, use_reentrant="
+            f"{reentrant} ({where}), priced as those layers checkpointed (torch's peak is the same either way: "
+            "tests/test_hf_checkpointing.py)")
+    if reentrant is False:
+        return priced_with(plan, names), Finding("SV310", "info", said, names[:3], n_fqns=len(names), all_fqns=names)
+    said += ("; torch recommends use_reentrant=False: the reentrant variant always recomputes the whole layer in "
+             "backward and gives no gradients unless an input requires grad (transformers turns on "
+             "enable_input_require_grads for it)")
+    fix = f"set {key}: {{use_reentrant: false}}"
+    return priced_with(plan, names), Finding("SV310", "warning", said, names[:3], fix=fix, n_fqns=len(names),
+                                             all_fqns=names)
 
 
 def priced_with(plan: Plan, modules) -> Plan:

@@ -25,32 +25,18 @@ in its own environment: ``torch==2.13.0 torchtune==0.6.1 torchao==0.15.0`` (``sc
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torch import nn
 
 from .capture import as_mesh, run_captured
+from . import FrameworkSetup, with_findings
+from ..finding import Finding
 from ..plan import Origin, Plan
 
 INSTALL = "pip install 'shardviz[torchtune]' (torch==2.13.0 torchtune==0.6.1 torchao==0.15.0, in their own venv)"
 WORKING_PAIR = "torchtune==0.6.1 with torchao==0.15.0"
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
-
-
-@dataclass(frozen=True)
-class TorchtuneSetup:
-    """What ``sv.from_torchtune`` read: the model (built by the recipe's builder on meta), the plan its
-    ``shard_model`` makes, the mesh, the ``sv.Training``, ``origins`` (each field -> where its value came
-    from: the recipe, an override, torchtune's default, shardviz's default), ``notes`` (what is read but
-    not priced) and ``config`` (torchtune's merged ``DictConfig``)."""
-
-    model: nn.Module
-    plan: Plan
-    mesh: object
-    training: object
-    origins: dict
-    notes: tuple
-    config: object
 
 
 def torchao_conflict(torchao_version: str | None, peft_version: str | None) -> str | None:
@@ -244,22 +230,35 @@ def recipe_training(cfg, loss_fn, model, given: set):
     return training, origins
 
 
-def _notes(cfg) -> tuple:
-    notes = [f"dtype={cfg.get('dtype', 'bf16')}: torchtune keeps parameters, gradients and AdamW states in it "
-             "and reduces gradients in it (no MixedPrecisionPolicy): no fp32 master weights"]
+def _findings(cfg, model: nn.Module, plan: Plan, release: str) -> list[Finding]:
+    """What torchtune's own code did that the numbers say only in bytes, in the recipe's keys (SV311, SV314, SV315)."""
+    found = []
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    policy = any(u.param_dtype or u.reduce_dtype for u in plan.units)
+    low = [d for d in dtypes if d in ("bfloat16", "float16")]
+    if low and not policy:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        found.append(Finding(
+            "SV311", "info", f"dtype={cfg.get('dtype', 'bf16')}: torchtune {release} builds the model in {low[0]} and "
+            f"its shard_model passes no MixedPrecisionPolicy, so the {trainable:,} trainable parameters, their "
+            f"gradients and AdamW states are {low[0]} and gradients reduce in {low[0]}: no fp32 master weights "
+            "(priced so)", fix="dtype=fp32 (tune run override) for fp32 weights, gradients and states"))
     if cfg.get("enable_activation_offloading", False):
-        notes.append("enable_activation_offloading=True is NOT priced: activations are counted on the GPU")
+        found.append(Finding("SV315", "warning", "enable_activation_offloading=True is NOT priced: activations are "
+                             "counted on the GPU", fix="enable_activation_offloading=False to see the run priced as it is"))
     if cfg.get("compile", False):
-        notes.append("compile=True is NOT priced: the step is measured eager")
+        found.append(Finding("SV315", "info", "compile=True is NOT priced: the step is measured eager"))
     if bool((cfg.get("dataset") or {}).get("packed", False)):
-        notes.append("dataset.packed=True: one sequence of tokenizer.max_seq_len per row; its block-causal mask "
-                     "(flex attention on the GPU) is not priced, the step is measured causal")
+        found.append(Finding("SV315", "info", "dataset.packed=True: one sequence of tokenizer.max_seq_len per row; its "
+                             "block-causal mask (flex attention on the GPU) is not priced, the step is measured causal"))
     if "fsdp" in cfg:
-        notes.append("fsdp: (a block) is read by no torchtune recipe: it has no effect on the run")
-    return tuple(notes)
+        found.append(Finding("SV314", "warning", "fsdp: (a block) is read by no torchtune recipe: it has no effect on "
+                             "the run", fix="use the recipe's top-level keys: fsdp_cpu_offload, "
+                             "fsdp_reshard_after_forward, custom_sharded_layers"))
+    return found
 
 
-def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None) -> TorchtuneSetup:
+def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None) -> FrameworkSetup:
     """``sv.from_torchtune``: the model a torchtune recipe YAML builds (on meta), the plan its
     ``shard_model`` makes on ``world_size`` ranks, and the ``sv.Training`` the recipe gives, each with
     where it came from. ``overrides``: ``tune run``'s ``key=value`` strings (``batch_size=4``)."""
@@ -284,7 +283,8 @@ def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None)
     training, origins = recipe_training(cfg, loss_fn, model, given)
     origins["model"] = f"model._component_={cfg.model.get('_component_')} ({'override' if 'model' in given else 'recipe'})"
     origins["plan"] = f"{label} through torchtune {release}'s shard_model"
-    return TorchtuneSetup(model, plan, mesh, training, origins, _notes(cfg), cfg)
+    plan = with_findings(plan, _findings(cfg, model, plan, release))
+    return FrameworkSetup("torchtune", model, plan, mesh, training, origins, cfg)
 
 
 def _is_layer(name: str) -> bool:

@@ -19,33 +19,19 @@ import dataclasses
 import difflib
 import os
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torch import nn
 
 from .capture import as_mesh, run_captured
-from . import accelerate_prepare, accelerate_release, config_error, with_findings
+from . import FrameworkSetup, accelerate_prepare, accelerate_release, config_error, with_findings
+from ..finding import Finding
 from ..plan import Origin, Plan
 
 #: TRL's sequence-length fields, newest first (``max_seq_length`` is TRL < 0.20's name).
 SEQ_FIELDS = ("max_length", "max_seq_length")
 _MIXED = {"bf16": "bfloat16", "fp16": "float16"}
 INSTALL = "pip install 'shardviz[trainer]'"
-
-
-@dataclass(frozen=True)
-class TrainerSetup:
-    """What ``sv.from_trainer`` read: the plan accelerate's preparation makes from the arguments, the
-    mesh, the ``sv.Training``, ``origins`` (each training field -> where its value came from: the file,
-    transformers' or TRL's default, shardviz's default) and ``notes`` (what is read but not priced)."""
-
-    plan: Plan
-    mesh: object
-    training: object
-    origins: dict
-    notes: tuple
-    arguments: object
-    model: object = None
 
 
 def _read_file(path) -> dict:
@@ -66,20 +52,35 @@ def _read_file(path) -> dict:
     return body
 
 
-def _arguments_class(fields: dict):
-    """``TrainingArguments``, or TRL's ``SFTConfig`` when a field is one only TRL knows."""
+#: TRL's trainers (``trl sft|dpo|kto|grpo|rloo --config``) and their configs, in the order a file is matched
+TRL_TRAINERS = {"sft": "SFTConfig", "dpo": "DPOConfig", "kto": "KTOConfig", "grpo": "GRPOConfig", "rloo": "RLOOConfig"}
+
+
+def _arguments_class(fields: dict, trainer: str | None = None):
+    """``TrainingArguments``; TRL's config of ``trainer`` ("sft", "dpo", ...); else, when a field is one only
+    TRL knows, the first of TRL's configs (``TRL_TRAINERS``' order) that has every field of the file."""
     from transformers import TrainingArguments
 
-    known = {f.name for f in dataclasses.fields(TrainingArguments)}
-    extra = sorted(set(fields) - known)
-    if not extra:
-        return TrainingArguments
+    if trainer is None:
+        known = {f.name for f in dataclasses.fields(TrainingArguments)}
+        extra = sorted(set(fields) - known)
+        if not extra:
+            return TrainingArguments
+    elif trainer not in TRL_TRAINERS:
+        raise ValueError(f"trainer {trainer!r}: expected one of TRL's trainers {', '.join(TRL_TRAINERS)}")
     try:
-        from trl import SFTConfig
+        import trl
     except ImportError:
-        raise ValueError(f"trainer config: {', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not "
-                         f"TrainingArguments fields; if they are TRL's, install TRL: {INSTALL}") from None
-    return SFTConfig
+        what = f"trainer {trainer!r} is TRL's" if trainer else (f"{', '.join(extra)} {'is' if len(extra) == 1 else 'are'} "
+                                                                 "not TrainingArguments fields; if they are TRL's")
+        raise ValueError(f"trainer config: {what}, install TRL: {INSTALL}") from None
+    if trainer is not None:
+        return getattr(trl, TRL_TRAINERS[trainer])
+    for name in TRL_TRAINERS.values():
+        cls = getattr(trl, name)
+        if set(fields) <= {f.name for f in dataclasses.fields(cls)}:
+            return cls
+    return trl.SFTConfig  # its refusal names the field
 
 
 def _bad_field(label: str, exc: Exception, cls, fields: dict) -> ValueError:
@@ -145,11 +146,11 @@ def _kept_environ():
         os.environ.update(saved)
 
 
-def training_arguments(fields: dict, label: str = "fields"):
-    """``TrainingArguments(**fields)`` (or TRL's ``SFTConfig``), ``output_dir`` a temporary folder."""
+def training_arguments(fields: dict, label: str = "fields", trainer: str | None = None):
+    """``TrainingArguments(**fields)`` (or TRL's config: ``_arguments_class``), ``output_dir`` a temporary folder."""
     import transformers.training_args as ta
 
-    cls = _arguments_class(fields)
+    cls = _arguments_class(fields, trainer)
     if isinstance(fields.get("fsdp_config"), dict):
         fields = {**fields, "fsdp_config": _SeenConfig(fields["fsdp_config"])}
     check = ta.is_torch_bf16_gpu_available
@@ -170,6 +171,65 @@ def trainer_prepare(model: nn.Module, plugin_args: dict, env: dict) -> nn.Module
 
     os.environ.update(env)
     return accelerate_prepare(model, env, FullyShardedDataParallelPlugin(**plugin_args))
+
+
+#: TRL's configs whose trainers build a reference model and shard it with ``trl.models.utils.prepare_fsdp``
+REFERENCE_CONFIGS = ("DPOConfig", "KTOConfig", "GRPOConfig", "RLOOConfig")
+
+
+def reference_kept(args, model: nn.Module) -> str | None:
+    """Why TRL's trainer for these arguments keeps a reference model through training (the keys that make it),
+    or None. TRL 1.16's ``__init__`` test, with accelerate's ``is_peft_model`` as TRL calls it: a peft model is
+    its own reference (adapters disabled); DPO and KTO free it after ``precompute_ref_log_probs``; GRPO and RLOO
+    build none with ``beta: 0.0``."""
+    from accelerate.utils import is_peft_model
+
+    name = type(args).__name__
+    if name not in REFERENCE_CONFIGS or is_peft_model(model):
+        return None
+    if name in ("DPOConfig", "KTOConfig"):
+        return None if args.precompute_ref_log_probs else "precompute_ref_log_probs=False, no peft adapter"
+    return None if args.beta == 0.0 else f"beta={args.beta}, no peft adapter"
+
+
+def trl_reference_prepare(model: nn.Module, plugin_args: dict, env: dict) -> nn.Module:
+    """TRL's ``prepare_fsdp`` of the reference model, with the Trainer's accelerate plugin (``trainer_prepare``'s)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from trl.models.utils import prepare_fsdp
+
+    from . import accelerator_for
+
+    os.environ.update(env)
+    return prepare_fsdp(model, accelerator_for(env, FullyShardedDataParallelPlugin(**plugin_args)))
+
+
+def reference_model(args, model: nn.Module, mesh, env: dict, label: str) -> tuple[dict, list]:
+    """({"reference model": its plan}, [SV313]) when TRL keeps a reference model (``reference_kept``), else ({}, []):
+    the plan is what TRL's own ``prepare_fsdp`` does to a meta copy of the model (the reference is built from the
+    same checkpoint, in the model's dtype), through ``sv.capture``."""
+    why = reference_kept(args, model)
+    if why is None:
+        return {}, []
+    import torch
+    import trl
+
+    cap = run_captured(trl_reference_prepare, model, (dict(args.fsdp_plugin_args), env), mesh=mesh,
+                       fn_name=f"trl {trl.__version__} prepare_fsdp")
+    plan = cap.plan(Origin("trainer", f"{label}: reference model", f"trl {trl.__version__}"))
+    cast = next((u.param_dtype for u in plan.units if "" in u.modules and u.param_dtype), None)
+    whole = sum(p.numel() * (getattr(torch, cast) if cast else p.dtype).itemsize for p in model.parameters())
+    kept = sum(p.numel() * p.dtype.itemsize for p in model.parameters()) // mesh.world
+    from ..format import format_bytes
+
+    kind = type(args).__name__.removesuffix("Config")
+    said = (f"TRL's {kind}Trainer keeps a reference model ({why}) and shards it with its own prepare_fsdp: "
+            f"{len(plan.units)} fully_shard call{'s' * (len(plan.units) != 1)} on the root, so each of its forwards "
+            f"gathers the whole model at once ({format_bytes(whole)} per rank) beside "
+            f"{format_bytes(kept)} of shards kept; neither is in this plan's peak")
+    fix = ("set use_peft: true (the adapter-disabled model is the reference)"
+           + (" or precompute_ref_log_probs: true (it is freed before training)" if kind in ("DPO", "KTO")
+              else " or beta: 0.0 (no KL term, no reference model)"))
+    return {"reference model": plan}, [Finding("SV313", "warning", said, fix=fix)]
 
 
 def _training(args, fields: dict | None, source: str):
@@ -197,33 +257,33 @@ def _training(args, fields: dict | None, source: str):
     return training, origins
 
 
-def _notes(args, fields: dict | None, source: str) -> tuple:
-    """What the arguments say that the plan and the training do not price."""
-    notes = []
-    if getattr(args, "activation_checkpointing", False):
-        given = [k for k in ("activation_checkpointing", "gradient_checkpointing") if k in (fields or {})]
-        where = (f"{given[0]}=True {source}" if given else "activation_checkpointing=True "
-                 + ("(TRL's default)" if type(args).__module__.startswith("trl") else f"({source})"))
-        kwargs = hf_checkpointing_kwargs(args)
-        notes.append(f"{where}: Hugging Face's checkpointing inside each decoder layer's forward "
-                     f"(use_reentrant={kwargs.get('use_reentrant', False)}), priced as those layers checkpointed "
-                     "(the layers the model's own activation_checkpointing_enable switches on)")
-        if kwargs.get("offload"):
-            notes.append("activation_checkpointing_kwargs.offload=True is NOT priced: saved inputs counted on the GPU")
-        if (args.fsdp_plugin_args or {}).get("activation_checkpointing"):
-            notes.append("transformers' Trainer raises at start-up when both fsdp_config.activation_checkpointing and "
-                         "activation_checkpointing are True (Trainer.create_accelerator_and_postprocess): set "
-                         "activation_checkpointing: false")
+def _findings(args, fields: dict | None, source: str) -> list[Finding]:
+    """What the arguments say that the plan and the training do not price, in the Trainer's keys (SV314, SV315)."""
+    found = []
+    kwargs = hf_checkpointing_kwargs(args)
+    if getattr(args, "activation_checkpointing", False) and kwargs.get("offload"):
+        found.append(Finding("SV315", "info", "activation_checkpointing_kwargs.offload=True is NOT priced: the "
+                             "checkpointed layers' saved inputs are counted on the GPU"))
+    if getattr(args, "activation_checkpointing", False) and (args.fsdp_plugin_args or {}).get("activation_checkpointing"):
+        found.append(Finding("SV314", "warning", "transformers' Trainer raises at start-up when both "
+                             "fsdp_config.activation_checkpointing and activation_checkpointing are True "
+                             "(Trainer.create_accelerator_and_postprocess)", fix="set activation_checkpointing: false "
+                             "(fsdp_config.activation_checkpointing already checkpoints the layers)"))
     unread = unread_fsdp_keys(args)
     if unread:
         import transformers
 
         read = sorted(args.fsdp_config.read - {"xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings"})
-        notes.append(f"fsdp_config {', '.join(unread)}: not read by transformers {transformers.__version__}'s "
-                     f"TrainingArguments, so no effect on the run (the keys it reads: {', '.join(read)})")
+        near = {k: difflib.get_close_matches(k.removeprefix("fsdp_"), read, n=1, cutoff=0.5) for k in unread}
+        fix = "; ".join(f"{k} -> {v[0]}" for k, v in near.items() if v)
+        found.append(Finding("SV314", "warning", f"fsdp_config {', '.join(unread)}: not read by transformers "
+                             f"{transformers.__version__}'s TrainingArguments, so no effect on the run (the keys it "
+                             f"reads: {', '.join(read)})", fix="in fsdp_config, use the keys TrainingArguments reads"
+                             + (f" ({fix})" if fix else "")))
     if getattr(args, "parallelism_config", None) is not None:
-        notes.append("parallelism_config is not read: the mesh is the world size given")
-    return tuple(notes)
+        found.append(Finding("SV315", "info", "parallelism_config is not read: the mesh is the world size given",
+                             fix="give the mesh to shardviz: sv.Mesh(shard=..., replicate=...) / --replicate"))
+    return found
 
 
 def hf_checkpointing_kwargs(args) -> dict:
@@ -234,16 +294,27 @@ def hf_checkpointing_kwargs(args) -> dict:
     return dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs or {})
 
 
-def _with_hf_checkpointing(plan: Plan, args, model: nn.Module) -> Plan:
+def _with_hf_checkpointing(plan: Plan, args, fields: dict | None, source: str, model: nn.Module) -> tuple[Plan, list]:
     """As ``Trainer`` does with ``activation_checkpointing=True``: the model's own enable function, here on a
-    meta copy; the layers it switches on are priced checkpointed (``hf_checkpointing``)."""
-    from .hf_checkpointing import in_forward_checkpointed, priced_with
+    meta copy; the layers it switches on are priced checkpointed, and SV310 says with which ``use_reentrant``."""
+    from .hf_checkpointing import priced_in_forward
 
     if not getattr(args, "activation_checkpointing", False):
-        return plan
+        return plan, []
+    fields = fields or {}
+    given = [k for k in ("activation_checkpointing", "gradient_checkpointing") if k in fields]
+    trl_default = type(args).__module__.startswith("trl")
+    where = (f"{given[0]}=True {source}" if given else "activation_checkpointing=True "
+             + ("(TRL's default)" if trl_default else f"({source})"))
+    key = next((k for k in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if k in fields),
+               "gradient_checkpointing_kwargs")
     kwargs = hf_checkpointing_kwargs(args)
+    import transformers
+
+    whose = f"{key} {source}" if "use_reentrant" in (fields.get(key) or {}) else f"transformers {transformers.__version__}'s default"
     every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
-    return priced_with(plan, in_forward_checkpointed(model, kwargs, every, offload))
+    plan, finding = priced_in_forward(plan, model, kwargs, f"{where}; use_reentrant: {whose}", key, every, offload)
+    return plan, [finding]
 
 
 def trl_script_fields(fields: dict) -> tuple[dict, dict]:
@@ -287,7 +358,7 @@ def trl_model(model_part: dict, label: str):
     return model, f"{text} (from {label})"
 
 
-def _source(args_or_path):
+def _source(args_or_path, trainer: str | None = None):
     """(arguments, the fields the file gave or None for an arguments object, label, TRL ModelConfig fields)."""
     from transformers import TrainingArguments
 
@@ -296,21 +367,23 @@ def _source(args_or_path):
     if isinstance(args_or_path, (str, os.PathLike)):
         model_part, fields = trl_script_fields(_read_file(args_or_path))
         label = os.path.basename(os.fspath(args_or_path))
-        return training_arguments(fields, label), fields, label, model_part
+        return training_arguments(fields, label, trainer), fields, label, model_part
     if isinstance(args_or_path, dict):
         model_part, fields = trl_script_fields(dict(args_or_path))
-        return training_arguments(fields), fields, "fields", model_part
+        return training_arguments(fields, trainer=trainer), fields, "fields", model_part
     raise ValueError(f"from_trainer: expected TrainingArguments, SFTConfig, a YAML/JSON path or a mapping of "
                      f"their fields, got {type(args_or_path).__name__}")
 
 
 def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int | None = None,
-                 mesh=None) -> TrainerSetup:
+                 mesh=None, trainer: str | None = None) -> FrameworkSetup:
     """``sv.from_trainer``: the plan accelerate's FSDP2 preparation makes from these Trainer arguments
     (transformers' own processing of ``fsdp`` / ``fsdp_config``; see the module docstring), the mesh of
-    ``world_size`` ranks, and the ``sv.Training`` the arguments give, with where each value came from."""
+    ``world_size`` ranks, and the ``sv.Training`` the arguments give, with where each value came from.
+    ``trainer``: TRL's trainer the file is for ("sft", "dpo", "kto", "grpo", "rloo"; ``trl dpo --config``),
+    else the first whose config has every field of the file (``TrainingArguments`` when all are its)."""
     release = accelerate_release()
-    args, fields, label, model_part = _source(args_or_path)
+    args, fields, label, model_part = _source(args_or_path, trainer)
     model_origin = "the model given" + (" (over model_name_or_path)" if model_part.get("model_name_or_path") else "")
     if model is None:
         if not model_part:
@@ -347,6 +420,51 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
     found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")})
     training, origins = _training(args, fields, f"from {label}")
     origins["plan"] = f"fsdp_config of {label}, through transformers {transformers.__version__} and accelerate {release}"
-    plan = _with_hf_checkpointing(with_findings(plan, found), args, model)
+    plan, checkpointing = _with_hf_checkpointing(plan, args, fields, f"from {label}", model)
+    others, reference = reference_model(args, model, mesh, env, label)
+    found += checkpointing + reference + _findings(args, fields, f"from {label}")
     origins["model"] = model_origin
-    return TrainerSetup(plan, mesh, training, origins, _notes(args, fields, f"from {label}"), args, model)
+    return FrameworkSetup("trainer", model, with_findings(plan, found), mesh, training, origins, args, others)
+
+
+def trainer_fields(config: dict, arguments_class) -> dict:
+    """The Trainer's ``fsdp`` / ``fsdp_config`` (and ``bf16`` / ``fp16``) fields that say what the accelerate
+    config ``config`` (``frameworks.accelerate_config``) says, in the keys ``_process_fsdp_args`` reads."""
+    acc = config["fsdp_config"]
+    fsdp = {"version": 2, "auto_wrap_policy": acc["fsdp_auto_wrap_policy"], "cpu_offload": acc["fsdp_offload_params"],
+            "reshard_after_forward": acc["fsdp_reshard_after_forward"],
+            "activation_checkpointing": acc["fsdp_activation_checkpointing"]}  # the keys that decide the calls
+    if "fsdp_transformer_layer_cls_to_wrap" in acc:
+        fsdp["transformer_layer_cls_to_wrap"] = acc["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    names = {f.name for f in dataclasses.fields(arguments_class)}
+    # HF's in-forward checkpointing off (TRL's configs default it on): fsdp_config's checkpoints the layers
+    hf_checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    # both precision fields said: TRL's configs default bf16 on
+    return {"fsdp": True, "fsdp_config": fsdp, hf_checkpointing: False,
+            **{key: config["mixed_precision"] == key for key in _MIXED}}
+
+
+def to_trainer(model: nn.Module, plan: Plan, world_size: int = 8, trainer: str | None = "sft") -> tuple[str, list[str]]:
+    """(YAML, what it cannot say): the Trainer fields (``fsdp``, ``fsdp_config``, precision) closest to ``plan``,
+    for ``trl sft --config`` (``trainer``: TRL's trainer whose config checks them; None: ``TrainingArguments``,
+    also when TRL is not installed). Checked by reading the fields back with ``from_trainer`` (transformers'
+    and accelerate's own code) and comparing the calls; an empty list: they give exactly ``plan``."""
+    import yaml
+
+    from . import accelerate_config, plan_differences
+    from ..model.tree import as_tree
+
+    try:
+        cls = _arguments_class({}, trainer)
+    except ValueError:  # TRL not installed: TrainingArguments' fields, which TRL's configs extend
+        trainer = None
+        cls = _arguments_class({}, None)
+    fields = trainer_fields(accelerate_config(as_tree(model), plan), cls)
+    setup = from_trainer(fields, model, world_size=world_size, trainer=trainer)
+    cannot = plan_differences(plan, setup.plan)
+    head = [f"# {cls.__name__} fields for the plan {plan.name or '(unnamed)'}: merge them into the file you give "
+            f"{'trl ' + trainer + ' --config' if trainer else 'TrainingArguments'}; checked with "
+            f"{setup.plan.origin.release}: " + ("it makes exactly these fully_shard calls." if not cannot else
+                                                "it cannot say:")]
+    head += [f"#  - {line}" for line in cannot]
+    return "\n".join(head) + "\n" + yaml.safe_dump(fields, sort_keys=False), cannot

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..activations import stop
 from .allocator import cublas_workspace_bytes
 from .params import code_names, sharded_params, tree_arrays, whole_params
 from .reserved import traced_step
@@ -70,6 +71,7 @@ def cost_model(tree, layout, mesh, training: Training, levels, run_order=None) -
     """The cost model of ``layout`` (``fsdp.Layout`` of ``tree``) on ``mesh``; ``levels``: the
     activation levels of the step (``step.levels``); ``run_order``: module names in the order a
     measured step first ran them (None: registration order, ``step.walk``)."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     S = mesh.shard
     arr = tree_arrays(tree)
     walk = execution_walk(tree, run_order)
@@ -104,6 +106,7 @@ def replayed_step(inputs: tuple, resident: ResidentState, optimizer: OptimizerSt
     """The step (``StepSimulation.run``'s result) and the bytes the caching allocator reserves beyond the
     tensors at its peak under ``expandable_segments``, from one run of the step with its tensors
     replayed (``step.reserved.traced_step``) after the resident state."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     resident_bytes = int(resident.total + optimizer.device.max() + optimizer.whole)
     step, alloc = traced_step(*inputs, resident_bytes, int(optimizer.step_temporaries.max()), expandable_segments, device)
     tensors = alloc.peak_requested - cublas_workspace_bytes(device)  # what a.memory.peak counts

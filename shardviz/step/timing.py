@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from ..activations import opcost
+from ..activations import opcost, stop
 from ..format import OUTSIDE_FSDP, format_duration
 from ..run.devices import Device, Efficiency, default_efficiency, stack_of
 from ..model.tree import model_name
@@ -328,6 +328,7 @@ def _why_not(inputs: StepInputs) -> str | None:
 
 def step_time(inputs: StepInputs) -> StepTime:
     """The step of these stages as FSDP2 schedules it (see the module docstring)."""
+    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     training, tree, mesh = inputs.training, inputs.layout.tree, inputs.layout.mesh
     k = training.grad_accum
     reason = _why_not(inputs)

@@ -538,5 +538,5 @@ def header_card(a, findings=None) -> dict:
         except Exception:  # noqa: BLE001 - the card still shows the finding, without "apply"
             fixable = False
         card["finding"] = {"code": top.code, "severity": top.severity, "title": TITLES.get(top.code, ""),
-                           "message": top.message, "fix": top.fix, "applies": fixable}
+                           "message": top.message, "fix": top.fix, "applies": fixable, "pending": top.pending}
     return card

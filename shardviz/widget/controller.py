@@ -33,7 +33,7 @@ from ..plan import Plan, as_plan
 from ..model.tree import ModelTree
 from ..views.display import DEFAULT_TRAINING, header_card  # DEFAULT_TRAINING: what the Inspector assumes
 from . import panels, plan_actions, setup_actions, suggest
-from .panels import raised_by, shortened_diff
+from .panels import shortened_diff
 from .plan_actions import PRESETS, BlockAction
 from .plan_names import Edit, NamedPlan, PlanNames, plan_changes
 from .planfile import PlanFile
@@ -255,9 +255,15 @@ class InspectorState:
         """``analysis.findings`` as dicts (code, severity, message, fqns, fix)."""
         return self._lazy("findings", lambda: panels.findings_payload(self.analysis))
 
-    def card(self, with_findings: bool = True) -> dict:  # the header card (display.header_card, the report's too)
-        return self._lazy(f"card{with_findings}", lambda: header_card(
-            self.analysis, self.analysis.findings if with_findings else None))
+    @property
+    def first_findings(self) -> list[dict]:
+        """``findings`` once built, else ``analysis.first_findings`` (no what-if priced: shown while they run)."""
+        return self._derived.get("findings") or self._lazy("first", lambda: panels.findings_payload(self.analysis, True))
+
+    def card(self) -> dict:  # the header card (display.header_card, the report's too), with the findings sent so far
+        which = next((k for k in ("findings", "first") if k in self._derived), None)
+        return self._lazy(f"card_{which}", lambda: header_card(self.analysis, None if which is None else (
+            self.analysis.findings if which == "findings" else self.analysis.first_findings)))
 
     def apply_fix(self, code: str) -> None:  # a finding's fix that is a plan change, as one undo step
         self._commit(plan=plan_actions.finding_fix(self, code), edit=False, note=f"applied the fix of {code}; undo goes back")
@@ -566,21 +572,8 @@ class InspectorState:
         """Run ``sv.verify``: torch's real ``fully_shard`` on a meta copy, compared with the prediction."""
         if self.model is None:
             raise ValueError("verify needs the nn.Module; this Inspector was built from a ModelTree")
-        from .. import verify as sv_verify
-
-        t0 = time.perf_counter()
-        plan, mesh = self.plan, self.mesh
-        try:
-            df = sv_verify(self.model, plan, mesh=mesh, training=self.training)
-        except Exception as exc:  # noqa: BLE001 - torch's refusal is the answer to show
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0,
-                      "raised_by": raised_by(exc)}
-        else:
-            rows = df.head(50).astype(str).to_dict("records")
-            result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": len(df)}
-        result["seconds"] = round(time.perf_counter() - t0, 2)
+        result = panels.verify_payload(self.model, self.plan, self.mesh, self.training)
         result["revision"] = self.revision
-        result["plan_json"] = plan.to_json(indent=None)
         self.verify_result = result
         self._notify(Change.VERIFY)
         return result

@@ -40,7 +40,7 @@ from ..run.mesh import Mesh
 from ..views.highlight import python_html
 from ..presets import preset_key
 from . import bundle, panels, protocol
-from .background import BackgroundPush
+from .background import BackgroundPush, freeze_long_lived
 from .inputs import FieldError, field_error, mesh_fields, seq_len_note, training_fields, whole
 from .controller import PRESETS, BlockAction, Change, InspectorState
 from .panels import training_text
@@ -98,16 +98,17 @@ class Inspector(anywidget.AnyWidget):
     work = traitlets.Dict({"busy": False}).tag(sync=True)
 
     def __init__(self, model, plan=None, mesh: Mesh | None = None, training=None, plan_path=None,
-                 background: bool | None = None, look_ahead: bool = False, **kwargs):
+                 background: bool | None = None, look_ahead: bool = True, **kwargs):
         t0 = time.perf_counter()
+        freeze_long_lived()  # the collector's full walks of torch and the model cost ~0.45 s per edit at 70B
         controller = InspectorState(model, plan=plan, mesh=mesh, training=training, plan_path=plan_path)
         super().__init__(**kwargs)
         self.controller = controller
         #: slow work off the kernel's thread (default: when a front end is connected; see BackgroundPush)
         self.background = background if background is not None else not isinstance(self.comm, DummyComm)
         self.pushes = BackgroundPush(self)  # the pushes after a change, the slow part on a worker thread
-        # measure likely next edits while idle (background.look_ahead): opt-in, since a main-thread action that is
-        # not a change (pin as A) can run torch beside it, and that crashed the kernel in the browser tests
+        # measure likely next edits while idle (background.look_ahead); an edit stops it at its next check
+        # (activations.stop), never by an injected exception (which crashed the kernel in the browser tests)
         self.pushes.ahead = look_ahead and self.background and not isinstance(self.comm, DummyComm)
         controller.before_change.append(self.pushes.stop)
         self._sent_order: list[str] | None = None
@@ -210,7 +211,7 @@ class Inspector(anywidget.AnyWidget):
         st = self.controller
         mesh, tree = st.mesh, st.tree
         sev = {"error": 0, "warning": 0, "info": 0}
-        findings = st.computed("findings")
+        findings = st.computed("findings") or st.computed("first")  # the first findings: no what-if priced yet
         if findings is not None:
             for f in findings:
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
@@ -257,7 +258,8 @@ class Inspector(anywidget.AnyWidget):
             "pinned": st.pinned is not None,
             # the header card (display.header_card, the report's too): only from full numbers, never
             # computed here (the main thread measures nothing); None until they are in
-            "card": st.card(findings is not None) if (st.computed("memory") or {}).get("available") else None,
+            "card": st.card() if (st.computed("memory") or {}).get("available") else None,
+            "findings_pricing": findings is not None and st.computed("findings") is None,  # what-ifs still run
         }
 
     def push_messages(self) -> None:

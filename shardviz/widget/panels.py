@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import traceback
 
+from ..export.oracle import verify
 from ..format import format_bytes
 from ..finding import TITLES
 from .plan_names import shown_name
@@ -20,11 +22,12 @@ __all__ = ["COMPARISON_ROWS", "MAX_DIFF_SHOWN", "comparison_payload", "findings_
            "memory_payload", "timeline_payload", "traffic_figure", "traffic_payload", "training_text"]
 
 
-def findings_payload(analysis) -> list[dict]:
-    """``a.findings`` for the front end. ``n_fqns``: how many names the finding is about in all
+def findings_payload(analysis, first: bool = False) -> list[dict]:
+    """``a.findings`` for the front end (``first``: ``a.first_findings``, the what-ifs not priced yet,
+    those findings ``pending``). ``n_fqns``: how many names the finding is about in all
     (``Finding.n_fqns``; ``fqns`` lists the first of them)."""
     try:
-        findings = analysis.findings
+        findings = analysis.first_findings if first else analysis.findings
     except Exception as exc:  # noqa: BLE001 - say so in the list rather than break the widget
         return [{"code": "SV000", "severity": "error", "message": f"the checks failed: {type(exc).__name__}: {exc}",
                  "fqns": [], "n_fqns": 0, "fix": ""}]
@@ -38,6 +41,7 @@ def findings_payload(analysis) -> list[dict]:
             "fqns": list(f.fqns[:50]),
             "n_fqns": f.n_fqns,
             "fix": f.fix,
+            "pending": f.pending,  # being priced: the front end marks it as updating
         })
     return out
 
@@ -121,6 +125,20 @@ def host_ram_text(analysis) -> str:
     per_node = analysis.mesh.host_ranks
     judged = fit.host_limit_text if fit is not None else ""
     return f"host RAM {format_bytes(cpu)} per rank, {format_bytes(cpu * per_node)} per node of {per_node} ranks{judged}"
+
+
+def verify_payload(model, plan, mesh, training) -> dict:
+    """``sv.verify`` (torch's real ``fully_shard`` on a meta copy) as the Inspector's verify panel shows it:
+    torch's refusal is an answer to show, with who raised it (``raised_by``)."""
+    t0 = time.perf_counter()
+    try:
+        df = verify(model, plan, mesh=mesh, training=training)
+    except Exception as exc:  # noqa: BLE001 - torch's refusal is the answer to show
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "rows": [], "n": 0, "raised_by": raised_by(exc)}
+    else:
+        rows = df.head(50).astype(str).to_dict("records")
+        result = {"ok": len(df) == 0, "error": None, "rows": rows, "n": len(df)}
+    return {**result, "seconds": round(time.perf_counter() - t0, 2), "plan_json": plan.to_json(indent=None)}
 
 
 def raised_by(exc: BaseException) -> str:

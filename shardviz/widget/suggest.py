@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from ..activations import stop
 from ..format import format_bytes, format_count, format_duration, format_percent, format_plural
 from ..plan import Plan
 from ..search import Search, count_candidates, search
@@ -99,6 +100,7 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
     shown = [t0]
 
     def progress(done: int, total: int) -> None:  # at most 5 updates a second: the panel's count moves
+        stop.check()  # "cancel" or a new edit stops the search between candidates (activations.stop)
         now = time.perf_counter()
         if now - shown[0] >= 0.2:
             shown[0] = now

@@ -200,3 +200,34 @@ def test_header_card_says_the_answer_first(page, model):
     page.wait_for_function(f"() => document.querySelector('.sv-card-finding')?.dataset.code !== '{top['code']}'")
     assert top["code"] not in {f["code"] for f in broken.findings}
     assert broken.controller.can_undo
+
+
+def test_findings_being_priced_are_marked_not_hidden(page, model):
+    """Before SV201's what-ifs are priced the worker sends the first findings (``a.first_findings``):
+    the card's top finding says "pricing the fixes", the finding itself "being priced"; the priced
+    findings then replace them and the marks go."""
+    ins = inspector(model, mesh=sv.Mesh(shard=4, device_memory="1MiB", memory_reserve=0))
+    si = StaticInspector(page, ins, width=1240)
+    st = ins.controller
+    priced = list(ins.findings)
+    st.analysis.__dict__.pop("findings")  # as the worker has it: the what-ifs not priced yet
+    for key in ("findings", "card_findings"):
+        st._derived.pop(key, None)
+    si.events = []
+    ins.findings = st.first_findings
+    ins.summary = ins.summary_payload()
+    page.evaluate("(ev) => window.svApply(ev)", si.events)
+    card = si.widget.locator(".sv-card-finding")
+    assert card.get_attribute("data-code") == "SV201"
+    assert "pricing the fixes" in card.locator(".sv-card-updating").text_content()
+    si.widget.locator('.sv-tab[data-tab="findings"]').click()
+    item = si.widget.locator('.sv-finding[data-code="SV201"]')
+    assert "sv-finding-pending" in item.get_attribute("class")
+    assert item.locator(".sv-finding-pricing").text_content().strip() == "being priced"
+    si.events = []
+    st.analysis.findings  # noqa: B018 - priced: the worker's second push
+    ins.findings = st.findings
+    ins.summary = ins.summary_payload()
+    page.evaluate("(ev) => window.svApply(ev)", si.events)
+    assert ins.findings == priced and si.widget.locator(".sv-finding-pricing").count() == 0
+    assert si.widget.locator(".sv-card-updating").count() == 0

@@ -12,14 +12,22 @@ function findingItem(send, f) {
   const item = h(
     "div",
     {
-      class: `sv-finding sv-finding-${f.severity}`,
+      class: `sv-finding sv-finding-${f.severity}${f.pending ? " sv-finding-pending" : ""}`,
       "data-code": f.code,
       title: f.fqns.length ? "click to reveal in the tree" : "",
       onclick: () => {
         if (f.fqns.length) send("reveal", { fqn: f.fqns[0] });
       },
     },
-    h("div", { class: "sv-finding-head" }, h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }), h("b", { text: f.code }), h("span", { text: f.message })),
+    h(
+      "div",
+      { class: "sv-finding-head" },
+      h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }),
+      h("b", { text: f.code }),
+      h("span", { text: f.message }),
+      // its what-ifs still run on the worker: the priced finding replaces this one
+      f.pending ? h("span", { class: "sv-finding-pricing", role: "status" }, h("span", { class: "sv-spinner", "aria-hidden": "true" }), "being priced") : null,
+    ),
     // the fix says what it is ("cheapest fix: ..."): a "fix:" label only where it does not
     f.fix ? h("div", { class: "sv-finding-fix", text: /^[^:]{0,20}fix:/.test(f.fix) ? f.fix : `fix: ${f.fix}` }) : null,
   );

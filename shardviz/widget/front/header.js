@@ -82,7 +82,8 @@ function firstSentence(text) {
 function topFinding(ctx, card, list, stale, openFindings) {
   const f = card && card.finding;
   const more = list.length > 1 ? h("a", { class: "sv-card-more", href: "#", text: `all ${fmt(list.length, "int")} findings`, onclick: (e) => (e.preventDefault(), openFindings()) }) : null;
-  const updating = stale ? h("span", { class: "sv-card-updating", role: "status" }, h("span", { class: "sv-spinner", "aria-hidden": "true" }), "updating") : null;
+  const busy = stale ? "updating" : f && f.pending ? "pricing the fixes" : null;
+  const updating = busy ? h("span", { class: "sv-card-updating", role: "status" }, h("span", { class: "sv-spinner", "aria-hidden": "true" }), busy) : null;
   if (!f) return h("div", { class: `sv-card-finding sv-muted${stale ? " sv-stale" : ""}` }, "no findings: torch accepts this plan and nothing looks costly", updating);
   const apply = f.applies
     ? h("button", { class: "sv-btn sv-apply-fix", text: "apply fix", disabled: stale, title: `${f.fix} (one undo step)`, onclick: () => ctx.send("apply_fix", { code: f.code }) })

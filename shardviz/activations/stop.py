@@ -1,0 +1,38 @@
+"""Stopping a measurement from another thread, at a point where torch's state is consistent.
+
+The Inspector's worker thread measures steps while the user edits; a new edit stops it. An
+exception injected into a thread (``PyThreadState_SetAsyncExc``) fires at any bytecode, also inside
+a ``finally`` that restores a patched torch function or inside a callback torch's C++ makes, and
+once killed the kernel (``pybind11::error_already_set``). Here the thread is only asked to stop
+(``request``); it raises ``Stopped`` itself at its next check (``check``): each operation the
+measurement dispatches (an exception from a dispatch mode is one torch expects and unwinds), and
+between the worker's own stages.
+"""
+
+from __future__ import annotations
+
+import threading
+
+#: the threads asked to stop (their ``threading.get_ident()``)
+_ASKED: set[int] = set()
+
+
+class Stopped(BaseException):
+    """Raised by ``check`` in a thread asked to stop: a ``BaseException``, which no ``except
+    Exception`` in the analysis (a what-if that fails becomes a finding's words) swallows."""
+
+
+def request(ident: int) -> None:
+    """Ask the thread ``ident`` to stop at its next ``check``."""
+    _ASKED.add(ident)
+
+
+def forget(ident: int) -> None:
+    """The thread ``ident`` has ended (or stopped): a new thread may reuse its ident."""
+    _ASKED.discard(ident)
+
+
+def check() -> None:
+    """Raise ``Stopped`` if this thread was asked to stop (an empty set: one truth test)."""
+    if _ASKED and threading.get_ident() in _ASKED:
+        raise Stopped

@@ -1,0 +1,53 @@
+"""``activations.stop``: a measurement on another thread stops itself when asked, at an operation it
+dispatches, and leaves torch as it was: the same step measured afterwards on this thread gives the
+same bytes. (An exception injected at any bytecode instead once killed the kernel; raising from a
+dispatch in backward or from a ``tensor.device`` query terminates the process: the recorder checks
+only where torch unwinds.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import shardviz as sv
+from shardviz import zoo
+from shardviz.activations import stop
+
+MESH = sv.Mesh(4, device="H100")
+
+
+def peak(model, seq: int) -> int:
+    a = sv.analyze(model, sv.Plan.auto(model), MESH, sv.Training(batch_size=1, seq_len=seq))
+    return int(a.memory["peak"].max())
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.5, 1.0])
+def test_a_measurement_asked_to_stop_stops_and_torch_is_left_as_it_was(delay):
+    model = zoo.tiny_llama_lora()
+    before = peak(model, 64)
+    out: dict = {}
+    started = threading.Event()
+
+    def job():
+        started.set()
+        try:
+            out["peak"] = peak(model, 80 + int(delay * 100))  # a step not measured yet
+        except stop.Stopped:
+            out["peak"] = "stopped"
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert started.wait(10)
+    time.sleep(delay)
+    stop.request(t.ident)
+    t.join(60)
+    stop.forget(t.ident)
+    assert not t.is_alive()
+    if delay == 0.0:
+        assert out["peak"] == "stopped"  # asked before its first operation
+    elif out["peak"] != "stopped":
+        assert out["peak"] == peak(model, 80 + int(delay * 100))
+    stop.check()  # this thread was never asked
+    assert peak(model, 64) == before
