@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
-from .activations import FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order, step_cache, unit_flops
+from .activations import (FLOP_COLUMNS, MeasuredStep, StepCache, measure_activations, read_run_order,
+                          selective_cache_refusal, step_cache, unit_flops)
 from .checks.check_inputs import Priced, reduce_scatter_sent
-from .checks import findings_of, selective_with_cache, without_what_ifs
+from .checks import findings_of, without_what_ifs
 from .step import (NoActivations, activation_levels, calls_with_nested_calls, comm_table, cost_model,
                    memory_table)
 from .step import peak_breakdown as peak_breakdown_of
@@ -187,8 +188,8 @@ class Analysis:
             model, batch_size, seq_len, param_dtype=t.param_dtype, whole_params=whole, checkpoint=self.plan.checkpoint,
             example_inputs=t.example_inputs, tree=tree, use_cache=use_cache)
         refused = None
-        if self.use_cache and (refusal := selective_with_cache(self.plan.checkpoint, True)):
-            refused = refusal[0].message  # torch raises in that step's backward: there is no such step
+        if self.use_cache and (refusal := selective_cache_refusal(self.plan.checkpoint, True)):
+            refused = refusal  # torch raises in that step's backward: there is no such step
         elif self.use_cache:
             try:
                 return MeasuredStep(self._with_cache_note(measure(True)))

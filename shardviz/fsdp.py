@@ -213,11 +213,16 @@ class Layout:
         return self.param_unit_array.tolist()
 
     @cached_property
-    def param_status(self) -> list[str]:
-        """Per parameter: "sharded", "ignored" or "unmanaged" (``STATUS``)."""
+    def status_code(self) -> np.ndarray:
+        """Per parameter (numpy): its ``STATUS`` position (0 sharded, 1 ignored, 2 unmanaged)."""
         status = np.where(self.sharded, 0, 2)
         status[self._ignored] = 1
-        return np.array(self.STATUS, dtype=object)[status].tolist()
+        return status
+
+    @cached_property
+    def param_status(self) -> list[str]:
+        """Per parameter: "sharded", "ignored" or "unmanaged" (``STATUS``)."""
+        return np.array(self.STATUS, dtype=object)[self.status_code].tolist()
 
     def _calls_reaching(self, p) -> list[int]:
         """The calls whose DFS reaches parameter ``p``, in bottom-up order."""
@@ -287,6 +292,12 @@ class Layout:
         info = self.tree.params[p]
         return padded_shard_numel(info.shape[0], info.row_numel, self.mesh.shard) if info.shape else 1
 
+    @cached_property
+    def padded_numel(self) -> np.ndarray:
+        """Per parameter (numpy): ``padded_shard_numel``, the padded shard every rank allocates when sharded."""
+        index = tree_index(self.tree)
+        return padded_shard_numel(index.dim0, index.row, self.mesh.shard)
+
     def local_shape(self, fqn: str, rank: int) -> tuple[int, ...]:
         """``p.to_local().shape`` on global ``rank`` (the full shape when FSDP does not shard it)."""
         if fqn not in self.tree.param_index:
@@ -333,18 +344,18 @@ class Layout:
     @cached_property
     def unit_numbers(self) -> list[dict]:
         """Per call: parameter count, unsharded and padded-shard bytes (what one all-gather moves)."""
-        out = []
-        for ul in self.units:
-            params = [self.tree.params[p] for p in ul.params]
-            out.append({
-                "n_params": len(params),
-                "numel": sum(p.numel for p in params),
-                "trainable_numel": sum(p.numel for p in params if p.requires_grad),
-                "unsharded_bytes": sum(p.nbytes for p in params),
-                "padded_unsharded_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params) * self.mesh.shard,
-                "padded_shard_bytes": sum(self.padded_shard_numel(p.index) * p.itemsize for p in params),
-            })
-        return out
+        index, n = tree_index(self.tree), len(self.units)
+        sharded = np.nonzero(self.sharded)[0]
+        unit = self.param_unit_array[sharded]
+
+        def per_call(values) -> list[int]:  # integer sums by call (float64 holds them exactly below 2**53)
+            return np.rint(np.bincount(unit, weights=values[sharded], minlength=n)).astype(np.int64).tolist()
+
+        numel, shard_bytes = index.numel, self.padded_numel * index.itemsize
+        columns = (np.bincount(unit, minlength=n).tolist(), per_call(numel), per_call(numel * index.trainable),
+                   per_call(numel * index.itemsize), per_call(shard_bytes))
+        return [{"n_params": c, "numel": e, "trainable_numel": t, "unsharded_bytes": b,
+                 "padded_unsharded_bytes": s * self.mesh.shard, "padded_shard_bytes": s} for c, e, t, b, s in zip(*columns)]
 
 
 # ---------------------------------------------------------------------------

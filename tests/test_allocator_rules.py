@@ -1,4 +1,4 @@
-"""The caching allocator model (``cost.allocator``), rule by rule, against torch's
+"""The caching allocator model (``step.allocator``), rule by rule, against torch's
 ``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator``; read at pytorch/pytorch
 001074d2, the constants checked against torch 2.13's own ``include/c10/core/AllocatorConfig.h`` in
 test_allocator.py).
@@ -13,11 +13,6 @@ one fresh stream per scenario stream, after ``empty_cache``) and reads the same 
 
 Rules the model does not follow (each stated where it matters):
 
-- ``get_free_block`` with expandable segments: a free block at the end of an expandable segment is
-  ranked by the size it could grow to (``expandable_size``), so a larger interior block is taken
-  first. The model takes the smallest block: ``test_expandable_best_fit_ranks_the_last_block_by_what_it_can_grow_to``
-  (xfail, strict: it fails the day the model follows torch). There the model reserves 100 MiB where
-  torch reserves 140 MiB: the model's reserved peak can be low under ``expandable_segments:True``.
 - ``release_available_cached_blocks`` / ``release_cached_blocks``: when cudaMalloc fails torch
   frees cached unsplit segments (oversize ones first with ``max_split_size_mb``) and retries, and
   ``unmap_block`` returns the free pages of expandable segments. The model has no device capacity
@@ -274,12 +269,12 @@ def test_expandable_segments_map_pages_at_the_end_of_one_segment():
     check("expandable_segments")
 
 
-@pytest.mark.xfail(strict=True, reason="the model ranks an expandable segment's free last block by its "
-                   "size, torch by the size it can grow to (get_free_block's expandable_size)")
 def test_expandable_best_fit_ranks_the_last_block_by_what_it_can_grow_to():
-    """get_free_block with expandable segments prefers a larger interior block to the free last block;
-    the model cuts 12 MiB from the last block, so 38 MiB later fits the interior block and the model
-    reserves 100 MiB where torch maps 40 MiB more (140 MiB)."""
+    """get_free_block with expandable segments prefers a larger interior block to the free last block
+    (``al.expandable_fit``): 12 MiB is cut from the freed 40 MiB, not from the 15 MiB left at the end,
+    so 38 MiB then fits no block and maps 40 MiB more: 140 MiB reserved. Taking the smallest block, as
+    without expandable segments, would cut 12 MiB from the last 15 and give 38 MiB the interior 40:
+    100 MiB reserved, 40 MiB under torch."""
     check("expandable_best_fit")
 
 

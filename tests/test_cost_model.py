@@ -17,7 +17,7 @@ import pytest
 import shardviz as sv
 from shardviz.checks import check_memory as memory_findings
 from shardviz.run.training import Training
-from shardviz.step.tables import STR_DTYPE
+from shardviz.step.model import STR_DTYPE
 from torch_truth import tiny_lora
 
 MEMORY_COLUMNS = {"rank", "params", "grads", "optimizer", "peak", "params_sharded", "params_whole", "buffers",
@@ -223,7 +223,7 @@ def _rebuilt(table: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.parametrize("mesh", [sv.Mesh(1), sv.Mesh(shard=4, replicate=2)], ids=["one-rank", "hsdp"])
 def test_tables_are_the_frames_pandas_builds(model, mesh):
     """The comm table's str columns are built without the constructor's inference
-    (``step.tables._str_column``): each table is the frame the constructor builds from its values,
+    (``step.model._str_column``): each table is the frame the constructor builds from its values,
     dtypes and labels included (str columns as pandas infers them, object ones with None kept, one
     rank's empty comm table)."""
     a = sv.analyze(model, sv.Plan.auto(model, lora="sharded"), mesh)

@@ -10,13 +10,13 @@ import pytest
 
 from shardviz.run.devices import DEVICES, Efficiency
 from shardviz.step.collectives import collective_seconds
-from shardviz.step.schedule import StepExtras, UnitTime, optimizer_seconds, schedule_step
+from shardviz.step.schedule import StepExtras, optimizer_seconds, schedule_step, timed
 
 
 def unit(name, **kw):
     base = dict(forward_s=2.0, backward_s=4.0, all_gather_forward_s=1.0, all_gather_backward_s=1.0, reduce_scatter_s=1.5)
     base.update(kw)
-    return UnitTime(name, **base)
+    return timed(name, **base)
 
 
 def three(**per_unit):
@@ -193,8 +193,8 @@ def test_a_unit_without_gradients_has_no_reduce_scatter_but_still_waits_for_the_
 
 
 def test_the_root_gathers_first_computes_its_head_last_and_reduces_last():
-    root = UnitTime("", forward_s=1.0, backward_s=2.0, all_gather_forward_s=1.0, reduce_scatter_s=0.5,
-                    reshard_after_forward=False)
+    root = timed("", forward_s=1.0, backward_s=2.0, all_gather_forward_s=1.0, reduce_scatter_s=0.5,
+                 reshard_after_forward=False)
     s = schedule_step(three(), root=root)
     # root all-gather [0, 1] exposed; A's all-gather queues [1, 2] and is exposed too (root's head has no compute)
     assert span(bar(s, "", "all_gather", "forward")) == (0, 1)
@@ -226,8 +226,8 @@ def test_rows_and_timeline_payload():
 @pytest.mark.parametrize("field,value", [("forward_s", -1.0), ("all_gather_backward_s", float("nan")),
                                          ("reduce_scatter_s", -0.1), ("backward_s", "1s")])
 def test_bad_seconds_name_the_field_and_unit(field, value):
-    with pytest.raises(ValueError, match=rf"UnitTime\('A'\)\.{field} "):
-        UnitTime("A", **{field: value})
+    with pytest.raises(ValueError, match=rf"timed\('A'\)\.{field} "):
+        timed("A", **{field: value})
 
 
 def test_duplicate_units_are_refused():
@@ -252,10 +252,10 @@ def test_the_host_optimizer_step_runs_at_the_host_adamw_rate():
 def test_a_unit_kept_unsharded_after_forward_needs_no_backward_all_gather():
     # A: forward 2 s, backward 4 s; B: forward 2 s, recompute 2 s, backward 4 s, kept unsharded after
     # forward (no backward all-gather) and no gradient (no reduce-scatter); every all-gather 1 s
-    a = UnitTime("A", forward_s=2.0, backward_s=4.0, all_gather_forward_s=1.0, all_gather_backward_s=1.0,
-                 reduce_scatter_s=1.0)
-    b = UnitTime("B", forward_s=2.0, backward_s=4.0, recompute_s=2.0, all_gather_forward_s=1.0,
-                 all_gather_backward_s=1.0, reshard_after_forward=False)
+    a = timed("A", forward_s=2.0, backward_s=4.0, all_gather_forward_s=1.0, all_gather_backward_s=1.0,
+              reduce_scatter_s=1.0)
+    b = timed("B", forward_s=2.0, backward_s=4.0, recompute_s=2.0, all_gather_forward_s=1.0,
+              all_gather_backward_s=1.0, reshard_after_forward=False)
     s = schedule_step([a, b])
     # forward: A's all-gather [0, 1] exposed, A [1, 3], B's all-gather [1, 2], B [3, 5]; backward: B (no
     # all-gather) recompute + backward [5, 11] with A's prefetch [5, 6]; A [11, 15], its reduce-scatter [15, 16]
@@ -271,14 +271,14 @@ def test_invariants_on_random_steps(seed):
 
     rng = random.Random(seed)
     n = rng.randint(1, 6)
-    units = [UnitTime(f"u{i}", forward_s=rng.uniform(0, 3), backward_s=rng.uniform(0, 6),
-                      recompute_s=rng.choice([0.0, rng.uniform(0, 3)]), all_gather_forward_s=rng.uniform(0, 4),
-                      all_gather_backward_s=rng.uniform(0, 4), reduce_scatter_s=rng.choice([None, rng.uniform(0, 5)]),
-                      all_reduce_s=rng.choice([None, rng.uniform(0, 3)]), reshard_after_forward=rng.random() < 0.7,
-                      h2d_s=rng.choice([0.0, rng.uniform(0, 1)]))
+    units = [timed(f"u{i}", forward_s=rng.uniform(0, 3), backward_s=rng.uniform(0, 6),
+                   recompute_s=rng.choice([0.0, rng.uniform(0, 3)]), all_gather_forward_s=rng.uniform(0, 4),
+                   all_gather_backward_s=rng.uniform(0, 4), reduce_scatter_s=rng.choice([None, rng.uniform(0, 5)]),
+                   all_reduce_s=rng.choice([None, rng.uniform(0, 3)]), reshard_after_forward=rng.random() < 0.7,
+                   h2d_s=rng.choice([0.0, rng.uniform(0, 1)]))
              for i in range(n)]
-    root = UnitTime("root", forward_s=1, backward_s=2, all_gather_forward_s=rng.uniform(0, 2),
-                    reshard_after_forward=False) if rng.random() < 0.5 else None
+    root = timed("root", forward_s=1, backward_s=2, all_gather_forward_s=rng.uniform(0, 2),
+                 reshard_after_forward=False) if rng.random() < 0.5 else None
     s = schedule_step(units, root=root, extras=StepExtras(ignored_all_reduce_s=rng.choice([None, 0.3]), optimizer_s=0.5))
     assert s.step_time_s == pytest.approx(s.compute_s + s.exposed_comm_s)
     for stream in ("compute", "all_gather", "reduce_scatter", "all_reduce"):

@@ -24,7 +24,8 @@ from torch import nn
 import shardviz as sv
 from shardviz import zoo
 from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group
-from shardviz.step.schedule import UnitTime, schedule_step
+from shardviz.step.calls import Call
+from shardviz.step.schedule import schedule_step, timed
 
 WORLD = 4
 
@@ -160,17 +161,17 @@ def model_issue_order(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh = sv.Mesh(W
                               backward_prefetch=prefetch.get("backward")).issue_order)
 
 
-def _unit_time(model: nn.Module, plan: sv.Plan, sharded, unit, hsdp: bool) -> UnitTime:
+def _unit_time(model: nn.Module, plan: sv.Plan, sharded, unit, hsdp: bool) -> Call:
     """Ones for every figure: only the order matters here. What the plan decides: reshard after
     forward, gradients (reduce-scatter), a pre-backward (the output needs a gradient), recomputation."""
     has_grads = bool(sharded[sharded.unit == unit.name].requires_grad.any())
     first = model.get_submodule(unit.modules[0])
     frozen_input_side = isinstance(first, nn.Embedding) and not has_grads
     reshard = unit.reshard_after_forward if unit.reshard_after_forward is not None else unit.modules != ("",)
-    return UnitTime(unit.name, forward_s=1, backward_s=1, recompute_s=1 if unit.modules[0] in plan.checkpoint else 0,
-                    all_gather_forward_s=1, all_gather_backward_s=1, reduce_scatter_s=1 if has_grads else None,
-                    all_reduce_s=1 if has_grads and hsdp else None,
-                    reshard_after_forward=bool(reshard), backward_hook=not frozen_input_side)
+    return timed(unit.name, forward_s=1, backward_s=1, recompute_s=1 if unit.modules[0] in plan.checkpoint else 0,
+                 all_gather_forward_s=1, all_gather_backward_s=1, reduce_scatter_s=1 if has_grads else None,
+                 all_reduce_s=1 if has_grads and hsdp else None,
+                 reshard_after_forward=bool(reshard), backward_hook=not frozen_input_side)
 
 
 def _plans():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "step-rules.md"
-MODULES = ("step.events", "step.hook_rules", "step.schedule", "step.timing", "fsdp", "step.simulation", "step.calls",
+MODULES = ("step.events", "step.schedule", "step.timing", "fsdp", "step.simulation", "step.calls",
            "step.reserved", "step.levels", "step.model", "step.rank_state")
 
 

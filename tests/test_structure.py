@@ -103,12 +103,11 @@ def test_private_read_checker_catches_an_import_and_an_attribute(tmp_path):
 
 # -- One fully_shard call, few records (issue 36) -------------------------------------------------
 #: The per-call record types, by module: ``plan.Unit`` (what the user asks of a call),
-#: ``fsdp.UnitLayout`` (where its parameters go), ``step.calls.Call`` (its hooks and buffers: the
-#: one record both models of the step read) and ``step.schedule.UnitTime`` (its seconds, which the
-#: schedule also takes made by hand). Five on issue 36's count: ``step_events.StepCall`` and
-#: ``cost.units.UnitCost`` were folded into ``Call``.
-PER_CALL_RECORDS = {"plan.py": {"Unit"}, "fsdp.py": {"UnitLayout"}, "step/calls.py": {"Call"},
-                    "step/schedule.py": {"UnitTime"}}
+#: ``fsdp.UnitLayout`` (where its parameters go) and ``step.calls.Call`` (its hooks, its buffers and
+#: its seconds: the one record both models of the step read; ``schedule.timed`` makes one by hand).
+#: Five on issue 36's count: ``step_events.StepCall``, ``cost.units.UnitCost`` and
+#: ``schedule.UnitTime`` were folded into ``Call``.
+PER_CALL_RECORDS = {"plan.py": {"Unit"}, "fsdp.py": {"UnitLayout"}, "step/calls.py": {"Call"}}
 #: a per-call record holds a call's reshard-after-forward setting (in some form) and names the call
 PER_CALL_SETTING = {"reshard_after_forward", "after_forward"}
 PER_CALL_IDENTITY = {"name", "unit", "index", "modules"}
@@ -132,10 +131,10 @@ def _per_call_records(paths, root: Path = PACKAGE) -> dict[str, set[str]]:
     return out
 
 
-def test_one_fully_shard_call_has_four_record_types():
+def test_one_fully_shard_call_has_three_record_types():
     found = _per_call_records(PACKAGE.rglob("*.py"))
     assert found == PER_CALL_RECORDS, f"a new per-call record type: fold it into step.calls.Call ({found})"
-    assert sum(len(v) for v in found.values()) == 4
+    assert sum(len(v) for v in found.values()) == 3
 
 
 def test_the_record_counter_finds_a_per_call_record(tmp_path):

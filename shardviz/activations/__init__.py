@@ -40,10 +40,10 @@ kernel, MoE routing).
 The same pass counts the step's FLOPs with torch's ``FlopCounterMode`` (forward, backward,
 recomputation), attributed to modules and spliced over the blocks like the levels (``flops``).
 
-Modules: ``profile`` (the results), ``recorder`` (MemTracker's categorisation, our timeline),
+Modules: ``profile`` (the results, and the numbers per module read off the timeline), ``recorder`` (MemTracker's categorisation, our timeline),
 ``patches`` (where fake tensors trip over model code), ``reduced`` (the copy), ``kvcache`` (the
 key/value cache of a step that keeps it: one cache layer per copy, its death per block), ``splice``
-(the copy's timeline into the full model's), ``stats`` (the numbers per module), ``flops`` (FLOPs per
+(the copy's timeline into the full model's), ``flops`` (FLOPs per
 module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets a roofline times),
 ``measure`` (the entry point and its cache; ``read_run_order``, the module order from a forward alone), ``step_cache`` (the step's ``use_cache`` and why, and
 the measured step).
@@ -52,7 +52,7 @@ the measured step).
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, op_costs_per_call, unit_flops
 from .measure import clear_cache, config_use_cache, measure_activations, read_run_order
 from .profile import ActivationProfile, ModuleEvent, ModuleActivations
-from .step_cache import MeasuredStep, StepCache, step_cache
+from .step_cache import MeasuredStep, StepCache, selective_cache_refusal, step_cache
 
 __all__ = ["FLOP_COLUMNS", "ActivationProfile", "MeasuredStep", "ModuleEvent", "ModuleActivations", "ModuleFlops",
-           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "op_costs_per_call", "step_cache", "unit_flops"]
+           "StepCache", "clear_cache", "config_use_cache", "flop_formulas", "measure_activations", "read_run_order", "op_costs_per_call", "selective_cache_refusal", "step_cache", "unit_flops"]

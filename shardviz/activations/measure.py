@@ -20,10 +20,9 @@ from .flops import flop_counter, module_costs, module_flops
 from .kernels import attention_note
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
-from .profile import ActivationProfile, ModuleEvent, strip_wrapper
+from .profile import ActivationProfile, ModuleEvent, event_index, last_in_subtree, module_stats, strip_wrapper
 from .reduced import ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
-from .stats import event_index, last_in_subtree, module_stats
 
 
 # ---------------------------------------------------------------------------

@@ -51,6 +51,21 @@ def step_cache(model, training, checkpointed: bool) -> StepCache:
     return StepCache(use_cache, keeps, why)
 
 
+def selective_cache_refusal(checkpoint, use_cache: bool) -> str | None:
+    """Why torch cannot run a step that keeps the key/value cache (``use_cache``) with modules
+    checkpointed selectively (``checkpoint``: a ``Plan.checkpoint``); None when it can. The
+    recomputation updates the cache again, so it runs other ops than the forward did, and torch's
+    selective checkpointing raises in backward (checked: tests/test_activation_truth.py). The analysis
+    then measures the step without the cache; the finding is SV113 (``checks.selective_with_cache``)."""
+    selective = checkpoint.selective
+    if not selective or not use_cache:
+        return None
+    n = len(selective)
+    return (f"{n} module{'' if n == 1 else 's'} checkpointed selectively with use_cache=True: the recomputation in "
+            "backward fills the key/value cache again, and torch's selective checkpointing raises ('... invocation "
+            "index ... encountered during backward but not found in storage'); priced with use_cache=False")
+
+
 @dataclass(frozen=True)
 class MeasuredStep:
     """The activation stage: the step torch measured (``profile``, its assumptions saying which

@@ -34,6 +34,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
+from ..activations import selective_cache_refusal
 from .adapter_checks import (check_adapter_targets, check_fp8_cast, check_fp32_config, check_nf4_split, check_quant_storage, check_quantized,
                              check_trainable_quantized, check_uint8_storage)
 from .allocator_checks import check_reserved_gap
@@ -42,7 +45,8 @@ from ..finding import Finding
 from .memory_checks import CHECKPOINT_FIXES, MemoryFix, check_memory, memory_fixes  # noqa: F401 - SV201, importable here
 from .fixes import split_unit
 from ..format import format_bytes
-from ..fsdp import MIN_TORCH, Layout, local_rows, parse_version, supports_grouped_call, supports_ignored_params
+from ..fsdp import MIN_TORCH, Layout, local_rows, parse_version, shard_rows, supports_grouped_call, supports_ignored_params
+from ..model.tree import tree_index
 from .origin_checks import check_origin, in_user_terms
 
 #: SV107 fires when padding is more than this fraction of the bytes each rank allocates for shards.
@@ -125,9 +129,14 @@ def check_unsynchronised(inputs: AnalysisView) -> list[Finding]:
     lay, tree = inputs.layout, inputs.tree
     out = []
     world = inputs.mesh.world
-    ignored = [p for p in tree.params if lay.param_status[p.index] == "ignored" and p.requires_grad]
-    loose = [p for p in tree.params if lay.param_status[p.index] == "unmanaged" and p.requires_grad]
-    frozen = [p for p in tree.params if lay.param_status[p.index] == "unmanaged" and not p.requires_grad]
+    status, trainable = lay.status_code, tree_index(tree).trainable  # arrays: a change of plan reads no ParamInfo
+
+    def params(mask) -> list:
+        return [tree.params[p] for p in np.nonzero(mask)[0].tolist()]
+
+    ignored = params((status == 1) & trainable)
+    loose = params((status == 2) & trainable)
+    frozen = params((status == 2) & ~trainable)
     tail = (
         f"so each of the {world} ranks would train its own copy unless their gradients are averaged"
         if world > 1 else "(harmless on one rank, but each rank would train its own copy on more)"
@@ -217,19 +226,14 @@ def check_padding(inputs: AnalysisView) -> list[Finding]:
     lay, tree, shard = inputs.layout, inputs.tree, inputs.mesh.shard
     if shard == 1:
         return []
-    allocated = waste = 0
-    worst = []
-    for p in tree.params:
-        if lay.param_status[p.index] != "sharded":
-            continue
-        padded = lay.padded_shard_numel(p.index) * shard
-        allocated += padded * p.itemsize
-        extra = (padded - p.numel) * p.itemsize
-        waste += extra
-        if extra:
-            worst.append((extra, p.fqn))
+    index = tree_index(tree)
+    sharded = np.nonzero(lay.sharded)[0]
+    padded = lay.padded_numel[sharded] * shard * index.itemsize[sharded]
+    extra = padded - index.numel[sharded] * index.itemsize[sharded]
+    allocated, waste = int(padded.sum()), int(extra.sum())
     if allocated == 0 or waste <= PADDING_WASTE * allocated:
         return []
+    worst = [(e, tree.params[p].fqn) for e, p in zip(extra.tolist(), sharded.tolist()) if e]
     worst.sort(key=lambda x: (-x[0], x[1]))
     return [Finding(
         "SV107", "warning",
@@ -243,15 +247,15 @@ def check_padding(inputs: AnalysisView) -> list[Finding]:
 
 def check_empty_shards(inputs: AnalysisView) -> list[Finding]:
     lay, tree, shard = inputs.layout, inputs.tree, inputs.mesh.shard
-    hit = []
-    for p in tree.params:
-        if lay.param_status[p.index] != "sharded" or not p.shape:
-            continue
-        if local_rows(p.shape[0], shard, shard - 1) == 0:
-            hit.append(p)
-    if not hit:
+    index = tree_index(tree)
+    # the last coordinate gets no rows: local_rows(dim0, shard, shard - 1) == 0 (0-dim parameters have none to split)
+    last_empty = index.dim0 - (shard - 1) * shard_rows(index.dim0, shard) <= 0
+    hit = np.nonzero(lay.sharded & last_empty)[0]
+    hit = hit[np.isin(hit, index.scalars, invert=True)]
+    if not hit.size:
         return []
-    fewer = sum(1 for p in hit if p.shape[0] < shard)
+    fewer = int((index.dim0[hit] < shard).sum())
+    hit = [tree.params[p] for p in hit.tolist()]
     example = hit[0]
     empty = sum(1 for c in range(shard) if local_rows(example.shape[0], shard, c) == 0)
     return [Finding(
@@ -290,11 +294,11 @@ def check_mixed_optimizer_groups(inputs: AnalysisView) -> list[Finding]:
     (the default for accelerator tensors) raise "got mixed torch.Tensor and DTensor" on one group
     holding both (checked against torch in tests/test_mixed_optimizer.py)."""
     lay, tree = inputs.layout, inputs.tree
-    trainable = [p for p in tree.params if p.requires_grad]
-    sharded = [p for p in trainable if lay.param_status[p.index] == "sharded"]
-    whole = [p for p in trainable if lay.param_status[p.index] != "sharded"]
-    if not sharded or not whole:
+    trainable = tree_index(tree).trainable
+    sharded, whole = np.nonzero(trainable & lay.sharded)[0], np.nonzero(trainable & ~lay.sharded)[0]
+    if not sharded.size or not whole.size:
         return []
+    sharded, whole = [tree.params[p] for p in sharded.tolist()], [tree.params[p] for p in whole.tolist()]
     return [Finding(
         "SV112", "warning",
         f"trainable parameters of both kinds: {_plural(len(sharded), 'sharded parameter')} (DTensor) and "
@@ -315,16 +319,10 @@ def selective_with_cache(checkpoint, use_cache: bool) -> list[Finding]:
     a step that keeps the key/value cache (``use_cache``). The recomputation updates the cache again,
     so it runs other ops than the forward did, and torch's selective checkpointing raises in backward
     (checked: tests/test_activation_truth.py). The analysis then measures the step without the cache."""
-    selective = checkpoint.selective
-    if not selective or not use_cache:
+    refusal = selective_cache_refusal(checkpoint, use_cache)  # the cache decision's rule (activations.step_cache)
+    if refusal is None:
         return []
-    return [Finding(
-        "SV113", "error",
-        f"{_plural(len(selective), 'module')} checkpointed selectively with use_cache=True: the recomputation in "
-        "backward fills the key/value cache again, and torch's selective checkpointing raises ('... invocation "
-        "index ... encountered during backward but not found in storage'); priced with use_cache=False",
-        **_first(selective), fix=USE_CACHE_FIX,
-    )]
+    return [Finding("SV113", "error", refusal, **_first(checkpoint.selective), fix=USE_CACHE_FIX)]
 
 
 def _cache_refused(inputs: AnalysisView) -> list[Finding]:

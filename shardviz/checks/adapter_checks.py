@@ -32,7 +32,8 @@ from ..presets import find_blocks
 from ..model.quant import INSTALL, bnb_4bit_config, bnb_8bit_config, bnb_available, priced_config, quant_kind
 from ..model.quant_fp8 import FP8_DTYPES, carries_fp8
 from ..model.quant_torchao import SHARDED_PARTS, float8_gather_dtype, nf4_split_problem, working_scaler_block_size
-from ..model.tree import ModelTree, peft_configs
+from ..model.tree import ModelTree, peft_configs, tree_index
+from ..step.params import tree_arrays
 
 
 # tree -> what these checks read of its model, found once per tree: they depend on the model alone,
@@ -325,7 +326,8 @@ def check_trainable_quantized(inputs: AnalysisView) -> list[Finding]:
     (SV003); in every case the run is not the QLoRA step meant. The figures price what torch allocates: no
     gradient and no optimizer state for them (``ParamInfo.gets_gradient``). torchao float8 training weights
     (``Float8Linear``'s master weights) are meant to train and are not counted."""
-    bad = [p for p in inputs.tree.params if p.requires_grad and not p.gets_gradient]
+    tree = inputs.tree
+    bad = [tree.params[p] for p in np.nonzero(tree_index(tree).trainable & ~tree_arrays(tree).trainable)[0].tolist()]
     if not bad:
         return []
     names = [p.fqn for p in bad]
@@ -393,11 +395,11 @@ def check_fp8_cast(inputs: AnalysisView) -> list[Finding]:
     the all-gather (measured: a bf16 policy gathers them as bf16), so each gathers 2 bytes per element
     instead of 1, and transformers' ``FP8Linear.forward`` sees a weight wider than one byte and runs
     ``F.linear`` on it without its ``weight_scale_inv``: the outputs are wrong and nothing fails."""
-    layout, training = inputs.layout, inputs.training
+    layout, training, index = inputs.layout, inputs.training, tree_index(inputs.tree)
     bad: dict[str, list[str]] = {}
-    for p in inputs.tree.params:
-        if p.dtype not in FP8_DTYPES or not layout.sharded[p.index]:
-            continue
+    fp8 = np.isin(index.dtype_code, [c for c, d in enumerate(index.dtypes) if d in FP8_DTYPES])
+    for i in np.nonzero(fp8 & layout.sharded)[0].tolist():
+        p = inputs.tree.params[i]
         unit = layout.units[int(layout.param_unit_array[p.index])].unit
         pd = training.unit_defaults(unit).param_dtype
         if pd is not None and str(pd).replace("torch.", "") != _storage(p):

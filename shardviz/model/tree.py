@@ -402,6 +402,10 @@ class TreeIndex:
     dtype_code: np.ndarray  # per parameter: its dtype's position in ``dtypes``
     dtypes: tuple  # the tree's parameter dtypes (SV003 compares them per call)
     trained_dtypes: int  # how many of them the trainable parameters have (SV003 needs two)
+    numel: np.ndarray  # per parameter: elements
+    itemsize: np.ndarray  # per parameter: bytes per element
+    dim0: np.ndarray  # per parameter: rows on dim 0 (1 for a 0-dim parameter)
+    row: np.ndarray  # per parameter: elements per dim-0 row
 
 
 _TREE_INDEX: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -415,6 +419,8 @@ def tree_index(tree: ModelTree) -> TreeIndex:
         single = [p.index for p in params if len(p.fqns) == 1]
         dtypes = tuple(dict.fromkeys(p.dtype for p in params))
         code = {d: i for i, d in enumerate(dtypes)}
+        numel = np.array([p.numel for p in params], dtype=np.int64)
+        dim0 = np.array([p.shape[0] if p.shape else 1 for p in params], dtype=np.int64)
         index = _TREE_INDEX[tree] = TreeIndex(
             np.array([m.subtree_end for m in tree.modules], dtype=np.int64),
             np.array([m.depth for m in tree.modules], dtype=np.int64),
@@ -426,7 +432,9 @@ def tree_index(tree: ModelTree) -> TreeIndex:
             tuple(p.index for p in params if not p.contiguous),
             np.array([p.requires_grad for p in params], dtype=bool),
             np.array([code[p.dtype] for p in params], dtype=np.int64), dtypes,
-            len({p.dtype for p in params if p.requires_grad}))
+            len({p.dtype for p in params if p.requires_grad}), numel,
+            np.array([p.itemsize for p in params], dtype=np.int64), dim0,
+            np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0))
     return index
 
 

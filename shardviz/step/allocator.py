@@ -17,8 +17,10 @@ memory", cites the lines):
   rounded up to ``kRoundLarge`` = 2 MiB;
 - ``get_free_block``: the smallest free cached block of the same pool *and the same stream* that is
   large enough (best fit, then the lowest address); a block cached on one stream is never given to
-  another; with ``max_split_size_mb``, a request under it never takes a block at or over it, and a
-  request over it takes a block at most ``kLargeBuffer`` larger;
+  another; with expandable segments a block is ranked by the size it can grow to (a free last block:
+  its size plus the unmapped address space after it), so a larger interior block that fits goes first
+  (``expandable_fit``); with ``max_split_size_mb``, a request under it never takes a block at or over
+  it, and a request over it takes a block at most ``kLargeBuffer`` larger;
 - ``should_split``: the rest of the block is split off when it is >= 512 B (small pool, or
   expandable segments), or > 1 MiB (large pool; never for a request >= ``max_split_size``);
 - ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours of its segment;
@@ -48,6 +50,10 @@ K_LARGE_BUFFER = 20 << 20  # kLargeBuffer: "large" allocations may be packed in 
 K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: allocations between 1 and 10 MiB may use kLargeBuffer
 K_ROUND_LARGE = 2 << 20  # kRoundLarge: round up large allocations to 2 MiB
 NO_MAX_SPLIT = 1 << 64  # max_split_size's default: std::numeric_limits<size_t>::max()
+# What an expandable segment has not mapped after its last block: find_expandable_block reserves address
+# space for "1 1/8 the total memory on the GPU" (``prop.totalGlobalMem + prop.totalGlobalMem / 8``), more
+# than any block; the model knows no device size, so more than any block is all it takes
+UNMAPPED = 1 << 64
 
 # cuBLAS workspaces (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize): allocated
 # through the caching allocator (getNewWorkspace), one per (handle, stream); cuBLASLt shares it
@@ -111,6 +117,32 @@ def split_remainder(rounded: int, small: bool, expandable: bool = False, max_spl
     if small or expandable:
         return K_MIN_BLOCK_SIZE
     return K_SMALL_SIZE + 1 if rounded < max_split_size else NO_MAX_SPLIT
+
+
+def expandable_fit(cache: list, i: int) -> int:
+    """``get_free_block`` with expandable segments, from ``cache[i]``, the smallest cached block that fits:
+    each block ranks by ``expandable_size``, its size plus the unmapped address space after it (only a
+    segment's last block has any), and the search moves on to the next larger block while that one
+    ranks lower. torch::
+
+        auto expandable_size = [](Block* b) {
+          return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+        };
+        auto next = it;
+        next++;
+        while ((*it)->expandable_segment_ && next != pool.blocks.end() &&
+               (*next)->stream == p.stream() &&
+               expandable_size(*next) < expandable_size(*it)) {
+          it = next++;
+        }
+
+    (``cache`` holds one stream's blocks, all in expandable segments: the stream test always holds)."""
+    def expandable_size(block: Block) -> int:
+        return block.size + (UNMAPPED if block.next is None else 0)
+
+    while i + 1 < len(cache) and expandable_size(cache[i + 1][3]) < expandable_size(cache[i][3]):
+        i += 1
+    return i
 
 
 def largest_fit(rounded: int, max_split_size: int = NO_MAX_SPLIT) -> int:
@@ -201,8 +233,11 @@ class CachingAllocator:
             request = self.requests[(size, stream)] = self._request(size, stream)
         rounded, _, min_rest, largest, cache, _, size = request
         # get_free_block: the smallest cached block of this stream and pool that fits (the lowest
-        # segment, then address, on a tie), unless max_split_size_mb rules it out
+        # segment, then address, on a tie; with expandable segments, ranked by what it can grow to),
+        # unless max_split_size_mb rules it out
         i = bisect_left(cache, (rounded,))
+        if self.expandable and i < len(cache):
+            i = expandable_fit(cache, i)
         if i < len(cache) and cache[i][0] <= largest:
             block = cache.pop(i)[3]
         else:

@@ -1,26 +1,118 @@
 """One ``Call`` per ``fully_shard`` call, keyed by its index in ``plan.units`` (``OUTSIDE``: what
 runs outside every call): where its hooks run in the step (positions in the module walk), which it
-gets (``step.hook_rules``), its state after forward, and, when it manages parameters (one
-``FSDPParamGroup``), its buffers in bytes per rank. The one record the bytes model
-(``simulation``), the seconds model (``schedule``) and the tables read."""
+gets, its state after forward, and, when it manages parameters (one ``FSDPParamGroup``), its buffers
+in bytes per rank. The one record the bytes model (``simulation``), the seconds model (``schedule``)
+and the tables read.
+
+And FSDP2's hook rules, one function each: which call is a root, which hooks a call gets, which call
+a hook prefetches, which post-backwards the root's final callback runs. ``step_events``, the one walk
+of the hooks that both models of the step fold (``step.simulation`` in bytes, ``schedule`` in
+seconds), calls them; so do ``build_calls`` and ``step.timing``, which build their inputs. Each cites
+the torch 2.13 code it mirrors (``torch/distributed/fsdp/_fully_shard``); the table is in
+``docs/step-rules.md``. Positions are whatever orders the hooks of one pass (``Position`` in the
+module walk)."""
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Hashable, NamedTuple
+from typing import Hashable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from ..run.training import itemsize
-from .hook_rules import input_needs_grad, output_needs_grad, roots
 from .params import ShardedParams, WholeParams, code_names, dtype_code, n_dtype_codes, sum_per_unit
 from .walk import Walk
 
 #: The call index of what runs outside every ``fully_shard`` call (and of parameters under none).
 OUTSIDE = -1
 
+
+# ---------------------------------------------------------------------------
+# FSDP2's hook rules, one function each
+# ---------------------------------------------------------------------------
+def roots(layout) -> list[int]:
+    """The root call above each call of ``layout`` (itself for a root), by plan unit index.
+
+    ``FSDPState._lazy_init``: the first state to run forward is a root and shares one
+    ``FSDPCommContext`` with every state below it; a call under no other call is a root
+    (``fsdp.Layout`` sets ``is_root``), and a plan without a call on the whole model has several."""
+    outer = layout.outer_call  # per call, the call around its first module
+    root_of = [-1] * len(layout.units)
+    for ul in layout.units:
+        chain, u = [], ul.index
+        while root_of[u] < 0:
+            chain.append(u)
+            up = outer[u]
+            if up < 0 or up == u:
+                root_of[u] = u
+                break
+            u = up
+        for c in chain:
+            root_of[c] = root_of[u]
+    return root_of
+
+
+def enclosing_root(layout) -> int | None:
+    """The one root call every call sits under (one communication context), on one module; None
+    when the plan has several roots. Its forward runs first and ends last: the schedule runs its own
+    compute (norm, LM head) after every other call's."""
+    root_of = roots(layout)
+    if not root_of or len(set(root_of)) != 1:
+        return None
+    root = root_of[0]
+    return root if len(layout.units[root].modules) == 1 else None
+
+
+def output_needs_grad(trainable_from, post_forward) -> bool:
+    """The call gets a pre-backward hook: its output needs a gradient, which it does when a
+    trainable parameter ran before the call ended (``FSDPState._post_forward`` ->
+    ``_register_pre_backward_hook`` hooks only outputs that require grad). Without it the call
+    computes nothing in backward and its post-backward waits for the final callback.
+    The order modules run stands in for data flow."""
+    return trainable_from < post_forward
+
+
+def input_needs_grad(trainable_from, pre_forward) -> bool:
+    """The call's post-backward runs in backward: its input needs a gradient, which it does when a
+    trainable parameter ran before the call started (``FSDPParamGroup._register_post_backward_hook``
+    hooks only inputs that require grad; else ``_root_post_backward_final_callback`` runs it)."""
+    return trainable_from < pre_forward
+
+
+def backward_prefetch_targets(post_forward_order: Sequence[Hashable], context_of=None) -> dict:
+    """The call each call's pre-backward prefetches by default (none: absent): the one before it in
+    its context's post-forward order (``FSDPParamGroup._backward_prefetch``:
+    ``comm_ctx.post_forward_order[curr_index - 1]``, with ``_record_post_forward`` appending each
+    call as its forward ends). ``context_of``: call -> its root context (None: one context). An
+    explicit ``set_modules_to_backward_prefetch`` list replaces it (``FSDPState._pre_backward``)."""
+    before, last_in_context = {}, {}
+    for call in post_forward_order:
+        context = context_of(call) if context_of is not None else None
+        if context in last_in_context:
+            before[call] = last_in_context[context]
+        last_in_context[context] = call
+    return before
+
+
+def post_backward_in_backward(out_grad: bool, in_grad: bool) -> bool:
+    """Autograd runs the call's post-backward during backward: only with both hooks registered
+    (``output_needs_grad`` and ``input_needs_grad``)."""
+    return out_grad and in_grad
+
+
+def final_callback_order(registration_order: Iterable, done) -> list:
+    """The calls whose post-backward the root's final callback runs, in the order it runs them:
+    those backward did not reach (``done(call)`` False), in registration order
+    (``FSDPState._root_post_backward_final_callback`` walks ``_state_ctx.all_states``, which
+    ``_lazy_init`` fills from the root's ``named_modules()``)."""
+    return [call for call in registration_order if not done(call)]
+
+
+# ---------------------------------------------------------------------------
+# The record
+# ---------------------------------------------------------------------------
 
 class ParamState(Enum):
     """A call's parameters during the step (``FSDPParamGroup``'s sharded state)."""
@@ -72,9 +164,10 @@ class GradientsAt(NamedTuple):
 
 class Call(NamedTuple):
     """One ``fully_shard`` call: where its hooks run, which of them torch registers
-    (``step.hook_rules``), the state its post-forward leaves its parameters in and, when it manages
+    (the hook rules above), the state its post-forward leaves its parameters in and, when it manages
     parameters (``managed``: one ``FSDPParamGroup``), its buffers in bytes per rank (zero
-    otherwise: a call with no parameters has no group, no buffers, no collectives).
+    otherwise: a call with no parameters has no group, no buffers, no collectives), and its seconds
+    in one step once timed (``step.timing``): the one record of a call for the whole step.
     A NamedTuple built positionally (``_make``): one is built per call on every change of plan,
     several times faster than a frozen dataclass of as many fields."""
 
@@ -82,9 +175,9 @@ class Call(NamedTuple):
     first: int  # registration order (the final callback's): the tree index of its first module
     pre_forward: tuple  # its pre-forward's position (first module entered; any ordered value)
     post_forward: tuple  # its post-forward's position (last module left)
-    out_grad: bool  # gets a pre-backward hook (step.hook_rules.output_needs_grad)
-    in_grad: bool  # its post-backward runs in backward (step.hook_rules.input_needs_grad)
-    root: Hashable  # the root call whose communication context it shares (step.hook_rules.roots)
+    out_grad: bool  # gets a pre-backward hook (output_needs_grad)
+    in_grad: bool  # its post-backward runs in backward (input_needs_grad)
+    root: Hashable  # the root call whose communication context it shares (roots)
     after_forward: ParamState = ParamState.SHARDED  # effective reshard_after_forward: True, an int, False
     reduces: bool = True  # its post-backward reduces gradients (it has trainable parameters)
     # -- its parameter group, in bytes per rank (the bytes model's)
@@ -112,11 +205,25 @@ class Call(NamedTuple):
     # runs in between) or when activations are counted (each module's backward has its own
     # level); None: all at once
     grads_at: tuple[GradientsAt, ...] | None = None
+    # -- its seconds in one step, per rank, one micro-batch (the seconds model's: ``step.timing`` sets
+    # them, ``schedule.timed`` for rows made by hand); zero until timed
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    all_gather_forward_s: float = 0.0
+    all_gather_backward_s: float = 0.0
+    reduce_scatter_s: float | None = None  # None: no reduce-scatter (no gradient)
+    all_reduce_s: float | None = None  # None: no HSDP all-reduce
+    h2d_s: float = 0.0  # CPU offload: the parameters' copy to the device before each all-gather
+    d2h_s: float = 0.0  # and the gradient shard's to the host after the reduction
 
 
-#: ``Call``'s fields past the hooks' (``call_hooks``), and their defaults
+#: ``Call``'s fields past the hooks' (``call_hooks``): its buffers in bytes, then its seconds
 HOOK_FIELDS = 9
-BYTES_FIELDS = Call._fields[HOOK_FIELDS:]
+SECONDS_FIELDS = ("forward_s", "backward_s", "recompute_s", "all_gather_forward_s", "all_gather_backward_s",
+                  "reduce_scatter_s", "all_reduce_s", "h2d_s", "d2h_s")
+BYTES_FIELDS = Call._fields[HOOK_FIELDS:len(Call._fields) - len(SECONDS_FIELDS)]
+_UNTIMED = tuple(Call._field_defaults[f] for f in SECONDS_FIELDS)
 
 
 def first_module(walk: Walk, indices) -> int:
@@ -388,5 +495,5 @@ def build_calls(arr, layout, modules, walk: Walk, policies, sh: ShardedParams, w
     # a call without parameters: its name, settings and modules, no buffers (the defaults)
     empty = tuple(defaults[f] for f in BYTES_FIELDS[3:-2])
     return [Call._make(h + (tails[ul.index] if ul.index in tails else
-                            (ul.unit.name, False, ul.reshard_after_forward, *empty, ul.modules, None)))
+                            (ul.unit.name, False, ul.reshard_after_forward, *empty, ul.modules, None)) + _UNTIMED)
             for h, ul in zip(hooks, layout.units)]

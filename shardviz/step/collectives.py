@@ -1,5 +1,5 @@
 """The one place a collective's seconds are computed: the link it runs on (bandwidth), NCCL's ring
-latency, the stack's bus efficiency. ``a.comm`` (``tables.comm_table``: ``time_s``), ``a.time`` and
+latency, the stack's bus efficiency. ``a.comm`` (``model.comm_table``: ``time_s``), ``a.time`` and
 the timeline (``timing``, from the step's collectives directly), the traffic chart and the search
 all read these durations (docs/step-time.md, "The links").
 

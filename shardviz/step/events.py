@@ -8,13 +8,13 @@ gradients autograd computes, each post-backward, and the root's final callback w
 post-backwards it runs. Each pre-forward and pre-backward carries the all-gathers it issues
 (``Gather``): its own call's unless already unsharded or prefetched, then its prefetch targets',
 decided once here by each call's parameter state (``ParamState``). Which hooks run and when is
-``step.hook_rules``'; what a hook costs is each consumer's: ``simulation`` folds the stream into
+``step.calls``' hook rules'; what a hook costs is each consumer's: ``simulation`` folds the stream into
 bytes (what each hook allocates and frees), ``schedule`` into seconds (the all-gathers,
 copy-outs, compute and reductions on their streams). See docs/step-rules.md.
 
 A call is one ``calls.Call``: the one record both models walk (the bytes model's from the
-layout, ``calls.build_calls``; the seconds model's the same records, or laid out from its
-``UnitTime`` rows when they are made by hand).
+layout, ``calls.build_calls``; the seconds model's the same records with their seconds, or rows
+made by hand, ``schedule.timed``, laid out under the schedule's assumptions).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from enum import Enum, IntEnum
 from operator import itemgetter
 from typing import Callable, Hashable, NamedTuple, Sequence
 
-from .calls import Call, ParamState
-from .hook_rules import backward_prefetch_targets, final_callback_order, post_backward_in_backward
+from .calls import Call, ParamState, backward_prefetch_targets, final_callback_order, post_backward_in_backward
 
 
 class Group(Enum):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..fsdp import local_rows_table, padded_shard_numel
+from ..model.tree import tree_index
 from ..run.training import itemsize
 
 # dtype name -> a small int, so that numpy can count dtypes per call
@@ -80,10 +81,8 @@ def tree_arrays(tree) -> TreeArrays:
     cached = _TREE_CACHE.get(tree)
     if cached is not None:
         return cached
-    params = tree.params
-    numel = np.array([p.numel for p in params], dtype=np.int64)
-    dim0 = np.array([p.shape[0] if p.shape else 1 for p in params], dtype=np.int64)
-    sizes = np.array([p.itemsize for p in params], dtype=np.int64)
+    params, index = tree.params, tree_index(tree)
+    numel, dim0, sizes, row = index.numel, index.dim0, index.itemsize, index.row
     dtype = np.array([dtype_code(p.dtype) for p in params], dtype=np.int64)
     is_float = np.array([p.dtype.is_floating_point for p in params], dtype=bool)
     # what gets a gradient: requires_grad less quantized weights (SV125); fsdp.Layout's rules read requires_grad
@@ -91,7 +90,6 @@ def tree_arrays(tree) -> TreeArrays:
     owner = np.array([p.owners[0] if p.owners else 0 for p in params], dtype=np.int64)
     buffers = sum(m.buffer_bytes for m in tree.modules)  # one entry per module, aliases included once
     dim0_values, dim0_group = np.unique(dim0, return_inverse=True)
-    row = np.where(dim0 > 0, numel // np.maximum(dim0, 1), 0)
     quant_state = sum(p.quant_state_bytes for p in params)
     gather_code = np.array([dtype_code(p.gather_dtype) if p.gather_dtype is not None else -1 for p in params], dtype=np.int64)
     gather_size = np.array([p.gather_dtype.itemsize if p.gather_dtype is not None else 0 for p in params], dtype=np.int64)

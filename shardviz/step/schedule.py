@@ -1,6 +1,6 @@
 """One training step as FSDP2 schedules it: a compute stream, communication streams, overlap.
 
-A pure model with explicit inputs (seconds per unit, in forward order); see docs/step-time.md.
+A pure model with explicit inputs (each call's ``Call`` with its seconds, in forward order); see docs/step-time.md.
 It mirrors torch 2.13 (``torch/distributed/fsdp/_fully_shard``):
 
 - streams (``_fsdp_param_group.FSDPCommContext``): compute on the default stream; all-gather
@@ -27,7 +27,7 @@ first, its forward compute (norm, LM head) runs after the blocks, its backward c
 theirs, and its post-backward (reduce-scatter) comes last.
 
 The order of the hooks is the one walk ``step_events`` (shared with the bytes model,
-``simulation``, and built on ``step.hook_rules``: the default backward prefetch target, the
+``simulation``, and built on ``step.calls``' hook rules: the default backward prefetch target, the
 final callback's post-backwards); this module folds it into seconds (docs/step-rules.md).
 
 Assumption (documented): the CPU runs one unit ahead of the GPU in forward and reaches each
@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..run.devices import DEFAULT_EFFICIENCY, Device, Efficiency
-from .calls import Call, ParamState
+from .calls import OUTSIDE, SECONDS_FIELDS, Call, ParamState
 from .events import Group, Hook, step_events
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "compute", "all_gather", "reduce_scatter", "all_reduce"
@@ -57,44 +57,43 @@ def _check_seconds(owner: str, name: str, value, optional: bool = False) -> None
         raise ValueError(f"{owner}.{name} must be seconds >= 0, got {value!r}")
 
 
-@dataclass(frozen=True)
-class UnitTime:
-    """One ``fully_shard`` call's seconds in one step (per rank, one micro-batch).
+def check_seconds(call: Call, owner: str | None = None) -> None:
+    """A call's seconds (``SECONDS_FIELDS``) are finite and >= 0 (``reduce_scatter_s`` and
+    ``all_reduce_s`` may be None: no such collective); its name a string."""
+    owner = owner or f"Call({call.name!r})"
+    if not isinstance(call.name, str):
+        raise ValueError(f"{owner}.name must be a string, got {call.name!r}")
+    for name in SECONDS_FIELDS:
+        _check_seconds(owner, name, getattr(call, name), name in ("reduce_scatter_s", "all_reduce_s"))
 
-    ``reduce_scatter_s=None``: the unit has no gradient (no reduce-scatter); ``all_reduce_s=None``:
-    no HSDP all-reduce. ``h2d_s`` / ``d2h_s``: CPU offload's copies (parameters to the device
-    before each all-gather, the gradient shard to the host after the reduction).
-    ``backward_hook=False``: the unit's output needs no gradient (a frozen embedding that runs
-    first), so torch registers no pre-backward for it: it computes nothing in backward, an
-    all-gather prefetched for it is dropped, its post-backward runs at the end of backward.
+
+def timed(name: str, *, reshard_after_forward: bool = True, backward_hook: bool = True,
+          backward_gather_own_group: bool = False, **seconds) -> Call:
+    """One ``fully_shard`` call's ``Call`` made by hand from its seconds (``Call.forward_s``, ...: per
+    rank, one micro-batch), for ``schedule_step`` to lay out under its assumptions (``_calls``).
+
+    ``reduce_scatter_s=None`` (the default): the call has no gradient (no reduce-scatter);
+    ``all_reduce_s=None``: no HSDP all-reduce. ``h2d_s`` / ``d2h_s``: CPU offload's copies.
+    ``reshard_after_forward=False``: no backward all-gather (``Call.after_forward`` unsharded).
+    ``backward_hook=False``: the call's output needs no gradient (a frozen embedding that runs
+    first), so torch registers no pre-backward for it (``Call.out_grad``): it computes nothing in
+    backward, an all-gather prefetched for it is dropped, its post-backward runs at the end of backward.
     ``backward_gather_own_group=True``: the backward all-gather goes over the post-forward group
-    (an int ``reshard_after_forward``), not the communicator the reduce-scatters use.
-    """
-
-    name: str
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    recompute_s: float = 0.0
-    all_gather_forward_s: float = 0.0
-    all_gather_backward_s: float = 0.0
-    reduce_scatter_s: float | None = None
-    all_reduce_s: float | None = None
-    reshard_after_forward: bool = True
-    h2d_s: float = 0.0
-    d2h_s: float = 0.0
-    backward_hook: bool = True
-    backward_gather_own_group: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.name, str):
-            raise ValueError(f"UnitTime.name must be a string, got {self.name!r}")
-        owner = f"UnitTime({self.name!r})"
-        for f in fields(self):
-            if f.name.endswith("_s"):
-                _check_seconds(owner, f.name, getattr(self, f.name), f.name in ("reduce_scatter_s", "all_reduce_s"))
-        for key in ("reshard_after_forward", "backward_hook", "backward_gather_own_group"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{owner}.{key} must be a bool, got {getattr(self, key)!r}")
+    (an int ``reshard_after_forward``: ``ParamState.POST_FORWARD_SHARD``), not the communicator the
+    reduce-scatters use."""
+    owner = f"timed({name!r})"
+    unknown = sorted(set(seconds) - set(SECONDS_FIELDS))
+    if unknown:
+        raise ValueError(f"{owner}: no such seconds {unknown}; the seconds are {', '.join(SECONDS_FIELDS)}")
+    for key, value in (("reshard_after_forward", reshard_after_forward), ("backward_hook", backward_hook),
+                       ("backward_gather_own_group", backward_gather_own_group)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{owner}.{key} must be a bool, got {value!r}")
+    after = (ParamState.UNSHARDED if not reshard_after_forward else
+             ParamState.POST_FORWARD_SHARD if backward_gather_own_group else ParamState.SHARDED)
+    call = Call(OUTSIDE, 0, (), (), backward_hook, True, 0, after, name=name, **seconds)
+    check_seconds(call, owner)
+    return call._replace(reduces=call.reduce_scatter_s is not None or call.all_reduce_s is not None)
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ class Event(NamedTuple):
 class Schedule:
     """The model's answer: events on their streams, the order the CPU issues them, the step."""
 
-    units: tuple[UnitTime, ...]
+    units: tuple[Call, ...]
     events: tuple[Event, ...]
     issue_order: tuple[tuple[str, str | None], ...]
     step_time_s: float
@@ -196,7 +195,7 @@ class _Simulator:
     shared_group: bool = True  # all-gathers and reduce-scatters share one communicator (torch's default)
     group_free: float = 0.0  # that communicator's next free time
 
-    def comm(self, stream: str, unit: UnitTime | None, kind: str, phase: str, ready: float, seconds: float,
+    def comm(self, stream: str, unit: Call | None, kind: str, phase: str, ready: float, seconds: float,
              shard_group: bool = False) -> _Bar:
         """A bar on ``stream`` from ``ready``; ``shard_group``: a collective of the shard group's
         communicator, which runs one collective at a time in issue order."""
@@ -210,7 +209,7 @@ class _Simulator:
         self.issued.append((kind, bar.unit))
         return bar
 
-    def compute(self, unit: UnitTime | None, kind: str, phase: str, seconds: float) -> float:
+    def compute(self, unit: Call | None, kind: str, phase: str, seconds: float) -> float:
         start = self.now
         if seconds > 0:
             self.bars.append(_Bar(COMPUTE, unit.name if unit else None, kind, phase, start, start + seconds))
@@ -224,7 +223,7 @@ class _Simulator:
                 bar.exposed_s += bar.end_s - self.now
                 self.now = bar.end_s
 
-    def all_gather(self, unit: UnitTime, phase: str, issue_at: float, group: Group = Group.SHARD) -> None:
+    def all_gather(self, unit: Call, phase: str, issue_at: float, group: Group = Group.SHARD) -> None:
         """``FSDPParamGroup.unshard``: one all-gather ``step_events`` decided (a call unsharded or
         already prefetched issues none), with its host-to-device copy under CPU offload."""
         ready = issue_at
@@ -234,12 +233,12 @@ class _Simulator:
         shard_group = phase == "forward" or group is Group.SHARD
         self.gathers[(unit.name, phase)] = self.comm(ALL_GATHER, unit, ALL_GATHER, phase, ready, seconds, shard_group)
 
-    def issue(self, every: list[UnitTime], gathers, phase: str, issue_at: float) -> None:
+    def issue(self, every: list[Call], gathers, phase: str, issue_at: float) -> None:
         for gather in gathers:
             self.all_gather(every[gather.call], phase, issue_at, gather.group)
 
 
-def _prefetch_lists(every: list[UnitTime], lists: dict, phase: str) -> dict:
+def _prefetch_lists(every: list[Call], lists: dict, phase: str) -> dict:
     """An explicit prefetch list by unit name -> by index in ``every`` (what ``step_events`` takes)."""
     index = {u.name: j for j, u in enumerate(every)}
     out = {}
@@ -251,7 +250,7 @@ def _prefetch_lists(every: list[UnitTime], lists: dict, phase: str) -> dict:
     return out
 
 
-def _forward(sim: _Simulator, every: list[UnitTime], events) -> None:
+def _forward(sim: _Simulator, every: list[Call], events) -> None:
     """Folds the forward hooks: a pre-forward issues its call's all-gather, the compute stream
     waits for it, then the explicit targets' (``event.prefetches``); the call computes until its
     post-forward (the root's own compute, norm and LM head, at its post-forward, after the blocks)."""
@@ -269,7 +268,7 @@ def _forward(sim: _Simulator, every: list[UnitTime], events) -> None:
             sim.compute(unit, "forward", "forward", unit.forward_s)
 
 
-def _pre_backward(sim: _Simulator, every: list[UnitTime], event) -> None:
+def _pre_backward(sim: _Simulator, every: list[Call], event) -> None:
     """``FSDPState._pre_backward``: the group's pre-backward (its own all-gather, the wait, the
     default prefetch: ``event.gathers``), then an explicit list's (``event.prefetches``)."""
     unit = every[event.call]
@@ -282,7 +281,7 @@ def _pre_backward(sim: _Simulator, every: list[UnitTime], event) -> None:
     sim.issue(every, event.prefetches, "backward", issue_at)
 
 
-def _post_backward(sim: _Simulator, unit: UnitTime, reduce: bool) -> None:
+def _post_backward(sim: _Simulator, unit: Call, reduce: bool) -> None:
     """``FSDPParamGroup.post_backward``: the reductions, when ``step_events`` says it reduces."""
     sim.wait(sim.pending_rs)  # the previous reduce-scatter still in flight (one input buffer kept)
     sim.pending_rs = None
@@ -299,7 +298,7 @@ def _post_backward(sim: _Simulator, unit: UnitTime, reduce: bool) -> None:
     sim.reductions.append(last)
 
 
-def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
+def _backward(sim: _Simulator, every: list[Call], events) -> None:
     """Folds the backward hooks: each pre-backward (own all-gather, the default prefetch, the
     recomputation, the backward compute), each post-backward (its reductions), those the root's
     final callback runs, then ``finalize_backward``: the compute stream waits for every reduction."""
@@ -316,34 +315,14 @@ def _backward(sim: _Simulator, every: list[UnitTime], events) -> None:
     sim.wait(sim.pending_rs, *sim.reductions)  # finalize_backward: every reduction is done
 
 
-def _calls(every: list[UnitTime], root: UnitTime | None) -> list[Call]:
-    """The units as ``step_events`` walks them, under the schedule's assumptions: no call nested
-    in another but the root, whose forward begins first and ends last; every input but the root's
-    needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
+def _calls(every: list[Call], root: Call | None) -> list[Call]:
+    """Rows made by hand (``timed``) placed as ``step_events`` walks them, under the schedule's
+    assumptions: no call nested in another but the root, whose forward begins first and ends last;
+    every input but the root's needs a gradient (docs/step-rules.md, "What the seconds model simplifies")."""
     end = (2 * len(every),)
-    return [Call(j, j, (-1,) if u is root else (2 * j,), end if u is root else (2 * j + 1,), u.backward_hook,
-                     u is not root, 0, _after_forward(u), _reduces(u)) for j, u in enumerate(every)]
-
-
-def _placed(calls: list[Call], every: list[UnitTime]) -> list[Call]:
-    """The layout's calls, with what the units' seconds say happens to each: its parameters'
-    state after forward (a backward all-gather, over which group) and whether it reduces (the
-    collectives priced, which the bytes model issued from the same stream)."""
-    if len(calls) != len(every) or not all(isinstance(c, Call) for c in calls):
-        raise ValueError(f"calls: one Call per unit (root first), {len(every)} of them; got {calls!r}")
-    return [c._replace(after_forward=_after_forward(u), reduces=_reduces(u)) for c, u in zip(calls, every)]
-
-
-def _reduces(unit: UnitTime) -> bool:
-    return unit.reduce_scatter_s is not None or unit.all_reduce_s is not None
-
-
-def _after_forward(unit: UnitTime) -> ParamState:
-    """The unit's parameters after forward, as its seconds say: no backward all-gather (unsharded),
-    one over the post-forward group (a post-forward shard), or over the shard group (sharded)."""
-    if not unit.reshard_after_forward:
-        return ParamState.UNSHARDED
-    return ParamState.POST_FORWARD_SHARD if unit.backward_gather_own_group else ParamState.SHARDED
+    return [u._replace(unit=j, first=j, pre_forward=(-1,) if u is root else (2 * j,),
+                       post_forward=end if u is root else (2 * j + 1,), in_grad=u is not root, root=0)
+            for j, u in enumerate(every)]
 
 
 def _step_end(sim: _Simulator, extras: StepExtras) -> None:
@@ -355,36 +334,37 @@ def _step_end(sim: _Simulator, extras: StepExtras) -> None:
         sim.compute(None, "optimizer", "step", extras.optimizer_s)
 
 
-def _check_units(units, root) -> list[UnitTime]:
+def _check_units(units, root) -> list[Call]:
     units = list(units)
     everything = units + ([root] if root is not None else [])
     for u in everything:
-        if not isinstance(u, UnitTime):
-            raise ValueError(f"units must be UnitTime rows, got {u!r}")
+        if not isinstance(u, Call):
+            raise ValueError(f"units must be Call rows (schedule.timed makes one by hand), got {u!r}")
+        check_seconds(u)
     duplicates = sorted(n for n, k in Counter(u.name for u in everything).items() if k > 1)  # one pass: ~450 calls at 70B
     if duplicates:
         raise ValueError(f"units: {duplicates} appear more than once")
     return units
 
 
-def schedule_step(units, *, root: UnitTime | None = None, extras: StepExtras | None = None,
+def schedule_step(units, *, root: Call | None = None, extras: StepExtras | None = None,
                   forward_prefetch: dict | None = None, backward_prefetch: dict | None = None,
-                  separate_reduce_scatter_group: bool = False, sync: bool = True,
-                  calls: list[Call] | None = None) -> Schedule:
+                  separate_reduce_scatter_group: bool = False, sync: bool = True, placed: bool = False) -> Schedule:
     """Simulate one step. ``units``: the calls under the root, in forward order; ``root``: the call
     on the whole model, if any. ``forward_prefetch`` / ``backward_prefetch``: unit name -> names
     of the units its hook prefetches, when the plan sets them (torch's explicit prefetch).
     ``separate_reduce_scatter_group``: the reduce-scatters have a communicator of their own
     (``set_separate_reduce_scatter_group``), so they overlap the all-gathers. ``sync=False``: a
     micro-batch under ``set_requires_gradient_sync(False)``: no reduction (nor its host copy).
-    ``calls``: each unit's ``Call`` (root first, then ``units``) where the layout places its
-    hooks (``calls.build_calls``: nesting, contexts, which hooks torch registers); None: laid
-    out under the schedule's assumptions (``_calls``), for rows made by hand."""
+    Each unit is its call's ``Call`` with its seconds. ``placed``: the calls hold where the layout
+    places their hooks (``calls.build_calls``: nesting, contexts, which hooks torch registers; as
+    ``step.timing`` passes them); False: rows made by hand (``timed``), laid out under the
+    schedule's assumptions (``_calls``)."""
     units = _check_units(units, root)
     extras = extras if extras is not None else StepExtras()
     every = ([root] if root is not None else []) + units
     sim = _Simulator(shared_group=not separate_reduce_scatter_group)
-    walk = _calls(every, root) if calls is None else _placed(calls, every)
+    walk = every if placed else _calls(every, root)
     events = step_events(walk, forward_prefetch=_prefetch_lists(every, forward_prefetch or {}, "forward"),
                          backward_prefetch=_prefetch_lists(every, backward_prefetch or {}, "backward"), sync=sync)
     _forward(sim, every, events.forward)

@@ -4,7 +4,7 @@ Forward: ``pre_forward`` / ``post_forward`` per call in module order; backward: 
 (with the backward prefetch), the gradients, ``post_backward`` in reverse module order, then the
 root's final callback and the exported code's gradient averaging. The optimizer step is not here:
 its size differs by rank (``step.model``). The hooks and their order are the one walk
-``step_events`` (built on ``step.hook_rules``, shared with ``schedule``); this module folds it into bytes.
+``step_events`` (built on ``step.calls``' hook rules, shared with ``schedule``); this module folds it into bytes.
 """
 
 from __future__ import annotations

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Callable
 
 from ..activations import opcost, stop
 from ..format import OUTSIDE_FSDP, format_duration
-from .hook_rules import enclosing_root
 from ..run.devices import Device, Efficiency, default_efficiency, stack_of
 from ..model.tree import model_name
-from .calls import OUTSIDE, Call
+from .calls import OUTSIDE, Call, ParamState, enclosing_root
 from .collectives import Collectives
-from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, UnitTime, host_optimizer_seconds,
+from .schedule import (COMPUTE, STREAMS, Schedule, StepExtras, host_optimizer_seconds,
                        optimizer_seconds, schedule_step)
 
 if TYPE_CHECKING:
@@ -264,43 +263,43 @@ def call_seconds(collectives: Collectives, plan_units) -> tuple[dict, float | No
     return per_call, ignored
 
 
-def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[UnitTime | None, list[UnitTime], list[Call]]:
-    """UnitTime rows: the root (the call on the whole model, if any) and the others in forward
-    order (``order``: the FLOP table's, by name: the table names its calls); and the ``Call`` of
-    each (root first): where the layout places its hooks. ``comm_s``: ``call_seconds``, by index."""
+def _unit_times(inputs: StepInputs, order, costs, comm_s, device, eff, dtype) -> tuple[Call | None, list[Call]]:
+    """Each call's ``Call`` with its seconds: the root (the call on the whole model, if any) and the
+    others in forward order (``order``: the FLOP table's, by name: the table names its calls), where
+    the layout places their hooks. ``comm_s``: ``call_seconds``, by index."""
     plan_units = inputs.layout.plan.units
     index = {u.name: k for k, u in enumerate(plan_units)}
     index[OUTSIDE_FSDP] = OUTSIDE  # the FLOP table's row of what runs outside every call
     offloaded, numbers = _offloaded(inputs)
     calls = inputs.calls()
-    outside = _outside_call(calls)
     root_index = enclosing_root(inputs.layout)
     ordered = [index[n] for n in order]
-    root, rows, placed = None, [], []
+    root, rows = None, []
     seen = set(ordered)
     for k in ordered + [k for k in range(len(plan_units)) if k not in seen]:
-        name = OUTSIDE_FSDP if k == OUTSIDE else plan_units[k].name
-        f, c = costs.get(name, {}), comm_s.get(k, {})
+        f, c = costs.get(plan_units[k].name if k != OUTSIDE else OUTSIDE_FSDP, {}), comm_s.get(k, {})
         h2d, d2h = _offload_copies(numbers[k], eff, device) if k in offloaded else (0.0, 0.0)
+        call = _outside_call(calls) if k == OUTSIDE else calls[k]
+        # its parameters after forward, as the collectives priced say: no backward all-gather
+        # (unsharded), one over the post-forward group (a post-forward shard), or over the shard group
+        after = (ParamState.UNSHARDED if "all_gather_backward_s" not in c else
+                 ParamState.POST_FORWARD_SHARD if c.get("post_forward_gather") else ParamState.SHARDED)
+        rs, ar = c.get("reduce_scatter_s"), c.get("all_reduce_s")
         # tensor parallelism's collectives block the compute stream (torch's TP is synchronous):
         # on the critical path, inside the unit's forward and backward
-        unit = UnitTime(
-            name, forward_s=op_seconds(f.get("forward"), device, eff, dtype) + c.get("tensor_forward_s", 0.0),
+        call = call._replace(
+            after_forward=after, reduces=rs is not None or ar is not None,
+            forward_s=op_seconds(f.get("forward"), device, eff, dtype) + c.get("tensor_forward_s", 0.0),
             backward_s=op_seconds(f.get("backward"), device, eff, dtype) + c.get("tensor_backward_s", 0.0),
             recompute_s=op_seconds(f.get("recompute"), device, eff, dtype),
             all_gather_forward_s=c.get("all_gather_forward_s", 0.0),
             all_gather_backward_s=c.get("all_gather_backward_s", 0.0),
-            reduce_scatter_s=c.get("reduce_scatter_s"), all_reduce_s=c.get("all_reduce_s"),
-            reshard_after_forward="all_gather_backward_s" in c, h2d_s=h2d,
-            d2h_s=d2h if c.get("reduce_scatter_s") is not None else 0.0,
-            backward_hook=True if k == root_index or k == OUTSIDE else calls[k].out_grad,
-            backward_gather_own_group=bool(c.get("post_forward_gather")))
+            reduce_scatter_s=rs, all_reduce_s=ar, h2d_s=h2d, d2h_s=d2h if rs is not None else 0.0)
         if k == root_index:
-            root = unit
+            root = call
         else:
-            rows.append(unit)
-            placed.append(outside if k == OUTSIDE else calls[k])
-    return root, rows, ([calls[root_index]] if root is not None else []) + placed
+            rows.append(call)
+    return root, rows
 
 
 def _outside_call(calls) -> Call:
@@ -308,7 +307,8 @@ def _outside_call(calls) -> Call:
     times it: after every call's forward, first in backward, in no call's context (no hook of
     its own prefetches or is prefetched)."""
     end = max((c.post_forward[0] for c in calls), default=0)
-    return Call(OUTSIDE, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE)
+    return Call(OUTSIDE, max((c.first for c in calls), default=0) + 1, (end + 1,), (end + 2,), True, True, OUTSIDE,
+                name=OUTSIDE_FSDP)
 
 
 def optimizer_bytes(mem: pd.DataFrame) -> int:
@@ -342,12 +342,12 @@ def step_time(inputs: StepInputs) -> StepTime:
     except ValueError as e:
         return _unavailable(str(e), k, _measured_flops(inputs))
     order, _, totals = _unit_flops(inputs.flops())
-    root, units, calls = _unit_times(inputs, order, unit_op_costs(inputs), comm_s, device, eff, dtype)
+    root, units = _unit_times(inputs, order, unit_op_costs(inputs), comm_s, device, eff, dtype)
     opt_s, host_params = optimizer_step_seconds(inputs, device, eff)
-    last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s), calls=calls)
+    last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s), placed=True)
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
-    quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False, calls=calls) if k > 1 else last
-    every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), calls=calls) if k > 1 else last
+    quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False, placed=True) if k > 1 else last
+    every = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), placed=True) if k > 1 else last
     sync_last_s = (k - 1) * quiet.step_time_s + last.step_time_s
     every_s = (k - 1) * every.step_time_s + last.step_time_s
     sync_every = training.sync_every_microbatch

@@ -188,10 +188,20 @@ def key_pattern(key: str) -> re.Pattern:
     return re.compile("^" + r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in key.split(".")) + "$")
 
 
-#: per tree, its module and parameter names by their number of parts: a key of k parts (``*`` is
-#: one part) can only name a name of k parts (70B: 6,600 modules x 70 keys of regex matches, 0.9 s)
-_NAMES_BY_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_TREE_LOCK = threading.Lock()  # the per-tree caches here (_LOCAL_LOCK is held while a local model is made)
+#: per tree, what a TP edit looked up again and again (1.6 s at 70B): "parts", its module and parameter
+#: names by number of parts (a key of k parts names only names of k parts: 486k regex matches); "modules",
+#: its live modules by name (``get_submodule`` walks from the root); (TP plan, degree): its local tree
+_PER_TREE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TREE_LOCK = threading.Lock()  # not _LOCAL_LOCK: that one is held while a local model is made
+
+
+def _per_tree(tree: ModelTree, key, make=None):
+    """``tree``'s cached value for ``key``, made by ``make()`` (under the lock: quick makers only) if missing."""
+    with _TREE_LOCK:
+        cache = _PER_TREE.setdefault(tree, {})
+        if key not in cache and make is not None:
+            cache[key] = make()
+        return cache.get(key)
 
 
 def _by_parts(names: dict[str, int]) -> dict[int, list[tuple[str, int]]]:
@@ -201,22 +211,15 @@ def _by_parts(names: dict[str, int]) -> dict[int, list[tuple[str, int]]]:
     return out
 
 
-def _names_of(tree: ModelTree, parts: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    with _TREE_LOCK:
-        both = _NAMES_BY_PARTS.get(tree)
-        if both is None:
-            both = _NAMES_BY_PARTS[tree] = (_by_parts(tree.module_index), _by_parts(tree.param_index))
-    return both[0].get(parts, []), both[1].get(parts, [])
-
-
 def resolve(tree: ModelTree, tp: TensorParallel) -> tuple[dict[int, tuple[str, TPStyle]], dict[int, tuple[str, TPStyle]]]:
     """{module index: (fqn, style)} and {parameter index: (fqn, style)} the entries name, the later
     entry winning; ValueError for an entry that matches nothing (with the closest names)."""
     modules: dict[int, tuple[str, TPStyle]] = {}
     params: dict[int, tuple[str, TPStyle]] = {}
     for key, style in tp.items():
-        pattern, hits = key_pattern(key), 0
-        module_names, param_names = _names_of(tree, key.count(".") + 1 if key else 0)
+        pattern, hits, parts = key_pattern(key), 0, key.count(".") + 1 if key else 0
+        names = _per_tree(tree, "parts", lambda: (_by_parts(tree.module_index), _by_parts(tree.param_index)))
+        module_names, param_names = names[0].get(parts, []), names[1].get(parts, [])
         for fqn, m in module_names:
             if pattern.match(fqn):
                 modules[m], hits = (fqn, style), hits + 1
@@ -300,18 +303,10 @@ def param_placements(tree: ModelTree, tp: TensorParallel) -> dict[int, tuple]:
     return out
 
 
-#: per tree, its live modules by name (``get_submodule`` walks from the root: 0.7 s for 4,500 lookups at 70B)
-_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _module(tree: ModelTree, fqn: str):
     if tree.model is None:
         return None
-    with _TREE_LOCK:
-        named = _MODULES.get(tree)
-        if named is None:
-            named = _MODULES[tree] = dict(tree.model.named_modules(remove_duplicate=False))
-    return named[fqn]
+    return _per_tree(tree, "modules", lambda: dict(tree.model.named_modules(remove_duplicate=False)))[fqn]
 
 
 def _has_attr(tree: ModelTree, fqn: str, attr: str) -> bool:
@@ -387,17 +382,11 @@ def fsdp_placements(placement: tuple | None, tensor: int, hsdp: bool) -> tuple[t
     return ((("Replicate",),) if hsdp else ()) + (dp,) + ((placement,) if placement else ())
 
 
-#: per tree, its TP-local trees by (TP plan, degree): every analysis of one 2-D layout (the Inspector's
-#: model-state numbers and its full ones, each what-if of the findings) reads the same (1.6 s at 70B)
-_LOCAL_TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def local_tree(tree: ModelTree, tp: TensorParallel, tensor: int) -> tuple[ModelTree, dict[int, tuple]]:
-    """A copy of ``tree`` whose parameters have their TP-local shapes, and the placements (made
-    once per tree, TP plan and degree; never changed once made)."""
+    """A copy of ``tree`` whose parameters have their TP-local shapes, and the placements: made once per
+    tree, TP plan and degree (every analysis of one 2-D layout reads it), never changed once made."""
     key = (tuple(tp), int(tensor))
-    with _TREE_LOCK:
-        found = _LOCAL_TREES.get(tree, {}).get(key)
+    found = _per_tree(tree, key)
     if found is not None:
         return found
     placements = param_placements(tree, tp)
@@ -405,12 +394,7 @@ def local_tree(tree: ModelTree, tp: TensorParallel, tensor: int) -> tuple[ModelT
     out = copy.copy(tree)
     out.params = [replace(p, shape=local_shape(p.shape, placements.get(p.index), tensor)) for p in tree.params]
     out.full_tree = tree
-    with _TREE_LOCK:
-        kept = _LOCAL_TREES.setdefault(tree, {})
-        kept[key] = (out, placements)
-        while len(kept) > _LOCAL_KEEP:
-            del kept[next(iter(kept))]
-    return out, placements
+    return _per_tree(tree, key, lambda: (out, placements))
 
 
 # ---------------------------------------------------------------------------

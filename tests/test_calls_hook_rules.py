@@ -1,4 +1,4 @@
-"""FSDP2's hook rules (``shardviz/step/hook_rules.py``) against torch: which calls are roots, and which
+"""FSDP2's hook rules (``shardviz/step/calls.py``) against torch: which calls are roots, and which
 calls get a pre-backward, read off a real step of the tiny Llama under the fake process group."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.step.hook_rules import enclosing_root, roots
+from shardviz.step.calls import enclosing_root, roots
 from fsdp_steps import WORLD, recorded_step
 
 L = "model.layers."
