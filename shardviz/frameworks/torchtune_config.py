@@ -116,15 +116,16 @@ def _build_rope(model: nn.Module, dtype) -> None:
                 m._buffers[name] = buf.to("meta")
 
 
-def build_model(cfg):
+def build_model(cfg, device: str = "meta"):
     """The recipe's model on meta: its builder, its dtype, its trainable adapters, its RoPE caches and the
-    loss's ``num_output_chunks``. Returns (model, loss_fn, dtype)."""
+    loss's ``num_output_chunks``. Returns (model, loss_fn, dtype). ``device="cpu"``: with real (random)
+    weights, as the truth harness trains it."""
     import torch
     from torchtune import config, training
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
 
     dtype = training.get_dtype(cfg.get("dtype", "bf16"), device=torch.device("cpu"))
-    with training.set_default_dtype(dtype), torch.device("meta"):
+    with training.set_default_dtype(dtype), torch.device(device):
         model = config.instantiate(cfg.model)
     adapters = get_adapter_params(model)
     if adapters:  # lora_finetune_distributed; full_finetune_distributed trains everything
