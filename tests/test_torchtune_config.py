@@ -92,6 +92,18 @@ def test_report_reads_batch_sequence_and_calls_from_the_recipe(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_config_torchtune_ships_is_found_by_name_as_tune_run_finds_it(tmp_path):
+    """``--torchtune-config llama3_1/8B_lora`` as ``tune run ... --config llama3_1/8B_lora``: torchtune's registry
+    finds the file; a name it does not ship is refused (exit 2) with the closest it does."""
+    done = run_there("-m", "shardviz.cli", "report", "--torchtune-config", "llama3_1/8B_lorra", "--world-size", "8",
+                     "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and "did you mean 'llama3_1/8B_lora'?" in done.stderr, done.stderr[-3000:]
+    found = run_there("-c", "from shardviz.frameworks.torchtune_config import recipe_file; "
+                      "print(recipe_file('llama3_1/8B_lora'))")
+    assert found.returncode == 0 and found.stdout.strip().endswith(os.path.join("llama3_1", "8B_lora.yaml"))
+
+
+@pytest.mark.slow
 def test_cli_export_writes_the_tune_run_overrides(tmp_path):
     out = tmp_path / "overrides.txt"
     done = run_there("-m", "shardviz.cli", "export", "--torchtune-config", TINY, "fsdp_reshard_after_forward=False",

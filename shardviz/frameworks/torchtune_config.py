@@ -24,6 +24,7 @@ in its own environment: ``torch==2.13.0 torchtune==0.6.1 torchao==0.15.0`` (``sc
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import replace
 
@@ -82,14 +83,32 @@ def torchtune_release() -> str:
     return torchtune.__version__
 
 
+def recipe_file(path) -> str:
+    """``path``, or the file of the config torchtune ships under that name (``llama3_1/70B_lora``), found in
+    torchtune's recipe registry as ``tune run ... --config NAME`` finds it (``_cli.run.Run._get_config``)."""
+    from torchtune._cli.run import ROOT
+    from torchtune._recipe_registry import get_all_recipes
+
+    path = os.fspath(path)
+    if os.path.exists(path):
+        return path
+    for recipe in get_all_recipes():
+        for config in recipe.configs:
+            if config.name == path:
+                return str(ROOT / "recipes" / "configs" / config.file_path)
+    names = sorted({c.name for r in get_all_recipes() for c in r.configs})
+    close = difflib.get_close_matches(path, names, n=1)
+    raise ValueError(f"torchtune config {path!r}: no such file, nor a config torchtune ships"
+                     + (f" (did you mean {close[0]!r}?)" if close else " (tune ls lists them)"))
+
+
 def read_recipe(path, overrides=()):
-    """The recipe's config as ``tune run --config path key=value ...`` gives it (torchtune's parser)."""
+    """The recipe's config as ``tune run --config path key=value ...`` gives it (torchtune's parser); ``path``: a
+    file or the name of a config torchtune ships."""
     from torchtune.config._parse import TuneRecipeArgumentParser
     from torchtune.config._utils import _merge_yaml_and_cli_args
 
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ValueError(f"torchtune config {path!r}: no such file")
+    path = recipe_file(path)
     parser = TuneRecipeArgumentParser(description="shardviz")
     try:
         yaml_args, cli_args = parser.parse_known_args(["--config", path, *overrides])
@@ -266,7 +285,7 @@ def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None)
     release = torchtune_release()
     overrides = list(overrides or ())
     cfg = read_recipe(path, overrides)
-    label = os.path.basename(os.fspath(path))
+    label = os.fspath(path) if not os.path.exists(os.fspath(path)) else os.path.basename(os.fspath(path))
     if "model" not in cfg:
         raise ValueError(f"torchtune config {label}: no model (model._component_ names the builder)")
     try:
@@ -282,7 +301,10 @@ def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None)
         raise ValueError(f"torchtune config {label}: the recipe's shard_model raised: {cap.error.message}")
     given = {o.split("=", 1)[0].lstrip("~") for o in overrides}
     training, origins = recipe_training(cfg, loss_fn, model, given)
-    origins["model"] = f"model._component_={cfg.model.get('_component_')} ({'override' if 'model' in given else 'recipe'})"
+    lora = " ".join(f"{k}={cfg.model.get(k)}" for k in ("lora_rank", "lora_alpha", "lora_attn_modules",
+                                                        "apply_lora_to_mlp", "apply_lora_to_output") if k in cfg.model)
+    where = "override" if any(g == "model" or g.startswith("model.") for g in given) else "recipe"
+    origins["model"] = f"model._component_={cfg.model.get('_component_')}{' ' + lora if lora else ''} ({where})"
     origins["plan"] = f"{label} through torchtune {release}'s shard_model"
     plan = with_findings(plan, _findings(cfg, model, plan, release))
     return FrameworkSetup("torchtune", model, plan, mesh, training, origins, cfg)
