@@ -163,7 +163,41 @@ def test_torchao_conflict_is_named_with_the_pair_that_works():
 
     assert "int4_weight_only" in torchao_conflict("0.18.0", None) and WORKING_PAIR in torchao_conflict("0.16.0", None)
     assert "peft 0.21.2" in torchao_conflict("0.15.0", "0.21.2")
+    assert "peft 0.21.2" in torchao_conflict("0.18.0", "0.21.2") and "no torchao satisfies both" in torchao_conflict(
+        "0.18.0", "0.21.2")
     assert torchao_conflict("0.15.0", None) is None
+
+
+CONFLICT_AT_IMPORT = """
+import json, warnings
+from shardviz.frameworks import torchtune_config as tc
+real = tc._installed
+said = {}
+for ao, peft in (("0.18.0", "0.21.2"), ("0.15.0", "0.21.2"), (None, None)):
+    tc._installed = lambda name: {"torchao": ao, "peft": peft}.get(name, real(name)) if ao else real(name)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            tc.torchtune_release()
+            said[str(ao)] = ["ok"] + [str(w.message) for w in seen if str(w.message).startswith("torchtune")]
+        except ImportError as exc:
+            said[str(ao)] = ["ImportError", str(exc)]
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+def test_torchao_conflict_is_found_at_import_in_the_torchtune_venv():
+    """What torchtune_release says when torchtune is imported, with the torchao / peft releases as given (the venv's
+    own when none): a torchao too new for torchtune stops it with the pair that works and peft's side; a torchao
+    old enough beside a peft that refuses it lets torchtune run and warns; the venv as built says nothing."""
+    done = run_there("-c", CONFLICT_AT_IMPORT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["0.18.0"][0] == "ImportError" and "int4_weight_only" in said["0.18.0"][1]
+    assert "torchtune==0.6.1 with torchao==0.15.0" in said["0.18.0"][1] and "peft 0.21.2" in said["0.18.0"][1]
+    assert said["0.15.0"][0] == "ok" and "incompatible version of torchao" in said["0.15.0"][1]
+    assert said["None"] == ["ok"]
 
 
 def test_cli_refuses_model_with_torchtune_config(capsys):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
 from dataclasses import replace
 
 from torch import nn
@@ -48,8 +49,10 @@ def torchao_conflict(torchao_version: str | None, peft_version: str | None) -> s
         return None
     ao = Version(torchao_version.split("+")[0])
     if ao >= Version("0.16"):
+        peft = (f", and peft {peft_version} here refuses the torchao<=0.15 torchtune needs: no torchao satisfies "
+                "both, so keep peft out of that venv") if peft_version is not None else ""
         return (f"torchao {torchao_version} has no torchao.quantization.int4_weight_only (removed in 0.16), which "
-                f"torchtune 0.6.1 imports; use {WORKING_PAIR} in their own venv")
+                f"torchtune 0.6.1 imports; use {WORKING_PAIR} in their own venv{peft}")
     if peft_version is not None:
         return (f"torchao {torchao_version} is older than 0.16, which peft {peft_version} requires (its LoRA layers "
                 f"raise 'incompatible version of torchao'); torchtune 0.6.1 needs torchao<=0.15: no torchao "
@@ -71,15 +74,19 @@ def torchtune_release() -> str:
     if _installed("torchtune") is None:
         raise ImportError(f"from_torchtune runs torchtune's own recipe code; torchtune is not installed. "
                           f"Install it with: {INSTALL}")
-    conflict = torchao_conflict(_installed("torchao"), None)
-    if conflict:
-        raise ImportError(f"torchtune {_installed('torchtune')} cannot import here: {conflict}")
+    torchao, peft = _installed("torchao"), _installed("peft")
+    blocking = torchao_conflict(torchao, None)  # torchao too new: torchtune's own import fails
+    if blocking:
+        raise ImportError(f"torchtune {_installed('torchtune')} cannot import here: {torchao_conflict(torchao, peft)}")
     try:
         import torchtune
         from torchtune import training  # noqa: F401 - the import torchao breaks
     except ImportError as exc:
         raise ImportError(f"torchtune {_installed('torchtune')} does not import ({exc}); the pair that works is "
                           f"{WORKING_PAIR}") from None
+    other = torchao_conflict(torchao, peft)  # torchtune runs; peft's LoRA layers in this venv will not
+    if other:
+        warnings.warn(f"torchtune {torchtune.__version__} imports here, but {other}", stacklevel=2)
     return torchtune.__version__
 
 
