@@ -236,7 +236,7 @@ def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = 
         raise ValueError(f"axolotl config {label}: axolotl's FSDP2 preparation raised: {cap.error.message}")
     from ..checks.origin_checks import capture_findings
 
-    found = capture_findings(model, plan, env)  # SV304 bf16 reduction, SV306 the fp32 upcast, ...
+    found = capture_findings(model, plan, env, cap.cast)  # SV303, SV305; SV306 only where axolotl's casts
     plan, checkpointing = _with_checkpointing(plan, model, cfg, body, label)
     training, more = _training(cfg, label)
     origins |= more

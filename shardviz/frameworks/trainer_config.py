@@ -417,7 +417,8 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
                            kind="trainer config")
     from ..checks.origin_checks import capture_findings
 
-    found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")})
+    found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")},
+                             cap.cast, f"accelerate {release}")
     training, origins = _training(args, fields, f"from {label}")
     origins["plan"] = f"fsdp_config of {label}, through transformers {transformers.__version__} and accelerate {release}"
     plan, checkpointing = _with_hf_checkpointing(plan, args, fields, f"from {label}", model)
