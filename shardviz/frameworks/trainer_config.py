@@ -330,6 +330,11 @@ def trl_script_fields(fields: dict) -> tuple[dict, dict]:
             {k: v for k, v in fields.items() if k not in model_keys | script_keys})
 
 
+def _listed(targets):
+    """peft's target_modules as the user wrote them: a set (peft makes one of a list) sorted, so runs print alike."""
+    return sorted(targets) if isinstance(targets, (set, frozenset)) else targets
+
+
 def trl_model(model_part: dict, label: str):
     """The model TRL's ``ModelConfig`` names (``model_name_or_path``: a local config.json or folder), on meta,
     with the peft config TRL's own ``get_peft_config`` makes of ``use_peft`` / ``lora_*``. (model, origin text)."""
@@ -354,7 +359,7 @@ def trl_model(model_part: dict, label: str):
 
         model = get_peft_model(model, peft_config)
         text += (f", use_peft: LoRA r={peft_config.r} alpha={peft_config.lora_alpha} "
-                 f"targets={peft_config.target_modules} (TRL's get_peft_config)")
+                 f"targets={_listed(peft_config.target_modules)} (TRL's get_peft_config)")
     return model, f"{text} (from {label})"
 
 
