@@ -117,8 +117,11 @@ def test_cli_export_writes_the_tune_run_overrides(tmp_path):
 # is): the recipe's label shift, hstack((labels[..., 1:], ignore_labels_cache[:b])), holds a copy of the (batch, 1)
 # int64 ignore column at the peak (2 x 8 B) that shardviz's step, labels made whole, does not. Not checkpointed:
 # +4.7 % of torch's 1,094,168 B of activations and temporaries at the same moment (every other kind equal), not
-# yet traced: the same +51,736 B with 1, 2 or 3 layers (so outside the layers: the output, its chunked loss), -20 B
-# at batch 1, +103,448 B at sequence 128, +218,980 B at vocab 512 (docs/capture.md, torchtune).
+# the same +51,736 B with 1, 2 or 3 layers, -20 B at batch 1, +103,448 B at sequence 128, +218,980 B at vocab 512.
+# Cause (read off the profile, not fixed): the recipe's loss runs outside the model's forward, so its backward runs
+# before the root call's pre-backward hook; shardviz's step reads the root's moments with the whole phase's peak
+# (step/levels.py: "the root stands for the whole forward or backward: the loss included"), so the loss's backward
+# peak is priced with the root's all-gather held (docs/capture.md, torchtune).
 PEAK_DEVIATION = {(): -16, ("enable_activation_checkpointing=False",): 51736}
 
 
