@@ -145,7 +145,7 @@ if [ "$WANT_AXOLOTL" -eq 1 ]; then
   AVENV="$ROOT/.venv-axolotl"
   APY="$AVENV/bin/python"
   [ -x "$APY" ] || step "create axolotl venv" "$PYTHON" -m venv "$AVENV"
-  if ! "$APY" -c "import torch, shardviz.frameworks.axolotl_config, pytest; from axolotl.loaders.adapter import load_lora; from axolotl.monkeypatch.accelerate.fsdp2 import fsdp2_prepare_model" >/dev/null 2>&1 \
+  if ! "$APY" -c "import torch, shardviz.frameworks.axolotl_config, pytest; from axolotl.loaders.adapter import load_lora; from axolotl.loaders.model import ModelLoader; from axolotl.monkeypatch.accelerate.fsdp2 import fsdp2_prepare_model" >/dev/null 2>&1 \
       || [ "$(cat "$AVENV/.stamp" 2>/dev/null || true)" != "$want_stamp" ]; then
     echo "setup.sh: installing .venv-axolotl (torch==$TORCH_VERSION, axolotl==0.19.0 --no-deps, shardviz[axolotl])"
     step "install torch (axolotl venv)" "$APY" -m pip install -q "torch==$TORCH_VERSION"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(__file__))
 from capture_truth import KeptEnviron, checkpointed, torch_calls  # noqa: E402
@@ -22,11 +23,38 @@ from shardviz.export.oracle import apply_plan, device_mesh, fake_process_group, 
 WORLD = 4
 
 
+def held_bytes(root) -> dict:
+    """What rank 0 holds after the preparation, read off torch's FSDP state: each call's sharded parameter
+    storage (``FSDPParam._sharded_param_data``, padding included) by dtype, and the bitsandbytes ``quant_state``
+    the 4-bit linears keep on the module (no parameter: FSDP2 leaves it whole on every rank)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    sharded, seen = {}, set()
+    for m in root.modules():
+        group = fully_shard.state(m)._fsdp_param_group if isinstance(m, FSDPModule) else None
+        if group is None or id(group) in seen:
+            continue
+        seen.add(id(group))
+        for fp in group.fsdp_params:
+            data = fp._sharded_param_data
+            key = str(data.dtype).removeprefix("torch.")
+            sharded[key] = sharded.get(key, 0) + data.numel() * data.element_size()
+    states = [m.quant_state for m in root.modules() if getattr(m, "quant_state", None) is not None]
+    quant = 0
+    for state in states:
+        while state is not None:
+            quant += sum(t.numel() * t.element_size() for t in vars(state).values() if hasattr(t, "element_size"))
+            state = getattr(state, "state2", None)
+    return {"sharded": sharded, "quant_state": quant, "quant_linears": len(states)}
+
+
 def main(path):
     setup = from_axolotl(path, world_size=WORLD)
     with KeptEnviron(), fake_process_group(0, WORLD):
         theirs_model = axolotl_prepare(meta_copy(setup.model), fsdp_env(setup.config))
         theirs = torch_calls(theirs_model), checkpointed(theirs_model)
+        held = held_bytes(theirs_model)
+    row = sv.analyze(setup.model, setup.plan, sv.Mesh(WORLD), replace(setup.training, batch_size=None)).memory.iloc[0]
     with fake_process_group(0, WORLD):
         copy_ = meta_copy(setup.model)
         apply_plan(copy_, setup.plan, device_mesh(sv.Mesh(WORLD)))
@@ -41,7 +69,9 @@ def main(path):
         "training": {"batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
                      "param_dtype": t.param_dtype, "fused": t.fused},
         "lora_r": setup.config.lora_r, "origins": setup.origins, "findings": [[f.code, f.message, f.fix] for f in setup.findings],
-        "label": setup.plan.origin.label}))
+        "label": setup.plan.origin.label, "torch_held": held,
+        "predicted": {"params_sharded": int(row.params_sharded), "quant_state": int(row.quant_state)},
+        "params": sorted({f"{type(p).__name__} {str(p.dtype).removeprefix('torch.')}" for p in setup.model.parameters()})}))
 
 
 def export_back(path):

@@ -20,6 +20,7 @@ import yaml
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(HERE)
 TINY = os.path.join("tests", "configs", "axolotl", "tiny_lora.yaml")  # base_model is relative to the repo root
+QLORA = os.path.join("tests", "configs", "axolotl", "tiny_qlora.yaml")
 
 
 def axolotl_python() -> str:
@@ -28,7 +29,7 @@ def axolotl_python() -> str:
 
 def run_there(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([axolotl_python(), *argv], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))})
 
 
 def recipe() -> dict:
@@ -59,6 +60,32 @@ def test_plan_is_axolotls_own_preparation_call_by_call():
     # axolotl's normalize_config gives gradient_checkpointing_kwargs {use_reentrant: True}: read off the layers
     assert "use_reentrant=True" in said["SV310"][0] and "normalize_config" in said["SV310"][0]
     assert "use_reentrant: false" in said["SV310"][1]
+    held = out["torch_held"]  # what torch's FSDP state holds on rank 0 after axolotl's preparation, to the byte
+    assert sum(held["sharded"].values()) == out["predicted"]["params_sharded"] and held["quant_state"] == 0
+
+
+def truth(path: str) -> dict:
+    done = run_there(os.path.join(HERE, "axolotl_truth.py"), path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_qlora_base_is_bitsandbytes_4bit_through_axolotls_own_preparation():
+    """``adapter: qlora`` + ``load_in_4bit``: the base is built with the BitsAndBytesConfig axolotl's own
+    ModelLoader gives from_pretrained (nf4, double quantization, bf16 storage for FSDP), and axolotl's
+    fsdp2_prepare_model shards it: the calls are torch's, call by call, and the bytes torch's FSDP state holds
+    on rank 0 (the packed 4-bit shards, the LoRA shards) and the quant_state every 4-bit linear keeps whole are
+    shardviz's, to the byte."""
+    lora, qlora = truth(TINY), truth(QLORA)
+    assert qlora["calls_equal"] and qlora["n_calls"] == lora["n_calls"], qlora  # the same calls, on 4-bit weights
+    assert "Params4bit bfloat16" in qlora["params"]  # bnb_4bit_quant_storage: bfloat16, as axolotl sets it
+    held = qlora["torch_held"]
+    assert sum(held["sharded"].values()) == qlora["predicted"]["params_sharded"]
+    assert held["quant_state"] == qlora["predicted"]["quant_state"] > 0 and held["quant_linears"] > 0
+    assert qlora["predicted"]["params_sharded"] < lora["predicted"]["params_sharded"]  # the base is 4-bit
+    assert "nf4 double-quantized, stored as bfloat16" in qlora["origins"]["model"]
+    assert "SV315" not in {code for code, _, _ in qlora["findings"]}  # priced as axolotl loads it, no caveat
 
 
 @pytest.mark.slow

@@ -200,3 +200,56 @@ def test_peak_with_activations_within_the_documented_error():
     assert not [m for m in memory_mismatches(analysis, truth, exact_peak=False) if "peak" not in m]
     predicted, torch_peak = int(row.peak + row.cpu_optimizer), truth.peak_snap["Total"]
     assert abs(predicted / torch_peak - 1) <= 0.01, (predicted, torch_peak, analysis.peak_breakdown(0), truth.peak_snap)
+
+
+UPCAST = """
+import json, sys, torch
+sys.path.insert(0, "tests")
+import accelerate
+import shardviz as sv
+from shardviz.export.oracle import fake_process_group, meta_copy
+from shardviz.frameworks import accelerate_prepare
+from capture_truth import KeptEnviron
+from torch_truth import tiny_llama
+model = tiny_llama(dtype=torch.bfloat16)  # every parameter trainable, in bf16
+config = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "mixed_precision": "bf16"}
+plan = sv.from_accelerate(model, config, world_size=4)
+with KeptEnviron(), fake_process_group(0, 4):  # accelerate's preparation outside capture: torch's dtypes after it
+    prepared = accelerate_prepare(meta_copy(model), {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_MIXED_PRECISION": "bf16",
+                                                    "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"})
+    fp32 = sum(1 for p in prepared.parameters() if p.requires_grad and p.dtype == torch.float32)
+print(json.dumps({"accelerate": accelerate.__version__, "fp32_after": fp32,
+                  "sv306": [[f.message, f.n_fqns] for f in plan.origin.findings if f.code == "SV306"]}))
+"""
+
+
+def upcast_seen(python: str) -> dict:
+    import json
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([python, "-c", UPCAST], capture_output=True, text=True, timeout=600, cwd=root,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_sv306_says_what_accelerate_did_to_bf16_trainable_parameters():
+    """A bf16 model trained whole with mixed_precision bf16: accelerate 1.16's preparation casts every trainable
+    parameter to fp32 (and logs it through a logger that needs accelerate's state: the stand-in logs it without),
+    and SV306 counts the parameters torch holds in fp32 after accelerate's own preparation."""
+    out = upcast_seen(sys.executable)
+    (message, n), = out["sv306"]
+    assert n == out["fp32_after"] > 0 and f"accelerate {out['accelerate']} casts {n} trainable" in message
+
+
+@pytest.mark.slow
+def test_sv306_says_accelerate_113_casts_nothing():
+    """accelerate 1.13 (axolotl's venv) logs the upcast but rebinds a local ``param`` (accelerate issue 3979):
+    torch holds no fp32 parameter after its preparation, and SV306 says the parameters stay bf16."""
+    from framework_venv import framework_python
+
+    out = upcast_seen(framework_python("axolotl"))
+    assert out["accelerate"] == "1.13.0" and out["fp32_after"] == 0
+    (message, n), = out["sv306"]
+    assert n > 0 and "casts none" in message and "stay bfloat16" in message

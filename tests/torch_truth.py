@@ -317,7 +317,7 @@ def batch(model: nn.Module, training: sv.Training, seed: int = 1234) -> torch.Te
 
 def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int,
              own_batch: bool = False, apply=None, use_cache: bool | None = None,
-             fresh_inputs: bool = False) -> StepTruth:
+             fresh_inputs: bool = False, loss_of=None) -> StepTruth:
     """Apply ``plan`` and train: one warm-up step, one under the collective recorder,
     then one under the memory tracker (last: it leaves grouped calls' hooks broken).
     ``own_batch``: every rank trains on its own batch (seed 1234 + rank), else all on one.
@@ -331,6 +331,8 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
     otherwise by the oracle's ``apply_plan``; ``apply(model, device_mesh)`` replaces both (calls
     written by hand; ``plan`` then only names them). ``use_cache``: passed to the forward (None:
     ``Training.step_use_cache``: the config's, off with checkpointing, the step sv prices).
+    ``loss_of(model, ids)``: the step's forward and loss for a model that is not a Hugging Face one
+    (a torchtune recipe's: ``model(tokens)`` then its loss); default ``model(input_ids=ids, labels=ids).loss``.
     """
     from shardviz.activations import config_use_cache
     from shardviz.export.oracle import device_mesh
@@ -361,8 +363,8 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
             # the step the user's config runs: with its use_cache (True by default for causal LMs, a
             # key/value cache kept through the step), what sv measures (docs/activations.md, use_cache)
             inputs = ids.clone() if fresh_inputs else ids
-            loss = model(input_ids=inputs, labels=inputs, **images,
-                         **({} if use_cache is None else {"use_cache": use_cache})).loss
+            loss = loss_of(model, inputs) if loss_of is not None else model(
+                input_ids=inputs, labels=inputs, **images, **({} if use_cache is None else {"use_cache": use_cache})).loss
             del inputs
             _PHASE[0] = "backward"
             loss.backward()
@@ -417,13 +419,13 @@ def run_step(model: nn.Module, plan: sv.Plan, mesh: sv.Mesh, training: sv.Traini
 
 
 def fake_run(build, plan: sv.Plan, mesh: sv.Mesh, training: sv.Training, rank: int, apply=None,
-             inspect=None, use_cache: bool | None = None, fresh_inputs: bool = False) -> StepTruth:
+             inspect=None, use_cache: bool | None = None, fresh_inputs: bool = False, loss_of=None) -> StepTruth:
     """``run_step`` on one rank of torch's fake process group (collectives are no-ops);
     ``inspect(model)`` runs on the trained model before the process group goes."""
     model = build()
     with fake_process_group(rank, mesh.world):
         truth = run_step(model, plan, mesh, training, rank, apply=apply, use_cache=use_cache,
-                         fresh_inputs=fresh_inputs)
+                         fresh_inputs=fresh_inputs, loss_of=loss_of)
         if inspect is not None:
             inspect(model)
         return truth

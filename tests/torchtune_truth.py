@@ -62,6 +62,54 @@ def main(argv):
     print(json.dumps(out))
 
 
+def recipe_loss(loss_fn, batch_size: int):
+    """The forward and loss of ``lora_finetune_distributed.train`` (torchtune 0.6.1, its loop's lines): logits of
+    ``model(tokens)`` (a list of chunks under ``CEWithChunkedOutputLoss``), labels shifted by ``hstack`` with the
+    recipe's ``ignore_labels_cache``, the loss times the batch's token count, the logits freed before backward."""
+    import torch
+
+    ignore = torch.full((batch_size, 1), loss_fn.ignore_index)  # made in _setup_data, before the loop
+
+    def loss_of(model, tokens):
+        labels = tokens
+        num_tokens = (labels != loss_fn.ignore_index).sum()
+        logits = model(tokens)
+        labels = torch.hstack((labels[..., 1:], ignore[: labels.shape[0]]))
+        if not isinstance(logits, list):
+            labels, logits = labels.reshape(-1), logits.reshape(-1, logits.size(-1))
+        loss = loss_fn(logits, labels) * num_tokens
+        del logits
+        return loss
+
+    return loss_of
+
+
+def step_peak(path, overrides):
+    """torch's FSDPMemTracker on torchtune's own recipe step (its model with real weights on the CPU, its
+    checkpointing and shard_model, its chunked loss as its loop calls it) under the fake process group, against
+    shardviz's prediction for the setup ``from_torchtune`` read: the model state to the byte, and the peak."""
+    from torch_truth import breakdown_mismatches, fake_run, memory_mismatches
+
+    from shardviz.frameworks.torchtune_config import build_model
+
+    setup = from_torchtune(path, overrides, world_size=WORLD)
+    cfg, t = setup.config, setup.training
+    _, loss_fn, _ = build_model(cfg, device="cpu")
+    args = (bool(cfg.get("enable_activation_checkpointing", False)), cfg.get("custom_sharded_layers", None),
+            bool(cfg.get("fsdp_cpu_offload", False)), bool(cfg.get("fsdp_reshard_after_forward", True)))
+    truth = fake_run(lambda: build_model(cfg, device="cpu")[0], setup.plan, setup.mesh, t, 0,
+                     apply=lambda model, _mesh: recipe_shard(model, *args), fresh_inputs=True,
+                     loss_of=recipe_loss(loss_fn, t.batch_size))
+    a = sv.analyze(setup.model, setup.plan, setup.mesh, t)
+    row = a.memory.iloc[0]
+    predicted, torch_peak = int(row.peak + row.cpu_optimizer), int(truth.peak_snap["Total"])
+    print(json.dumps({"predicted_peak": predicted, "torch_peak": torch_peak, "activations": int(row.activations),
+                      "state": [m for m in memory_mismatches(a, truth) if " peak: " not in m],  # the no-batch peak
+                      "breakdown": breakdown_mismatches(a, truth, 0, activations=True, slack=predicted - torch_peak),
+                      "torch_at_peak": truth.peak_snap, "predicted_breakdown": dict(a.peak_breakdown(0)),
+                      "batch": [t.batch_size, t.seq_len, t.grad_accum], "units": len(setup.plan.units)}))
+
+
 def export_back(path):
     """to_torchtune on plans torchtune itself made: its keys give the same calls (cannot empty); a plan with an
     ignored parameter cannot be said."""
@@ -79,6 +127,11 @@ def export_back(path):
 
 if __name__ == "__main__" and os.environ.get("TT_TRUTH") == "--export":
     export_back(sys.argv[1])
+    sys.exit(0)
+
+
+if __name__ == "__main__" and os.environ.get("TT_TRUTH") == "--peak":
+    step_peak(sys.argv[1], sys.argv[2:])
     sys.exit(0)
 
 

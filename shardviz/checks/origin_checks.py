@@ -73,19 +73,32 @@ def checkpoint_on_children(tree, plan: Plan, fix: str) -> list[Finding]:
         n_fqns=len(inside), all_fqns=tuple(inside))]
 
 
-def upcast_trainable(tree, env: dict) -> list[Finding]:
-    """SV306: accelerate casts trainable parameters that are not fp32 to fp32 before sharding."""
+def upcast_trainable(tree, env: dict, seen: tuple | None = None, who: str | None = None) -> list[Finding]:
+    """SV306: accelerate's fp32 upcast of trainable parameters that are not fp32, before sharding.
+
+    ``seen``: the trainable parameters the preparation did turn into float32 on the captured copy (None: not
+    watched; the upcast is then assumed, as accelerate's code says). ``who`` (``"accelerate 1.13.0"``): the
+    preparation is accelerate's own; when it casts none (accelerate 1.13 logs the upcast but rebinds a local
+    ``param``, accelerate issue 3979), the finding says the log is not what runs."""
     if env.get("ACCELERATE_MIXED_PRECISION", "no") == "no":
         return []
-    cast = [p.fqn for p in tree.params if p.requires_grad and p.dtype is not torch.float32]  # a torch.dtype
-    if not cast:
+    low = [p.fqn for p in tree.params if p.requires_grad and p.dtype is not torch.float32]  # a torch.dtype
+    cast = low if seen is None else [f for f in low if f in set(seen)]
+    if cast:
+        return [Finding(
+            "SV306", "info",
+            f"{who or 'accelerate'} casts {len(cast)} trainable parameters to float32 before sharding (mixed_precision "
+            "is not 'no'); shardviz prices the dtypes of the model it is given", tuple(cast[:3]),
+            fix="build the model with its trainable parameters in float32 to see the memory accelerate's run uses",
+            n_fqns=len(cast), all_fqns=tuple(cast))]
+    if not low or who is None:
         return []
+    dtype = next(p.dtype for p in tree.params if p.fqn == low[0])
     return [Finding(
         "SV306", "info",
-        f"accelerate casts {len(cast)} trainable parameters to float32 before sharding (mixed_precision is not "
-        "'no'); shardviz prices the dtypes of the model it is given", tuple(cast[:3]),
-        fix="build the model with its trainable parameters in float32 to see the memory accelerate's run uses",
-        n_fqns=len(cast), all_fqns=tuple(cast))]
+        f"{who}'s fsdp2_prepare_model logs an fp32 upcast of {len(low)} trainable parameters but casts none (it "
+        f"rebinds a local param: accelerate issue 3979): they stay {str(dtype).removeprefix('torch.')}, as priced; "
+        "a later accelerate casts them", tuple(low[:3]), n_fqns=len(low), all_fqns=tuple(low))]
 
 
 def accelerate_fixes(env: dict) -> tuple:
@@ -114,14 +127,16 @@ def capture_fixes(fn_name: str) -> tuple:
     )
 
 
-def capture_findings(model, plan: Plan, env: dict | None = None) -> list[Finding]:
-    """What a captured plan shows that the engine's checks do not say (SV303, SV305, SV306)."""
+def capture_findings(model, plan: Plan, env: dict | None = None, seen: tuple | None = None,
+                     who: str | None = None) -> list[Finding]:
+    """What a captured plan shows that the engine's checks do not say (SV303, SV305, SV306; ``seen`` and ``who``:
+    ``upcast_trainable``'s)."""
     tree = as_tree(model)
     fixes = plan.origin.fixes if plan.origin else ()
     fix = {c: t for c, t in fixes}
     found = no_per_layer_calls(tree, plan, fix.get("SV303", ""))
     found += checkpoint_on_children(tree, plan, fix.get("SV305", ""))
-    found += upcast_trainable(tree, env or {})
+    found += upcast_trainable(tree, env or {}, seen, who)
     return found
 
 

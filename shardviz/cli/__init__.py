@@ -149,7 +149,8 @@ def _add_source_args(p) -> None:
     p.add_argument("--torchtune-config", nargs="+", metavar="RECIPE.YAML [KEY=VALUE ...]", help="the model, plan, "
                    "batch, sequence, accumulation and dtype of a torchtune distributed recipe, with tune run's "
                    "key=value overrides, read by torchtune's own code (sv.from_torchtune; MODEL then comes from "
-                   "the recipe's model._component_)")
+                   "the recipe's model._component_); RECIPE.YAML may be a config torchtune ships, as tune run "
+                   "takes it: llama3_1/70B_lora")
     p.add_argument("--axolotl-config", metavar="AXOLOTL.YAML", help="the model (base_model, a local config), adapter, "
                    "plan, batch, sequence, accumulation and checkpointing of an axolotl run, read by axolotl's validated "
                    "config and prepared by its own fsdp2_prepare_model (sv.from_axolotl; MODEL, given, wins)")

@@ -150,12 +150,15 @@ def accelerate_prepare(model: nn.Module, env: dict, plugin=None) -> nn.Module:
     acc.fsdp_plugin.set_auto_wrap_policy(model)
     if acc.fsdp_plugin.activation_checkpointing:
         model = fsdp_utils.fsdp2_apply_ac(acc, model)
-    load = fsdp_utils.fsdp2_load_full_state_dict
+    load, logger = fsdp_utils.fsdp2_load_full_state_dict, fsdp_utils.logger
     fsdp_utils.fsdp2_load_full_state_dict = lambda *args, **kwargs: None  # weights: a meta copy has none
+    # accelerate's logger refuses to log without a PartialState (the stand-in is none): its own logging.Logger logs
+    # the fp32 upcast message instead of raising
+    fsdp_utils.logger = getattr(logger, "logger", logger)
     try:
         return fsdp_utils.fsdp2_prepare_model(acc, model)
     finally:
-        fsdp_utils.fsdp2_load_full_state_dict = load
+        fsdp_utils.fsdp2_load_full_state_dict, fsdp_utils.logger = load, logger
 
 
 def from_accelerate(model: nn.Module, config, world_size: int | None = None, mesh=None) -> Plan:
@@ -187,7 +190,7 @@ def from_accelerate(model: nn.Module, config, world_size: int | None = None, mes
     plan = cap.plan(Origin("accelerate", label, f"accelerate {release}", fixes=accelerate_fixes(env)))
     if cap.error is not None:  # accelerate launch would stop here: no plan to price
         raise config_error(label, cap.error.message, body, model, release, env, plan, cap.error)
-    found = capture_findings(model, plan, env)
+    found = capture_findings(model, plan, env, cap.cast, f"accelerate {release}")
     if pc_shape:
         found.append(Finding("SV307", "info", f"the config's parallelism_config gives HSDP: {pc_shape[0]} replicas "
                              f"of {pc_shape[1]} shards", fix=f"analyse with sv.Mesh(shard={pc_shape[1]}, replicate={pc_shape[0]})"))

@@ -27,6 +27,7 @@ from torch import nn
 from .capture import as_mesh, run_captured
 from . import FrameworkSetup, with_findings
 from ..finding import Finding
+from ..model.quant import quant_kind
 from ..plan import Origin, Plan
 
 INSTALL = "scripts/setup.sh --axolotl (axolotl==0.19.0 --no-deps with its pins, in their own venv)"
@@ -77,6 +78,30 @@ def read_config(path, world: int):
     return cfg, body
 
 
+def quantization_config(cfg):
+    """The ``BitsAndBytesConfig`` axolotl's ``ModelLoader._set_quantization_config`` gives ``from_pretrained`` for
+    the file (``adapter: qlora`` + ``load_in_4bit``: nf4, double quantization, storage ``bfloat16``; ``load_in_8bit``
+    with ``lora``; a ``quantization_config`` in the model's config.json), None when it quantizes nothing or with a
+    method shardviz does not build (GPTQ, AWQ, ...: SV315 says so)."""
+    if not (cfg.load_in_4bit or cfg.load_in_8bit or cfg.adapter == "qlora"):
+        return None
+    from axolotl.loaders.model import ModelLoader
+
+    loader = ModelLoader(cfg, tokenizer=None)
+    loader._set_quantization_config()
+    config = loader.model_kwargs.get("quantization_config")
+    return config if getattr(config, "load_in_4bit", False) or getattr(config, "load_in_8bit", False) else None
+
+
+def quantization_said(model: nn.Module) -> str:
+    """How the base was quantized, as bitsandbytes holds it: the weights converted, their kind and storage."""
+    weights = [p for p in model.parameters() if quant_kind(p)]
+    kinds = sorted({quant_kind(p) for p in weights})
+    state = getattr(weights[0], "quant_state", None)
+    nested = " double-quantized" if getattr(state, "nested", False) else ""
+    return f"{len(weights)} linears {'/'.join(kinds)}{nested}, stored as {str(weights[0].dtype).removeprefix('torch.')}"
+
+
 def build_model(cfg):
     """The base model on meta in the config's dtype (axolotl's ``load_model_config``), with axolotl's adapter."""
     import torch
@@ -84,8 +109,14 @@ def build_model(cfg):
     from transformers import AutoModelForCausalLM
 
     config = load_model_config(cfg)
+    dtype = cfg.torch_dtype or torch.bfloat16
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=cfg.torch_dtype or torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    quantization = quantization_config(cfg)
+    if quantization is not None:  # from_pretrained(quantization_config=...) quantizes the bf16 checkpoint as it loads
+        from ..model.quant import quantize_on_meta
+
+        quantize_on_meta(model, quantization, pre_quantized=False, dtype=dtype)
     if cfg.adapter in ("lora", "qlora"):
         from axolotl.loaders.adapter import load_lora
 
@@ -142,7 +173,7 @@ def _training(cfg, label: str):
     return training, origins
 
 
-def _findings(cfg, plan: Plan, release: str) -> list[Finding]:
+def _findings(cfg, plan: Plan, release: str, quantized: int) -> list[Finding]:
     """What axolotl's own code did that the numbers do not say, in its keys (SV312, SV315)."""
     found = []
     lora_units = [u for u in plan.units if any(".lora_A." in m or ".lora_B." in m for m in u.modules)]
@@ -157,10 +188,11 @@ def _findings(cfg, plan: Plan, release: str) -> list[Finding]:
     if cfg.sample_packing:
         found.append(Finding("SV315", "info", "sample_packing=True: one sequence_len row of packed samples; the "
                              "packed attention mask is not priced (the step is measured causal)"))
-    if cfg.adapter == "qlora" or cfg.load_in_4bit:
-        found.append(Finding("SV315", "warning", "load_in_4bit / qlora: the base is built unquantized here "
-                             "(bitsandbytes' 4-bit on meta is not wired to --axolotl-config yet)",
-                             fix="analyse the model with --load-in-4bit and the plan of --accelerate-config"))
+    if (cfg.load_in_4bit or cfg.load_in_8bit) and not quantized:
+        found.append(Finding("SV315", "warning", f"load_in_{'4' if cfg.load_in_4bit else '8'}bit: the model priced "
+                             "has no quantized weights (the MODEL given, or a quantization shardviz does not build): "
+                             "its base is priced unquantized", fix="give no MODEL, so base_model is loaded as axolotl "
+                             "loads it (or add --load-in-4bit / --load-in-8bit)"))
     return found
 
 
@@ -192,6 +224,9 @@ def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = 
                f"targets={cfg.lora_target_modules} (axolotl's load_lora)"}
     if model is None:
         model = build_model(cfg)
+    quantized = sum(1 for p in model.parameters() if quant_kind(p))
+    if quantized:
+        origins["model"] += f"; {quantization_said(model)} (axolotl's ModelLoader quantization_config)"
     env = fsdp_env(cfg)
     import accelerate
 
@@ -201,12 +236,12 @@ def from_axolotl(path, model: nn.Module | None = None, world_size: int | None = 
         raise ValueError(f"axolotl config {label}: axolotl's FSDP2 preparation raised: {cap.error.message}")
     from ..checks.origin_checks import capture_findings
 
-    found = capture_findings(model, plan, env)  # SV304 bf16 reduction, SV306 the fp32 upcast, ...
+    found = capture_findings(model, plan, env, cap.cast)  # SV303, SV305; SV306 only where axolotl's casts
     plan, checkpointing = _with_checkpointing(plan, model, cfg, body, label)
     training, more = _training(cfg, label)
     origins |= more
     origins["plan"] = f"fsdp_config of {label} through axolotl {release}'s fsdp2_prepare_model"
-    found += checkpointing + _findings(cfg, plan, release)
+    found += checkpointing + _findings(cfg, plan, release, quantized)
     return FrameworkSetup("axolotl", model, with_findings(plan, found), mesh, training, origins, cfg)
 
 

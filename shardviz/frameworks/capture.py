@@ -80,6 +80,7 @@ class Capture:
     calls: list = field(default_factory=list)
     error: Finding | None = None
     library: tuple = _LIBRARY_PARTS
+    cast: tuple | None = None  # trainable parameters the function turned from a low precision to float32 (FQNs)
 
     def name_of(self, module: nn.Module, names: dict) -> str:
         return self.module_names.get(id(module), names.get(id(module), "?"))
@@ -356,6 +357,7 @@ def run_captured(fn, model: nn.Module, args=(), kwargs=None, *, mesh: Mesh, torc
         dmesh = device_mesh(mesh)
         args = tuple(_bound(a, dmesh, mesh) for a in args)
         kwargs = {k: _bound(v, dmesh, mesh) for k, v in (kwargs or {}).items()}
+        before = {f: p.dtype for f, p in copy_.named_parameters() if p.requires_grad and p.dtype != torch.float32}
         with _cluster_on_cpu(mesh.world, 0, cap):
             try:
                 out = fn(copy_, *args, **kwargs)
@@ -363,6 +365,8 @@ def run_captured(fn, model: nn.Module, args=(), kwargs=None, *, mesh: Mesh, torc
                     cap.root = out
             except Exception as exc:  # the user's code: the plan so far, and the error as a finding
                 cap.error = _error_finding(exc, fn_name, library)
+        cap.cast = tuple(f for f, p in ((strip_wrappers(f), p) for f, p in cap.root.named_parameters())
+                         if f in before and p.dtype == torch.float32)
         cap.error = _target_refusals(cap, fn_name, torch_version) or cap.error
     return cap
 

@@ -24,7 +24,9 @@ in its own environment: ``torch==2.13.0 torchtune==0.6.1 torchao==0.15.0`` (``sc
 
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from dataclasses import replace
 
 from torch import nn
@@ -47,8 +49,10 @@ def torchao_conflict(torchao_version: str | None, peft_version: str | None) -> s
         return None
     ao = Version(torchao_version.split("+")[0])
     if ao >= Version("0.16"):
+        peft = (f", and peft {peft_version} here refuses the torchao<=0.15 torchtune needs: no torchao satisfies "
+                "both, so keep peft out of that venv") if peft_version is not None else ""
         return (f"torchao {torchao_version} has no torchao.quantization.int4_weight_only (removed in 0.16), which "
-                f"torchtune 0.6.1 imports; use {WORKING_PAIR} in their own venv")
+                f"torchtune 0.6.1 imports; use {WORKING_PAIR} in their own venv{peft}")
     if peft_version is not None:
         return (f"torchao {torchao_version} is older than 0.16, which peft {peft_version} requires (its LoRA layers "
                 f"raise 'incompatible version of torchao'); torchtune 0.6.1 needs torchao<=0.15: no torchao "
@@ -70,26 +74,48 @@ def torchtune_release() -> str:
     if _installed("torchtune") is None:
         raise ImportError(f"from_torchtune runs torchtune's own recipe code; torchtune is not installed. "
                           f"Install it with: {INSTALL}")
-    conflict = torchao_conflict(_installed("torchao"), None)
-    if conflict:
-        raise ImportError(f"torchtune {_installed('torchtune')} cannot import here: {conflict}")
+    torchao, peft = _installed("torchao"), _installed("peft")
+    blocking = torchao_conflict(torchao, None)  # torchao too new: torchtune's own import fails
+    if blocking:
+        raise ImportError(f"torchtune {_installed('torchtune')} cannot import here: {torchao_conflict(torchao, peft)}")
     try:
         import torchtune
         from torchtune import training  # noqa: F401 - the import torchao breaks
     except ImportError as exc:
         raise ImportError(f"torchtune {_installed('torchtune')} does not import ({exc}); the pair that works is "
                           f"{WORKING_PAIR}") from None
+    other = torchao_conflict(torchao, peft)  # torchtune runs; peft's LoRA layers in this venv will not
+    if other:
+        warnings.warn(f"torchtune {torchtune.__version__} imports here, but {other}", stacklevel=2)
     return torchtune.__version__
 
 
+def recipe_file(path) -> str:
+    """``path``, or the file of the config torchtune ships under that name (``llama3_1/70B_lora``), found in
+    torchtune's recipe registry as ``tune run ... --config NAME`` finds it (``_cli.run.Run._get_config``)."""
+    from torchtune._cli.run import ROOT
+    from torchtune._recipe_registry import get_all_recipes
+
+    path = os.fspath(path)
+    if os.path.exists(path):
+        return path
+    for recipe in get_all_recipes():
+        for config in recipe.configs:
+            if config.name == path:
+                return str(ROOT / "recipes" / "configs" / config.file_path)
+    names = sorted({c.name for r in get_all_recipes() for c in r.configs})
+    close = difflib.get_close_matches(path, names, n=1)
+    raise ValueError(f"torchtune config {path!r}: no such file, nor a config torchtune ships"
+                     + (f" (did you mean {close[0]!r}?)" if close else " (tune ls lists them)"))
+
+
 def read_recipe(path, overrides=()):
-    """The recipe's config as ``tune run --config path key=value ...`` gives it (torchtune's parser)."""
+    """The recipe's config as ``tune run --config path key=value ...`` gives it (torchtune's parser); ``path``: a
+    file or the name of a config torchtune ships."""
     from torchtune.config._parse import TuneRecipeArgumentParser
     from torchtune.config._utils import _merge_yaml_and_cli_args
 
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ValueError(f"torchtune config {path!r}: no such file")
+    path = recipe_file(path)
     parser = TuneRecipeArgumentParser(description="shardviz")
     try:
         yaml_args, cli_args = parser.parse_known_args(["--config", path, *overrides])
@@ -116,15 +142,16 @@ def _build_rope(model: nn.Module, dtype) -> None:
                 m._buffers[name] = buf.to("meta")
 
 
-def build_model(cfg):
+def build_model(cfg, device: str = "meta"):
     """The recipe's model on meta: its builder, its dtype, its trainable adapters, its RoPE caches and the
-    loss's ``num_output_chunks``. Returns (model, loss_fn, dtype)."""
+    loss's ``num_output_chunks``. Returns (model, loss_fn, dtype). ``device="cpu"``: with real (random)
+    weights, as the truth harness trains it."""
     import torch
     from torchtune import config, training
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
 
     dtype = training.get_dtype(cfg.get("dtype", "bf16"), device=torch.device("cpu"))
-    with training.set_default_dtype(dtype), torch.device("meta"):
+    with training.set_default_dtype(dtype), torch.device(device):
         model = config.instantiate(cfg.model)
     adapters = get_adapter_params(model)
     if adapters:  # lora_finetune_distributed; full_finetune_distributed trains everything
@@ -265,7 +292,7 @@ def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None)
     release = torchtune_release()
     overrides = list(overrides or ())
     cfg = read_recipe(path, overrides)
-    label = os.path.basename(os.fspath(path))
+    label = os.fspath(path) if not os.path.exists(os.fspath(path)) else os.path.basename(os.fspath(path))
     if "model" not in cfg:
         raise ValueError(f"torchtune config {label}: no model (model._component_ names the builder)")
     try:
@@ -281,7 +308,10 @@ def from_torchtune(path, overrides=(), world_size: int | None = None, mesh=None)
         raise ValueError(f"torchtune config {label}: the recipe's shard_model raised: {cap.error.message}")
     given = {o.split("=", 1)[0].lstrip("~") for o in overrides}
     training, origins = recipe_training(cfg, loss_fn, model, given)
-    origins["model"] = f"model._component_={cfg.model.get('_component_')} ({'override' if 'model' in given else 'recipe'})"
+    lora = " ".join(f"{k}={cfg.model.get(k)}" for k in ("lora_rank", "lora_alpha", "lora_attn_modules",
+                                                        "apply_lora_to_mlp", "apply_lora_to_output") if k in cfg.model)
+    where = "override" if any(g == "model" or g.startswith("model.") for g in given) else "recipe"
+    origins["model"] = f"model._component_={cfg.model.get('_component_')}{' ' + lora if lora else ''} ({where})"
     origins["plan"] = f"{label} through torchtune {release}'s shard_model"
     plan = with_findings(plan, _findings(cfg, model, plan, release))
     return FrameworkSetup("torchtune", model, plan, mesh, training, origins, cfg)

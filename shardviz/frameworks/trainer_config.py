@@ -330,6 +330,11 @@ def trl_script_fields(fields: dict) -> tuple[dict, dict]:
             {k: v for k, v in fields.items() if k not in model_keys | script_keys})
 
 
+def _listed(targets):
+    """peft's target_modules as the user wrote them: a set (peft makes one of a list) sorted, so runs print alike."""
+    return sorted(targets) if isinstance(targets, (set, frozenset)) else targets
+
+
 def trl_model(model_part: dict, label: str):
     """The model TRL's ``ModelConfig`` names (``model_name_or_path``: a local config.json or folder), on meta,
     with the peft config TRL's own ``get_peft_config`` makes of ``use_peft`` / ``lora_*``. (model, origin text)."""
@@ -354,7 +359,7 @@ def trl_model(model_part: dict, label: str):
 
         model = get_peft_model(model, peft_config)
         text += (f", use_peft: LoRA r={peft_config.r} alpha={peft_config.lora_alpha} "
-                 f"targets={peft_config.target_modules} (TRL's get_peft_config)")
+                 f"targets={_listed(peft_config.target_modules)} (TRL's get_peft_config)")
     return model, f"{text} (from {label})"
 
 
@@ -417,7 +422,8 @@ def from_trainer(args_or_path, model: nn.Module | None = None, world_size: int |
                            kind="trainer config")
     from ..checks.origin_checks import capture_findings
 
-    found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")})
+    found = capture_findings(model, plan, {**env, "FSDP_AUTO_WRAP_POLICY": args.fsdp_plugin_args.get("auto_wrap_policy")},
+                             cap.cast, f"accelerate {release}")
     training, origins = _training(args, fields, f"from {label}")
     origins["plan"] = f"fsdp_config of {label}, through transformers {transformers.__version__} and accelerate {release}"
     plan, checkpointing = _with_hf_checkpointing(plan, args, fields, f"from {label}", model)
