@@ -77,12 +77,12 @@ def test_exported_code_is_highlighted_in_python_once(ins):
 
 def test_a_failing_verification_does_not_blame_torch(model, ins, monkeypatch):
     """Issue 24: verify's own KeyError on a checkpointed plan read "torch raised KeyError"."""
-    import shardviz
+    from shardviz.widget import panels  # where the verify panel's payload calls sv.verify
 
     def broken(*args, **kwargs):
         return {}["base_model.model.model.layers.0._checkpoint_wrapped_module"]
 
-    monkeypatch.setattr(shardviz, "verify", broken)
+    monkeypatch.setattr(panels, "verify", broken)
     result = ins.controller.verify()
     assert not result["ok"] and result["raised_by"] == "shardviz" and result["error"].startswith("KeyError")
 
@@ -91,5 +91,5 @@ def test_a_failing_verification_does_not_blame_torch(model, ins, monkeypatch):
 
         torch.nn.Linear(2, 2).get_submodule("nope")  # raised inside torch (nn/modules/module.py)
 
-    monkeypatch.setattr(shardviz, "verify", refused)
+    monkeypatch.setattr(panels, "verify", refused)
     assert ins.controller.verify()["raised_by"] == "torch"
