@@ -258,7 +258,9 @@ class InspectorState:
     @property
     def first_findings(self) -> list[dict]:
         """``findings`` once built, else ``analysis.first_findings`` (no what-if priced: shown while they run)."""
-        return self._derived.get("findings") or self._lazy("first", lambda: panels.findings_payload(self.analysis, True))
+        if "findings" in self._derived:  # the priced ones, even when none: never the first ones after them
+            return self._derived["findings"]
+        return self._lazy("first", lambda: panels.findings_payload(self.analysis, True))
 
     def card(self) -> dict:  # the header card (display.header_card, the report's too), with the findings sent so far
         which = next((k for k in ("findings", "first") if k in self._derived), None)

@@ -211,7 +211,9 @@ class Inspector(anywidget.AnyWidget):
         st = self.controller
         mesh, tree = st.mesh, st.tree
         sev = {"error": 0, "warning": 0, "info": 0}
-        findings = st.computed("findings") or st.computed("first")  # the first findings: no what-if priced yet
+        findings = st.computed("findings")
+        if findings is None:  # the first findings: no what-if priced yet
+            findings = st.computed("first")
         if findings is not None:
             for f in findings:
                 sev[f["severity"]] = sev.get(f["severity"], 0) + 1
