@@ -285,3 +285,48 @@ def test_the_search_says_how_far_it_is():
     done = [d for d, _ in calls]
     assert done == sorted(done) and done[-1] <= found.n_candidates
     assert found.table.equals(reference().table)  # the callback changes nothing
+
+
+def test_the_look_ahead_searches_ahead_and_the_click_finds_its_rows(monkeypatch):
+    """Suggest's search runs in the look-ahead (issue 37: compute ahead what the next edit likely
+    needs): the click then runs nothing and shows the rows ``sv.search`` gives; a plan edit keeps
+    them (a search does not depend on the plan), a new sequence length searches again."""
+    from shardviz.widget import background
+    from shardviz.widget.controller import InspectorState
+
+    st = InspectorState(model(), mesh=MESH, training=TRAINING)
+    st.memory  # noqa: B018
+    assert "Suggest's search" in background.look_ahead(st, st.revision, findings=False)
+    runs = []
+    real = suggest_module.search
+    monkeypatch.setattr(suggest_module, "search", lambda *a, **k: runs.append(1) or real(*a, **k))
+    found = st.suggest(top=TOP)
+    assert runs == [] and found.table.equals(reference().table)
+    st.apply_preset("ignored")
+    assert st.suggest(top=TOP) is found and runs == []
+    st.set_training(seq_len=32)
+    again = st.suggest(top=TOP)
+    assert runs == [1] and again is not found
+    assert again.table.equals(sv.search(model(), mesh=MESH, training=st.training).table)
+
+
+def test_a_search_stopped_by_an_edit_keeps_no_rows(monkeypatch):
+    """The look-ahead's search stops at the next edit (``activations.stop``) and keeps nothing half done."""
+    from shardviz.activations import stop
+    from shardviz.widget.controller import InspectorState
+
+    st = InspectorState(model(), mesh=MESH, training=TRAINING)
+    st.memory  # noqa: B018
+    real = suggest_module.search
+
+    def stopped_midway(*args, progress=None, **kwargs):
+        def progress_then_stop(done, total):
+            if done == 3:
+                raise stop.Stopped()
+            progress(done, total)
+        return real(*args, progress=progress_then_stop, **kwargs)
+
+    monkeypatch.setattr(suggest_module, "search", stopped_midway)
+    with pytest.raises(stop.Stopped):
+        suggest_module.search_ahead(st)
+    assert st.searched == {}

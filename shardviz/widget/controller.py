@@ -108,6 +108,7 @@ class InspectorState:
         self.suggest_status: dict = {"state": "idle"}
         self.suggest_top = suggest.DEFAULT_TOP
         self.found: suggest.FoundPlans | None = None
+        self.searched: dict[tuple, suggest.FoundPlans] = {}  # by suggest.ahead_key: Suggest's or the look-ahead's
 
         explicit = as_plan(plan) if plan is not None else None
         self.plan_file = PlanFile(plan_path) if plan_path is not None else None

@@ -30,6 +30,37 @@ def tensor_degrees(mesh) -> tuple[int, ...]:
     return tuple(sorted({1, mesh.tensor}))
 
 
+#: searches kept per Inspector (``InspectorState.searched``): a few meshes and trainings go back and forth
+SEARCHES_KEPT = 4
+
+
+def ahead_key(state) -> tuple:
+    """What a search of ``state`` depends on: ``search_key`` and the tensor degrees it tries. Not the
+    plan: a search made before plan edits (by the look-ahead, or an earlier click) still answers."""
+    return (*search_key(state.mesh, state.training), tensor_degrees(state.mesh))
+
+
+def _remember(state, found: FoundPlans) -> None:
+    key = ahead_key(state)
+    state.searched.pop(key, None)
+    state.searched[key] = found
+    while len(state.searched) > SEARCHES_KEPT:
+        state.searched.pop(next(iter(state.searched)))
+
+
+def search_ahead(state) -> bool:
+    """The look-ahead's search (``background.look_ahead``): the search ``run_search`` would run for
+    ``state``, kept for its click, the panel left as it is. Stops at the next edit (``stop.check``
+    between candidates). True when a search was run, False when one was kept already or none can run."""
+    if state.mesh.device_memory is None or ahead_key(state) in state.searched:
+        return False
+    t0 = time.perf_counter()
+    found = search(state.tree, state.mesh, state.training, tensor=tensor_degrees(state.mesh),
+                   progress=lambda done, total: stop.check())
+    _remember(state, FoundPlans(found, search_key(state.mesh, state.training), time.perf_counter() - t0))
+    return True
+
+
 def search_key(mesh, training) -> tuple:
     """What a search depends on: the mesh (any HSDP x TP split of its world: a row applied keeps
     the suggestions current), the training (with ``global_batch``: any micro-batch; CPU offload
@@ -95,6 +126,11 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
     except ValueError as exc:
         state.set_suggest_status({"state": "error", "error": str(exc)})
         raise
+    ready = state.searched.get(ahead_key(state))
+    if ready is not None:  # searched already (the look-ahead, or a click before plan edits): the same rows
+        state.found = ready
+        state.set_suggest_status({"state": "done"})
+        return ready.search
     state.set_suggest_status({"state": "running", "n_candidates": n, "done": 0})
     t0 = time.perf_counter()
     shown = [t0]
@@ -113,6 +149,7 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
         state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
         raise
     state.found = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
+    _remember(state, state.found)
     state.set_suggest_status({"state": "done"})
     return found
 
