@@ -546,3 +546,30 @@ def test_tensor_collectives_under_grad_accum_are_timed_once_per_micro_batch():
     rows = a.comm[a.comm.dim == "tensor"]
     assert "all_reduce" in set(rows.collective) and set(rows["count"]) == {2}
     assert a.step.tensor_comm_s == pytest.approx(float((rows.time_s * rows["count"]).sum()))
+
+
+def test_the_one_rank_copy_shares_nothing_it_changes():
+    """``model.copying.copy_modules`` (TP's one-rank model, issue 37: a deepcopy of 70B took 1 s of
+    a TP edit): every module a new object with the same names, its tensors from the memo, a hook
+    added to the copy absent from the model, methods bound to the copy's modules; the model unchanged."""
+    import torch
+
+    from shardviz import zoo
+    from shardviz.model.copying import copy_modules
+
+    model = zoo.tiny_llama_lora()
+    memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta")) for p in model.parameters()}
+    memo.update({id(b): torch.empty_like(b, device="meta") for b in model.buffers()})
+    before = [(n, id(m), dict(m._forward_hooks)) for n, m in model.named_modules()]
+    out = copy_modules(model, memo)
+    names = [n for n, _ in model.named_modules()]
+    assert [n for n, _ in out.named_modules()] == names
+    assert not {id(m) for m in model.modules()} & {id(m) for m in out.modules()}
+    assert all(q is memo[id(p)] for p, q in zip(model.parameters(), out.parameters()))
+    leaf = names[-1]
+    out.get_submodule(leaf).register_forward_hook(lambda *a: None)
+    assert not model.get_submodule(leaf)._forward_hooks
+    assert [(n, id(m), dict(m._forward_hooks)) for n, m in model.named_modules()] == before
+    bound = [(k, v) for m in out.modules() for k, v in vars(m).items() if hasattr(v, "__self__")
+             and isinstance(v.__self__, torch.nn.Module)]
+    assert bound and all(id(v.__self__) not in {id(m) for m in model.modules()} for _, v in bound)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
+from ..model.copying import copy_modules
 from ..model.tree import ModelTree
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
@@ -451,7 +452,7 @@ def local_model(model, tree: ModelTree, placements: dict[int, tuple], tp: Tensor
             memo[id(p)] = nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta"), requires_grad=p.requires_grad)
     for b in model.buffers():
         memo[id(b)] = torch.empty_like(b, device="meta")
-    out = copy.deepcopy(model, memo)
+    out = copy_modules(model, memo)
     for module in out.modules():
         if isinstance(module, nn.Linear):
             module.out_features, module.in_features = module.weight.shape
