@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..activations import stop
 from .events import GROUP_NAMES, POST_FORWARD_SHARD, SHARD_GROUP, SHARDED, UNSHARDED, Gather, Hook, step_events
 from .calls import Call
 
@@ -158,7 +159,9 @@ class StepSimulation:
     def run(self) -> StepResult:
         for mb in microbatches(self.grad_accum, self.sync_every):
             self.mb, self.collectives, self.events = mb, [], self.walks[mb.sync]
+            stop.check()  # tens of ms a phase at 70B: the Inspector's next edit stops the replay here
             self.forward()
+            stop.check()
             self.backward()
         return StepResult(self.peak, self.moment, tuple(self.collectives))
 

@@ -10,8 +10,8 @@ between Suggest's candidates. The next job starts only once it has ended, so tha
 never run at once (they patch module-level functions while they run).
 
 Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
-measures what the likely next edits need (the LoRA presets, Suggest's whole search, one block
-checkpointed, every block, the other parameter dtype, half the sequence, TP 2) into the measurement
+measures what the likely next edits need (the LoRA presets, one block checkpointed, every block,
+the other parameter dtype, half the sequence, TP 2, then Suggest's whole search) into the measurement
 caches, so that the edit itself finds its step measured and Suggest its rows. The look-ahead is invisible: the widget is idle (``Worker.busy`` is
 False, ``wait()`` returns), and the next edit cancels it like any job.
 """
@@ -366,9 +366,9 @@ def next_edits(st) -> list[tuple[str, object]]:
     """The likely next edits of ``st`` (an ``InspectorState``) that need a new measurement, most
     likely first, as (what, a function of ``st`` returning its (plan, mesh, training)): the same
     plain functions the edits call (``plan_actions``, ``setup_actions``), so that what is measured
-    ahead is exactly what the edit then asks for. After the LoRA presets, Suggest's search itself
-    (``suggest.search_ahead``, kept for the click: its function returns None). Without a micro-batch
-    nothing is measured."""
+    ahead is exactly what the edit then asks for. Last, Suggest's search itself (``suggest.search_ahead``,
+    kept for the click: its function returns None; it needs seconds, the edits before it one each).
+    Without a micro-batch nothing is measured."""
     from . import plan_actions, setup_actions, suggest
 
     if not st.training.with_activations:
@@ -379,10 +379,6 @@ def next_edits(st) -> list[tuple[str, object]]:
     for key in plan_actions.PRESETS:  # first: the LoRA layouts compared are the question the tool is for
         if key in ("ignored", "sharded", "separate"):
             out.append((f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr)))
-    if mesh.device_memory is not None:  # then Suggest's search, kept for its click
-        def search():
-            suggest.search_ahead(st)  # None: nothing left for look_ahead to analyse
-        out.append(("Suggest's search", search))
     if len(blocks) > 1:
         out.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
         out.append(("every block's checkpoint", lambda: (plan_actions.checkpoint_blocks(st, not plan.checkpoint), mesh, tr)))
@@ -395,6 +391,10 @@ def next_edits(st) -> list[tuple[str, object]]:
             edit = setup_actions.tensor_edit(st, 2)
             return edit.plan or plan, edit.mesh, tr
         out.append(("TP 2", tp2))
+    if mesh.device_memory is not None:  # last, Suggest's search (seconds at 70B), kept for its click
+        def search():
+            suggest.search_ahead(st)  # None: nothing left for look_ahead to analyse
+        out.append(("Suggest's search", search))
     return out
 
 
