@@ -12,7 +12,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import zoo
-from shardviz.activations import clear_cache
+from shardviz.activations import clear_cache, stop
 from shardviz.activations import measure as measure_mod
 from shardviz.widget import Inspector, background
 from shardviz.widget.controller import InspectorState
@@ -97,6 +97,7 @@ def test_the_look_ahead_is_idle_work_and_the_next_edit_stops_it(model, monkeypat
     def slow(st, rev=None, findings=True):
         started.set()
         while not release.is_set():
+            stop.check()  # as the real look-ahead checks between its steps: the edit's cancel stops it
             release.wait(0.01)
 
     monkeypatch.setattr(background, "look_ahead", slow)
