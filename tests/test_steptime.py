@@ -201,7 +201,8 @@ def test_the_step_is_timed_from_its_inputs_without_the_analysis(model, monkeypat
 def test_timeline_payload_is_sorted_and_marks_the_exposed_communication(model, flops):
     a = analysis(model, "ignored")
     p = sv.views.display.timeline_payload(a)
-    assert p["available"] and p["streams"] == ["compute", "all_gather", "reduce_scatter", "all_reduce"]
+    # ignored LoRA: its gradients all-reduced; the base is frozen, so nothing is reduce-scattered
+    assert p["available"] and p["streams"] == ["compute", "all_gather", "all_reduce"]
     events = p["events"]
     starts = [e["start_s"] for e in events]
     assert starts == sorted(starts)
@@ -469,3 +470,11 @@ def test_a_collective_has_one_duration_in_comm_and_time(model, mesh):
     for key, seconds in drawn.items():
         assert seconds == pytest.approx(sums[key], rel=1e-9), key
     assert comm.attrs["time_per_step_s"] == pytest.approx(float(comm.seconds.sum()))
+
+
+def test_the_timeline_draws_no_empty_lane(model, flops):
+    """Issue 37: the all-reduce lane was drawn empty for every FSDP plan. A lane is drawn where its
+    stream has events: LoRA sharded on FSDP has no all-reduce, LoRA ignored has (its gradients')."""
+    sharded = sv.views.display.timeline_payload(analysis(model, "sharded"))
+    assert sharded["streams"] == ["compute", "all_gather", "reduce_scatter"]
+    assert {e["stream"] for e in sharded["events"]} == set(sharded["streams"])

@@ -409,7 +409,9 @@ def timeline_payload(st: StepTime) -> dict:
     note = (f"the last of {k} micro-batches (the one that reduces); the step is {step.step_time_s:.3f} s"
             if k > 1 else "")
     return {
-        "available": True, "streams": list(STREAMS), "events": events,
+        # the lanes with something on them (an FSDP step has no all-reduce: no empty lane that reads as one)
+        "streams": [s for s in STREAMS if s == COMPUTE or any(e["stream"] == s for e in events)],
+        "available": True, "events": events,
         "step_time_s": sched.step_time_s, "exposed_comm_s": sched.exposed_comm_s, "compute_s": sched.compute_s,
         "summary": step_text(step), "note": note, "assumptions": list(st.assumptions),
         "units": [u.name for u in sched.units], "labels": _short_names([u.name for u in sched.units]),
