@@ -185,6 +185,11 @@ def test_labels_a_user_reads(lab_server, shared_lab_page, model):
             continue
         assert unit.endswith(text.lstrip("…")) and not text.startswith("_"), (unit, text)
 
+    # one spelling of each collective on every chart (issue 37: "all_gather ×68", lane "all-gather", legend "all gather")
+    charts = widget.locator(".sv-traffic").text_content() + widget.locator(".sv-timeline").text_content()
+    assert "all-gather" in charts and "reduce-scatter" in charts
+    assert not re.search(r"all_gather|all gather|reduce_scatter|reduce scatter|all_reduce|all reduce", charts), charts[:300]
+
     # a filter that matches nothing says so
     widget.locator(".sv-filter-text").fill("no_such_thing")
     widget.locator(".sv-filter-text").press("Enter")
