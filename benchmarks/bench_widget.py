@@ -26,7 +26,8 @@ the user reads the numbers. Targets: plan edits <= 300 ms, dtype / sequence / TP
 first render <= 3 s, Suggest <= 5 s.
 
 ``--python --suggest-only``: the same state, then Suggest alone: cold (only the current plan's step
-measured, by the first render) and twice warm (every measurement cached), wall and CPU seconds and the
+measured, by the first render) and twice warm (every measurement cached; the search kept from the run
+before is dropped first, so that the search itself is timed), wall and CPU seconds and the
 cyclic gc's CPU seconds per generation (``gc.callbacks``); ``--profile FILE`` writes the cold run's
 cProfile stats (``artifacts/bench_widget_suggest.json``).
 """
