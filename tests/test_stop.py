@@ -51,3 +51,42 @@ def test_a_measurement_asked_to_stop_stops_and_torch_is_left_as_it_was(delay):
         assert out["peak"] == peak(model, 80 + int(delay * 100))
     stop.check()  # this thread was never asked
     assert peak(model, 64) == before
+
+
+def test_asked_in_backward_it_runs_the_rest_bare_then_stops(monkeypatch):
+    """A raise in backward terminates the process, so a measurement asked to stop there runs the rest
+    of its backward without its own bookkeeping (MemTracker's, the op costs: its numbers are dropped),
+    then stops at its next check; the same step measured afterwards gives the same bytes."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from shardviz.activations import clear_cache
+    from shardviz.activations.recorder import Recorder
+
+    model = zoo.tiny_llama_lora()
+    clear_cache()
+    expected = peak(model, 72)
+    clear_cache()
+    asked, bookkept = [], []
+    real_event, real_dispatch = Recorder._event, MemTracker.__torch_dispatch__
+
+    def event(self, kind, key):
+        if self._mod_tracker.is_bw and not asked:
+            asked.append(kind)
+            stop.request(threading.get_ident())
+        return real_event(self, kind, key)
+
+    def dispatch(self, *args, **kwargs):
+        if asked:
+            bookkept.append(args[0])
+        return real_dispatch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "_event", event)
+    monkeypatch.setattr(MemTracker, "__torch_dispatch__", dispatch)
+    try:
+        with pytest.raises(stop.Stopped):
+            peak(model, 72)
+    finally:
+        stop.forget(threading.get_ident())
+    assert asked and bookkept == []
+    monkeypatch.undo()
+    assert peak(model, 72) == expected

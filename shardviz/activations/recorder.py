@@ -92,6 +92,8 @@ class Recorder(MemTracker):
             return self._device_of(args)
         if torch._C._current_graph_task_id() == -1:  # not in backward: torch's engine terminates on it there
             stop.check()  # the Inspector's next edit stops this measurement here, where torch expects exceptions
+        elif stop.requested():  # in backward, asked to stop: its numbers will be dropped, so none is kept
+            return func(*args, **(kwargs or {}))  # (no MemTracker, no op cost): it ends sooner, then raises
         name = func._opname
         attention = name in ATTENTION_OPS
         if attention:

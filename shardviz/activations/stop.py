@@ -36,3 +36,8 @@ def check() -> None:
     """Raise ``Stopped`` if this thread was asked to stop (an empty set: one truth test)."""
     if _ASKED and threading.get_ident() in _ASKED:
         raise Stopped
+
+
+def requested() -> bool:
+    """Whether this thread was asked to stop (``check`` without the raise: where a raise cannot be made)."""
+    return bool(_ASKED) and threading.get_ident() in _ASKED
