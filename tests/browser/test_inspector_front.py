@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import save_screenshot
 from static_inspector import StaticInspector
 
 import shardviz as sv
@@ -220,10 +221,16 @@ def test_findings_being_priced_are_marked_not_hidden(page, model):
     card = si.widget.locator(".sv-card-finding")
     assert card.get_attribute("data-code") == "SV201"
     assert "pricing the fixes" in card.locator(".sv-card-updating").text_content()
+    # the card's line is the message's first clause, cut at a word (issue 37: 60-word paragraphs); hover: all of it
+    line = card.locator(".sv-card-finding-text")
+    message = next(f for f in ins.findings if f["code"] == "SV201")["message"]
+    assert len(line.text_content()) <= 161 and len(message) > 200
+    assert message.startswith(line.text_content().rstrip("…")) and line.get_attribute("title").startswith(message)
     si.widget.locator('.sv-tab[data-tab="findings"]').click()
     item = si.widget.locator('.sv-finding[data-code="SV201"]')
     assert "sv-finding-pending" in item.get_attribute("class")
     assert item.locator(".sv-finding-pricing").text_content().strip() == "being priced"
+    save_screenshot(si.widget, "inspector_findings_being_priced")  # for a person to look at (artifacts/screenshots)
     si.events = []
     st.analysis.findings  # noqa: B018 - priced: the worker's second push
     ins.findings = st.findings
