@@ -106,6 +106,9 @@ def test_the_report_opens_with_the_inspectors_header_card():
     assert card["tokens_text"] in top and card["mfu_text"] in top
     assert card["finding"]["code"] == "SV102" and card["finding"]["applies"]  # its fix is a plan change
     assert f"SV102 ({TITLES['SV102']}):" in top
+    # the top finding by its first clause, as the Inspector's card (issue 37: 60-word paragraphs); all of it on hover
+    assert card["finding"]["headline"] in top and len(card["finding"]["headline"]) <= display.HEADLINE_CHARS
+    assert f'title="{html.escape(card["finding"]["message"])}"' in page
     assert 'class="card-bar"' in page
     # the Inspector's summary carries the very same card
     from shardviz.widget import Inspector
@@ -113,3 +116,17 @@ def test_the_report_opens_with_the_inspectors_header_card():
     ins = Inspector(m, plan=plan, mesh=MESH, training=TRAINING)
     assert ins.summary["card"] == card
     assert a.step.step_time_s == card["step_time_s"] and a.fit.verdict == card["verdict"]
+
+
+def test_a_findings_headline_is_its_first_clause_cut_at_a_word():
+    """``display.first_clause``: to the first ". " or "; " outside parentheses, then at most 160
+    characters, cut at a word with "…" (the card's line in the Inspector and the report)."""
+    clause = display.first_clause
+    assert clause("does not fit: 6 MiB over (device_memory 1 MiB; 5 % margin); largest: x") == \
+        "does not fit: 6 MiB over (device_memory 1 MiB; 5 % margin);"
+    assert clause("ignored LoRA gradients are not all-reduced. Fix: shard them") == \
+        "ignored LoRA gradients are not all-reduced."
+    assert clause("a. b; c") == "a. b; c"  # no cut in the first 20 characters
+    long = "word " * 60
+    out = clause(long)
+    assert len(out) <= 160 and out.endswith("…") and long.startswith(out[:-1]) and not out[:-1].endswith(" ")

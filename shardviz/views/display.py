@@ -505,6 +505,26 @@ def seq_len_note(model, seq_len) -> str | None:
 
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+HEADLINE_CHARS = 160
+
+
+def first_clause(message: str, limit: int = HEADLINE_CHARS) -> str:
+    """A finding's message to its first ". " or "; " outside parentheses (after 20 characters), cut at
+    a word within ``limit`` characters with "…": the card's one or two lines under the verdict (the
+    Inspector's and the report's), the whole message on hover and in the findings below."""
+    depth = 0
+    for i, c in enumerate(message[:-1]):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif depth == 0 and i >= 20 and c in ".;" and message[i + 1] == " ":
+            message = message[:i + 1]
+            break
+    if len(message) <= limit:
+        return message
+    cut = message.rfind(" ", 0, limit)
+    return message[:cut if cut > 40 else limit - 1] + "…"
 
 
 def header_card(a, findings=None) -> dict:
@@ -538,5 +558,6 @@ def header_card(a, findings=None) -> dict:
         except Exception:  # noqa: BLE001 - the card still shows the finding, without "apply"
             fixable = False
         card["finding"] = {"code": top.code, "severity": top.severity, "title": TITLES.get(top.code, ""),
-                           "message": top.message, "fix": top.fix, "applies": fixable, "pending": top.pending}
+                           "message": top.message, "headline": first_clause(top.message), "fix": top.fix,
+                           "applies": fixable, "pending": top.pending}
     return card

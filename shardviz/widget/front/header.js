@@ -73,25 +73,6 @@ function stepFigures(card) {
 }
 
 // the first sentence of a finding: the card's one line (the whole text is its tooltip)
-// the finding's first clause (to a ". " or "; " outside parentheses), cut at a word within 160
-// characters: one or two lines under the verdict, the whole message on hover and in the Findings tab
-function firstSentence(text) {
-  text = text || "";
-  let depth = 0;
-  for (let i = 0; i < text.length - 1; i++) {
-    const c = text[i];
-    if (c === "(") depth++;
-    else if (c === ")") depth = Math.max(0, depth - 1);
-    else if (depth === 0 && i >= 20 && (c === "." || c === ";") && text[i + 1] === " ") {
-      text = text.slice(0, i + 1);
-      break;
-    }
-  }
-  if (text.length <= 160) return text;
-  const cut = text.lastIndexOf(" ", 159);
-  return text.slice(0, cut > 40 ? cut : 159) + "…";
-}
-
 // the card's top finding (display.header_card: errors first, "applies" where its fix is a plan change)
 function topFinding(ctx, card, list, stale, openFindings) {
   const f = card && card.finding;
@@ -107,7 +88,7 @@ function topFinding(ctx, card, list, stale, openFindings) {
     { class: `sv-card-finding${stale ? " sv-stale" : ""}`, "data-code": f.code },
     h("span", { class: `sv-sev sv-sev-${f.severity}`, text: f.severity }),
     h("b", { class: "sv-card-code", text: f.code, title: f.title || "" }),
-    h("span", { class: "sv-card-finding-text", text: firstSentence(f.message), title: f.fix ? `${f.message}\nfix: ${f.fix}` : f.message }),
+    h("span", { class: "sv-card-finding-text", text: f.headline, title: f.fix ? `${f.message}\nfix: ${f.fix}` : f.message }),
     apply,
     more,
     updating,
