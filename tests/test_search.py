@@ -422,31 +422,38 @@ def test_cli_table_wraps_names_and_says_why_a_row_has_no_numbers():
         assert " ".join(block.split()).replace("not analysed:", "").find(" ".join(row.name.split()[:2])) >= 0
 
 
-def test_the_collector_pauses_during_a_search_only(monkeypatch):
-    """No cyclic collection while the candidates run (issue 37: a full collection every few analyses
-    was 1.5 s of a 70B search); enabled again after it, also when it fails, and left off when the
-    user had it off."""
+def test_no_full_collection_during_a_search(monkeypatch):
+    """No full (generation 2) collection while the candidates run (issue 37: one every few analyses
+    was 1.5 s of a 70B search); the thresholds as they were after it, also when it fails; one full
+    collection at the end of a search that ends, none after one that fails or is stopped."""
     from shardviz.search import running
 
-    seen = []
+    seen, full = [], []
     real = running._evaluate
+    fail = [True]
 
     def evaluate(*args, **kwargs):
-        seen.append(gc.isenabled())
-        if len(seen) == 5:
+        seen.append(gc.get_threshold()[2])
+        if fail[0] and len(seen) == 5:
             raise RuntimeError("a candidate failed")
         return real(*args, **kwargs)
 
+    def on_gc(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full.append(len(seen))
+
     monkeypatch.setattr(running, "_evaluate", evaluate)
-    assert gc.isenabled()
-    with pytest.raises(RuntimeError, match="a candidate failed"):
-        sv.search(model(), mesh=MESH, training=sv.Training())
-    assert seen == [False] * 5 and gc.isenabled()
-    gc.disable()
+    before, m = gc.get_threshold(), model()
+    gc.callbacks.append(on_gc)
     try:
-        seen.clear()
-        with pytest.raises(RuntimeError):
-            sv.search(model(), mesh=MESH, training=sv.Training())
-        assert not gc.isenabled()
+        with pytest.raises(RuntimeError, match="a candidate failed"):
+            sv.search(m, mesh=MESH, training=sv.Training())
+        # (before the first candidate, building the candidates, the collector runs as it will)
+        assert seen == [1 << 30] * 5 and gc.get_threshold() == before and max(full, default=0) == 0
+        fail[0], seen[:], full[:] = False, [], []
+        found = sv.search(m, mesh=MESH, training=sv.Training())
+        assert len(seen) == found.n_candidates
+        assert [k for k in full if k > 0] == [len(seen)]  # one, after the last candidate
     finally:
-        gc.enable()
+        gc.callbacks.remove(on_gc)
+    assert gc.get_threshold() == before
