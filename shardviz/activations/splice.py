@@ -150,6 +150,7 @@ def _region_events(region: _Region, deltas: list[ModuleEvent], lp: ListPlan) -> 
     positions = list(range(n)) if region.phase == "fw" else list(range(n - 1, -1, -1))
     out, sources = [], []
     for i, pos in enumerate(positions):
+        stop.check()  # once a block position (80 at 70B): the next edit does not wait for the whole splice
         r = lp.pos_rep[pos]
         if r not in region.runs:
             continue
@@ -175,7 +176,9 @@ def _absolute(result: list[ModuleEvent]) -> list[ModuleEvent]:
     """Changes back to absolute levels; dropped events (key None) carry their change and their
     FLOPs forward (trailing ones go to the last event)."""
     timeline, level, carry_peak, carry_flops, carry_cost = [], 0, None, 0, None
-    for ev in result:
+    for j, ev in enumerate(result):
+        if not j & 4095:
+            stop.check()  # every 4,096 events (about 20,000 at 70B)
         peak = level + ev.peak
         if carry_peak is not None:
             peak = max(peak, carry_peak)
