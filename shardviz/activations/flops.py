@@ -167,30 +167,24 @@ def _owned(timeline: list[ModuleEvent], ends: dict[str, int]):
         running.extend(opens.get(j, ()))
 
 
-def module_flops(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str, ModuleFlops]:
-    """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), by ``_owned``."""
+def module_sums(timeline: list[ModuleEvent], ends: dict[str, int]) -> tuple[dict[str, ModuleFlops], dict[str, tuple]]:
+    """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), and fqn ->
+    (forward, backward, recompute) ``opcost`` costs of its own ops: both from one ``_owned`` walk."""
     stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     totals: dict[tuple[str, str], int] = {}
+    costs: dict[str, list] = {}
     for fqn, phase, ev in _owned(timeline, ends):
         if ev.flops:
             totals[(fqn, phase)] = totals.get((fqn, phase), 0) + ev.flops
-    out: dict[str, ModuleFlops] = {}
-    for (fqn, phase), n in totals.items():
-        f = out.get(fqn, ModuleFlops())
-        out[fqn] = f._replace(**{phase: getattr(f, phase) + n})
-    return out
-
-
-def module_costs(timeline: list[ModuleEvent], ends: dict[str, int]) -> dict[str, tuple]:
-    """fqn -> (forward, backward, recompute) ``opcost`` costs of its own ops, by ``_owned``."""
-    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
-    out: dict[str, list] = {}
-    for fqn, phase, ev in _owned(timeline, ends):
         if ev.cost:
-            row = out.setdefault(fqn, [None, None, None])
+            row = costs.setdefault(fqn, [None, None, None])
             k = PHASES.index(phase)
             row[k] = combined(row[k], ev.cost)
-    return {fqn: tuple(row) for fqn, row in out.items()}
+    flops: dict[str, ModuleFlops] = {}
+    for (fqn, phase), n in totals.items():
+        f = flops.get(fqn, ModuleFlops())
+        flops[fqn] = f._replace(**{phase: getattr(f, phase) + n})
+    return flops, {fqn: tuple(row) for fqn, row in costs.items()}
 
 
 def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:

@@ -16,7 +16,7 @@ from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
 from ..model.tree import ModelTree, as_tree, base_model
 from . import stop
-from .flops import flop_counter, module_costs, module_flops
+from .flops import flop_counter, module_sums
 from .kernels import attention_note
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
@@ -354,14 +354,14 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
     idx = event_index(timeline)
     ends = last_in_subtree(idx)
     modules, peak = module_stats(timeline, idx, ends, set(request.checkpoint), block_saved(measurement.events, lists))
+    flops, costs = module_sums(timeline, ends)
     pdt = request.param_dtype
     return ActivationProfile(
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
         peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
         attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention, tree.model, _compute_dtype(tree, pdt)) + _CACHE_NOTE[request.use_cache],
-        measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=module_flops(timeline, ends),
-        module_costs=module_costs(timeline, ends),
+        measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=flops, module_costs=costs,
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
     )
 
