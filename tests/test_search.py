@@ -424,8 +424,8 @@ def test_cli_table_wraps_names_and_says_why_a_row_has_no_numbers():
 
 def test_no_full_collection_during_a_search(monkeypatch):
     """No full (generation 2) collection while the candidates run (issue 37: one every few analyses
-    was 1.5 s of a 70B search); the thresholds as they were after it, also when it fails; one full
-    collection at the end of a search that ends, none after one that fails or is stopped."""
+    was 1.5 s of a 70B search), none forced after it (one takes 0.5-1 s in a kernel that measured
+    many layouts); the thresholds as they were after it, also when it fails."""
     from shardviz.search import running
 
     seen, full = [], []
@@ -452,8 +452,7 @@ def test_no_full_collection_during_a_search(monkeypatch):
         assert seen == [1 << 30] * 5 and gc.get_threshold() == before and max(full, default=0) == 0
         fail[0], seen[:], full[:] = False, [], []
         found = sv.search(m, mesh=MESH, training=sv.Training())
-        assert len(seen) == found.n_candidates
-        assert [k for k in full if k > 0] == [len(seen)]  # one, after the last candidate
+        assert len(seen) == found.n_candidates and max(full, default=0) == 0
     finally:
         gc.callbacks.remove(on_gc)
     assert gc.get_threshold() == before

@@ -32,16 +32,15 @@ def _collector_paused():
     next one reuses (profiles, plans), so the collector's thresholds fired a full collection every few
     analyses, walking every long-lived object each time: about 1.5 s of a 70B search for almost
     nothing found. The young generations are still collected as usual (nothing piles up: a search
-    stopped midway by the next edit, ``activations.stop``, leaves that edit no collection to pay);
-    a search that ends makes one full collection, so that the next edit does not pay for it either."""
+    stopped midway by the next edit, ``activations.stop``, leaves that edit no collection to pay).
+    No full collection is forced at the end either: in a kernel that has measured many layouts one
+    takes 0.5-1 s that nothing can stop (the Inspector's click makes one, ``suggest.run_search``)."""
     young, middle, full = gc.get_threshold()
     gc.set_threshold(young, middle, 1 << 30)  # CPython: full collections after that many middle ones
     try:
         yield
     finally:
         gc.set_threshold(young, middle, full)
-    if gc.isenabled():
-        gc.collect()
 
 
 def _run(space: Space, cands: list[Candidate], progress) -> tuple[list[Row], int]:

@@ -11,6 +11,7 @@ was found with (``Search.candidate``), so that the numbers shown after applying 
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, replace
 
@@ -148,6 +149,9 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
     except Exception as exc:
         state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
         raise
+    # one full collection while the user waits for the rows anyway (the search made none: search.running),
+    # so that the next edit does not pay for it; the look-ahead's search (search_ahead) makes none
+    gc.collect()
     state.found = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
     _remember(state, state.found)
     state.set_suggest_status({"state": "done"})
