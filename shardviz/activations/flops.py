@@ -216,7 +216,7 @@ def _subtrees(per_module: dict, zero, add) -> dict:
     """fqn -> [forward, backward, recompute] of the module and everything under it: each module's own
     sums, then each row folded into its parent's, deepest first (one ``add`` per module and phase,
     not one per ancestor: 70B's cost buckets took 78k merges; integer sums, so the order is free)."""
-    stop.check()
+    stop.check()  # before each loop (6,600 modules at 70B, tenths of a second in all): the next edit stops it here
     subtree: dict[str, list] = {}
     for fqn in per_module:
         for above in _ancestors(fqn):
@@ -228,7 +228,7 @@ def _subtrees(per_module: dict, zero, add) -> dict:
         row = subtree[fqn]
         for k, n in enumerate(f):
             row[k] = add(row[k], n)
-    stop.check()  # between the loops (6,600 modules at 70B, tenths of a second in all)
+    stop.check()
     for fqn in sorted(subtree, key=lambda q: q.count(".") if q else -1, reverse=True):
         if fqn:
             row, parent = subtree[fqn], subtree[fqn.rpartition(".")[0]]

@@ -34,7 +34,7 @@ def forget(ident: int) -> None:
 
 def check() -> None:
     """Raise ``Stopped`` if this thread was asked to stop (an empty set: one truth test)."""
-    if _ASKED and threading.get_ident() in _ASKED:
+    if requested():
         raise Stopped
 
 

@@ -22,12 +22,12 @@ from .space import Space
 def run(space: Space, cands: list[Candidate], progress=None) -> tuple[list[Row], int]:
     """A row for every candidate, in pruning order, and the number of analyses made. A micro-batch
     larger than one with which nothing fits is pruned. ``progress(done, total)`` after each candidate."""
-    with _collector_paused():
+    with _no_full_collections():
         return _run(space, cands, progress)
 
 
 @contextmanager
-def _collector_paused():
+def _no_full_collections():
     """No full collection while the candidates run. Each analysis allocates much and keeps what the
     next one reuses (profiles, plans), so the collector's thresholds fired a full collection every few
     analyses, walking every long-lived object each time: about 1.5 s of a 70B search for almost

@@ -405,12 +405,13 @@ def timeline_payload(st: StepTime) -> dict:
     sched, step = st.schedule, st.step
     # a collective of no bytes (an all-gather in shard groups of 1 rank) takes no time: not drawn
     events = [e for e in sched.timeline() if e["end_s"] > e["start_s"]]
+    used = {e["stream"] for e in events}
     k = step.grad_accum
     note = (f"the last of {k} micro-batches (the one that reduces); the step is {step.step_time_s:.3f} s"
             if k > 1 else "")
     return {
         # the lanes with something on them (an FSDP step has no all-reduce: no empty lane that reads as one)
-        "streams": [s for s in STREAMS if s == COMPUTE or any(e["stream"] == s for e in events)],
+        "streams": [s for s in STREAMS if s == COMPUTE or s in used],
         "available": True, "events": events,
         "step_time_s": sched.step_time_s, "exposed_comm_s": sched.exposed_comm_s, "compute_s": sched.compute_s,
         "summary": step_text(step), "note": note, "assumptions": list(st.assumptions),

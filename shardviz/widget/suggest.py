@@ -41,25 +41,30 @@ def ahead_key(state) -> tuple:
     return (*search_key(state.mesh, state.training), tensor_degrees(state.mesh))
 
 
-def _remember(state, found: FoundPlans) -> None:
-    key = ahead_key(state)
-    state.searched.pop(key, None)
-    state.searched[key] = found
-    while len(state.searched) > SEARCHES_KEPT:
-        state.searched.pop(next(iter(state.searched)))
-
-
 def search_ahead(state) -> bool:
     """The look-ahead's search (``background.look_ahead``): the search ``run_search`` would run for
     ``state``, kept for its click, the panel left as it is. Stops at the next edit (``stop.check``
     between candidates). True when a search was run, False when one was kept already or none can run."""
     if state.mesh.device_memory is None or ahead_key(state) in state.searched:
         return False
-    t0 = time.perf_counter()
-    found = search(state.tree, state.mesh, state.training, tensor=tensor_degrees(state.mesh),
-                   progress=lambda done, total: stop.check())
-    _remember(state, FoundPlans(found, search_key(state.mesh, state.training), time.perf_counter() - t0))
+    _search_and_keep(state, progress=lambda done, total: stop.check())
     return True
+
+
+def _search_and_keep(state, progress, collect: bool = False) -> FoundPlans:
+    """``sv.search`` for the state's model, mesh and training, timed and kept (``state.searched``);
+    ``collect``: end with one full collection (the search made none: ``search.running``), timed with it."""
+    t0 = time.perf_counter()
+    found = search(state.tree, state.mesh, state.training, tensor=tensor_degrees(state.mesh), progress=progress)
+    if collect:
+        gc.collect()
+    kept = FoundPlans(found, search_key(state.mesh, state.training), time.perf_counter() - t0)
+    key = ahead_key(state)
+    state.searched.pop(key, None)  # the newest last: the oldest goes first
+    state.searched[key] = kept
+    while len(state.searched) > SEARCHES_KEPT:
+        state.searched.pop(next(iter(state.searched)))
+    return kept
 
 
 def search_key(mesh, training) -> tuple:
@@ -120,6 +125,11 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
         raise ValueError(f"top={top}: show at least 1 plan")
     state.suggest_top = int(top)
     mesh, training = state.mesh, state.training
+    ready = state.searched.get(ahead_key(state))  # (none is kept without the device memory)
+    if ready is not None:  # searched already (the look-ahead, or a click before plan edits): the same rows
+        state.found = ready
+        state.set_suggest_status({"state": "done"})
+        return ready.search
     try:
         if mesh.device_memory is None:
             raise ValueError(NO_MEMORY)
@@ -127,11 +137,6 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
     except ValueError as exc:
         state.set_suggest_status({"state": "error", "error": str(exc)})
         raise
-    ready = state.searched.get(ahead_key(state))
-    if ready is not None:  # searched already (the look-ahead, or a click before plan edits): the same rows
-        state.found = ready
-        state.set_suggest_status({"state": "done"})
-        return ready.search
     state.set_suggest_status({"state": "running", "n_candidates": n, "done": 0})
     t0 = time.perf_counter()
     shown = [t0]
@@ -145,17 +150,14 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
                                       "elapsed_s": round(now - t0, 1)})
 
     try:
-        found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress)
+        # one full collection at its end, while the user waits for the rows anyway, so that the next edit
+        # does not pay for it; the look-ahead's search (search_ahead) makes none
+        state.found = _search_and_keep(state, progress, collect=True)
     except Exception as exc:
         state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
         raise
-    # one full collection while the user waits for the rows anyway (the search made none: search.running),
-    # so that the next edit does not pay for it; the look-ahead's search (search_ahead) makes none
-    gc.collect()
-    state.found = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
-    _remember(state, state.found)
     state.set_suggest_status({"state": "done"})
-    return found
+    return state.found.search
 
 
 def suggestion(state, index: int) -> tuple[Plan, object, object, str]:

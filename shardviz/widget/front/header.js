@@ -72,8 +72,8 @@ function stepFigures(card) {
   );
 }
 
-// the first sentence of a finding: the card's one line (the whole text is its tooltip)
-// the card's top finding (display.header_card: errors first, "applies" where its fix is a plan change)
+// the card's top finding (display.header_card: errors first, "applies" where its fix is a plan change; its
+// line is the headline, display.first_clause, the whole text its tooltip)
 function topFinding(ctx, card, list, stale, openFindings) {
   const f = card && card.finding;
   const more = list.length > 1 ? h("a", { class: "sv-card-more", href: "#", text: `all ${fmt(list.length, "int")} findings`, onclick: (e) => (e.preventDefault(), openFindings()) }) : null;
