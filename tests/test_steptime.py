@@ -333,7 +333,7 @@ def test_op_costs_hold_torchs_flop_count_and_the_memory_bound_kernels(model):
     f = a.flops
     for phase in steptime.PHASES:
         assert sum(opcost.totals(c[phase])[0] for c in costs.values()) == f[f"{phase}_flops"].sum()
-    memory = [v for c in costs.values() for cost in c.values() if cost for k, v in cost.items()
+    memory = [v for c in costs.values() for cost in c.values() if cost for k, v in dict(cost).items()
               if opcost.kind_of(k) == opcost.MEMORY]
     assert memory and all(fl == 0 and n > 0 for fl, _, n in memory)  # norms, casts, the loss: no FLOPs, kernels
     assert sum(b for _, b, _ in memory) > 0

@@ -8,8 +8,8 @@ import functools
 from typing import NamedTuple
 
 from . import stop
-from .opcost import combined, difference
-from .profile import ModuleEvent
+from .opcost import combined, difference, frozen
+from .profile import ModuleEvent, Rows
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -167,7 +167,7 @@ def _owned(timeline: list[ModuleEvent], ends: dict[str, int]):
         running.extend(opens.get(j, ()))
 
 
-def module_sums(timeline: list[ModuleEvent], ends: dict[str, int]) -> tuple[dict[str, ModuleFlops], dict[str, tuple]]:
+def module_sums(timeline: list[ModuleEvent], ends: dict[str, int]) -> tuple[Rows, dict[str, tuple]]:
     """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), and fqn ->
     (forward, backward, recompute) ``opcost`` costs of its own ops: both from one ``_owned`` walk."""
     stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
@@ -180,11 +180,11 @@ def module_sums(timeline: list[ModuleEvent], ends: dict[str, int]) -> tuple[dict
             row = costs.setdefault(fqn, [None, None, None])
             k = PHASES.index(phase)
             row[k] = combined(row[k], ev.cost)
-    flops: dict[str, ModuleFlops] = {}
+    flops: dict[str, list] = {}
     for (fqn, phase), n in totals.items():
-        f = flops.get(fqn, ModuleFlops())
-        flops[fqn] = f._replace(**{phase: getattr(f, phase) + n})
-    return flops, {fqn: tuple(row) for fqn, row in costs.items()}
+        flops.setdefault(fqn, [0, 0, 0])[PHASES.index(phase)] += n
+    return (Rows(ModuleFlops, {fqn: tuple(row) for fqn, row in flops.items()}),
+            {fqn: tuple(map(frozen, row)) for fqn, row in costs.items()})
 
 
 def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:
@@ -212,7 +212,7 @@ class FlopIndex(NamedTuple):
     length: int  # events in the timeline
 
 
-def _subtrees(per_module: dict, zero, add) -> dict:
+def _subtrees(per_module, zero, add, keep=tuple) -> dict:
     """fqn -> [forward, backward, recompute] of the module and everything under it: each module's own
     sums, then each row folded into its parent's, deepest first (one ``add`` per module and phase,
     not one per ancestor: 70B's cost buckets took 78k merges; integer sums, so the order is free)."""
@@ -234,20 +234,21 @@ def _subtrees(per_module: dict, zero, add) -> dict:
             row, parent = subtree[fqn], subtree[fqn.rpartition(".")[0]]
             for k in range(3):
                 parent[k] = add(parent[k], row[k])
-    return subtree
+    return {fqn: keep(row) for fqn, row in subtree.items()}  # kept with the profile: plain tuples (``profile.Timeline``)
 
 
 def flop_index(profile) -> FlopIndex:
     first: dict[str, int] = {}
-    for j, ev in enumerate(profile.timeline):
-        if ev.kind == "pre_fw":
-            first.setdefault(ev.key, j)
+    tl = profile.timeline
+    for j, (kind, key) in enumerate(zip(tl.kinds, tl.keys)):
+        if kind == "pre_fw":
+            first.setdefault(key, j)
     return FlopIndex(_subtrees(profile.module_flops, 0, lambda a, b: a + b), first, len(profile.timeline))
 
 
 def cost_subtrees(profile) -> dict:
     """``_subtrees`` of the profile's ``module_costs`` (``ActivationProfile.cost_index``)."""
-    return _subtrees(profile.module_costs, None, combined)
+    return _subtrees(profile.module_costs, None, combined, lambda row: tuple(map(frozen, row)))
 
 
 FLOP_COLUMNS = ("unit", "forward_flops", "backward_flops", "recompute_flops")
@@ -295,7 +296,8 @@ def _kept_sums(profile, units, what: str) -> list[tuple]:
     if rows is None:
         index = profile.flop_index
         rows = (_unit_sums(index.subtree, index, units, 0, lambda a, b: a + b, lambda a, b: a - b) if what == "flops"
-                else _unit_sums(profile.cost_index, index, units, None, combined, difference))
+                else [(r[0], *map(frozen, r[1:])) for r in
+                      _unit_sums(profile.cost_index, index, units, None, combined, difference)])
         if len(kept) >= KEPT_SUMS:
             kept.clear()
         kept[key] = rows

@@ -56,6 +56,17 @@ def add_op(cost: dict, key: int, flops: int, nbytes: int) -> None:
     cost[key] = (f + flops, b + nbytes, n + 1)
 
 
+def frozen(cost: dict | None) -> tuple | None:
+    """A cost to keep (in a profile): its ``(bucket, (flops, bytes, kernels))`` pairs as a tuple.
+    The cyclic collector stops tracking a tuple of plain values, but walks a dict held in a tuple
+    or a dict for as long as it lives (``profile.Timeline``). Every function here reads both forms."""
+    return tuple(cost.items()) if cost else None
+
+
+def _items(cost):
+    return cost.items() if isinstance(cost, dict) else cost
+
+
 def combined(*costs) -> dict | None:
     """The sum of some costs (None entries skipped; buckets that cancel dropped: a unit's sum may
     be built as its subtree less its children in either order); None when all are."""
@@ -66,7 +77,7 @@ def combined(*costs) -> dict | None:
         if out is None:
             out = dict(c)
             continue
-        for key, (f, b, n) in c.items():
+        for key, (f, b, n) in _items(c):
             f0, b0, n0 = out.get(key, (0, 0, 0))
             total = (f0 + f, b0 + b, n0 + n)
             if any(total):
@@ -81,7 +92,7 @@ def difference(a: dict | None, b: dict | None) -> dict | None:
     if not b:
         return a
     out = dict(a or {})
-    for key, (f, by, n) in b.items():
+    for key, (f, by, n) in _items(b):
         f0, b0, n0 = out.get(key, (0, 0, 0))
         left = (f0 - f, b0 - by, n0 - n)
         if any(left):
@@ -95,7 +106,7 @@ def totals(cost: dict | None) -> tuple[int, int, int]:
     """(FLOPs, bytes, kernels) of a cost."""
     if not cost:
         return (0, 0, 0)
-    return tuple(sum(v[i] for v in cost.values()) for i in range(3))
+    return tuple(sum(v[i] for _, v in _items(cost)) for i in range(3))
 
 
 def seconds(cost: dict | None, *, matmul_flops_per_s: float, attention_flops_per_s: float,
@@ -107,7 +118,7 @@ def seconds(cost: dict | None, *, matmul_flops_per_s: float, attention_flops_per
     if not cost:
         return 0.0
     total = 0.0
-    for key, (f, b, n) in cost.items():
+    for key, (f, b, n) in _items(cost):
         kind = kind_of(key)
         if kind == MEMORY:
             total += memory_traffic * max(b / bytes_per_s, n * launch_s)

@@ -3,11 +3,13 @@ peaks (read off the full model's timeline: ``event_index``, ``module_stats``), t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
 from . import stop
+from .opcost import frozen
 
 WRAPPED = "_checkpoint_wrapped_module"
 
@@ -40,6 +42,63 @@ class ModuleEvent(NamedTuple):
     peak: int
     flops: int = 0
     cost: dict | None = None
+
+
+class Timeline(Sequence):
+    """A profile's events kept as one tuple per field: read like a list of ``ModuleEvent``s.
+
+    Why columns: a profile is kept for the plans analysed on it, and an Inspector session keeps a
+    hundred or more (each edit and its look-ahead measure some). As lists of named tuples, 70B's
+    13k events each were a million objects every full collection of the cyclic collector walked
+    (0.5-1 s that no edit could interrupt). Tuples of strings, ints and ``opcost`` dicts are
+    objects the collector stops tracking once it has seen them."""
+
+    __slots__ = ("kinds", "keys", "phases", "levels", "peaks", "flops", "costs")
+
+    def __init__(self, events: Sequence[ModuleEvent]):
+        columns = tuple(zip(*events)) or ((),) * 7
+        self.kinds, self.keys, self.phases, self.levels, self.peaks, self.flops, costs = columns
+        self.costs = tuple(map(frozen, costs))
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        return ModuleEvent(self.kinds[j], self.keys[j], self.phases[j], self.levels[j], self.peaks[j],
+                           self.flops[j], self.costs[j])
+
+    def __iter__(self):
+        return map(ModuleEvent, self.kinds, self.keys, self.phases, self.levels, self.peaks, self.flops, self.costs)
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (Timeline, list)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Timeline({len(self)} events)"
+
+
+class Rows(Mapping):
+    """fqn -> a row (``ModuleActivations``, ``flops.ModuleFlops``) of a kept profile, each kept as a
+    plain tuple and made into its type when read: objects the collector stops tracking (``Timeline``)."""
+
+    __slots__ = ("_make", "_rows")
+
+    def __init__(self, make, rows: dict[str, tuple]):
+        self._make, self._rows = make, rows
+
+    def __getitem__(self, fqn: str):
+        return self._make(*self._rows[fqn])
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"Rows({self._make.__name__}, {len(self)} modules)"
 
 
 @dataclass(frozen=True)
@@ -100,9 +159,9 @@ class ActivationProfile:
     seq_len: int
     param_dtype: str | None
     peak: tuple[int, str, str]
-    modules: dict[str, ModuleActivations]
+    modules: Mapping[str, ModuleActivations]  # ``Rows``
     blocks: list[str]
-    timeline: list[ModuleEvent] = field(repr=False)
+    timeline: Timeline = field(repr=False)
     attention: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     measured_blocks: int = 0  # block copies the reduced model ran
@@ -148,7 +207,8 @@ class ActivationProfile:
     def run_order(self) -> tuple[str, ...]:
         """Module names in the order the step first entered them (its ``pre_fw`` events): once per
         profile, every plan analysed with it reads the same order (``step.walk``)."""
-        return tuple(dict.fromkeys(e[1] for e in self.timeline if e[0] == "pre_fw"))
+        tl = self.timeline
+        return tuple(dict.fromkeys(key for kind, key in zip(tl.kinds, tl.keys) if kind == "pre_fw"))
 
     @cached_property
     def flop_index(self):
@@ -274,7 +334,8 @@ class _Levels:
         return max(top, int(self.peaks[a + 1:b + 1].max())) if b > a else top
 
 
-def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> ModuleActivations:
+def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> tuple:
+    """``ModuleActivations``'s fields, in order."""
     pf, qf, pb = d.get("pre_fw"), d.get("post_fw"), d.get("pre_bw")
     pre_fw, post_fw = lv.at(pf), lv.at(qf)
     peak_fw = lv.span_max(pf, qf) if pf is not None and qf is not None else None
@@ -287,16 +348,15 @@ def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> ModuleA
     is_ck = fqn in checkpointed
     if is_ck and ckpt is None:
         ckpt = saved
-    return ModuleActivations(fqn, pre_fw, post_fw, peak_fw, lv.at(pb), peak_bw, lv.at(d.get("post_bw")), saved,
-                             plain, ckpt, is_ck)
+    return (fqn, pre_fw, post_fw, peak_fw, lv.at(pb), peak_bw, lv.at(d.get("post_bw")), saved, plain, ckpt, is_ck)
 
 
 def module_stats(timeline: list[ModuleEvent], idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
-    """({fqn: ModuleActivations}, (peak bytes, phase, innermost module running then)); ``idx``
+    """(``Rows`` fqn -> ModuleActivations, (peak bytes, phase, innermost module running then)); ``idx``
     and ``ends``: ``event_index`` and ``last_in_subtree`` of the timeline."""
     stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
     lv = _Levels(timeline)
-    out = {fqn: _module_row(fqn, d, lv, ends, checkpointed, block_saved) for fqn, d in idx.items()}
+    out = Rows(ModuleActivations, {fqn: _module_row(fqn, d, lv, ends, checkpointed, block_saved) for fqn, d in idx.items()})
     n = len(timeline)
     if not n:
         return out, (0, "forward", "")
