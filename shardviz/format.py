@@ -89,6 +89,15 @@ def format_percent(fraction: float) -> str:
     return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
 
 
+def format_kind(kind: str) -> str:
+    """A collective, a timeline lane or an event kind as every chart names it: one spelling of a
+    collective ("all-gather", "reduce-scatter", "all-reduce"), other kinds in words ("ignored all-reduce")."""
+    words = str(kind)
+    for name in ("all_gather", "reduce_scatter", "all_reduce"):
+        words = words.replace(name, name.replace("_", "-"))
+    return words.replace("_", " ")
+
+
 def format_shape(shape) -> str:
     """``(128256, 8192)`` -> ``"128,256 × 8,192"``; a 0-dim shape is ``"scalar"``."""
     dims = tuple(shape)

@@ -478,3 +478,23 @@ def test_the_timeline_draws_no_empty_lane(model, flops):
     sharded = sv.views.display.timeline_payload(analysis(model, "sharded"))
     assert sharded["streams"] == ["compute", "all_gather", "reduce_scatter"]
     assert {e["stream"] for e in sharded["events"]} == set(sharded["streams"])
+
+
+def test_every_chart_spells_a_collective_one_way(model, flops):
+    """Issue 37: "all_gather ×68" on one chart, lane "all-gather" on another, legend "all gather" on a
+    third. The payloads carry ``format.format_kind``'s names; the SVG charts (charts.js) and the
+    plotly figures (``a.timeline()``, ``traffic_figure``) show those and nothing else."""
+    from shardviz.format import format_kind
+
+    spelled = {}
+    for lora in ("sharded", "ignored"):  # reduce-scatters; the ignored LoRA gradients' all-reduce
+        a = analysis(model, lora)
+        tl, tr = sv.views.display.timeline_payload(a), sv.views.display.traffic_payload(a)
+        assert tr["names"] == {c: format_kind(c) for c in tr["collectives"]}
+        assert all(tl["names"][c] == tr["names"][c] for c in tr["collectives"] if c in tl["names"])
+        spelled |= tr["names"]
+        timeline, traffic = a.timeline(), sv.views.display.traffic_figure(tr)
+        shown = {t.name for f in (timeline, traffic) for t in f.data if t.name} | {y for t in timeline.data for y in t.y}
+        shown |= {x for t in traffic.data[:1] for x in t.x}
+        assert shown and not any("_" in n or n in ("all gather", "reduce scatter", "all reduce") for n in shown), shown
+    assert spelled == {"all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "all_reduce": "all-reduce"}

@@ -140,7 +140,7 @@ def _renamed(ev: ModuleEvent, region: _Region, r: int, names: tuple, edge: bool)
         fqn = None
     else:
         fqn = key if edge else None
-    return ev._replace(key=fqn)
+    return ModuleEvent(ev.kind, fqn, ev.phase, ev.level, ev.peak, ev.flops, ev.cost)  # not _replace: 3x slower
 
 
 def _region_events(region: _Region, deltas: list[ModuleEvent], lp: ListPlan) -> tuple[list[ModuleEvent], list[int]]:
@@ -186,8 +186,8 @@ def _absolute(result: list[ModuleEvent]) -> list[ModuleEvent]:
         if ev.key is None:
             carry_peak, carry_flops, carry_cost = peak, carry_flops + ev.flops, combined(carry_cost, ev.cost)
             continue
-        timeline.append(ev._replace(level=level, peak=peak, flops=ev.flops + carry_flops,
-                                    cost=combined(ev.cost, carry_cost) if carry_cost else ev.cost))
+        timeline.append(ModuleEvent(ev.kind, ev.key, ev.phase, level, peak, ev.flops + carry_flops,
+                                    combined(ev.cost, carry_cost) if carry_cost else ev.cost))
         carry_peak, carry_flops, carry_cost = None, 0, None
     if (carry_flops or carry_cost) and timeline:
         last = timeline[-1]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..activations import opcost, stop
-from ..format import OUTSIDE_FSDP, format_duration
+from ..format import OUTSIDE_FSDP, format_duration, format_kind
 from ..run.devices import Device, Efficiency, default_efficiency, stack_of
 from ..model.tree import model_name
 from .calls import OUTSIDE, Call, ParamState, enclosing_root
@@ -409,9 +409,11 @@ def timeline_payload(st: StepTime) -> dict:
     k = step.grad_accum
     note = (f"the last of {k} micro-batches (the one that reduces); the step is {step.step_time_s:.3f} s"
             if k > 1 else "")
+    streams = [s for s in STREAMS if s == COMPUTE or s in used]
     return {
         # the lanes with something on them (an FSDP step has no all-reduce: no empty lane that reads as one)
-        "streams": [s for s in STREAMS if s == COMPUTE or s in used],
+        "streams": streams,
+        "names": {k: format_kind(k) for k in [*streams, *(e["kind"] for e in events)]},  # lanes and kinds, as drawn
         "available": True, "events": events,
         "step_time_s": sched.step_time_s, "exposed_comm_s": sched.exposed_comm_s, "compute_s": sched.compute_s,
         "summary": step_text(step), "note": note, "assumptions": list(st.assumptions),
@@ -463,26 +465,26 @@ def timeline_figure(payload: dict):
         fig.add_annotation(text=payload.get("reason", "no step time"), showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")
         return fig.update_layout(height=200)
-    lanes = {s: s.replace("_", "-") for s in payload["streams"]}
+    names = payload["names"]
     by_kind: dict = {}
     for e in payload["events"]:
         by_kind.setdefault(e["kind"], []).append(e)
     for kind, evs in by_kind.items():
         fig.add_trace(go.Bar(
-            y=[lanes[e["stream"]] for e in evs], x=[e["end_s"] - e["start_s"] for e in evs],
-            base=[e["start_s"] for e in evs], orientation="h", name=kind.replace("_", " "),
+            y=[names[e["stream"]] for e in evs], x=[e["end_s"] - e["start_s"] for e in evs],
+            base=[e["start_s"] for e in evs], orientation="h", name=names[kind],
             marker_color=_COLOURS.get(kind, "#999"),
-            hovertext=[f"{e['unit'] or 'step'} · {e['kind']} ({e['phase']}): {1e3 * (e['end_s'] - e['start_s']):.2f} ms"
+            hovertext=[f"{e['unit'] or 'step'} · {names[e['kind']]} ({e['phase']}): {1e3 * (e['end_s'] - e['start_s']):.2f} ms"
                        + (f", compute waits {1e3 * e['exposed_s']:.2f} ms" if e["exposed"] else "") for e in evs],
             hoverinfo="text"))
     waits = [e for e in payload["events"] if e["exposed"]]
     if waits:
-        fig.add_trace(go.Bar(y=[lanes[COMPUTE]] * len(waits), x=[e["exposed_s"] for e in waits],
+        fig.add_trace(go.Bar(y=[names[COMPUTE]] * len(waits), x=[e["exposed_s"] for e in waits],
                              base=[e["end_s"] - e["exposed_s"] for e in waits], orientation="h",
                              name="exposed communication (compute waits)", marker_color="#d62728",
                              marker_pattern_shape="/", hoverinfo="text",
-                             hovertext=[f"waits {1e3 * e['exposed_s']:.2f} ms for {e['kind']} of {e['unit']}" for e in waits]))
-    fig.update_yaxes(categoryorder="array", categoryarray=[lanes[s] for s in reversed(payload["streams"])])
+                             hovertext=[f"waits {1e3 * e['exposed_s']:.2f} ms for {names[e['kind']]} of {e['unit']}" for e in waits]))
+    fig.update_yaxes(categoryorder="array", categoryarray=[names[s] for s in reversed(payload["streams"])])
     fig.update_layout(barmode="overlay", height=320, title=payload["summary"], xaxis_title="seconds",
                       legend_orientation="h")
     return fig

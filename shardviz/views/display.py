@@ -13,7 +13,7 @@ import math
 import os
 
 from ..step import BREAKDOWN
-from ..format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_percent
+from ..format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_kind, format_percent
 from ..step import timing
 from ..run.mesh import worst_rank
 from ..model.tree import base_model, model_name, peft_configs
@@ -327,6 +327,7 @@ def traffic_payload(analysis) -> dict:
         "available": True,
         "metric": "sent_bytes" if "sent_bytes" in df.columns else "bytes",
         "collectives": colls,
+        "names": {c: format_kind(c) for c in colls},  # as every chart spells them
         "by_collective": [by_coll[c] for c in colls],
         "by_unit": _units_shown(by_unit),
         "n_units": len(by_unit),
@@ -387,12 +388,13 @@ def traffic_figure(payload: dict):
     div, unit = byte_unit(float(max([c["sent"] for c in payload.get("by_collective", [])] or [0])))
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7],
                         subplot_titles=("by collective", "by fully_shard call"))
-    fig.add_bar(x=colls, y=[c["sent"] / div for c in payload.get("by_collective", [])], showlegend=False,
+    names = payload.get("names", {})
+    fig.add_bar(x=[names.get(c, c) for c in colls], y=[c["sent"] / div for c in payload.get("by_collective", [])], showlegend=False,
                 marker_color=[COLORS[i % len(COLORS)] for i in range(len(colls))], row=1, col=1)
     for i, coll in enumerate(colls):
-        fig.add_bar(name=coll, y=[u.get("label", u["unit"]) for u in units], x=[u["values"].get(coll, 0) / div for u in units],
+        fig.add_bar(name=names.get(coll, coll), y=[u.get("label", u["unit"]) for u in units], x=[u["values"].get(coll, 0) / div for u in units],
                     orientation="h", marker_color=COLORS[i % len(COLORS)], customdata=[u["unit"] for u in units],
-                    hovertemplate="%{customdata}: %{x:.2f} " + unit + "<extra>" + coll + "</extra>", row=1, col=2)
+                    hovertemplate="%{customdata}: %{x:.2f} " + unit + "<extra>" + names.get(coll, coll) + "</extra>", row=1, col=2)
     fig.update_layout(barmode="stack", title=f"Traffic per step ({unit} sent per rank)",
                       margin={"t": 60, "l": 10, "r": 10, "b": 40},
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")

@@ -22,8 +22,8 @@ const COLL_CLASS = { all_gather: "sv-c0", reduce_scatter: "sv-c3", all_reduce: "
 // ---------------------------------------------------------------------------------------------
 // small helpers
 // ---------------------------------------------------------------------------------------------
-// one spelling of a collective on every chart (all-gather, reduce-scatter, all-reduce); other kinds in words
-const kindName = (k) => String(k).replace(/all_gather|reduce_scatter|all_reduce/g, (m) => m.replace("_", "-")).replace(/_/g, " ");
+// a collective or lane as the payload names it (format.format_kind: one spelling on every chart)
+const kindName = (names, k) => (names && names[k]) || String(k);
 
 function h(tag, attrs = {}, ...kids) {
   const el = document.createElement(tag);
@@ -269,9 +269,9 @@ function drawTraffic(trafficEl, tr) {
     const y = 3 + i * rowH;
     const w = Math.max(1, (barW * c.sent) / maxC);
     const g = s("g", { class: "sv-coll-bar", "data-coll": c.collective, "data-bytes": c.sent });
-    g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: `${kindName(c.collective)} ×${c.count}` }));
+    g.append(s("text", { class: "sv-axis", x: labelW - 6, y: y + 13, "text-anchor": "end", text: `${kindName(tr.names, c.collective)} ×${c.count}` }));
     const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c.collective] || "sv-c5"}`, x: labelW, y: y + 2, width: w, height: rowH - 6 });
-    rect.append(s("title", { text: `${kindName(c.collective)}: ${c.count} calls, buffers ${fmtBytes(c.bytes)}, sent per rank ${fmtBytes(c.sent)}` }));
+    rect.append(s("title", { text: `${kindName(tr.names, c.collective)}: ${c.count} calls, buffers ${fmtBytes(c.bytes)}, sent per rank ${fmtBytes(c.sent)}` }));
     g.append(rect, s("text", { class: "sv-bar-label", x: labelW + w + 4, y: y + 13, text: fmtBytes(c.sent) }));
     svg1.append(g);
   });
@@ -297,7 +297,7 @@ function drawTraffic(trafficEl, tr) {
         if (!v) continue;
         const w = Math.max(0.5, (barW * v) / maxU);
         const rect = s("rect", { class: `sv-seg ${COLL_CLASS[c] || "sv-c5"}`, x, y: y + 2, width: w, height: rowH - 6 });
-        rect.append(s("title", { text: `${u.unit} · ${kindName(c)}: ${fmtBytes(v)}` }));
+        rect.append(s("title", { text: `${u.unit} · ${kindName(tr.names, c)}: ${fmtBytes(v)}` }));
         g.append(rect);
         x += w;
       }
@@ -310,7 +310,7 @@ function drawTraffic(trafficEl, tr) {
       h(
         "div",
         { class: "sv-legend" },
-        colls.map((c) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${COLL_CLASS[c] || "sv-c5"}` }), kindName(c))),
+        colls.map((c) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${COLL_CLASS[c] || "sv-c5"}` }), kindName(tr.names, c))),
       ),
     );
   }
@@ -441,7 +441,7 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   const svg = s("svg", { class: "sv-svg sv-timeline-svg", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": "step timeline" });
   streams.forEach((st, i) => {
     const y = padT + i * laneH;
-    svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + laneH / 2 + 4, "text-anchor": "end", text: kindName(st) }));
+    svg.append(s("text", { class: "sv-axis", x: padL - 6, y: y + laneH / 2 + 4, "text-anchor": "end", text: kindName(p.names, st) }));
     svg.append(s("line", { class: "sv-grid", x1: padL, x2: W - padR, y1: y + laneH, y2: y + laneH }));
   });
   const step = niceStep(end);
@@ -455,12 +455,12 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
     const w = Math.max(0.4, xOf(e.end_s) - x0);
     const name = e.unit ? labels[e.unit] || e.unit : "step";
     const rect = s("rect", { class: `sv-seg sv-tl-event ${TL_CLASS[e.kind] || "sv-c7"}${e.exposed ? " sv-tl-exposed" : ""}`, x: x0, y, width: w, height: laneH - 8, "data-kind": e.kind, "data-unit": e.unit || "", "data-start": e.start_s, "data-end": e.end_s });
-    rect.append(s("title", { text: `${name} · ${kindName(e.kind)} (${e.phase}): ${fmtSeconds(e.end_s - e.start_s)}${e.exposed ? ` · compute waits ${fmtSeconds(e.exposed_s)} for it` : ""}` }));
+    rect.append(s("title", { text: `${name} · ${kindName(p.names, e.kind)} (${e.phase}): ${fmtSeconds(e.end_s - e.start_s)}${e.exposed ? ` · compute waits ${fmtSeconds(e.exposed_s)} for it` : ""}` }));
     svg.append(rect);
     if (e.exposed) {
       const yc = padT + streams.indexOf("compute") * laneH + 4;
       const wait = s("rect", { class: "sv-tl-wait", x: xOf(e.end_s - e.exposed_s), y: yc, width: Math.max(0.6, xOf(e.end_s) - xOf(e.end_s - e.exposed_s)), height: laneH - 8, fill: "#d62728", "data-exposed": e.exposed_s });
-      wait.append(s("title", { text: `compute waits ${fmtSeconds(e.exposed_s)} for the ${kindName(e.kind)} of ${name}` }));
+      wait.append(s("title", { text: `compute waits ${fmtSeconds(e.exposed_s)} for the ${kindName(p.names, e.kind)} of ${name}` }));
       svg.append(wait);
     }
   }
@@ -468,7 +468,7 @@ function drawTimeline(el, p, title = "One step, stream by stream") {
   const kinds = [...new Set(events.map((e) => e.kind))];
   el.append(
     h("div", { class: "sv-legend" },
-      kinds.map((k) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${TL_CLASS[k] || "sv-c7"}` }), kindName(k))),
+      kinds.map((k) => h("span", { class: "sv-legend-item" }, h("span", { class: `sv-swatch ${TL_CLASS[k] || "sv-c7"}` }), kindName(p.names, k))),
       h("span", { class: "sv-legend-item" }, h("span", { class: "sv-swatch", style: "background:#d62728" }), "exposed (compute waits)")),
     h("div", { class: "sv-chart-note sv-timeline-summary", text: p.summary || "" }),
   );

@@ -55,11 +55,11 @@ def _search_and_keep(state, progress, collect: bool = False) -> FoundPlans:
     """``sv.search`` for the state's model, mesh and training, timed and kept (``state.searched``);
     ``collect``: end with one full collection (the search made none: ``search.running``), timed with it."""
     t0 = time.perf_counter()
-    found = search(state.tree, state.mesh, state.training, tensor=tensor_degrees(state.mesh), progress=progress)
+    mesh, training, key = state.mesh, state.training, ahead_key(state)  # read once: kept under what was searched
+    found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress)
     if collect:
         gc.collect()
-    kept = FoundPlans(found, search_key(state.mesh, state.training), time.perf_counter() - t0)
-    key = ahead_key(state)
+    kept = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
     state.searched.pop(key, None)  # the newest last: the oldest goes first
     state.searched[key] = kept
     while len(state.searched) > SEARCHES_KEPT:
