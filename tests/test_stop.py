@@ -88,5 +88,7 @@ def test_asked_in_backward_it_runs_the_rest_bare_then_stops(monkeypatch):
     finally:
         stop.forget(threading.get_ident())
     assert asked and bookkept == []
+    from shardviz.activations import measure
+    assert not any(e.measurements for e in measure._CACHE.values())  # the bare run's events are not kept
     monkeypatch.undo()
     assert peak(model, 72) == expected

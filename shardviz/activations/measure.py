@@ -264,6 +264,7 @@ def measure_copy(model, tree, lists, param_dtype_of, checkpoint_outside, request
     finally:
         for h in handles:
             h.remove()
+    stop.check()  # asked to stop in backward, it ran the rest bare (recorder): its events must never be kept
     return Measurement(recorder.events, tuple(sorted(recorder.attention)), recorder.kv.release)
 
 
