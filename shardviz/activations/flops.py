@@ -184,7 +184,12 @@ def module_sums(timeline: list[ModuleEvent], ends: dict[str, int]) -> tuple[Rows
     for (fqn, phase), n in totals.items():
         flops.setdefault(fqn, [0, 0, 0])[PHASES.index(phase)] += n
     return (Rows(ModuleFlops, {fqn: tuple(row) for fqn, row in flops.items()}),
-            {fqn: tuple(map(frozen, row)) for fqn, row in costs.items()})
+            {fqn: _frozen_row(row) for fqn, row in costs.items()})
+
+
+def _frozen_row(costs) -> tuple:
+    """A row of costs (forward, backward, recompute) as kept with a profile (``opcost.frozen``)."""
+    return tuple(map(frozen, costs))
 
 
 def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:
@@ -213,9 +218,10 @@ class FlopIndex(NamedTuple):
 
 
 def _subtrees(per_module, zero, add, keep=tuple) -> dict:
-    """fqn -> [forward, backward, recompute] of the module and everything under it: each module's own
+    """fqn -> (forward, backward, recompute) of the module and everything under it: each module's own
     sums, then each row folded into its parent's, deepest first (one ``add`` per module and phase,
-    not one per ancestor: 70B's cost buckets took 78k merges; integer sums, so the order is free)."""
+    not one per ancestor: 70B's cost buckets took 78k merges; integer sums, so the order is free).
+    ``keep``: what each finished row is kept as (a tuple; costs frozen, ``_frozen_row``)."""
     stop.check()  # before each loop (6,600 modules at 70B, tenths of a second in all): the next edit stops it here
     subtree: dict[str, list] = {}
     for fqn in per_module:
@@ -248,7 +254,7 @@ def flop_index(profile) -> FlopIndex:
 
 def cost_subtrees(profile) -> dict:
     """``_subtrees`` of the profile's ``module_costs`` (``ActivationProfile.cost_index``)."""
-    return _subtrees(profile.module_costs, None, combined, lambda row: tuple(map(frozen, row)))
+    return _subtrees(profile.module_costs, None, combined, _frozen_row)
 
 
 FLOP_COLUMNS = ("unit", "forward_flops", "backward_flops", "recompute_flops")
@@ -296,7 +302,7 @@ def _kept_sums(profile, units, what: str) -> list[tuple]:
     if rows is None:
         index = profile.flop_index
         rows = (_unit_sums(index.subtree, index, units, 0, lambda a, b: a + b, lambda a, b: a - b) if what == "flops"
-                else [(r[0], *map(frozen, r[1:])) for r in
+                else [(r[0], *_frozen_row(r[1:])) for r in
                       _unit_sums(profile.cost_index, index, units, None, combined, difference)])
         if len(kept) >= KEPT_SUMS:
             kept.clear()

@@ -50,8 +50,8 @@ class Timeline(Sequence):
     Why columns: a profile is kept for the plans analysed on it, and an Inspector session keeps a
     hundred or more (each edit and its look-ahead measure some). As lists of named tuples, 70B's
     13k events each were a million objects every full collection of the cyclic collector walked
-    (0.5-1 s that no edit could interrupt). Tuples of strings, ints and ``opcost`` dicts are
-    objects the collector stops tracking once it has seen them."""
+    (0.5-1 s that no edit could interrupt). Tuples of strings, ints and ``opcost.frozen`` costs are
+    objects the collector stops tracking once it has seen them (a dict inside would keep them tracked)."""
 
     __slots__ = ("kinds", "keys", "phases", "levels", "peaks", "flops", "costs")
 

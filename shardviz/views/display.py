@@ -388,13 +388,13 @@ def traffic_figure(payload: dict):
     div, unit = byte_unit(float(max([c["sent"] for c in payload.get("by_collective", [])] or [0])))
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7],
                         subplot_titles=("by collective", "by fully_shard call"))
-    names = payload.get("names", {})
-    fig.add_bar(x=[names.get(c, c) for c in colls], y=[c["sent"] / div for c in payload.get("by_collective", [])], showlegend=False,
+    names = payload.get("names", {})  # one per collective (none without a traffic estimate)
+    fig.add_bar(x=[names[c] for c in colls], y=[c["sent"] / div for c in payload.get("by_collective", [])], showlegend=False,
                 marker_color=[COLORS[i % len(COLORS)] for i in range(len(colls))], row=1, col=1)
     for i, coll in enumerate(colls):
-        fig.add_bar(name=names.get(coll, coll), y=[u.get("label", u["unit"]) for u in units], x=[u["values"].get(coll, 0) / div for u in units],
+        fig.add_bar(name=names[coll], y=[u.get("label", u["unit"]) for u in units], x=[u["values"].get(coll, 0) / div for u in units],
                     orientation="h", marker_color=COLORS[i % len(COLORS)], customdata=[u["unit"] for u in units],
-                    hovertemplate="%{customdata}: %{x:.2f} " + unit + "<extra>" + names.get(coll, coll) + "</extra>", row=1, col=2)
+                    hovertemplate="%{customdata}: %{x:.2f} " + unit + "<extra>" + names[coll] + "</extra>", row=1, col=2)
     fig.update_layout(barmode="stack", title=f"Traffic per step ({unit} sent per rank)",
                       margin={"t": 60, "l": 10, "r": 10, "b": 40},
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
