@@ -5,11 +5,12 @@ levels, then summed per module and per ``fully_shard`` call (unit)."""
 from __future__ import annotations
 
 import functools
+import operator
 from typing import NamedTuple
 
 from . import stop
-from .opcost import combined, difference, frozen
-from .profile import ModuleEvent, Rows
+from .opcost import accumulate, combined, difference, frozen
+from .profile import Rows, Timeline
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -127,18 +128,18 @@ def _cheap_counter_class():
     return CheapCounter
 
 
-def _spans(timeline: list[ModuleEvent], ends: dict[str, int]) -> list[tuple[int, int, str, str]]:
+def _spans(timeline: Timeline, ends: dict[str, int]) -> list[tuple[int, int, str, str]]:
     """(open, close, fqn, phase) of every module's forward, backward and recomputation, each close
     matched with the latest open of the same module and kind. Opens left unmatched are instants,
     not spans (the next block's first events, spliced at the end of a run with no change); a
     backward torch never closes (none of the module's inputs requires grad) ends with its subtree."""
     opened: dict[tuple[str, str], list[int]] = {}
     spans = []
-    for j, ev in enumerate(timeline):
-        if ev.kind in _OPENS:
-            opened.setdefault((ev.key, _OPENS[ev.kind]), []).append(j)
-        elif ev.kind in _CLOSES and opened.get((ev.key, _CLOSES[ev.kind])):
-            spans.append((opened[(ev.key, _CLOSES[ev.kind])].pop(), j, ev.key, _CLOSES[ev.kind]))
+    for j, (kind, key) in enumerate(zip(timeline.kinds, timeline.keys)):
+        if kind in _OPENS:
+            opened.setdefault((key, _OPENS[kind]), []).append(j)
+        elif kind in _CLOSES and opened.get((key, _CLOSES[kind])):
+            spans.append((opened[(key, _CLOSES[kind])].pop(), j, key, _CLOSES[kind]))
     closed = {span[2] for span in spans if span[3] == "backward"}
     for (fqn, phase), starts in opened.items():
         if phase == "backward" and starts and fqn not in closed:
@@ -146,8 +147,8 @@ def _spans(timeline: list[ModuleEvent], ends: dict[str, int]) -> list[tuple[int,
     return [s for s in spans if s[1] > s[0]]  # an instant holds no operation
 
 
-def _owned(timeline: list[ModuleEvent], ends: dict[str, int]):
-    """(fqn, phase, event) of every event that carries work: what ran since the previous event
+def _owned(timeline: Timeline, ends: dict[str, int]):
+    """(fqn, phase, flops, cost) of every event that carries work: what ran since the previous event
     belongs to the innermost (shortest) span running then, in its phase (torch opens a module's
     backward and its parent's at one instant: the order they open in does not say which is inside)."""
     opens: dict[int, list] = {}
@@ -156,33 +157,42 @@ def _owned(timeline: list[ModuleEvent], ends: dict[str, int]):
         opens.setdefault(span[0], []).append(span)
         closes.setdefault(span[1], []).append(span)
     running: list[tuple] = []
-    for j, ev in enumerate(timeline):
+    inner = None  # the innermost running span's (fqn, phase): found again only when the spans change
+    for j, (phase, flops, cost) in enumerate(zip(timeline.phases, timeline.flops, timeline.costs)):
         if not j & 4095:
             stop.check()  # every 4,096 events (about 20,000 at 70B): the next edit stops it here
-        if ev.flops or ev.cost:
-            inner = min(running, key=lambda span: span[1] - span[0], default=None)
-            yield (*inner[2:], ev) if inner else ("", "backward" if ev.phase == "bw" else "forward", ev)
-        for span in closes.get(j, ()):
-            running.remove(span)
-        running.extend(opens.get(j, ()))
+        if flops or cost:
+            if inner is None:
+                span = min(running, key=lambda span: span[1] - span[0], default=None)
+                inner = span[2:] if span else ("", None)
+            yield (inner[0], inner[1] or ("backward" if phase == "bw" else "forward"), flops, cost)
+        closing, opening = closes.get(j), opens.get(j)
+        if closing or opening:
+            for span in closing or ():
+                running.remove(span)
+            running.extend(opening or ())
+            inner = None
 
 
-def module_sums(timeline: list[ModuleEvent], ends: dict[str, int]) -> tuple[Rows, dict[str, tuple]]:
+def module_sums(timeline: Timeline, ends: dict[str, int]) -> tuple[Rows, dict[str, tuple]]:
     """fqn -> its own FLOPs (``""``: the root, and whatever ran outside every module), and fqn ->
     (forward, backward, recompute) ``opcost`` costs of its own ops: both from one ``_owned`` walk."""
     stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
-    totals: dict[tuple[str, str], int] = {}
-    costs: dict[str, list] = {}
-    for fqn, phase, ev in _owned(timeline, ends):
-        if ev.flops:
-            totals[(fqn, phase)] = totals.get((fqn, phase), 0) + ev.flops
-        if ev.cost:
-            row = costs.setdefault(fqn, [None, None, None])
-            k = PHASES.index(phase)
-            row[k] = combined(row[k], ev.cost)
+    column = {phase: k for k, phase in enumerate(PHASES)}
     flops: dict[str, list] = {}
-    for (fqn, phase), n in totals.items():
-        flops.setdefault(fqn, [0, 0, 0])[PHASES.index(phase)] += n
+    costs: dict[str, list] = {}
+    for fqn, phase, n, cost in _owned(timeline, ends):
+        k = column[phase]
+        if n:
+            row = flops.get(fqn)
+            if row is None:
+                row = flops[fqn] = [0, 0, 0]
+            row[k] += n
+        if cost:
+            row = costs.get(fqn)
+            if row is None:
+                row = costs[fqn] = [{}, {}, {}]
+            accumulate(row[k], cost)
     return (Rows(ModuleFlops, {fqn: tuple(row) for fqn, row in flops.items()}),
             {fqn: _frozen_row(row) for fqn, row in costs.items()})
 
@@ -202,12 +212,6 @@ def unit_of(fqn: str, unit_modules: dict[str, int]) -> int | None:
     return None
 
 
-def _ancestors(fqn: str) -> list[str]:
-    """``fqn`` and every module above it, the root ``""`` last."""
-    parts = fqn.split(".") if fqn else []
-    return [".".join(parts[:k]) for k in range(len(parts), -1, -1)]
-
-
 class FlopIndex(NamedTuple):
     """What ``unit_flops`` needs of a profile, whatever the plan: computed once per profile
     (``ActivationProfile.flop_index``) so that a change of plan only walks its units."""
@@ -218,29 +222,43 @@ class FlopIndex(NamedTuple):
 
 
 def _subtrees(per_module, zero, add, keep=tuple) -> dict:
-    """fqn -> (forward, backward, recompute) of the module and everything under it: each module's own
-    sums, then each row folded into its parent's, deepest first (one ``add`` per module and phase,
-    not one per ancestor: 70B's cost buckets took 78k merges; integer sums, so the order is free).
-    ``keep``: what each finished row is kept as (a tuple; costs frozen, ``_frozen_row``)."""
-    stop.check()  # before each loop (6,600 modules at 70B, tenths of a second in all): the next edit stops it here
-    subtree: dict[str, list] = {}
-    for fqn in per_module:
-        for above in _ancestors(fqn):
-            if above in subtree:
-                break  # its ancestors have rows already
-            subtree[above] = [zero, zero, zero]
+    """fqn -> (forward, backward, recompute) of the module and everything under it: its own sums
+    plus its children's subtrees, deepest first. ``zero()``: an empty sum; ``add(a, b)``: a + b
+    (costs: into ``a``, ``opcost.accumulate``); ``keep``: what each finished row is kept as (a tuple;
+    costs frozen, ``_frozen_row``).
+
+    Each sum is made once per distinct (own row, children's rows): the 80 blocks of 70B are a few
+    variants repeated, so their 6,600 modules' sums are a few hundred (integer sums: exact)."""
+    stop.check()  # before each loop (6,600 modules at 70B, tens of ms in all): the next edit stops it here
+    own = dict(per_module.items())
+    children: dict[str, list[str]] = {}
+    links = []  # (parent, child), each module once
+    for fqn in own:
+        node = fqn
+        while node not in children:  # up to the first module already seen: its ancestors are too
+            children[node] = []
+            if not node:
+                break
+            parent = node.rpartition(".")[0]
+            links.append((parent, node))
+            node = parent
+    for parent, node in links:
+        children[parent].append(node)
     stop.check()
-    for fqn, f in per_module.items():
-        row = subtree[fqn]
-        for k, n in enumerate(f):
-            row[k] = add(row[k], n)
-    stop.check()
-    for fqn in sorted(subtree, key=lambda q: q.count(".") if q else -1, reverse=True):
-        if fqn:
-            row, parent = subtree[fqn], subtree[fqn.rpartition(".")[0]]
-            for k in range(3):
-                parent[k] = add(parent[k], row[k])
-    return {fqn: keep(row) for fqn, row in subtree.items()}  # kept with the profile: plain tuples (``profile.Timeline``)
+    subtree: dict[str, tuple] = {}
+    made: dict[tuple, tuple] = {}  # (own row, children's rows) -> the kept sum
+    for fqn in sorted(children, key=lambda q: q.count(".") if q else -1, reverse=True):
+        parts = (own.get(fqn), *(subtree[c] for c in children[fqn]))
+        row = made.get(parts)
+        if row is None:
+            acc = [zero(), zero(), zero()]
+            for part in parts:
+                if part:
+                    for k in range(3):
+                        acc[k] = add(acc[k], part[k])
+            row = made[parts] = keep(acc)
+        subtree[fqn] = row
+    return subtree  # kept with the profile: plain tuples (``profile.Timeline``)
 
 
 def flop_index(profile) -> FlopIndex:
@@ -249,12 +267,12 @@ def flop_index(profile) -> FlopIndex:
     for j, (kind, key) in enumerate(zip(tl.kinds, tl.keys)):
         if kind == "pre_fw":
             first.setdefault(key, j)
-    return FlopIndex(_subtrees(profile.module_flops, 0, lambda a, b: a + b), first, len(profile.timeline))
+    return FlopIndex(_subtrees(profile.module_flops, int, operator.add), first, len(profile.timeline))
 
 
 def cost_subtrees(profile) -> dict:
     """``_subtrees`` of the profile's ``module_costs`` (``ActivationProfile.cost_index``)."""
-    return _subtrees(profile.module_costs, None, combined, _frozen_row)
+    return _subtrees(profile.module_costs, dict, accumulate, _frozen_row)
 
 
 FLOP_COLUMNS = ("unit", "forward_flops", "backward_flops", "recompute_flops")

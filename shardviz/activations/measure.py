@@ -20,7 +20,7 @@ from .flops import flop_counter, module_sums
 from .kernels import attention_note
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
-from .profile import ActivationProfile, ModuleEvent, Timeline, event_index, last_in_subtree, module_stats, strip_wrapper
+from .profile import ActivationProfile, ModuleEvent, event_index, last_in_subtree, module_stats, strip_wrapper
 from .reduced import ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
 
@@ -360,7 +360,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
     return ActivationProfile(
         batch_size=request.batch_size, seq_len=request.seq_len,
         param_dtype=str(pdt).replace("torch.", "") if pdt else None,
-        peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=Timeline(timeline),
+        peak=peak, modules=modules, blocks=[tree.modules[b].fqn for b in listed], timeline=timeline,
         attention=measurement.attention, assumptions=_assumptions(moe, measurement.attention, tree.model, _compute_dtype(tree, pdt)) + _CACHE_NOTE[request.use_cache],
         measured_blocks=sum(len(lp.reps) for lp in lists), module_flops=flops, module_costs=costs,
         _types={m.fqn: m.type_name for m in tree.modules}, _depths={m.fqn: m.depth for m in tree.modules},
@@ -555,7 +555,7 @@ def _order_of(model, tree, request, reduce: bool, toggles: bool) -> tuple[str, .
     lists = plan_lists(tree, find_blocks(tree) if reduce else [], policy.compute_dtype, request.policies, toggles)
     events, release = _forward_events(model, tree, lists, request, moe_shape(model))
     timeline = splice(events, lists, release)
-    return tuple(dict.fromkeys(e.key for e in timeline if e.kind == "pre_fw"))
+    return tuple(dict.fromkeys(key for kind, key in zip(timeline.kinds, timeline.keys) if kind == "pre_fw"))
 
 
 def _attempts(request) -> list[tuple]:

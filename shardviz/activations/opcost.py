@@ -60,7 +60,9 @@ def frozen(cost: dict | None) -> tuple | None:
     """A cost to keep (in a profile): its ``(bucket, (flops, bytes, kernels))`` pairs as a tuple.
     The cyclic collector stops tracking a tuple of plain values, but walks a dict held in a tuple
     or a dict for as long as it lives (``profile.Timeline``). Every function here reads both forms."""
-    return tuple(cost.items()) if cost else None
+    if not cost:
+        return None
+    return tuple(cost.items()) if isinstance(cost, dict) else cost
 
 
 def _items(cost):
@@ -85,6 +87,16 @@ def combined(*costs) -> dict | None:
             else:
                 out.pop(key, None)
     return out
+
+
+def accumulate(total: dict, cost) -> dict:
+    """``cost`` added into ``total`` in place (costs of ops are never negative: no bucket cancels);
+    ``total`` returned. Summing many costs into one: ``combined`` would copy the sum each time."""
+    if cost:
+        for key, (f, b, n) in _items(cost):
+            f0, b0, n0 = total.get(key, (0, 0, 0))
+            total[key] = (f0 + f, b0 + b, n0 + n)
+    return total
 
 
 def difference(a: dict | None, b: dict | None) -> dict | None:

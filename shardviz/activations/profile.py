@@ -60,6 +60,14 @@ class Timeline(Sequence):
         self.kinds, self.keys, self.phases, self.levels, self.peaks, self.flops, costs = columns
         self.costs = tuple(map(frozen, costs))
 
+    @classmethod
+    def of_columns(cls, kinds, keys, phases, levels, peaks, flops, costs) -> Timeline:
+        """The timeline of seven equal-length columns (``splice`` builds them): no event made."""
+        tl = cls.__new__(cls)
+        tl.kinds, tl.keys, tl.phases, tl.levels, tl.peaks, tl.flops = map(tuple, (kinds, keys, phases, levels, peaks, flops))
+        tl.costs = tuple(map(frozen, costs))
+        return tl
+
     def __len__(self) -> int:
         return len(self.kinds)
 
@@ -272,16 +280,19 @@ def _first_fqn(m) -> str:
 # ---------------------------------------------------------------------------
 # The numbers around each module, read off the full model's timeline
 # ---------------------------------------------------------------------------
-def event_index(timeline: list[ModuleEvent]) -> dict[str, dict[str, int]]:
+def event_index(timeline: Timeline) -> dict[str, dict[str, int]]:
     """fqn -> {event kind: index} (first pre-forward/backward, last post-forward/backward/gap) and
     ``"last"``: the module's last event."""
     idx: dict[str, dict[str, int]] = {}
-    for j, ev in enumerate(timeline):
-        d = idx.setdefault(ev.key, {})
-        if ev.kind in ("pre_fw", "pre_bw"):
-            d.setdefault(ev.kind, j)
-        elif ev.kind in ("post_fw", "post_bw", "gap"):
-            d[ev.kind] = j
+    for j, (kind, key) in enumerate(zip(timeline.kinds, timeline.keys)):
+        d = idx.get(key)
+        if d is None:
+            d = idx[key] = {}
+        if kind == "pre_fw" or kind == "pre_bw":
+            if kind not in d:
+                d[kind] = j
+        elif kind == "post_fw" or kind == "post_bw" or kind == "gap":
+            d[kind] = j
         d["last"] = j
     return idx
 
@@ -290,11 +301,13 @@ def last_in_subtree(idx: dict[str, dict[str, int]]) -> dict[str, int]:
     """fqn -> the last event of its subtree: the end of a module's backward when torch never marks it."""
     out: dict[str, int] = {}
     for fqn, d in idx.items():
-        parts = fqn.split(".") if fqn else []
-        for k in range(len(parts) + 1):
-            anc = ".".join(parts[:k])
-            if out.get(anc, -1) < d["last"]:
-                out[anc] = d["last"]
+        last, anc = d["last"], fqn
+        # up to the first ancestor that has a later event: every ancestor above it has one too
+        while out.get(anc, -1) < last:
+            out[anc] = last
+            if not anc:
+                break
+            anc = anc.rpartition(".")[0]
     return out
 
 
@@ -316,12 +329,11 @@ def backward_end(fqn: str, d: dict[str, int], ends: dict[str, int]) -> int:
 class _Levels:
     """The timeline's levels and peaks as arrays, and the highest level over a span of events."""
 
-    def __init__(self, timeline: list[ModuleEvent]):
+    def __init__(self, timeline: Timeline):
         import numpy as np
 
-        n = len(timeline)
-        self.levels = np.fromiter((e.level for e in timeline), dtype=np.int64, count=n)
-        self.peaks = np.fromiter((e.peak for e in timeline), dtype=np.int64, count=n)
+        self.levels = np.array(timeline.levels, dtype=np.int64)
+        self.peaks = np.array(timeline.peaks, dtype=np.int64)
 
     def at(self, j: int | None) -> int | None:
         return int(self.levels[j]) if j is not None else None
@@ -351,7 +363,7 @@ def _module_row(fqn, d, lv: _Levels, ends, checkpointed, block_saved) -> tuple:
     return (fqn, pre_fw, post_fw, peak_fw, lv.at(pb), peak_bw, lv.at(d.get("post_bw")), saved, plain, ckpt, is_ck)
 
 
-def module_stats(timeline: list[ModuleEvent], idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
+def module_stats(timeline: Timeline, idx, ends, checkpointed: set[str], block_saved: dict[str, tuple]):
     """(``Rows`` fqn -> ModuleActivations, (peak bytes, phase, innermost module running then)); ``idx``
     and ``ends``: ``event_index`` and ``last_in_subtree`` of the timeline."""
     stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
@@ -361,7 +373,7 @@ def module_stats(timeline: list[ModuleEvent], idx, ends, checkpointed: set[str],
     if not n:
         return out, (0, "forward", "")
     j = int(lv.peaks.argmax())
-    phase = "backward" if timeline[j].phase == "bw" else "forward"
+    phase = "backward" if timeline.phases[j] == "bw" else "forward"
     return out, (int(lv.peaks[j]), phase, innermost(module_spans(idx, ends), j))
 
 

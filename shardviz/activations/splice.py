@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 from . import stop
 from .kvcache import KVRelease
 from .opcost import combined
-from .profile import ModuleEvent
+from .profile import ModuleEvent, Timeline
 from .reduced import PLAIN, WHOLE_BLOCK, ListPlan
 
 
-def _is_block_event(ev: ModuleEvent, li: int) -> bool:
-    return isinstance(ev.key, tuple) and ev.key[0] == li
+def _is_block_event(ev: ModuleEvent | tuple, li: int) -> bool:
+    return isinstance(ev[1], tuple) and ev[1][0] == li
 
 
 def _run_ends(events: list[ModuleEvent], li: int, phase: str) -> tuple[dict, dict]:
@@ -100,12 +100,17 @@ def _regions(events: list[ModuleEvent], lists: list[ListPlan]) -> list[_Region]:
     return found
 
 
-def _deltas(events: list[ModuleEvent]) -> list[ModuleEvent]:
+# While splicing, an event is a plain tuple in ``ModuleEvent``'s field order (kind, key, phase,
+# level, peak, flops, cost): 13k events at 70B, each made twice; a named tuple costs 3x to make.
+_KEY, _LEVEL, _PEAK = 1, 3, 4
+
+
+def _deltas(events: list[ModuleEvent]) -> list[tuple]:
     """The events with level and peak as changes against the previous event's level."""
     out, prev = [], 0
-    for ev in events:
-        out.append(ev._replace(level=ev.level - prev, peak=ev.peak - prev))
-        prev = ev.level
+    for kind, key, phase, level, peak, flops, cost in events:
+        out.append((kind, key, phase, level - prev, peak - prev, flops, cost))
+        prev = level
     return out
 
 
@@ -114,33 +119,38 @@ def _without_lead(run: list[ModuleEvent], li: int, r: int) -> list[ModuleEvent]:
     blocks (in backward: the final norm's backward, carried by the last block's first event; an
     encoder's: the decoder blocks' late post-backward) that the previous run already brought. The
     events before the rep's first own change carry no change, the outside ones among them go."""
-    mine = [k for k, ev in enumerate(run) if _is_block_event(ev, li) and ev.key[1] == r]
-    lead = next((k for k in mine[1:] if run[k].level != 0 or run[k].peak != 0), len(run))
+    mine = [k for k, ev in enumerate(run) if _is_block_event(ev, li) and ev[_KEY][1] == r]
+    lead = next((k for k in mine[1:] if run[k][_LEVEL] != 0 or run[k][_PEAK] != 0), len(run))
     # the outside ones keep their place (key None: dropped when the timeline is made absolute)
-    return [ev._replace(key=ev.key if isinstance(ev.key, tuple) else None, level=0, peak=0, flops=0,
-                        cost=None) for ev in run[:lead]] + run[lead:]
+    return [(ev[0], ev[_KEY] if isinstance(ev[_KEY], tuple) else None, ev[2], 0, 0, 0, None)
+            for ev in run[:lead]] + run[lead:]
 
 
-def _renamed(ev: ModuleEvent, region: _Region, r: int, names: tuple, edge: bool) -> ModuleEvent:
-    """``ev`` of rep ``r``'s run with its module named in the full model (None: dropped).
+def _renamed(run: list[tuple], region: _Region, r: int, names: tuple, edge: bool) -> list[tuple]:
+    """The events of rep ``r``'s run with their modules named in the full model (None: dropped).
     names: (this position, the previous processed one, the next one). Events of the previous
     representative that fire inside this run (in backward, a block's post-backward fires after the
     next block's pre-backward) go to the previous position; events of modules outside the blocks
     are kept where the run plays the role it had in the reduced model (first or last of the region)."""
-    key = ev.key
-    if isinstance(key, tuple) and key[0] == region.li:
-        if key[1] == r:
-            base = names[0]
-        elif key[1] in region.order and region.order.index(key[1]) < region.order.index(r):
-            base = names[1]
+    rank = {rep: i for i, rep in enumerate(region.order)}
+    mine = rank[r]
+    # the names a run's events take, by the rep and the path inside the block in their key
+    named: dict[tuple, str | None] = {}
+    out = []
+    for kind, key, phase, level, peak, flops, cost in run:
+        if type(key) is tuple:
+            fqn = named.get(key, False)
+            if fqn is False:
+                if key[0] != region.li:  # another list's block inside this run: not expected
+                    fqn = None
+                else:
+                    base = names[0] if key[1] == r else names[1] if rank.get(key[1], mine) < mine else names[2]
+                    fqn = None if base is None else (base if key[2] == "" else f"{base}.{key[2]}")
+                named[key] = fqn
         else:
-            base = names[2]
-        fqn = None if base is None else (base if key[2] == "" else f"{base}.{key[2]}")
-    elif isinstance(key, tuple):  # another list's block inside this run: not expected
-        fqn = None
-    else:
-        fqn = key if edge else None
-    return ModuleEvent(ev.kind, fqn, ev.phase, ev.level, ev.peak, ev.flops, ev.cost)  # not _replace: 3x slower
+            fqn = key if edge else None
+        out.append((kind, fqn, phase, level, peak, flops, cost))
+    return out
 
 
 def _region_events(region: _Region, deltas: list[ModuleEvent], lp: ListPlan) -> tuple[list[ModuleEvent], list[int]]:
@@ -162,43 +172,49 @@ def _region_events(region: _Region, deltas: list[ModuleEvent], lp: ListPlan) -> 
         run = deltas[a:b]
         if r == region.order[0] and i > 0:
             run = _without_lead(run, region.li, r)
-        out.extend(_renamed(ev, region, r, names, edge) for ev in run)
+        out.extend(_renamed(run, region, r, names, edge))
         sources.extend(range(a, b))
     return out, sources
 
 
-def _outside(evs: list[ModuleEvent]) -> list[ModuleEvent]:
+def _outside(evs: list[tuple]) -> list[tuple]:
     """Events outside the regions; a block's event there is not expected: dropped, its level kept."""
-    return [ev._replace(key=None) if isinstance(ev.key, tuple) else ev for ev in evs]
+    return [ev[:1] + (None,) + ev[2:] if isinstance(ev[_KEY], tuple) else ev for ev in evs]
 
 
-def _absolute(result: list[ModuleEvent]) -> list[ModuleEvent]:
+def _absolute(result: list[tuple]) -> Timeline:
     """Changes back to absolute levels; dropped events (key None) carry their change and their
     FLOPs forward (trailing ones go to the last event)."""
-    timeline, level, carry_peak, carry_flops, carry_cost = [], 0, None, 0, None
-    for j, ev in enumerate(result):
+    kinds, keys, phases, levels, peaks, flops, costs = [], [], [], [], [], [], []
+    level, carry_peak, carry_flops, carry_cost = 0, None, 0, None
+    for j, (kind, key, phase, d_level, d_peak, f, cost) in enumerate(result):
         if not j & 4095:
             stop.check()  # every 4,096 events (about 20,000 at 70B)
-        peak = level + ev.peak
+        peak = level + d_peak
         if carry_peak is not None:
             peak = max(peak, carry_peak)
-        level += ev.level
-        if ev.key is None:
-            carry_peak, carry_flops, carry_cost = peak, carry_flops + ev.flops, combined(carry_cost, ev.cost)
+        level += d_level
+        if key is None:
+            carry_peak, carry_flops, carry_cost = peak, carry_flops + f, combined(carry_cost, cost)
             continue
-        timeline.append(ModuleEvent(ev.kind, ev.key, ev.phase, level, peak, ev.flops + carry_flops,
-                                    combined(ev.cost, carry_cost) if carry_cost else ev.cost))
+        kinds.append(kind)
+        keys.append(key)
+        phases.append(phase)
+        levels.append(level)
+        peaks.append(peak)
+        flops.append(f + carry_flops)
+        costs.append(combined(cost, carry_cost) if carry_cost else cost)
         carry_peak, carry_flops, carry_cost = None, 0, None
-    if (carry_flops or carry_cost) and timeline:
-        last = timeline[-1]
-        timeline[-1] = last._replace(flops=last.flops + carry_flops, cost=combined(last.cost, carry_cost))
-    return timeline
+    if (carry_flops or carry_cost) and kinds:
+        flops[-1] += carry_flops
+        costs[-1] = combined(costs[-1], carry_cost)
+    return Timeline.of_columns(kinds, keys, phases, levels, peaks, flops, costs)
 
 
 def _cache_kept(events: list[ModuleEvent], release: KVRelease) -> list[ModuleEvent]:
     """The copy's timeline as if its key/value cache never died: from the death on, its bytes stay."""
     freed = release.in_copy()
-    out = events[:release.event]
+    out = list(events[:release.event])
     for ev in events[release.event:]:
         out.append(ev._replace(level=ev.level + freed, peak=ev.peak + freed))
     at = out[release.event]
@@ -211,10 +227,11 @@ def _cache_dies(result: list[ModuleEvent], sources: list[int], release: KVReleas
     copy's event that saw it (a block run is reused at every position of its representative; the
     cache dies once, in the last one): every position's share freed."""
     at = max((k for k, j in enumerate(sources) if j == release.event), default=len(result) - 1)
-    result[at] = result[at]._replace(level=result[at].level - release.in_model(lists))
+    ev = result[at]
+    result[at] = ev[:_LEVEL] + (ev[_LEVEL] - release.in_model(lists),) + ev[_LEVEL + 1:]
 
 
-def splice(events: list[ModuleEvent], lists: list[ListPlan], release: KVRelease | None = None) -> list[ModuleEvent]:
+def splice(events: list[ModuleEvent], lists: list[ListPlan], release: KVRelease | None = None) -> Timeline:
     """The full model's timeline: the reduced timeline with each block list's forward and backward
     regions replaced by one run per position (a dropped event's level change is carried to the
     next event, so levels stay exact). ``release``: the key/value cache's death in the copy
