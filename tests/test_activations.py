@@ -472,6 +472,26 @@ def test_api_cache_and_table(monkeypatch):
         p1.at("model.nope")
 
 
+def test_the_cache_drops_the_least_recently_used(monkeypatch):
+    """Past its size, the cache drops the step least recently asked for, not every step: the plan an
+    Inspector session goes back to (undo) stays measured however many edits came between."""
+    model = build("llama")
+    model.config.use_cache = False
+    A.clear_cache()
+    monkeypatch.setattr(M, "_MAX_ENTRIES", 2)
+    made = []  # the profiles made (from a measurement, kept or new)
+    real = M._profile
+    monkeypatch.setattr(M, "_profile", lambda *a, **k: made.append(a[1].seq_len) or real(*a, **k))
+    first = measure_activations(model, BATCH, SEQ)
+    measure_activations(model, BATCH, 2 * SEQ)
+    assert measure_activations(model, BATCH, SEQ) is first  # asked again: the most recent now
+    measure_activations(model, BATCH, 3 * SEQ)  # one too many: 2 * SEQ, the least recent, goes
+    assert measure_activations(model, BATCH, SEQ) is first
+    assert made == [SEQ, 2 * SEQ, 3 * SEQ]
+    measure_activations(model, BATCH, 2 * SEQ)
+    assert made == [SEQ, 2 * SEQ, 3 * SEQ, 2 * SEQ]
+
+
 def test_model_changed_in_place_is_walked_again():
     model = build("llama")
     a = measure_activations(model, BATCH, SEQ)

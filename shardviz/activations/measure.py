@@ -231,10 +231,22 @@ def _entry(model: nn.Module, tree: ModelTree | None) -> _ModelEntry:
 
 
 def _remember(table: dict, key, value) -> None:
+    """Keep ``value``; past ``_MAX_ENTRIES``, the least recently used entry goes (not all of them: the
+    plans an Inspector session goes back to, by undo, stay measured however long it runs)."""
     with _LOCK:
-        if len(table) > _MAX_ENTRIES:
-            table.clear()
+        table.pop(key, None)
+        while len(table) >= _MAX_ENTRIES:
+            del table[next(iter(table))]
         table[key] = value
+
+
+def _recall(table: dict, key):
+    """The entry kept under ``key`` (None: none), now the most recently used (``_remember``)."""
+    with _LOCK:
+        value = table.pop(key, None)
+        if value is not None:
+            table[key] = value
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -381,8 +393,7 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
     outside_ck = _outside_checkpoint(lists, tree, request.policies)
     key = _measurement_key(tree, request, lists, outside_ck, policy)
     moe = moe_shape(model)
-    with _LOCK:
-        measurement = entry.measurements.get(key)
+    measurement = _recall(entry.measurements, key)
     if measurement is None:
         measurement = measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck, request, moe)
         _remember(entry.measurements, key, measurement)
@@ -484,8 +495,7 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
         use_cache = config_use_cache(model) if example_inputs is None else False
     request = _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs, use_cache)
     entry = _entry(model, tree)
-    with _LOCK:
-        profile = entry.profiles.get(request)
+    profile = _recall(entry.profiles, request)
     if isinstance(profile, _Failed):  # the same step failed before: fail again at once
         raise ValueError(profile.message)
     if profile is None:
