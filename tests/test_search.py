@@ -134,6 +134,22 @@ def test_the_analyses_of_a_search_are_freed_as_it_goes_not_left_to_the_cyclic_gc
     assert not alive
 
 
+def test_two_searches_at_once_leave_full_collections_as_they_were():
+    """A search turns full collections off while it runs (``running._no_full_collections``). Two at once
+    (the Inspector's look-ahead and a click, on two threads) may end in either order: the collector's
+    thresholds must come back as they were, and stay off while one still runs."""
+    from shardviz.search.running import _no_full_collections
+
+    before = gc.get_threshold()
+    first, second = _no_full_collections(), _no_full_collections()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first to start ends first
+    assert gc.get_threshold()[2] > before[2]  # the second still runs: still off
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before
+
+
 def test_plans_that_differ_only_in_mesh_reshard_or_offload_share_one_measurement(monkeypatch):
     """The activations are measured once per LoRA layout x checkpointing x micro-batch x cache, and
     every HSDP split, reshard and offload option of it reads that one measurement (issue 37)."""

@@ -5,6 +5,7 @@ would (``what_would_fit``)."""
 from __future__ import annotations
 
 import gc
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
 from itertools import groupby
@@ -26,6 +27,10 @@ def run(space: Space, cands: list[Candidate], progress=None) -> tuple[list[Row],
         return _run(space, cands, progress)
 
 
+_HELD = {"depth": 0, "full": 0}  # searches running now, and the full threshold they replaced
+_HELD_LOCK = threading.Lock()
+
+
 @contextmanager
 def _no_full_collections():
     """No full collection while the candidates run. Each analysis allocates much and keeps what the
@@ -34,13 +39,21 @@ def _no_full_collections():
     nothing found. The young generations are still collected as usual (nothing piles up: a search
     stopped midway by the next edit, ``activations.stop``, leaves that edit no collection to pay).
     No full collection is forced at the end either: in a kernel that has measured many layouts one
-    takes 0.5-1 s that nothing can stop (the Inspector's click makes one, ``suggest.run_search``)."""
-    young, middle, full = gc.get_threshold()
-    gc.set_threshold(young, middle, 1 << 30)  # CPython: full collections after that many middle ones
+    takes 0.5-1 s that nothing can stop (the Inspector's click makes one, ``suggest.run_search``).
+    Searches on two threads at once: the threshold the first replaced comes back when the last ends."""
+    with _HELD_LOCK:
+        if _HELD["depth"] == 0:
+            young, middle, _HELD["full"] = gc.get_threshold()
+            gc.set_threshold(young, middle, 1 << 30)  # CPython: full collections after that many middle ones
+        _HELD["depth"] += 1
     try:
         yield
     finally:
-        gc.set_threshold(young, middle, full)
+        with _HELD_LOCK:
+            _HELD["depth"] -= 1
+            if _HELD["depth"] == 0:
+                young, middle, _ = gc.get_threshold()
+                gc.set_threshold(young, middle, _HELD["full"])
 
 
 def _run(space: Space, cands: list[Candidate], progress) -> tuple[list[Row], int]:
