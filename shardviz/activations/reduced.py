@@ -14,6 +14,7 @@ from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..export_runtime import _checkpoint_wrapped, _selective_checkpoint_context
 from ..model.quant_torchao import is_nf4
 from ..model.tree import ModelTree
+from . import stop
 from .profile import strip_wrapper
 
 # A variant's checkpointed paths: frozenset of (path inside the block, CheckpointPolicy).
@@ -231,8 +232,11 @@ def build_copy(model, tree, lists: list[ListPlan], param_dtype_of, checkpoint_ou
     memo = _fake_outside(model, {id(m) for m in list_objs}, param_dtype_of, fake_mode)
     new_lists = []
     for lp, obj in zip(lists, list_objs):
-        new = nn.ModuleList([_rep_copy(model, tree.modules[src].fqn, variant[1], memo, param_dtype_of, fake_mode)
-                             for variant, src in lp.reps])
+        reps = []
+        for variant, src in lp.reps:
+            stop.check()  # a block's copy takes tens of ms at 70B: the Inspector's next edit stops here
+            reps.append(_rep_copy(model, tree.modules[src].fqn, variant[1], memo, param_dtype_of, fake_mode))
+        new = nn.ModuleList(reps)
         memo[id(obj)] = new
         new_lists.append(new)
     reduced = copy.deepcopy(model, memo)
