@@ -332,3 +332,39 @@ def test_a_search_stopped_by_an_edit_keeps_no_rows(monkeypatch):
     with pytest.raises(stop.Stopped):
         suggest_module.search_ahead(st)
     assert st.searched == {}
+
+
+def test_the_click_goes_on_from_where_the_stopped_look_ahead_search_was(monkeypatch):
+    """The Suggest click stops the look-ahead's search of the same mesh and training midway (the
+    worker runs one job at a time): the click's search analyses none of the plans that one had
+    analysed again, and its rows are ``sv.search``'s."""
+    import importlib
+
+    from shardviz.activations import stop
+    from shardviz.widget.controller import InspectorState
+
+    space = importlib.import_module("shardviz.search.space")
+    analysed, analysis = [], space.Space.analysis
+    monkeypatch.setattr(space.Space, "analysis", lambda self, c, *a, **k: analysed.append(c) or analysis(self, c, *a, **k))
+    st = InspectorState(model(), mesh=MESH, training=TRAINING)
+    st.memory  # noqa: B018
+    real = suggest_module.search
+
+    def stopped_midway(*args, progress=None, **kwargs):
+        def progress_then_stop(done, total):
+            if done == 12:
+                raise stop.Stopped()
+            progress(done, total)
+        return real(*args, progress=progress_then_stop, **kwargs)
+
+    monkeypatch.setattr(suggest_module, "search", stopped_midway)
+    with pytest.raises(stop.Stopped):
+        suggest_module.search_ahead(st)
+    parts = dict(st.search_parts[suggest_module.ahead_key(st)])
+    assert len(parts) >= 3 and st.searched == {}
+    monkeypatch.setattr(suggest_module, "search", real)
+    analysed.clear()
+    found = st.suggest(top=TOP)
+    assert found.table.equals(reference().table) and found.n_analysed == reference().n_analysed
+    assert analysed and not set(parts) & set(analysed)
+    assert st.search_parts == {}  # done: the whole search is kept instead

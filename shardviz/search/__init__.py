@@ -60,7 +60,7 @@ DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives
 
 
 def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True), tensor=(1,),
-           progress=None) -> Search:
+           progress=None, resume: dict | None = None) -> Search:
     """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
 
     ``tensor``: the tensor-parallel degrees to try, e.g. ``(1, 2, 4, 8)``: each with the model's own
@@ -72,10 +72,13 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     view and command assumes); with ``global_batch`` the micro-batch and accumulation are searched too.
     ``progress``: called as ``progress(done, total)`` after each candidate (the Inspector's Suggest
     shows it while the search runs).
+    ``resume``: a dict the search fills with each analysed plan's row; given again to a search of
+    the same model and arguments (one stopped midway: the Inspector's look-ahead, cancelled by the
+    Suggest click), the plans it holds are not analysed again. The rows are the same either way.
     """
     space, notes = _space(model, mesh, training, offload, tensor)
     cands = candidates(space, offload)
-    rows, n_analysed = run(space, cands, progress)
+    rows, n_analysed = run(space, cands, progress, resume)
     rows = ranked(rows, space.limit)
     untimed = next((r.untimed for r in rows if r.analysed and r.untimed), None)
     if untimed:

@@ -20,11 +20,13 @@ from .rows import Measured, Pruned, Row, Rule
 from .space import Space
 
 
-def run(space: Space, cands: list[Candidate], progress=None) -> tuple[list[Row], int]:
+def run(space: Space, cands: list[Candidate], progress=None, resume: dict | None = None) -> tuple[list[Row], int]:
     """A row for every candidate, in pruning order, and the number of analyses made. A micro-batch
-    larger than one with which nothing fits is pruned. ``progress(done, total)`` after each candidate."""
+    larger than one with which nothing fits is pruned. ``progress(done, total)`` after each candidate.
+    ``resume``: candidate -> (row, activation profile) of the analyses made so far for this space,
+    read and filled in (``search``'s argument)."""
     with _no_full_collections():
-        return _run(space, cands, progress)
+        return _run(space, cands, progress, resume)
 
 
 _HELD = {"depth": 0, "full": 0}  # searches running now, and the full threshold they replaced
@@ -56,7 +58,7 @@ def _no_full_collections():
                 gc.set_threshold(young, middle, _HELD["full"])
 
 
-def _run(space: Space, cands: list[Candidate], progress) -> tuple[list[Row], int]:
+def _run(space: Space, cands: list[Candidate], progress, resume: dict | None) -> tuple[list[Row], int]:
     ev, rows, total = Evidence(), [], len(cands)
     nowhere: int | None = None  # the smallest micro-batch with which nothing fits
     for batch, group in groupby(pruning_order(cands), key=lambda c: c.batch_size):
@@ -66,7 +68,7 @@ def _run(space: Space, cands: list[Candidate], progress) -> tuple[list[Row], int
             continue
         batch_rows: list[Row] = []
         for c in group:
-            batch_rows.append(_evaluate(space, ev, c))
+            batch_rows.append(_evaluate(space, ev, c, resume))
             if progress is not None:
                 progress(len(rows) + len(batch_rows), total)
         rows += batch_rows
@@ -75,17 +77,21 @@ def _run(space: Space, cands: list[Candidate], progress) -> tuple[list[Row], int
     return rows, ev.n_analysed + sum(r.analysed for r in rows)
 
 
-def _evaluate(space: Space, ev: Evidence, c: Candidate) -> Row:
+def _evaluate(space: Space, ev: Evidence, c: Candidate, resume: dict | None) -> Row:
     pruned = pruned_by(space, ev, c)
     if pruned is not None:
         return pruned
-    try:
-        a = space.analysis(c)
-        row = measured(space, c, a)
-    except PlanError as exc:  # refused before any cost was computed: counted with the pruned
-        return Pruned(c, Rule.REFUSED, f"torch would refuse it: {exc.findings[0]}")
-    record(space, ev, row, a.activation_profile)
-    return row
+    done = resume.get(c) if resume is not None else None
+    if done is None:
+        try:
+            a = space.analysis(c)
+            done = (measured(space, c, a), a.activation_profile)
+        except PlanError as exc:  # refused before any cost was computed: counted with the pruned
+            return Pruned(c, Rule.REFUSED, f"torch would refuse it: {exc.findings[0]}")
+        if resume is not None:
+            resume[c] = done
+    record(space, ev, *done)  # the same evidence as when it was analysed: the same pruning after it
+    return done[0]
 
 
 def measured(space: Space, c: Candidate, a: Analysis) -> Measured:

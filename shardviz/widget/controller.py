@@ -109,6 +109,7 @@ class InspectorState:
         self.suggest_top = suggest.DEFAULT_TOP
         self.found: suggest.FoundPlans | None = None
         self.searched: dict[tuple, suggest.FoundPlans] = {}  # by suggest.ahead_key: Suggest's or the look-ahead's
+        self.search_parts: dict[tuple, dict] = {}  # by suggest.ahead_key: the rows of a search stopped midway
 
         explicit = as_plan(plan) if plan is not None else None
         self.plan_file = PlanFile(plan_path) if plan_path is not None else None

@@ -56,7 +56,13 @@ def _search_and_keep(state, progress, collect: bool = False) -> FoundPlans:
     ``collect``: end with one full collection (the search made none: ``search.running``), timed with it."""
     t0 = time.perf_counter()
     mesh, training, key = state.mesh, state.training, ahead_key(state)  # read once: kept under what was searched
-    found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress)
+    # the rows a search of the same key stopped midway analysed (the look-ahead's, when Suggest is clicked)
+    resume = state.search_parts.pop(key, {})
+    state.search_parts[key] = resume
+    while len(state.search_parts) > SEARCHES_KEPT:
+        state.search_parts.pop(next(iter(state.search_parts)))
+    found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress, resume=resume)
+    state.search_parts.pop(key, None)  # the whole search is kept below
     if collect:
         gc.collect()
     kept = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
