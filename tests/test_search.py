@@ -135,13 +135,13 @@ def test_the_analyses_of_a_search_are_freed_as_it_goes_not_left_to_the_cyclic_gc
 
 
 def test_two_searches_at_once_leave_full_collections_as_they_were():
-    """A search turns full collections off while it runs (``running._no_full_collections``). Two at once
-    (the Inspector's look-ahead and a click, on two threads) may end in either order: the collector's
+    """A search turns full collections off while it runs (``collector.quiet``). Two at once (the
+    Inspector's look-ahead and a click, on two threads) may end in either order: the collector's
     thresholds must come back as they were, and stay off while one still runs."""
-    from shardviz.search.running import _no_full_collections
+    from shardviz.collector import quiet
 
     before = gc.get_threshold()
-    first, second = _no_full_collections(), _no_full_collections()
+    first, second = quiet(), quiet()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)  # the first to start ends first

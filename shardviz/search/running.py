@@ -4,12 +4,10 @@ would (``what_would_fit``)."""
 
 from __future__ import annotations
 
-import gc
-import threading
-from contextlib import contextmanager
 from dataclasses import replace
 from itertools import groupby
 
+from .. import collector
 from ..analysis import Analysis
 from ..finding import PlanError
 from ..format import format_bytes
@@ -25,42 +23,10 @@ def run(space: Space, cands: list[Candidate], progress=None, resume: dict | None
     larger than one with which nothing fits is pruned. ``progress(done, total)`` after each candidate.
     ``resume``: candidate -> (row, activation profile) of the analyses made so far for this space,
     read and filled in (``search``'s argument)."""
-    with _no_full_collections():
+    # an analysis's objects die young, what survives is reused: no full collection while the candidates
+    # run (a search stopped midway by the next edit, ``activations.stop``, leaves that edit none to pay)
+    with collector.quiet():
         return _run(space, cands, progress, resume)
-
-
-_HELD = {"depth": 0, "young": 0, "full": 0}  # searches running now, and the thresholds they replaced
-_YOUNG = 10_000
-_HELD_LOCK = threading.Lock()
-
-
-@contextmanager
-def _no_full_collections():
-    """No full collection while the candidates run. Each analysis allocates much and keeps what the
-    next one reuses (profiles, plans), so the collector's thresholds fired a full collection every few
-    analyses, walking every long-lived object each time: about 1.5 s of a 70B search for almost
-    nothing found. The young generations are still collected, less often (nothing piles up: a search
-    stopped midway by the next edit, ``activations.stop``, leaves that edit no collection to pay).
-    No full collection is forced at the end either: in a kernel that has measured many layouts one
-    takes 0.5-1 s that nothing can stop (the Inspector's click makes one, ``suggest.run_search``).
-    Searches on two threads at once: the thresholds the first replaced come back when the last ends."""
-    with _HELD_LOCK:
-        if _HELD["depth"] == 0:
-            _HELD["young"], middle, _HELD["full"] = gc.get_threshold()
-            young = _HELD["young"]
-            # CPython: full collections after 1 << 30 middle ones; a young one per 10,000 new objects, not
-            # 700 (most of an analysis's die young, freed by reference counting before any walk: a 70B
-            # search's young collections went from 2,675 and ~0.55 s to 130 and ~0.35 s)
-            gc.set_threshold(max(young, _YOUNG), middle, 1 << 30)
-        _HELD["depth"] += 1
-    try:
-        yield
-    finally:
-        with _HELD_LOCK:
-            _HELD["depth"] -= 1
-            if _HELD["depth"] == 0:
-                _, middle, _ = gc.get_threshold()
-                gc.set_threshold(_HELD["young"], middle, _HELD["full"])
 
 
 def _run(space: Space, cands: list[Candidate], progress, resume: dict | None) -> tuple[list[Row], int]:

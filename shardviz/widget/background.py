@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import collector
 from ..activations import stop
 from ..analysis import analyze
 from ..format import format_count
@@ -108,7 +109,8 @@ class Worker:
 
     def _main(self, fn) -> None:
         try:
-            fn()
+            with collector.quiet():  # its analyses' objects die young; full collections wait for it to end
+                fn()
         except Cancelled:
             pass
         except Exception as exc:  # noqa: BLE001 - shown in the widget, never lost in a thread

@@ -35,6 +35,7 @@ import anywidget
 import traitlets
 from comm import DummyComm
 
+from .. import collector
 from ..format import format_bytes, format_large_count, format_plural
 from ..run.mesh import Mesh
 from ..views.highlight import python_html
@@ -374,7 +375,8 @@ class Inspector(anywidget.AnyWidget):
             ack.update(ok=False, error=problem)
         else:
             try:
-                result = ACTION_HANDLERS[action](self, dict(args))
+                with collector.quiet():  # an edit's analysis: no full collection inside it (``collector``)
+                    result = ACTION_HANDLERS[action](self, dict(args))
                 if action == "save_code":
                     ack["path"] = str(result)  # the export panel shows it
             except FileExistsError as exc:
