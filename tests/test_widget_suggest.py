@@ -312,8 +312,9 @@ def test_the_look_ahead_searches_ahead_and_the_click_finds_its_rows(monkeypatch)
     assert runs == [1] and again is not found and st.suggest(top=TOP) is again
 
 
-def test_a_search_stopped_by_an_edit_keeps_no_rows(monkeypatch):
-    """The look-ahead's search stops at the next edit (``activations.stop``) and keeps nothing half done."""
+def _look_ahead_search_stopped_at(done_at: int, monkeypatch):
+    """A fresh state whose look-ahead search (``suggest.search_ahead``) was stopped, as an edit stops it
+    (``activations.stop``), after ``done_at`` candidates."""
     from shardviz.activations import stop
     from shardviz.widget.controller import InspectorState
 
@@ -323,14 +324,21 @@ def test_a_search_stopped_by_an_edit_keeps_no_rows(monkeypatch):
 
     def stopped_midway(*args, progress=None, **kwargs):
         def progress_then_stop(done, total):
-            if done == 3:
+            if done == done_at:
                 raise stop.Stopped()
             progress(done, total)
         return real(*args, progress=progress_then_stop, **kwargs)
 
-    monkeypatch.setattr(suggest_module, "search", stopped_midway)
-    with pytest.raises(stop.Stopped):
-        suggest_module.search_ahead(st)
+    with monkeypatch.context() as m:
+        m.setattr(suggest_module, "search", stopped_midway)
+        with pytest.raises(stop.Stopped):
+            suggest_module.search_ahead(st)
+    return st
+
+
+def test_a_search_stopped_by_an_edit_keeps_no_rows(monkeypatch):
+    """The look-ahead's search stops at the next edit (``activations.stop``) and keeps nothing half done."""
+    st = _look_ahead_search_stopped_at(3, monkeypatch)
     assert st.searched == {}
 
 
@@ -340,30 +348,13 @@ def test_the_click_goes_on_from_where_the_stopped_look_ahead_search_was(monkeypa
     analysed again, and its rows are ``sv.search``'s."""
     import importlib
 
-    from shardviz.activations import stop
-    from shardviz.widget.controller import InspectorState
-
     expected = reference()  # before counting: sv.search's analyses are not the widget's
     space = importlib.import_module("shardviz.search.space")
     analysed, analysis = [], space.Space.analysis
     monkeypatch.setattr(space.Space, "analysis", lambda self, c, *a, **k: analysed.append(c) or analysis(self, c, *a, **k))
-    st = InspectorState(model(), mesh=MESH, training=TRAINING)
-    st.memory  # noqa: B018
-    real = suggest_module.search
-
-    def stopped_midway(*args, progress=None, **kwargs):
-        def progress_then_stop(done, total):
-            if done == 12:
-                raise stop.Stopped()
-            progress(done, total)
-        return real(*args, progress=progress_then_stop, **kwargs)
-
-    monkeypatch.setattr(suggest_module, "search", stopped_midway)
-    with pytest.raises(stop.Stopped):
-        suggest_module.search_ahead(st)
+    st = _look_ahead_search_stopped_at(12, monkeypatch)
     parts = dict(st.search_parts[suggest_module.ahead_key(st)])
     assert len(parts) >= 3 and st.searched == {}
-    monkeypatch.setattr(suggest_module, "search", real)
     analysed.clear()
     found = st.suggest(top=TOP)
     assert analysed and not set(parts) & set(analysed)
