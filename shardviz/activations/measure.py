@@ -21,7 +21,7 @@ from .kernels import attention_note
 from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
 from .profile import ActivationProfile, ModuleEvent, event_index, last_in_subtree, module_stats, strip_wrapper
-from .reduced import ListPlan, as_dtype, build_copy, plan_lists
+from .reduced import DtypePolicy, ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
 
 
@@ -146,27 +146,6 @@ def _check_checkpoint(checkpoint: frozenset, tree: ModelTree) -> None:
             raise ValueError("checkpoint: the root module cannot be checkpoint-wrapped")
         if c not in tree.module_index:
             raise KeyError(f"checkpoint: no module {c!r} in the model")
-
-
-class _DtypePolicy:
-    """The dtype a parameter computes in: ``param_dtype`` for floating parameters FSDP shards, its
-    own for the ones it leaves whole (any of a shared parameter's names counts)."""
-
-    def __init__(self, tree: ModelTree, param_dtype: torch.dtype | None, whole: frozenset):
-        self.tree, self.pdt, self.whole = tree, param_dtype, whole
-
-    def compute_dtype(self, pi) -> torch.dtype:
-        if self.pdt is None or not pi.dtype.is_floating_point or any(n in self.whole for n in pi.fqns):
-            return pi.dtype
-        return self.pdt
-
-    def param_dtype_of(self, fqn: str, p: torch.Tensor) -> torch.dtype:
-        if self.pdt is None or not p.is_floating_point() or fqn in self.whole:
-            return p.dtype
-        pi = self.tree.param_index.get(fqn)
-        if pi is not None and any(n in self.whole for n in self.tree.params[pi].fqns):
-            return p.dtype
-        return self.pdt
 
 
 # ---------------------------------------------------------------------------
@@ -317,7 +296,7 @@ def _outside_checkpoint(lists: list[ListPlan], tree: ModelTree, checkpoint: dict
     return frozenset((c, p) for c, p in checkpoint.items() if c not in blocks and not c.startswith(prefixes))
 
 
-def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, policy: _DtypePolicy) -> tuple:
+def _measurement_key(tree: ModelTree, request: _Request, lists, outside_ck, policy: DtypePolicy) -> tuple:
     """What the copy runs: shapes, the representatives of every list, the checkpointed modules and
     compute dtypes outside them, the inputs."""
     prefixes = tuple(tree.modules[b].fqn + "." for lp in lists for b in lp.positions)
@@ -384,7 +363,7 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
     measurement of the same copy is reused: toggling whole-block checkpointing of any block but
     the first runs nothing."""
     tree = entry.tree
-    policy = _DtypePolicy(tree, request.param_dtype, request.whole)
+    policy = DtypePolicy(tree, request.param_dtype, request.whole)
     listed = find_blocks(tree)  # the repeated blocks, reported either way
     # a step that keeps a key/value cache runs only the variants the model has (kvcache: a
     # checkpointed copy keeps the cache alive, which a plan without checkpointing does not)
@@ -543,7 +522,7 @@ def _forward_events(model, tree, lists, request, moe) -> tuple[list, object]:
     from .recorder import Recorder
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    policy = _DtypePolicy(tree, None, frozenset())
+    policy = DtypePolicy(tree, None, frozenset())
     reduced, keys, block_keys = build_copy(model, tree, lists, policy.param_dtype_of, frozenset(), fake_mode)
     counter = flop_counter(balanced_routing(moe))
     recorder = Recorder(keys, block_keys, counter)
@@ -561,7 +540,7 @@ def _forward_events(model, tree, lists, request, moe) -> tuple[list, object]:
 
 
 def _order_of(model, tree, request, reduce: bool, toggles: bool) -> tuple[str, ...]:
-    policy = _DtypePolicy(tree, None, frozenset())
+    policy = DtypePolicy(tree, None, frozenset())
     lists = plan_lists(tree, find_blocks(tree) if reduce else [], policy.compute_dtype, request.policies, toggles)
     events, release = _forward_events(model, tree, lists, request, moe_shape(model))
     timeline = splice(events, lists, release)

@@ -22,6 +22,27 @@ WHOLE_BLOCK = frozenset({("", FULL)})  # a variant whose block itself is checkpo
 PLAIN = frozenset()
 
 
+class DtypePolicy:
+    """The dtype a parameter computes in: ``param_dtype`` for floating parameters FSDP shards, its
+    own for the ones it leaves whole (any of a shared parameter's names counts)."""
+
+    def __init__(self, tree: ModelTree, param_dtype: torch.dtype | None, whole: frozenset):
+        self.tree, self.pdt, self.whole = tree, param_dtype, whole
+
+    def compute_dtype(self, pi) -> torch.dtype:
+        if self.pdt is None or not pi.dtype.is_floating_point or any(n in self.whole for n in pi.fqns):
+            return pi.dtype
+        return self.pdt
+
+    def param_dtype_of(self, fqn: str, p: torch.Tensor) -> torch.dtype:
+        if self.pdt is None or not p.is_floating_point() or fqn in self.whole:
+            return p.dtype
+        pi = self.tree.param_index.get(fqn)
+        if pi is not None and any(n in self.whole for n in self.tree.params[pi].fqns):
+            return p.dtype
+        return self.pdt
+
+
 def as_dtype(value) -> torch.dtype | None:
     if value is None or isinstance(value, torch.dtype):
         return value
