@@ -8,7 +8,10 @@ checkpointed plan. The zoo's configs keep ``use_cache=True`` (transformers' defa
 steps hold the cache (issue 20: still the reduced copy, the cache spliced per block); the same cold
 measurement with ``use_cache=False`` is timed next to it. The tree walk is timed apart (callers
 that already have a ModelTree pass it). Not a test: numbers depend on the load.
-Run: .venv/bin/python benchmarks/bench_activations.py [--model llama3_70b] [--seq 8192]
+``--stages``: instead, the stages that make a profile out of a kept measurement (what an edit that
+needs no new measurement pays: one block's checkpoint in a step without a key/value cache), each
+the fastest of 5 (``docs/benchmarks.md``, issue 37).
+Run: .venv/bin/python benchmarks/bench_activations.py [--model llama3_70b] [--seq 8192] [--stages]
      .venv/bin/python benchmarks/bench_activations.py --model llama3_8b --seq 2048   # issue 20's timing
 """
 
@@ -32,12 +35,51 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
+def fastest(fn, repeats: int = 5) -> float:
+    return min(timed(fn)[0] for _ in range(repeats))
+
+
+def stages(model, batch: int, seq: int) -> None:
+    """``--stages``: each stage of ``measure._profile`` on the measurement an edit reuses."""
+    from shardviz.activations import measure
+    from shardviz.activations.flops import cost_subtrees, flop_index, module_sums
+    from shardviz.activations.profile import event_index, last_in_subtree, module_stats
+    from shardviz.activations.splice import block_saved, splice
+
+    seen = {}
+    real = measure._profile
+    measure._profile = lambda *args: seen.update(args=args) or real(*args)
+    try:
+        base = measure_activations(model, batch, seq, use_cache=False)
+        measure_activations(model, batch, seq, use_cache=False, checkpoint=[base.blocks[1]])
+    finally:
+        measure._profile = real
+    tree, request, listed, lists, m, moe = seen["args"]
+    timeline = splice(m.events, lists, m.kv_release)
+    idx = event_index(timeline)
+    ends = last_in_subtree(idx)
+    saved = block_saved(m.events, lists)
+    profile = real(*seen["args"])
+    rows = [("splice", lambda: splice(m.events, lists, m.kv_release)), ("event_index", lambda: event_index(timeline)),
+            ("last_in_subtree", lambda: last_in_subtree(idx)),
+            ("module_stats", lambda: module_stats(timeline, idx, ends, set(request.checkpoint), saved)),
+            ("module_sums", lambda: module_sums(timeline, ends)), ("cost subtrees", lambda: cost_subtrees(profile)),
+            ("FLOP index", lambda: flop_index(profile)), ("the whole profile", lambda: real(*seen["args"]))]
+    print(f"{len(timeline):,} events, {len(profile.modules):,} modules; the fastest of 5:")
+    for name, fn in rows:
+        print(f"  {name:<20}{1000 * fastest(fn):8.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama3_70b")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--stages", action="store_true", help="the stages of a profile made from a kept measurement")
     args = ap.parse_args()
+    if args.stages:
+        stages(zoo.build(args.model, lora=True), args.batch, args.seq)
+        return
 
     t_build, model = timed(lambda: zoo.build(args.model, lora=True))
     t_tree, tree = timed(lambda: ModelTree(model))
