@@ -326,6 +326,56 @@ def bench_suggest(model_name: str = "llama3_70b", repeats: int = 3, profile: str
     return out
 
 
+def bench_memory(model_name: str = "llama3_70b", edits: int = 150) -> list[dict]:
+    """``--python --memory``: the process's resident memory over ``edits`` edits that each make a new
+    profile (one block's checkpoint toggled, blocks in turn), every 25 edits after a collection: what
+    the kept profiles and measurements cost (``activations.measure``: the least recently used go past 64)."""
+    import gc
+    import os
+
+    import shardviz as sv
+    from shardviz import zoo
+    from shardviz.widget.controller import InspectorState
+
+    def rss_mib() -> float:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    model = zoo.build(model_name)
+    st = InspectorState(model, mesh=sv.Mesh(shard=64, device="H100"), training=sv.Training(batch_size=1, seq_len=8192))
+    st.memory  # noqa: B018
+    gc.collect()
+    start, out, blocks = rss_mib(), [], st.blocks()
+    print(f"{model_name} + LoRA, 64 x H100, 1 x 8192: {start:.0f} MiB after the first render")
+    for i in range(1, edits + 1):
+        st.toggle_checkpoint(blocks[i % (len(blocks) - 1) + 1])
+        for key in ("memory", "traffic", "timeline"):
+            getattr(st, key)
+        if i % 25 == 0:
+            gc.collect()
+            now = rss_mib()
+            out.append({"edits": i, "rss_mib": now, "per_edit_mib": (now - start) / i})
+            print(f"  {i:4d} edits {now:7.0f} MiB   {(now - start) / i:5.1f} MiB an edit", flush=True)
+    return out
+
+
+def python_main(args) -> int:
+    """``--python``: no browser (the edits, ``--suggest-only`` or ``--memory``), written as JSON."""
+    sys.path.insert(0, str(ROOT))
+    if args.suggest_only:
+        rows = bench_suggest(profile=args.profile, gc_freeze=not args.no_gc_freeze)
+    elif args.memory:
+        rows = bench_memory()
+    else:
+        rows = bench_python(ahead=args.ahead, suggest=not args.no_suggest, gc_freeze=not args.no_gc_freeze)
+    kind = "suggest" if args.suggest_only else "memory" if args.memory else "python"
+    out = Path(args.out).with_name(f"bench_widget_{kind}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"written {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--python", action="store_true", help="no browser: the widget's Python path, edit by edit")
@@ -336,6 +386,8 @@ def main(argv=None) -> int:
     parser.add_argument("--suggest-only", action="store_true",
                         help="with --python: build the state, then time Suggest alone, cold then warm, with gc's share")
     parser.add_argument("--profile", help="with --suggest-only: write the cold Suggest's cProfile stats here")
+    parser.add_argument("--memory", action="store_true",
+                        help="with --python: resident memory over 150 edits that each make a new profile")
     parser.add_argument("--models", nargs="+", default=["tiny_llama_lora", "llama3_70b", "nllb_moe_54b"],
                         help="zoo names (nllb_moe_54b is the zoo's largest MoE)")
     parser.add_argument("--renders", type=int, default=4, help="first-render runs per model (the first is cold)")
@@ -343,16 +395,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(helpers.ARTIFACTS_DIR / "bench_widget.json"))
     args = parser.parse_args(argv)
     if args.python:
-        sys.path.insert(0, str(ROOT))
-        if args.suggest_only:
-            rows = bench_suggest(profile=args.profile, gc_freeze=not args.no_gc_freeze)
-        else:
-            rows = bench_python(ahead=args.ahead, suggest=not args.no_suggest, gc_freeze=not args.no_gc_freeze)
-        out = Path(args.out).with_name("bench_widget_suggest.json" if args.suggest_only else "bench_widget_python.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rows, indent=1) + "\n")
-        print(f"written {out}")
-        return 0
+        return python_main(args)
 
     from playwright.sync_api import sync_playwright
 

@@ -193,8 +193,9 @@ def module_sums(timeline: Timeline, ends: dict[str, int]) -> tuple[Rows, dict[st
             if row is None:
                 row = costs[fqn] = [{}, {}, {}]
             accumulate(row[k], cost)
-    return (Rows(ModuleFlops, {fqn: tuple(row) for fqn, row in flops.items()}),
-            {fqn: _frozen_row(row) for fqn, row in costs.items()})
+    same: dict[tuple, tuple] = {}  # one kept row per distinct row: the 80 blocks' modules repeat a few
+    return (Rows(ModuleFlops, {fqn: same.setdefault(kept := tuple(row), kept) for fqn, row in flops.items()}),
+            {fqn: same.setdefault(kept := _frozen_row(row), kept) for fqn, row in costs.items()})
 
 
 def _frozen_row(costs) -> tuple:

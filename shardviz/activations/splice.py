@@ -3,6 +3,7 @@ run of its variant's representative (position 0 the first copy's), levels being 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 
 from . import stop
@@ -145,7 +146,8 @@ def _renamed(run: list[tuple], region: _Region, r: int, names: tuple, edge: bool
                     fqn = None
                 else:
                     base = names[0] if key[1] == r else names[1] if rank.get(key[1], mine) < mine else names[2]
-                    fqn = None if base is None else (base if key[2] == "" else f"{base}.{key[2]}")
+                    # interned: every kept profile names its events with the same strings
+                    fqn = None if base is None else sys.intern(base if key[2] == "" else f"{base}.{key[2]}")
                 named[key] = fqn
         else:
             fqn = key if edge else None
