@@ -115,7 +115,7 @@ def _deltas(events: list[ModuleEvent]) -> list[tuple]:
     return out
 
 
-def _without_lead(run: list[ModuleEvent], li: int, r: int) -> list[ModuleEvent]:
+def _without_lead(run: list[tuple], li: int, r: int) -> list[tuple]:
     """A region's first run reused at another position: the first run begins with work outside the
     blocks (in backward: the final norm's backward, carried by the last block's first event; an
     encoder's: the decoder blocks' late post-backward) that the previous run already brought. The
@@ -155,7 +155,7 @@ def _renamed(run: list[tuple], region: _Region, r: int, names: tuple, edge: bool
     return out
 
 
-def _region_events(region: _Region, deltas: list[ModuleEvent], lp: ListPlan) -> tuple[list[ModuleEvent], list[int]]:
+def _region_events(region: _Region, deltas: list[tuple], lp: ListPlan) -> tuple[list[tuple], list[int]]:
     """The region replaced by one run per position (forward in order, backward in reverse), and the
     index in the copy's timeline of each event."""
     n = len(lp.positions)
@@ -224,7 +224,7 @@ def _cache_kept(events: list[ModuleEvent], release: KVRelease) -> list[ModuleEve
     return out
 
 
-def _cache_dies(result: list[ModuleEvent], sources: list[int], release: KVRelease, lists: list[ListPlan]) -> None:
+def _cache_dies(result: list[tuple], sources: list[int], release: KVRelease, lists: list[ListPlan]) -> None:
     """The cache's death in the full model's timeline (changes), at the last event made from the
     copy's event that saw it (a block run is reused at every position of its representative; the
     cache dies once, in the last one): every position's share freed."""
