@@ -157,21 +157,15 @@ def _owned(timeline: Timeline, ends: dict[str, int]):
         opens.setdefault(span[0], []).append(span)
         closes.setdefault(span[1], []).append(span)
     running: list[tuple] = []
-    inner = None  # the innermost running span's (fqn, phase): found again only when the spans change
     for j, (phase, flops, cost) in enumerate(zip(timeline.phases, timeline.flops, timeline.costs)):
         if not j & 4095:
             stop.check()  # every 4,096 events (about 20,000 at 70B): the next edit stops it here
         if flops or cost:
-            if inner is None:
-                span = min(running, key=lambda span: span[1] - span[0], default=None)
-                inner = span[2:] if span else ("", None)
-            yield (inner[0], inner[1] or ("backward" if phase == "bw" else "forward"), flops, cost)
-        closing, opening = closes.get(j), opens.get(j)
-        if closing or opening:
-            for span in closing or ():
-                running.remove(span)
-            running.extend(opening or ())
-            inner = None
+            inner = min(running, key=lambda span: span[1] - span[0], default=None)
+            yield (*inner[2:], flops, cost) if inner else ("", "backward" if phase == "bw" else "forward", flops, cost)
+        for span in closes.get(j, ()):
+            running.remove(span)
+        running.extend(opens.get(j, ()))
 
 
 def module_sums(timeline: Timeline, ends: dict[str, int]) -> tuple[Rows, dict[str, tuple]]:

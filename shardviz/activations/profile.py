@@ -55,21 +55,14 @@ class Timeline(Sequence):
 
     __slots__ = ("kinds", "keys", "phases", "levels", "peaks", "flops", "costs")
 
-    def __init__(self, events: Sequence[ModuleEvent]):
-        columns = tuple(zip(*events)) or ((),) * 7
-        self.kinds, self.keys, self.phases, self.levels, self.peaks, self.flops, costs = columns
-        self.costs = tuple(map(frozen, costs))
-
-    @classmethod
-    def of_columns(cls, kinds, keys, phases, levels, peaks, flops, costs) -> Timeline:
-        """The timeline of seven equal-length columns (``splice`` builds them): no event made."""
-        tl = cls.__new__(cls)
-        tl.kinds, tl.keys, tl.phases, tl.levels, tl.peaks, tl.flops = map(tuple, (kinds, keys, phases, levels, peaks, flops))
+    def __init__(self, kinds, keys, phases, levels, peaks, flops, costs):
+        """Seven equal-length columns (``splice`` builds them): no event made."""
+        self.kinds, self.keys, self.phases, self.levels, self.peaks, self.flops = map(
+            tuple, (kinds, keys, phases, levels, peaks, flops))
         # each position of a block reuses its representative's cost dicts: one frozen tuple per dict
         # (13k events at 70B, about a thousand distinct costs)
         made: dict[int, tuple | None] = {}
-        tl.costs = tuple(made[id(c)] if id(c) in made else made.setdefault(id(c), frozen(c)) for c in costs)
-        return tl
+        self.costs = tuple(made[id(c)] if id(c) in made else made.setdefault(id(c), frozen(c)) for c in costs)
 
     def __len__(self) -> int:
         return len(self.kinds)

@@ -210,7 +210,7 @@ def _absolute(result: list[tuple]) -> Timeline:
     if (carry_flops or carry_cost) and kinds:
         flops[-1] += carry_flops
         costs[-1] = combined(costs[-1], carry_cost)
-    return Timeline.of_columns(kinds, keys, phases, levels, peaks, flops, costs)
+    return Timeline(kinds, keys, phases, levels, peaks, flops, costs)
 
 
 def _cache_kept(events: list[ModuleEvent], release: KVRelease) -> list[ModuleEvent]:

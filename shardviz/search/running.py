@@ -26,10 +26,10 @@ def run(space: Space, cands: list[Candidate], progress=None, resume: dict | None
     # an analysis's objects die young, what survives is reused: no full collection while the candidates
     # run (a search stopped midway by the next edit, ``activations.stop``, leaves that edit none to pay)
     with collector.quiet():
-        return _run(space, cands, progress, resume)
+        return _run(space, cands, progress, {} if resume is None else resume)
 
 
-def _run(space: Space, cands: list[Candidate], progress, resume: dict | None) -> tuple[list[Row], int]:
+def _run(space: Space, cands: list[Candidate], progress, resume: dict) -> tuple[list[Row], int]:
     ev, rows, total = Evidence(), [], len(cands)
     nowhere: int | None = None  # the smallest micro-batch with which nothing fits
     for batch, group in groupby(pruning_order(cands), key=lambda c: c.batch_size):
@@ -48,19 +48,17 @@ def _run(space: Space, cands: list[Candidate], progress, resume: dict | None) ->
     return rows, ev.n_analysed + sum(r.analysed for r in rows)
 
 
-def _evaluate(space: Space, ev: Evidence, c: Candidate, resume: dict | None) -> Row:
+def _evaluate(space: Space, ev: Evidence, c: Candidate, resume: dict) -> Row:
     pruned = pruned_by(space, ev, c)
     if pruned is not None:
         return pruned
-    done = resume.get(c) if resume is not None else None
+    done = resume.get(c)
     if done is None:
         try:
             a = space.analysis(c)
-            done = (measured(space, c, a), a.activation_profile)
+            done = resume[c] = (measured(space, c, a), a.activation_profile)
         except PlanError as exc:  # refused before any cost was computed: counted with the pruned
             return Pruned(c, Rule.REFUSED, f"torch would refuse it: {exc.findings[0]}")
-        if resume is not None:
-            resume[c] = done
     record(space, ev, *done)  # the same evidence as when it was analysed: the same pruning after it
     return done[0]
 

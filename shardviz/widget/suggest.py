@@ -57,20 +57,21 @@ def _search_and_keep(state, progress, collect: bool = False) -> FoundPlans:
     t0 = time.perf_counter()
     mesh, training, key = state.mesh, state.training, ahead_key(state)  # read once: kept under what was searched
     # the rows a search of the same key stopped midway analysed (the look-ahead's, when Suggest is clicked)
-    resume = state.search_parts.pop(key, {})
-    state.search_parts[key] = resume
-    while len(state.search_parts) > SEARCHES_KEPT:
-        state.search_parts.pop(next(iter(state.search_parts)))
+    resume = _keep_newest(state.search_parts, key, state.search_parts.get(key, {}))
     found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress, resume=resume)
     state.search_parts.pop(key, None)  # the whole search is kept below
     if collect:
         gc.collect()
-    kept = FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0)
-    state.searched.pop(key, None)  # the newest last: the oldest goes first
-    state.searched[key] = kept
-    while len(state.searched) > SEARCHES_KEPT:
-        state.searched.pop(next(iter(state.searched)))
-    return kept
+    return _keep_newest(state.searched, key, FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0))
+
+
+def _keep_newest(table: dict, key, value):
+    """``value`` kept under ``key`` as the newest; past ``SEARCHES_KEPT`` the oldest go. Returns ``value``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > SEARCHES_KEPT:
+        table.pop(next(iter(table)))
+    return value
 
 
 def search_key(mesh, training) -> tuple:
