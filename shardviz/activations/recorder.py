@@ -93,7 +93,7 @@ class Recorder(MemTracker):
         if torch._C._current_graph_task_id() == -1:  # not in backward: torch's engine terminates on it there
             stop.check()  # the Inspector's next edit stops this measurement here, where torch expects exceptions
         elif stop.requested():  # in backward, asked to stop: its numbers will be dropped, so none is kept
-            return func(*args, **(kwargs or {}))  # (no MemTracker, no op cost): it ends sooner, then raises
+            return func(*args, **(kwargs or {}))  # (no MemTracker, no op cost) up to the next module hook, which raises
         name = func._opname
         attention = name in ATTENTION_OPS
         if attention:
@@ -202,6 +202,7 @@ class Recorder(MemTracker):
             self._pending = _PendingRelease(key, self._inputs.get(key, set()))
 
     def _pre_bw_hook(self, module, args) -> None:
+        stop.check()  # a Python hook on a gradient: a raise here unwinds backward as a user hook's does
         key = self.keys.get(id(module)) if module is not None else None
         if key is not None:
             self.running = key[:2] if isinstance(key, tuple) else None
@@ -210,6 +211,8 @@ class Recorder(MemTracker):
     def _post_bw_hook(self, module, args) -> None:
         # Called without arguments by ModTracker's end-of-backward callback for modules none of
         # whose inputs require grad: not a point in time of the module's backward.
+        if args:
+            stop.check()  # a hook on a gradient (not the end-of-backward callback): unwinds as above
         key = self.keys.get(id(module)) if module is not None else None
         if key is not None and args:
             self._event("post_bw", key)
