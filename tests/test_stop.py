@@ -111,3 +111,39 @@ def test_asked_in_backward_it_stops_at_the_next_module_hook(monkeypatch):
     assert not any(e.measurements for e in measure._CACHE.values())  # the bare run's events are not kept
     monkeypatch.undo()
     assert peak(model, 72) == expected
+
+
+@pytest.mark.parametrize("nth", [1, 40])
+def test_asked_in_a_checkpointed_backward_it_stops_and_the_step_measures_the_same(monkeypatch, nth):
+    """Stopped at the ``nth`` module event of a backward that recomputes every checkpointed block (the
+    40th is inside a recomputation, whose module pre-hooks check too): it stops at the next module
+    event, the process lives, and the same step measured again gives the same bytes as before."""
+    from shardviz.activations import clear_cache, measure_activations
+    from shardviz.activations.recorder import Recorder
+
+    model = zoo.tiny_llama_lora()
+    blocks = [f"base_model.model.model.layers.{i}" for i in range(len(model.base_model.model.model.layers))]
+    clear_cache()
+    expected = measure_activations(model, 1, 64, param_dtype="bfloat16", checkpoint=blocks)
+    clear_cache()
+    real_event, seen = Recorder._event, []
+
+    def event(self, kind, key):
+        if self._mod_tracker.is_bw:
+            seen.append(kind)
+            if len(seen) == nth:
+                stop.request(threading.get_ident())
+        return real_event(self, kind, key)
+
+    monkeypatch.setattr(Recorder, "_event", event)
+    try:
+        with pytest.raises(stop.Stopped):
+            measure_activations(model, 1, 64, param_dtype="bfloat16", checkpoint=blocks)
+    finally:
+        stop.forget(threading.get_ident())
+    assert len(seen) == nth  # no module event after the stop
+    assert nth == 1 or seen[-1] in ("pre_rc", "post_rc")  # asked inside a recomputation
+    monkeypatch.undo()
+    again = measure_activations(model, 1, 64, param_dtype="bfloat16", checkpoint=blocks)
+    assert again.peak == expected.peak and dict(again.modules) == dict(expected.modules)
+    assert again.module_flops == expected.module_flops

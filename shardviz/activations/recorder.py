@@ -183,7 +183,8 @@ class Recorder(MemTracker):
         if key is None:
             return
         self.running = key[:2] if isinstance(key, tuple) else None
-        if self._mod_tracker.is_bw:
+        if self._mod_tracker.is_bw:  # a checkpointed module's recomputation, inside backward
+            stop.check()  # a module's forward pre-hook, in Python: it unwinds as a failing recomputation does
             self._event("pre_rc", key)
             return
         self._event("pre_fw", key)
