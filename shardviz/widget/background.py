@@ -6,8 +6,9 @@ thread, so that the kernel keeps reading the front end's messages. A new edit, o
 button, cancels the job running: the worker thread is asked to stop (``activations.stop``) and
 raises ``Cancelled`` (a ``BaseException``, which no ``except Exception`` in the analysis swallows)
 itself at its next check: the next operation its measurement dispatches in forward, the next module
-hook in backward, between the job's stages, between Suggest's candidates. The next job starts only once it has ended, so that two measurements
-never run at once (they patch module-level functions while they run).
+hook in backward, between the job's stages, between Suggest's candidates. The next job starts only
+once it has ended, so that two measurements never run at once (they patch module-level functions
+while they run).
 
 Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
 measures what the likely next edits need (the LoRA presets, one block checkpointed, every block,
@@ -163,11 +164,12 @@ class BackgroundPush:
         """After a change of plan, mesh or training: charts first, then rows, then findings.
 
         With a front end (``background``), what is slow runs on the worker thread. With a
-        micro-batch the main thread sends the model-state numbers first (milliseconds; marked
-        pending), then the worker measures the step's activations (a new dtype, sequence length
-        or plan needs a new measurement, about a second on 70B) and sends the full numbers; the
-        findings (SV201's what-ifs), A vs B and the Suggest panel's state follow from the worker,
-        so the next edit, which cancels it, never waits for them."""
+        micro-batch the worker computes the full numbers at once; when they are not in within
+        ``QUICK_NUMBERS_S`` (a new dtype, sequence length or plan needs a new measurement, about a
+        second on 70B) the main thread sends the model-state numbers (marked pending) and the
+        worker the full numbers once measured. The findings (SV201's what-ifs), A vs B and the
+        Suggest panel's state follow from the worker, so the next edit, which cancels it, never
+        waits for them."""
         w = self.widget
         st = w.controller
         self.worker.cancel()
