@@ -6,9 +6,8 @@ thread, so that the kernel keeps reading the front end's messages. A new edit, o
 button, cancels the job running: the worker thread is asked to stop (``activations.stop``) and
 raises ``Cancelled`` (a ``BaseException``, which no ``except Exception`` in the analysis swallows)
 itself at its next check: the next operation its measurement dispatches in forward, the next module
-hook in backward, between the job's stages, between Suggest's candidates. The next job starts only
-once it has ended, so that two measurements never run at once (they patch module-level functions
-while they run).
+hook in backward, between the job's stages, between Suggest's candidates. The next job starts only once it has ended, so that two measurements
+never run at once (they patch module-level functions while they run).
 
 Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
 measures what the likely next edits need (the LoRA presets, one block checkpointed, every block,
@@ -43,9 +42,6 @@ PRICING = "pricing the findings' what-ifs (SV201's fixes)"
 
 #: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
 NUMBERS_WAIT_S = 1.0
-#: How long an edit with one waits for its full numbers before it sends the model state (marked pending):
-#: a step measured already gives them in tens of ms, and then they go alone (no flash of "updating").
-QUICK_NUMBERS_S = 0.15
 
 
 _FROZEN = False
@@ -164,12 +160,11 @@ class BackgroundPush:
         """After a change of plan, mesh or training: charts first, then rows, then findings.
 
         With a front end (``background``), what is slow runs on the worker thread. With a
-        micro-batch the worker computes the full numbers at once; when they are not in within
-        ``QUICK_NUMBERS_S`` (a new dtype, sequence length or plan needs a new measurement, about a
-        second on 70B) the main thread sends the model-state numbers (marked pending) and the
-        worker the full numbers once measured. The findings (SV201's what-ifs), A vs B and the
-        Suggest panel's state follow from the worker, so the next edit, which cancels it, never
-        waits for them."""
+        micro-batch the main thread sends the model-state numbers first (milliseconds; marked
+        pending), then the worker measures the step's activations (a new dtype, sequence length
+        or plan needs a new measurement, about a second on 70B) and sends the full numbers; the
+        findings (SV201's what-ifs), A vs B and the Suggest panel's state follow from the worker,
+        so the next edit, which cancels it, never waits for them."""
         w = self.widget
         st = w.controller
         self.worker.cancel()
@@ -179,13 +174,13 @@ class BackgroundPush:
             return
         rev = st.revision
         t0 = time.perf_counter()
-        # made before the worker starts: its analysis would wait for the worker's (Python 3.11's
-        # cached_property holds one lock per property across instances)
         interim = self.model_state_numbers()
         st.timings["model_state_s"] = time.perf_counter() - t0
-        ready = threading.Event()
+        ready, go = threading.Event(), threading.Event()
 
         def job():
+            while not go.wait(1):  # the model-state numbers go first, without the worker's competition
+                pass
             for key in ("memory", "traffic", "timeline"):
                 stop.check()  # between stages too: a new edit stops the job at the first of them it reaches
                 getattr(st, key)
@@ -202,20 +197,23 @@ class BackgroundPush:
                 look_ahead(st, rev)
 
         self.worker.start(job, "measuring the activations" if interim else "checking the plan")
-        # the full numbers alone when they come at once: without a micro-batch, or a step measured
-        # before (an undo, what the look-ahead measured: tens of ms at 70B); else the model state first
-        ready.wait(QUICK_NUMBERS_S if interim else NUMBERS_WAIT_S)
-        with self.lock:
-            if ready.is_set():
-                self.push_numbers()
-            else:
-                self.interim_revision = rev
-                if interim is not None:
-                    self.push_numbers(interim)
-            w.push_rows()
-            w.verify_result = {}
-            w.code = {"stale": True, "revision": rev}
-            w.work = self.work_state()
+        try:
+            if interim is None:  # no micro-batch: the numbers are quick
+                go.set()
+                ready.wait(NUMBERS_WAIT_S)
+            with self.lock:
+                if ready.is_set():
+                    self.push_numbers()
+                else:
+                    self.interim_revision = rev
+                    if interim is not None:
+                        self.push_numbers(interim)
+                w.push_rows()
+                w.verify_result = {}
+                w.code = {"stale": True, "revision": rev}
+                w.work = self.work_state()
+        finally:
+            go.set()
         st.timings["numbers_sent_s"] = time.perf_counter() - t0
 
     def push_first(self, initial: bool) -> None:
