@@ -2,7 +2,7 @@
 dispatches, and leaves torch as it was: the same step measured afterwards on this thread gives the
 same bytes. (An exception injected at any bytecode instead once killed the kernel; raising from a
 dispatch in backward or from a ``tensor.device`` query terminates the process: the recorder checks
-only where torch unwinds: a forward's dispatch, a module's backward hook.)"""
+only where torch unwinds: a forward's dispatch, a module's hook in backward.)"""
 
 from __future__ import annotations
 

@@ -210,10 +210,9 @@ class Recorder(MemTracker):
             self._event("pre_bw", key)
 
     def _post_bw_hook(self, module, args) -> None:
-        # Called without arguments by ModTracker's end-of-backward callback for modules none of
-        # whose inputs require grad: not a point in time of the module's backward.
-        if args:
-            stop.check()  # a hook on a gradient (not the end-of-backward callback): unwinds as above
+        if not args:  # ModTracker's end-of-backward callback for modules none of whose inputs require
+            return  # grad: not a point in time of the module's backward, and no place to raise
+        stop.check()  # a hook on a gradient: unwinds as above
         key = self.keys.get(id(module)) if module is not None else None
-        if key is not None and args:
+        if key is not None:
             self._event("post_bw", key)

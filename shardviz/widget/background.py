@@ -6,8 +6,9 @@ thread, so that the kernel keeps reading the front end's messages. A new edit, o
 button, cancels the job running: the worker thread is asked to stop (``activations.stop``) and
 raises ``Cancelled`` (a ``BaseException``, which no ``except Exception`` in the analysis swallows)
 itself at its next check: the next operation its measurement dispatches in forward, the next module
-hook in backward, between the job's stages, between Suggest's candidates. The next job starts only once it has ended, so that two measurements
-never run at once (they patch module-level functions while they run).
+hook in backward, between the job's stages, between Suggest's candidates. The next job starts only
+once it has ended, so that two measurements never run at once (they patch module-level functions
+while they run).
 
 Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
 measures what the likely next edits need (the LoRA presets, one block checkpointed, every block,
