@@ -107,8 +107,8 @@ def test_asked_in_backward_it_stops_at_the_next_module_hook(monkeypatch):
         stop.forget(threading.get_ident())
     assert asked and bookkept == []
     assert len(bare) < len(backward_ops) // 10, (len(bare), len(backward_ops))  # stopped at the next hook
-    from shardviz.activations import measure
-    assert not any(e.measurements for e in measure._CACHE.values())  # the bare run's events are not kept
+    from shardviz.activations import measure_cache
+    assert not any(e.measurements for e in measure_cache._CACHE.values())  # the bare run's events are not kept
     monkeypatch.undo()
     assert peak(model, 72) == expected
 

@@ -45,12 +45,13 @@ Modules: ``profile`` (the results, and the numbers per module read off the timel
 key/value cache of a step that keeps it: one cache layer per copy, its death per block), ``splice``
 (the copy's timeline into the full model's), ``flops`` (FLOPs per
 module and per unit), ``opcost`` (each op's FLOPs, bytes and kernel, in buckets a roofline times),
-``measure`` (the entry point and its cache; ``read_run_order``, the module order from a forward alone), ``step_cache`` (the step's ``use_cache`` and why, and
+``measure`` (the entry point; ``read_run_order``, the module order from a forward alone), ``measure_cache`` (the one cache of measured steps, and what a forked copy measured brought back), ``step_cache`` (the step's ``use_cache`` and why, and
 the measured step).
 """
 
 from .flops import FLOP_COLUMNS, ModuleFlops, flop_formulas, op_costs_per_call, unit_flops
-from .measure import clear_cache, config_use_cache, measure_activations, read_run_order
+from .measure import config_use_cache, measure_activations, read_run_order
+from .measure_cache import clear_cache
 from .profile import ActivationProfile, ModuleEvent, ModuleActivations
 from .step_cache import MeasuredStep, StepCache, selective_cache_refusal, step_cache
 

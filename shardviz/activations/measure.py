@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
-from ..model.tree import ModelTree, as_tree, base_model
+from ..model.tree import ModelTree, base_model
 from . import stop
 from .flops import flop_counter, module_sums
 from .kernels import attention_note
-from .kvcache import KVRelease
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
-from .profile import ActivationProfile, ModuleEvent, event_index, last_in_subtree, module_stats, strip_wrapper
+from .measure_cache import Measurement, ModelEntry, entry_of, peek, recall, remember
+from .profile import ActivationProfile, event_index, last_in_subtree, module_stats, strip_wrapper
 from .reduced import DtypePolicy, ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
 
@@ -146,86 +144,6 @@ def _check_checkpoint(checkpoint: frozenset, tree: ModelTree) -> None:
             raise ValueError("checkpoint: the root module cannot be checkpoint-wrapped")
         if c not in tree.module_index:
             raise KeyError(f"checkpoint: no module {c!r} in the model")
-
-
-# ---------------------------------------------------------------------------
-# The one cache: per model (weakly), the tree its profiles were made with, the profiles by request,
-# the measurements of a copy by what the copy ran
-# ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Measurement:
-    """What one run of a (reduced) copy recorded."""
-
-    events: list[ModuleEvent]
-    attention: tuple[str, ...]
-    kv_release: KVRelease | None = None  # the key/value cache's death, when the step keeps one
-
-
-@dataclass
-class _ModelEntry:
-    tree: ModelTree
-    profiles: dict = field(default_factory=dict)  # _Request -> ActivationProfile
-    measurements: dict = field(default_factory=dict)  # measurement key -> Measurement
-    orders: dict = field(default_factory=dict)  # _Request -> run order read from a forward (``order``)
-
-
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelEntry
-_LOCK = threading.Lock()
-_MAX_ENTRIES = 64
-
-
-def clear_cache() -> None:
-    with _LOCK:
-        _CACHE.clear()
-
-
-def _changed_in_place(model: nn.Module, tree: ModelTree) -> bool:
-    """Adapters injected, cast, frozen since ``tree`` was walked."""
-    return (tree.n_modules != sum(1 for _ in model.modules())
-            or [(p.dtype, p.requires_grad) for p in tree.params]
-            != [(p.dtype, p.requires_grad) for p in model.parameters()])
-
-
-def _same_model(a: ModelTree, b: ModelTree) -> bool:
-    """Two walks of one model that saw it in the same state (its profiles hold for both)."""
-    return a.n_modules == b.n_modules and [(p.fqn, p.shape, p.dtype, p.requires_grad) for p in a.params] \
-        == [(p.fqn, p.shape, p.dtype, p.requires_grad) for p in b.params]
-
-
-def _entry(model: nn.Module, tree: ModelTree | None) -> _ModelEntry:
-    """The model's cache entry, for ``tree`` (the caller's) or a walk that still matches the model.
-    A tree of another state of the model drops the profiles; measurements stay (their keys say
-    what the copy ran)."""
-    with _LOCK:
-        entry = _CACHE.get(model)
-    if entry is None:
-        entry = _ModelEntry(tree if tree is not None else as_tree(model))
-    elif tree is not None and tree is not entry.tree and not _same_model(tree, entry.tree):
-        entry = _ModelEntry(tree, measurements=entry.measurements)
-    elif tree is None and _changed_in_place(model, entry.tree):
-        entry = _ModelEntry(as_tree(model), measurements=entry.measurements)
-    with _LOCK:
-        _CACHE[model] = entry
-    return entry
-
-
-def _remember(table: dict, key, value) -> None:
-    """Keep ``value``; past ``_MAX_ENTRIES``, the least recently used entry goes (not all of them: the
-    plans an Inspector session goes back to, by undo, stay measured however long it runs)."""
-    with _LOCK:
-        table.pop(key, None)
-        while len(table) >= _MAX_ENTRIES:
-            del table[next(iter(table))]
-        table[key] = value
-
-
-def _recall(table: dict, key):
-    """The entry kept under ``key`` (None: none), now the most recently used (``_remember``)."""
-    with _LOCK:
-        value = table.pop(key, None)
-        if value is not None:
-            table[key] = value
-    return value
 
 
 # ---------------------------------------------------------------------------
@@ -358,7 +276,7 @@ def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Mea
     )
 
 
-def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce: bool) -> ActivationProfile:
+def _measure(model: nn.Module, entry: ModelEntry, request: _Request, *, reduce: bool) -> ActivationProfile:
     """The profile, on a copy with one block per kind (``reduce``) or on the whole model. A
     measurement of the same copy is reused: toggling whole-block checkpointing of any block but
     the first runs nothing."""
@@ -372,10 +290,10 @@ def _measure(model: nn.Module, entry: _ModelEntry, request: _Request, *, reduce:
     outside_ck = _outside_checkpoint(lists, tree, request.policies)
     key = _measurement_key(tree, request, lists, outside_ck, policy)
     moe = moe_shape(model)
-    measurement = _recall(entry.measurements, key)
+    measurement = recall(entry.measurements, key)
     if measurement is None:
         measurement = measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck, request, moe)
-        _remember(entry.measurements, key, measurement)
+        remember(entry.measurements, key, measurement)
     return _profile(tree, request, listed, lists, measurement, moe)
 
 
@@ -388,7 +306,7 @@ def _cache_hint(request: _Request) -> str:
             "model.config.use_cache = False for training")
 
 
-def _measure_some_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
+def _measure_some_copy(model: nn.Module, entry: ModelEntry, request: _Request) -> ActivationProfile:
     """On the reduced copy; when it cannot run (a forward that indexes per-layer lists by position,
     hybrid layer types, ...), on a fake copy of the whole model, which the assumptions then say."""
     with _quiet_fake_tensor_log():
@@ -407,7 +325,7 @@ def _quiet_fake_tensor_log():
         logger.disabled = disabled
 
 
-def _measure_either_copy(model: nn.Module, entry: _ModelEntry, request: _Request) -> ActivationProfile:
+def _measure_either_copy(model: nn.Module, entry: ModelEntry, request: _Request) -> ActivationProfile:
     try:
         return _measure(model, entry, request, reduce=True)
     except RecomputationError as exc:
@@ -473,8 +391,8 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
     if use_cache is None:
         use_cache = config_use_cache(model) if example_inputs is None else False
     request = _request(batch_size, seq_len, param_dtype, whole_params, checkpoint, example_inputs, use_cache)
-    entry = _entry(model, tree)
-    profile = _recall(entry.profiles, request)
+    entry = entry_of(model, tree)
+    profile = recall(entry.profiles, request)
     if isinstance(profile, _Failed):  # the same step failed before: fail again at once
         raise ValueError(profile.message)
     if profile is None:
@@ -482,9 +400,9 @@ def measure_activations(model: nn.Module, batch_size: int = 1, seq_len: int = 20
         try:
             profile = _measure_some_copy(model, entry, request)
         except ValueError as exc:  # remembered: a search tries the same step on many meshes
-            _remember(entry.profiles, request, _Failed(str(exc)))
+            remember(entry.profiles, request, _Failed(str(exc)))
             raise
-        _remember(entry.profiles, request, profile)
+        remember(entry.profiles, request, profile)
     return profile
 
 
@@ -566,10 +484,8 @@ def read_run_order(model, seq_len: int, *, example_inputs=None, tree=None) -> tu
         raise ValueError("not a Hugging Face model: pass example_inputs=(batch, seq) -> (args, kwargs)")
     use_cache = config_use_cache(model) if example_inputs is None else False
     request = _request(1, seq_len, None, (), (), example_inputs, use_cache)
-    entry = _entry(model, tree)
-    with _LOCK:
-        profile = entry.profiles.get(request)
-        order = entry.orders.get(request)
+    entry = entry_of(model, tree)
+    profile, order = peek(entry.profiles, request), peek(entry.orders, request)
     if order is None and profile is not None and hasattr(profile, "run_order"):
         order = profile.run_order
     if order is not None:
@@ -584,5 +500,5 @@ def read_run_order(model, seq_len: int, *, example_inputs=None, tree=None) -> tu
                 error = exc
     if order is None:
         raise ValueError(f"no forward of {type(model).__name__} runs: {type(error).__name__}: {str(error)[:300]}")
-    _remember(entry.orders, request, order)
+    remember(entry.orders, request, order)
     return order

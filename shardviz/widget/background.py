@@ -28,8 +28,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import collector
-from ..activations import stop
+from .. import collector, forked
+from ..activations import measure_cache, stop
 from ..analysis import analyze
 from ..format import format_count
 from . import panels
@@ -91,19 +91,23 @@ class Worker:
         #: set when the job's visible work is done (``settle``) or it ended: what is left is the look-ahead
         self.settled = threading.Event()
         self.settled.set()
+        self.job = 0  # counts the jobs started: ``settle(job)`` from another thread settles that job only
 
     @property
     def busy(self) -> bool:
         """A job runs whose results the widget still waits for (the look-ahead does not count)."""
         return self._thread is not None and self._thread.is_alive() and not self.settled.is_set()
 
-    def settle(self) -> None:
-        """Called by the job: what the widget waits for is sent; the rest is look-ahead."""
-        self.settled.set()
+    def settle(self, job: int | None = None) -> None:
+        """Called by the job (or for ``job``, unless another has started since): what the widget
+        waits for is sent; the rest is look-ahead."""
+        if job is None or job == self.job:
+            self.settled.set()
 
     def start(self, fn: Callable[[], None], label: str) -> None:
         self.cancel()
         self.label, self.started = label, time.time()
+        self.job += 1
         self.settled.clear()
         self._thread = threading.Thread(target=self._main, args=(fn,), daemon=True, name=f"shardviz Inspector: {label}")
         self._thread.start()
@@ -192,10 +196,7 @@ class BackgroundPush:
                     self.push_numbers()
             self.push_first_findings(rev)
             stop.check()
-            self.push_rest(rev)
-            self.worker.settle()
-            if self.ahead:
-                look_ahead(st, rev)
+            self.price_and_look_ahead(rev)
 
         self.worker.start(job, "measuring the activations" if interim else "checking the plan")
         try:
@@ -232,13 +233,61 @@ class BackgroundPush:
         def rest():
             self.push_first_findings(rev)
             st.names.known()  # the presets an edit's name is measured from: built once, here
+            self.price_and_look_ahead(rev)
+
+        self.worker.start(rest, PRICING)
+        w.work = self.work_state()
+
+    def price_and_look_ahead(self, rev: int) -> None:
+        """On the worker: the findings' what-ifs priced and sent (``push_rest``), then the look-ahead.
+        With the look-ahead on Linux, the what-ifs are priced in a forked copy of the kernel
+        (``price_in_fork``, seconds at 70B) while this thread looks ahead: two cores, not one,
+        so that the next edit finds its step measured even when it comes as soon as the findings
+        are in. If the copy fails, they are priced here."""
+        st = self.widget.controller
+        if not (self.ahead and forked.available()):
             self.push_rest(rev)
             self.worker.settle()
             if self.ahead:
                 look_ahead(st, rev)
+            return
+        pricer = self.price_in_fork(rev)
+        try:
+            look_ahead(st, rev)
+            while not pricer.done.wait(0.05):
+                stop.check()
+            if not pricer.ok:
+                self.push_rest(rev)
+                self.worker.settle()
+        finally:
+            pricer.kill()  # a new edit cancelled this job: the copy priced the state left behind
 
-        self.worker.start(rest, PRICING)
-        w.work = self.work_state()
+    def price_in_fork(self, rev: int) -> forked.Forked:
+        """``st.analysis.findings`` computed in a forked copy; once back, set on the analysis (as if
+        computed here), the steps its what-ifs measured kept in this process's cache
+        (``measure_cache.adopt``), and sent (``push_rest``)."""
+        st = self.widget.controller
+        a, job, at = st.analysis, self.worker.job, measure_cache.mark()
+
+        def priced():
+            return a.findings, measure_cache.kept_since(at)
+
+        def delivered(pricer: forked.Forked) -> None:
+            if not pricer.ok:
+                return
+            findings, kept = pricer.result
+            measure_cache.adopt(at, kept)
+            with self.lock:
+                if st.revision != rev or st.analysis is not a:
+                    return
+                a.__dict__.setdefault("findings", findings)  # the cached_property's own slot
+            try:
+                self.push_rest(rev)
+            except Exception as exc:  # noqa: BLE001 - shown in the widget, never lost in a thread
+                self.on_worker_error(exc)
+            self.worker.settle(job)
+
+        return forked.Forked(priced, delivered)
 
     def model_state_numbers(self) -> dict | None:
         """The charts' payloads without activations (parameters, gradients, optimizer states,

@@ -1,0 +1,166 @@
+"""The one cache of measured steps: per model (weakly), the tree its profiles were made with, the
+profiles by request, the measurements of a copy by what the copy ran.
+
+A forked copy of the process (``shardviz.forked``: the Inspector prices its findings there) measures
+into its own copy of this cache; ``mark`` / ``kept_since`` / ``adopt`` bring what it kept back, so
+that the parent never measures the same step again.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..model.tree import ModelTree, as_tree
+from .kvcache import KVRelease
+from .profile import ModuleEvent
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one run of a (reduced) copy recorded."""
+
+    events: list[ModuleEvent]
+    attention: tuple[str, ...]
+    kv_release: KVRelease | None = None  # the key/value cache's death, when the step keeps one
+
+
+@dataclass
+class ModelEntry:
+    tree: ModelTree
+    profiles: dict = field(default_factory=dict)  # measure._Request -> ActivationProfile
+    measurements: dict = field(default_factory=dict)  # measurement key -> Measurement
+    orders: dict = field(default_factory=dict)  # measure._Request -> run order read from a forward
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> ModelEntry
+_LOCK = threading.Lock()
+_MAX_ENTRIES = 64
+
+
+def _fresh_lock_in_child() -> None:  # a thread of the parent may have held it at the fork
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _changed_in_place(model: nn.Module, tree: ModelTree) -> bool:
+    """Adapters injected, cast, frozen since ``tree`` was walked."""
+    return (tree.n_modules != sum(1 for _ in model.modules())
+            or [(p.dtype, p.requires_grad) for p in tree.params]
+            != [(p.dtype, p.requires_grad) for p in model.parameters()])
+
+
+def _same_model(a: ModelTree, b: ModelTree) -> bool:
+    """Two walks of one model that saw it in the same state (its profiles hold for both)."""
+    return a.n_modules == b.n_modules and [(p.fqn, p.shape, p.dtype, p.requires_grad) for p in a.params] \
+        == [(p.fqn, p.shape, p.dtype, p.requires_grad) for p in b.params]
+
+
+def entry_of(model: nn.Module, tree: ModelTree | None) -> ModelEntry:
+    """The model's cache entry, for ``tree`` (the caller's) or a walk that still matches the model.
+    A tree of another state of the model drops the profiles; measurements stay (their keys say
+    what the copy ran)."""
+    with _LOCK:
+        entry = _CACHE.get(model)
+    if entry is None:
+        entry = ModelEntry(tree if tree is not None else as_tree(model))
+    elif tree is not None and tree is not entry.tree and not _same_model(tree, entry.tree):
+        entry = ModelEntry(tree, measurements=entry.measurements)
+    elif tree is None and _changed_in_place(model, entry.tree):
+        entry = ModelEntry(as_tree(model), measurements=entry.measurements)
+    with _LOCK:
+        _CACHE[model] = entry
+    return entry
+
+
+def remember(table: dict, key, value) -> None:
+    """Keep ``value``; past ``_MAX_ENTRIES``, the least recently used entry goes (not all of them: the
+    plans an Inspector session goes back to, by undo, stay measured however long it runs)."""
+    with _LOCK:
+        table.pop(key, None)
+        while len(table) >= _MAX_ENTRIES:
+            del table[next(iter(table))]
+        table[key] = value
+
+
+def recall(table: dict, key):
+    """The entry kept under ``key`` (None: none), now the most recently used (``remember``)."""
+    with _LOCK:
+        value = table.pop(key, None)
+        if value is not None:
+            table[key] = value
+    return value
+
+
+def peek(table: dict, key):
+    """The entry kept under ``key`` (None: none), its place left as it is."""
+    with _LOCK:
+        return table.get(key)
+
+
+# ---------------------------------------------------------------------------
+# What a forked copy kept, brought back
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mark:
+    """What the cache held when a copy of the process was forked: per model (by ``id``, the same in
+    the copy), the model (weakly), the tree of its entry and the keys it held."""
+
+    models: dict  # id(model) -> (weakref to the model, its entry's tree, measurement keys, profile keys)
+
+
+def mark() -> Mark:
+    with _LOCK:
+        return Mark({id(m): (weakref.ref(m), e.tree, set(e.measurements), set(e.profiles)) for m, e in _CACHE.items()})
+
+
+def kept_since(at: Mark) -> list[tuple[int, str, bytes]]:
+    """In the forked copy: what its cache kept since ``at``, for the models marked, as (id(model),
+    "measurements" or "profiles", the pickled (key, value)); an entry that cannot be pickled (a
+    request holding the user's ``example_inputs`` function) is left out."""
+    out = []
+    with _LOCK:
+        entries = [(id(m), e) for m, e in _CACHE.items() if id(m) in at.models]
+    for mid, entry in entries:
+        _, _, measured, profiled = at.models[mid]
+        for table, known in (("measurements", measured), ("profiles", profiled)):
+            for key, value in list(getattr(entry, table).items()):
+                if key not in known:
+                    try:
+                        out.append((mid, table, pickle.dumps((key, value), protocol=pickle.HIGHEST_PROTOCOL)))
+                    except Exception:  # noqa: BLE001 - not picklable: the parent measures it if asked
+                        continue
+    return out
+
+
+def adopt(at: Mark, kept: list[tuple[int, str, bytes]]) -> int:
+    """In the parent: keep what the forked copy kept (``kept_since``), for the models still alive;
+    profiles only where the model's entry still has the tree they were made with. Returns how many."""
+    n = 0
+    for mid, table, data in kept:
+        ref, tree, _, _ = at.models[mid]
+        model = ref()
+        if model is None:
+            continue
+        with _LOCK:
+            entry = _CACHE.get(model)
+        if entry is None or (table == "profiles" and entry.tree is not tree):
+            continue
+        key, value = pickle.loads(data)
+        remember(getattr(entry, table), key, value)
+        n += 1
+    return n

@@ -1,0 +1,103 @@
+"""A function run in a forked copy of this process, its result read back: work on a second core.
+
+Measuring a step is Python (fake tensors, the recorder's hooks) and holds the GIL, so a second
+thread only takes turns with the first. A forked copy runs on a core of its own, starts with
+everything the parent holds (the model, the caches, the analysis) without serialising any of it,
+and sends back its pickled result through a pipe. The Inspector prices its findings' what-ifs so
+while its worker thread measures what the next edit likely needs (``widget.background``).
+
+The copy inherits only the thread that forked it: it never writes to the parent's streams (a
+Jupyter kernel's stdout is a socket served by another thread), runs torch on one thread, and ends
+with ``os._exit`` (no atexit handler of the parent runs twice). ``kill`` ends it at once; nothing
+it held needs cleaning up. Linux only (``available``): elsewhere the callers do the work themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+
+
+def available() -> bool:
+    """Whether work can go to a forked copy here: Linux, and not turned off (``SHARDVIZ_FORK=0``)."""
+    return sys.platform == "linux" and hasattr(os, "fork") and os.environ.get("SHARDVIZ_FORK", "1") != "0"
+
+
+class Forked:
+    """``fn()`` run in a forked copy of this process. ``ok`` says whether it returned, ``result``
+    is what it returned, ``error`` why not (its exception's words, or "killed"); ``on_done(self)``,
+    if given, runs on the reading thread once they are set. ``done`` is set after it."""
+
+    def __init__(self, fn: Callable[[], object], on_done: Callable[[Forked], None] | None = None):
+        self.done = threading.Event()
+        self.ok, self.result, self.error = False, None, ""
+        self._on_done = on_done
+        self._reaped = False
+        self._lock = threading.Lock()  # kill and reap: a reaped pid may be another process's
+        r, w = os.pipe()
+        with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the copy takes no lock of theirs
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            _child(fn, w)  # never returns
+        os.close(w)
+        self.pid = pid
+        threading.Thread(target=self._read, args=(r,), daemon=True, name=f"shardviz fork {pid}").start()
+
+    def _read(self, r: int) -> None:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()  # to the end: the copy wrote everything and exited, or was killed
+        with self._lock:
+            os.waitpid(self.pid, 0)
+            self._reaped = True
+        try:
+            self.ok, value = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - nothing or half of it: killed (or died)
+            self.ok, value = False, "killed"
+        if self.ok:
+            self.result = value
+        else:
+            self.error = value
+        try:
+            if self._on_done is not None:
+                self._on_done(self)
+        finally:
+            self.done.set()
+
+    def kill(self) -> None:
+        """End the copy now (no-op once it has ended)."""
+        with self._lock:
+            if not self._reaped:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _child(fn: Callable[[], object], w: int) -> None:
+    try:
+        devnull = open(os.devnull, "w")  # noqa: SIM115 - for the copy's whole life
+        sys.stdout = sys.stderr = devnull
+        logging.disable(logging.CRITICAL)
+        import torch
+
+        torch.set_num_threads(1)  # the parent's OpenMP pool is not in the copy
+        try:
+            payload = (True, fn())
+        except BaseException as exc:  # noqa: BLE001 - sent back as words
+            payload = (False, f"{type(exc).__name__}: {exc}")
+        try:
+            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001
+            data = pickle.dumps((False, f"the result could not be pickled: {type(exc).__name__}: {exc}"))
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+    finally:
+        os._exit(0)
