@@ -10,11 +10,18 @@ hook in backward, between the job's stages, between Suggest's candidates. The ne
 once it has ended, so that two measurements never run at once (they patch module-level functions
 while they run).
 
-Once an edit's findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
+Once an edit's first findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
 measures what the likely next edits need (the LoRA presets, one block checkpointed, every block,
-the other parameter dtype, half the sequence, TP 2, then Suggest's whole search) into the measurement
-caches, so that the edit itself finds its step measured and Suggest its rows. The look-ahead is invisible: the widget is idle (``Worker.busy`` is
-False, ``wait()`` returns), and the next edit cancels it like any job.
+the other parameter dtype, half the sequence, TP 2, then Suggest's whole search) into the
+measurement caches, so that the edit itself finds its step measured and Suggest its rows. The
+look-ahead is invisible: once the findings are priced, the widget is idle (``Worker.busy`` is False,
+``wait()`` returns), and the next edit cancels it like any job.
+
+On Linux, SV201's what-ifs are priced meanwhile in a forked copy of the kernel (``price_in_fork``;
+elsewhere, on the worker before the look-ahead): measuring is Python that holds the GIL, so a
+second thread would only take turns, while the copy has a core of its own (and its own module
+functions to patch). The priced findings come back and are sent; the steps they measured are kept
+here too. A new edit kills the copy.
 """
 
 from __future__ import annotations
