@@ -18,6 +18,7 @@ from torch import nn
 
 from shardviz import activations as A
 from shardviz.activations import measure as M
+from shardviz.activations import measure_cache
 from shardviz.activations import measure_activations
 
 BATCH, SEQ, VOCAB, LAYERS = 2, 256, 512, 3
@@ -478,7 +479,7 @@ def test_the_cache_drops_the_least_recently_used(monkeypatch):
     model = build("llama")
     model.config.use_cache = False
     A.clear_cache()
-    monkeypatch.setattr(M, "_MAX_ENTRIES", 2)
+    monkeypatch.setattr(measure_cache, "_MAX_ENTRIES", 2)
     made = []  # the profiles made (from a measurement, kept or new)
     real = M._profile
     monkeypatch.setattr(M, "_profile", lambda *a, **k: made.append(a[1].seq_len) or real(*a, **k))
