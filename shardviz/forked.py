@@ -14,6 +14,7 @@ it held needs cleaning up. Linux only (``available``): elsewhere the callers do 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -35,7 +36,7 @@ class Forked:
     if given, runs on the reading thread once they are set. ``done`` is set after it."""
 
     def __init__(self, fn: Callable[[], object], on_done: Callable[[Forked], None] | None = None):
-        self.done = threading.Event()
+        self.done, self.ended = threading.Event(), threading.Event()
         self.ok, self.result, self.error = False, None, ""
         self._on_done = on_done
         self._reaped = False
@@ -53,10 +54,7 @@ class Forked:
 
     def _read(self, r: int) -> None:
         with os.fdopen(r, "rb") as f:
-            data = f.read()  # to the end: the copy wrote everything and exited, or was killed
-        with self._lock:
-            os.waitpid(self.pid, 0)
-            self._reaped = True
+            data = f.read()  # to the end: the copy wrote everything and closed it, or was killed
         try:
             self.ok, value = pickle.loads(data)
         except Exception:  # noqa: BLE001 - nothing or half of it: killed (or died)
@@ -69,7 +67,17 @@ class Forked:
             if self._on_done is not None:
                 self._on_done(self)
         finally:
-            self.done.set()
+            self.done.set()  # before the copy is reaped: its exit (freeing its memory) can take 0.1-0.5 s
+            self._reap()
+
+    def _reap(self) -> None:
+        """Wait for the copy's exit without reaping it (its pid stays its own, so ``kill`` meanwhile
+        cannot reach another process), then reap it."""
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        with self._lock:
+            os.waitpid(self.pid, 0)
+            self._reaped = True
+        self.ended.set()
 
     def kill(self) -> None:
         """End the copy now (no-op once it has ended)."""
@@ -81,10 +89,29 @@ class Forked:
                     pass
 
 
+def _fresh_locks() -> None:
+    """In the copy: the locks another thread of the parent may have held at the fork, new. Python
+    3.11's ``functools.cached_property`` holds one lock per property while it computes (a property of
+    one class, across all its instances), so a copy forked while a thread computed ``Analysis.memory``
+    would wait for it forever. (Modules with a lock of their own renew it themselves:
+    ``os.register_at_fork``, as ``collector`` and ``activations.measure_cache`` do.)"""
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("shardviz") or module is None:
+            continue
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and cls.__module__ == name:
+                for attr in vars(cls).values():
+                    if isinstance(attr, functools.cached_property) and hasattr(attr, "lock"):  # 3.12+: none
+                        attr.lock = threading.RLock()
+
+
 def _child(fn: Callable[[], object], w: int) -> None:
     try:
+        _fresh_locks()
         devnull = open(os.devnull, "w")  # noqa: SIM115 - for the copy's whole life
         sys.stdout = sys.stderr = devnull
+        for fd in (1, 2):  # nor holds the parent's output pipes open (a shell waiting on them would wait for it)
+            os.dup2(devnull.fileno(), fd)
         logging.disable(logging.CRITICAL)
         import torch
 
@@ -98,6 +125,6 @@ def _child(fn: Callable[[], object], w: int) -> None:
         except Exception as exc:  # noqa: BLE001
             data = pickle.dumps((False, f"the result could not be pickled: {type(exc).__name__}: {exc}"))
         with os.fdopen(w, "wb") as f:
-            f.write(data)
+            f.write(data)  # closed here: the parent reads its end now, while this exits
     finally:
         os._exit(0)

@@ -34,6 +34,17 @@ def model():
     return zoo.tiny_llama_lora()
 
 
+@pytest.fixture
+def inspectors():
+    """The Inspectors a test makes, their background work stopped after it: an edit made through the
+    controller starts a job, whose look-ahead would fork (and count) in the next test."""
+    made = []
+    yield made
+    for ins in made:
+        ins.pushes.ahead = False
+        ins.pushes.worker.cancel()
+
+
 def test_the_copy_computes_from_the_parents_state_and_sends_its_result_back():
     held = {"rows": list(range(100_000))}  # in the copy without being sent to it
     f = forked.Forked(lambda: sum(held["rows"]) + os.getpid())
@@ -57,6 +68,7 @@ def test_kill_ends_the_copy_at_once_and_reaps_it():
     f.kill()
     assert f.done.wait(10) and time.perf_counter() - t0 < 5
     assert not f.ok and f.error == "killed"
+    assert f.ended.wait(10)
     with pytest.raises(ChildProcessError):  # reaped: no zombie left
         os.waitpid(f.pid, os.WNOHANG)
     f.kill()  # after the end: nothing (the pid may be another process's by now)
@@ -104,7 +116,7 @@ def test_the_parent_adopts_the_steps_the_copy_measured(model):
     assert sv.analyze(model, plan, OVER, TRAINING, strict=False).memory.to_dict() == theirs  # what torch measures here
 
 
-def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(model, monkeypatch):
+def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(model, monkeypatch, inspectors):
     clear_cache()
     reference = InspectorState(model, mesh=OVER, training=replace(TRAINING, seq_len=48)).findings
     assert any(f["code"] == "SV201" and "checkpoint" in f["fix"] for f in reference)
@@ -115,6 +127,7 @@ def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(
     monkeypatch.setattr(background.forked, "Forked", lambda *a, **k: copies.append(real_forked(*a, **k)) or copies[-1])
     monkeypatch.setattr(background, "look_ahead", lambda st, rev=None, findings=True: [])
     ins = Inspector(model, mesh=OVER, training=TRAINING, background=True)
+    inspectors.append(ins)
     assert ins.wait(120)  # the first render priced here: no front end, no look-ahead
     ins.pushes.ahead = True  # as with a front end
     priced_here.clear()
@@ -132,11 +145,12 @@ def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(
     assert runs == []
 
 
-def test_a_new_edit_kills_the_copy_still_pricing(model, monkeypatch):
+def test_a_new_edit_kills_the_copy_still_pricing(model, monkeypatch, inspectors):
     clear_cache()
     copies, real_forked = [], forked.Forked
     monkeypatch.setattr(background.forked, "Forked", lambda *a, **k: copies.append(real_forked(*a, **k)) or copies[-1])
     ins = Inspector(model, mesh=OVER, training=TRAINING, background=True)
+    inspectors.append(ins)
     assert ins.wait(120)
     ins.pushes.ahead = True
     monkeypatch.setattr(background, "look_ahead", lambda st, rev=None, findings=True: [])
@@ -231,3 +245,36 @@ def test_a_search_stopped_while_the_copy_works_kills_it(model, monkeypatch):
     with pytest.raises(stop.Stopped):
         sv.search(model, mesh=mesh, training=SEARCH_TRAINING, progress=progress)
     assert copies[0].done.wait(10) and copies[0].error == "killed"
+
+
+def test_a_copy_forked_while_a_thread_computes_a_cached_property_does_not_wait_for_it(model, monkeypatch):
+    """Python 3.11's ``cached_property`` holds one lock per property, across instances, while it
+    computes: a copy forked while another thread computed ``Analysis.memory`` inherited that lock held
+    and waited forever for its own ``memory`` (seen: a search forked while an Inspector priced)."""
+    import threading
+
+    from shardviz import analysis as analysis_mod
+
+    parent, entered, release = os.getpid(), threading.Event(), threading.Event()
+    real_costs = analysis_mod.Analysis.costs.func
+
+    def costs(self):
+        if os.getpid() == parent:
+            entered.set()
+            release.wait(60)  # the parent's thread holds the ``memory`` property's lock meanwhile
+        return real_costs(self)
+
+    monkeypatch.setattr(analysis_mod.Analysis, "costs", property(costs))
+    first = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(shard=4), TRAINING)
+    second = sv.analyze(model, sv.Plan.auto(model, lora="ignored"), sv.Mesh(shard=4), TRAINING)
+    t = threading.Thread(target=lambda: first.memory)
+    t.start()
+    assert entered.wait(60)
+    f = forked.Forked(lambda: int(second.memory["peak"].max()))
+    try:
+        assert f.done.wait(60) and f.ok, f.error  # before: never done
+    finally:
+        release.set()
+        t.join(60)
+        f.kill()
+    assert f.result == int(second.memory["peak"].max())

@@ -259,12 +259,18 @@ _CACHE_NOTE = {False: (), True: ("use_cache=True: the key/value cache the forwar
 
 def _profile(tree: ModelTree, request: _Request, listed, lists, measurement: Measurement, moe):
     """The full model's profile from a measurement of its copy."""
-    stop.check()  # pure Python at 70B (tenths of a second): the Inspector's next edit stops it here
+    # pure Python at 70B (tenths of a second, its stages tens of ms each): the Inspector's next edit
+    # stops it between them (nothing shared is written before the profile is returned)
+    stop.check()
     timeline = splice(measurement.events, lists, measurement.kv_release)
+    stop.check()
     idx = event_index(timeline)
     ends = last_in_subtree(idx)
+    stop.check()
     modules, peak = module_stats(timeline, idx, ends, set(request.checkpoint), block_saved(measurement.events, lists))
+    stop.check()
     flops, costs = module_sums(timeline, ends)
+    stop.check()
     pdt = request.param_dtype
     return ActivationProfile(
         batch_size=request.batch_size, seq_len=request.seq_len,

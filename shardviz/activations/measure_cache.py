@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..model.tree import ModelTree, as_tree
+from . import stop
 from .kvcache import KVRelease
 from .profile import ModuleEvent
 
@@ -152,6 +153,7 @@ def adopt(at: Mark, kept: list[tuple[int, str, bytes]]) -> int:
     profiles only where the model's entry still has the tree they were made with. Returns how many."""
     n = 0
     for mid, table, data in kept:
+        stop.check()  # tens of ms an entry (a 70B profile): a search stopped midway stops here too
         ref, tree, _, _ = at.models[mid]
         model = ref()
         if model is None:

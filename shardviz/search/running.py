@@ -75,7 +75,7 @@ def _run_on_two_cores(space: Space, order: list[Candidate], parts: list[list[Can
             rows.append(_evaluate(space, ev, c, resume))
             if progress is not None:
                 progress(len(rows), total)
-        while not helper.done.wait(0.05):
+        while not helper.done.wait(0.01):
             if progress is not None:
                 progress(len(rows), total)  # the caller's chance to stop (the Inspector's cancel)
         if helper.ok:

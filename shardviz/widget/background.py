@@ -261,7 +261,7 @@ class BackgroundPush:
         pricer = self.price_in_fork(rev)
         try:
             look_ahead(st, rev)
-            while not pricer.done.wait(0.05):
+            while not pricer.done.wait(0.01):
                 stop.check()
             if not pricer.ok:
                 self.push_rest(rev)
