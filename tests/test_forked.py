@@ -167,90 +167,10 @@ def test_a_new_edit_kills_the_copy_still_pricing(model, monkeypatch, inspectors)
     assert ins.wait(120) and ins.controller.training.seq_len == 32
 
 
-# ---------------------------------------------------------------------------
-# The search on two cores
-# ---------------------------------------------------------------------------
-def _search_limit(model, training) -> int:
-    """Between the plain and the all-checkpointed plan's peak: some plans fit, some are pruned."""
-    def peak(ckpt):
-        return int(sv.analyze(model, sv.Plan.auto(model, checkpoint=ckpt), SEARCH_MESH, training).memory.peak.max())
-    return (peak(None) + peak("blocks")) // 2
-
-
-SEARCH_MESH = sv.Mesh(8, device="H100", memory_reserve=0, judge="allocated", safety_margin=0.0)
-SEARCH_TRAINING = sv.Training(batch_size=2, seq_len=256, param_dtype=None, reduce_dtype=None)
-
-
-def test_a_search_split_over_two_processes_gives_the_rows_of_one_run(model, monkeypatch):
-    """The parts of a search (LoRA layout x tensor degree, ``running.partitions``) run here and in a
-    forked copy: the same table, the same analyses counted, the same typed rows as one process gives,
-    and the steps the copy measured are kept here."""
-    import pandas as pd
-
-    from shardviz.search import running
-
-    mesh = replace(SEARCH_MESH, device_memory=_search_limit(model, SEARCH_TRAINING))
-    copies, real_forked = [], forked.Forked
-    monkeypatch.setattr(running.forked, "Forked", lambda *a, **k: copies.append(real_forked(*a, **k)) or copies[-1])
-    clear_cache()
-    split = sv.search(model, mesh=mesh, training=SEARCH_TRAINING, tensor=(1, 2))
-    assert len(copies) == 1 and copies[0].ok
-    assert len({(r.candidate.lora, r.candidate.tensor) for r in split.rows}) >= 4  # parts on both sides
-    # what the copy analysed is kept here: its plans' steps are not measured again
-    runs = []
-    real = measure_mod.measure_copy
-    monkeypatch.setattr(measure_mod, "measure_copy", lambda *a, **k: runs.append(1) or real(*a, **k))
-    for i, r in enumerate(split.rows):
-        if r.analysed:
-            sv.analyze(model, *split.candidate(i)).memory  # noqa: B018
-    assert runs == []
-    monkeypatch.setenv("SHARDVIZ_FORK", "0")
-    clear_cache()
-    one = sv.search(model, mesh=mesh, training=SEARCH_TRAINING, tensor=(1, 2))
-    assert len(copies) == 1  # one process this time
-    assert (split.n_candidates, split.n_analysed) == (one.n_candidates, one.n_analysed)
-    assert not one.table.analysed.all() and one.table.analysed.any()  # the premise: some are pruned
-    pd.testing.assert_frame_equal(split.table, one.table)
-    assert [(type(r), r.candidate, r.fits) for r in split.rows] == [(type(r), r.candidate, r.fits) for r in one.rows]
-
-
-def test_a_search_over_micro_batches_runs_in_one_process(model, monkeypatch):
-    """With ``global_batch`` a micro-batch with which nothing fits prunes every larger one, whatever
-    its part: the parts are not independent, and the search stays in one process."""
-    from shardviz.search import running
-
-    copies = []
-    monkeypatch.setattr(running.forked, "Forked", lambda *a, **k: copies.append(1))
-    training = replace(SEARCH_TRAINING, batch_size=None, global_batch=32)
-    s = sv.search(model, mesh=replace(SEARCH_MESH, device_memory="80GiB"), training=training)
-    assert len(set(s.table.batch_size)) > 1 and copies == []
-
-
-def test_a_search_stopped_while_the_copy_works_kills_it(model, monkeypatch):
-    from shardviz.activations import stop
-    from shardviz.search import running
-
-    copies, real_forked = [], forked.Forked
-    monkeypatch.setattr(running.forked, "Forked", lambda *a, **k: copies.append(real_forked(*a, **k)) or copies[-1])
-    real_run = running._evaluate
-    monkeypatch.setattr(running, "_evaluate", lambda *a: time.sleep(600) if os.getpid() != parent else real_run(*a))
-    parent = os.getpid()
-
-    def progress(done, total):
-        if copies and time.time() - t0 > 1:
-            raise stop.Stopped
-
-    t0 = time.time()
-    mesh = replace(SEARCH_MESH, device_memory="80GiB")
-    with pytest.raises(stop.Stopped):
-        sv.search(model, mesh=mesh, training=SEARCH_TRAINING, progress=progress)
-    assert copies[0].done.wait(10) and copies[0].error == "killed"
-
-
 def test_a_copy_forked_while_a_thread_computes_a_cached_property_does_not_wait_for_it(model, monkeypatch):
     """Python 3.11's ``cached_property`` holds one lock per property, across instances, while it
     computes: a copy forked while another thread computed ``Analysis.memory`` inherited that lock held
-    and waited forever for its own ``memory`` (seen: a search forked while an Inspector priced)."""
+    and waited forever for its own ``memory`` (seen in a test run)."""
     import threading
 
     from shardviz import analysis as analysis_mod

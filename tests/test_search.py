@@ -122,7 +122,6 @@ def test_the_analyses_of_a_search_are_freed_as_it_goes_not_left_to_the_cyclic_gc
         return a
 
     monkeypatch.setattr(space.Space, "analysis", kept)
-    monkeypatch.setenv("SHARDVIZ_FORK", "0")  # every analysis in this process, where it is counted
     mesh = replace(MESH, device_memory=limits()["between"])
     gc.collect()
     gc.disable()
@@ -460,7 +459,6 @@ def test_no_full_collection_during_a_search(monkeypatch):
             full.append(len(seen))
 
     monkeypatch.setattr(running, "_evaluate", evaluate)
-    monkeypatch.setenv("SHARDVIZ_FORK", "0")  # every candidate in this process, where it is seen
     before, m = gc.get_threshold(), model()
     gc.callbacks.append(on_gc)
     try:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import groupby
 
-from .. import collector, forked
-from ..activations import measure_cache
+from .. import collector
 from ..analysis import Analysis
 from ..finding import PlanError
 from ..format import format_bytes
@@ -31,73 +30,9 @@ def run(space: Space, cands: list[Candidate], progress=None, resume: dict | None
 
 
 def _run(space: Space, cands: list[Candidate], progress, resume: dict) -> tuple[list[Row], int]:
-    order = pruning_order(cands)
-    parts = partitions(order)
-    if len(parts) > 1 and len({c.batch_size for c in order}) == 1 and forked.available():
-        return _run_on_two_cores(space, order, parts, progress, resume)
-    return _run_serially(space, order, progress, resume)
-
-
-def partitions(order: list[Candidate]) -> list[list[Candidate]]:
-    """``order`` cut by LoRA layout and tensor degree, each part in its order: what an analysis proves
-    (``pruning.Evidence``: keyed by layout and degree) prunes only candidates of its own part, so the
-    parts can run apart and give the rows one run gives. (Not so across micro-batches: with which
-    none fits prunes every larger one, whatever its part.)"""
-    parts: dict[tuple, list[Candidate]] = {}
-    for c in order:
-        parts.setdefault((c.lora, c.tensor), []).append(c)
-    return list(parts.values())
-
-
-def _run_on_two_cores(space: Space, order: list[Candidate], parts: list[list[Candidate]], progress,
-                      resume: dict) -> tuple[list[Row], int]:
-    """The parts split between this process and a forked copy of it (``shardviz.forked``: analysing
-    is Python, one core per process), by their calls times candidates, the costliest first to whichever
-    has less; the copy's rows and the steps it measured come back (``measure_cache.adopt``). If the
-    copy fails, its parts run here. The rows are those of one run (``partitions``)."""
-    loads, halves = [0, 0], ([], [])
-    for part in sorted(parts, key=lambda p: -len(p) * len(space.plan(p[0]).units)):
-        i = loads.index(min(loads))
-        loads[i] += len(part) * len(space.plan(part[0]).units)
-        halves[i].extend(part)
-    mine, theirs = halves
-    at = measure_cache.mark()
-
-    def elsewhere():
-        ev = Evidence()
-        rows = [_evaluate(space, ev, c, resume) for c in theirs]
-        return rows, ev.n_analysed, measure_cache.kept_since(at)
-
-    helper = forked.Forked(elsewhere)
-    try:
-        ev, rows, total = Evidence(), [], len(order)
-        for c in mine:
-            rows.append(_evaluate(space, ev, c, resume))
-            if progress is not None:
-                progress(len(rows), total)
-        while not helper.done.wait(0.01):
-            if progress is not None:
-                progress(len(rows), total)  # the caller's chance to stop (the Inspector's cancel)
-        if helper.ok:
-            their_rows, n_state, kept = helper.result
-            measure_cache.adopt(at, kept)
-        else:  # the copy failed: its parts here, as one run would
-            their_ev = Evidence()
-            their_rows = [_evaluate(space, their_ev, c, resume) for c in theirs]
-            n_state = their_ev.n_analysed
-    finally:
-        helper.kill()
-    position = {c: i for i, c in enumerate(order)}
-    rows = sorted(rows + their_rows, key=lambda r: position[r.candidate])
-    if progress is not None:
-        progress(len(rows), total)
-    return rows, ev.n_analysed + n_state + sum(r.analysed for r in rows)
-
-
-def _run_serially(space: Space, order: list[Candidate], progress, resume: dict) -> tuple[list[Row], int]:
-    ev, rows, total = Evidence(), [], len(order)
+    ev, rows, total = Evidence(), [], len(cands)
     nowhere: int | None = None  # the smallest micro-batch with which nothing fits
-    for batch, group in groupby(order, key=lambda c: c.batch_size):
+    for batch, group in groupby(pruning_order(cands), key=lambda c: c.batch_size):
         if nowhere is not None and batch is not None:
             words = f"over {space.usable_text}: micro-batch {nowhere} fits with no plan"
             rows += [Pruned(c, Rule.MICRO_BATCH, words) for c in group]
