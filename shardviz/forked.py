@@ -33,7 +33,8 @@ def available() -> bool:
 class Forked:
     """``fn()`` run in a forked copy of this process. ``ok`` says whether it returned, ``result``
     is what it returned, ``error`` why not (its exception's words, or "killed"); ``on_done(self)``,
-    if given, runs on the reading thread once they are set. ``done`` is set after it."""
+    if given, runs on the reading thread once they are set. ``done`` is set after it, ``ended`` once
+    the copy has exited and been reaped."""
 
     def __init__(self, fn: Callable[[], object], on_done: Callable[[Forked], None] | None = None):
         self.done, self.ended = threading.Event(), threading.Event()
@@ -42,7 +43,7 @@ class Forked:
         self._reaped = False
         self._lock = threading.Lock()  # kill and reap: a reaped pid may be another process's
         r, w = os.pipe()
-        with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the copy takes no lock of theirs
+        with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the copy renews ours (_fresh_locks)
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:
