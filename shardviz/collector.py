@@ -11,7 +11,6 @@ young generation every 10,000 new objects and makes no full collection while it 
 from __future__ import annotations
 
 import gc
-import os
 import threading
 from contextlib import contextmanager
 
@@ -20,15 +19,6 @@ YOUNG = 10_000
 
 _HELD = {"depth": 0, "thresholds": (700, 10, 10)}  # how many ``quiet`` run now; the thresholds they replaced
 _LOCK = threading.Lock()
-
-
-def _fresh_lock_in_child() -> None:  # a thread of the parent may have held it at the fork (``forked``)
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 @contextmanager

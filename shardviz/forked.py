@@ -90,18 +90,23 @@ class Forked:
                     pass
 
 
+_LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
+
+
 def _fresh_locks() -> None:
-    """In the copy: the locks another thread of the parent may have held at the fork, new. Python
-    3.11's ``functools.cached_property`` holds one lock per property while it computes (a property of
-    one class, across all its instances), so a copy forked while a thread computed ``Analysis.memory``
-    would wait for it forever. (Modules with a lock of their own renew it themselves:
-    ``os.register_at_fork``, as ``collector`` and ``activations.measure_cache`` do.)"""
+    """In the copy: the locks another thread of the parent may have held at the fork, new. Those of
+    shardviz's modules (``collector._LOCK``, ``activations.measure_cache._LOCK``), and Python 3.11's
+    ``functools.cached_property`` locks: one per property while it computes (a property of one
+    class, across all its instances), so a copy forked while a thread computed ``Analysis.memory``
+    would wait for it forever."""
     for name, module in list(sys.modules.items()):
         if not name.startswith("shardviz") or module is None:
             continue
-        for cls in list(vars(module).values()):
-            if isinstance(cls, type) and cls.__module__ == name:
-                for attr in vars(cls).values():
+        for attr_name, value in list(vars(module).items()):
+            if type(value) in _LOCK_TYPES:
+                setattr(module, attr_name, _LOCK_TYPES[type(value)]())
+            elif isinstance(value, type) and value.__module__ == name:
+                for attr in vars(value).values():
                     if isinstance(attr, functools.cached_property) and hasattr(attr, "lock"):  # 3.12+: none
                         attr.lock = threading.RLock()
 

@@ -198,3 +198,29 @@ def test_a_copy_forked_while_a_thread_computes_a_cached_property_does_not_wait_f
         t.join(60)
         f.kill()
     assert f.result == int(second.memory["peak"].max())
+
+
+def test_a_copy_forked_while_a_thread_holds_a_module_lock_does_not_wait_for_it():
+    """A module's own lock (the collector's, the measurement cache's) held by another thread at the
+    fork is held forever in the copy, unless the copy renews it."""
+    import threading
+
+    from shardviz import collector
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with collector._LOCK:
+            held.set()
+            release.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(60)
+    f = forked.Forked(lambda: [clear_cache(), collector.quiet().__enter__()] and True)
+    try:
+        assert f.done.wait(60) and f.ok and f.result is True, f.error  # before: never done
+    finally:
+        release.set()
+        t.join(60)
+        f.kill()

@@ -8,7 +8,6 @@ that the parent never measures the same step again.
 
 from __future__ import annotations
 
-import os
 import pickle
 import threading
 import weakref
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..model.tree import ModelTree, as_tree
-from . import stop
 from .kvcache import KVRelease
 from .profile import ModuleEvent
 
@@ -42,15 +40,6 @@ class ModelEntry:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> ModelEntry
 _LOCK = threading.Lock()
 _MAX_ENTRIES = 64
-
-
-def _fresh_lock_in_child() -> None:  # a thread of the parent may have held it at the fork
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def clear_cache() -> None:
@@ -153,7 +142,6 @@ def adopt(at: Mark, kept: list[tuple[int, str, bytes]]) -> int:
     profiles only where the model's entry still has the tree they were made with. Returns how many."""
     n = 0
     for mid, table, data in kept:
-        stop.check()  # tens of ms an entry (a 70B profile): a search stopped midway stops here too
         ref, tree, _, _ = at.models[mid]
         model = ref()
         if model is None:
