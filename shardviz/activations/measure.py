@@ -17,7 +17,7 @@ from . import stop
 from .flops import flop_counter, module_sums
 from .kernels import attention_note
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
-from .measure_cache import Measurement, ModelEntry, entry_of, peek, recall, remember
+from .measure_cache import Measurement, ModelEntry, entry_of, measure_once, peek, recall, remember
 from .profile import ActivationProfile, event_index, last_in_subtree, module_stats, strip_wrapper
 from .reduced import DtypePolicy, ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
@@ -298,7 +298,8 @@ def _measure(model: nn.Module, entry: ModelEntry, request: _Request, *, reduce: 
     moe = moe_shape(model)
     measurement = recall(entry.measurements, key)
     if measurement is None:
-        measurement = measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck, request, moe)
+        measurement = measure_once(key, lambda: measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck,
+                                                             request, moe))
         remember(entry.measurements, key, measurement)
     return _profile(tree, request, listed, lists, measurement, moe)
 

@@ -3,19 +3,26 @@ profiles by request, the measurements of a copy by what the copy ran.
 
 A forked copy of the process (``shardviz.forked``: the Inspector prices its findings there) measures
 into its own copy of this cache; ``mark`` / ``kept_since`` / ``adopt`` bring what it kept back, so
-that the parent never measures the same step again.
+that the parent never measures the same step again. While the two measure at once (the search on
+two cores), ``shared_between`` / ``measure_once`` give each step to one of them, the other reads it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
 import threading
+import time
 import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from torch import nn
 
 from ..model.tree import ModelTree, as_tree
+from . import stop
 from .kvcache import KVRelease
 from .profile import ModuleEvent
 
@@ -154,3 +161,69 @@ def adopt(at: Mark, kept: list[tuple[int, str, bytes]]) -> int:
         remember(getattr(entry, table), key, value)
         n += 1
     return n
+
+
+# ---------------------------------------------------------------------------
+# Two processes measuring at once: each step measured by one
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Shared:
+    folder: str  # both processes see it: ``<hash>.claim`` (the one measuring), ``<hash>`` (its measurement)
+    peer_alive: Callable[[], bool]
+
+
+_SHARED: _Shared | None = None
+
+
+@contextmanager
+def shared_between(folder: str, peer_alive: Callable[[], bool]) -> Iterator[None]:
+    """In each of two processes forked from one (``search.running``'s two cores): ``measure_once``
+    measures a step in one of them only, through ``folder``; ``peer_alive()``: whether the other
+    still runs (a step it claimed and will never send is measured here)."""
+    global _SHARED
+    _SHARED = _Shared(folder, peer_alive)
+    try:
+        yield
+    finally:
+        _SHARED = None
+
+
+def measure_once(key, measure: Callable[[], Measurement]) -> Measurement:
+    """``measure()`` (the step under ``key``), or, between two processes (``shared_between``), the
+    other's measurement of it, waited for while the other makes it: the first to create the claim
+    file measures (``O_EXCL``: one wins) and writes the result apart, then renames it into place (never
+    read half-written), or an empty file if it failed (the other then measures, and meets the error itself)."""
+    shared = _SHARED
+    try:
+        path = None if shared is None else os.path.join(
+            shared.folder, hashlib.sha1(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest())
+    except Exception:  # noqa: BLE001 - a key that cannot be pickled: measured here
+        path = None
+    if path is None:
+        return measure()
+    try:
+        os.close(os.open(path + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        theirs = _wait_for(path, shared.peer_alive)
+        return theirs if theirs is not None else measure()
+    data = b""
+    try:
+        measurement = measure()
+        data = pickle.dumps(measurement, protocol=pickle.HIGHEST_PROTOCOL)
+        return measurement
+    finally:
+        with open(path + ".part", "wb") as f:
+            f.write(data)
+        os.rename(path + ".part", path)
+
+
+def _wait_for(path: str, peer_alive: Callable[[], bool]) -> Measurement | None:
+    """The other process's measurement at ``path`` once it is there; None if it failed or ended first."""
+    while not os.path.exists(path):
+        if not peer_alive() and not os.path.exists(path):
+            return None
+        stop.check()  # the Inspector's next edit stops the wait as it stops a measurement
+        time.sleep(0.005)
+    with open(path, "rb") as f:
+        data = f.read()
+    return pickle.loads(data) if data else None

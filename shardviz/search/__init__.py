@@ -60,7 +60,7 @@ DEFAULT_GBPS = (450.0, 50.0)  # inside a node / across nodes when the mesh gives
 
 
 def search(model, mesh: Mesh, training: Training | None = None, *, offload=(False, True), tensor=(1,),
-           progress=None, resume: dict | None = None) -> Search:
+           progress=None, resume: dict | None = None, workers: int = 1) -> Search:
     """The fastest plan that fits: every candidate (see the module's docstring) analysed or pruned.
 
     ``tensor``: the tensor-parallel degrees to try, e.g. ``(1, 2, 4, 8)``: each with the model's own
@@ -75,10 +75,12 @@ def search(model, mesh: Mesh, training: Training | None = None, *, offload=(Fals
     ``resume``: a dict the search fills with each analysed plan's row; given again to a search of
     the same model and arguments (one stopped midway: the Inspector's look-ahead, cancelled by the
     Suggest click), the plans it holds are not analysed again. The rows are the same either way.
+    ``workers=2``: the plans are analysed by this process and a forked copy of it, on two cores
+    (Linux; ``SHARDVIZ_FORK=0`` turns it off); the rows are the same (``running.run``).
     """
     space, notes = _space(model, mesh, training, offload, tensor)
     cands = candidates(space, offload)
-    rows, n_analysed = run(space, cands, progress, resume)
+    rows, n_analysed = run(space, cands, progress, resume, workers)
     rows = ranked(rows, space.limit)
     untimed = next((r.untimed for r in rows if r.analysed and r.untimed), None)
     if untimed:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from ..step import unsharded_bytes
 from ..format import format_bytes
 from ..checkpointing import FULL
 from ..plan import LORA_OPTIONS
@@ -113,9 +112,8 @@ def _over_by_evidence(space: Space, ev: Evidence, c: Candidate) -> Pruned | None
 def _state_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
     """The model-state peak (no activations) of ``c``'s layout with the options that hold least."""
     key = (c.lora, c.tensor, c.quant)
-    if key not in ev.state:
-        lean = Candidate(c.lora, None, None, 1, space.lean_offload, tensor=c.tensor, quant=c.quant)
-        ev.state[key] = int(space.analysis(lean, with_batch=False).memory.peak.max())
+    if key not in ev.state:  # an analysis of this run (counted), made once per space
+        ev.state[key] = space.state_peak(c)
     if ev.state[key] <= space.limit:
         return None
     return Pruned(c, Rule.MODEL_STATE, f"over {space.usable_text}: the model state alone is "
@@ -130,8 +128,7 @@ def _unsharded_over(space: Space, ev: Evidence, c: Candidate) -> Pruned | None:
         return None
     key = (c.lora, c.tensor, c.quant)
     if key not in ev.unsharded:
-        a = space.analysis(Candidate(c.lora, tensor=c.tensor, quant=c.quant), with_batch=False)
-        ev.unsharded[key] = unsharded_bytes(a.tree, a.layout, space.training)
+        ev.unsharded[key] = space.unsharded(c)
     kept = ev.unsharded[key] // (1 if c.reshard_after_forward is False else c.reshard_after_forward)
     if kept <= space.limit:
         return None

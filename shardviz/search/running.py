@@ -4,10 +4,15 @@ would (``what_would_fit``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import struct
+import tempfile
 from dataclasses import replace
 from itertools import groupby
 
-from .. import collector
+from .. import collector, forked
+from ..activations import measure_cache
 from ..analysis import Analysis
 from ..finding import PlanError
 from ..format import format_bytes
@@ -18,21 +23,27 @@ from .rows import Measured, Pruned, Row, Rule
 from .space import Space
 
 
-def run(space: Space, cands: list[Candidate], progress=None, resume: dict | None = None) -> tuple[list[Row], int]:
+def run(space: Space, cands: list[Candidate], progress=None, resume: dict | None = None,
+        workers: int = 1) -> tuple[list[Row], int]:
     """A row for every candidate, in pruning order, and the number of analyses made. A micro-batch
     larger than one with which nothing fits is pruned. ``progress(done, total)`` after each candidate.
     ``resume``: candidate -> (row, activation profile) of the analyses made so far for this space,
-    read and filled in (``search``'s argument)."""
+    read and filled in (``search``'s argument). ``workers=2``: the analyses first run on two cores
+    (``_analyse_on_two_cores``); the rows are those of one."""
     # an analysis's objects die young, what survives is reused: no full collection while the candidates
     # run (a search stopped midway by the next edit, ``activations.stop``, leaves that edit none to pay)
+    resume = {} if resume is None else resume
+    order = pruning_order(cands)
     with collector.quiet():
-        return _run(space, cands, progress, {} if resume is None else resume)
+        if workers > 1 and len(order) > 1 and len({c.batch_size for c in order}) == 1 and forked.available():
+            _analyse_on_two_cores(space, order, progress, resume)
+        return _run(space, order, progress, resume)
 
 
-def _run(space: Space, cands: list[Candidate], progress, resume: dict) -> tuple[list[Row], int]:
-    ev, rows, total = Evidence(), [], len(cands)
+def _run(space: Space, order: list[Candidate], progress, resume: dict) -> tuple[list[Row], int]:
+    ev, rows, total = Evidence(), [], len(order)
     nowhere: int | None = None  # the smallest micro-batch with which nothing fits
-    for batch, group in groupby(pruning_order(cands), key=lambda c: c.batch_size):
+    for batch, group in groupby(order, key=lambda c: c.batch_size):
         if nowhere is not None and batch is not None:
             words = f"over {space.usable_text}: micro-batch {nowhere} fits with no plan"
             rows += [Pruned(c, Rule.MICRO_BATCH, words) for c in group]
@@ -46,6 +57,77 @@ def _run(space: Space, cands: list[Candidate], progress, resume: dict) -> tuple[
         if batch is not None and not any(r.fits for r in batch_rows):
             nowhere = batch
     return rows, ev.n_analysed + sum(r.analysed for r in rows)
+
+
+_CLAIM = struct.Struct("<I")  # a candidate's position in the pruning order, as claimed from the pipe
+_PIPE_BYTES = 1 << 16  # what a Linux pipe holds by default (pipe(7)): 16,384 positions
+
+
+def _analyse_on_two_cores(space: Space, order: list[Candidate], progress, resume: dict) -> None:
+    """Fill ``resume`` with the analyses of ``order``, made by this process and a forked copy of it
+    (``shardviz.forked``: analysing is Python, one core per process). Each takes the next candidate
+    from one pipe holding every position in order (a read of 4 bytes is atomic: no lock, and a killed
+    copy leaves the pipe whole), with its twin with CPU offload (``pruning_order`` puts it next: it is
+    pruned when the one without fits), prunes them with what it analysed itself, else analyses them.
+    A step both need is measured by one of them (``measure_cache.measure_once``, through a folder
+    they share), and the copy's analyses and the steps it measured come back (``measure_cache.adopt``). ``run`` then
+    goes through ``order`` once more with all of them: the same evidence, so the same rows as one
+    process, and what neither analysed (a candidate the copy pruned with evidence this run does not
+    have, or all of the copy's share if it failed) is analysed then."""
+    starts = [i for i, c in enumerate(order) if not (c.offload and i and order[i - 1] == replace(c, offload=False))]
+    if len(starts) * _CLAIM.size > _PIPE_BYTES:  # more than the pipe holds at once: one core
+        return
+    _shared_first(space, order)
+    r, w = os.pipe()
+    os.write(w, b"".join(_CLAIM.pack(i) for i in starts))
+    os.close(w)  # read to its end, each process sees EOF
+    at, folder, parent = measure_cache.mark(), tempfile.mkdtemp(prefix="shardviz-search-"), os.getpid()
+
+    def claim_and_analyse(progress_of=None) -> dict:
+        ev, mine = Evidence(), {}
+        while len(data := os.read(r, _CLAIM.size)) == _CLAIM.size:
+            i, = _CLAIM.unpack(data)
+            twin = i + 1 < len(order) and order[i + 1] == replace(order[i], offload=True)
+            for c in order[i:i + 1 + twin]:
+                _evaluate(space, ev, c, resume)
+                if c in resume:
+                    mine[c] = resume[c]
+            if progress_of is not None:
+                progress_of(i + 1 + twin, len(order))  # claimed in order: as many taken by the two so far
+        return mine
+
+    def elsewhere():
+        with measure_cache.shared_between(folder, lambda: os.getppid() == parent):
+            return claim_and_analyse(), measure_cache.kept_since(at)
+
+    copy = forked.Forked(elsewhere)
+    try:
+        with measure_cache.shared_between(folder, lambda: not copy.done.is_set()):
+            claim_and_analyse(progress)
+        while not copy.done.wait(0.02):
+            if progress is not None:
+                progress(len(order), len(order))  # the caller's chance to stop (the Inspector's cancel)
+    finally:
+        copy.kill()
+        os.close(r)
+        shutil.rmtree(folder, ignore_errors=True)
+    if copy.ok:
+        theirs, kept = copy.result
+        measure_cache.adopt(at, kept)
+        for c, done in theirs.items():
+            resume.setdefault(c, done)
+
+
+def _shared_first(space: Space, order: list[Candidate]) -> None:
+    """What both processes would compute for their first candidate of each layout (its model-state
+    peak, its calls' unsharded bytes: ``Space`` keeps them), computed here once before the fork."""
+    for c in {(c.lora, c.tensor, c.quant): c for c in order}.values():
+        try:
+            space.state_peak(c)
+            if any(o.reshard_after_forward not in (None, True) for o in order):
+                space.unsharded(c)
+        except PlanError:  # raised again where one process would meet it
+            pass
 
 
 def _evaluate(space: Space, ev: Evidence, c: Candidate, resume: dict) -> Row:

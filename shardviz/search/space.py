@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..activations import step_cache
+from ..step import unsharded_bytes
 from ..analysis import Analysis, analyze
 from ..run.training import Training
 from ..run import devices
@@ -32,6 +33,8 @@ class Space:
     lean_offload: bool = True  # whether the leanest options offload (search(..., offload=...) allows it)
     _auto: dict = field(default_factory=dict, repr=False)  # (lora, checkpoint, tensor) -> Plan.auto
     _caches: dict = field(default_factory=dict, repr=False)  # (lora, checkpoint, tensor, batch, accum, use_cache) -> cache_of
+    _state_peaks: dict = field(default_factory=dict, repr=False)  # (lora, tensor, quant) -> state_peak
+    _unsharded: dict = field(default_factory=dict, repr=False)  # (lora, tensor, quant) -> unsharded
 
     @cached_property
     def limit(self) -> int:
@@ -94,6 +97,23 @@ class Space:
 
     def analysis(self, c: Candidate, world: int | None = None, with_batch: bool = True) -> Analysis:
         return analyze(self.tree, self.plan(c), self.mesh_for(c, world), self.training_for(c, with_batch))
+
+    def state_peak(self, c: Candidate) -> int:
+        """The model-state peak (no activations) of ``c``'s layout, tensor degree and storage with the
+        options that hold least (computed once)."""
+        key = (c.lora, c.tensor, c.quant)
+        if key not in self._state_peaks:
+            lean = Candidate(c.lora, None, None, 1, self.lean_offload, tensor=c.tensor, quant=c.quant)
+            self._state_peaks[key] = int(self.analysis(lean, with_batch=False).memory.peak.max())
+        return self._state_peaks[key]
+
+    def unsharded(self, c: Candidate) -> int:
+        """``step.unsharded_bytes`` of the calls of ``c``'s layout, tensor degree and storage (computed once)."""
+        key = (c.lora, c.tensor, c.quant)
+        if key not in self._unsharded:
+            a = self.analysis(Candidate(c.lora, tensor=c.tensor, quant=c.quant), with_batch=False)
+            self._unsharded[key] = unsharded_bytes(a.tree, a.layout, self.training)
+        return self._unsharded[key]
 
     def cache_of(self, c: Candidate) -> bool:
         """Whether ``c``'s step keeps the key/value cache (``activations.step_cache``)."""

@@ -51,17 +51,15 @@ def search_ahead(state) -> bool:
     return True
 
 
-def _search_and_keep(state, progress, collect: bool = False) -> FoundPlans:
-    """``sv.search`` for the state's model, mesh and training, timed and kept (``state.searched``);
-    ``collect``: end with one full collection (the search made none: ``search.running``), timed with it."""
+def _search_and_keep(state, progress, workers: int = 1) -> FoundPlans:
+    """``sv.search`` for the state's model, mesh and training, timed and kept (``state.searched``)."""
     t0 = time.perf_counter()
     mesh, training, key = state.mesh, state.training, ahead_key(state)  # read once: kept under what was searched
     # the rows a search of the same key stopped midway analysed (the look-ahead's, when Suggest is clicked)
     resume = _keep_newest(state.search_parts, key, state.search_parts.get(key, {}))
-    found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress, resume=resume)
+    found = search(state.tree, mesh, training, tensor=tensor_degrees(mesh), progress=progress, resume=resume,
+                   workers=workers)
     state.search_parts.pop(key, None)  # the whole search is kept below
-    if collect:
-        gc.collect()
     return _keep_newest(state.searched, key, FoundPlans(found, search_key(mesh, training), time.perf_counter() - t0))
 
 
@@ -157,13 +155,14 @@ def run_search(state, top: int = DEFAULT_TOP) -> Search:
                                       "elapsed_s": round(now - t0, 1)})
 
     try:
-        # one full collection at its end, while the user waits for the rows anyway, so that the next edit
-        # does not pay for it; the look-ahead's search (search_ahead) makes none
-        state.found = _search_and_keep(state, progress, collect=True)
+        state.found = _search_and_keep(state, progress, workers=2)  # on two cores (search.running)
     except Exception as exc:
         state.set_suggest_status({"state": "error", "error": f"the search failed: {type(exc).__name__}: {exc}"})
         raise
-    state.set_suggest_status({"state": "done"})
+    state.set_suggest_status({"state": "done"})  # the rows are sent now
+    # then one full collection (the search made none: ``search.running``), while the user reads them, so
+    # that the next edit does not pay for it; the look-ahead's search (search_ahead) makes none
+    gc.collect()
     return state.found.search
 
 

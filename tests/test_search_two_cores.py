@@ -1,0 +1,179 @@
+"""``sv.search(..., workers=2)``: the analyses made by this process and a forked copy of it, each
+claiming the next candidate (and its CPU-offload twin) from one pipe; then one pass over every
+candidate with all of them (``search.running``). The Inspector's Suggest click runs it (issue 37:
+Suggest within 5 s back to back at 70B).
+
+What is held, against the one-process search as the oracle: the same table, typed rows and
+analyses counted; the copy really analysed a share, and the steps it measured are kept here; the
+copy failing or being stopped leaves the rows (or the stop) those of one process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import time
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+import shardviz as sv
+from shardviz import forked, zoo
+from shardviz.activations import clear_cache, measure_cache, stop
+from shardviz.activations import measure as measure_mod
+from shardviz.search import running
+
+pytestmark = pytest.mark.skipif(not forked.available(), reason="fork: Linux only")
+
+MESH = sv.Mesh(8, device="H100", memory_reserve=0, judge="allocated", safety_margin=0.0)
+TRAINING = sv.Training(batch_size=2, seq_len=256, param_dtype=None, reduce_dtype=None)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.tiny_llama_lora()
+
+
+@pytest.fixture(scope="module")
+def mesh(model):
+    """Device memory between the plain and the all-checkpointed plan's peak: some plans fit, some are
+    pruned (by every rule the evidence holds: more replicas, checkpointing less, offload needless)."""
+    def peak(ckpt):
+        return int(sv.analyze(model, sv.Plan.auto(model, checkpoint=ckpt), MESH, TRAINING).memory.peak.max())
+    return replace(MESH, device_memory=(peak(None) + peak("blocks")) // 2)
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """Every copy the search forks."""
+    made, real = [], forked.Forked
+    monkeypatch.setattr(running.forked, "Forked", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    return made
+
+
+def _logged(monkeypatch, tmp_path, module, name: str):
+    """``module.name`` made to append the pid of the process calling it to a file: calls in the copy
+    are seen here. Returns a function reading the pids logged so far."""
+    path, real = tmp_path / f"{name}.pids", getattr(module, name)
+
+    def logged(*a, **k):
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, logged)
+    return lambda: path.read_text().split() if path.exists() else []
+
+
+def test_two_cores_give_the_rows_of_one(model, mesh, copies, monkeypatch, tmp_path):
+    analysed = _logged(monkeypatch, tmp_path, running, "measured")
+    measured = _logged(monkeypatch, tmp_path, measure_mod, "measure_copy")
+    clear_cache()
+    two = sv.search(model, mesh=mesh, training=TRAINING, tensor=(1, 2), workers=2)
+    assert len(copies) == 1 and copies[0].ok
+    assert {str(copies[0].pid), str(os.getpid())} <= set(analysed())  # both analysed a share
+    steps_two = len(measured())
+    # what the copy measured is kept here: no analysed plan's step is measured again
+    for i, r in enumerate(two.rows):
+        if r.analysed:
+            sv.analyze(model, *two.candidate(i)).memory  # noqa: B018
+    assert len(measured()) == steps_two
+    clear_cache()
+    one = sv.search(model, mesh=mesh, training=TRAINING, tensor=(1, 2))
+    assert len(copies) == 1  # workers=1: no copy
+    # each step measured once, by one of the two (measure_cache.measure_once): as many as one process measures
+    assert steps_two == len(measured()) - steps_two
+    assert not one.table.analysed.all() and one.table.analysed.any()  # the premise: some are pruned
+    assert {r.rule for r in one.rows if not r.analysed} >= {running.Rule.OFFLOAD_NEEDLESS}
+    assert (two.n_candidates, two.n_analysed) == (one.n_candidates, one.n_analysed)
+    pd.testing.assert_frame_equal(two.table, one.table)
+    assert [(type(r), r.candidate, r.fits) for r in two.rows] == [(type(r), r.candidate, r.fits) for r in one.rows]
+
+
+def test_a_step_both_processes_need_is_measured_once(tmp_path):
+    """The first to claim a step measures it; the other waits and reads it (the same value)."""
+    calls = tmp_path / "calls"
+
+    def slow():
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.5)
+        return {"peak": 123, "by": os.getpid()}
+
+    parent = os.getpid()
+
+    def elsewhere():
+        with measure_cache.shared_between(str(tmp_path), lambda: os.getppid() == parent):
+            return measure_cache.measure_once(("step", 1), slow)
+
+    copy = forked.Forked(elsewhere)
+    with measure_cache.shared_between(str(tmp_path), lambda: not copy.done.is_set()):
+        mine = measure_cache.measure_once(("step", 1), slow)
+    assert copy.done.wait(30) and copy.ok
+    assert copy.result == mine and len(calls.read_text().split()) == 1
+
+
+def test_a_step_the_other_failed_or_left_is_measured_here(tmp_path):
+    def fails():
+        raise ValueError("no forward of LlamaForCausalLM runs")
+
+    parent = os.getpid()
+
+    def elsewhere():
+        with measure_cache.shared_between(str(tmp_path), lambda: os.getppid() == parent):
+            return measure_cache.measure_once(("step", 2), fails)
+
+    copy = forked.Forked(elsewhere)
+    assert copy.done.wait(30) and "no forward" in copy.error  # it claimed the step, and failed
+    with measure_cache.shared_between(str(tmp_path), lambda: False):
+        assert measure_cache.measure_once(("step", 2), lambda: "measured here") == "measured here"
+        # claimed by a process that ended without sending it: measured here, no wait
+        key = ("step", 3)
+        name = hashlib.sha1(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest()
+        (tmp_path / f"{name}.claim").write_text("")
+        assert measure_cache.measure_once(key, lambda: "measured here too") == "measured here too"
+
+
+def test_a_copy_that_fails_leaves_its_share_to_this_process(model, mesh, copies, monkeypatch):
+    parent, real = os.getpid(), running._evaluate
+
+    def evaluate(*a):
+        if os.getpid() != parent:
+            raise RuntimeError("the copy died")
+        return real(*a)
+
+    monkeypatch.setattr(running, "_evaluate", evaluate)
+    two = sv.search(model, mesh=mesh, training=TRAINING, workers=2)
+    assert copies[0].done.wait(10) and "the copy died" in copies[0].error
+    one = sv.search(model, mesh=mesh, training=TRAINING)
+    pd.testing.assert_frame_equal(two.table, one.table)
+
+
+def test_a_search_over_micro_batches_runs_in_one_process(model, copies):
+    """With ``global_batch`` a micro-batch with which nothing fits prunes every larger one, across
+    layouts and degrees: the search stays in one process."""
+    training = replace(TRAINING, batch_size=None, global_batch=32)
+    s = sv.search(model, mesh=replace(MESH, device_memory="80GiB"), training=training, workers=2)
+    assert len(set(s.table.batch_size)) > 1 and copies == []
+
+
+def test_a_search_stopped_while_the_copy_works_kills_it(model, copies, monkeypatch):
+    parent, real = os.getpid(), running._evaluate
+    monkeypatch.setattr(running, "_evaluate", lambda *a: time.sleep(600) if os.getpid() != parent else real(*a))
+
+    def progress(done, total):
+        if copies and time.time() - t0 > 1:
+            raise stop.Stopped
+
+    t0 = time.time()
+    with pytest.raises(stop.Stopped):
+        sv.search(model, mesh=replace(MESH, device_memory="80GiB"), training=TRAINING, progress=progress, workers=2)
+    assert copies[0].done.wait(10) and copies[0].error == "killed"
+    assert copies[0].ended.wait(10)
+
+
+def test_without_fork_two_workers_run_in_one_process(model, mesh, copies, monkeypatch):
+    monkeypatch.setenv("SHARDVIZ_FORK", "0")
+    s = sv.search(model, mesh=mesh, training=TRAINING, workers=2)
+    assert copies == [] and s.table.analysed.any()
