@@ -66,24 +66,43 @@ def _logged(monkeypatch, tmp_path, module, name: str):
     return lambda: path.read_text().split() if path.exists() else []
 
 
+def _steps_measured(monkeypatch, tmp_path):
+    """Each step measured (``measure_once`` running its ``measure``), by any process, as "pid key-hash"."""
+    path, real = tmp_path / "steps", measure_mod.measure_once
+
+    def measure_once(key, measure):
+        def logged():
+            digest = hashlib.sha1(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest()
+            with open(path, "a") as f:
+                f.write(f"{os.getpid()} {digest}\n")
+            return measure()
+        return real(key, logged)
+
+    monkeypatch.setattr(measure_mod, "measure_once", measure_once)
+    return lambda: [tuple(line.split()) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def test_two_cores_give_the_rows_of_one(model, mesh, copies, monkeypatch, tmp_path):
     analysed = _logged(monkeypatch, tmp_path, running, "measured")
-    measured = _logged(monkeypatch, tmp_path, measure_mod, "measure_copy")
+    measured = _steps_measured(monkeypatch, tmp_path)
     clear_cache()
     two = sv.search(model, mesh=mesh, training=TRAINING, tensor=(1, 2), workers=2)
     assert len(copies) == 1 and copies[0].ok
     assert {str(copies[0].pid), str(os.getpid())} <= set(analysed())  # both analysed a share
-    steps_two = len(measured())
+    steps_two = measured()
+    # each step measured once, by one of the two (measure_cache.measure_once)
+    assert len({key for _, key in steps_two}) == len(steps_two) and len({pid for pid, _ in steps_two}) == 2
     # what the copy measured is kept here: no analysed plan's step is measured again
     for i, r in enumerate(two.rows):
         if r.analysed:
             sv.analyze(model, *two.candidate(i)).memory  # noqa: B018
-    assert len(measured()) == steps_two
+    assert measured() == steps_two
     clear_cache()
     one = sv.search(model, mesh=mesh, training=TRAINING, tensor=(1, 2))
     assert len(copies) == 1  # workers=1: no copy
-    # each step measured once, by one of the two (measure_cache.measure_once): as many as one process measures
-    assert steps_two == len(measured()) - steps_two
+    # what one process measures, the two did (they may measure more: a plan one prunes with evidence the
+    # other found is analysed there, and the pass over all of them prunes it again)
+    assert {key for _, key in measured()[len(steps_two):]} <= {key for _, key in steps_two}
     assert not one.table.analysed.all() and one.table.analysed.any()  # the premise: some are pruned
     assert {r.rule for r in one.rows if not r.analysed} >= {running.Rule.OFFLOAD_NEEDLESS}
     assert (two.n_candidates, two.n_analysed) == (one.n_candidates, one.n_analysed)

@@ -41,10 +41,16 @@ def pruning_order(cands: list[Candidate]) -> list[Candidate]:
     micro-batch, more checkpointing, without the cache, fewer replicas, no offload first (then the
     layout, the tensor degree and the reshard, in the order ``candidates`` makes them)."""
     def key(c: Candidate) -> tuple:
-        return (c.batch_size or 0, CHECKPOINTS.index(c.checkpoint), _CACHE_ORDER[c.use_cache],
-                LORA_OPTIONS.index(c.lora), c.tensor, c.replicate, _RESHARD_ORDER.get(c.reshard_after_forward, 2),
-                c.quant == "replicated", c.offload)
+        return (*activation_level(c), LORA_OPTIONS.index(c.lora), c.tensor, c.replicate,
+                _RESHARD_ORDER.get(c.reshard_after_forward, 2), c.quant == "replicated", c.offload)
     return sorted(cands, key=key)
+
+
+def activation_level(c: Candidate) -> tuple:
+    """Where ``c`` stands in ``pruning_order`` by the activations it holds (micro-batch, checkpointing,
+    the cache): within one level, candidates of different LoRA layouts or tensor degrees prune none
+    of each other (``Evidence`` is kept per layout and degree)."""
+    return (c.batch_size or 0, CHECKPOINTS.index(c.checkpoint), _CACHE_ORDER[c.use_cache])
 
 
 @dataclass

@@ -9,7 +9,7 @@ import shutil
 import struct
 import tempfile
 from dataclasses import replace
-from itertools import groupby
+from itertools import accumulate, groupby
 
 from .. import collector, forked
 from ..activations import measure_cache
@@ -17,7 +17,7 @@ from ..analysis import Analysis
 from ..finding import PlanError
 from ..format import format_bytes
 from .candidates import Candidate
-from .pruning import Evidence, pruned_by, pruning_order, record
+from .pruning import Evidence, activation_level, pruned_by, pruning_order, record
 from .rank import time_parts, step_numbers
 from .rows import Measured, Pruned, Row, Rule
 from .space import Space
@@ -59,7 +59,7 @@ def _run(space: Space, order: list[Candidate], progress, resume: dict) -> tuple[
     return rows, ev.n_analysed + sum(r.analysed for r in rows)
 
 
-_CLAIM = struct.Struct("<I")  # a candidate's position in the pruning order, as claimed from the pipe
+_CLAIM = struct.Struct("<I")  # a claim's number (its candidate and twin: ``_analyse_on_two_cores``), read from the pipe
 _PIPE_BYTES = 1 << 16  # what a Linux pipe holds by default (pipe(7)): 16,384 positions
 
 
@@ -75,25 +75,33 @@ def _analyse_on_two_cores(space: Space, order: list[Candidate], progress, resume
     process, and what neither analysed (a candidate the copy pruned with evidence this run does not
     have, or all of the copy's share if it failed) is analysed then."""
     starts = [i for i, c in enumerate(order) if not (c.offload and i and order[i - 1] == replace(c, offload=False))]
+    # within a level, each layout's first candidate first: the two start on different layouts, whose
+    # first candidates measure different steps (each layout keeps its own order: the same pruning)
+    first: dict = {}
+    for i in starts:
+        first.setdefault((activation_level(order[i]), order[i].lora, order[i].tensor), i)
+    leads = set(first.values())
+    starts.sort(key=lambda i: (activation_level(order[i]), i not in leads, i))
+    twins = [i + 1 < len(order) and order[i + 1] == replace(order[i], offload=True) for i in starts]
+    taken = list(accumulate(1 + t for t in twins))  # candidates claimed once claim k is: what progress says
     if len(starts) * _CLAIM.size > _PIPE_BYTES:  # more than the pipe holds at once: one core
         return
     _shared_first(space, order)
     r, w = os.pipe()
-    os.write(w, b"".join(_CLAIM.pack(i) for i in starts))
+    os.write(w, b"".join(_CLAIM.pack(k) for k in range(len(starts))))
     os.close(w)  # read to its end, each process sees EOF
     at, folder, parent = measure_cache.mark(), tempfile.mkdtemp(prefix="shardviz-search-"), os.getpid()
 
     def claim_and_analyse(progress_of=None) -> dict:
         ev, mine = Evidence(), {}
         while len(data := os.read(r, _CLAIM.size)) == _CLAIM.size:
-            i, = _CLAIM.unpack(data)
-            twin = i + 1 < len(order) and order[i + 1] == replace(order[i], offload=True)
-            for c in order[i:i + 1 + twin]:
+            k, = _CLAIM.unpack(data)
+            for c in order[starts[k]:starts[k] + 1 + twins[k]]:
                 _evaluate(space, ev, c, resume)
                 if c in resume:
                     mine[c] = resume[c]
             if progress_of is not None:
-                progress_of(i + 1 + twin, len(order))  # claimed in order: as many taken by the two so far
+                progress_of(taken[k], len(order))  # claimed in order: as many taken by the two so far
         return mine
 
     def elsewhere():
