@@ -93,6 +93,8 @@ def real_step(model: nn.Module, inputs=None, seq: int = SEQ, at: bool = False):
     names = {id(m): n for n, m in model.named_modules()}
     per_module = {}
     for mod, stats in tracker.memory_tracking.items():
+        if id(mod) not in names:  # a function run as a module outside the model (transformers 5.25 with kernels)
+            continue
         fqn = names[id(mod)].replace("._checkpoint_wrapped_module", "").replace("_checkpoint_wrapped_module", "")
         if fqn in per_module:  # a checkpoint wrapper and the module it wraps: keep the outer one
             continue

@@ -29,14 +29,21 @@ def qwen2():
                                         num_attention_heads=8, num_key_value_heads=4, vocab_size=128))
 
 
+# Mixtral's experts in its own TP plan up to transformers 5.24; 5.25 moved them to ``base_model_ep_plan``
+# (expert parallelism), leaving them whole under TP. Set on the config, the plan is the same on both
+EXPERTS_TP = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise", "layers.*.mlp.experts.down_proj": "rowwise",
+              "layers.*.mlp.experts": "moe_tp_experts"}
+
+
 def mixtral():
     """MoE: 4 experts per layer, their packed gate_up_proj and down_proj tensor-parallel."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    return MixtralForCausalLM(MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
-                                            num_local_experts=4, num_experts_per_tok=2))
+    config = MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, vocab_size=128, num_local_experts=4, num_experts_per_tok=2)
+    config.base_model_tp_plan = {**config.base_model_tp_plan, **EXPERTS_TP}
+    return MixtralForCausalLM(config)
 
 
 # -- the mesh ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ Imported only when a step is measured (``torch.distributed._tools`` takes a seco
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import torch
@@ -18,6 +19,13 @@ from torch.utils._pytree import tree_flatten
 from . import opcost, stop
 from .kvcache import CacheTracker
 from .profile import ModuleEvent
+
+# transformers 5.25 with ``kernels`` installed runs some functions as module instances shared by every
+# layer (``kernels``' ``_create_func_module``: ``Func``, outside the model). ModTracker names them all
+# "Func" and warns at each nested call that its hierarchy may be wrong; the model's own modules, which
+# are what is measured here, are named and timed the same either way (the profile is identical under
+# 5.24): the warning would only repeat on every measurement
+warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
 
 ACTIVATION_KINDS = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
 ATTENTION_OPS = frozenset({
