@@ -24,7 +24,9 @@ WIDTH = 100
 TOP_FINDINGS = 5
 
 
-_QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate", "torchao", "torch.utils._pytree")  # torchao: its missing CUDA kernels
+# torchao: its missing CUDA kernels; kernels (transformers 5.25's dependency): bitsandbytes asks it for a
+# hub kernel at import, and offline it says it skips the publisher check
+_QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate", "torchao", "torch.utils._pytree", "kernels")
 _QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 
