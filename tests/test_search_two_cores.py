@@ -196,3 +196,50 @@ def test_without_fork_two_workers_run_in_one_process(model, mesh, copies, monkey
     monkeypatch.setenv("SHARDVIZ_FORK", "0")
     s = sv.search(model, mesh=mesh, training=TRAINING, workers=2)
     assert copies == [] and s.table.analysed.any()
+
+
+def _first_level_and_later_leads(model, mesh):
+    """The search's space, its candidates in pruning order, the first level's first candidate
+    (LoRA sharded) and the first candidate of each later level and layout (``running.measure_ahead``'s)."""
+    from shardviz.search import _space, candidates
+    from shardviz.search.pruning import activation_level, pruning_order
+
+    space, _ = _space(model, mesh, TRAINING, (False, True), (1,))
+    order = pruning_order(candidates(space))
+    level0 = activation_level(order[0])
+    later = list({(activation_level(c), c.lora): c for c in order if activation_level(c) != level0}.values())
+    return space, order[0], later
+
+
+def test_measuring_ahead_measures_the_step_a_later_level_needs(model, mesh, monkeypatch, tmp_path):
+    """Once the first level's plan of a layout fits, the first later plan of that layout the evidence
+    does not prune is measured ahead: its analysis then measures nothing."""
+    from shardviz.search.pruning import Evidence, pruned_by
+
+    measured = _steps_measured(monkeypatch, tmp_path)
+    clear_cache()
+    space, first, later = _first_level_and_later_leads(model, mesh)
+    ev = Evidence()
+    assert running._evaluate(space, ev, first, {}).fits  # the premise: the first level fits (this mesh)
+    before = len(measured())
+    ahead = running.measure_ahead(space, ev, later)
+    assert ahead is not None and ahead.lora == first.lora and ahead.checkpoint != first.checkpoint
+    assert pruned_by(space, ev, ahead) is None
+    assert len(measured()) == before + 1  # its step, measured now
+    space.analysis(ahead).memory  # noqa: B018
+    assert len(measured()) == before + 1  # and not again when its level comes
+
+
+def test_nothing_is_measured_ahead_for_a_layout_not_known_to_fit(model, mesh, monkeypatch, tmp_path):
+    from shardviz.search.pruning import Evidence
+
+    measured = _steps_measured(monkeypatch, tmp_path)
+    clear_cache()
+    space, first, later = _first_level_and_later_leads(model, mesh)
+    assert running.measure_ahead(space, Evidence(), later) is None  # nothing analysed yet: no guess
+    small = replace(mesh, device_memory=mesh.device_memory // 4)  # the first level is over this device
+    space, first, later = _first_level_and_later_leads(model, small)
+    ev = Evidence()
+    assert not running._evaluate(space, ev, first, {}).fits
+    before = len(measured())
+    assert running.measure_ahead(space, ev, later) is None and len(measured()) == before

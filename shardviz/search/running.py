@@ -68,7 +68,8 @@ def _analyse_on_two_cores(space: Space, order: list[Candidate], progress, resume
     (``shardviz.forked``: analysing is Python, one core per process). Each takes the next candidate
     from one pipe holding every position in order (a read of 4 bytes is atomic: no lock, and a killed
     copy leaves the pipe whole), with its twin with CPU offload (``pruning_order`` puts it next: it is
-    pruned when the one without fits), prunes them with what it analysed itself, else analyses them.
+    pruned when the one without fits), prunes them with what it analysed itself, else analyses them;
+    one claim, after the first level's leads, measures the next level's step ahead (``measure_ahead``).
     A step both need is measured by one of them (``measure_cache.measure_once``, through a folder
     they share), and the copy's analyses and the steps it measured come back (``measure_cache.adopt``). ``run`` then
     goes through ``order`` once more with all of them: the same evidence, so the same rows as one
@@ -87,8 +88,13 @@ def _analyse_on_two_cores(space: Space, order: list[Candidate], progress, resume
     if len(starts) * _CLAIM.size > _PIPE_BYTES:  # more than the pipe holds at once: one core
         return
     _shared_first(space, order)
+    # one more claim, number len(starts), once the first level's leads are claimed: measure ahead
+    level0 = activation_level(order[starts[0]])
+    claims = list(range(len(starts)))
+    claims.insert(sum(i in leads and activation_level(order[i]) == level0 for i in starts), len(starts))
+    later_leads = [order[i] for i in starts if i in leads and activation_level(order[i]) != level0]
     r, w = os.pipe()
-    os.write(w, b"".join(_CLAIM.pack(k) for k in range(len(starts))))
+    os.write(w, b"".join(_CLAIM.pack(k) for k in claims))
     os.close(w)  # read to its end, each process sees EOF
     at, folder, parent = measure_cache.mark(), tempfile.mkdtemp(prefix="shardviz-search-"), os.getpid()
 
@@ -96,6 +102,9 @@ def _analyse_on_two_cores(space: Space, order: list[Candidate], progress, resume
         ev, mine = Evidence(), {}
         while len(data := os.read(r, _CLAIM.size)) == _CLAIM.size:
             k, = _CLAIM.unpack(data)
+            if k == len(starts):
+                measure_ahead(space, ev, later_leads)
+                continue
             for c in order[starts[k]:starts[k] + 1 + twins[k]]:
                 _evaluate(space, ev, c, resume)
                 if c in resume:
@@ -124,6 +133,25 @@ def _analyse_on_two_cores(space: Space, order: list[Candidate], progress, resume
         measure_cache.adopt(at, kept)
         for c, done in theirs.items():
             resume.setdefault(c, done)
+
+
+def measure_ahead(space: Space, ev: Evidence, leads: list[Candidate]) -> Candidate | None:
+    """Measure the step of the first of ``leads`` (the first candidates of the later levels) that
+    ``ev`` does not prune and whose layout and tensor degree fit in an analysis of ``ev``; return it
+    (None: no such lead, nothing measured). On two cores the later levels' claims come after every
+    claim of the first level: the process first out of claims there measured the step the next
+    level needs while the other, needing it too, waited (``measure_cache.measure_once``). Measured
+    ahead, it is ready when the level comes. A guess: when the rest of the first level proves the
+    later level over the device, it was not needed (one step measured for nothing, on one core)."""
+    fits = {(c.lora, c.tensor) for c, fit in ev.fitting.items() if fit}
+    for c in leads:
+        if (c.lora, c.tensor) in fits and pruned_by(space, ev, c) is None:
+            try:
+                space.analysis(c).activation_profile  # noqa: B018 - kept (measure_cache), read by the other
+            except Exception:  # noqa: BLE001 - a guess: the candidate's own analysis meets the error, if made
+                return None
+            return c
+    return None
 
 
 def _shared_first(space: Space, order: list[Candidate]) -> None:
