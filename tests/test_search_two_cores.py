@@ -243,3 +243,17 @@ def test_nothing_is_measured_ahead_for_a_layout_not_known_to_fit(model, mesh, mo
     assert not running._evaluate(space, ev, first, {}).fits
     before = len(measured())
     assert running.measure_ahead(space, ev, later) is None and len(measured()) == before
+
+
+def test_plan_search_on_the_command_line_runs_on_two_cores(model, mesh, copies, tmp_path, capsys):
+    """``shardviz plan search`` analyses on two cores, and writes the plan one process finds."""
+    from shardviz.cli import main
+
+    out = tmp_path / "plan.json"
+    rc = main(["plan", "search", "zoo:tiny_llama_lora", "--world-size", "8", "--device", "H100",
+               "--device-memory", f"{mesh.device_memory}B", "--memory-reserve", "0", "--judge", "allocated",
+               "--safety-margin", "0", "--batch-size", str(TRAINING.batch_size), "--seq-len", str(TRAINING.seq_len),
+               "--param-dtype", "none", "--reduce-dtype", "none", "-o", str(out)])
+    assert rc == 0 and "shardviz: Run LoRA" in capsys.readouterr().err
+    assert len(copies) == 1 and copies[0].ok
+    assert sv.Plan.from_json(out.read_text()) == sv.search(model, mesh=mesh, training=TRAINING).best

@@ -261,7 +261,7 @@ def cmd_plan_search(args) -> int:
     mesh, training, notes = resolve_setup(args)
     _, tree = build_model(args)
     try:
-        s = search(tree, mesh=mesh, training=training)
+        s = search(tree, mesh=mesh, training=training, workers=2)  # on two cores where it can fork (Linux)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     answer(search_table(s, args.top))
