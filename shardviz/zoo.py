@@ -30,6 +30,8 @@ from importlib import resources
 import torch
 from torch import nn
 
+from .libraries import MODEL_BASE, import_quietly
+
 #: Builders in the order a CLI should list them; ``build("zoo:<name>")`` works too.
 NAMES = (
     "tiny_llama_lora",
@@ -69,6 +71,7 @@ def load_config(name: str):
 def _auto_class(task: str):
     import transformers
 
+    import_quietly(MODEL_BASE)  # what it imports says things that are not the caller's (``shardviz.libraries``)
     return {
         "CAUSAL_LM": transformers.AutoModelForCausalLM,
         "SEQ_2_SEQ_LM": transformers.AutoModelForSeq2SeqLM,
@@ -83,6 +86,7 @@ def _add_lora(model: nn.Module, task: str, **lora_kwargs) -> nn.Module:
     call, and (for fused MoE experts) the rank/alpha pattern peft itself adds
     for ``gate_up_proj``, which it applies and then reports as "unmatched".
     """
+    import_quietly("peft")  # its imports' messages (torchao's CUDA kernels...) are not the caller's (``libraries``)
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(task_type=task, lora_dropout=0.0, **lora_kwargs)

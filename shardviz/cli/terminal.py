@@ -12,21 +12,17 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import textwrap
-import warnings
 
+from ..libraries import quiet_messages
 from ..views import display
 
 WIDTH = 100
 TOP_FINDINGS = 5
 
 
-# torchao: its missing CUDA kernels; kernels (transformers 5.25's dependency): bitsandbytes asks it for a
-# hub kernel at import, and offline it says it skips the publisher check
-_QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate", "torchao", "torch.utils._pytree", "kernels")
 _QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 
@@ -38,18 +34,10 @@ def quiet_libraries():
     saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
-    # libraries that log through the standard logging module (bitsandbytes, imported by peft, says at
-    # import that an optional CPU kernel package is missing): only their errors reach the terminal
-    quiet = {name: logging.getLogger(name) for name in _QUIET_LOGGERS}
-    levels = {name: log.level for name, log in quiet.items()}
-    for log in quiet.values():
-        log.setLevel(logging.ERROR)
     hf_logging = sys.modules["transformers"].logging if "transformers" in sys.modules else None
     verbosity = hf_logging.get_verbosity() if hf_logging is not None else None
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore")
-            warnings.filterwarnings("default", module=r"shardviz(\.|$)")
+    try:  # the libraries' loggers pass only their errors, and only shardviz's warnings show
+        with quiet_messages():
             if hf_logging is not None:
                 hf_logging.set_verbosity_error()
             yield
@@ -59,8 +47,6 @@ def quiet_libraries():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        for name, log in quiet.items():
-            log.setLevel(levels[name])
         if hf_logging is not None:
             hf_logging.set_verbosity(verbosity)
         elif "transformers" in sys.modules:  # imported during the command, quiet from its env: back to its default

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..libraries import MODEL_BASE, import_quietly
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 CONFIG_FILE = "config.json"
 ADAPTER_FILE = "adapter_config.json"
@@ -132,6 +134,8 @@ def load_config(path):
 def _model_class(file: Path, obj_config):
     """The class ``architectures`` names, or the causal-LM / seq2seq auto class when the field is absent."""
     import transformers
+
+    import_quietly(MODEL_BASE)  # what it imports says things that are not the caller's (``shardviz.libraries``)
     from transformers import PreTrainedModel
 
     archs = getattr(obj_config, "architectures", None)
@@ -192,7 +196,7 @@ def load_adapter_config(path):
     """A peft config from an ``adapter_config.json`` (file or folder), ready to train (not inference mode)."""
     import dataclasses
 
-    import peft
+    peft = import_quietly("peft")  # its imports' messages are not the caller's (``shardviz.libraries``)
     from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
 
     file, obj = read_json(path, ADAPTER_FILE)
