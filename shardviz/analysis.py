@@ -177,10 +177,16 @@ class Analysis:
                              "exists: pass the nn.Module (or a ModelTree of a live module) to analyze")
         return self.model
 
+    @property
+    def measured_model(self):
+        """The module whose step is measured: the model, or with tensor parallelism one tensor rank's
+        local copy of it (its local parameters, the gathers its styles do; made once per degree)."""
+        return self._tp_local_model if self.tp_placements else self._live_model()
+
     def _measure(self, batch_size: int, seq_len: int) -> MeasuredStep:
-        model, tree, lay, t = self._live_model(), self.tree, self.layout, self.training
-        if self.tp_placements:  # one tensor rank's step: its local parameters, the gathers its styles do
-            model, tree = self._tp_local_model, None
+        model, tree, lay, t = self.measured_model, self.tree, self.layout, self.training
+        if self.tp_placements:
+            tree = None  # the local copy's own walk
         # parameters FSDP leaves whole keep their dtype under mixed precision: only then do they matter
         whole = frozenset(f for p in self.tree.params if lay.param_status[p.index] != "sharded" for f in p.fqns) \
             if t.param_dtype else frozenset()

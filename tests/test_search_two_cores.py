@@ -257,3 +257,23 @@ def test_plan_search_on_the_command_line_runs_on_two_cores(model, mesh, copies, 
     assert rc == 0 and "shardviz: Run LoRA" in capsys.readouterr().err
     assert len(copies) == 1 and copies[0].ok
     assert sv.Plan.from_json(out.read_text()) == sv.search(model, mesh=mesh, training=TRAINING).best
+
+
+def test_steps_the_copy_measures_on_a_tensor_parallel_copy_come_back(model, mesh, copies, monkeypatch, tmp_path):
+    """Every plan at TP 2: each step is measured on one tensor rank's local copy of the model (made once
+    per degree). Those the forked copy measured are kept here too: analysing the rows again measures
+    nothing. This process analyses nothing while the copy runs (it takes a claim now and then), so the
+    copy's steps reach it only as the copy's results."""
+    measured = _steps_measured(monkeypatch, tmp_path)
+    parent, real = os.getpid(), running._evaluate
+    monkeypatch.setattr(running, "_evaluate", lambda *a: time.sleep(0.5) if os.getpid() == parent and not copies[0].done.is_set()
+                        else real(*a))
+    clear_cache()
+    two = sv.search(model, mesh=mesh, training=TRAINING, tensor=(2,), workers=2)
+    assert copies[0].ok and set(two.table.tensor) == {2}
+    steps = measured()
+    assert str(copies[0].pid) in {pid for pid, _ in steps}  # the premise: the copy measured some
+    for i, r in enumerate(two.rows):
+        if r.analysed:
+            sv.analyze(model, *two.candidate(i)).memory  # noqa: B018
+    assert measured() == steps

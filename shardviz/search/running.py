@@ -156,12 +156,16 @@ def measure_ahead(space: Space, ev: Evidence, leads: list[Candidate]) -> Candida
 
 def _shared_first(space: Space, order: list[Candidate]) -> None:
     """What both processes would compute for their first candidate of each layout (its model-state
-    peak, its calls' unsharded bytes: ``Space`` keeps them), computed here once before the fork."""
+    peak, its calls' unsharded bytes: ``Space`` keeps them), computed here once before the fork; and
+    each tensor degree's local copy of the model, with its entry in the measurement cache: the copy's
+    steps measured on it come back only for a model the cache held at the fork (``measure_cache.mark``)."""
     for c in {(c.lora, c.tensor, c.quant): c for c in order}.values():
         try:
             space.state_peak(c)
             if any(o.reshard_after_forward not in (None, True) for o in order):
                 space.unsharded(c)
+            if c.tensor > 1 and c.batch_size is not None:
+                measure_cache.entry_of(space.analysis(c).measured_model, None)
         except PlanError:  # raised again where one process would meet it
             pass
 
