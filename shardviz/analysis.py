@@ -181,7 +181,8 @@ class Analysis:
     def measured_model(self):
         """The module whose step is measured: the model, or with tensor parallelism one tensor rank's
         local copy of it (its local parameters, the gathers its styles do; made once per degree)."""
-        return self._tp_local_model if self.tp_placements else self._live_model()
+        model = self._live_model()  # none left: the error that says so
+        return self._tp_local_model if self.tp_placements else model
 
     def _measure(self, batch_size: int, seq_len: int) -> MeasuredStep:
         model, tree, lay, t = self.measured_model, self.tree, self.layout, self.training
