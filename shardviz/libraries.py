@@ -2,10 +2,9 @@
 
 transformers' model base (``MODEL_BASE``, imported when a model is built: ``zoo``, ``model.load``) and
 peft (when LoRA is added or an adapter read) import torchao and bitsandbytes when they are installed
-(``shardviz[qlora,torchao]``). At import, torchao says
-its CUDA kernels failed to load (on a CPU machine), torch says torchao registers enums as pytree
-constants, and bitsandbytes (through ``kernels``) says it could not fetch a CPU 4-bit kernel from the
-hub (offline). Under a notebook cell that builds a model on the meta device, five such lines read as
+(``shardviz[qlora,torchao]``). At import, torchao says its CUDA kernels failed to load (on a CPU
+machine), torch says torchao registers enums as pytree constants, and bitsandbytes (through
+``kernels``) says it could not fetch a CPU 4-bit kernel from the hub (offline). Under a notebook cell that builds a model on the meta device, five such lines read as
 failures of shardviz; none concerns what it computes (no kernel runs on meta). ``import_quietly``
 imports such a library with them hidden (``quiet_messages``, which the command line holds while it
 runs: ``cli.terminal.quiet_libraries``). Errors still show.
@@ -24,6 +23,8 @@ from types import ModuleType
 # torchao: its missing CUDA kernels; kernels (transformers 5.25's dependency): bitsandbytes asks it for a
 # hub kernel at import, and offline it says it skips the publisher check
 QUIET_LOGGERS = ("bitsandbytes", "peft", "accelerate", "torchao", "torch.utils._pytree", "kernels")
+#: what imports torchao and bitsandbytes when a model is built: transformers' model base (its quantizers)
+MODEL_BASE = "transformers.modeling_utils"
 
 
 @contextlib.contextmanager
@@ -52,6 +53,3 @@ def import_quietly(name: str) -> ModuleType:
     with quiet_messages():
         return importlib.import_module(name)
 
-
-#: what imports torchao and bitsandbytes when a model is built: transformers' model base (its quantizers)
-MODEL_BASE = "transformers.modeling_utils"
