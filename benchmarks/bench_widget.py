@@ -187,6 +187,7 @@ PLAN_MS, SETUP_MS = 300, 1000
 PY_EDITS = [
     ("preset -> LoRA ignored", lambda st: st.apply_preset("ignored"), PLAN_MS),
     ("one block's checkpoint", lambda st: st.toggle_checkpoint(st.blocks()[1]), PLAN_MS),
+    ("un-ignore LoRA on a block", lambda st: st.unignore_lora(st.blocks()[1]), PLAN_MS),
     ("checkpoint all blocks", lambda st: st.checkpoint_blocks(True), PLAN_MS),
     ("uncheckpoint all", lambda st: st.checkpoint_blocks(False), PLAN_MS),
     ("undo", lambda st: st.undo(), PLAN_MS),

@@ -125,7 +125,7 @@ def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(
     real_price, real_forked = Analysis.price, forked.Forked
     monkeypatch.setattr(Analysis, "price", lambda self, *a, **k: priced_here.append(1) or real_price(self, *a, **k))
     monkeypatch.setattr(background.forked, "Forked", lambda *a, **k: copies.append(real_forked(*a, **k)) or copies[-1])
-    monkeypatch.setattr(background, "look_ahead", lambda st, rev=None, findings=True: [])
+    monkeypatch.setattr(background, "look_ahead", lambda st, rev=None, findings=True, measuring=None: [])
     ins = Inspector(model, mesh=OVER, training=TRAINING, background=True)
     inspectors.append(ins)
     assert ins.wait(120)  # the first render priced here: no front end, no look-ahead
@@ -153,7 +153,7 @@ def test_a_new_edit_kills_the_copy_still_pricing(model, monkeypatch, inspectors)
     inspectors.append(ins)
     assert ins.wait(120)
     ins.pushes.ahead = True
-    monkeypatch.setattr(background, "look_ahead", lambda st, rev=None, findings=True: [])
+    monkeypatch.setattr(background, "look_ahead", lambda st, rev=None, findings=True, measuring=None: [])
     monkeypatch.setattr(Analysis, "price", lambda self, *a, **k: time.sleep(600))  # in the copy: never done
     assert ins.handle_action("set_training", {"seq_len": 48})["ok"]
     deadline = time.time() + 60

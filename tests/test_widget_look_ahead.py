@@ -1,8 +1,8 @@
 """The Inspector measures ahead what the next edit likely needs (issue 37): once an edit's findings
-are sent, the worker measures the other parameter dtype, half the sequence, a block checkpointed,
-TP 2 and the LoRA presets into the measurement caches, so that the edit itself measures nothing
-and shows its full numbers in milliseconds. What it leaves in the caches is what torch measures
-for that state: the numbers after the edit equal a fresh measurement's."""
+are sent, the worker measures the other parameter dtype, half the sequence, a block checkpointed, a
+block's LoRA ignored or given back, TP 2 and the LoRA presets into the measurement caches, so that the
+edit itself measures nothing and shows its full numbers in milliseconds. What it leaves in the caches
+is what torch measures for that state: the numbers after the edit equal a fresh measurement's."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def fresh_peak(model, st) -> int:
     lambda st: st.set_training(param_dtype="float32"),
     lambda st: st.set_training(seq_len=32),
     lambda st: st.toggle_checkpoint(st.blocks()[1]),
+    lambda st: st.ignore_lora(st.blocks()[1]),
     lambda st: st.apply_preset("ignored"),
     lambda st: st.set_tensor(2),
 ])
@@ -65,12 +66,16 @@ def test_after_the_look_ahead_the_edit_measures_nothing(model, runs, edit):
     assert peak == fresh_peak(model, st)  # and what was kept is what torch measures for this state
 
 
-def test_without_the_look_ahead_the_same_edit_measures(model, runs):
+@pytest.mark.parametrize("edit", [
+    lambda st: st.set_training(param_dtype="float32"),
+    lambda st: st.ignore_lora(st.blocks()[1]),  # its LoRA computes in float32 now: a new block variant
+])
+def test_without_the_look_ahead_the_same_edit_measures(model, runs, edit):
     clear_cache()
     st = InspectorState(model, mesh=MESH, training=TRAINING)
     st.memory  # noqa: B018
     before = len(runs)
-    st.set_training(param_dtype="float32")
+    edit(st)
     st.memory  # noqa: B018
     assert len(runs) > before  # the premise of the test above: a new dtype is a new measurement
 
@@ -94,7 +99,7 @@ def test_the_look_ahead_is_idle_work_and_the_next_edit_stops_it(model, monkeypat
     clear_cache()
     started, release = threading.Event(), threading.Event()
 
-    def slow(st, rev=None, findings=True):
+    def slow(st, rev=None, findings=True, measuring=None):
         started.set()
         while not release.is_set():
             stop.check()  # as the real look-ahead checks between its steps: the edit's cancel stops it
@@ -108,3 +113,58 @@ def test_the_look_ahead_is_idle_work_and_the_next_edit_stops_it(model, monkeypat
     assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # cancels it, does not wait for it
     assert ins.wait(120) and ins.memory["max_peak"] == fresh_peak(model, ins.controller)
     release.set()
+
+
+def test_after_a_block_edit_the_look_ahead_measures_the_block_edits_first(model, runs):
+    """Once the user edits single blocks, another block edit is the likeliest next one: its step is
+    measured before the LoRA presets'; in a plan that treats every block alike the presets come first."""
+    clear_cache()
+    st = InspectorState(model, mesh=MESH, training=TRAINING)
+    assert [what for what, _ in background.next_edits(st)][0].startswith("preset")
+    st.toggle_checkpoint(st.blocks()[1])
+    st.memory  # noqa: B018
+    assert [what for what, _ in background.next_edits(st)][:2] == ["one block's checkpoint", "one block's LoRA"]
+    assert background.look_ahead(st, st.revision, findings=False)[:2] == ["one block's checkpoint", "one block's LoRA"]
+    before = len(runs)
+    st.ignore_lora(st.blocks()[1])  # the block both checkpointed and its LoRA ignored: measured ahead
+    assert st.memory["max_peak"] and len(runs) == before
+    st.apply_preset("ignored")  # every block's LoRA ignored (block 1 still checkpointed)
+    assert [what for what, _ in background.next_edits(st)][0] == "one block's checkpoint"
+    st.checkpoint_blocks(False)
+    assert [what for what, _ in background.next_edits(st)][0].startswith("preset")
+
+
+def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, monkeypatch):
+    """The user makes the edit the look-ahead is measuring at that moment: the edit waits for that
+    measurement to end instead of stopping it and measuring the same step again."""
+    from shardviz.widget import plan_actions
+
+    clear_cache()
+    ins = Inspector(model, mesh=MESH, training=TRAINING, background=True)
+    assert ins.wait(120)
+    target = plan_actions.preset_keeping_checkpointing(ins.controller, "ignored")[0].plan
+    worker = ins.pushes.worker
+    started, proceed, keys, gated_key = threading.Event(), threading.Event(), [], []
+    real = measure_mod.measure_once
+
+    def gated(key, fn):
+        def run():
+            keys.append(key)
+            ahead = worker.ahead_step
+            if ahead is not None and ahead[0][0] == target and not started.is_set():
+                gated_key.append(key)
+                started.set()
+                while not proceed.wait(0.01):
+                    stop.check()  # a cancel would stop it here, and the edit would measure it again
+            return fn()
+        return real(key, run)
+
+    monkeypatch.setattr(measure_mod, "measure_once", gated)
+    ins.pushes.ahead = True
+    assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # its look-ahead measures preset "ignored" first
+    assert started.wait(120)
+    threading.Timer(0.3, proceed.set).start()
+    assert ins.handle_action("apply_preset", {"name": "ignored"})["ok"]  # waits for the look-ahead's step
+    assert ins.plan == target and ins.wait(120)
+    assert keys.count(gated_key[0]) == 1  # measured once, by the look-ahead, not again by the edit
+    assert ins.memory["max_peak"] == fresh_peak(model, ins.controller)

@@ -11,11 +11,12 @@ once it has ended, so that two measurements never run at once (they patch module
 while they run).
 
 Once an edit's first findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
-measures what the likely next edits need (the LoRA presets, one block checkpointed, every block,
-the other parameter dtype, half the sequence, TP 2, then Suggest's whole search) into the
-measurement caches, so that the edit itself finds its step measured and Suggest its rows. The
-look-ahead is invisible: once the findings are priced, the widget is idle (``Worker.busy`` is False,
-``wait()`` returns), and the next edit cancels it like any job.
+measures what the likely next edits need (the LoRA presets, one block checkpointed, one block's
+LoRA, every block, the other parameter dtype, half the sequence, TP 2, then Suggest's whole search)
+into the measurement caches, so that the edit itself finds its step measured and Suggest its rows.
+The look-ahead is invisible: once the findings are priced, the widget is idle (``Worker.busy`` is
+False, ``wait()`` returns), and the next edit cancels it like any job, unless the look-ahead is
+measuring that edit's very step: that measurement goes on to its end (``BackgroundPush.stop``).
 
 On Linux, SV201's what-ifs are priced meanwhile in a forked copy of the kernel (``price_in_fork``;
 elsewhere, on the worker before the look-ahead): measuring is Python that holds the GIL, so a
@@ -27,6 +28,7 @@ here too. A new edit kills the copy.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import gc
 import threading
@@ -50,6 +52,10 @@ PRICING = "pricing the findings' what-ifs (SV201's fixes)"
 
 #: How long an edit without a micro-batch waits for its numbers on the worker (they take ms).
 NUMBERS_WAIT_S = 1.0
+
+#: How long an edit waits for the look-ahead to finish measuring that very edit's step (a 70B step
+#: takes about a second) before it stops the look-ahead and measures the step itself.
+FINISH_AHEAD_S = 3.0
 
 
 _FROZEN = False
@@ -99,6 +105,8 @@ class Worker:
         self.settled = threading.Event()
         self.settled.set()
         self.job = 0  # counts the jobs started: ``settle(job)`` from another thread settles that job only
+        #: the look-ahead's step being measured: its (plan, mesh, training) and an Event set once it is done
+        self.ahead_step: tuple | None = None
 
     @property
     def busy(self) -> bool:
@@ -131,12 +139,33 @@ class Worker:
         finally:
             self.settled.set()
 
-    def cancel(self) -> bool:
+    @contextlib.contextmanager
+    def measuring_ahead(self, inputs: tuple):
+        """Around the look-ahead's measurement of the step of ``inputs`` (plan, mesh, training)."""
+        step = self.ahead_step = (inputs, threading.Event())
+        try:
+            yield
+        finally:
+            step[1].set()
+            self.ahead_step = None
+
+    def finishing_ahead(self, inputs: tuple) -> threading.Event | None:
+        """The Event of the look-ahead's measurement when it measures the step of ``inputs``."""
+        step = self.ahead_step
+        t = self._thread
+        if step is None or t is None or not t.is_alive() or step[0] != inputs:
+            return None
+        return step[1]
+
+    def cancel(self, finish: threading.Event | None = None) -> bool:
         """Stop the running job and wait for it to end: True when its visible work was stopped,
-        False when none ran or only the look-ahead (stopped too)."""
+        False when none ran or only the look-ahead (stopped too). With ``finish`` (from
+        ``finishing_ahead``), the look-ahead first measures to the end the step the edit needs."""
         t = self._thread
         if t is None or t is threading.current_thread() or not t.is_alive():
             return False
+        if finish is not None:
+            finish.wait(FINISH_AHEAD_S)
         visible = not self.settled.is_set()
         stop.request(t.ident)  # it stops itself at its next check (activations.stop: never an injected exception)
         t.join(30)
@@ -256,11 +285,11 @@ class BackgroundPush:
             self.push_rest(rev)
             self.worker.settle()
             if self.ahead:
-                look_ahead(st, rev)
+                look_ahead(st, rev, measuring=self.worker.measuring_ahead)
             return
         pricer = self.price_in_fork(rev)
         try:
-            look_ahead(st, rev)
+            look_ahead(st, rev, measuring=self.worker.measuring_ahead)
             while not pricer.done.wait(0.01):
                 stop.check()
             if not pricer.ok:
@@ -399,12 +428,18 @@ class BackgroundPush:
             w.push_messages()
         return True
 
-    def stop(self) -> None:
-        """Before the state changes: cancel the running job (it was for the state left behind)."""
+    def stop(self, to=None) -> None:
+        """Before the state changes (to the snapshot ``to``): cancel the running job (it was for the
+        state left behind). When the look-ahead measures ``to``'s very step, that step goes on to its
+        end first, rather than be measured again."""
         w = self.widget
         st = w.controller
         searching = st.suggest_status.get("state") == "running"
-        if self.worker.cancel():
+        finish = None if to is None else self.worker.finishing_ahead((to.plan, to.mesh, to.training))
+        if finish is not None:
+            with self.lock:
+                w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": st.revision}
+        if self.worker.cancel(finish):
             self.interrupted = True
             if searching:
                 st.suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
@@ -434,12 +469,17 @@ def next_edits(st) -> list[tuple[str, object]]:
         return []
     plan, mesh, tr = st.plan, st.mesh, st.training
     blocks = st.blocks()
-    out: list[tuple[str, object]] = []
-    for key in plan_actions.PRESETS:  # first: the LoRA layouts compared are the question the tool is for
-        if key in ("ignored", "sharded", "separate"):
-            out.append((f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr)))
+    presets = [(f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr))
+               for key in plan_actions.PRESETS if key in ("ignored", "sharded", "separate")]
+    rows = []
+    if len(blocks) > 1:  # block 1 stands for any block but the first: they share the measured copy's variants
+        rows.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
+        if plan_actions.lora_params(st.tree, blocks[1]):  # a new variant of the block: a new measurement
+            rows.append(("one block's LoRA", lambda: (plan_actions.toggle_lora(st, blocks[1]), mesh, tr)))
+    # first the LoRA layouts compared (the question the tool is for), unless the user is editing single
+    # blocks: then the next edit is likely another block's
+    out = rows + presets if plan_actions.blocks_differ(st) else presets + rows
     if len(blocks) > 1:
-        out.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
         out.append(("every block's checkpoint", lambda: (plan_actions.checkpoint_blocks(st, not plan.checkpoint), mesh, tr)))
     other = "float32" if tr.param_dtype == "bfloat16" else "bfloat16"
     out.append((f"param dtype {other}", lambda: (plan, mesh, setup_actions.training_edit(st, param_dtype=other).training)))
@@ -457,10 +497,12 @@ def next_edits(st) -> list[tuple[str, object]]:
     return out
 
 
-def look_ahead(st, rev: int | None = None, findings: bool = True) -> list[str]:
+def look_ahead(st, rev: int | None = None, findings: bool = True, measuring=None) -> list[str]:
     """Measure what ``next_edits`` need into the caches (the activations per layout, TP's local
     model), then (``findings``) their findings' what-ifs; stops when the state moves on from ``rev``
-    (the worker is cancelled then anyway). Returns what it measured. A failure is left to the edit."""
+    (the worker is cancelled then anyway). Returns what it measured. A failure is left to the edit.
+    ``measuring(inputs)``: a context around each step measured (``Worker.measuring_ahead``: an edit
+    that needs that very step lets it finish)."""
     done, analyses = [], []
     for what, edit in next_edits(st):
         stop.check()
@@ -472,9 +514,10 @@ def look_ahead(st, rev: int | None = None, findings: bool = True) -> list[str]:
                 done.append(what)
                 continue
             plan, mesh, training = inputs
-            a = analyze(st.tree, plan, mesh, training, strict=False, torch_version=st.torch_version)
-            a.memory  # noqa: B018 - measures the step: the cache keeps it
-            a.step  # noqa: B018
+            with measuring(inputs) if measuring else contextlib.nullcontext():
+                a = analyze(st.tree, plan, mesh, training, strict=False, torch_version=st.torch_version)
+                a.memory  # noqa: B018 - measures the step: the cache keeps it
+                a.step  # noqa: B018
         except Exception:  # noqa: BLE001 - the edit, if made, says why
             continue
         done.append(what)

@@ -94,7 +94,7 @@ class InspectorState:
         self.listeners: list[Callable[[Change], None]] = []
         #: called before the current analysis or a derived view is replaced (the widget stops its
         #: background work there, so that nothing computed for the old state lands in the new one)
-        self.before_change: list[Callable[[], object]] = []
+        self.before_change: list[Callable[[Snapshot | None], object]] = []
         self.revision = 0
         self.timings: dict[str, float] = {}
         self._code_cache: dict = {}
@@ -169,9 +169,10 @@ class InspectorState:
         for cb in list(self.listeners):
             cb(changed)
 
-    def _before_change(self) -> None:
+    def _before_change(self, to: Snapshot | None = None) -> None:
+        """Before the state changes (to ``to``, when it is a new plan, mesh or training)."""
         for cb in list(self.before_change):
-            cb()
+            cb(to)
 
     def say(self, level: str, text: str, notify: bool = True) -> None:
         """A message ("info" or "error") between changes (a change clears them); ``notify``: tell the listeners."""
@@ -211,7 +212,7 @@ class InspectorState:
     def _recompute(self, snap: Snapshot, analysis: Analysis | None = None) -> None:
         """Make ``analysis`` current; every derived view is rebuilt lazily, on first use."""
         t0 = time.perf_counter()
-        self._before_change()
+        self._before_change(snap)
         self.analysis = analysis if analysis is not None else self._analyze(snap)
         self._derived: dict[str, Any] = {}
         self.revision += 1

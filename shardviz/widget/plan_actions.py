@@ -191,6 +191,14 @@ def unignore_lora(state, module_fqn: str = "") -> Plan:
     return _lora_under(state, module_fqn, False)
 
 
+def toggle_lora(state, module_fqn: str) -> Plan:
+    """What a row's LoRA button does: give them back to FSDP when every one is ignored, else ignore them."""
+    tree = state.tree
+    ignored = {tree.param_index[f] for f in state.plan.ignored}
+    every = all(tree.param_index[f] in ignored for f in lora_params(tree, module_fqn))
+    return _lora_under(state, module_fqn, not every)
+
+
 # ------------------------------------------------------------------------------------
 # activation checkpointing
 # ------------------------------------------------------------------------------------
@@ -218,6 +226,16 @@ def toggle_checkpoint(state, fqn: str) -> Plan:
 def repeated_blocks(tree) -> tuple[str, ...]:
     """The repeated blocks ``Plan.auto(model, checkpoint="blocks")`` checkpoints."""
     return Plan.auto(tree, checkpoint="blocks").checkpoint
+
+
+def blocks_differ(state) -> bool:
+    """Whether the plan treats the repeated blocks differently: some checkpointed and some not, or
+    some blocks' LoRA ignored and others' not (the user is editing single blocks)."""
+    plan, tree, blocks = state.plan, state.tree, state.blocks()
+    if 0 < sum(b in plan.checkpoint for b in blocks) < len(blocks):
+        return True
+    ignored = {tree.param_index[f] for f in plan.ignored}
+    return len({any(tree.param_index[f] in ignored for f in lora_params(tree, b)) for b in blocks}) > 1
 
 
 def checkpoint_blocks(state, on: bool = True) -> Plan:

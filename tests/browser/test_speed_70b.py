@@ -20,6 +20,7 @@ import os
 
 import pytest
 from helpers import make_notebook, open_and_run_notebook, save_screenshot
+from inspector_page import expand
 from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -30,6 +31,9 @@ SETUP = (
     "model = zoo.llama3_70b()\n"
     "training = sv.Training(batch_size=1, seq_len=8192)\n"
 )
+LAYERS = "base_model.model.model.layers"
+BLOCK = LAYERS + ".1"
+ROW = f'.sv-row[data-fqn="{BLOCK}"]'
 INSPECTOR = "inspector = sv.Inspector(model, mesh=sv.Mesh(shard=64, device='H100'), training=training)\ninspector"
 
 # Run the notebook's second cell; resolve with ms to the first full numbers and to the findings.
@@ -110,6 +114,8 @@ EDITS = [  # (name, selector, value or None for a click, target ms)
     ("uncheckpoint all", ".sv-ckpt-blocks", None, PLAN_MS),
     ("undo", ".sv-undo", None, PLAN_MS),
     ("redo", ".sv-redo", None, PLAN_MS),
+    ("one block's checkpoint", f"{ROW} .sv-act-ckpt", None, PLAN_MS),
+    ("un-ignore LoRA on a block", f"{ROW} .sv-act-unignore-lora", None, PLAN_MS),
     ("param dtype -> float32", ".sv-param-dtype", "float32", SETUP_MS),
     ("sequence 8192 -> 4096", ".sv-seq", "4096", SETUP_MS),
     ("TP 1 -> 2", ".sv-tensor", "2", SETUP_MS),
@@ -135,6 +141,12 @@ def test_each_edit_to_full_numbers_on_70b_lora(lab_server, shared_lab_page, read
                   [INSPECTOR])
     figures = {"first render": {**page.evaluate(_JS_FIRST, [300_000]), "target": 3000}}
     widget = panel.locator(".sv-inspector").first
+    for fqn in ("base_model", "base_model.model", "base_model.model.model", LAYERS):  # block 1's row
+        expand(widget, fqn)
+    group = widget.locator(".sv-row.sv-kind-group").first
+    if group.locator(".sv-caret").get_attribute("aria-label") == "expand":
+        group.locator(".sv-caret").click()
+    expand(widget, BLOCK)
     for name, sel, value, target in EDITS:
         page.wait_for_timeout(reading_s * 1000)
         figures[name] = {**page.evaluate(_JS_EDIT, [sel, value, 180_000]), "target": target}
