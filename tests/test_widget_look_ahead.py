@@ -164,7 +164,10 @@ def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, mo
     assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # its look-ahead measures preset "ignored" first
     assert started.wait(120)
     threading.Timer(0.3, proceed.set).start()
+    shown = []
+    ins.observe(lambda change: shown.append(change["new"]), names="memory")
     assert ins.handle_action("apply_preset", {"name": "ignored"})["ok"]  # waits for the look-ahead's step
+    assert shown[0]["pending"] and shown[0]["revision"] != ins.controller.revision  # meanwhile: the last numbers, dimmed
     assert ins.plan == target and ins.wait(120)
     assert keys.count(gated_key[0]) == 1  # measured once, by the look-ahead, not again by the edit
     assert ins.memory["max_peak"] == fresh_peak(model, ins.controller)

@@ -436,9 +436,11 @@ class BackgroundPush:
         st = w.controller
         searching = st.suggest_status.get("state") == "running"
         finish = None if to is None else self.worker.finishing_ahead((to.plan, to.mesh, to.training))
-        if finish is not None:
+        if finish is not None:  # meanwhile the last full numbers stay, dimmed, with what is measured
             with self.lock:
                 w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": st.revision}
+                if w.memory and not w.memory.get("pending"):
+                    w.memory = {**w.memory, "pending": "activations being measured"}
         if self.worker.cancel(finish):
             self.interrupted = True
             if searching:
