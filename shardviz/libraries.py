@@ -4,10 +4,11 @@ transformers' model base (``MODEL_BASE``, imported when a model is built: ``zoo`
 peft (when LoRA is added or an adapter read) import torchao and bitsandbytes when they are installed
 (``shardviz[qlora,torchao]``). At import, torchao says its CUDA kernels failed to load (on a CPU
 machine), torch says torchao registers enums as pytree constants, and bitsandbytes (through
-``kernels``) says it could not fetch a CPU 4-bit kernel from the hub (offline). Under a notebook cell that builds a model on the meta device, five such lines read as
-failures of shardviz; none concerns what it computes (no kernel runs on meta). ``import_quietly``
-imports such a library with them hidden (``quiet_messages``, which the command line holds while it
-runs: ``cli.terminal.quiet_libraries``). Errors still show.
+``kernels``) says it could not fetch a CPU 4-bit kernel from the hub (offline). Under a notebook
+cell that builds a model on the meta device, five such lines read as failures of shardviz; none
+concerns what it computes (no kernel runs on meta). ``import_quietly`` imports such a library with
+them hidden (``quiet_messages``, which the command line holds while it runs:
+``cli.terminal.quiet_libraries``). Errors still show.
 """
 
 from __future__ import annotations

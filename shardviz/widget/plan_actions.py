@@ -139,8 +139,13 @@ def _drop_ignored(tree, plan: Plan, params: set[int]) -> Plan:
     return plan.without_ignored([f for f in plan.ignored if tree.param_index[f] in params])
 
 
+def _ignored_params(tree, plan: Plan) -> set[int]:
+    """The tree indices of the parameters the plan ignores."""
+    return {tree.param_index[f] for f in plan.ignored}
+
+
 def _add_ignored(tree, plan: Plan, names: list[str]) -> Plan:
-    have = {tree.param_index[f] for f in plan.ignored}
+    have = _ignored_params(tree, plan)
     return plan.with_ignored([f for f in names if tree.param_index[f] not in have])
 
 
@@ -194,7 +199,7 @@ def unignore_lora(state, module_fqn: str = "") -> Plan:
 def toggle_lora(state, module_fqn: str) -> Plan:
     """What a row's LoRA button does: give them back to FSDP when every one is ignored, else ignore them."""
     tree = state.tree
-    ignored = {tree.param_index[f] for f in state.plan.ignored}
+    ignored = _ignored_params(tree, state.plan)
     every = all(tree.param_index[f] in ignored for f in lora_params(tree, module_fqn))
     return _lora_under(state, module_fqn, not every)
 
@@ -234,7 +239,7 @@ def blocks_differ(state) -> bool:
     plan, tree, blocks = state.plan, state.tree, state.blocks()
     if 0 < sum(b in plan.checkpoint for b in blocks) < len(blocks):
         return True
-    ignored = {tree.param_index[f] for f in plan.ignored}
+    ignored = _ignored_params(tree, plan)
     return len({any(tree.param_index[f] in ignored for f in lora_params(tree, b)) for b in blocks}) > 1
 
 
