@@ -136,7 +136,10 @@ def test_after_a_block_edit_the_look_ahead_measures_the_block_edits_first(model,
 
 def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, monkeypatch):
     """The user makes the edit the look-ahead is measuring at that moment: the edit waits for that
-    measurement to end instead of stopping it and measuring the same step again."""
+    measurement to end instead of stopping it and measuring the same step again, and meanwhile the
+    rows show the edit (the clicked button changes at once) over the last numbers, dimmed. The
+    measurement here ends only once the rows have gone out: rows sent after it would leave it to
+    the 3 s wait, then the edit would measure the step again."""
     from shardviz.widget import plan_actions
 
     clear_cache()
@@ -163,11 +166,18 @@ def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, mo
     ins.pushes.ahead = True
     assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # its look-ahead measures preset "ignored" first
     assert started.wait(120)
-    threading.Timer(0.3, proceed.set).start()
-    shown = []
+    shown, rows_plan = [], []
+    push_rows = ins.push_rows
+
+    def rows_then_proceed(*args, **kwargs):  # the rows of the edited plan, sent while the step is measured
+        push_rows(*args, **kwargs)
+        rows_plan.append(ins.plan)
+        proceed.set()
+
+    monkeypatch.setattr(ins, "push_rows", rows_then_proceed)
     ins.observe(lambda change: shown.append(change["new"]), names="memory")
     assert ins.handle_action("apply_preset", {"name": "ignored"})["ok"]  # waits for the look-ahead's step
-    assert shown[0]["pending"] and shown[0]["revision"] != ins.controller.revision  # meanwhile: the last numbers, dimmed
+    assert rows_plan[0] == target and shown[0]["pending"]  # the rows at once, the numbers still dimmed
     assert ins.plan == target and ins.wait(120)
     assert keys.count(gated_key[0]) == 1  # measured once, by the look-ahead, not again by the edit
     assert ins.memory["max_peak"] == fresh_peak(model, ins.controller)

@@ -196,6 +196,8 @@ class BackgroundPush:
         #: measure the likely next edits once the findings are sent (``look_ahead``): on with a front
         #: end (the Inspector sets it), off for a widget no one sees
         self.ahead = False
+        #: set by ``stop`` when the look-ahead measures the next state's very step (its Event): ``push_state`` waits for it
+        self.finishing = None
 
     def push_state(self, initial: bool = False) -> None:
         """After a change of plan, mesh or training: charts first, then rows, then findings.
@@ -208,14 +210,18 @@ class BackgroundPush:
         so the next edit, which cancels it, never waits for them."""
         w = self.widget
         st = w.controller
-        self.worker.cancel()
+        finishing, self.finishing = self.finishing, None
+        if finishing is None or initial or not w.background:
+            self.worker.cancel(finishing)
         self.interrupted = False
         if initial or not w.background:
             self.push_first(initial)
             return
         rev = st.revision
         t0 = time.perf_counter()
-        interim = self.model_state_numbers()
+        if finishing is not None:
+            self.wait_for_ahead(rev, finishing)
+        interim = None if finishing is not None else self.model_state_numbers()  # measured: the full numbers at once
         st.timings["model_state_s"] = time.perf_counter() - t0
         ready, go = threading.Event(), threading.Event()
 
@@ -242,17 +248,41 @@ class BackgroundPush:
             with self.lock:
                 if ready.is_set():
                     self.push_numbers()
+                    self.push_rows(rev)
                 else:
-                    self.interim_revision = rev
-                    if interim is not None:
-                        self.push_numbers(interim)
-                w.push_rows()
-                w.verify_result = {}
-                w.code = {"stale": True, "revision": rev}
+                    self.push_interim(rev, interim)
                 w.work = self.work_state()
         finally:
             go.set()
         st.timings["numbers_sent_s"] = time.perf_counter() - t0
+
+    def wait_for_ahead(self, rev: int, finishing: threading.Event) -> None:
+        """The look-ahead measures this revision's very step (``finishing``: set once it is measured):
+        the rows show the edit at once, over the last numbers dimmed, then the step ends (the
+        model-state numbers would wait for it: in Python 3.11 a ``cached_property`` holds one lock
+        for every instance, which the look-ahead's ``Analysis.memory`` holds while it measures)."""
+        w = self.widget
+        with self.lock:
+            self.push_rows(rev)
+            if w.memory and not w.memory.get("pending"):
+                w.memory = {**w.memory, "pending": "activations being measured"}
+            w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": rev}
+        self.worker.cancel(finishing)
+
+    def push_interim(self, rev: int, interim: dict | None) -> None:
+        """Before the full numbers, under ``lock``: the model-state numbers (``interim``; the last full
+        ones stay on screen, dimmed, until the job sends the full ones), the rows and the stale code."""
+        self.interim_revision = rev
+        if interim is not None:
+            self.push_numbers(interim)
+        self.push_rows(rev)
+
+    def push_rows(self, rev: int) -> None:
+        """The rows that changed, and the code and the verification marked stale (under ``lock``)."""
+        w = self.widget
+        w.push_rows()
+        w.verify_result = {}
+        w.code = {"stale": True, "revision": rev}
 
     def push_first(self, initial: bool) -> None:
         """Everything at once (no front end), or the first numbers and the rest in the background."""
@@ -435,13 +465,11 @@ class BackgroundPush:
         w = self.widget
         st = w.controller
         searching = st.suggest_status.get("state") == "running"
-        finish = None if to is None else self.worker.finishing_ahead((to.plan, to.mesh, to.training))
-        if finish is not None:  # meanwhile the last full numbers stay, dimmed, with what is measured
-            with self.lock:
-                w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": st.revision}
-                if w.memory and not w.memory.get("pending"):
-                    w.memory = {**w.memory, "pending": "activations being measured"}
-        if self.worker.cancel(finish):
+        finish = None if to is None or searching else self.worker.finishing_ahead((to.plan, to.mesh, to.training))
+        if finish is not None:  # the step goes on: push_state sends the rows first, then waits for it
+            self.finishing = finish
+            return
+        if self.worker.cancel():
             self.interrupted = True
             if searching:
                 st.suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
