@@ -181,3 +181,21 @@ def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, mo
     assert ins.plan == target and ins.wait(120)
     assert keys.count(gated_key[0]) == 1  # measured once, by the look-ahead, not again by the edit
     assert ins.memory["max_peak"] == fresh_peak(model, ins.controller)
+
+
+def test_the_look_ahead_makes_tp2s_local_model_before_the_less_likely_steps(model, monkeypatch):
+    """TP 2's local copy of the model (a fifth of a second at 70B) is made early in the look-ahead,
+    once: a TP 2 edit that comes before the look-ahead reached its measured step still finds it."""
+    from shardviz import tp
+
+    tp._LOCAL_MODELS.pop(model, None)
+    st = InspectorState(model, mesh=MESH, training=TRAINING)
+    st.memory  # noqa: B018
+    names = [what for what, _ in background.next_edits(st)]
+    assert names.index("TP 2's local model") < min(names.index("every block's checkpoint"), names.index("TP 2"))
+    assert dict(background.next_edits(st))["TP 2's local model"]() is None
+    made = []
+    real = tp.local_model
+    monkeypatch.setattr(tp, "local_model", lambda *a, **k: made.append(1) or real(*a, **k))
+    st.set_tensor(2)
+    assert st.memory and made == []

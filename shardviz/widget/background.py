@@ -12,7 +12,8 @@ while they run).
 
 Once an edit's first findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
 measures what the likely next edits need (the LoRA presets, one block checkpointed, one block's
-LoRA, every block, the other parameter dtype, half the sequence, TP 2, then Suggest's whole search)
+LoRA, TP 2's local copy of the model, every block, the other parameter dtype, half the sequence,
+TP 2, then Suggest's whole search)
 into the measurement caches, so that the edit itself finds its step measured and Suggest its rows.
 The look-ahead is invisible: once the findings are priced, the widget is idle (``Worker.busy`` is
 False, ``wait()`` returns), and the next edit cancels it like any job, unless the look-ahead is
@@ -491,7 +492,9 @@ def next_edits(st) -> list[tuple[str, object]]:
     likely first, as (what, a function of ``st`` returning its (plan, mesh, training)): the same
     plain functions the edits call (``plan_actions``, ``setup_actions``), so that what is measured
     ahead is exactly what the edit then asks for. Last, Suggest's search itself (``suggest.search_ahead``,
-    kept for the click: its function returns None; it needs seconds, the edits before it one each).
+    kept for the click: its function returns None; it needs seconds, the edits before it one each);
+    before the measured steps that need less likely edits, TP 2's local copy of the model (cheap, and
+    kept for every TP 2 step after it: its function returns None too).
     Without a micro-batch nothing is measured."""
     from . import plan_actions, setup_actions, suggest
 
@@ -509,16 +512,22 @@ def next_edits(st) -> list[tuple[str, object]]:
     # first the LoRA layouts compared (the question the tool is for), unless the user is editing single
     # blocks: then the next edit is likely another block's
     out = rows + presets if plan_actions.blocks_differ(st) else presets + rows
+    tp2 = None
+    if mesh.tensor == 1 and mesh.world % (mesh.replicate * 2) == 0:
+        def tp2():
+            edit = setup_actions.tensor_edit(st, 2)
+            return edit.plan or plan, edit.mesh, tr
+
+        def tp2_model():  # a fifth of a second at 70B, once per model: every later TP 2 step (any plan) reuses it
+            analyze(st.tree, *tp2(), strict=False, torch_version=st.torch_version).measured_model  # noqa: B018
+        out.append(("TP 2's local model", tp2_model))
     if len(blocks) > 1:
         out.append(("every block's checkpoint", lambda: (plan_actions.checkpoint_blocks(st, not plan.checkpoint), mesh, tr)))
     other = "float32" if tr.param_dtype == "bfloat16" else "bfloat16"
     out.append((f"param dtype {other}", lambda: (plan, mesh, setup_actions.training_edit(st, param_dtype=other).training)))
     if tr.seq_len >= 2:
         out.append(("half the sequence", lambda: (plan, mesh, setup_actions.training_edit(st, seq_len=tr.seq_len // 2).training)))
-    if mesh.tensor == 1 and mesh.world % (mesh.replicate * 2) == 0:
-        def tp2():
-            edit = setup_actions.tensor_edit(st, 2)
-            return edit.plan or plan, edit.mesh, tr
+    if tp2 is not None:
         out.append(("TP 2", tp2))
     if mesh.device_memory is not None:  # last, Suggest's search (seconds at 70B), kept for its click
         def search():
@@ -540,7 +549,7 @@ def look_ahead(st, rev: int | None = None, findings: bool = True, measuring=None
             return done
         try:
             inputs = edit()
-            if inputs is None:  # the edit ran its own work (Suggest's search)
+            if inputs is None:  # the edit ran its own work (TP 2's local model, Suggest's search)
                 done.append(what)
                 continue
             plan, mesh, training = inputs
