@@ -147,3 +147,46 @@ def test_asked_in_a_checkpointed_backward_it_stops_and_the_step_measures_the_sam
     again = measure_activations(model, 1, 64, param_dtype="bfloat16", checkpoint=blocks)
     assert again.peak == expected.peak and dict(again.modules) == dict(expected.modules)
     assert again.module_flops == expected.module_flops
+
+
+@pytest.mark.parametrize("stage", ["forward", "step"])
+def test_asked_during_a_step_times_stage_it_stops_before_the_next(monkeypatch, stage):
+    """The step model and a search row are pure Python, tens of ms a stage at 70B: asked to stop in
+    one (the schedule's forward, the row's step time), the next (the schedule's backward, the row's
+    breakdown) never starts. Without checks between them a cancel at 70B waited up to 76 ms more."""
+    from shardviz.search import running
+    from shardviz.step import schedule
+
+    model = zoo.tiny_llama_lora()
+    a = sv.analyze(model, sv.Plan.auto(model), MESH, sv.Training(batch_size=1, seq_len=64))
+    a.memory  # noqa: B018 - measured first: what is left is the step model
+    asked, reached = [], []
+    if stage == "forward":
+        real = schedule._forward
+
+        def forward(*args, **kwargs):
+            real(*args, **kwargs)
+            stop.request(threading.get_ident())
+            asked.append(1)
+        monkeypatch.setattr(schedule, "_forward", forward)
+        monkeypatch.setattr(schedule, "_backward", lambda *args, **kwargs: reached.append(1))
+        run = lambda: a.step  # noqa: E731
+    else:
+        real = running.step_numbers
+
+        def step_numbers(analysis):
+            out = real(analysis)
+            stop.request(threading.get_ident())
+            asked.append(1)
+            return out
+        monkeypatch.setattr(running, "step_numbers", step_numbers)
+        monkeypatch.setattr(running, "time_parts", lambda *args, **kwargs: reached.append(1) or {})
+        space = type("Space", (), {"cache_of": lambda self, c: False})()
+        cand = type("Candidate", (), {"grad_accum": 1})()
+        run = lambda: running.measured(space, cand, a)  # noqa: E731
+    try:
+        with pytest.raises(stop.Stopped):
+            run()
+    finally:
+        stop.forget(threading.get_ident())
+    assert asked and not reached

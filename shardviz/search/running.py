@@ -12,7 +12,7 @@ from dataclasses import replace
 from itertools import accumulate, groupby
 
 from .. import collector, forked
-from ..activations import measure_cache
+from ..activations import measure_cache, stop
 from ..analysis import Analysis
 from ..finding import PlanError
 from ..format import format_bytes
@@ -187,7 +187,10 @@ def _evaluate(space: Space, ev: Evidence, c: Candidate, resume: dict) -> Row:
 
 def measured(space: Space, c: Candidate, a: Analysis) -> Measured:
     """``c``'s row from its analysis ``a``: judged on the reserved peak, with the safety margin."""
-    fit, step = a.fit, step_numbers(a)
+    fit = a.fit
+    stop.check()  # between the analysis's stages too (tens of ms each at 70B): the next edit stops the search here
+    step = step_numbers(a)
+    stop.check()
     return Measured(
         c, fits=fit.fits, verdict=fit.verdict, peak=int(a.memory.peak.max()),
         reserved_peak=int(a.memory.reserved_peak.max()), judged_peak=fit.judged, margin=fit.margin, safety=fit.safety,

@@ -42,6 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..activations import stop
 from ..run.devices import DEFAULT_EFFICIENCY, Device, Efficiency
 from .calls import OUTSIDE, SECONDS_FIELDS, Call, ParamState
 from .events import Group, Hook, step_events
@@ -367,7 +368,9 @@ def schedule_step(units, *, root: Call | None = None, extras: StepExtras | None 
     walk = every if placed else _calls(every, root)
     events = step_events(walk, forward_prefetch=_prefetch_lists(every, forward_prefetch or {}, "forward"),
                          backward_prefetch=_prefetch_lists(every, backward_prefetch or {}, "backward"), sync=sync)
+    stop.check()  # between the stages (tens of ms each at 70B): the Inspector's next edit stops it here
     _forward(sim, every, events.forward)
+    stop.check()
     _backward(sim, every, events.backward)
     _step_end(sim, extras)
     events = tuple(Event(b.stream, b.unit, b.kind, b.phase, b.start_s, b.end_s, b.exposed_s) for b in sim.bars)

@@ -341,9 +341,11 @@ def step_time(inputs: StepInputs) -> StepTime:
         comm_s, ignored_s = call_seconds(inputs.collectives(), inputs.layout.plan.units)
     except ValueError as e:
         return _unavailable(str(e), k, _measured_flops(inputs))
+    stop.check()  # and between its stages (tens of ms each)
     order, _, totals = _unit_flops(inputs.flops())
     root, units = _unit_times(inputs, order, unit_op_costs(inputs), comm_s, device, eff, dtype)
     opt_s, host_params = optimizer_step_seconds(inputs, device, eff)
+    stop.check()
     last = schedule_step(units, root=root, extras=StepExtras(ignored_s, opt_s), placed=True)
     # the exported averager of ignored gradients runs at the end of every backward, synced or not
     quiet = schedule_step(units, root=root, extras=StepExtras(ignored_s, 0.0), sync=False, placed=True) if k > 1 else last
