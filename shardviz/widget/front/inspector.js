@@ -23,18 +23,24 @@ function chartsPanel(ctx) {
   const timelineEl = h("div", { class: "sv-timeline" });
   const el = h("div", { class: "sv-panel sv-panel-charts", "data-panel": "charts" }, memoryEl, trafficEl, timelineEl);
   let lastFull = null; // the last memory payload with every number measured
+  let drawnMem = null; // the memory payload drawn (a pending one keeps the last full one: no redraw)
   // the charts are drawn at the width they are shown (charts.js: chartWidth): again when it changes
   // (a tab shown, the file browser opened), so that their text stays 11 px
   let drawnWidth = 0;
-  const redraw = () => {
-    const w = el.clientWidth;
+  const redraw = (w) => {
     if (!w || Math.abs(w - drawnWidth) < 8) return;
     drawnWidth = w;
+    drawnMem = null;
     panel.renderMemory();
     panel.renderTraffic();
     panel.renderTimeline();
   };
-  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => requestAnimationFrame(redraw)).observe(el);
+  if (typeof ResizeObserver !== "undefined") {
+    new ResizeObserver(() => {
+      const w = el.clientWidth; // read here, just after the page's layout (in the next frame it could force one)
+      requestAnimationFrame(() => redraw(w));
+    }).observe(el);
+  }
   const panel = {
     el,
     renderTimeline: () => drawTimeline(timelineEl, ctx.model.get("timeline") || {}),
@@ -43,9 +49,16 @@ function chartsPanel(ctx) {
       // never a partial answer: while the activations are measured, the last full numbers stay,
       // dimmed, on their own axis, with what is being measured; before any, no numbers at all
       if (!mem.pending) lastFull = mem;
-      if (mem.pending && lastFull) drawMemory(memoryEl, lastFull);
-      else if (mem.pending) memoryEl.replaceChildren(h("div", { class: "sv-chart-title", text: "Memory per rank at the peak" }));
-      else drawMemory(memoryEl, mem);
+      if (mem.pending && lastFull) {
+        if (drawnMem !== lastFull) drawMemory(memoryEl, lastFull);
+        drawnMem = lastFull;
+      } else if (mem.pending) {
+        memoryEl.replaceChildren(h("div", { class: "sv-chart-title", text: "Memory per rank at the peak" }));
+        drawnMem = null;
+      } else {
+        drawMemory(memoryEl, mem);
+        drawnMem = mem;
+      }
       memoryEl.dataset.revision = String(mem.revision ?? "");
       memoryEl.dataset.pending = mem.pending ? "true" : "false";
       memoryEl.classList.toggle("sv-updating", !!mem.pending);

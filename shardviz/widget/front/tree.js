@@ -84,12 +84,21 @@ function treeHeader() {
 // A name wider than its cell loses its middle, not its end: siblings differ at either end
 // ("lora_embedding_A" / "lora_embedding_B", "input_layernorm" / "post_attention_layernorm").
 const measureCanvas = document.createElement("canvas").getContext("2d");
-function fitName(el) {
+// Every name's room and font read first, then every name written: one layout of the page for all
+// the rows drawn, not one per row (a write between two reads makes the next read lay out again).
+function fitNames(els) {
+  const fits = els.map((el) => {
+    const style = getComputedStyle(el);
+    return [el, el.parentElement.clientWidth - (el.offsetLeft - el.parentElement.offsetLeft) - 4,
+      `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`];
+  });
+  for (const [el, room, font] of fits) fitName(el, room, font);
+}
+
+function fitName(el, room, font) {
   const full = el.dataset.full || el.textContent;
   el.dataset.full = full;
-  const room = el.parentElement.clientWidth - (el.offsetLeft - el.parentElement.offsetLeft) - 4;
-  const style = getComputedStyle(el);
-  measureCanvas.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  measureCanvas.font = font;
   if (room <= 0 || measureCanvas.measureText(full).width <= room) {
     el.textContent = full;
     delete el.dataset.shortened;
@@ -153,7 +162,7 @@ export function treeComponent(ctx) {
       frag.append(row);
     }
     rowsLayer.replaceChildren(frag);
-    for (const n of rowsLayer.querySelectorAll(".sv-name")) fitName(n);
+    fitNames([...rowsLayer.querySelectorAll(".sv-name")]);
     el.dataset.rows = String(order.length);
   }
   function queue() {
