@@ -208,7 +208,8 @@ class BackgroundPush:
         pending), then the worker measures the step's activations (a new dtype, sequence length
         or plan needs a new measurement, about a second on 70B) and sends the full numbers; the
         findings (SV201's what-ifs), A vs B and the Suggest panel's state follow from the worker,
-        so the next edit, which cancels it, never waits for them."""
+        so the next edit, which cancels it, never waits for them. When the look-ahead is measuring
+        this very step (``stop`` left it running), the rows go first, then it ends (``wait_for_ahead``)."""
         w = self.widget
         st = w.controller
         finishing, self.finishing = self.finishing, None
