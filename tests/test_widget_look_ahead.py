@@ -166,18 +166,20 @@ def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, mo
     ins.pushes.ahead = True
     assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # its look-ahead measures preset "ignored" first
     assert started.wait(120)
-    shown, rows_plan = [], []
+    shown, rows_plan, header = [], [], []
     push_rows = ins.push_rows
 
     def rows_then_proceed(*args, **kwargs):  # the rows of the edited plan, sent while the step is measured
         push_rows(*args, **kwargs)
         rows_plan.append(ins.plan)
+        header.append((ins.summary["revision"], ins.summary["n_ignored"], ins.summary["pending"]))
         proceed.set()
 
     monkeypatch.setattr(ins, "push_rows", rows_then_proceed)
     ins.observe(lambda change: shown.append(change["new"]), names="memory")
     assert ins.handle_action("apply_preset", {"name": "ignored"})["ok"]  # waits for the look-ahead's step
     assert rows_plan[0] == target and shown[0]["pending"]  # the rows at once, the numbers still dimmed
+    assert header[0] == (ins.controller.revision, len(target.ignored), "activations being measured")  # the header too
     assert ins.plan == target and ins.wait(120)
     assert keys.count(gated_key[0]) == 1  # measured once, by the look-ahead, not again by the edit
     assert ins.memory["max_peak"] == fresh_peak(model, ins.controller)

@@ -265,10 +265,14 @@ class BackgroundPush:
         for every instance, which the look-ahead's ``Analysis.memory`` holds while it measures)."""
         w = self.widget
         with self.lock:
-            self.push_rows(rev)
             if w.memory and not w.memory.get("pending"):
                 w.memory = {**w.memory, "pending": "activations being measured"}
-            w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": rev}
+                self.shown_memory = w.memory
+            with w.hold_sync():  # the header's plan facts and the controls follow the edit too
+                w.summary = w.summary_payload()
+                w.controls = w.controls_payload()
+                w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": rev}
+            self.push_rows(rev)
         self.worker.cancel(finishing)
 
     def push_interim(self, rev: int, interim: dict | None) -> None:
