@@ -213,17 +213,20 @@ class BackgroundPush:
         w = self.widget
         st = w.controller
         finishing, self.finishing = self.finishing, None
-        if finishing is None or initial or not w.background:
-            self.worker.cancel(finishing)
         self.interrupted = False
         if initial or not w.background:
+            self.worker.cancel(finishing)
             self.push_first(initial)
             return
         rev = st.revision
-        t0 = time.perf_counter()
         if finishing is not None:
+            t0 = time.perf_counter()
             self.wait_for_ahead(rev, finishing)
-        interim = None if finishing is not None else self.model_state_numbers()  # measured: the full numbers at once
+            interim = None  # the step is measured now: the full numbers at once
+        else:
+            self.worker.cancel()
+            t0 = time.perf_counter()
+            interim = self.model_state_numbers()
         st.timings["model_state_s"] = time.perf_counter() - t0
         ready, go = threading.Event(), threading.Event()
 
@@ -250,7 +253,7 @@ class BackgroundPush:
             with self.lock:
                 if ready.is_set():
                     self.push_numbers()
-                    self.push_rows(rev)
+                    self.push_rows_and_stale_code(rev)
                 else:
                     self.push_interim(rev, interim)
                 w.work = self.work_state()
@@ -272,7 +275,7 @@ class BackgroundPush:
                 w.summary = w.summary_payload()
                 w.controls = w.controls_payload()
                 w.work = {"busy": True, "label": "measuring the activations", "since": time.time(), "revision": rev}
-            self.push_rows(rev)
+            self.push_rows_and_stale_code(rev)
         self.worker.cancel(finishing)
 
     def push_interim(self, rev: int, interim: dict | None) -> None:
@@ -281,9 +284,9 @@ class BackgroundPush:
         self.interim_revision = rev
         if interim is not None:
             self.push_numbers(interim)
-        self.push_rows(rev)
+        self.push_rows_and_stale_code(rev)
 
-    def push_rows(self, rev: int) -> None:
+    def push_rows_and_stale_code(self, rev: int) -> None:
         """The rows that changed, and the code and the verification marked stale (under ``lock``)."""
         w = self.widget
         w.push_rows()

@@ -119,10 +119,10 @@ function axisUnit(top) {
 }
 
 // A chart is drawn at the width it is shown (its container's, within [lo, hi]), so that its
-// 11 px text stays 11 px: a 820-wide drawing shown 400 px wide read 6 px (issue 37)
-// A chart's width as its element is shown: read once, then kept by a ResizeObserver (its callback
-// runs after the page's layout), so that drawing a chart never forces JupyterLab's whole layout in
-// the middle of an edit's redraw (three charts an edit, each read after its own changes did).
+// 11 px text stays 11 px: a 820-wide drawing shown 400 px wide read 6 px (issue 37). The width is
+// read once, then kept by a ResizeObserver (its callback runs after the page's layout), so that
+// drawing a chart never forces JupyterLab's whole layout in the middle of an edit's redraw (three
+// charts an edit, each read after its own changes did).
 const CHART_WIDTHS = new WeakMap();
 const CHART_WIDTH_WATCH = typeof ResizeObserver === "undefined" ? null
   : new ResizeObserver((entries) => { for (const e of entries) CHART_WIDTHS.set(e.target, e.target.clientWidth); });
