@@ -194,7 +194,7 @@ class Layout:
             if len(calls) > 1:
                 self.shared_calls[p] = calls
         self.would_be_unit = unit.copy()  # per parameter (numpy): the call an ignored parameter sits in
-        self._ignored = sorted({tree.param_index[f] for f in self.plan.ignored})
+        self._ignored = sorted(tree.param_indices(self.plan.ignored))
         for p in self._ignored:
             self.shared_calls.pop(p, None)
         unit[self._ignored] = -1

@@ -87,7 +87,7 @@ def _ignore_minor_dtypes(layout: Layout, finding: Finding, release):  # SV003: k
 
 def _shard_trainable_ignored(layout: Layout, finding: Finding, release):  # SV102 (not 0-dim or strided ones: torch refuses them)
     tree, plan = layout.tree, layout.plan
-    ignored = {tree.param_index[f] for f in plan.ignored}
+    ignored = tree.param_indices(plan.ignored)
     back = [tree.params[p].fqn for p in ignored
             if tree.params[p].requires_grad and tree.params[p].shape and tree.params[p].contiguous]
     return plan.without_ignored(back) if back else None

@@ -333,6 +333,11 @@ class ModelTree:
     def param(self, fqn: str) -> ParamInfo:
         return self.params[self.param_index[fqn]]
 
+    def param_indices(self, fqns) -> set[int]:
+        """The indices of the parameters named ``fqns`` (any of a shared parameter's names): e.g. a
+        plan's ``ignored``, which names each parameter by one of its names."""
+        return {self.param_index[f] for f in fqns}
+
     def is_inside(self, inner: int, outer: int) -> bool:
         """True when module ``inner`` is ``outer`` or one of its descendants."""
         return outer <= inner < self.modules[outer].subtree_end

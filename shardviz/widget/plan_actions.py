@@ -139,13 +139,8 @@ def _drop_ignored(tree, plan: Plan, params: set[int]) -> Plan:
     return plan.without_ignored([f for f in plan.ignored if tree.param_index[f] in params])
 
 
-def _ignored_params(tree, plan: Plan) -> set[int]:
-    """The tree indices of the parameters the plan ignores."""
-    return {tree.param_index[f] for f in plan.ignored}
-
-
 def _add_ignored(tree, plan: Plan, names: list[str]) -> Plan:
-    have = _ignored_params(tree, plan)
+    have = tree.param_indices(plan.ignored)
     return plan.with_ignored([f for f in names if tree.param_index[f] not in have])
 
 
@@ -157,13 +152,13 @@ def ignore(state, fqns) -> Plan:
 def unignore(state, fqns) -> Plan:
     """These parameters given back to FSDP (every alias of a tied parameter)."""
     tree = state.tree
-    return _drop_ignored(tree, state.plan, {tree.param_index[f] for f in _canonical(tree, fqns)})
+    return _drop_ignored(tree, state.plan, tree.param_indices(_canonical(tree, fqns)))
 
 
 def toggle_ignored(state, fqn: str) -> Plan:
     tree = state.tree
     p = param_index(tree, fqn)
-    ignored = any(tree.param_index[f] == p for f in state.plan.ignored)
+    ignored = p in tree.param_indices(state.plan.ignored)
     return unignore(state, [fqn]) if ignored else ignore(state, [fqn])
 
 
@@ -199,7 +194,7 @@ def unignore_lora(state, module_fqn: str = "") -> Plan:
 def toggle_lora(state, module_fqn: str) -> Plan:
     """What a row's LoRA button does: give them back to FSDP when every one is ignored, else ignore them."""
     tree = state.tree
-    ignored = _ignored_params(tree, state.plan)
+    ignored = tree.param_indices(state.plan.ignored)
     every = all(tree.param_index[f] in ignored for f in lora_params(tree, module_fqn))
     return _lora_under(state, module_fqn, not every)
 
@@ -239,7 +234,7 @@ def blocks_differ(state) -> bool:
     plan, tree, blocks = state.plan, state.tree, state.blocks()
     if 0 < sum(b in plan.checkpoint for b in blocks) < len(blocks):
         return True
-    ignored = _ignored_params(tree, plan)
+    ignored = tree.param_indices(plan.ignored)
     return len({any(tree.param_index[f] in ignored for f in lora_params(tree, b)) for b in blocks}) > 1
 
 
