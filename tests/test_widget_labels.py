@@ -258,3 +258,36 @@ def test_the_timeline_shows_every_collective_of_the_traffic_table(mesh):
     assert drawn == Counter({k: int(v) for k, v in table.items()}), (drawn, table)
     assert all(e["end_s"] > e["start_s"] for e in tl["events"])
     assert all(not label.isdigit() for label in tl["labels"].values())
+
+
+def test_the_summary_names_the_model_as_the_report_and_the_export_do(model):
+    """The summary line said "PeftModelForCausalLM" (the peft wrapper's class) where the header card,
+    the report and the export say "LlamaForCausalLM + LoRA" (issue 37: one model name)."""
+    from shardviz.model.tree import model_name
+
+    ins = Inspector(model, mesh=MESH, training=sv.Training(batch_size=1, seq_len=16))
+    ins.pushes.worker.wait(60)
+    name = model_name(ins.controller.tree)
+    assert name == "LlamaForCausalLM + LoRA"
+    assert ins.summary["model"] == name == ins.summary["card"]["model"]
+    assert f"on {name}; mesh" in ins.controller.export_code().splitlines()[0]
+
+
+def test_a_model_without_a_tensor_parallel_plan_is_named_as_itself_not_as_its_peft_wrapper():
+    """TP 2 on a model with no plan of its own: the message named "PeftModel", which every peft
+    model is; the user's model is the one without a plan."""
+    from peft import LoraConfig, get_peft_model
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    st = InspectorState(get_peft_model(Net(), LoraConfig(r=2, target_modules=["0", "1"])), mesh=sv.Mesh(4))
+    with pytest.raises(ValueError, match=r"^Net \+ LoRA has no tensor-parallel plan of its own"):
+        st.set_tensor(2)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from ..model.copying import copy_modules
-from ..model.tree import ModelTree
+from ..model.tree import ModelTree, model_name
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
 LAYOUT_RE = re.compile(r"^(Replicate\(\)|Shard\((-?\d+)\))$")
@@ -366,7 +366,7 @@ def check_divisible(tree: ModelTree, placements: dict[int, tuple], tensor: int) 
     if any(p[0] != "Replicate" for p in placements.values()):
         for key, heads in _head_counts(tree).items():
             if heads % tensor:
-                raise ValueError(f"tensor_parallel: {tree.root_type} has {key}={heads}, which does not divide by "
+                raise ValueError(f"tensor_parallel: {model_name(tree)} has {key}={heads}, which does not divide by "
                                  f"tensor={tensor}: each rank must hold whole heads; nearest tensor degree that works: "
                                  f"{nearest_tensor_degree(sizes + [heads], tensor)}")
 

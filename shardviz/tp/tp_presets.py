@@ -14,7 +14,7 @@ style torch has no counterpart for (``packed_colwise``, ``moe_tp_experts``, ...)
 from __future__ import annotations
 
 from . import TensorParallel, TPStyle, key_pattern, resolve
-from ..model.tree import ModelTree, base_model
+from ..model.tree import ModelTree, base_model, model_name
 
 
 def model_plan(tree: ModelTree) -> dict[str, str]:
@@ -27,7 +27,7 @@ def model_plan(tree: ModelTree) -> dict[str, str]:
     prefix = "base_model.model." if base is not model else ""  # a peft wrapper's names of the base model's
     plan = {prefix + k: v for k, v in (getattr(base, "tp_plan", None) or {}).items()} if base is not None else {}
     if not plan:
-        raise ValueError(f"{tree.root_type} has no tensor-parallel plan of its own (no config.base_model_tp_plan): "
+        raise ValueError(f"{model_name(tree)} has no tensor-parallel plan of its own (no config.base_model_tp_plan): "
                          "give Plan.tensor_parallel explicitly, or tensor_parallel='torchtitan' for a Llama-family model")
     return plan
 
@@ -60,7 +60,7 @@ def torchtitan_plan(tree: ModelTree) -> dict:
     plan.update({f"{prefix}model.layers.*.{k}": v for k, v in _TITAN_BLOCK.items()})
     for key in plan:
         if not any(key_pattern(key).match(fqn) for fqn in tree.module_index):
-            raise ValueError(f"tensor_parallel='torchtitan' is torchtitan's Llama-family plan; {tree.root_type} has no "
+            raise ValueError(f"tensor_parallel='torchtitan' is torchtitan's Llama-family plan; {model_name(tree)} has no "
                              f"module {key!r} (that shape: model.embed_tokens, model.layers.*.self_attn.q_proj, "
                              "... mlp.gate_proj, model.norm, lm_head)")
     return plan

@@ -37,6 +37,7 @@ from comm import DummyComm
 
 from .. import collector
 from ..format import format_bytes, format_large_count, format_plural
+from ..model.tree import model_name
 from ..run.mesh import Mesh
 from ..views.highlight import python_html
 from ..presets import preset_key
@@ -224,7 +225,7 @@ class Inspector(anywidget.AnyWidget):
         tr = st.training
         return {
             "revision": st.revision,
-            "model": tree.root_type,
+            "model": model_name(tree),  # the model's one name (the report's and the export's): not the peft wrapper's
             "n_modules": tree.n_modules,
             "n_params": len(tree.params),
             "numel": st.view.static.numel[0] if tree.n_modules else 0,

@@ -14,6 +14,7 @@ from dataclasses import replace
 from enum import Enum
 
 from .. import presets
+from ..model.tree import model_name
 from ..plan import Plan, Unit, as_plan, closest_hint
 from .plan_names import NamedPlan
 
@@ -242,7 +243,7 @@ def checkpoint_blocks(state, on: bool = True) -> Plan:
     """Every repeated block checkpointed (``on``), or none of them."""
     blocks = state.blocks()
     if not blocks:
-        raise ValueError(f"{state.tree.root_type} has no repeated blocks to checkpoint")
+        raise ValueError(f"{model_name(state.tree)} has no repeated blocks to checkpoint")
     plan = state.plan
     if not on:
         return plan.without_checkpoint(blocks)
