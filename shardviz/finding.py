@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 SEVERITIES = ("error", "warning", "info")
+
+
+class Change(NamedTuple):
+    """A fix that is a change of the analysis' own arguments, as the check that found it priced it."""
+
+    words: str  # what it does and what it gives, in a line: "checkpoint every block: reserved peak 46.55 GiB, ..."
+    kwargs: dict  # the arguments it replaces: any of plan=, mesh=, training= (``sv.analyze``'s)
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,9 @@ class Finding:
     # its figures or fixes are still being priced (``checks.without_what_ifs``): the Inspector's first
     # findings, replaced by the priced ones a moment later
     pending: bool = field(default=False, compare=False)
+    # the fix as a change of plan, mesh or training (``Change``), where the check priced it as one (SV201's
+    # cheapest fix): what the Inspector's card applies; None when the fix is words, or ``fix_plan`` builds it
+    change: Change | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:

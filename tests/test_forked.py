@@ -116,6 +116,10 @@ def test_the_parent_adopts_the_steps_the_copy_measured(model):
     assert sv.analyze(model, plan, OVER, TRAINING, strict=False).memory.to_dict() == theirs  # what torch measures here
 
 
+def reference_analysis(model):
+    return InspectorState(model, mesh=OVER, training=replace(TRAINING, seq_len=48)).analysis
+
+
 def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(model, monkeypatch, inspectors):
     clear_cache()
     reference = InspectorState(model, mesh=OVER, training=replace(TRAINING, seq_len=48)).findings
@@ -136,6 +140,10 @@ def test_the_inspector_prices_its_what_ifs_in_a_copy_and_gets_the_same_findings(
     assert priced_here == []  # every what-if was priced in the copy
     assert ins.findings == reference
     assert not any(f["pending"] for f in ins.findings) and ins.work["busy"] is False
+    # SV201's cheapest fix came back as the change the card applies, as priced here
+    here = next(f for f in reference_analysis(model).findings if f.code == "SV201").change
+    there = next(f for f in ins.analysis.findings if f.code == "SV201").change
+    assert there is not None and there == here and ins.summary["card"]["finding"]["applies"] is True
     # the steps the what-ifs measured came back: taking SV201's fix (every block checkpointed) measures nothing here
     runs = []
     monkeypatch.setattr(measure_mod, "measure_copy", lambda *a, **k: runs.append(1))

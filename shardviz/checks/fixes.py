@@ -115,6 +115,11 @@ def _ungroup_all(layout: Layout, finding: Finding, release):  # SV110
     return ungroup(layout.tree, layout.plan)
 
 
+def _priced_plan(layout: Layout, finding: Finding, release):  # SV201: its cheapest fix, when that is a plan alone
+    change = finding.change
+    return change.kwargs["plan"] if change is not None and set(change.kwargs) == {"plan"} else None
+
+
 FIXES = {
     "SV001": _join_shared,
     "SV002": _ignore_first,
@@ -131,6 +136,7 @@ FIXES = {
     "SV106": _split_dominant,
     "SV109": _drop_unit,
     "SV110": _ungroup_all,
+    "SV201": _priced_plan,
 }
 
 

@@ -13,7 +13,7 @@ import math
 import os
 
 from ..step import BREAKDOWN
-from ..format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_kind, format_percent
+from ..format import OUTSIDE_FSDP, byte_unit, format_bytes, format_duration, format_kind, format_percent, format_rate
 from ..step import timing
 from ..run.mesh import worst_rank
 from ..model.tree import base_model, model_name, peft_configs
@@ -548,7 +548,7 @@ def header_card(a, findings=None) -> dict:
         "use": limit_use(a.fit),
         "step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s, "mfu": step.mfu,
         "step_text": format_duration(step.step_time_s) if timed else "not timed",
-        "tokens_text": f"{step.tokens_per_s:,.0f} tokens/s per rank" if timed else "",
+        "tokens_text": f"{format_rate(step.tokens_per_s)} tokens/s per rank" if timed else "",
         "mfu_text": f"MFU {format_percent(step.mfu)}" if timed and step.mfu is not None else "",
         "untimed": None if timed else step.reason,
         "finding": None, "findings_ready": findings is not None,
@@ -556,10 +556,12 @@ def header_card(a, findings=None) -> dict:
     if findings:
         top = min(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))
         try:
-            fixable = fix_plan(a, top) is not None
+            fixable = top.change is not None or fix_plan(a, top) is not None
         except Exception:  # noqa: BLE001 - the card still shows the finding, without "apply"
             fixable = False
+        # a fix priced as a change (SV201's cheapest) is the line: the verdict above already says the problem
+        headline = f"fix: {top.change.words}" if top.change is not None else first_clause(top.message)
         card["finding"] = {"code": top.code, "severity": top.severity, "title": TITLES.get(top.code, ""),
-                           "message": top.message, "headline": first_clause(top.message), "fix": top.fix,
+                           "message": top.message, "headline": headline, "fix": top.fix,
                            "applies": fixable, "pending": top.pending}
     return card

@@ -270,8 +270,8 @@ class InspectorState:
         return self._lazy(f"card_{which}", lambda: header_card(self.analysis, None if which is None else (
             self.analysis.findings if which == "findings" else self.analysis.first_findings)))
 
-    def apply_fix(self, code: str) -> None:  # a finding's fix that is a plan change, as one undo step
-        self._commit(plan=plan_actions.finding_fix(self, code), edit=False, note=f"applied the fix of {code}; undo goes back")
+    def apply_fix(self, code: str) -> None:  # a finding's fix that is a change of plan, mesh or training, as one undo step
+        self._commit(**plan_actions.finding_fix(self, code), edit=False, note=f"applied the fix of {code}; undo goes back")
 
     @property
     def comparison(self) -> dict:

@@ -355,15 +355,20 @@ def parse_reshard_after_forward(value):
     raise ValueError(f"reshard_after_forward={value!r}: expected default, True, False or an int")
 
 
-def finding_fix(state, code: str) -> Plan:
-    """The plan a finding's fix describes (``fixes.fix_plan``), named "<plan>, SVxxx fixed"; ``ValueError``
-    when the current plan has no such finding or its fix is not a change of plan."""
+def finding_fix(state, code: str) -> dict:
+    """What applying a finding's fix changes, as ``_commit``'s arguments: the plan its fix describes
+    (``fixes.fix_plan``), named "<plan>, SVxxx fixed", or the mesh or training of a fix its check priced
+    as such (``Finding.change``: SV201's cheapest fix, a smaller micro-batch, offload); ``ValueError``
+    when the current plan has no such finding or its fix is words only."""
     from ..checks.fixes import fix_plan
 
     found = [f for f in state.analysis.findings if f.code == code]
     if not found:
         raise ValueError(f"finding {code!r}: the current plan has no such finding")
-    plan = fix_plan(state.analysis, found[0])
-    if plan is None:
-        raise ValueError(f"finding {code}: its fix is not a change of plan ({found[0].fix[:120]})")
-    return replace(plan, name=f"{state.plan.name or 'custom plan'}, {code} fixed")
+    change = dict(found[0].change.kwargs) if found[0].change is not None else {}
+    plan = change.get("plan") if change else fix_plan(state.analysis, found[0])
+    if plan is None and not change:
+        raise ValueError(f"finding {code}: its fix is not a change of plan, mesh or training ({found[0].fix[:120]})")
+    if plan is not None:
+        change["plan"] = replace(plan, name=f"{state.plan.name or 'custom plan'}, {code} fixed")
+    return change

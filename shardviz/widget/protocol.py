@@ -41,8 +41,8 @@ ACTIONS: dict[str, dict[str, str]] = {
                  "device_gib": "number|null"},
     "set_training": {"optimizer": "str", "param_dtype": "str|null", "reduce_dtype": "str|null",
                      "offload": "bool", "batch_size": "number|null", "seq_len": "number"},
-    "apply_suggestion": {"index": "int"},
-    "apply_fix": {"code": "str"},  # the top finding's fix, where it is a change of plan (sv.fix_plan)  # a row of the last search: plan, HSDP split, micro-batch
+    "apply_suggestion": {"index": "int"},  # a row of the last search: plan, HSDP split, micro-batch
+    "apply_fix": {"code": "str"},  # the top finding's fix, where it is a change of plan, mesh or training
     "undo": {},
     "redo": {},
     # the view (not undoable)
