@@ -58,6 +58,12 @@ def format_count(n) -> str:
     return f"{int(n):,}"
 
 
+def format_rate(v) -> str:
+    """A rate, tokens/s: ``784.52`` -> ``"785"`` (rounded half up, as charts.js's ``Math.round``;
+    thousands separated), on every surface."""
+    return f"{math.floor(v + 0.5):,}"
+
+
 def format_plural(n, word: str, plural: str | None = None) -> str:
     """``(1, "call")`` -> ``"1 call"``, ``(2, "call")`` -> ``"2 calls"`` (thousands separated)."""
     return f"{int(n):,} {word if int(n) == 1 else plural or word + 's'}"
@@ -180,9 +186,9 @@ def format_value(kind: str, v) -> str:
     if kind in ("seconds", "duration"):  # one spelling of a time, from µs to s
         return format_duration(v)
     if kind == "rate":
-        return f"{v:,.0f}"
+        return format_rate(v)
     if kind == "percent":
-        return f"{100 * v:.1f}%"
+        return format_percent(v)
     if kind == "shape":
         return format_shape(v)
     if kind in ("bool", "fits"):

@@ -159,7 +159,7 @@ def test_one_number_style_in_the_front_end_and_in_python():
     import shutil
     import subprocess
 
-    from shardviz.format import format_bytes, format_count, format_duration, format_large_count, format_percent
+    from shardviz.format import format_bytes, format_count, format_duration, format_large_count, format_percent, format_rate
 
     if shutil.which("node") is None:
         pytest.skip("node is not installed")
@@ -167,6 +167,8 @@ def test_one_number_style_in_the_front_end_and_in_python():
         "bytes": ([0, 512, 1536, 123_456_789, 19.34 * 2**30, 263.6 * 2**30, 3 * 2**40], format_bytes),
         "count": ([0, 8192, 131_072, 67_371_008, 70_553_706_496, 1_234_567_890_123], format_large_count),
         "int": ([0, 999, 8192, 1_412, 70_553_706_496], format_count),
+        # a rate is rounded: the card said "784" tokens/s where the step line said "785" (8192 / 10.442 s)
+        "rate": ([0, 784.52, 784.5, 1128.1, 5449.5, 123_456.7], format_rate),
         "seconds": ([0, 4e-6, 1.54e-5, 2.7e-4, 0.0123, 0.25, 3.58, 23.6], format_duration),
         "percent": ([0, 0.0004, 0.054, 0.281, 0.54, 1.0], format_percent),
     }

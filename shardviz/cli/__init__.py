@@ -67,7 +67,7 @@ from ..run.devices import device_by_name
 from ..views.display import versions_text
 from ..files import write_text_atomic
 from ..finding import PlanError
-from ..format import format_bytes, format_duration, parse_size
+from ..format import format_bytes, format_duration, format_percent, format_rate, parse_size
 from ..frameworks import to_accelerate
 from ..frameworks.axolotl_config import to_axolotl
 from ..frameworks.torchtune_config import to_torchtune
@@ -307,8 +307,8 @@ def search_table(s, top: int) -> str:
         "peak": [(format_bytes(j) if a else ">= " + format_bytes(p)) if num(j if a else p) else ""
                  for p, j, a in zip(t.peak, t.judged_peak, t.analysed)],
         "spare": spare, "step": t.step_time_s.map(lambda v: format_duration(v) if num(v) else ""),
-        "tokens/s": t.tokens_per_s.map(lambda v: f"{v:,.0f}" if num(v) else ""),
-        "MFU": t.mfu.map(lambda v: f"{100 * v:.1f}%" if num(v) else "")})
+        "tokens/s": t.tokens_per_s.map(lambda v: format_rate(v) if num(v) else ""),
+        "MFU": t.mfu.map(lambda v: format_percent(v) if num(v) else "")})
     # names wrap (never cut); a row without numbers says why under its name (pruned: the rule that settled it)
     notes = ["" if a else f"not analysed: {w.removesuffix(' (not analysed)')}" for a, w in zip(t.analysed, t.why)]
     return table_text(table, shrink="plan", wrap=True, notes=notes)

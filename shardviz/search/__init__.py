@@ -43,7 +43,7 @@ import pandas as pd
 
 from ..run.training import Training
 from ..run.training import DEFAULT_TRAINING
-from ..format import format_bytes
+from ..format import format_bytes, format_percent, format_rate
 from ..run.mesh import Mesh
 from ..plan import Plan
 from ..model.tree import ModelTree, as_tree
@@ -161,8 +161,8 @@ class Search:
             "judged_peak": [size(j) if a else (">= " + size(p) if p is not None and p == p else "")
                             for p, j, a in zip(t.peak, t.judged_peak, t.analysed)],
             "margin": t.margin.map(size), "step_time_s": t.step_time_s.map(lambda v: "" if v is None or v != v else f"{v:.3g}"),
-            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else f"{v:,.0f}"),
-            "mfu": t.mfu.map(lambda v: "" if v is None or v != v else f"{100 * v:.1f}%"), "why": t.why})
+            "tokens_per_s": t.tokens_per_s.map(lambda v: "" if v is None or v != v else format_rate(v)),
+            "mfu": t.mfu.map(lambda v: "" if v is None or v != v else format_percent(v)), "why": t.why})
 
     def explain(self) -> str:
         """What was chosen and why, in sentences (the notebook and the CLI print it)."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from ..analysis import Analysis
-from ..format import format_bytes, format_duration, format_plural
+from ..format import format_bytes, format_duration, format_percent, format_plural, format_rate
 from ..run.mesh import Mesh
 
 if TYPE_CHECKING:
@@ -381,8 +381,8 @@ def explain(table, limit_text: str, note: str = "", assumed: str = "") -> str:
         return f"Nothing fits. {note}".strip()
     best = table.iloc[0]
     timed = best.step_time_s == best.step_time_s and best.step_time_s is not None
-    when = (f", a step of {format_duration(best.step_time_s)} ({best.tokens_per_s:,.0f} tokens/s per rank, "
-            f"MFU {100 * best.mfu:.1f}%)" if timed else "")
+    when = (f", a step of {format_duration(best.step_time_s)} ({format_rate(best.tokens_per_s)} tokens/s per rank, "
+            f"MFU {format_percent(best.mfu)})" if timed else "")
     tight = " (tight: inside the safety margin)" if best.get("verdict") == "tight" else ""
     reserved = (f" (reserved {format_bytes(best.reserved_peak)})" if best.get("reserved_peak") == best.get("reserved_peak")
                 and best.get("reserved_peak") is not None else "")

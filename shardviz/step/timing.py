@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..activations import opcost, stop
-from ..format import OUTSIDE_FSDP, format_duration, format_kind
+from ..format import OUTSIDE_FSDP, format_duration, format_kind, format_percent, format_rate
 from ..run.devices import Device, Efficiency, default_efficiency, stack_of
 from ..model.tree import model_name
 from .calls import OUTSIDE, Call, ParamState, enclosing_root
@@ -446,8 +446,8 @@ def step_text(step: StepSummary) -> str:
     """One line: step time, tokens/s per rank, MFU, exposed communication (or why there is none)."""
     if step.step_time_s is None:
         return f"step time: {step.reason}"
-    return (f"step {format_duration(step.step_time_s)} · {step.tokens_per_s:,.0f} tokens/s per rank · "
-            f"MFU {100 * step.mfu:.1f}% · exposed communication {format_duration(step.exposed_comm_s)}"
+    return (f"step {format_duration(step.step_time_s)} · {format_rate(step.tokens_per_s)} tokens/s per rank · "
+            f"MFU {format_percent(step.mfu)} · exposed communication {format_duration(step.exposed_comm_s)}"
             f" ({step.device})")
 
 

@@ -57,7 +57,7 @@ function s(tag, attrs = {}, ...kids) {
 
 // the one number style of every view (the Inspector, the report, the charts), the same as
 // shardviz/format.py's (format_bytes, format_large_count, format_duration, format_percent,
-// format_count; tests/test_widget_front_end.py runs both): bytes in binary units with two decimals,
+// format_count, format_rate; tests/test_widget_front_end.py runs both): bytes in binary units with two decimals,
 // counts in words ("70.55 billion"; never "bn" or "B", which reads as bytes), times in s / ms / µs
 function fmt(v, kind) {
   if (v === null || v === undefined || Number.isNaN(Number(v))) return "–";
@@ -77,6 +77,7 @@ function fmt(v, kind) {
     return Math.trunc(n).toLocaleString("en-US");
   }
   if (kind === "int") return Math.trunc(n).toLocaleString("en-US");
+  if (kind === "rate") return Math.round(n).toLocaleString("en-US");
   if (kind === "seconds") {
     if (n >= 0.1 || n === 0) return `${n.toFixed(3)} s`;
     return n >= 1e-4 ? `${(n * 1e3).toFixed(2)} ms` : `${(n * 1e6).toFixed(1)} µs`;

@@ -67,7 +67,7 @@ function stepFigures(card) {
     "div",
     { class: "sv-card-step" },
     fig("step", fmt(card.step_time_s, "seconds"), "sv-card-steptime"),
-    fig("tokens/s per rank", fmt(card.tokens_per_s, "count"), "sv-card-tokens"),
+    fig("tokens/s per rank", fmt(card.tokens_per_s, "rate"), "sv-card-tokens"),
     fig("MFU", fmt(card.mfu, "percent"), "sv-card-mfu"),
   );
 }
