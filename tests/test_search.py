@@ -16,6 +16,7 @@ import pytest
 
 import shardviz as sv
 from shardviz import activations, zoo
+from shardviz.format import format_percent, format_rate
 from shardviz.search import step_numbers
 
 BATCH, SEQ = 2, 256
@@ -397,7 +398,7 @@ def test_explain_says_what_was_chosen_and_why():
     text = s.explain()
     best = s.table.iloc[0]
     assert text.startswith(f"Run {best['name']}: peak {sv.format.format_bytes(best.peak)}")
-    assert f"{best.tokens_per_s:,.0f} tokens/s per rank" in text and f"MFU {100 * best.mfu:.1f}%" in text
+    assert f"{format_rate(best.tokens_per_s)} tokens/s per rank" in text and f"MFU {format_percent(best.mfu)}" in text
     assert "Checkpointing is needed" in text and s.table.why.iloc[1] in text
 
 
@@ -472,3 +473,19 @@ def test_no_full_collection_during_a_search(monkeypatch):
     finally:
         gc.callbacks.remove(on_gc)
     assert gc.get_threshold() == before
+
+
+def test_a_model_whose_step_skips_a_block_is_searched():
+    """Mllama's language model holds cross-attention layers that run only with an image: the step
+    without one never runs layers.3, and the search's bound from one measurement read every block
+    (KeyError: "module '...layers.3' did not run in the measured step") and stopped Suggest."""
+    from hf_archs import build
+
+    model = build("mllama", lora=True)
+    training = sv.Training(batch_size=1, seq_len=32)
+    plain = sv.analyze(model, sv.Plan.auto(model), sv.Mesh(shard=4, device="H100"), training=training)
+    skipped = [b for b in plain.activation_profile.blocks if b not in plain.activation_profile.modules]
+    assert skipped  # the premise: torch's step ran without some block
+    found = sv.search(model, sv.Mesh(shard=4, device="H100"), training)
+    plan, mesh, tr = found.candidate(0)
+    assert int(found.table.iloc[0].peak) == int(sv.analyze(model, plan, mesh, training=tr).memory.peak.max())

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..checkpointing import FULL, SELECTIVE, CheckpointPolicy
 from ..presets import find_blocks
-from ..model.tree import ModelTree, base_model
+from ..model.tree import ModelTree, base_model, model_name
 from . import stop
 from .flops import flop_counter, module_sums
 from .kernels import attention_note
@@ -333,21 +333,22 @@ def _quiet_fake_tensor_log():
 
 
 def _measure_either_copy(model: nn.Module, entry: ModelEntry, request: _Request) -> ActivationProfile:
+    name = model_name(entry.tree)  # the model as every surface names it, not its peft wrapper
     try:
         return _measure(model, entry, request, reduce=True)
     except RecomputationError as exc:
         if request.use_cache:  # the cache's second append: the whole model fails the same way, slower
-            raise _recomputation_fails(model, request, exc) from exc.cause
+            raise _recomputation_fails(name, request, exc) from exc.cause
         first = exc
     except Exception as exc:  # noqa: BLE001 - the reduced copy failed: measure the whole model
         first = exc
     try:
         profile = _measure(model, entry, request, reduce=False)
     except RecomputationError as exc:
-        raise _recomputation_fails(model, request, exc) from exc.cause
+        raise _recomputation_fails(name, request, exc) from exc.cause
     except Exception as exc:  # noqa: BLE001
         raise ValueError(
-            f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
+            f"the activations of {name} could not be measured at batch {request.batch_size} x "
             f"{request.seq_len}: {type(first).__name__}: {str(first)[:300]}; pass Training(example_inputs=...) "
             f"with inputs its forward accepts, or batch_size=None for the model state alone{_cache_hint(request)}"
         ) from exc
@@ -355,11 +356,11 @@ def _measure_either_copy(model: nn.Module, entry: ModelEntry, request: _Request)
     return profile.with_note(note)
 
 
-def _recomputation_fails(model, request: _Request, exc: RecomputationError) -> ValueError:
+def _recomputation_fails(name: str, request: _Request, exc: RecomputationError) -> ValueError:
     fix = ("run the step with use_cache=False (Training(use_cache=False), as Hugging Face's own gradient "
            "checkpointing does in training) or leave" if request.use_cache else "leave")
     return ValueError(
-        f"the activations of {type(model).__name__} could not be measured at batch {request.batch_size} x "
+        f"the activations of {name} could not be measured at batch {request.batch_size} x "
         f"{request.seq_len}: torch's own step fails: recomputing the checkpointed {exc.module} in backward "
         f"raises {exc}. Its forward does not run the same way twice (it changes state its first run left, "
         f"e.g. a key/value cache it appends to), so checkpoint_wrapper cannot recompute it: {fix} "

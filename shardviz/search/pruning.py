@@ -187,8 +187,10 @@ def _compare_checkpoints(space: Space, strong: str | None, weak: str | None) -> 
 def _bound_others(space: Space, ev: Evidence, c: Candidate, profile) -> None:
     """From one measurement, the activations other checkpoint presets save for backward at least:
     every block's saved bytes, plain or checkpointed (``saved_plain`` / ``saved_checkpointed``,
-    both measured for the repeated blocks), are all alive when backward starts."""
-    rows = [profile.at(b) for b in profile.blocks]
+    both measured for the repeated blocks), are all alive when backward starts. A block the step
+    never ran (Mllama's cross-attention layers without an image) saves nothing."""
+    ran = [b for b in profile.blocks if b in profile.modules]
+    rows = [profile.modules[b] for b in ran]
     if any(r.saved_plain is None or r.saved_checkpointed is None for r in rows):
         return
     for ckpt in CHECKPOINTS:
@@ -198,7 +200,7 @@ def _bound_others(space: Space, ev: Evidence, c: Candidate, profile) -> None:
         plan = space.plan(Candidate(checkpoint=ckpt)).checkpoint
         if plan.selective:
             continue
-        saved = sum(r.saved_checkpointed if b in plan else r.saved_plain for b, r in zip(profile.blocks, rows))
+        saved = sum(r.saved_checkpointed if b in plan else r.saved_plain for b, r in zip(ran, rows))
         if saved > space.limit:
             ev.activations[key] = (saved, f"at least: every block's saved bytes, measured with {ckpt_words(c.checkpoint)}")
 
