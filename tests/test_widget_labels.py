@@ -151,6 +151,10 @@ def test_chart_labels_keep_the_end_that_names_the_module():
     assert got[3] == "(outside FSDP)"
     long = display.short_labels(["a.very_long_module_name.layers.11.mlp.down_proj", "b.x"], width=24)
     assert long[0] == "…layers.11.mlp.down_proj" and not long[0].startswith("…_")
+    # only blocks among the names (Qwen3-MoE's largest calls): the chart read "0", "1", ... for them
+    blocks = display.short_labels([f"base_model.model.model.layers.{i}" for i in range(3)])
+    assert blocks == ["layers.0", "layers.1", "layers.2"]
+    assert display.short_labels(["m.layers.0.mlp.experts.1", "m.layers.0.mlp.experts.2"]) == ["experts.1", "experts.2"]
 
 
 def test_traffic_payload_has_labels_and_names(model):

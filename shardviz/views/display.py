@@ -211,10 +211,14 @@ def _policy_text(default, used: list, noun: str) -> str:
 
 
 def common_prefix(names) -> str:
-    """The dotted prefix (whole name parts) that all dotted module names among ``names`` share."""
+    """The dotted prefix (whole name parts) that all dotted module names among ``names`` share, less
+    the list's own name when only indices would be left ("layers.0", never "0")."""
     mods = [m for n in names if n != OUTSIDE_FSDP and not n.startswith("<") for m in n.strip("[]").split(", ") if "." in m]
     prefix = os.path.commonprefix(mods) if len(mods) > 1 else ""
-    return prefix[: prefix.rfind(".") + 1]
+    prefix = prefix[: prefix.rfind(".") + 1]
+    while prefix and any(m[len(prefix):].split(".")[0].isdigit() for m in mods):
+        prefix = prefix[: prefix.rfind(".", 0, len(prefix) - 1) + 1]
+    return prefix
 
 
 def _keep_end(label: str, width: int) -> str:
