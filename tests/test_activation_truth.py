@@ -295,9 +295,14 @@ def test_use_cache_with_checkpointing_is_a_finding():
     assert "SV113" not in codes(ckpt) and not sv.analyze(model, sv.Plan.auto(model), FSDP8).use_cache
 
 
-# the deviation of the same cases run with use_cache=False on both sides (the pins before issue 20)
+# the deviation of the same cases run with use_cache=False on both sides (the pins before issue 20).
+# Plain Llama and Mixtral without the cache: +2,048 B, the step's cache_position (int64, seq): the
+# copy's checkpointed block, kept to toggle to (reduced._representatives), holds its inputs to its
+# backward, when the real plain step has freed it (+32 KiB on Llama-3-8B at 4096). Without that copy
+# these are exact, but XLM's plain step is then 6.8 % over: not changed yet, pinned here
 NO_CACHE_DEVIATION = {"llama-lora-sharded-ckpt": 0, "llama-lora-ignored-hsdp-ckpt": 0, "gpt2-full": 0,
-                      "gpt2-full-ckpt": 0}
+                      "gpt2-full-ckpt": 0, "llama-lora-sharded": 2048, "llama-lora-ignored-hsdp": 2048,
+                      "mixtral-full": 2048}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n, CASES[n][-1])) for n in NO_CACHE_DEVIATION])
