@@ -11,7 +11,7 @@ SEVERITIES = ("error", "warning", "info")
 class Change(NamedTuple):
     """A fix that is a change of the analysis' own arguments, as the check that found it priced it."""
 
-    words: str  # what it does and what it gives, in a line: "checkpoint every block: reserved peak 46.55 GiB, ..."
+    words: str  # what it does and what it gives, in a line: "checkpoint every block: fits, 32.45 GiB to spare; ..."
     kwargs: dict  # the arguments it replaces: any of plan=, mesh=, training= (``sv.analyze``'s)
 
 
