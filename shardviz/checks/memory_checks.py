@@ -208,10 +208,13 @@ def _fix_text(fix: MemoryFix, cli: bool = False) -> str:
     held = f"peak {format_bytes(fix.peak)}" + (f", reserved {format_bytes(fix.reserved)}" if fix.reserved else "")
     if fix.cost_s is None:
         return f"{text} ({held})"
-    sign = "+" if fix.cost_s >= 0 else "-"
     per = "per rank" if fix.hardware else "for the same tokens"
-    return (f"{text} ({held}; step {format_duration(fix.step_time_s)} {per}, "
-            f"{sign}{format_duration(abs(fix.cost_s))})")
+    return f"{text} ({held}; step {format_duration(fix.step_time_s)} {per}, {_cost_text(fix.cost_s)})"
+
+
+def _cost_text(cost_s: float) -> str:
+    """What a fix adds to the step (or saves): "+3.180 s", "-12.30 ms"."""
+    return f"{'+' if cost_s >= 0 else '-'}{format_duration(abs(cost_s))}"
 
 
 def _change(inputs: AnalysisView, fix: MemoryFix) -> Change | None:
@@ -223,8 +226,7 @@ def _change(inputs: AnalysisView, fix: MemoryFix) -> Change | None:
     fit = inputs.mesh.fit(fix.peak, fix.reserved)
     words = f"{fix.what}: {fit.word}, {fit.spare_text}"
     if fix.step_time_s is not None and fix.cost_s is not None:
-        sign = "+" if fix.cost_s >= 0 else "-"
-        words += f"; step {format_duration(fix.step_time_s)} ({sign}{format_duration(abs(fix.cost_s))})"
+        words += f"; step {format_duration(fix.step_time_s)} ({_cost_text(fix.cost_s)})"
     return Change(words, dict(fix.change))
 
 
