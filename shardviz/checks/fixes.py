@@ -25,6 +25,16 @@ def fix_plan(analysis, finding: Finding):
     return fix(analysis.layout, finding, analysis.torch_version) if fix is not None else None
 
 
+def fix_change(analysis, finding: Finding) -> dict | None:
+    """The fix as the analysis' arguments it changes (``plan=``, ``mesh=``, ``training=``): the change
+    its check priced (``Finding.change``: SV201's cheapest fix), else the plan ``fix_plan`` builds;
+    None when the fix is words only. What the Inspector's card offers and applies."""
+    if finding.change is not None:
+        return dict(finding.change.kwargs)
+    plan = fix_plan(analysis, finding)
+    return None if plan is None else {"plan": plan}
+
+
 def _with_root(plan: Plan) -> Plan:
     return plan if plan.unit_of("") is not None else plan.with_unit("")
 

@@ -537,10 +537,10 @@ def header_card(a, findings=None) -> dict:
     """The answer first, as the Inspector's header card and the report's top show it: the verdict
     (its word and kind, the one ``a.fit``), the judged peak against the usable memory with the
     margin (``limit_use``), step time, tokens/s and MFU (``a.step``), and the top finding (errors
-    first) with its title and whether its fix is a change of plan (``fixes.fix_plan``: "apply").
+    first) with its title and whether its fix is a change (``fixes.fix_change``: "apply").
     ``findings``: ``a.findings`` when computed (None: not yet, the card says nothing of them)."""
     from ..finding import TITLES
-    from ..checks.fixes import fix_plan
+    from ..checks.fixes import fix_change
 
     step = a.step
     timed = step.step_time_s is not None
@@ -560,7 +560,7 @@ def header_card(a, findings=None) -> dict:
     if findings:
         top = min(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))
         try:
-            fixable = top.change is not None or fix_plan(a, top) is not None
+            fixable = fix_change(a, top) is not None
         except Exception:  # noqa: BLE001 - the card still shows the finding, without "apply"
             fixable = False
         # a fix priced as a change (SV201's cheapest) is the line: the verdict above already says the problem

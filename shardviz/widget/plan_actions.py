@@ -356,19 +356,17 @@ def parse_reshard_after_forward(value):
 
 
 def finding_fix(state, code: str) -> dict:
-    """What applying a finding's fix changes, as ``_commit``'s arguments: the plan its fix describes
-    (``fixes.fix_plan``), named "<plan>, SVxxx fixed", or the mesh or training of a fix its check priced
-    as such (``Finding.change``: SV201's cheapest fix, a smaller micro-batch, offload); ``ValueError``
-    when the current plan has no such finding or its fix is words only."""
-    from ..checks.fixes import fix_plan
+    """What applying a finding's fix changes, as ``_commit``'s arguments (``fixes.fix_change``: a plan,
+    or the mesh or training SV201's cheapest fix priced), its plan named "<plan>, SVxxx fixed";
+    ``ValueError`` when the current plan has no such finding or its fix is words only."""
+    from ..checks.fixes import fix_change
 
     found = [f for f in state.analysis.findings if f.code == code]
     if not found:
         raise ValueError(f"finding {code!r}: the current plan has no such finding")
-    change = dict(found[0].change.kwargs) if found[0].change is not None else {}
-    plan = change.get("plan") if change else fix_plan(state.analysis, found[0])
-    if plan is None and not change:
+    change = fix_change(state.analysis, found[0])
+    if change is None:
         raise ValueError(f"finding {code}: its fix is not a change of plan, mesh or training ({found[0].fix[:120]})")
-    if plan is not None:
-        change["plan"] = replace(plan, name=f"{state.plan.name or 'custom plan'}, {code} fixed")
+    if "plan" in change:
+        change["plan"] = replace(change["plan"], name=f"{state.plan.name or 'custom plan'}, {code} fixed")
     return change
