@@ -289,7 +289,7 @@ def verdict_section(a, findings=None) -> str:
         # its first clause, as the Inspector's card shows it; the whole message on hover and in the findings below
         finding = (f'<p class="card-finding {top["severity"]}" title="{_esc(top["message"])}"><b>{_esc(top["code"])}</b> '
                    f'({_esc(top["title"])}): {_esc(top["headline"])}'
-                   + (f" <i>Fix: {_esc(top['fix'])}</i>" if top["fix"] else "") + "</p>")
+                   + (f" <i>Fix: {_esc(top['fix'])}</i>" if top["fix"] and not top["headline_is_fix"] else "") + "</p>")
     device = a.mesh.device.name if a.mesh.device is not None else "no device named (--device)"
     word, text = card["verdict_word"], card["verdict_text"]
     rest = text[len(word):] if text.startswith(word) else f": {text}"  # the headline starts with its word: bold once

@@ -130,3 +130,18 @@ def test_a_findings_headline_is_its_first_clause_cut_at_a_word():
     long = "word " * 60
     out = clause(long)
     assert len(out) <= 160 and out.endswith("…") and long.startswith(out[:-1]) and not out[:-1].endswith(" ")
+
+
+def test_the_card_says_sv201s_cheapest_fix_once():
+    """The card's line became SV201's cheapest fix ("fix: checkpoint every block: fits, ..."), and the
+    report still appended the whole fix after it: the same fix twice in one line. The whole text stays
+    in the findings below."""
+    m = zoo.build("llama3_8b", lora=True)
+    page = render_report(m, sv.Plan.auto(m), sv.Mesh(shard=8, device="A100-40GB"),
+                         sv.Training(batch_size=2, seq_len=8192))
+    card = re.search(r'<p class="card-finding[^"]*"[^>]*>(.*?)</p>', page, re.S).group(1)
+    finding = next(f for f in sv.analyze(m, sv.Plan.auto(m), sv.Mesh(shard=8, device="A100-40GB"),
+                                         training=sv.Training(batch_size=2, seq_len=8192)).findings if f.code == "SV201")
+    assert html.escape(f"fix: {finding.change.words}") in card
+    assert "cheapest fix" not in card
+    assert html.escape(finding.fix) in page  # the findings below keep the whole text

@@ -567,5 +567,5 @@ def header_card(a, findings=None) -> dict:
         headline = f"fix: {top.change.words}" if top.change is not None else first_clause(top.message)
         card["finding"] = {"code": top.code, "severity": top.severity, "title": TITLES.get(top.code, ""),
                            "message": top.message, "headline": headline, "fix": top.fix,
-                           "applies": fixable, "pending": top.pending}
+                           "headline_is_fix": top.change is not None, "applies": fixable, "pending": top.pending}
     return card
