@@ -152,6 +152,13 @@ class Analysis:
             return None
         return self._measure(self.training.batch_size, self.training.seq_len)
 
+    def measure_ahead(self) -> None:
+        """The step measured into the activations' one cache, as ``measured_step`` measures it, but
+        outside every cached property (the widget's look-ahead: an edit lets its measurement run on,
+        and in Python 3.11 a ``cached_property`` holds one lock for every instance while it computes)."""
+        if self.training.with_activations:
+            self._measure(self.training.batch_size, self.training.seq_len)
+
     @property
     def activation_profile(self):
         """The step's activations measured by torch (``activations.measure_activations``), or None

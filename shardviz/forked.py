@@ -23,6 +23,12 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from contextlib import ExitStack
+
+
+#: context managers entered around each fork: a copy inherits only the forking thread, so what
+#: another thread has half done must not be under way (``activations.measure_cache``: a step's patches)
+FORK_GUARDS: list[Callable[[], object]] = []
 
 
 def available() -> bool:
@@ -43,8 +49,10 @@ class Forked:
         self._reaped = False
         self._lock = threading.Lock()  # kill and reap: a reaped pid may be another process's
         r, w = os.pipe()
-        with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the copy renews ours (_fresh_locks)
+        with warnings.catch_warnings(), ExitStack() as guards:  # 3.12+: "multi-threaded, fork() may deadlock": the copy renews ours (_fresh_locks)
             warnings.simplefilter("ignore", DeprecationWarning)
+            for guard in FORK_GUARDS:
+                guards.enter_context(guard())
             pid = os.fork()
         if pid == 0:
             os.close(r)

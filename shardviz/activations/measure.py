@@ -17,7 +17,7 @@ from . import stop
 from .flops import flop_counter, module_sums
 from .kernels import attention_note
 from .patches import balanced_routing, fake_friendly, hf_plain_batches, moe_shape
-from .measure_cache import Measurement, ModelEntry, entry_of, measure_once, peek, recall, remember
+from .measure_cache import Measurement, ModelEntry, entry_of, measure_once, one_step, peek, recall, remember
 from .profile import ActivationProfile, event_index, last_in_subtree, module_stats, strip_wrapper
 from .reduced import DtypePolicy, ListPlan, as_dtype, build_copy, plan_lists
 from .splice import block_saved, splice
@@ -297,10 +297,9 @@ def _measure(model: nn.Module, entry: ModelEntry, request: _Request, *, reduce: 
     key = _measurement_key(tree, request, lists, outside_ck, policy)
     moe = moe_shape(model)
     measurement = recall(entry.measurements, key)
-    if measurement is None:
-        measurement = measure_once(key, lambda: measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck,
-                                                             request, moe))
-        remember(entry.measurements, key, measurement)
+    if measurement is None:  # one step at a time in this process; the same step waited for, not run twice
+        measurement = one_step(key, entry.measurements, lambda: measure_once(
+            key, lambda: measure_copy(model, tree, lists, policy.param_dtype_of, outside_ck, request, moe)))
     return _profile(tree, request, listed, lists, measurement, moe)
 
 
@@ -468,7 +467,8 @@ def _forward_events(model, tree, lists, request, moe) -> tuple[list, object]:
 def _order_of(model, tree, request, reduce: bool, toggles: bool) -> tuple[str, ...]:
     policy = DtypePolicy(tree, None, frozenset())
     lists = plan_lists(tree, find_blocks(tree) if reduce else [], policy.compute_dtype, request.policies, toggles)
-    events, release = _forward_events(model, tree, lists, request, moe_shape(model))
+    events, release = one_step(("run order", request, reduce, toggles), None,
+                               lambda: _forward_events(model, tree, lists, request, moe_shape(model)))
     timeline = splice(events, lists, release)
     return tuple(dict.fromkeys(key for kind, key in zip(timeline.kinds, timeline.keys) if kind == "pre_fw"))
 

@@ -5,6 +5,13 @@ A forked copy of the process (``shardviz.forked``: the Inspector prices its find
 into its own copy of this cache; ``mark`` / ``kept_since`` / ``adopt`` bring what it kept back, so
 that the parent never measures the same step again. While the two measure at once (the search on
 two cores), ``shared_between`` / ``measure_once`` give each step to one of them, the other reads it.
+
+Within one process, threads measure one step at a time (``one_step``): a step patches module-level
+functions while it runs (``patches``, ``kvcache``), which two steps at once would share. A thread
+that needs the step another is measuring waits for it rather than measuring it again; one that
+needs another step stops a measurement made ahead of need (``ahead``: the Inspector's look-ahead),
+else waits for it. A fork waits for the step in progress (``forked.FORK_GUARDS``): the copy would
+inherit its patches half applied.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .. import forked
 from ..model.tree import ModelTree, as_tree
 from . import stop
 from .kvcache import KVRelease
@@ -227,3 +235,87 @@ def _wait_for(path: str, peer_alive: Callable[[], bool]) -> Measurement | None:
     with open(path, "rb") as f:
         data = f.read()
     return pickle.loads(data) if data else None
+
+
+# ---------------------------------------------------------------------------
+# One step at a time in this process
+# ---------------------------------------------------------------------------
+@dataclass
+class _Running:
+    key: object  # what the step measures (``measure._measurement_key``, or a run order's request)
+    ident: int  # the thread measuring it
+    ahead: bool  # measured ahead of need: a thread that needs another step stops it
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_STEP_LOCK = threading.Lock()  # guards _RUNNING (a fork holds it: no step starts meanwhile)
+_RUNNING: _Running | None = None
+_AHEAD = threading.local()  # .on: this thread measures ahead of need (``ahead``)
+
+
+@contextmanager
+def ahead() -> Iterator[None]:
+    """Around work that measures steps before anyone needs them (the Inspector's look-ahead): a
+    thread that needs another step stops such a measurement instead of waiting for it."""
+    before = getattr(_AHEAD, "on", False)
+    _AHEAD.on = True
+    try:
+        yield
+    except stop.Stopped:
+        if not before:  # the request to stop has been met: the thread may measure again
+            stop.forget(threading.get_ident())
+        raise
+    finally:
+        _AHEAD.on = before
+
+
+def one_step(key, table: dict | None, measure: Callable[[], object]):
+    """``measure()``, the step under ``key``, once no other thread measures a step; kept in ``table``
+    (None: not kept). When another thread is measuring this very step, its result (``recall``) once
+    it is done; when it measures another step ahead of need and this one is needed, it is stopped
+    first (``stop.request``: it raises at its next operation and unwinds its patches)."""
+    global _RUNNING
+    me = threading.get_ident()
+    while True:
+        with _STEP_LOCK:
+            running = _RUNNING
+            if running is None or running.ident == me:  # free (or a step inside this thread's own)
+                mine = _RUNNING = running or _Running(key, me, getattr(_AHEAD, "on", False))
+                break
+        if running.key != key and running.ahead and not getattr(_AHEAD, "on", False):
+            stop.request(running.ident)
+        while not running.done.wait(0.005):
+            stop.check()  # the Inspector's next edit stops this wait as it stops a measurement
+        if table is not None and running.key == key and (kept := recall(table, key)) is not None:
+            return kept  # measured by the other thread (if it failed or stopped, measured here)
+    try:
+        value = measure()
+        if table is not None:
+            remember(table, key, value)
+        return value
+    finally:
+        if mine is not running:  # the outermost step of this thread ends
+            with _STEP_LOCK:
+                _RUNNING = None
+            mine.done.set()
+
+
+@contextmanager
+def _no_step_running() -> Iterator[None]:
+    """While a fork is made: no step in progress, none started (``forked.FORK_GUARDS``)."""
+    me = threading.get_ident()
+    while True:
+        _STEP_LOCK.acquire()
+        running = _RUNNING
+        if running is None or running.ident == me:
+            break
+        _STEP_LOCK.release()
+        while not running.done.wait(0.005):
+            stop.check()
+    try:
+        yield
+    finally:
+        _STEP_LOCK.release()  # in the copy ``forked`` renews the lock; _RUNNING is None there (or its own thread's)
+
+
+forked.FORK_GUARDS.append(_no_step_running)

@@ -18,6 +18,8 @@ into the measurement caches, so that the edit itself finds its step measured and
 The look-ahead is invisible: once the findings are priced, the widget is idle (``Worker.busy`` is
 False, ``wait()`` returns), and the next edit cancels it like any job, unless the look-ahead is
 measuring that edit's very step: that measurement goes on to its end (``BackgroundPush.stop``).
+A step the user's own code needs meanwhile (``sv.analyze`` in the next cell) stops the look-ahead's
+measurement rather than run beside it (``measure_cache.one_step``: one step at a time per process).
 
 On Linux, SV201's what-ifs are priced meanwhile in a forked copy of the kernel (``price_in_fork``;
 elsewhere, on the worker before the look-ahead): measuring is Python that holds the GIL, so a
@@ -139,6 +141,7 @@ class Worker:
                 self._on_error(exc)
         finally:
             self.settled.set()
+            stop.forget(threading.get_ident())  # its ident may be a later thread's: no request left for it
 
     @contextlib.contextmanager
     def measuring_ahead(self, inputs: tuple):
@@ -550,6 +553,11 @@ def look_ahead(st, rev: int | None = None, findings: bool = True, measuring=None
     (the worker is cancelled then anyway). Returns what it measured. A failure is left to the edit.
     ``measuring(inputs)``: a context around each step measured (``Worker.measuring_ahead``: an edit
     that needs that very step lets it finish)."""
+    with measure_cache.ahead():  # a step another thread needs stops it (measure_cache.one_step)
+        return _look_ahead(st, rev, findings, measuring)
+
+
+def _look_ahead(st, rev, findings, measuring) -> list[str]:
     done, analyses = [], []
     for what, edit in next_edits(st):
         stop.check()
@@ -563,8 +571,9 @@ def look_ahead(st, rev: int | None = None, findings: bool = True, measuring=None
             plan, mesh, training = inputs
             with measuring(inputs) if measuring else contextlib.nullcontext():
                 a = analyze(st.tree, plan, mesh, training, strict=False, torch_version=st.torch_version)
-                a.memory  # noqa: B018 - measures the step: the cache keeps it
-                a.step  # noqa: B018
+                a.measure_ahead()  # the cache keeps the step; no cached property's lock held meanwhile
+            a.memory  # noqa: B018
+            a.step  # noqa: B018
         except Exception:  # noqa: BLE001 - the edit, if made, says why
             continue
         done.append(what)
