@@ -25,6 +25,9 @@ runs the widget's look-ahead (``background.look_ahead``) between edits, as the w
 the user reads the numbers. Targets: plan edits <= 300 ms, dtype / sequence / TP / HSDP <= 1 s,
 first render <= 3 s, Suggest <= 5 s.
 
+``--python --cell``: a notebook cell's own analysis while an Inspector on 70B looks ahead, against
+the same alone (one step measured at a time per process: the cell's stops the look-ahead's).
+
 ``--python --suggest-only``: the same state, then Suggest alone: cold (only the current plan's step
 measured, by the first render) and twice warm (every measurement cached; the search kept from the run
 before is dropped first, so that the search itself is timed), wall and CPU seconds and the
@@ -360,6 +363,41 @@ def bench_memory(model_name: str = "llama3_70b", edits: int = 150) -> list[dict]
     return out
 
 
+def bench_cell(model_name: str = "llama3_70b", edits: int = 4) -> list[dict]:
+    """``--python --cell``: a notebook cell's own analysis (the zoo's tiny Llama + LoRA, a sequence not
+    measured yet) run while an Inspector on ``model_name`` looks ahead after an edit (1.5 s after it),
+    against the same analysis with nothing beside it: one step at a time per process
+    (``measure_cache.one_step``), the look-ahead's measurement stopped for the cell's."""
+    import shardviz as sv
+    from shardviz import zoo
+    from shardviz.widget import Inspector
+
+    model, small = zoo.build(model_name), zoo.tiny_llama_lora()
+    mesh, out = sv.Mesh(shard=4, device="H100"), []
+
+    def cell(seq: int) -> float:
+        t = time.perf_counter()
+        sv.analyze(small, None, mesh, sv.Training(batch_size=1, seq_len=seq)).memory  # noqa: B018
+        return time.perf_counter() - t
+
+    cell(16)  # the imports a first step pays, once
+    alone = [cell(20 + i) for i in range(edits)]
+    ins = Inspector(model, mesh=sv.Mesh(shard=64, device="H100"), training=sv.Training(batch_size=1, seq_len=8192),
+                    background=True)
+    ins.pushes.ahead = True  # as with a front end
+    ins.wait(300)
+    beside = []
+    for i in range(edits):
+        ins.handle_action("set_training", {"seq_len": 4096 + 8 * i})
+        time.sleep(1.5)
+        beside.append(cell(40 + i))
+    ins.pushes.cancel()
+    for what, times in (("alone", alone), ("beside the look-ahead", beside)):
+        out.append({"cell": what, "wall_s": times})
+        print(f"  a cell's analysis {what:<22}" + " ".join(f"{1000 * t:6.0f} ms" for t in times), flush=True)
+    return out
+
+
 def python_main(args) -> int:
     """``--python``: no browser (the edits, ``--suggest-only`` or ``--memory``), written as JSON."""
     sys.path.insert(0, str(ROOT))
@@ -367,9 +405,11 @@ def python_main(args) -> int:
         rows = bench_suggest(profile=args.profile, gc_freeze=not args.no_gc_freeze)
     elif args.memory:
         rows = bench_memory()
+    elif args.cell:
+        rows = bench_cell()
     else:
         rows = bench_python(ahead=args.ahead, suggest=not args.no_suggest, gc_freeze=not args.no_gc_freeze)
-    kind = "suggest" if args.suggest_only else "memory" if args.memory else "python"
+    kind = "suggest" if args.suggest_only else "memory" if args.memory else "cell" if args.cell else "python"
     out = Path(args.out).with_name(f"bench_widget_{kind}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -389,6 +429,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", help="with --suggest-only: write the cold Suggest's cProfile stats here")
     parser.add_argument("--memory", action="store_true",
                         help="with --python: resident memory over 150 edits that each make a new profile")
+    parser.add_argument("--cell", action="store_true",
+                        help="with --python: a notebook cell's analysis while an Inspector looks ahead, and alone")
     parser.add_argument("--models", nargs="+", default=["tiny_llama_lora", "llama3_70b", "nllb_moe_54b"],
                         help="zoo names (nllb_moe_54b is the zoo's largest MoE)")
     parser.add_argument("--renders", type=int, default=4, help="first-render runs per model (the first is cold)")
