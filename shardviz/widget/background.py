@@ -572,8 +572,6 @@ def _look_ahead(st, rev, findings, measuring) -> list[str]:
             with measuring(inputs) if measuring else contextlib.nullcontext():
                 a = analyze(st.tree, plan, mesh, training, strict=False, torch_version=st.torch_version)
                 a.measure_ahead()  # the cache keeps the step; no cached property's lock held meanwhile
-            a.memory  # noqa: B018
-            a.step  # noqa: B018
         except Exception:  # noqa: BLE001 - the edit, if made, says why
             continue
         done.append(what)
