@@ -115,6 +115,31 @@ def test_the_look_ahead_is_idle_work_and_the_next_edit_stops_it(model, monkeypat
     release.set()
 
 
+def test_one_inspector_looks_ahead_the_one_used_last(model, monkeypatch):
+    """A re-run cell leaves the old Inspector displayed and alive, its look-ahead measuring for an edit
+    that will not come (about 20 s of a core after one edit at 70B): the work of another Inspector
+    (its first render, an edit) stops it; another's visible work (its findings, Suggest) goes on."""
+    clear_cache()
+    started, release = threading.Event(), threading.Event()
+
+    def slow(st, rev=None, findings=True, measuring=None):
+        started.set()
+        while not release.is_set():
+            stop.check()
+            release.wait(0.01)
+
+    monkeypatch.setattr(background, "look_ahead", slow)
+    old = Inspector(model, mesh=MESH, training=TRAINING, background=True)
+    old.pushes.ahead = True
+    assert started.wait(120) and old.wait(5)
+    looking = old.pushes.worker._thread
+    assert looking.is_alive()  # looking ahead
+    new = Inspector(model, mesh=MESH, training=TRAINING, background=True)  # the cell run again
+    assert not looking.is_alive() and not release.is_set()  # stopped, not finished
+    assert new.wait(120) and new.memory["max_peak"] == old.memory["max_peak"]
+    release.set()
+
+
 def test_after_a_block_edit_the_look_ahead_measures_the_block_edits_first(model, runs):
     """Once the user edits single blocks, another block edit is the likeliest next one: its step is
     measured before the LoRA presets'; in a plan that treats every block alike the presets come first."""

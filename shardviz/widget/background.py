@@ -20,6 +20,7 @@ False, ``wait()`` returns), and the next edit cancels it like any job, unless th
 measuring that edit's very step: that measurement goes on to its end (``BackgroundPush.stop``).
 A step the user's own code needs meanwhile (``sv.analyze`` in the next cell) stops the look-ahead's
 measurement rather than run beside it (``measure_cache.one_step``: one step at a time per process).
+One Inspector looks ahead, the one used last: another's job stops it (``Worker.stop_others_looking_ahead``).
 
 On Linux, SV201's what-ifs are priced meanwhile in a forked copy of the kernel (``price_in_fork``;
 elsewhere, on the worker before the look-ahead): measuring is Python that holds the GIL, so a
@@ -124,11 +125,20 @@ class Worker:
 
     def start(self, fn: Callable[[], None], label: str) -> None:
         self.cancel()
+        self.stop_others_looking_ahead()
         self.label, self.started = label, time.time()
         self.job += 1
         self.settled.clear()
         self._thread = threading.Thread(target=self._main, args=(fn,), daemon=True, name=f"shardviz Inspector: {label}")
         self._thread.start()
+
+    def stop_others_looking_ahead(self) -> None:
+        """Stop the look-ahead of every other Inspector (their visible work goes on): it measures for the
+        next edit of a widget the user has left (a re-run cell leaves the old one displayed and alive),
+        about 20 s of a core after one edit at 70B, while this one's edit and look-ahead need the CPU."""
+        for other in list(_WORKERS):
+            if other is not self and not other.busy:
+                other.cancel()
 
     def _main(self, fn) -> None:
         try:
