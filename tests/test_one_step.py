@@ -118,3 +118,95 @@ def test_a_fork_waits_for_the_step_in_progress(model, gated):
     copy.done.wait(60)
     other.join(60)
     assert copy.ok and copy.result == "Module.to"  # the copy has torch's own, not a measurement's patch
+
+
+def _ahead_thread(model, seq: int, out: dict) -> threading.Thread:
+    """A look-ahead's step on another thread (``ahead(may_park=True)``): "kept" once measured,
+    "stopped" if it stopped."""
+    def run():
+        try:
+            with measure_cache.ahead(may_park=True):
+                measure_activations(model, 1, seq)
+            out["ahead"] = "kept"
+        except stop.Stopped:
+            out["ahead"] = "stopped"
+
+    return threading.Thread(target=run)
+
+
+def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, gated):
+    """An edit sets aside its look-ahead's half-measured step (parked at its next operation); the step
+    goes on once a thread waits for it, is kept, and the thread that set it aside stops after it."""
+    runs, started, release = gated
+    clear_cache()
+    out = {}
+    ahead = _ahead_thread(model, 40, out)
+    ahead.start()
+    assert started.wait(60)
+    assert measure_cache.set_aside(ahead.ident)
+    release.set()  # free to run, but parked at its first operation
+    ahead.join(2)
+    assert ahead.is_alive() and "ahead" not in out  # waits
+    needed = measure_activations(model, 1, 40).peak  # the same step: it goes on, this thread reads it
+    ahead.join(60)
+    assert len(runs) == 1 and not ahead.is_alive()
+    assert out["ahead"] == "stopped"  # after its step (kept): it looked ahead for a state left behind
+    clear_cache()
+    assert measure_activations(model, 1, 40).peak == needed
+
+
+def test_a_step_set_aside_is_stopped_by_another_step_needed(model, gated):
+    runs, started, release = gated
+    clear_cache()
+    out = {}
+    ahead = _ahead_thread(model, 40, out)
+    ahead.start()
+    assert started.wait(60)
+    assert measure_cache.set_aside(ahead.ident)
+    release.set()
+    needed = measure_activations(model, 1, 56).peak
+    ahead.join(60)
+    assert out["ahead"] == "stopped" and not ahead.is_alive()
+    assert len(runs) == 2
+    clear_cache()
+    assert measure_activations(model, 1, 56).peak == needed
+
+
+def test_only_a_look_ahead_step_measured_holding_no_lock_is_set_aside(model, gated):
+    runs, started, release = gated
+    clear_cache()
+    out = {}
+
+    def findings_ahead():  # the look-ahead's findings: measured inside cached properties, never parked
+        with measure_cache.ahead():
+            measure_activations(model, 1, 40)
+        out["done"] = True
+
+    t = threading.Thread(target=findings_ahead)
+    t.start()
+    assert started.wait(60)
+    assert not measure_cache.set_aside(t.ident)
+    assert not measure_cache.set_aside(threading.get_ident())  # nor a thread measuring nothing
+    release.set()
+    t.join(60)
+    assert out["done"]
+
+
+def test_a_fork_lets_a_step_set_aside_finish_first(model, gated):
+    runs, started, release = gated
+    clear_cache()
+    out = {}
+    ahead = _ahead_thread(model, 40, out)
+    ahead.start()
+    assert started.wait(60)
+    assert measure_cache.set_aside(ahead.ident)
+    release.set()
+    copy = forked.Forked(lambda: nn.Module.to.__qualname__)
+    assert out.get("ahead") in ("stopped", None)  # its step ended before the fork
+    copy.done.wait(60)
+    ahead.join(60)
+    assert copy.ok and copy.result == "Module.to"
+    assert len(runs) == 1
+    runs_before = len(runs)
+    measure_activations(model, 1, 40)  # kept: nothing runs
+    assert len(runs) == runs_before

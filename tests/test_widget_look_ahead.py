@@ -6,6 +6,7 @@ is what torch measures for that state: the numbers after the edit equal a fresh 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -138,6 +139,46 @@ def test_one_inspector_looks_ahead_the_one_used_last(model, monkeypatch):
     assert not looking.is_alive() and not release.is_set()  # stopped, not finished
     assert new.wait(120) and new.memory["max_peak"] == old.memory["max_peak"]
     release.set()
+
+
+def test_an_edit_sets_aside_the_look_ahead_s_half_measured_step_and_keeps_it(model, monkeypatch):
+    """An edit that finds the look-ahead half way through a step (one the next edits likely need)
+    sets it aside instead of throwing it away: it waits while the edit's numbers go out, then is
+    measured to its end and kept; the edit that needs it later measures nothing."""
+    clear_cache()
+    runs, started, release = [], threading.Event(), threading.Event()
+    real = measure_mod.measure_copy
+
+    def gated(*args, **kwargs):
+        request = args[5]
+        runs.append((request.seq_len, request.use_cache))
+        if request.seq_len == 32:  # the look-ahead's step: held at its start until the edit comes
+            started.set()
+            while not release.wait(0.005):
+                stop.check()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure_mod, "measure_copy", gated)
+    ins = Inspector(model, mesh=MESH, training=TRAINING, background=True)
+    assert ins.wait(120)
+    st = ins.controller
+    monkeypatch.setattr(background, "next_edits", lambda s: [
+        ("half the sequence", lambda: (s.plan, s.mesh, dataclasses.replace(s.training, seq_len=32)))])
+    ins.pushes.ahead = True
+    assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # measured here; then the look-ahead starts
+    assert started.wait(120) and ins.wait(120)
+    looking = ins.pushes.worker._thread
+    assert ins.handle_action("set_training", {"seq_len": 64})["ok"]  # measured at the first render: nothing to measure
+    assert ins.pushes.worker.aside is looking  # set aside, not stopped
+    release.set()
+    assert ins.wait(120)
+    looking.join(60)
+    assert not looking.is_alive()  # its step measured and kept, it ended
+    assert runs.count((32, True)) == 1
+    assert ins.handle_action("set_training", {"seq_len": 32})["ok"]
+    assert ins.wait(120)
+    assert runs.count((32, True)) == 1, runs  # the step set aside was kept: not measured again
+    assert ins.memory["max_peak"] == fresh_peak(model, st)  # and it is what torch measures for the state
 
 
 def test_after_a_block_edit_the_look_ahead_measures_the_block_edits_first(model, runs):

@@ -245,28 +245,32 @@ class _Running:
     key: object  # what the step measures (``measure._measurement_key``, or a run order's request)
     ident: int  # the thread measuring it
     ahead: bool  # measured ahead of need: a thread that needs another step stops it
+    may_park: bool = False  # measured holding no lock another thread may wait for (``set_aside``)
     done: threading.Event = field(default_factory=threading.Event)
 
 
 _STEP_LOCK = threading.Lock()  # guards _RUNNING (a fork holds it: no step starts meanwhile)
 _RUNNING: _Running | None = None
-_AHEAD = threading.local()  # .on: this thread measures ahead of need (``ahead``)
+_AHEAD = threading.local()  # .on: this thread measures ahead of need (``ahead``); .may_park (``ahead(may_park=True)``)
 
 
 @contextmanager
-def ahead() -> Iterator[None]:
+def ahead(may_park: bool = False) -> Iterator[None]:
     """Around work that measures steps before anyone needs them (the Inspector's look-ahead): a
-    thread that needs another step stops such a measurement instead of waiting for it."""
-    before = getattr(_AHEAD, "on", False)
-    _AHEAD.on = True
+    thread that needs another step stops such a measurement instead of waiting for it. ``may_park``:
+    the steps are measured holding no lock that another thread may wait for (in Python 3.11, a
+    ``cached_property`` holds one for every instance of its class), so they may be set aside
+    (``set_aside``)."""
+    before = getattr(_AHEAD, "on", False), getattr(_AHEAD, "may_park", False)
+    _AHEAD.on, _AHEAD.may_park = True, may_park
     try:
         yield
     except stop.Stopped:
-        if not before:  # the request to stop has been met: the thread may measure again
+        if not before[0]:  # the request to stop has been met: the thread may measure again
             stop.forget(threading.get_ident())
         raise
     finally:
-        _AHEAD.on = before
+        _AHEAD.on, _AHEAD.may_park = before
 
 
 def one_step(key, table: dict | None, measure: Callable[[], object]):
@@ -280,10 +284,12 @@ def one_step(key, table: dict | None, measure: Callable[[], object]):
         with _STEP_LOCK:
             running = _RUNNING
             if running is None or running.ident == me:  # free (or a step inside this thread's own)
-                mine = _RUNNING = running or _Running(key, me, getattr(_AHEAD, "on", False))
+                mine = _RUNNING = running or _Running(key, me, getattr(_AHEAD, "on", False),
+                                                      getattr(_AHEAD, "may_park", False))
                 break
         if running.key != key and running.ahead and not getattr(_AHEAD, "on", False):
             stop.request(running.ident)
+        stop.unpark(running.ident)  # a step set aside (``set_aside``) goes on now that it is waited for
         while not running.done.wait(0.005):
             stop.check()  # the Inspector's next edit stops this wait as it stops a measurement
         if table is not None and running.key == key and (kept := recall(table, key)) is not None:
@@ -297,7 +303,22 @@ def one_step(key, table: dict | None, measure: Callable[[], object]):
         if mine is not running:  # the outermost step of this thread ends
             with _STEP_LOCK:
                 _RUNNING = None
+            stop.step_ended()
             mine.done.set()
+
+
+def set_aside(ident: int) -> bool:
+    """If the thread ``ident`` is measuring a step ahead of need: park it (it waits at its next
+    operation, its patches applied) until a thread waits for it (``one_step``, a fork), then stop
+    it once the step is kept, and say True; else False. An edit sets aside its widget's look-ahead so,
+    rather than throw away a step half measured that the next edits likely need too."""
+    with _STEP_LOCK:
+        running = _RUNNING
+        if running is None or running.ident != ident or not (running.ahead and running.may_park):
+            return False
+        stop.park(ident)
+        stop.stop_after_step(ident)
+    return True
 
 
 @contextmanager
@@ -310,6 +331,7 @@ def _no_step_running() -> Iterator[None]:
         if running is None or running.ident == me:
             break
         _STEP_LOCK.release()
+        stop.unpark(running.ident)
         while not running.done.wait(0.005):
             stop.check()
     try:

@@ -98,6 +98,7 @@ class Recorder(MemTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
             return self._device_of(args)
+        stop.pause()  # a step set aside waits here until someone needs it (measure_cache.set_aside)
         if torch._C._current_graph_task_id() == -1:  # not in backward: torch's engine terminates on it there
             stop.check()  # the Inspector's next edit stops this measurement here, where torch expects exceptions
         elif stop.requested():  # in backward, asked to stop: its numbers will be dropped, so none is kept

@@ -15,6 +15,10 @@ import threading
 
 #: the threads asked to stop (their ``threading.get_ident()``)
 _ASKED: set[int] = set()
+#: threads told to wait at their step's next operation (``park``), each until its Event is set
+_PARKED: dict[int, threading.Event] = {}
+#: threads to stop once the step they measure is kept (``stop_after_step``)
+_AFTER_STEP: set[int] = set()
 
 
 class Stopped(BaseException):
@@ -23,13 +27,49 @@ class Stopped(BaseException):
 
 
 def request(ident: int) -> None:
-    """Ask the thread ``ident`` to stop at its next ``check``."""
+    """Ask the thread ``ident`` to stop at its next ``check`` (a parked one wakes to do so)."""
     _ASKED.add(ident)
+    unpark(ident)
 
 
 def forget(ident: int) -> None:
     """The thread ``ident`` has ended (or stopped): a new thread may reuse its ident."""
     _ASKED.discard(ident)
+    _AFTER_STEP.discard(ident)
+    unpark(ident)
+
+
+def park(ident: int) -> None:
+    """Have the thread ``ident`` wait at its step's next operation (``pause``) until ``unpark``: a
+    step measured ahead of need, set aside while an edit has the CPU (``measure_cache.set_aside``)."""
+    _PARKED.setdefault(ident, threading.Event())
+
+
+def unpark(ident: int) -> None:
+    event = _PARKED.pop(ident, None)
+    if event is not None:
+        event.set()
+
+
+def pause() -> None:
+    """At each operation of a step (the recorder): wait here while this thread is parked."""
+    if _PARKED:
+        event = _PARKED.get(threading.get_ident())
+        if event is not None:
+            event.wait()
+
+
+def stop_after_step(ident: int) -> None:
+    """Ask the thread ``ident`` to stop once the step it measures is kept (``step_ended``)."""
+    _AFTER_STEP.add(ident)
+
+
+def step_ended() -> None:
+    """This thread's step has ended: asked to stop after it, it stops at its next ``check``."""
+    ident = threading.get_ident()
+    if ident in _AFTER_STEP:
+        _AFTER_STEP.discard(ident)
+        _ASKED.add(ident)
 
 
 def check() -> None:

@@ -21,6 +21,9 @@ measuring that edit's very step: that measurement goes on to its end (``Backgrou
 A step the user's own code needs meanwhile (``sv.analyze`` in the next cell) stops the look-ahead's
 measurement rather than run beside it (``measure_cache.one_step``: one step at a time per process).
 One Inspector looks ahead, the one used last: another's job stops it (``Worker.stop_others_looking_ahead``).
+An edit that comes while the look-ahead is half way through a step sets it aside rather than throw it
+away (``Worker.cancel(keep_ahead=True)``, ``measure_cache.set_aside``): the step waits while the edit's
+numbers go out, goes on once something waits for it, and is kept for the next edits.
 
 On Linux, SV201's what-ifs are priced meanwhile in a forked copy of the kernel (``price_in_fork``;
 elsewhere, on the worker before the look-ahead): measuring is Python that holds the GIL, so a
@@ -39,6 +42,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from .. import collector, forked
@@ -94,6 +98,7 @@ _WORKERS: weakref.WeakSet = weakref.WeakSet()
 def _stop_workers() -> None:
     for worker in list(_WORKERS):
         worker.cancel()
+        worker.stop_aside()
 
 
 class Worker:
@@ -111,6 +116,8 @@ class Worker:
         self.job = 0  # counts the jobs started: ``settle(job)`` from another thread settles that job only
         #: the look-ahead's step being measured: its (plan, mesh, training) and an Event set once it is done
         self.ahead_step: tuple | None = None
+        #: a job whose look-ahead an edit set aside in the middle of a step (``cancel(keep_ahead=True)``)
+        self.aside: threading.Thread | None = None
 
     @property
     def busy(self) -> bool:
@@ -128,8 +135,9 @@ class Worker:
         self.stop_others_looking_ahead()
         self.label, self.started = label, time.time()
         self.job += 1
-        self.settled.clear()
-        self._thread = threading.Thread(target=self._main, args=(fn,), daemon=True, name=f"shardviz Inspector: {label}")
+        self.settled = threading.Event()  # this job's own: one set aside settles its own
+        self._thread = threading.Thread(target=self._main, args=(fn, self.settled), daemon=True,
+                                        name=f"shardviz Inspector: {label}")
         self._thread.start()
 
     def stop_others_looking_ahead(self) -> None:
@@ -139,18 +147,19 @@ class Worker:
         for other in list(_WORKERS):
             if other is not self and not other.busy:
                 other.cancel()
+                other.stop_aside()
 
-    def _main(self, fn) -> None:
+    def _main(self, fn, settled: threading.Event) -> None:
         try:
             with collector.quiet():  # its analyses' objects die young; full collections wait for it to end
                 fn()
         except Cancelled:
             pass
         except Exception as exc:  # noqa: BLE001 - shown in the widget, never lost in a thread
-            if not self.settled.is_set():  # an error of the look-ahead is no one's: the edit will say it
+            if not settled.is_set():  # an error of the look-ahead is no one's: the edit will say it
                 self._on_error(exc)
         finally:
-            self.settled.set()
+            settled.set()
             stop.forget(threading.get_ident())  # its ident may be a later thread's: no request left for it
 
     @contextlib.contextmanager
@@ -161,7 +170,8 @@ class Worker:
             yield
         finally:
             step[1].set()
-            self.ahead_step = None
+            if self.ahead_step is step:  # not a later job's (this one may have been set aside)
+                self.ahead_step = None
 
     def finishing_ahead(self, inputs: tuple) -> threading.Event | None:
         """The Event of the look-ahead's measurement when it measures the step of ``inputs``."""
@@ -171,20 +181,36 @@ class Worker:
             return None
         return step[1]
 
-    def cancel(self, finish: threading.Event | None = None) -> bool:
+    def cancel(self, finish: threading.Event | None = None, keep_ahead: bool = False) -> bool:
         """Stop the running job and wait for it to end: True when its visible work was stopped,
         False when none ran or only the look-ahead (stopped too). With ``finish`` (from
-        ``finishing_ahead``), the look-ahead first measures to the end the step the edit needs."""
+        ``finishing_ahead``), the look-ahead first measures to the end the step the edit needs.
+        With ``keep_ahead`` (an edit), a look-ahead in the middle of a step is set aside instead
+        (``aside``, ``measure_cache.set_aside``): parked at its next operation, it measures on once a
+        step or a fork waits for it (the next look-ahead, the findings' copy), keeps the step, which
+        the next edits likely need too, and stops; a step the edit needs stops it. One at a time."""
         t = self._thread
         if t is None or t is threading.current_thread() or not t.is_alive():
             return False
         if finish is not None:
             finish.wait(FINISH_AHEAD_S)
         visible = not self.settled.is_set()
+        if keep_ahead and not visible and not (self.aside is not None and self.aside.is_alive()) \
+                and measure_cache.set_aside(t.ident):
+            self.aside, self._thread = t, None
+            return False
         stop.request(t.ident)  # it stops itself at its next check (activations.stop: never an injected exception)
         t.join(30)
         stop.forget(t.ident)
         return visible
+
+    def stop_aside(self) -> None:
+        """Stop the job set aside, if one is left (torch's own step is about to run, the kernel ends)."""
+        t, self.aside = self.aside, None
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            stop.request(t.ident)
+            t.join(30)
+            stop.forget(t.ident)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the running job's visible work; True once none is left (the look-ahead may run on)."""
@@ -237,7 +263,7 @@ class BackgroundPush:
             self.wait_for_ahead(rev, finishing)
             interim = None  # the step is measured now: the full numbers at once
         else:
-            self.worker.cancel()
+            self.worker.cancel(keep_ahead=True)
             t0 = time.perf_counter()
             interim = self.model_state_numbers()
         st.timings["model_state_s"] = time.perf_counter() - t0
@@ -491,7 +517,7 @@ class BackgroundPush:
         if finish is not None:  # the step goes on: push_state sends the rows first, then waits for it
             self.finishing = finish
             return
-        if self.worker.cancel():
+        if self.worker.cancel(keep_ahead=True):
             self.interrupted = True
             if searching:
                 st.suggest_status = {"state": "cancelled", "error": "the search was stopped by a change"}
@@ -530,6 +556,11 @@ def next_edits(st) -> list[tuple[str, object]]:
         rows.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
         if plan_actions.lora_params(st.tree, blocks[1]):  # a new variant of the block: a new measurement
             rows.append(("one block's LoRA", lambda: (plan_actions.toggle_lora(st, blocks[1]), mesh, tr)))
+
+            def both():  # one after the other: a third variant of the block (checkpointed, its LoRA in another dtype)
+                checkpointed = SimpleNamespace(tree=st.tree, plan=plan_actions.toggle_checkpoint(st, blocks[1]))
+                return plan_actions.toggle_lora(checkpointed, blocks[1]), mesh, tr
+            rows.append(("one block's checkpoint, then its LoRA", both))
     # first the LoRA layouts compared (the question the tool is for), unless the user is editing single
     # blocks: then the next edit is likely another block's
     out = rows + presets if plan_actions.blocks_differ(st) else presets + rows
@@ -579,9 +610,9 @@ def _look_ahead(st, rev, findings, measuring) -> list[str]:
                 done.append(what)
                 continue
             plan, mesh, training = inputs
-            with measuring(inputs) if measuring else contextlib.nullcontext():
+            with measuring(inputs) if measuring else contextlib.nullcontext(), measure_cache.ahead(may_park=True):
                 a = analyze(st.tree, plan, mesh, training, strict=False, torch_version=st.torch_version)
-                a.measure_ahead()  # the cache keeps the step; no cached property's lock held meanwhile
+                a.measure_ahead()  # the cache keeps the step; no cached property's lock held: it may be set aside
         except Exception:  # noqa: BLE001 - the edit, if made, says why
             continue
         done.append(what)

@@ -440,6 +440,7 @@ def _set_torch_version(ins: Inspector, kw: dict) -> None:
 def _verify(ins: Inspector, kw: dict) -> dict:
     ins.pushes.worker.wait(300)  # torch's fully_shard never runs beside a measurement (it patches nn.Module.to)
     ins.pushes.worker.cancel()  # nor beside the look-ahead's
+    ins.pushes.worker.stop_aside()  # nor beside one an edit set aside
     return ins.controller.verify(**kw)
 
 
