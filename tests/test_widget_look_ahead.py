@@ -67,6 +67,23 @@ def test_after_the_look_ahead_the_edit_measures_nothing(model, runs, edit):
     assert peak == fresh_peak(model, st)  # and what was kept is what torch measures for this state
 
 
+def test_after_the_look_ahead_a_block_checkpointed_then_given_its_lora_back_measures_nothing(model, runs):
+    """Two edits of one block in a row (checkpoint it, then give its LoRA back to FSDP): a block
+    variant the plan had not, which the look-ahead of the state before the first edit measures."""
+    clear_cache()
+    st = InspectorState(model, mesh=MESH, training=TRAINING)
+    st.apply_preset("ignored")
+    st.memory  # noqa: B018
+    background.look_ahead(st, st.revision, findings=False)
+    before = len(runs)
+    st.toggle_checkpoint(st.blocks()[1])
+    st.memory  # noqa: B018
+    st.unignore_lora(st.blocks()[1])
+    peak = st.memory["max_peak"]
+    assert len(runs) == before
+    assert peak == fresh_peak(model, st)
+
+
 @pytest.mark.parametrize("edit", [
     lambda st: st.set_training(param_dtype="float32"),
     lambda st: st.ignore_lora(st.blocks()[1]),  # its LoRA computes in float32 now: a new block variant
