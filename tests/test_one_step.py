@@ -134,9 +134,9 @@ def _ahead_thread(model, seq: int, out: dict) -> threading.Thread:
     return threading.Thread(target=run)
 
 
-def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, gated):
-    """An edit sets aside its look-ahead's half-measured step (parked at its next operation); the step
-    goes on once a thread waits for it, is kept, and the thread that set it aside stops after it."""
+def _set_aside(model, gated) -> tuple[threading.Thread, dict, list]:
+    """A look-ahead's step of seq 40 on another thread, set aside (parked) as an edit does, then let
+    go of the gate: free to run, it waits at its first operation. Returns the thread, its outcome, the runs."""
     runs, started, release = gated
     clear_cache()
     out = {}
@@ -144,7 +144,14 @@ def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, ga
     ahead.start()
     assert started.wait(60)
     assert measure_cache.set_aside(ahead.ident)
-    release.set()  # free to run, but parked at its first operation
+    release.set()
+    return ahead, out, runs
+
+
+def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, gated):
+    """An edit sets aside its look-ahead's half-measured step (parked at its next operation); the step
+    goes on once a thread waits for it, is kept, and the thread that set it aside stops after it."""
+    ahead, out, runs = _set_aside(model, gated)
     ahead.join(2)
     assert ahead.is_alive() and "ahead" not in out  # waits
     needed = measure_activations(model, 1, 40).peak  # the same step: it goes on, this thread reads it
@@ -156,14 +163,7 @@ def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, ga
 
 
 def test_a_step_set_aside_is_stopped_by_another_step_needed(model, gated):
-    runs, started, release = gated
-    clear_cache()
-    out = {}
-    ahead = _ahead_thread(model, 40, out)
-    ahead.start()
-    assert started.wait(60)
-    assert measure_cache.set_aside(ahead.ident)
-    release.set()
+    ahead, out, runs = _set_aside(model, gated)
     needed = measure_activations(model, 1, 56).peak
     ahead.join(60)
     assert out["ahead"] == "stopped" and not ahead.is_alive()
@@ -193,14 +193,7 @@ def test_only_a_look_ahead_step_measured_holding_no_lock_is_set_aside(model, gat
 
 
 def test_a_fork_lets_a_step_set_aside_finish_first(model, gated):
-    runs, started, release = gated
-    clear_cache()
-    out = {}
-    ahead = _ahead_thread(model, 40, out)
-    ahead.start()
-    assert started.wait(60)
-    assert measure_cache.set_aside(ahead.ident)
-    release.set()
+    ahead, out, runs = _set_aside(model, gated)
     copy = forked.Forked(lambda: nn.Module.to.__qualname__)
     assert out.get("ahead") in ("stopped", None)  # its step ended before the fork
     copy.done.wait(60)
