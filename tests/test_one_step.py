@@ -99,7 +99,10 @@ def test_a_step_needed_stops_one_measured_ahead_of_need(model, gated):
     needed = measure_activations(model, 1, 56).peak  # another step: the look-ahead's is stopped, not waited for
     ahead.join(60)
     release.set()
-    assert out["ahead"] == "stopped"  # it never reached its measurement's end (released only now)
+    assert out["ahead"] == "done"  # its look-ahead ended there, quietly: the rest of its job goes on
+    runs_before = len(runs)
+    measure_activations(model, 1, 40)
+    assert len(runs) == runs_before + 1  # it was stopped (released only now), nothing kept
     assert needed == measure_activations(model, 1, 56).peak
     stop.check()  # no request left behind for this thread
     clear_cache()
@@ -121,15 +124,17 @@ def test_a_fork_waits_for_the_step_in_progress(model, gated):
 
 
 def _ahead_thread(model, seq: int, out: dict) -> threading.Thread:
-    """A look-ahead's step on another thread (``ahead(may_park=True)``): "kept" once measured,
-    "stopped" if it stopped."""
+    """A look-ahead's step on another thread (``ahead(may_park=True)``): "ended" once its look-ahead
+    ended (measured, or stopped for a step another thread needed), "stopped" if it was stopped whole."""
     def run():
         try:
             with measure_cache.ahead(may_park=True):
                 measure_activations(model, 1, seq)
-            out["ahead"] = "kept"
+            out["ahead"] = "ended"
         except stop.Stopped:
             out["ahead"] = "stopped"
+        finally:
+            stop.forget(threading.get_ident())  # as the Inspector's worker does at a job's end
 
     return threading.Thread(target=run)
 
@@ -148,9 +153,10 @@ def _set_aside(model, gated) -> tuple[threading.Thread, dict, list]:
     return ahead, out, runs
 
 
-def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, gated):
+def test_a_step_set_aside_waits_and_a_thread_that_needs_it_finishes_it(model, gated, monkeypatch):
     """An edit sets aside its look-ahead's half-measured step (parked at its next operation); the step
     goes on once a thread waits for it, is kept, and the thread that set it aside stops after it."""
+    monkeypatch.setattr(stop, "PARK_S", 60.0)
     ahead, out, runs = _set_aside(model, gated)
     ahead.join(2)
     assert ahead.is_alive() and "ahead" not in out  # waits
@@ -166,8 +172,10 @@ def test_a_step_set_aside_is_stopped_by_another_step_needed(model, gated):
     ahead, out, runs = _set_aside(model, gated)
     needed = measure_activations(model, 1, 56).peak
     ahead.join(60)
-    assert out["ahead"] == "stopped" and not ahead.is_alive()
+    assert out["ahead"] == "stopped" and not ahead.is_alive()  # a job set aside ends whole
     assert len(runs) == 2
+    measure_activations(model, 1, 40)
+    assert len(runs) == 3  # stopped half way: nothing kept
     clear_cache()
     assert measure_activations(model, 1, 56).peak == needed
 
@@ -203,3 +211,15 @@ def test_a_fork_lets_a_step_set_aside_finish_first(model, gated):
     runs_before = len(runs)
     measure_activations(model, 1, 40)  # kept: nothing runs
     assert len(runs) == runs_before
+
+
+def test_a_step_set_aside_that_no_one_waits_for_goes_on_by_itself(model, gated, monkeypatch):
+    """While a step waits, its patches and torch's global module hooks stay in place for the whole
+    process: it waits ``stop.PARK_S`` at most, then measures on to its end (kept) and stops."""
+    monkeypatch.setattr(stop, "PARK_S", 0.5)
+    ahead, out, runs = _set_aside(model, gated)
+    ahead.join(60)
+    assert out["ahead"] == "stopped" and not ahead.is_alive()
+    measure_activations(model, 1, 40)  # kept: nothing runs
+    assert len(runs) == 1
+    assert nn.Module.to.__qualname__ == "Module.to"

@@ -257,20 +257,21 @@ _AHEAD = threading.local()  # .on: this thread measures ahead of need (``ahead``
 @contextmanager
 def ahead(may_park: bool = False) -> Iterator[None]:
     """Around work that measures steps before anyone needs them (the Inspector's look-ahead): a
-    thread that needs another step stops such a measurement instead of waiting for it. ``may_park``:
-    the steps are measured holding no lock that another thread may wait for (in Python 3.11, a
-    ``cached_property`` holds one for every instance of its class), so they may be set aside
-    (``set_aside``)."""
+    thread that needs another step stops such a measurement instead of waiting for it, and the work
+    ends here, quietly (the rest of the thread's job goes on). ``may_park``: the steps are measured
+    holding no lock that another thread may wait for (in Python 3.11, a ``cached_property`` holds one
+    for every instance of its class), so they may be set aside (``set_aside``)."""
     before = getattr(_AHEAD, "on", False), getattr(_AHEAD, "may_park", False)
     _AHEAD.on, _AHEAD.may_park = True, may_park
     try:
         yield
     except stop.Stopped:
-        if not before[0]:  # the request to stop has been met: the thread may measure again
-            stop.forget(threading.get_ident())
-        raise
+        if before[0] or not stop.asked_by_step():
+            raise  # stopped as a whole (an edit, cancel), or an outer ``ahead`` ends
     finally:
         _AHEAD.on, _AHEAD.may_park = before
+        if not before[0] and stop.asked_by_step():  # met (or come too late): the thread may measure again
+            stop.forget(threading.get_ident())
 
 
 def one_step(key, table: dict | None, measure: Callable[[], object]):
@@ -288,7 +289,9 @@ def one_step(key, table: dict | None, measure: Callable[[], object]):
                                                       getattr(_AHEAD, "may_park", False))
                 break
         if running.key != key and running.ahead and not getattr(_AHEAD, "on", False):
-            stop.request(running.ident)
+            with _STEP_LOCK:
+                if _RUNNING is running:  # still measuring it (never a request that outlives the step's work)
+                    stop.request(running.ident, by_step=True)
         stop.unpark(running.ident)  # a step set aside (``set_aside``) goes on now that it is waited for
         while not running.done.wait(0.005):
             stop.check()  # the Inspector's next edit stops this wait as it stops a measurement

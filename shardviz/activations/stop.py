@@ -15,8 +15,14 @@ import threading
 
 #: the threads asked to stop (their ``threading.get_ident()``)
 _ASKED: set[int] = set()
+#: those of them asked only to stop a step measured ahead of need (``request(by_step=True)``)
+_BY_STEP: set[int] = set()
 #: threads told to wait at their step's next operation (``park``), each until its Event is set
 _PARKED: dict[int, threading.Event] = {}
+#: the longest a parked step waits before it goes on by itself: while it waits, its patches of module
+#: functions and torch's global module hooks stay in place for the whole process (an edit's numbers
+#: from a kept step take a tenth of a second, and a step the edit needs stops it at once)
+PARK_S = 1.0
 #: threads to stop once the step they measure is kept (``stop_after_step``)
 _AFTER_STEP: set[int] = set()
 
@@ -26,15 +32,27 @@ class Stopped(BaseException):
     Exception`` in the analysis (a what-if that fails becomes a finding's words) swallows."""
 
 
-def request(ident: int) -> None:
-    """Ask the thread ``ident`` to stop at its next ``check`` (a parked one wakes to do so)."""
+def request(ident: int, by_step: bool = False) -> None:
+    """Ask the thread ``ident`` to stop at its next ``check`` (a parked one wakes to do so).
+    ``by_step``: only its work ahead of need, for a step another thread needs (``measure_cache.ahead``
+    ends there, and the thread goes on with the rest of its job)."""
+    if by_step and ident not in _ASKED:
+        _BY_STEP.add(ident)
+    elif not by_step:
+        _BY_STEP.discard(ident)
     _ASKED.add(ident)
     unpark(ident)
+
+
+def asked_by_step() -> bool:
+    """Whether this thread was asked to stop only its work ahead of need (``request(by_step=True)``)."""
+    return threading.get_ident() in _BY_STEP
 
 
 def forget(ident: int) -> None:
     """The thread ``ident`` has ended (or stopped): a new thread may reuse its ident."""
     _ASKED.discard(ident)
+    _BY_STEP.discard(ident)
     _AFTER_STEP.discard(ident)
     unpark(ident)
 
@@ -52,11 +70,13 @@ def unpark(ident: int) -> None:
 
 
 def pause() -> None:
-    """At each operation of a step (the recorder): wait here while this thread is parked."""
+    """At each operation of a step (the recorder): wait here while this thread is parked, at most
+    ``PARK_S`` seconds."""
     if _PARKED:
-        event = _PARKED.get(threading.get_ident())
-        if event is not None:
-            event.wait()
+        ident = threading.get_ident()
+        event = _PARKED.get(ident)
+        if event is not None and not event.wait(PARK_S):
+            unpark(ident)
 
 
 def stop_after_step(ident: int) -> None:
@@ -69,7 +89,7 @@ def step_ended() -> None:
     ident = threading.get_ident()
     if ident in _AFTER_STEP:
         _AFTER_STEP.discard(ident)
-        _ASKED.add(ident)
+        request(ident)
 
 
 def check() -> None:

@@ -594,8 +594,10 @@ def look_ahead(st, rev: int | None = None, findings: bool = True, measuring=None
     (the worker is cancelled then anyway). Returns what it measured. A failure is left to the edit.
     ``measuring(inputs)``: a context around each step measured (``Worker.measuring_ahead``: an edit
     that needs that very step lets it finish)."""
-    with measure_cache.ahead():  # a step another thread needs stops it (measure_cache.one_step)
-        return _look_ahead(st, rev, findings, measuring)
+    done: list[str] = []
+    with measure_cache.ahead():  # a step another thread needs ends it here (measure_cache.one_step)
+        done = _look_ahead(st, rev, findings, measuring)
+    return done
 
 
 def _look_ahead(st, rev, findings, measuring) -> list[str]:
