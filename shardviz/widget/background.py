@@ -12,8 +12,8 @@ while they run).
 
 Once an edit's first findings are sent, the worker goes on with the look-ahead (``look_ahead``): it
 measures what the likely next edits need (the LoRA presets, one block checkpointed, one block's
-LoRA, TP 2's local copy of the model, every block, the other parameter dtype, half the sequence,
-TP 2, then Suggest's whole search)
+LoRA, TP 2's local copy of the model, every block, one block's checkpoint then its LoRA, the other
+parameter dtype, half the sequence, TP 2, then Suggest's whole search)
 into the measurement caches, so that the edit itself finds its step measured and Suggest its rows.
 The look-ahead is invisible: once the findings are priced, the widget is idle (``Worker.busy`` is
 False, ``wait()`` returns), and the next edit cancels it like any job, unless the look-ahead is
@@ -551,16 +551,16 @@ def next_edits(st) -> list[tuple[str, object]]:
     blocks = st.blocks()
     presets = [(f"preset {key}", lambda key=key: (plan_actions.preset_keeping_checkpointing(st, key)[0].plan, mesh, tr))
                for key in plan_actions.PRESETS if key in ("ignored", "sharded", "separate")]
-    rows = []
+    rows, both = [], []
     if len(blocks) > 1:  # block 1 stands for any block but the first: they share the measured copy's variants
         rows.append(("one block's checkpoint", lambda: (plan_actions.toggle_checkpoint(st, blocks[1]), mesh, tr)))
         if plan_actions.lora_params(st.tree, blocks[1]):  # a new variant of the block: a new measurement
             rows.append(("one block's LoRA", lambda: (plan_actions.toggle_lora(st, blocks[1]), mesh, tr)))
 
-            def both():  # one after the other: a third variant of the block (checkpointed, its LoRA in another dtype)
+            def checkpoint_then_lora():  # two edits of one block in a row: a third variant of it
                 checkpointed = SimpleNamespace(tree=st.tree, plan=plan_actions.toggle_checkpoint(st, blocks[1]))
                 return plan_actions.toggle_lora(checkpointed, blocks[1]), mesh, tr
-            rows.append(("one block's checkpoint, then its LoRA", both))
+            both.append(("one block's checkpoint, then its LoRA", checkpoint_then_lora))
     # first the LoRA layouts compared (the question the tool is for), unless the user is editing single
     # blocks: then the next edit is likely another block's
     out = rows + presets if plan_actions.blocks_differ(st) else presets + rows
@@ -575,6 +575,7 @@ def next_edits(st) -> list[tuple[str, object]]:
         out.append(("TP 2's local model", tp2_model))
     if len(blocks) > 1:
         out.append(("every block's checkpoint", lambda: (plan_actions.checkpoint_blocks(st, not plan.checkpoint), mesh, tr)))
+    out += both
     other = "float32" if tr.param_dtype == "bfloat16" else "bfloat16"
     out.append((f"param dtype {other}", lambda: (plan, mesh, setup_actions.training_edit(st, param_dtype=other).training)))
     if tr.seq_len >= 2:
