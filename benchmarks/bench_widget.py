@@ -21,7 +21,7 @@ Writes artifacts/bench_widget.json and prints a table. Needs /usr/bin/chromium
 LoRA, 64 x H100, ``sv.Training(batch_size=1, seq_len=8192)``, each edit made on ``InspectorState``
 as the widget makes it, timed to the full numbers (memory, traffic, timeline: what the charts and
 the header draw) then to the first findings (no what-if priced: what the Inspector shows at once) and to the priced ones (SV201's what-ifs), wall and CPU seconds; the Inspector's gc.freeze first (``--no-gc-freeze``: without). ``--ahead``
-runs the widget's look-ahead (``background.look_ahead``) between edits, as the worker does while
+runs the widget's look-ahead (``look_ahead.look_ahead``) between edits, as the worker does while
 the user reads the numbers. Targets: plan edits <= 300 ms, dtype / sequence / TP / HSDP <= 1 s,
 first render <= 3 s, Suggest <= 5 s.
 
@@ -220,7 +220,7 @@ def bench_python(model_name: str = "llama3_70b", ahead: bool = False, suggest: b
     t = _clock()
     import shardviz as sv
     from shardviz import collector, zoo
-    from shardviz.widget import background
+    from shardviz.widget import background, look_ahead
     from shardviz.widget.controller import InspectorState
 
     out = [{"edit": "import shardviz", "wall_s": _since(t)[0]}]
@@ -249,7 +249,7 @@ def bench_python(model_name: str = "llama3_70b", ahead: bool = False, suggest: b
         print(f"  {name:<26}{1000 * wall:9.0f} ms{1000 * cpu:9.0f} ms cpu{1000 * first:8.0f} ms{1000 * fwall:9.0f} ms"
               f"   target {target_ms:5.0f} ms: {'met' if wall <= target_ms / 1000 else 'MISSED'}", flush=True)
         if ahead:
-            background.look_ahead(st)
+            look_ahead.look_ahead(st)
         return st
 
     print(f"{model_name} + LoRA, 64 x H100, 1 x 8192: to the full numbers (wall, cpu), to the first findings "

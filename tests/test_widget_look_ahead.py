@@ -15,6 +15,7 @@ import shardviz as sv
 from shardviz import zoo
 from shardviz.activations import clear_cache, stop
 from shardviz.activations import measure as measure_mod
+from shardviz.widget import look_ahead as look_ahead_mod
 from shardviz.widget import Inspector, background
 from shardviz.widget.controller import InspectorState
 
@@ -58,7 +59,7 @@ def test_after_the_look_ahead_the_edit_measures_nothing(model, runs, edit):
     clear_cache()
     st = InspectorState(model, mesh=MESH, training=TRAINING)
     st.memory  # noqa: B018 - the current state's numbers, as the widget shows them first
-    done = background.look_ahead(st, st.revision, findings=False)
+    done = look_ahead_mod.look_ahead(st, st.revision, findings=False)
     assert len(done) >= 5, done
     before = len(runs)
     edit(st)
@@ -74,7 +75,7 @@ def test_after_the_look_ahead_a_block_checkpointed_then_given_its_lora_back_meas
     st = InspectorState(model, mesh=MESH, training=TRAINING)
     st.apply_preset("ignored")
     st.memory  # noqa: B018
-    background.look_ahead(st, st.revision, findings=False)
+    look_ahead_mod.look_ahead(st, st.revision, findings=False)
     before = len(runs)
     st.toggle_checkpoint(st.blocks()[1])
     st.memory  # noqa: B018
@@ -179,7 +180,7 @@ def test_an_edit_sets_aside_the_look_ahead_s_half_measured_step_and_keeps_it(mod
     ins = Inspector(model, mesh=MESH, training=TRAINING, background=True)
     assert ins.wait(120)
     st = ins.controller
-    monkeypatch.setattr(background, "next_edits", lambda s: [
+    monkeypatch.setattr(look_ahead_mod, "next_edits", lambda s: [
         ("half the sequence", lambda: (s.plan, s.mesh, dataclasses.replace(s.training, seq_len=32)))])
     ins.pushes.ahead = True
     assert ins.handle_action("set_training", {"seq_len": 48})["ok"]  # measured here; then the look-ahead starts
@@ -203,18 +204,18 @@ def test_after_a_block_edit_the_look_ahead_measures_the_block_edits_first(model,
     measured before the LoRA presets'; in a plan that treats every block alike the presets come first."""
     clear_cache()
     st = InspectorState(model, mesh=MESH, training=TRAINING)
-    assert [what for what, _ in background.next_edits(st)][0].startswith("preset")
+    assert [what for what, _ in look_ahead_mod.next_edits(st)][0].startswith("preset")
     st.toggle_checkpoint(st.blocks()[1])
     st.memory  # noqa: B018
-    assert [what for what, _ in background.next_edits(st)][:2] == ["one block's checkpoint", "one block's LoRA"]
-    assert background.look_ahead(st, st.revision, findings=False)[:2] == ["one block's checkpoint", "one block's LoRA"]
+    assert [what for what, _ in look_ahead_mod.next_edits(st)][:2] == ["one block's checkpoint", "one block's LoRA"]
+    assert look_ahead_mod.look_ahead(st, st.revision, findings=False)[:2] == ["one block's checkpoint", "one block's LoRA"]
     before = len(runs)
     st.ignore_lora(st.blocks()[1])  # the block both checkpointed and its LoRA ignored: measured ahead
     assert st.memory["max_peak"] and len(runs) == before
     st.apply_preset("ignored")  # every block's LoRA ignored (block 1 still checkpointed)
-    assert [what for what, _ in background.next_edits(st)][0] == "one block's checkpoint"
+    assert [what for what, _ in look_ahead_mod.next_edits(st)][0] == "one block's checkpoint"
     st.checkpoint_blocks(False)
-    assert [what for what, _ in background.next_edits(st)][0].startswith("preset")
+    assert [what for what, _ in look_ahead_mod.next_edits(st)][0].startswith("preset")
 
 
 def test_an_edit_whose_step_the_look_ahead_is_measuring_lets_it_finish(model, monkeypatch):
@@ -276,9 +277,9 @@ def test_the_look_ahead_makes_tp2s_local_model_before_the_less_likely_steps(mode
     tp._LOCAL_MODELS.pop(model, None)
     st = InspectorState(model, mesh=MESH, training=TRAINING)
     st.memory  # noqa: B018
-    names = [what for what, _ in background.next_edits(st)]
+    names = [what for what, _ in look_ahead_mod.next_edits(st)]
     assert names.index("TP 2's local model") < min(names.index("every block's checkpoint"), names.index("TP 2"))
-    assert dict(background.next_edits(st))["TP 2's local model"]() is None
+    assert dict(look_ahead_mod.next_edits(st))["TP 2's local model"]() is None
     made = []
     real = tp.local_model
     monkeypatch.setattr(tp, "local_model", lambda *a, **k: made.append(1) or real(*a, **k))

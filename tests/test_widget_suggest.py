@@ -14,6 +14,7 @@ import pytest
 import shardviz as sv
 from shardviz import zoo
 from shardviz.format import format_bytes, format_duration
+from shardviz.widget import look_ahead as look_ahead_mod
 from shardviz.widget import Inspector
 from shardviz.widget import suggest as suggest_module
 
@@ -291,15 +292,14 @@ def test_the_look_ahead_searches_ahead_and_the_click_finds_its_rows(monkeypatch)
     """Suggest's search runs in the look-ahead (issue 37: compute ahead what the next edit likely
     needs): the click then runs nothing and shows the rows ``sv.search`` gives; a plan edit keeps
     them (a search does not depend on the plan), a new sequence length searches again."""
-    from shardviz.widget import background
     from shardviz.widget.controller import InspectorState
 
     st = InspectorState(model(), mesh=MESH, training=TRAINING)
     st.memory  # noqa: B018
-    edits = background.next_edits(st)
+    edits = look_ahead_mod.next_edits(st)
     assert edits[-1][0] == "Suggest's search"  # last: the edits before it need a measurement each, it seconds
-    monkeypatch.setattr(background, "next_edits", lambda st: edits[-1:])  # (the others: test_widget_look_ahead)
-    assert background.look_ahead(st, st.revision, findings=False) == ["Suggest's search"]
+    monkeypatch.setattr(look_ahead_mod, "next_edits", lambda st: edits[-1:])  # (the others: test_widget_look_ahead)
+    assert look_ahead_mod.look_ahead(st, st.revision, findings=False) == ["Suggest's search"]
     runs = []
     real = suggest_module.search
     monkeypatch.setattr(suggest_module, "search", lambda *a, **k: runs.append(1) or real(*a, **k))

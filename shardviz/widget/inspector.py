@@ -109,7 +109,7 @@ class Inspector(anywidget.AnyWidget):
         #: slow work off the kernel's thread (default: when a front end is connected; see BackgroundPush)
         self.background = background if background is not None else not isinstance(self.comm, DummyComm)
         self.pushes = BackgroundPush(self)  # the pushes after a change, the slow part on a worker thread
-        # measure likely next edits while idle (background.look_ahead); an edit stops it at its next check
+        # measure likely next edits while idle (look_ahead.look_ahead); an edit stops it at its next check
         # (activations.stop), never by an injected exception (which crashed the kernel in the browser tests)
         self.pushes.ahead = look_ahead and self.background and not isinstance(self.comm, DummyComm)
         controller.before_change.append(self.pushes.stop)

@@ -42,7 +42,7 @@ def ahead_key(state) -> tuple:
 
 
 def search_ahead(state) -> bool:
-    """The look-ahead's search (``background.look_ahead``): the search ``run_search`` would run for
+    """The look-ahead's search (``look_ahead.look_ahead``): the search ``run_search`` would run for
     ``state``, kept for its click, the panel left as it is. Stops at the next edit (``stop.check``
     between candidates). True when a search was run, False when one was kept already or none can run."""
     if state.mesh.device_memory is None or ahead_key(state) in state.searched:

@@ -133,7 +133,7 @@ EDITS = [  # (name, selector, value or None for a click, target ms)
 
 
 #: seconds the user reads the numbers before the next edit: 0, back to back (every edit pays for its own
-#: measurement); with SHARDVIZ_READING_S=0,5 also 5, what the look-ahead (background.look_ahead) measures
+#: measurement); with SHARDVIZ_READING_S=0,5 also 5, what the look-ahead (look_ahead.look_ahead) measures
 #: meanwhile is ready when asked (a second pass of two minutes: out of the default run, which keeps to 30)
 READING_S = tuple(int(s) for s in os.environ.get("SHARDVIZ_READING_S", "0").split(","))
 
