@@ -292,9 +292,7 @@ def one_step(key, table: dict | None, measure: Callable[[], object]):
             with _STEP_LOCK:
                 if _RUNNING is running:  # still measuring it (never a request that outlives the step's work)
                     stop.request(running.ident, by_step=True)
-        stop.unpark(running.ident)  # a step set aside (``set_aside``) goes on now that it is waited for
-        while not running.done.wait(0.005):
-            stop.check()  # the Inspector's next edit stops this wait as it stops a measurement
+        _wait_for_step(running)
         if table is not None and running.key == key and (kept := recall(table, key)) is not None:
             return kept  # measured by the other thread (if it failed or stopped, measured here)
     try:
@@ -308,6 +306,14 @@ def one_step(key, table: dict | None, measure: Callable[[], object]):
                 _RUNNING = None
             stop.step_ended()
             mine.done.set()
+
+
+def _wait_for_step(running: _Running) -> None:
+    """Until the step ``running`` ends: set aside (``set_aside``), it goes on now that it is waited for;
+    the Inspector's next edit stops this wait as it stops a measurement."""
+    stop.unpark(running.ident)
+    while not running.done.wait(0.005):
+        stop.check()
 
 
 def set_aside(ident: int) -> bool:
@@ -334,9 +340,7 @@ def _no_step_running() -> Iterator[None]:
         if running is None or running.ident == me:
             break
         _STEP_LOCK.release()
-        stop.unpark(running.ident)
-        while not running.done.wait(0.005):
-            stop.check()
+        _wait_for_step(running)
     try:
         yield
     finally:

@@ -199,18 +199,14 @@ class Worker:
                 and measure_cache.set_aside(t.ident):
             self.aside, self._thread = t, None
             return False
-        stop.request(t.ident)  # it stops itself at its next check (activations.stop: never an injected exception)
-        t.join(30)
-        stop.forget(t.ident)
+        _stop_thread(t)
         return visible
 
     def stop_aside(self) -> None:
         """Stop the job set aside, if one is left (torch's own step is about to run, the kernel ends)."""
         t, self.aside = self.aside, None
         if t is not None and t.is_alive() and t is not threading.current_thread():
-            stop.request(t.ident)
-            t.join(30)
-            stop.forget(t.ident)
+            _stop_thread(t)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the running job's visible work; True once none is left (the look-ahead may run on)."""
@@ -218,6 +214,14 @@ class Worker:
         if t is not None and t is not threading.current_thread():
             self.settled.wait(timeout)
         return not self.busy
+
+
+def _stop_thread(t: threading.Thread) -> None:
+    """Ask ``t`` to stop and wait for it: it stops itself at its next check (``activations.stop``:
+    never an exception injected into it)."""
+    stop.request(t.ident)
+    t.join(30)
+    stop.forget(t.ident)
 
 
 class BackgroundPush:
